@@ -1,0 +1,47 @@
+# Portico's build. `make help` lists the targets.
+SHELL := /bin/bash
+GO ?= go
+# Go test flags for `make test`; CI runs as root, so BPF and namespace tests run too.
+TESTFLAGS ?= -count=1 -timeout 30m
+FUZZTIME ?= 20s
+
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+deps: ## install the Debian packages the build and tests use (idempotent)
+	@test/setup/deps.sh
+
+generate: deps ## rebuild the BPF objects and their Go bindings with clang + bpf2go
+	$(GO) generate ./dataplane/...
+
+build: ## build the portico binary into bin/
+	$(GO) build -o bin/portico ./cmd/portico
+
+vet: ## go vet every package
+	$(GO) vet ./...
+
+unit: deps ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
+	$(GO) test $(TESTFLAGS) ./...
+
+fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 20s)
+	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
+
+verify: generate ## regenerate the BPF objects and fail if they differ from the committed ones
+	@git diff --exit-code --stat -- dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
+
+test: deps vet unit fuzz verify ## everything CI runs
+
+lint: vet ## static checks (gofmt + vet)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out" >&2; exit 1; fi
+
+bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply latency)
+	./bin/portico bench xdp
+	$(GO) test -run '^$$' -bench . -benchtime 1x ./dataplane/ -benchmem
+
+demo: deps build ## the data-plane demo: client, edge node and two replicas in namespaces
+	./test/demo/dataplane.sh
+
+clean: ## remove build output
+	rm -rf bin

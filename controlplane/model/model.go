@@ -1,0 +1,121 @@
+// Package model is the plain-data picture of what Portico should serve, built by the
+// control plane from Kubernetes objects and consumed by the data plane, nginx and the
+// status writers. It holds no Kubernetes types and no pointers: two snapshots built
+// from the same objects are Equal, field for field, on every node.
+package model
+
+import (
+	"net/netip"
+	"reflect"
+)
+
+// Snapshot is everything one build of the cluster state produced. Every slice is
+// sorted by its documented key so that equal inputs give equal snapshots.
+type Snapshot struct {
+	Groups       []Group       // sorted by Name
+	Servers      []Server      // sorted by (Group, Host)
+	Upstreams    []Upstream    // sorted by Name
+	Certificates []Certificate // sorted by Name
+}
+
+// Equal reports whether two snapshots describe the same desired state.
+func (s Snapshot) Equal(o Snapshot) bool { return reflect.DeepEqual(s, o) }
+
+// Group is a set of ingress replicas (the seeds' "Ingress ReplicaSet") behind shared
+// VIPs: a Service whose endpoints are Portico agents.
+type Group struct {
+	Name     string       // "namespace/name" of the group Service
+	VIPs     []netip.Addr // sorted; at most one IPv4 and one IPv6 address
+	VRID     uint8        // VRRP virtual router id, 1..255
+	Ports    []Port       // sorted by (Protocol, Port); empty means every port
+	Replicas []Replica    // sorted by Addr
+}
+
+// Protocol is an L4 protocol a VIP serves.
+type Protocol string
+
+const (
+	TCP Protocol = "TCP"
+	UDP Protocol = "UDP"
+)
+
+// Port is one L4 port of a group's VIPs.
+type Port struct {
+	Protocol Protocol
+	Port     uint16
+}
+
+// ReplicaState is how the data plane treats a replica.
+type ReplicaState string
+
+const (
+	// Ready replicas are in the Maglev ring and receive new flows.
+	Ready ReplicaState = "Ready"
+	// Draining replicas keep their established flows and receive no new ones.
+	Draining ReplicaState = "Draining"
+)
+
+// Replica is one ingress replica of a group: a node running a Portico agent.
+type Replica struct {
+	Node   string     // node name, "" when the EndpointSlice does not say
+	Addr   netip.Addr // the node's address on the VIP's L2 segment
+	Weight uint32     // relative share of new flows; 0 is treated as 1
+	State  ReplicaState
+}
+
+// PathType is an Ingress path's match semantics.
+type PathType string
+
+const (
+	PathExact                  PathType = "Exact"
+	PathPrefix                 PathType = "Prefix"
+	PathImplementationSpecific PathType = "ImplementationSpecific"
+)
+
+// Server is one virtual host served by a group's nginx.
+type Server struct {
+	Group           string     // Group.Name that serves this host
+	Host            string     // lower-case DNS name or "*.suffix" wildcard
+	TLSCertificate  string     // Certificate.Name, "" for plain HTTP only
+	SSLRedirect     bool       // redirect HTTP to HTTPS (portico.io/ssl-redirect)
+	Locations       []Location // sorted by (Path, Type)
+	DefaultUpstream string     // Upstream.Name answering paths no Location matches; "" = 404
+}
+
+// Location routes one path of a host to an upstream.
+type Location struct {
+	Path     string
+	Type     PathType
+	Upstream string // Upstream.Name
+	Source   string // "namespace/name" of the Ingress or Pod that asked for it
+}
+
+// Upstream is one Service port and its ready endpoints.
+type Upstream struct {
+	Name      string           // "namespace-service-port", unique
+	Endpoints []netip.AddrPort // sorted; empty means the backend answers 503
+}
+
+// Certificate is the TLS material of one Secret.
+type Certificate struct {
+	Name    string // "namespace/name" of the Secret
+	CertPEM []byte
+	KeyPEM  []byte
+}
+
+// Problem is an object (or part of one) that could not be translated. The rest of
+// the snapshot is built without it.
+type Problem struct {
+	Object string // "Kind namespace/name"
+	Field  string // the offending field path, e.g. "spec.rules[0].host"
+	Reason string // a short CamelCase reason, bounded vocabulary (metric label)
+	Detail string // human-readable explanation
+}
+
+func (p Problem) String() string {
+	s := p.Object
+	if p.Field != "" {
+		s += " " + p.Field
+	}
+	return s + ": " + p.Reason + ": " + p.Detail
+}

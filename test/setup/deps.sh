@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Installs the Debian packages Portico's build, tests, lab and demo use.
+# Idempotent: packages already present are not fetched again, and apt-get update
+# runs only when something is missing.
+set -euo pipefail
+
+pkgs=(
+  clang llvm libbpf-dev bpftool          # compile the XDP program (make generate / verify)
+  iproute2 ethtool tcpdump arping iputils-ping netcat-openbsd  # namespace lab
+  nginx-light                            # L7 layer: nginx -t on rendered configs, real serving
+  keepalived                             # VRRP interop peer
+  openssl                                # certificates for TLS tests and the API server
+  wrk                                    # bounded load in benchmarks
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "deps: missing packages (${missing[*]}) and not root: install them or run as root" >&2
+  exit 1
+fi
+echo "deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+# Debian starts these daemons on install; Portico's tests start their own.
+for svc in nginx keepalived; do
+  if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
+  if [ -f "/run/$svc.pid" ]; then kill "$(cat /run/$svc.pid)" 2>/dev/null || true; fi
+done
