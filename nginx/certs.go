@@ -1,0 +1,102 @@
+package nginx
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// WriteCertificates makes dir hold exactly files: it creates dir with mode 0700,
+// writes each file with mode 0600 through a temporary file and a rename (so nginx
+// never reads half a key), and removes files of earlier configurations unless keep
+// lists them. Files whose content is already right are left alone.
+func WriteCertificates(dir string, files []CertFile, keep ...string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create certificate directory: %w", err)
+	}
+	// MkdirAll leaves an existing directory's mode alone.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("restrict certificate directory: %w", err)
+	}
+	want := map[string]bool{}
+	for _, k := range keep {
+		want[k] = true
+	}
+	for _, f := range files {
+		if f.Name == "" || strings.ContainsAny(f.Name, "/\\") || strings.HasPrefix(f.Name, ".") {
+			return fmt.Errorf("write certificate: bad file name %q", f.Name)
+		}
+		want[f.Name] = true
+		p := filepath.Join(dir, f.Name)
+		if old, err := os.ReadFile(p); err == nil && string(old) == string(f.PEM) {
+			continue
+		}
+		if err := writeFileAtomic(p, f.PEM, 0o600); err != nil {
+			return fmt.Errorf("write certificate %s: %w", f.Name, err)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return fmt.Errorf("list certificate directory: %w", err)
+	}
+	var errs []error
+	for _, e := range entries {
+		if !want[e.Name()] {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove stale certificate: %w", err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// writeFileAtomic writes data to a temporary file beside path, syncs it and renames
+// it over path.
+func writeFileAtomic(path string, data []byte, mode os.FileMode) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("create temporary file: %w", err)
+	}
+	tmp := f.Name()
+	defer os.Remove(tmp) // a no-op after a successful rename
+	if err := f.Chmod(mode); err != nil {
+		f.Close()
+		return fmt.Errorf("set mode: %w", err)
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return fmt.Errorf("write: %w", err)
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return fmt.Errorf("sync: %w", err)
+	}
+	if err := f.Close(); err != nil {
+		return fmt.Errorf("close: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("rename into place: %w", err)
+	}
+	return nil
+}
+
+// resolve returns p, or p inside prefix when p is relative (as nginx resolves it).
+func resolve(prefix, p string) string {
+	if filepath.IsAbs(p) || p == "stderr" {
+		return p
+	}
+	return filepath.Join(prefix, p)
+}
+
+// prepareDirs creates the directories a configuration rendered with opt needs before
+// nginx can start or test it; prefix is nginx's -p directory.
+func prepareDirs(prefix string, opt Options) error {
+	for _, d := range []string{opt.TempDir, opt.CertDir} {
+		if err := os.MkdirAll(resolve(prefix, d), 0o700); err != nil {
+			return fmt.Errorf("create nginx directory: %w", err)
+		}
+	}
+	return nil
+}

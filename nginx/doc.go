@@ -1,0 +1,37 @@
+// Package nginx is the last step of Portico's L7 path: it turns the control plane's
+// model.Snapshot into an nginx.conf (a pure render from embedded templates), writes the
+// TLS material it references, validates the candidate with `nginx -t`, swaps it in
+// atomically and reloads a master process that it starts and supervises.
+//
+// # Path semantics
+//
+// Locations follow the Ingress specification:
+//   - Exact "/p" renders "location = /p".
+//   - Prefix "/p" matches by path element: "location = /p" plus "location /p/", so
+//     "/p" and "/p/..." match and "/pq" does not. A trailing slash is ignored
+//     ("/p/" is the same as "/p"); Prefix "/" matches everything.
+//   - ImplementationSpecific is treated as Prefix, as ingress-nginx does.
+//
+// nginx picks an exact location first and otherwise the longest matching prefix,
+// which is the Ingress rule "longest path wins, Exact before Prefix on a tie". When an
+// Exact and a Prefix path are equal, the Exact one owns "location = /p".
+//
+// Host names are exact or "*.suffix" wildcards; a wildcard matches exactly one extra
+// DNS label (the Ingress rule), so it renders as a regular-expression server name. A
+// Server whose Host is "" (an Ingress rule without a host, or an Ingress that has only
+// a default backend) takes the place of the default server; without one, unknown
+// hosts have their connection closed (return 444).
+//
+// # Injection
+//
+// No free-form text reaches the configuration. Host names, paths, upstream names and
+// endpoint addresses are checked against strict grammars; a value that fails is left
+// out and reported as a model.Problem, and the rest of the configuration is rendered.
+//
+// # Endpoint changes
+//
+// Debian's nginx 1.22 has no API to change upstream servers at run time (that is
+// nginx Plus, or Lua modules that Portico does not use), so every change, endpoint-only
+// ones included, is a graceful reload: new workers start with the new configuration
+// and old ones finish their requests. Reloads are coalesced (Config.Debounce).
+package nginx

@@ -1,0 +1,76 @@
+package nginx
+
+import (
+	"context"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// nginxBinary finds nginx. Without it the test is skipped, except in CI (CI=true),
+// where the deps script installs it and a missing binary is a failure.
+func nginxBinary(t testing.TB) string {
+	t.Helper()
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p
+	}
+	for _, p := range []string{"/usr/sbin/nginx", "/usr/local/sbin/nginx"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("nginx is not installed (run test/setup/deps.sh)")
+	}
+	t.Skip("nginx is not installed; set CI=true to make this a failure")
+	return ""
+}
+
+// nginxTest writes cfg and its certificates into dir and runs `nginx -t` on them,
+// with dir as nginx's prefix, as the Reloader does.
+func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
+	t.Helper()
+	bin := nginxBinary(t)
+	if err := prepareDirs(dir, opt); err != nil {
+		t.Fatal(err)
+	}
+	if err := WriteCertificates(resolve(dir, opt.CertDir), cfg.Certificates); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, cfg.Text, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, bin, "-t", "-q", "-p", dir+"/", "-c", conf, "-e", "stderr").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nginx -t: %v\n%s", err, out)
+	}
+	if strings.Contains(string(out), "[warn]") {
+		t.Errorf("nginx -t warns:\n%s", out)
+	}
+}
+
+// freePorts returns n distinct loopback TCP ports that were free a moment ago.
+func freePorts(t testing.TB, n int) []uint16 {
+	t.Helper()
+	var ls []net.Listener
+	var ports []uint16
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		ports = append(ports, uint16(l.Addr().(*net.TCPAddr).Port))
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	return ports
+}

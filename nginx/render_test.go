@@ -1,0 +1,218 @@
+package nginx
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
+
+// goldenOptions are production options with every file relative to nginx's prefix, so
+// `nginx -t -p <tempdir>` validates the golden text byte for byte.
+func goldenOptions() Options { return DefaultOptions("") }
+
+func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
+
+func testCert(t testing.TB, name string) model.Certificate {
+	t.Helper()
+	crt, err := os.ReadFile(filepath.Join("testdata", "certs", "secure.example.com.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := os.ReadFile(filepath.Join("testdata", "certs", "secure.example.com.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model.Certificate{Name: name, CertPEM: crt, KeyPEM: key}
+}
+
+func goldenCases(t testing.TB) map[string]model.Snapshot {
+	web := model.Upstream{Name: "shop-web-80", Endpoints: []netip.AddrPort{ap("10.0.1.10:8080"), ap("10.0.1.11:8080")}}
+	api := model.Upstream{Name: "shop-api-http", Endpoints: []netip.AddrPort{ap("10.0.2.10:9000")}}
+	return map[string]model.Snapshot{
+		"one-host": {
+			Servers: []model.Server{{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/web"},
+			}}},
+			Upstreams: []model.Upstream{web},
+		},
+		"many-hosts-path-types": {
+			Servers: []model.Server{
+				{Group: "edge/a", Host: "*.apps.example.com", Locations: []model.Location{
+					{Path: "/", Type: model.PathImplementationSpecific, Upstream: "shop-web-80", Source: "shop/wild"},
+				}},
+				{Group: "edge/a", Host: "api.example.com", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/api"},
+					{Path: "/v1", Type: model.PathExact, Upstream: "shop-api-http", Source: "shop/api"},
+					{Path: "/v1", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/api"},
+					{Path: "/v1/users/", Type: model.PathPrefix, Upstream: "shop-api-http", Source: "shop/api"},
+					{Path: "/v2/", Type: model.PathExact, Upstream: "shop-api-http", Source: "shop/api"},
+					{Path: "/static", Type: model.PathImplementationSpecific, Upstream: "shop-web-80", Source: "shop/api"},
+				}},
+				{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
+					{Path: "/cart", Type: model.PathPrefix, Upstream: "shop-api-http", Source: "shop/web"},
+				}},
+				{Group: "edge/b", Host: "other-group.example.com", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/other"},
+				}},
+			},
+			Upstreams: []model.Upstream{api, web},
+		},
+		"tls-redirect": {
+			Servers: []model.Server{
+				{Group: "edge/a", Host: "bad-cert.example.com", TLSCertificate: "shop/broken", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/bad"},
+				}},
+				{Group: "edge/a", Host: "missing-cert.example.com", TLSCertificate: "shop/absent", SSLRedirect: true, Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/missing"},
+				}},
+				{Group: "edge/a", Host: "plain.example.com", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/plain"},
+				}},
+				{Group: "edge/a", Host: "secure.example.com", TLSCertificate: "shop/secure-tls", SSLRedirect: true, Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/secure"},
+				}},
+				{Group: "edge/a", Host: "www.example.org", TLSCertificate: "shop/secure-tls", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/org"},
+				}},
+			},
+			Upstreams: []model.Upstream{web},
+			Certificates: []model.Certificate{
+				{Name: "shop/broken", CertPEM: []byte("-----BEGIN CERTIFICATE-----\nnot a certificate\n-----END CERTIFICATE-----\n"), KeyPEM: []byte("junk")},
+				testCert(t, "shop/secure-tls"),
+				testCert(t, "shop/unreferenced"),
+			},
+		},
+		"default-backend": {
+			Servers: []model.Server{
+				{Group: "edge/a", Host: "", DefaultUpstream: "shop-web-80"},
+				{Group: "edge/a", Host: "shop.example.com", DefaultUpstream: "shop-web-80", Locations: []model.Location{
+					{Path: "/api", Type: model.PathPrefix, Upstream: "shop-api-http", Source: "shop/web"},
+				}},
+			},
+			Upstreams: []model.Upstream{api, web},
+		},
+		// Seed 004: trafficHosts "host1 host2", publicPaths "80:/ 3000:/nodejs", and the
+		// README's test.k8s.local example scaled to three pods.
+		"seed-004-pod-routes": {
+			Servers: []model.Server{
+				{Group: "edge/a", Host: "host1", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "default-nodejs-k8s-env-80", Source: "default/nodejs-k8s-env-eq7mh"},
+					{Path: "/nodejs", Type: model.PathPrefix, Upstream: "default-nodejs-k8s-env-3000", Source: "default/nodejs-k8s-env-eq7mh"},
+				}},
+				{Group: "edge/a", Host: "host2", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "default-nodejs-k8s-env-80", Source: "default/nodejs-k8s-env-eq7mh"},
+					{Path: "/nodejs", Type: model.PathPrefix, Upstream: "default-nodejs-k8s-env-3000", Source: "default/nodejs-k8s-env-eq7mh"},
+				}},
+				{Group: "edge/a", Host: "test.k8s.local", Locations: []model.Location{
+					{Path: "/nodejs", Type: model.PathPrefix, Upstream: "default-nodejs-k8s-env-3000", Source: "default/nodejs-k8s-env-eq7mh"},
+				}},
+			},
+			Upstreams: []model.Upstream{
+				{Name: "default-nodejs-k8s-env-3000", Endpoints: []netip.AddrPort{ap("10.244.69.6:3000"), ap("10.244.69.8:3000"), ap("10.244.69.9:3000")}},
+				{Name: "default-nodejs-k8s-env-80", Endpoints: []netip.AddrPort{ap("10.244.69.6:80")}},
+			},
+		},
+		"ipv6-endpoints": {
+			Servers: []model.Server{{Group: "edge/a", Host: "v6.example.com", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Upstream: "shop-v6-80", Source: "shop/v6"},
+			}}},
+			Upstreams: []model.Upstream{{Name: "shop-v6-80", Endpoints: []netip.AddrPort{
+				ap("10.0.3.1:80"), ap("[2001:db8::1]:80"), ap("[2001:db8::2]:8080"), ap("[fe80::1%eth0]:80"),
+			}}},
+		},
+		"no-endpoints": {
+			Servers: []model.Server{{Group: "edge/a", Host: "empty.example.com", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Upstream: "shop-empty-80", Source: "shop/empty"},
+				{Path: "/gone", Type: model.PathPrefix, Upstream: "shop-deleted-80", Source: "shop/empty"},
+				{Path: "/ok", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/empty"},
+			}}},
+			Upstreams: []model.Upstream{{Name: "shop-empty-80"}, web},
+		},
+		"injection": {
+			Servers: []model.Server{
+				{Group: "edge/a", Host: "", Locations: []model.Location{
+					{Path: "/ok", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/x\n}\nserver {"},
+				}},
+				{Group: "edge/a", Host: "a.example.com;return 200", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80"}}},
+				{Group: "edge/a", Host: "b.example.com\n}", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80"}}},
+				{Group: "edge/a", Host: "Upper.example.com", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80"}}},
+				{Group: "edge/a", Host: "*.*.example.com", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80"}}},
+				{Group: "edge/a", Host: "paths.example.com", Locations: []model.Location{
+					{Path: "/a;return 200 x", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/b { }", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/c\"quoted\"", Type: model.PathExact, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/d$host", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/e/../etc", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/f#comment", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/g%3B", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "relative", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/h", Type: "Regex", Upstream: "shop-web-80", Source: "shop/evil"},
+					{Path: "/i", Type: model.PathPrefix, Upstream: "evil;proxy_pass http://x", Source: "shop/evil"},
+					{Path: "/safe-path_~!&*+,=:@.x", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/evil"},
+				}},
+			},
+			Upstreams: []model.Upstream{
+				{Name: "evil;proxy_pass http://x", Endpoints: []netip.AddrPort{ap("10.0.0.1:80")}},
+				web,
+			},
+		},
+	}
+}
+
+func TestRenderGolden(t *testing.T) {
+	for name, snap := range goldenCases(t) {
+		t.Run(name, func(t *testing.T) {
+			opt := goldenOptions()
+			opt.Group = "edge/a"
+			cfg, err := Render(snap, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, err := Render(snap, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(cfg.Text, again.Text) {
+				t.Fatal("two renders of the same snapshot differ")
+			}
+			var problems strings.Builder
+			for _, p := range cfg.Problems {
+				fmt.Fprintln(&problems, p.String())
+			}
+			checkGolden(t, filepath.Join("testdata", name, "nginx.conf.golden"), cfg.Text)
+			checkGolden(t, filepath.Join("testdata", name, "problems.golden"), []byte(problems.String()))
+			nginxTest(t, t.TempDir(), cfg, opt)
+		})
+	}
+}
+
+func checkGolden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./nginx -update to create it)", err)
+	}
+	if diff := cmp.Diff(string(want), string(got)); diff != "" {
+		t.Errorf("%s differs (-want +got), refresh with -update if intended:\n%s", path, diff)
+	}
+}
