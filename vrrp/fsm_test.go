@@ -124,7 +124,7 @@ func TestBackupAdverts(t *testing.T) {
 func TestPreemptDelayExpires(t *testing.T) {
 	m := machine(100, func(c *MachineConfig) { c.PreemptDelay = 2 * time.Second })
 	m.Start(t0)
-	m.Advert(at(time.Second), advert(50, time.Second), a4("10.0.0.9")) // within the delay: accepted
+	m.Advert(at(time.Second), advert(50, time.Second), a4("10.0.0.9"))   // within the delay: accepted
 	m.Advert(at(3*time.Second), advert(50, time.Second), a4("10.0.0.9")) // past it: discarded
 	want := at(4*time.Second + 609375*time.Microsecond)                  // armed by the advert at 1s
 	if got := deadline(t, m); !got.Equal(want) {
