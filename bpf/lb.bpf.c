@@ -1,0 +1,162 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * xdp_lb: Portico's L4 steering on an edge node's NIC.
+ *
+ * VIP traffic goes to one ingress replica chosen by the flow table (established
+ * flows) or the VIP's Maglev ring (new flows): a replica on this node gets
+ * XDP_PASS, a replica elsewhere gets the frame with only its two MAC addresses
+ * rewritten, sent back out with XDP_TX (L2 direct server return). Everything that
+ * is not VIP traffic passes untouched. The program never returns XDP_ABORTED and
+ * never drops.
+ *
+ * Policy for the awkward cases (each counted in reason_stats):
+ *  - IPv4 fragments and IPv6 fragment headers: XDP_PASS to the local stack (a
+ *    non-first fragment has no ports to steer by). Edge paths use PMTU discovery,
+ *    which ICMP steering below keeps working, so fragments are rare.
+ *  - IPv4 options: steered like any other packet (the header is not modified).
+ *  - IPv6 extension headers before TCP/UDP: XDP_PASS.
+ *  - A VIP whose ring is empty or missing: XDP_PASS (the local stack answers).
+ */
+#include <linux/bpf.h>
+#include "bpf_helpers.h"
+#include "bpf_endian.h"
+#include "lb_types.h"
+#include "lb_maps.h"
+#include "parse.h"
+#include "hash.h"
+
+#define NSEC_PER_SEC 1000000000ULL
+
+/* Keep the enums Go needs in BTF for bpf2go. */
+const enum lb_limits *unused_limits __attribute__((unused));
+const enum backend_flags *unused_backend_flags __attribute__((unused));
+
+static __always_inline int count(enum reason r, int verdict)
+{
+	__u32 key = r;
+	__u64 *c = bpf_map_lookup_elem(&reason_stats, &key);
+
+	if (c)
+		*c += 1;
+	return verdict;
+}
+
+static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
+{
+	struct vip_key vk = {};
+	struct vip_val *v;
+
+	__builtin_memcpy(vk.addr, flow->dst, sizeof(vk.addr));
+	vk.port = flow->dport;
+	vk.proto = flow->proto;
+	v = bpf_map_lookup_elem(&vips, &vk);
+	if (v)
+		return v;
+	vk.port = 0;
+	return bpf_map_lookup_elem(&vips, &vk);
+}
+
+/* pick_from_ring returns the backend id the VIP's ring holds for this flow, 0 if none. */
+static __always_inline __u32 pick_from_ring(__u32 vip_id, const struct flow_key *flow,
+					    const struct lb_config *cfg)
+{
+	void *ring = bpf_map_lookup_elem(&rings, &vip_id);
+	__u32 slot, *id;
+
+	if (!ring || cfg->ring_size == 0)
+		return 0;
+	slot = flow_hash(flow, cfg->seed) % cfg->ring_size;
+	id = bpf_map_lookup_elem(ring, &slot);
+	return id ? *id : 0;
+}
+
+SEC("xdp")
+int xdp_lb(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct parsed p __attribute__((aligned(8))) = {};
+	__u32 zero = 0, bid = 0, vip_id;
+	struct lb_config *cfg;
+	struct vip_val *vip;
+	struct backend *be = 0;
+	struct flow_val *fv;
+	struct vip_counters *vs;
+	struct backend_counters *bs;
+	__u64 now, len = data_end - data;
+	int rc;
+
+	if ((void *)(eth + 1) > data_end)
+		return count(REASON_MALFORMED, XDP_PASS);
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		rc = parse_ipv4(eth + 1, data_end, &p);
+	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		rc = parse_ipv6(eth + 1, data_end, &p);
+	else
+		return count(REASON_NOT_IP, XDP_PASS);
+	if (rc != PARSE_OK)
+		return count(rc, XDP_PASS);
+
+	vip = lookup_vip(&p.flow);
+	if (!vip)
+		return count(p.icmp_error ? REASON_ICMP_OTHER : REASON_NOT_VIP, XDP_PASS);
+	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
+	if (!cfg)
+		return count(REASON_NO_BACKEND, XDP_PASS);
+	vip_id = vip->vip_id;
+	if (p.ip_options)
+		count(REASON_IP_OPTIONS, 0);
+
+	vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
+	if (vs) {
+		vs->packets++;
+		vs->bytes += len;
+	}
+
+	now = bpf_ktime_get_ns();
+	fv = bpf_map_lookup_elem(&flows, &p.flow);
+	if (fv) {
+		bid = fv->backend_id;
+		be = bpf_map_lookup_elem(&backends, &bid);
+		if (be) {
+			if (vs)
+				vs->flow_hits++;
+			if (now - fv->last_seen_ns > NSEC_PER_SEC)
+				fv->last_seen_ns = now;
+		} else {
+			count(REASON_FLOW_REPICK, 0);
+		}
+	}
+	if (!be) {
+		bid = pick_from_ring(vip_id, &p.flow, cfg);
+		be = bid ? bpf_map_lookup_elem(&backends, &bid) : 0;
+		if (!be)
+			return count(REASON_NO_BACKEND, XDP_PASS);
+		/* An ICMP error never creates state: it only follows a flow. */
+		if (!p.icmp_error) {
+			struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
+
+			bpf_map_update_elem(&flows, &p.flow, &nv, BPF_ANY);
+			if (vs)
+				vs->new_flows++;
+		}
+	}
+
+	bs = bpf_map_lookup_elem(&backend_stats, &bid);
+	if (bs) {
+		bs->packets++;
+		bs->bytes += len;
+	}
+	if (p.icmp_error)
+		count(REASON_ICMP_STEERED, 0);
+	if (be->flags & BACKEND_F_LOCAL)
+		return count(REASON_LOCAL, XDP_PASS);
+
+	/* The parser's reads proved at least an Ethernet header is there. */
+	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	return count(REASON_TX, XDP_TX);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";

@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* The maps of xdp_lb. Go creates, pins and fills them; names stay <= 15 characters. */
+#ifndef PORTICO_LB_MAPS_H
+#define PORTICO_LB_MAPS_H
+
+#include <linux/bpf.h>
+#include "bpf_helpers.h"
+#include "lb_types.h"
+
+/* (VIP address, port or 0, protocol) -> VIP id. Port-specific entries win. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_VIP_KEYS);
+	__type(key, struct vip_key);
+	__type(value, struct vip_val);
+} vips SEC(".maps");
+
+/* One Maglev ring: slot -> backend id. Go sets max_entries to the ring size. */
+struct ring {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_DEFAULT_RING);
+	__type(key, __u32);
+	__type(value, __u32);
+};
+
+/* VIP id -> its ring. Go swaps a whole inner map, so no packet sees half a table. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, LB_MAX_VIPS);
+	__type(key, __u32);
+	__array(values, struct ring);
+} rings SEC(".maps");
+
+/* Backend id -> replica address, MAC and flags. A missing id is a gone backend. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct backend);
+} backends SEC(".maps");
+
+/* Connection table: established flows stay on their backend. Per-CPU LRU lists
+ * (BPF_F_NO_COMMON_LRU) avoid a global lock; entries are shared by all CPUs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_DEFAULT_FLOWS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+} flows SEC(".maps");
+
+/* Node-wide settings, one entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct lb_config);
+} lb_cfg SEC(".maps");
+
+/* Per-VIP counters, indexed by VIP id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct vip_counters);
+} vip_stats SEC(".maps");
+
+/* Per-backend counters, indexed by backend id. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_MAX_BACKENDS);
+	__type(key, __u32);
+	__type(value, struct backend_counters);
+} backend_stats SEC(".maps");
+
+/* Packets by the reason for their verdict. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, REASON_MAX);
+	__type(key, enum reason);
+	__type(value, __u64);
+} reason_stats SEC(".maps");
+
+#endif

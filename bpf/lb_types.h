@@ -1,0 +1,104 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * Every struct and enum that Go also sees. This header is the single source of
+ * truth: the Go types are generated from it by bpf2go (-type ...), never copied.
+ * Rules: fixed-width fields, explicit padding, no bitfields or unions, addresses as
+ * 16 bytes (IPv4 as IPv4-mapped IPv6), ports in network byte order.
+ */
+#ifndef PORTICO_LB_TYPES_H
+#define PORTICO_LB_TYPES_H
+
+#include <linux/types.h>
+
+/* Map sizes and limits Go needs too. */
+enum lb_limits {
+	LB_MAX_VIPS = 256,       /* VIP addresses: entries of rings and vip_stats */
+	LB_MAX_VIP_KEYS = 1024,  /* (address, port, protocol) entries in vips */
+	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
+	LB_BACKEND_STATS = 65536, /* backend ids are taken modulo this for stats */
+	LB_DEFAULT_FLOWS = 262144,
+	LB_DEFAULT_RING = 65537,
+};
+
+/* vips: which (address, port, protocol) the program steers. port 0 = any port. */
+struct vip_key {
+	__u8 addr[16];
+	__be16 port;
+	__u8 proto; /* IPPROTO_TCP or IPPROTO_UDP */
+	__u8 pad;
+};
+
+
+struct vip_val {
+	__u32 vip_id; /* index into rings and vip_stats, < LB_MAX_VIPS */
+	__u32 flags;  /* reserved, 0 */
+};
+
+enum backend_flags {
+	BACKEND_F_LOCAL = 1,    /* the replica is this node: XDP_PASS */
+	BACKEND_F_DRAINING = 2, /* keeps existing flows, not in the ring */
+};
+
+/* backends: backend id -> where to send. One backend per (VIP address, replica). */
+struct backend {
+	__u8 addr[16];
+	__u8 mac[6];
+	__u16 flags;  /* enum backend_flags */
+	__u32 vip_id; /* the VIP this backend serves (operator view, recovery) */
+	__u32 weight;
+};
+
+/* flows: the 5-tuple as the client sent it. */
+struct flow_key {
+	__u8 src[16];
+	__u8 dst[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 pad[3];
+};
+
+struct flow_val {
+	__u32 backend_id;
+	__u32 pad;
+	__u64 last_seen_ns; /* bpf_ktime_get_ns(), refreshed at most once a second */
+};
+
+/* lb_cfg[0]: node-wide settings written by the loader. */
+struct lb_config {
+	__u32 seed;      /* cluster-wide hash seed: equal on every node */
+	__u32 ring_size; /* slots in every ring (prime) */
+	__u8 mac[6];     /* MAC of the NIC the program is attached to */
+	__u16 pad;
+};
+
+struct vip_counters {
+	__u64 packets;
+	__u64 bytes;
+	__u64 new_flows;
+	__u64 flow_hits;
+};
+
+struct backend_counters {
+	__u64 packets;
+	__u64 bytes;
+};
+
+/* Why the program did what it did; reason_stats is indexed by this. */
+enum reason {
+	REASON_NOT_IP = 0,       /* not IPv4/IPv6 (ARP, LLDP, ...): pass */
+	REASON_NOT_VIP,          /* IP but not a VIP address/port/protocol: pass */
+	REASON_MALFORMED,        /* truncated or invalid header: pass, never abort */
+	REASON_FRAGMENT,         /* IPv4 fragment or IPv6 fragment header: pass */
+	REASON_IP_OPTIONS,       /* IPv4 with options to a VIP: steered as usual */
+	REASON_IPV6_EXT,         /* IPv6 extension header before L4: pass */
+	REASON_ICMP_STEERED,     /* ICMP error about a VIP flow sent to its backend */
+	REASON_ICMP_OTHER,       /* ICMP that is no error about a VIP flow: pass */
+	REASON_NO_BACKEND,       /* VIP with an empty ring: pass to the local stack */
+	REASON_LOCAL,            /* backend is this node: pass */
+	REASON_TX,               /* backend elsewhere: MAC rewrite + XDP_TX */
+	REASON_FLOW_REPICK,      /* flow's backend gone: picked again from the ring */
+	REASON_MAX,
+};
+
+#endif

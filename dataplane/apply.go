@@ -1,0 +1,401 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// Desired is what the maps should say: plain data, built by the agent from the
+// model snapshot plus what only this node knows (replica MACs, which replica is
+// local).
+type Desired struct {
+	Seed   uint32 // cluster-wide flow hash seed, equal on every node
+	Groups []Group
+}
+
+// Group is a set of VIP addresses served by the same replicas.
+type Group struct {
+	Name     string
+	VIPs     []netip.Addr
+	Ports    []model.Port // empty: every TCP and UDP port
+	Backends []Backend
+}
+
+// Backend is one replica of a group as this node sees it.
+type Backend struct {
+	Addr     netip.Addr
+	MAC      net.HardwareAddr // required unless Local
+	Weight   uint32           // 0 counts as 1
+	Local    bool             // this node: XDP_PASS
+	Draining bool             // keeps its flows, gets no new ones
+}
+
+type backendKey struct {
+	vip  uint32
+	addr netip.Addr
+}
+
+// applied is what the maps hold, as this process last wrote or recovered it.
+type applied struct {
+	vipIDs     map[netip.Addr]uint32
+	vipKeys    map[lbVipKey]lbVipVal
+	backendIDs map[backendKey]uint32
+	backends   map[uint32]lbBackend
+	rings      map[uint32][]uint32 // vip id -> slot -> backend id
+	digests    map[uint32]string
+	nextID     uint32 // where the round-robin backend id search starts
+}
+
+// ApplyStats says what one Apply changed.
+type ApplyStats struct {
+	VIPKeys, Backends, Rings int // entries written or deleted
+}
+
+// recover rebuilds the id assignments from the pinned maps, so a restarted agent
+// keeps every VIP and backend id (and with them the flow table) as it was.
+func (d *Dataplane) recover() error {
+	st := applied{
+		vipIDs:     map[netip.Addr]uint32{},
+		vipKeys:    map[lbVipKey]lbVipVal{},
+		backendIDs: map[backendKey]uint32{},
+		backends:   map[uint32]lbBackend{},
+		rings:      map[uint32][]uint32{},
+		digests:    map[uint32]string{},
+		nextID:     1,
+	}
+	var vk lbVipKey
+	var vv lbVipVal
+	it := d.objs.Vips.Iterate()
+	for it.Next(&vk, &vv) {
+		st.vipKeys[vk] = vv
+		st.vipIDs[addrFrom16(vk.Addr)] = vv.VipId
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read map vips: %w", err)
+	}
+	var id uint32
+	var be lbBackend
+	it = d.objs.Backends.Iterate()
+	for it.Next(&id, &be) {
+		st.backends[id] = be
+		st.backendIDs[backendKey{be.VipId, addrFrom16(be.Addr)}] = id
+		st.nextID = max(st.nextID, id+1)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read map backends: %w", err)
+	}
+	if st.nextID >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
+		st.nextID = 1
+	}
+	// Rings are not read back: the first Apply rewrites each one with the same
+	// content (the table depends only on the replica set), which is harmless.
+	d.st = st
+	return nil
+}
+
+// Apply makes the maps say what want says. It is idempotent and diff-based: only
+// entries that differ are written, VIP and backend ids stay stable, and a VIP's
+// ring is replaced whole (a new inner map swapped in), so no packet sees half a
+// table. On a validation error nothing is written.
+func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
+	var stats ApplyStats
+	plan, err := d.plan(want)
+	if err != nil {
+		return stats, err
+	}
+	// Order matters for packets in flight: backends before the rings that name
+	// them, rings before the VIP keys that lead to them; deletions the other way.
+	for id, be := range plan.backends {
+		if old, ok := d.st.backends[id]; ok && old == be {
+			continue
+		}
+		if err := d.objs.Backends.Put(id, &be); err != nil {
+			return stats, fmt.Errorf("update map backends: %w", err)
+		}
+		d.st.backends[id] = be
+		stats.Backends++
+	}
+	for vip, ids := range plan.rings {
+		if slices.Equal(d.st.rings[vip], ids) {
+			continue
+		}
+		if err := d.swapRing(vip, ids); err != nil {
+			return stats, err
+		}
+		d.st.rings[vip] = ids
+		d.st.digests[vip] = plan.digests[vip]
+		stats.Rings++
+	}
+	for k, v := range plan.vipKeys {
+		if old, ok := d.st.vipKeys[k]; ok && old == v {
+			continue
+		}
+		if err := d.objs.Vips.Put(&k, &v); err != nil {
+			return stats, fmt.Errorf("update map vips: %w", err)
+		}
+		d.st.vipKeys[k] = v
+		stats.VIPKeys++
+	}
+	if d.cfg.Seed != want.Seed {
+		d.cfg.Seed = want.Seed
+		if err := d.writeConfig(); err != nil {
+			return stats, err
+		}
+	}
+
+	for k := range d.st.vipKeys {
+		if _, ok := plan.vipKeys[k]; ok {
+			continue
+		}
+		if err := d.objs.Vips.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return stats, fmt.Errorf("delete from map vips: %w", err)
+		}
+		delete(d.st.vipKeys, k)
+		stats.VIPKeys++
+	}
+	for vip := range d.st.rings {
+		if _, ok := plan.rings[vip]; ok {
+			continue
+		}
+		if err := d.objs.Rings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return stats, fmt.Errorf("delete from map rings: %w", err)
+		}
+		delete(d.st.rings, vip)
+		delete(d.st.digests, vip)
+		stats.Rings++
+	}
+	for id, be := range d.st.backends {
+		if _, ok := plan.backends[id]; ok {
+			continue
+		}
+		if err := d.objs.Backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return stats, fmt.Errorf("delete from map backends: %w", err)
+		}
+		delete(d.st.backends, id)
+		delete(d.st.backendIDs, backendKey{be.VipId, addrFrom16(be.Addr)})
+		stats.Backends++
+	}
+	d.st.vipIDs = plan.vipIDs
+	if stats != (ApplyStats{}) {
+		d.log.Info("data plane applied", zap.Int("vip_keys", stats.VIPKeys), zap.Int("backends", stats.Backends), zap.Int("rings", stats.Rings))
+	}
+	return stats, nil
+}
+
+// Digests returns the Maglev table digest of each VIP address, as applied.
+func (d *Dataplane) Digests() map[netip.Addr]string {
+	out := map[netip.Addr]string{}
+	for a, id := range d.st.vipIDs {
+		if dg, ok := d.st.digests[id]; ok {
+			out[a] = dg
+		}
+	}
+	return out
+}
+
+type plan struct {
+	vipIDs   map[netip.Addr]uint32
+	vipKeys  map[lbVipKey]lbVipVal
+	backends map[uint32]lbBackend
+	rings    map[uint32][]uint32
+	digests  map[uint32]string
+}
+
+// plan validates want and assigns ids, reusing the ones already in the maps. It
+// only reserves new ids in d.st once the whole of want is valid.
+func (d *Dataplane) plan(want Desired) (plan, error) {
+	p := plan{
+		vipIDs:   map[netip.Addr]uint32{},
+		vipKeys:  map[lbVipKey]lbVipVal{},
+		backends: map[uint32]lbBackend{},
+		rings:    map[uint32][]uint32{},
+		digests:  map[uint32]string{},
+	}
+	var problems []string
+	groupOf := map[netip.Addr]string{}
+	for _, g := range want.Groups {
+		for _, v := range g.VIPs {
+			if !v.IsValid() {
+				problems = append(problems, fmt.Sprintf("group %s: invalid VIP", g.Name))
+				continue
+			}
+			v = v.Unmap()
+			if other, dup := groupOf[v]; dup {
+				problems = append(problems, fmt.Sprintf("VIP %s in groups %s and %s", v, other, g.Name))
+			}
+			groupOf[v] = g.Name
+		}
+		seen := map[netip.Addr]bool{}
+		for _, b := range g.Backends {
+			switch {
+			case !b.Addr.IsValid():
+				problems = append(problems, fmt.Sprintf("group %s: backend without address", g.Name))
+			case seen[b.Addr.Unmap()]:
+				problems = append(problems, fmt.Sprintf("group %s: backend %s listed twice", g.Name, b.Addr))
+			case !b.Local && len(b.MAC) != 6:
+				problems = append(problems, fmt.Sprintf("group %s: remote backend %s has no MAC", g.Name, b.Addr))
+			}
+			seen[b.Addr.Unmap()] = true
+		}
+		for _, port := range g.Ports {
+			if port.Protocol != model.TCP && port.Protocol != model.UDP {
+				problems = append(problems, fmt.Sprintf("group %s: protocol %q", g.Name, port.Protocol))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return p, fmt.Errorf("invalid data plane input: %s", strings.Join(problems, "; "))
+	}
+
+	// VIP ids: keep the ones in use, give new VIPs the lowest free id.
+	used := map[uint32]bool{}
+	for a := range groupOf {
+		if id, ok := d.st.vipIDs[a]; ok {
+			p.vipIDs[a] = id
+			used[id] = true
+		}
+	}
+	newVIPs := []netip.Addr{}
+	for a := range groupOf {
+		if _, ok := p.vipIDs[a]; !ok {
+			newVIPs = append(newVIPs, a)
+		}
+	}
+	slices.SortFunc(newVIPs, netip.Addr.Compare)
+	next := uint32(0)
+	for _, a := range newVIPs {
+		for used[next] {
+			next++
+		}
+		if next >= uint32(lbLbLimitsLB_MAX_VIPS) {
+			return p, fmt.Errorf("more than %d VIP addresses", lbLbLimitsLB_MAX_VIPS)
+		}
+		p.vipIDs[a] = next
+		used[next] = true
+	}
+
+	// Backend ids: one per (VIP, replica); kept while the pair exists, new ones
+	// taken round-robin so a freed id is not reused soon (flows may still name it).
+	ids := map[backendKey]uint32{}
+	usedB := map[uint32]bool{}
+	for _, g := range want.Groups {
+		for _, v := range g.VIPs {
+			for _, b := range g.Backends {
+				k := backendKey{p.vipIDs[v.Unmap()], b.Addr.Unmap()}
+				if id, ok := d.st.backendIDs[k]; ok {
+					ids[k] = id
+					usedB[id] = true
+				}
+			}
+		}
+	}
+	nextB := d.st.nextID
+	alloc := func() (uint32, error) {
+		for range lbLbLimitsLB_MAX_BACKENDS {
+			id := nextB
+			nextB++
+			if nextB >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
+				nextB = 1
+			}
+			if !usedB[id] && d.st.backends[id] == (lbBackend{}) {
+				usedB[id] = true
+				return id, nil
+			}
+		}
+		return 0, fmt.Errorf("more than %d backends", lbLbLimitsLB_MAX_BACKENDS-1)
+	}
+
+	for _, g := range want.Groups {
+		var ports []model.Port
+		if len(g.Ports) == 0 {
+			ports = []model.Port{{Protocol: model.TCP}, {Protocol: model.UDP}}
+		} else {
+			ports = g.Ports
+		}
+		for _, v := range g.VIPs {
+			v = v.Unmap()
+			vipID := p.vipIDs[v]
+			for _, port := range ports {
+				proto := uint8(unix.IPPROTO_TCP)
+				if port.Protocol == model.UDP {
+					proto = unix.IPPROTO_UDP
+				}
+				p.vipKeys[lbVipKey{Addr: addr16(v), Port: portToMap(port.Port), Proto: proto}] = lbVipVal{VipId: vipID}
+			}
+			var ring []MaglevBackend
+			idOf := map[netip.Addr]uint32{}
+			for _, b := range g.Backends {
+				a := b.Addr.Unmap()
+				k := backendKey{vipID, a}
+				id, ok := ids[k]
+				if !ok {
+					var err error
+					if id, err = alloc(); err != nil {
+						return p, err
+					}
+					ids[k] = id
+				}
+				var flags uint16
+				if b.Local {
+					flags |= uint16(lbBackendFlagsBACKEND_F_LOCAL)
+				}
+				if b.Draining {
+					flags |= uint16(lbBackendFlagsBACKEND_F_DRAINING)
+				} else {
+					ring = append(ring, MaglevBackend{Addr: a, Weight: b.Weight})
+				}
+				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
+				idOf[a] = id
+			}
+			if len(ring) == 0 {
+				continue
+			}
+			tab, err := BuildTable(ring, d.opts.RingSize)
+			if err != nil {
+				return p, fmt.Errorf("group %s VIP %s: %w", g.Name, v, err)
+			}
+			slots := make([]uint32, len(tab.Slots))
+			for i, s := range tab.Slots {
+				slots[i] = idOf[tab.Backends[s]]
+			}
+			p.rings[vipID] = slots
+			p.digests[vipID] = tab.Digest()
+		}
+	}
+	d.st.nextID = nextB
+	for k, id := range ids {
+		d.st.backendIDs[k] = id
+	}
+	return p, nil
+}
+
+// swapRing fills a new inner map with slots and puts it in place of the VIP's old
+// ring in one map update.
+func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
+	inner, err := ebpf.NewMap(d.inner)
+	if err != nil {
+		return fmt.Errorf("create ring for vip id %d: %w", vip, err)
+	}
+	defer inner.Close()
+	keys := make([]uint32, len(slots))
+	for i := range keys {
+		keys[i] = uint32(i)
+	}
+	if _, err := inner.BatchUpdate(keys, slots, nil); err != nil {
+		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
+	}
+	if err := d.objs.Rings.Put(vip, inner); err != nil {
+		return fmt.Errorf("update map rings: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,237 @@
+package dataplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultPinPath is where the maps, the program and the XDP link are pinned.
+const DefaultPinPath = "/sys/fs/bpf/portico"
+
+const (
+	pinLink    = "link"
+	pinProgram = "xdp_lb"
+)
+
+// Options configure Load.
+type Options struct {
+	// PinPath is the bpffs directory for maps, program and link. Empty means
+	// DefaultPinPath.
+	PinPath string
+	// RingSize is the number of slots of every Maglev ring, a prime. 0 means
+	// DefaultRingSize. Changing it needs an Uninstall first.
+	RingSize uint32
+	// FlowEntries is the size of the flow table. 0 means the compiled default.
+	FlowEntries uint32
+	Logger      *zap.Logger
+}
+
+// Dataplane is a loaded xdp_lb: its program and pinned maps, and the state Apply
+// reconciles against.
+type Dataplane struct {
+	opts  Options
+	log   *zap.Logger
+	objs  lbObjects
+	inner *ebpf.MapSpec // the ring template
+	link  link.Link
+	cfg   lbLbConfig
+	st    applied
+}
+
+// Load loads xdp_lb and its maps, reusing maps already pinned at opts.PinPath, so
+// flows, rings and counters survive an agent restart. It mounts bpffs at
+// /sys/fs/bpf if nothing is mounted there. It does not attach: see Attach.
+func Load(opts Options) (*Dataplane, error) {
+	if opts.PinPath == "" {
+		opts.PinPath = DefaultPinPath
+	}
+	if opts.RingSize == 0 {
+		opts.RingSize = DefaultRingSize
+	}
+	if opts.Logger == nil {
+		opts.Logger = zap.NewNop()
+	}
+	if err := ensureBPFFS(filepath.Dir(opts.PinPath)); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(opts.PinPath, 0o700); err != nil {
+		return nil, fmt.Errorf("create pin directory: %w", err)
+	}
+	spec, err := loadLb()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded xdp_lb object: %w", err)
+	}
+	for name, m := range spec.Maps {
+		if name == lbMapRings || name == lbMapVips || name == lbMapBackends || name == lbMapFlows ||
+			name == lbMapLbCfg || name == lbMapVipStats || name == lbMapBackendStats || name == lbMapReasonStats {
+			m.Pinning = ebpf.PinByName
+		}
+	}
+	spec.Maps[lbMapRings].InnerMap.MaxEntries = opts.RingSize
+	if opts.FlowEntries != 0 {
+		spec.Maps[lbMapFlows].MaxEntries = opts.FlowEntries
+	}
+	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy()}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
+	if err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("load xdp_lb: %+v", ve)
+		}
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("load xdp_lb: pinned maps at %s were made by an incompatible version (run 'portico uninstall' first): %w", opts.PinPath, err)
+		}
+		return nil, fmt.Errorf("load xdp_lb: %w", err)
+	}
+	if err := d.objs.LbCfg.Lookup(uint32(0), &d.cfg); err != nil {
+		d.Close()
+		return nil, fmt.Errorf("read map lb_cfg: %w", err)
+	}
+	if d.cfg.RingSize != 0 && d.cfg.RingSize != opts.RingSize {
+		d.Close()
+		return nil, fmt.Errorf("pinned rings have %d slots, want %d: uninstall first to change the ring size", d.cfg.RingSize, opts.RingSize)
+	}
+	d.cfg.RingSize = opts.RingSize
+	if err := d.writeConfig(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	if err := d.recover(); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// Program is the loaded xdp_lb, for BPF_PROG_TEST_RUN.
+func (d *Dataplane) Program() *ebpf.Program { return d.objs.XdpLb }
+
+// Attach attaches xdp_lb to iface with a BPF link, pinned so it outlives the
+// agent. If a pinned link exists (an agent restart), the running program is
+// replaced atomically instead, so forwarding never stops. Native mode is tried
+// first; generic mode is the fallback, with a warning.
+func (d *Dataplane) Attach(iface string) error {
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return fmt.Errorf("find interface %s: %w", iface, err)
+	}
+	if len(ifc.HardwareAddr) != 6 {
+		return fmt.Errorf("interface %s has no Ethernet address", iface)
+	}
+	d.cfg.Mac = mac6(ifc.HardwareAddr)
+	if err := d.writeConfig(); err != nil {
+		return err
+	}
+	linkPath := filepath.Join(d.opts.PinPath, pinLink)
+	if l, err := link.LoadPinnedLink(linkPath, nil); err == nil {
+		info, err := l.Info()
+		if err != nil {
+			l.Close()
+			return fmt.Errorf("read pinned link info: %w", err)
+		}
+		if x := info.XDP(); x == nil || int(x.Ifindex) != ifc.Index {
+			l.Close()
+			return fmt.Errorf("pinned link %s is not attached to %s: uninstall first", linkPath, iface)
+		}
+		if err := l.Update(d.objs.XdpLb); err != nil {
+			l.Close()
+			return fmt.Errorf("replace program on pinned link: %w", err)
+		}
+		d.link = l
+		d.log.Info("xdp program replaced on pinned link", zap.String("iface", iface))
+		return d.pinProgram()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("load pinned link %s: %w", linkPath, err)
+	}
+
+	l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.XdpLb, Interface: ifc.Index, Flags: link.XDPDriverMode})
+	if err != nil {
+		d.log.Warn("native xdp attach failed, falling back to generic mode", zap.String("iface", iface), zap.Error(err))
+		l, err = link.AttachXDP(link.XDPOptions{Program: d.objs.XdpLb, Interface: ifc.Index, Flags: link.XDPGenericMode})
+		if err != nil {
+			return fmt.Errorf("attach xdp to %s: %w", iface, err)
+		}
+	}
+	if err := l.Pin(linkPath); err != nil {
+		l.Close()
+		return fmt.Errorf("pin xdp link: %w", err)
+	}
+	d.link = l
+	d.log.Info("xdp program attached", zap.String("iface", iface))
+	return d.pinProgram()
+}
+
+// pinProgram pins the current program so `bpftool prog show pinned` finds it.
+func (d *Dataplane) pinProgram() error {
+	p := filepath.Join(d.opts.PinPath, pinProgram)
+	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("unpin old program: %w", err)
+	}
+	if err := d.objs.XdpLb.Pin(p); err != nil {
+		return fmt.Errorf("pin program: %w", err)
+	}
+	return nil
+}
+
+// Close releases this process's handles. Pinned maps, program and link stay, and
+// so does forwarding: this is what an agent restart or upgrade does.
+func (d *Dataplane) Close() error {
+	var errs []error
+	if d.link != nil {
+		errs = append(errs, d.link.Close())
+	}
+	errs = append(errs, d.objs.Close())
+	return errors.Join(errs...)
+}
+
+// Uninstall detaches the pinned XDP link at pinPath (DefaultPinPath if empty) and
+// removes every pinned object. Missing pieces are not an error.
+func Uninstall(pinPath string) error {
+	if pinPath == "" {
+		pinPath = DefaultPinPath
+	}
+	linkPath := filepath.Join(pinPath, pinLink)
+	if l, err := link.LoadPinnedLink(linkPath, nil); err == nil {
+		uerr := l.Unpin()
+		cerr := l.Close()
+		if err := errors.Join(uerr, cerr); err != nil {
+			return fmt.Errorf("detach pinned link: %w", err)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("load pinned link %s: %w", linkPath, err)
+	}
+	if err := os.RemoveAll(pinPath); err != nil {
+		return fmt.Errorf("remove %s: %w", pinPath, err)
+	}
+	return nil
+}
+
+func (d *Dataplane) writeConfig() error {
+	if err := d.objs.LbCfg.Put(uint32(0), &d.cfg); err != nil {
+		return fmt.Errorf("update map lb_cfg: %w", err)
+	}
+	return nil
+}
+
+// ensureBPFFS mounts bpffs at dir unless one is mounted there already.
+func ensureBPFFS(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err == nil && uint32(st.Type) == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount bpffs at %s (is CAP_SYS_ADMIN missing?): %w", dir, err)
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+package dataplane
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/big"
+	"net/netip"
+	"slices"
+)
+
+// DefaultRingSize is the number of slots in a Maglev table: a prime, as the
+// population algorithm needs, large enough that 100 backends differ by under 1%.
+const DefaultRingSize = 65537
+
+// MaglevBackend is one entry of a Maglev table's input.
+type MaglevBackend struct {
+	Addr   netip.Addr
+	Weight uint32 // relative share; 0 counts as 1
+}
+
+// Table is a Maglev lookup table: Slots[i] is an index into Backends. Backends are
+// sorted by address, so every node that builds a table from the same set gets the
+// same bytes, whatever order the set came in.
+type Table struct {
+	Backends []netip.Addr
+	Slots    []uint32
+}
+
+// BuildTable populates a Maglev table of size m (a prime) with the paper's
+// algorithm (Eisenbud et al., NSDI '16, §3.4), extended with weights: in each round
+// a backend earns its weight in credit and claims its next preferred empty slot for
+// every max-weight of credit it holds, so slot counts follow the weights.
+func BuildTable(in []MaglevBackend, m uint32) (Table, error) {
+	if m < 2 || !big.NewInt(int64(m)).ProbablyPrime(20) {
+		return Table{}, fmt.Errorf("maglev table size %d is not a prime", m)
+	}
+	if len(in) == 0 {
+		return Table{}, errors.New("maglev table needs at least one backend")
+	}
+	if uint32(len(in)) > m {
+		return Table{}, fmt.Errorf("maglev table of %d slots cannot hold %d backends", m, len(in))
+	}
+	bs := slices.Clone(in)
+	slices.SortFunc(bs, func(a, b MaglevBackend) int { return a.Addr.Compare(b.Addr) })
+	for i := 1; i < len(bs); i++ {
+		if bs[i].Addr == bs[i-1].Addr {
+			return Table{}, fmt.Errorf("maglev backend %s listed twice", bs[i].Addr)
+		}
+	}
+
+	n := len(bs)
+	offset := make([]uint64, n)
+	skip := make([]uint64, n)
+	weight := make([]uint64, n)
+	var maxW uint64
+	for i, b := range bs {
+		offset[i], skip[i] = permutation(b.Addr, uint64(m))
+		weight[i] = max(uint64(b.Weight), 1)
+		maxW = max(maxW, weight[i])
+	}
+
+	const empty = ^uint32(0)
+	slots := make([]uint32, m)
+	for i := range slots {
+		slots[i] = empty
+	}
+	next := make([]uint64, n)   // how far each backend has walked its permutation
+	credit := make([]uint64, n) // weight earned and not yet spent
+	mm := uint64(m)
+	for filled := uint32(0); filled < m; {
+		for i := 0; i < n && filled < m; i++ {
+			credit[i] += weight[i]
+			for credit[i] >= maxW && filled < m {
+				credit[i] -= maxW
+				c := (offset[i] + next[i]*skip[i]) % mm
+				for slots[c] != empty {
+					next[i]++
+					c = (offset[i] + next[i]*skip[i]) % mm
+				}
+				slots[c] = uint32(i)
+				next[i]++
+				filled++
+			}
+		}
+	}
+	addrs := make([]netip.Addr, n)
+	for i, b := range bs {
+		addrs[i] = b.Addr
+	}
+	return Table{Backends: addrs, Slots: slots}, nil
+}
+
+// permutation derives a backend's (offset, skip) from its address alone, with
+// fixed seeds, so it is the same on every node and for every run.
+func permutation(a netip.Addr, m uint64) (offset, skip uint64) {
+	b := a.As16()
+	sum := sha256.Sum256(append([]byte("portico-maglev-v1"), b[:]...))
+	offset = binary.LittleEndian.Uint64(sum[0:8]) % m
+	skip = binary.LittleEndian.Uint64(sum[8:16])%(m-1) + 1
+	return offset, skip
+}
+
+// Shares counts the slots each backend holds, in Backends order.
+func (t Table) Shares() []int {
+	counts := make([]int, len(t.Backends))
+	for _, s := range t.Slots {
+		counts[s]++
+	}
+	return counts
+}
+
+// Digest identifies a table's content: SHA-256 over each slot's backend address (16
+// bytes, IPv4-mapped), shortened to 16 hex digits. Two nodes with equal digests
+// send every flow to the same replica. DigestOf computes the same value from the
+// addresses a pinned ring resolves to.
+func (t Table) Digest() string {
+	addrs := make([]netip.Addr, len(t.Slots))
+	for i, s := range t.Slots {
+		addrs[i] = t.Backends[s]
+	}
+	return DigestOf(addrs)
+}
+
+// DigestOf is Table.Digest for a table given as one address per slot.
+func DigestOf(slots []netip.Addr) string {
+	h := sha256.New()
+	for _, a := range slots {
+		b := a.As16()
+		h.Write(b[:])
+	}
+	return hex.EncodeToString(h.Sum(nil)[:8])
+}

@@ -1,0 +1,140 @@
+package dataplane
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"testing"
+)
+
+func backendsN(n int) []MaglevBackend {
+	bs := make([]MaglevBackend, n)
+	for i := range bs {
+		bs[i] = MaglevBackend{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 8), byte(i), 7}), Weight: 1}
+	}
+	return bs
+}
+
+func TestBuildTableRejectsBadInput(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   []MaglevBackend
+		m    uint32
+	}{
+		{"not prime", backendsN(3), 65536},
+		{"no backends", nil, 65537},
+		{"more backends than slots", backendsN(8), 7},
+		{"duplicate", append(backendsN(2), backendsN(1)...), 65537},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := BuildTable(tc.in, tc.m); err == nil {
+				t.Fatal("BuildTable succeeded, want an error")
+			}
+		})
+	}
+}
+
+func TestTableIndependentOfInputOrder(t *testing.T) {
+	in := backendsN(37)
+	in[5].Weight = 3
+	want, err := BuildTable(in, DefaultRingSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 5 {
+		shuffled := slices.Clone(in)
+		r.Shuffle(len(shuffled), func(a, b int) { shuffled[a], shuffled[b] = shuffled[b], shuffled[a] })
+		got, err := BuildTable(shuffled, DefaultRingSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got.Slots, want.Slots) || got.Digest() != want.Digest() {
+			t.Fatalf("shuffle %d: table differs from the sorted input's", i)
+		}
+	}
+}
+
+func TestTableBalance(t *testing.T) {
+	for _, n := range []int{1, 2, 3, 10, 50, 100} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			tab, err := BuildTable(backendsN(n), DefaultRingSize)
+			if err != nil {
+				t.Fatal(err)
+			}
+			shares := tab.Shares()
+			lo, hi := slices.Min(shares), slices.Max(shares)
+			if lo == 0 || float64(hi)/float64(lo) > 1.01 {
+				t.Fatalf("max/min slots = %d/%d = %.4f, want <= 1.01", hi, lo, float64(hi)/float64(lo))
+			}
+		})
+	}
+}
+
+func TestTableDisruptionOnRemoval(t *testing.T) {
+	in := backendsN(10)
+	before, err := BuildTable(in, DefaultRingSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for removed := range in {
+		rest := slices.Delete(slices.Clone(in), removed, removed+1)
+		after, err := BuildTable(rest, DefaultRingSize)
+		if err != nil {
+			t.Fatal(err)
+		}
+		moved := 0
+		for i := range before.Slots {
+			if before.Backends[before.Slots[i]] != after.Backends[after.Slots[i]] {
+				moved++
+			}
+		}
+		frac := float64(moved) / float64(DefaultRingSize)
+		if frac > 0.105 {
+			t.Errorf("removing %s moved %.2f%% of slots, want <= 10.5%%", in[removed].Addr, 100*frac)
+		}
+	}
+}
+
+func TestTableWeights(t *testing.T) {
+	in := backendsN(4)
+	weights := []uint32{1, 2, 3, 10}
+	var total uint32
+	for i, w := range weights {
+		in[i].Weight = w
+		total += w
+	}
+	tab, err := BuildTable(in, DefaultRingSize)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, got := range tab.Shares() {
+		want := float64(DefaultRingSize) * float64(weights[i]) / float64(total)
+		if d := (float64(got) - want) / want; d > 0.01 || d < -0.01 {
+			t.Errorf("backend %d (weight %d): %d slots, want %.0f ±1%%", i, weights[i], got, want)
+		}
+	}
+}
+
+func TestDigestChangesWithContent(t *testing.T) {
+	a, _ := BuildTable(backendsN(3), 251)
+	b, _ := BuildTable(backendsN(4), 251)
+	if a.Digest() == b.Digest() {
+		t.Fatal("tables of different backend sets have the same digest")
+	}
+}
+
+func BenchmarkBuildTable(b *testing.B) {
+	for _, n := range []int{10, 100} {
+		in := backendsN(n)
+		b.Run(fmt.Sprintf("backends=%d/m=%d", n, DefaultRingSize), func(b *testing.B) {
+			for b.Loop() {
+				if _, err := BuildTable(in, DefaultRingSize); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/1e6/float64(b.N), "ms/table")
+		})
+	}
+}
