@@ -1,0 +1,389 @@
+package nginx
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// ReloaderConfig configures a Reloader.
+type ReloaderConfig struct {
+	// Dir is nginx's prefix: it holds nginx.conf, the candidate and, with relative
+	// Render paths, the pid file, temporary files and certificates.
+	Dir string
+	// Render are the render options; relative paths are relative to Dir.
+	Render Options
+	// Debounce is how long changes are collected before one reload (seed 004 used
+	// 2 s chunks). Zero means DefaultDebounce.
+	Debounce time.Duration
+	// ConfirmTimeout bounds the wait for workers running a new configuration to
+	// answer on the status port after a reload or start. Zero skips the wait.
+	ConfirmTimeout time.Duration
+	// RestartBackoff is the pause before starting a master that died. Zero means 1s.
+	RestartBackoff time.Duration
+	// StopTimeout bounds the graceful shutdown on exit before nginx is killed. Zero
+	// means 30s.
+	StopTimeout time.Duration
+}
+
+// DefaultDebounce is the default coalescing window for configuration changes.
+const DefaultDebounce = 500 * time.Millisecond
+
+// ApplyResult says what Apply did.
+type ApplyResult struct {
+	// Result is one of the Result* constants, or "unchanged" when the rendered
+	// configuration equals the running (or last rejected) one.
+	Result   string
+	Checksum string
+	Problems []model.Problem
+	// Render and Serve are the time to render, and the time from the reload signal
+	// until new workers answered (zero without confirmation or master).
+	Render, Serve time.Duration
+}
+
+// ResultUnchanged is ApplyResult.Result when nothing had to be done.
+const ResultUnchanged = "unchanged"
+
+// Reloader keeps a supervised nginx master serving the latest snapshot: it renders,
+// skips unchanged configurations, validates candidates with nginx -t, swaps them in
+// atomically and signals a reload; a candidate that fails validation is reported and
+// the last good configuration keeps running.
+type Reloader struct {
+	cfg    ReloaderConfig
+	runner Runner
+	log    *zap.Logger
+	m      *metrics
+	client *http.Client
+
+	kick chan struct{}
+
+	mu       sync.Mutex // guards pending, master, status
+	pending  *model.Snapshot
+	master   Master
+	problems []model.Problem
+	checksum string // of the configuration in nginx.conf
+
+	applyMu  sync.Mutex // serialises Apply
+	applied  []byte     // text of nginx.conf
+	rejected []byte     // text of the last candidate nginx -t refused
+	certs    []string   // certificate files nginx.conf uses
+}
+
+// NewReloader returns a Reloader; Run starts nginx.
+func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometheus.Registerer) (*Reloader, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("new nginx reloader: no directory")
+	}
+	if err := cfg.Render.validate(); err != nil {
+		return nil, fmt.Errorf("new nginx reloader: %w", err)
+	}
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = DefaultDebounce
+	}
+	if cfg.RestartBackoff <= 0 {
+		cfg.RestartBackoff = time.Second
+	}
+	if cfg.StopTimeout <= 0 {
+		cfg.StopTimeout = 30 * time.Second
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("register nginx metrics: %w", err)
+	}
+	return &Reloader{
+		cfg: cfg, runner: runner, log: log, m: m,
+		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second},
+		kick:   make(chan struct{}, 1),
+	}, nil
+}
+
+func (r *Reloader) confPath() string { return filepath.Join(r.cfg.Dir, "nginx.conf") }
+
+// Update hands the Reloader a new snapshot; Run applies the latest one after the
+// debounce window. It never blocks.
+func (r *Reloader) Update(s model.Snapshot) {
+	r.mu.Lock()
+	r.pending = &s
+	r.mu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Problems returns what the last rendered snapshot left out.
+func (r *Reloader) Problems() []model.Problem {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]model.Problem(nil), r.problems...)
+}
+
+// Checksum identifies the configuration nginx runs (or will run on start).
+func (r *Reloader) Checksum() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.checksum
+}
+
+// Run starts nginx with the pending snapshot (or an empty one), applies updates
+// until ctx ends, restarts the master whenever it dies, and stops it on return.
+func (r *Reloader) Run(ctx context.Context) error {
+	if err := prepareDirs(r.cfg.Dir, r.cfg.Render); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	first := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if first == nil {
+		first = &model.Snapshot{}
+	}
+	if _, err := r.Apply(ctx, *first); err != nil {
+		// Start with no routes (every host closed) rather than not at all; the
+		// problem is logged and counted, and the next snapshot may be fine.
+		if _, err := r.Apply(ctx, model.Snapshot{}); err != nil {
+			return fmt.Errorf("write first nginx config: %w", err)
+		}
+	}
+	if err := r.start(ctx); err != nil {
+		return err
+	}
+	defer r.stop()
+
+	var debounce <-chan time.Time
+	var restart <-chan time.Time
+	for {
+		r.mu.Lock()
+		master := r.master
+		r.mu.Unlock()
+		var died <-chan struct{}
+		if master != nil {
+			died = master.Done()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+			if debounce == nil {
+				debounce = time.After(r.cfg.Debounce)
+			}
+		case <-debounce:
+			debounce = nil
+			r.mu.Lock()
+			s := r.pending
+			r.pending = nil
+			r.mu.Unlock()
+			if s != nil {
+				// Apply logs and counts its own failures.
+				_, _ = r.Apply(ctx, *s)
+			}
+		case <-died:
+			r.log.Error("nginx master exited; restarting", zap.Int("pid", master.PID()), zap.Duration("backoff", r.cfg.RestartBackoff))
+			r.m.restarts.Inc()
+			r.mu.Lock()
+			r.master = nil
+			r.mu.Unlock()
+			restart = time.After(r.cfg.RestartBackoff)
+		case <-restart:
+			restart = nil
+			if err := r.start(ctx); err != nil {
+				r.log.Error("restart nginx", zap.Error(err))
+				restart = time.After(r.cfg.RestartBackoff)
+			}
+		}
+	}
+}
+
+func (r *Reloader) start(ctx context.Context) error {
+	m, err := r.runner.Start(r.cfg.Dir, r.confPath())
+	if err != nil {
+		return fmt.Errorf("start nginx: %w", err)
+	}
+	r.mu.Lock()
+	r.master = m
+	sum := r.checksum
+	r.mu.Unlock()
+	r.log.Info("nginx master started", zap.Int("pid", m.PID()))
+	if r.cfg.ConfirmTimeout > 0 {
+		if _, err := r.waitServing(ctx, sum, m); err != nil {
+			r.stop()
+			return fmt.Errorf("start nginx: %w", err)
+		}
+	}
+	return nil
+}
+
+func (r *Reloader) stop() {
+	r.mu.Lock()
+	m := r.master
+	r.master = nil
+	r.mu.Unlock()
+	if m == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.StopTimeout)
+	defer cancel()
+	if err := m.Stop(ctx); err != nil {
+		r.log.Error("stop nginx", zap.Error(err))
+		return
+	}
+	r.log.Info("nginx master stopped", zap.Int("pid", m.PID()))
+}
+
+// Apply renders s and, when the result differs from the running configuration,
+// writes its certificates and a candidate, validates it with nginx -t, swaps it in
+// and signals the master (if one runs). Run calls it after each debounce window;
+// it is exported for callers that need a synchronous apply.
+func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, error) {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+
+	t0 := time.Now()
+	cfg, err := Render(s, r.cfg.Render)
+	res := ApplyResult{Render: time.Since(t0)}
+	r.m.renderDuration.Observe(res.Render.Seconds())
+	if err != nil {
+		r.m.reloads.WithLabelValues(ResultError).Inc()
+		return res, err
+	}
+	res.Checksum, res.Problems = cfg.Checksum, cfg.Problems
+	r.setProblems(cfg.Problems)
+	if bytes.Equal(cfg.Text, r.applied) || bytes.Equal(cfg.Text, r.rejected) {
+		res.Result = ResultUnchanged
+		return res, nil
+	}
+
+	fail := func(result string, err error) (ApplyResult, error) {
+		res.Result = result
+		r.m.reloads.WithLabelValues(result).Inc()
+		r.log.Error("nginx config not applied", zap.String("result", result), zap.Error(err))
+		return res, err
+	}
+	certDir := resolve(r.cfg.Dir, r.cfg.Render.CertDir)
+	// Keep the running configuration's files until the new one has replaced it.
+	if err := WriteCertificates(certDir, cfg.Certificates, r.certs...); err != nil {
+		return fail(ResultError, err)
+	}
+	candidate := r.confPath() + ".candidate"
+	if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
+		return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
+	}
+	if err := r.runner.Test(ctx, r.cfg.Dir, candidate); err != nil {
+		r.rejected = cfg.Text
+		return fail(ResultInvalid, err)
+	}
+	if err := os.Rename(candidate, r.confPath()); err != nil {
+		return fail(ResultError, fmt.Errorf("swap config: %w", err))
+	}
+	r.applied, r.rejected = cfg.Text, nil
+	r.certs = r.certs[:0]
+	for _, c := range cfg.Certificates {
+		r.certs = append(r.certs, c.Name)
+	}
+	r.mu.Lock()
+	r.checksum = cfg.Checksum
+	master := r.master
+	r.mu.Unlock()
+	r.m.configBytes.Set(float64(len(cfg.Text)))
+
+	if master != nil {
+		t1 := time.Now()
+		if err := master.Reload(); err != nil {
+			return fail(ResultError, err)
+		}
+		if r.cfg.ConfirmTimeout > 0 {
+			serve, err := r.waitServing(ctx, cfg.Checksum, master)
+			if err != nil {
+				return fail(ResultUnconfirmed, err)
+			}
+			res.Serve = serve
+		} else {
+			res.Serve = time.Since(t1)
+		}
+		r.m.reloadDuration.Observe(res.Serve.Seconds())
+	}
+	if err := WriteCertificates(certDir, cfg.Certificates); err != nil {
+		r.log.Warn("remove stale certificates", zap.Error(err))
+	}
+	res.Result = ResultSuccess
+	r.m.reloads.WithLabelValues(ResultSuccess).Inc()
+	r.m.lastSuccess.SetToCurrentTime()
+	r.log.Info("nginx config applied", zap.String("to", cfg.Checksum[:12]),
+		zap.Int("bytes", len(cfg.Text)), zap.Int("problems", len(cfg.Problems)), zap.Duration("serve", res.Serve))
+	return res, nil
+}
+
+func (r *Reloader) setProblems(ps []model.Problem) {
+	r.mu.Lock()
+	r.problems = ps
+	r.mu.Unlock()
+	counts := map[string]int{}
+	for _, p := range ps {
+		counts[p.Reason]++
+	}
+	r.m.problems.Reset()
+	for reason, n := range counts {
+		r.m.problems.WithLabelValues(reason).Set(float64(n))
+	}
+	for _, p := range ps {
+		r.log.Warn("object left out of nginx config", zap.String("object", p.Object), zap.String("field", p.Field),
+			zap.String("reason", p.Reason), zap.String("detail", p.Detail))
+	}
+}
+
+// waitServing polls the status port until /healthz answers with checksum, which
+// only workers started with that configuration do, and returns how long it took.
+func (r *Reloader) waitServing(ctx context.Context, checksum string, m Master) (time.Duration, error) {
+	t0 := time.Now()
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	defer cancel()
+	url := "http://127.0.0.1:" + strconv.Itoa(int(r.cfg.Render.StatusPort)) + "/healthz"
+	for {
+		if got, err := Health(ctx, r.client, url); err == nil && got == checksum {
+			return time.Since(t0), nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, fmt.Errorf("wait for nginx to serve config %.12s: %w", checksum, ctx.Err())
+		case <-m.Done():
+			return 0, errors.New("wait for nginx to serve: master exited")
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// Health asks an nginx status endpoint (http://127.0.0.1:<StatusPort>/healthz) for
+// the checksum of the configuration its workers run.
+func Health(ctx context.Context, c *http.Client, url string) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", fmt.Errorf("query nginx health: %w", err)
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return "", fmt.Errorf("query nginx health: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 256))
+	if err != nil {
+		return "", fmt.Errorf("read nginx health: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("query nginx health: status %d", resp.StatusCode)
+	}
+	return strings.TrimSpace(string(body)), nil
+}

@@ -1,0 +1,309 @@
+package nginx
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+type fakeRunner struct {
+	mu      sync.Mutex
+	testErr error
+	tests   int
+	masters []*fakeMaster
+}
+
+func (f *fakeRunner) Test(_ context.Context, dir, conf string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.tests++
+	if _, err := os.ReadFile(conf); err != nil {
+		return err
+	}
+	return f.testErr
+}
+
+func (f *fakeRunner) Start(dir, conf string) (Master, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, err := os.Stat(conf); err != nil {
+		return nil, err
+	}
+	m := &fakeMaster{pid: 1000 + len(f.masters), done: make(chan struct{})}
+	f.masters = append(f.masters, m)
+	return m, nil
+}
+
+func (f *fakeRunner) snapshot() (tests int, masters []*fakeMaster) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tests, append([]*fakeMaster(nil), f.masters...)
+}
+
+type fakeMaster struct {
+	pid     int
+	mu      sync.Mutex
+	reloads int
+	stopped bool
+	done    chan struct{}
+	once    sync.Once
+}
+
+func (m *fakeMaster) PID() int              { return m.pid }
+func (m *fakeMaster) Done() <-chan struct{} { return m.done }
+func (m *fakeMaster) Reload() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.reloads++
+	return nil
+}
+func (m *fakeMaster) Stop(context.Context) error {
+	m.mu.Lock()
+	m.stopped = true
+	m.mu.Unlock()
+	m.die()
+	return nil
+}
+func (m *fakeMaster) die() { m.once.Do(func() { close(m.done) }) }
+func (m *fakeMaster) state() (int, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.reloads, m.stopped
+}
+
+func hostSnapshot(hosts ...string) model.Snapshot {
+	s := model.Snapshot{Upstreams: []model.Upstream{{Name: "ns-svc-80", Endpoints: []netip.AddrPort{ap("10.0.0.1:80")}}}}
+	for _, h := range hosts {
+		s.Servers = append(s.Servers, model.Server{Host: h, Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "ns-svc-80"}}})
+	}
+	return s
+}
+
+func newTestReloader(t *testing.T, runner Runner, cfg ReloaderConfig) (*Reloader, *prometheus.Registry) {
+	t.Helper()
+	cfg.Dir = t.TempDir()
+	cfg.Render = DefaultOptions("")
+	reg := prometheus.NewRegistry()
+	r, err := NewReloader(cfg, runner, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareDirs(cfg.Dir, cfg.Render); err != nil {
+		t.Fatal(err)
+	}
+	return r, reg
+}
+
+func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{})
+	ctx := context.Background()
+	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
+	r.master = m
+	fm := m.(*fakeMaster)
+
+	res, err := r.Apply(ctx, hostSnapshot("a.example.com"))
+	if err != nil || res.Result != ResultSuccess {
+		t.Fatalf("first apply: %+v, %v", res, err)
+	}
+	good, err := os.ReadFile(r.confPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := fm.state(); n != 1 {
+		t.Fatalf("reloads after first apply = %d, want 1", n)
+	}
+
+	res, err = r.Apply(ctx, hostSnapshot("a.example.com"))
+	if err != nil || res.Result != ResultUnchanged {
+		t.Fatalf("same snapshot again: %+v, %v, want unchanged", res, err)
+	}
+	if tests, _ := runner.snapshot(); tests != 1 {
+		t.Errorf("nginx -t ran %d times, want 1 (unchanged skips it)", tests)
+	}
+
+	runner.mu.Lock()
+	runner.testErr = errors.New("nginx: [emerg] something")
+	runner.mu.Unlock()
+	res, err = r.Apply(ctx, hostSnapshot("a.example.com", "b.example.com"))
+	if err == nil || res.Result != ResultInvalid {
+		t.Fatalf("apply of an invalid candidate: %+v, %v, want invalid", res, err)
+	}
+	now, _ := os.ReadFile(r.confPath())
+	if string(now) != string(good) {
+		t.Error("nginx.conf changed although nginx -t refused the candidate")
+	}
+	if n, _ := fm.state(); n != 1 {
+		t.Errorf("reloads after a refused candidate = %d, want still 1", n)
+	}
+	if got := testutil.ToFloat64(r.m.reloads.WithLabelValues(ResultInvalid)); got != 1 {
+		t.Errorf("reloads_total{result=invalid} = %v, want 1", got)
+	}
+	// The refused text is not tested again until something changes.
+	res, _ = r.Apply(ctx, hostSnapshot("a.example.com", "b.example.com"))
+	if res.Result != ResultUnchanged {
+		t.Errorf("refused snapshot again: %s, want unchanged", res.Result)
+	}
+	if got := testutil.ToFloat64(r.m.configBytes); got != float64(len(good)) {
+		t.Errorf("config_bytes = %v, want %d", got, len(good))
+	}
+}
+
+func TestApplyReportsProblemsAndKeepsTheRest(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{})
+	res, err := r.Apply(context.Background(), hostSnapshot("good.example.com", "bad;host"))
+	if err != nil || res.Result != ResultSuccess {
+		t.Fatalf("apply: %+v, %v", res, err)
+	}
+	if len(r.Problems()) != 1 || r.Problems()[0].Reason != ReasonInvalidHost {
+		t.Fatalf("problems = %v, want one InvalidHost", r.Problems())
+	}
+	if got := testutil.ToFloat64(r.m.problems.WithLabelValues(ReasonInvalidHost)); got != 1 {
+		t.Errorf("problems{reason=InvalidHost} = %v, want 1", got)
+	}
+	conf, _ := os.ReadFile(r.confPath())
+	if !containsLine(string(conf), "server_name good.example.com;") {
+		t.Error("good host missing from the config")
+	}
+}
+
+func containsLine(text, line string) bool {
+	for l := range strings.SplitSeq(text, "\n") {
+		if strings.TrimSpace(l) == line {
+			return true
+		}
+	}
+	return false
+}
+
+// waitFor polls cond every 5ms for at most 10s.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestRunCoalescesRestartsAndStops(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Second, RestartBackoff: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	_, ms := runner.snapshot()
+	first := ms[0]
+
+	// A burst of updates inside one debounce window is one reload, of the last one.
+	var last model.Snapshot
+	for i := range 20 {
+		last = hostSnapshot("h" + string(rune('a'+i)) + ".example.com")
+		r.Update(last)
+	}
+	want, err := Render(last, r.cfg.Render)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the burst's reload", func() bool { n, _ := first.state(); return n >= 1 })
+	if r.Checksum() != want.Checksum {
+		t.Errorf("running checksum %.12s, want the last update's %.12s", r.Checksum(), want.Checksum)
+	}
+	time.Sleep(1500 * time.Millisecond) // another window: nothing more may come
+	if n, _ := first.state(); n != 1 {
+		t.Errorf("reloads for a burst of 20 updates = %d, want 1", n)
+	}
+
+	// The master dies: Run starts another.
+	first.die()
+	waitFor(t, "a restarted master", func() bool { _, ms := runner.snapshot(); return len(ms) == 2 })
+	if got := testutil.ToFloat64(r.m.restarts); got != 1 {
+		t.Errorf("master_restarts_total = %v, want 1", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	_, ms = runner.snapshot()
+	if _, stopped := ms[1].state(); !stopped {
+		t.Error("the running master was not stopped on shutdown")
+	}
+}
+
+func TestWriteCertificatesPrivateAtomicAndPruned(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "certs")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	a := CertFile{Name: "ns_a-1.pem", PEM: []byte("A")}
+	b := CertFile{Name: "ns_b-1.pem", PEM: []byte("B")}
+	if err := WriteCertificates(dir, []CertFile{a, b}); err != nil {
+		t.Fatal(err)
+	}
+	st, err := os.Stat(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o700 {
+		t.Errorf("directory mode %v, want 0700", st.Mode().Perm())
+	}
+	for _, f := range []CertFile{a, b} {
+		st, err := os.Stat(filepath.Join(dir, f.Name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != 0o600 {
+			t.Errorf("%s mode %v, want 0600", f.Name, st.Mode().Perm())
+		}
+	}
+	// b is kept while the running config still uses it, then pruned.
+	c := CertFile{Name: "ns_c-1.pem", PEM: []byte("C")}
+	if err := WriteCertificates(dir, []CertFile{c}, b.Name); err != nil {
+		t.Fatal(err)
+	}
+	assertFiles(t, dir, b.Name, c.Name)
+	if err := WriteCertificates(dir, []CertFile{c}); err != nil {
+		t.Fatal(err)
+	}
+	assertFiles(t, dir, c.Name)
+	if err := WriteCertificates(dir, []CertFile{{Name: "../escape.pem"}}); err == nil {
+		t.Error("a file name with a path was accepted")
+	}
+}
+
+func assertFiles(t *testing.T, dir string, want ...string) {
+	t.Helper()
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, e := range entries {
+		got = append(got, e.Name())
+	}
+	if len(got) != len(want) {
+		t.Fatalf("files %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("files %v, want %v", got, want)
+		}
+	}
+}

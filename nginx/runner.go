@@ -1,0 +1,149 @@
+package nginx
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+
+	"go.uber.org/zap"
+)
+
+// Runner runs the nginx binary: the Reloader's only way to reach nginx, so that unit
+// tests can use a fake while integration tests and production use Exec.
+type Runner interface {
+	// Test validates the configuration file conf, with dir as nginx's prefix.
+	Test(ctx context.Context, dir, conf string) error
+	// Start starts an nginx master in the foreground with conf and dir as prefix.
+	Start(dir, conf string) (Master, error)
+}
+
+// Master is a running nginx master process.
+type Master interface {
+	// PID is the master's process id.
+	PID() int
+	// Reload asks the master to load its configuration file again (SIGHUP): new
+	// workers start, old ones finish their requests and exit.
+	Reload() error
+	// Stop asks for a graceful shutdown (SIGQUIT) and kills the master and its
+	// workers when ctx ends first.
+	Stop(ctx context.Context) error
+	// Done is closed once the master has exited.
+	Done() <-chan struct{}
+}
+
+// Exec runs a real nginx binary.
+type Exec struct {
+	// Binary is the nginx executable; "" finds "nginx" on PATH or in /usr/sbin.
+	Binary string
+	// Log receives nginx's stderr, one entry per line.
+	Log *zap.Logger
+}
+
+func (e Exec) binary() (string, error) {
+	if e.Binary != "" {
+		return e.Binary, nil
+	}
+	if p, err := exec.LookPath("nginx"); err == nil {
+		return p, nil
+	}
+	if _, err := os.Stat("/usr/sbin/nginx"); err == nil {
+		return "/usr/sbin/nginx", nil
+	}
+	return "", errors.New("find nginx: not on PATH nor in /usr/sbin")
+}
+
+func args(dir, conf string, extra ...string) []string {
+	// -e stderr: nginx must not open its compiled-in error log before it has read
+	// the configuration.
+	return append([]string{"-p", filepath.Clean(dir) + "/", "-c", conf, "-e", "stderr"}, extra...)
+}
+
+// Test runs `nginx -t`.
+func (e Exec) Test(ctx context.Context, dir, conf string) error {
+	bin, err := e.binary()
+	if err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, bin, args(dir, conf, "-t", "-q")...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("nginx -t: %w: %s", err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Start starts a master with `daemon off`, in its own process group so that the
+// workers of a master that died can be found and told to quit.
+func (e Exec) Start(dir, conf string) (Master, error) {
+	bin, err := e.binary()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(bin, args(dir, conf, "-g", "daemon off;")...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	log := e.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	pr, pw := io.Pipe()
+	cmd.Stderr = pw
+	cmd.Stdout = pw
+	if err := cmd.Start(); err != nil {
+		pw.Close()
+		return nil, fmt.Errorf("start nginx: %w", err)
+	}
+	m := &execMaster{cmd: cmd, done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			log.Warn("nginx output", zap.String("line", sc.Text()))
+		}
+		io.Copy(io.Discard, pr)
+	}()
+	go func() {
+		m.err = cmd.Wait()
+		pw.Close()
+		// Workers outlive a master that was killed and keep the listening sockets:
+		// ask any that are left to finish their requests and go.
+		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGQUIT)
+		close(m.done)
+	}()
+	return m, nil
+}
+
+type execMaster struct {
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+func (m *execMaster) PID() int              { return m.cmd.Process.Pid }
+func (m *execMaster) Done() <-chan struct{} { return m.done }
+
+func (m *execMaster) Reload() error {
+	if err := m.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		return fmt.Errorf("signal nginx reload: %w", err)
+	}
+	return nil
+}
+
+func (m *execMaster) Stop(ctx context.Context) error {
+	if err := m.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("signal nginx quit: %w", err)
+	}
+	select {
+	case <-m.done:
+		return nil
+	case <-ctx.Done():
+	}
+	// The group id is the master's pid, still reserved while any member lives.
+	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+	<-m.done
+	return fmt.Errorf("stop nginx: killed after %w", ctx.Err())
+}
