@@ -235,3 +235,9 @@ func ensureBPFFS(dir string) error {
 	}
 	return nil
 }
+
+// setMAC sets the source MAC for XDP_TX without attaching (fixtures, benchmarks).
+func (d *Dataplane) setMAC(mac net.HardwareAddr) error {
+	d.cfg.Mac = mac6(mac)
+	return d.writeConfig()
+}

@@ -1,0 +1,441 @@
+package dataplane
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+// The fixtures' world: a client, an edge node running xdp_lb (nicMAC), and three
+// replicas, r3 being the edge node itself.
+var (
+	clientMAC = mustMAC("02:00:00:00:00:01")
+	nicMAC    = mustMAC("02:00:00:00:00:0e")
+	r1MAC     = mustMAC("02:00:00:00:01:01")
+	r2MAC     = mustMAC("02:00:00:00:01:02")
+
+	vip4    = netip.MustParseAddr("192.0.2.10")
+	vip6    = netip.MustParseAddr("2001:db8::10")
+	other4  = netip.MustParseAddr("192.0.2.99")
+	client4 = netip.MustParseAddr("198.51.100.7")
+	client6 = netip.MustParseAddr("2001:db8:1::7")
+	router4 = netip.MustParseAddr("198.51.100.1")
+	router6 = netip.MustParseAddr("2001:db8:1::1")
+
+	r1 = Backend{Addr: netip.MustParseAddr("10.0.0.11"), MAC: r1MAC}
+	r2 = Backend{Addr: netip.MustParseAddr("10.0.0.12"), MAC: r2MAC}
+	r3 = Backend{Addr: netip.MustParseAddr("10.0.0.13"), Local: true}
+)
+
+const (
+	testSeed = 0x5eed
+	testRing = 251
+)
+
+func mustMAC(s string) net.HardwareAddr {
+	m, err := net.ParseMAC(s)
+	if err != nil {
+		panic(err)
+	}
+	return m
+}
+
+func draining(b Backend) Backend { b.Draining = true; return b }
+
+// desired is one group serving vip4 and vip6 on TCP 80 and UDP 53.
+func desired(bs ...Backend) Desired {
+	return Desired{Seed: testSeed, Groups: []Group{{
+		Name:     "edge/web",
+		VIPs:     []netip.Addr{vip4, vip6},
+		Ports:    []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.UDP, Port: 53}},
+		Backends: bs,
+	}}}
+}
+
+// tcp4 is a client's TCP segment to the v4 VIP on port 80.
+func tcp4(sport uint16, flags uint8) xdptest.Packet {
+	return xdptest.Packet{SrcMAC: clientMAC, DstMAC: nicMAC, Src: client4, Dst: vip4, Proto: xdptest.TCP,
+		SPort: sport, DPort: 80, Flags: flags, Payload: []byte("GET / HTTP/1.1\r\n\r\n")}
+}
+
+func tcp6(sport uint16, flags uint8) xdptest.Packet {
+	p := tcp4(sport, flags)
+	p.Src, p.Dst = client6, vip6
+	return p
+}
+
+func udp4(sport uint16) xdptest.Packet {
+	return xdptest.Packet{SrcMAC: clientMAC, DstMAC: nicMAC, Src: client4, Dst: vip4, Proto: xdptest.UDP,
+		SPort: sport, DPort: 53, Payload: []byte("query")}
+}
+
+func udp6(sport uint16) xdptest.Packet {
+	p := udp4(sport)
+	p.Src, p.Dst = client6, vip6
+	return p
+}
+
+// to returns the frame xdp_lb must send to a remote backend: the input with the
+// destination MAC set to the backend's and the source MAC to the NIC's.
+func to(p xdptest.Packet, b Backend) []byte { return p.WithMACs(nicMAC, b.MAC).Bytes() }
+
+// pick says which of bs the ring sends a new flow to, computed in Go from the
+// table and hash definitions; a fixture uses it to choose flows that make a test
+// meaningful (e.g. a flow the new ring would move).
+func pick(t testing.TB, p xdptest.Packet, bs ...Backend) netip.Addr {
+	t.Helper()
+	var in []MaglevBackend
+	for _, b := range bs {
+		in = append(in, MaglevBackend{Addr: b.Addr, Weight: b.Weight})
+	}
+	tab, err := BuildTable(in, testRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+	return tab.Backends[tab.Slots[FlowHash(f, testSeed)%testRing]]
+}
+
+// sportFor returns a source port whose flow pick sends to want.
+func sportFor(t testing.TB, mk func(uint16) xdptest.Packet, want Backend, bs ...Backend) uint16 {
+	t.Helper()
+	return sportFrom(t, 40000, mk, want, bs...)
+}
+
+// sportFrom is sportFor searching from the port start on.
+func sportFrom(t testing.TB, start uint16, mk func(uint16) xdptest.Packet, want Backend, bs ...Backend) uint16 {
+	t.Helper()
+	for sport := start; sport < start+1000; sport++ {
+		if pick(t, mk(sport), bs...) == want.Addr {
+			return sport
+		}
+	}
+	t.Fatalf("no source port maps to %s", want.Addr)
+	return 0
+}
+
+// step sends one frame, optionally after applying a new desired state.
+type step struct {
+	name    string
+	apply   *Desired
+	in      []byte
+	verdict uint32
+	out     []byte // expected frame; nil means "unchanged"
+	reasons map[Reason]uint64
+}
+
+type fixture struct {
+	name  string
+	state Desired
+	steps func(t *testing.T) []step
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func reasons(kv ...any) map[Reason]uint64 {
+	m := map[Reason]uint64{}
+	for i := 0; i < len(kv); i += 2 {
+		m[kv[i].(Reason)] = uint64(kv[i+1].(int))
+	}
+	return m
+}
+
+const (
+	rNotIP     = lbReasonREASON_NOT_IP
+	rNotVIP    = lbReasonREASON_NOT_VIP
+	rMalformed = lbReasonREASON_MALFORMED
+	rFragment  = lbReasonREASON_FRAGMENT
+	rOptions   = lbReasonREASON_IP_OPTIONS
+	rV6Ext     = lbReasonREASON_IPV6EXT
+	rICMP      = lbReasonREASON_ICMP_STEERED
+	rICMPOther = lbReasonREASON_ICMP_OTHER
+	rNoBackend = lbReasonREASON_NO_BACKEND
+	rLocal     = lbReasonREASON_LOCAL
+	rTX        = lbReasonREASON_TX
+	rRepick    = lbReasonREASON_FLOW_REPICK
+)
+
+func fixtures() []fixture {
+	single := func(b Backend) Desired { return desired(b) }
+	return []fixture{
+		{"v4 tcp to remote backend", single(r1), func(t *testing.T) []step {
+			p := tcp4(40001, xdptest.SYN)
+			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)}}
+		}},
+		{"v4 udp to remote backend", single(r1), func(t *testing.T) []step {
+			p := udp4(40002)
+			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)}}
+		}},
+		{"v6 tcp to remote backend", single(r2), func(t *testing.T) []step {
+			p := tcp6(40003, xdptest.SYN)
+			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)}}
+		}},
+		{"v6 udp to remote backend", single(r2), func(t *testing.T) []step {
+			p := udp6(40004)
+			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)}}
+		}},
+		{"local backend passes unchanged", single(r3), func(t *testing.T) []step {
+			return []step{
+				{name: "v4", in: tcp4(40005, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
+				{name: "v6", in: udp6(40005).Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
+			}
+		}},
+		{"established flow stays when a backend is added", single(r1), func(t *testing.T) []step {
+			// A flow the two-backend ring would send to r2: it must stay on r1.
+			sp := sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r2, r1, r2)
+			p := tcp4(sp, xdptest.ACK)
+			mkSYN := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.SYN) }
+			fresh := mkSYN(sportFrom(t, sp+1, mkSYN, r2, r1, r2))
+			return []step{
+				{name: "first packet", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
+				{name: "after adding r2", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
+				{name: "new flow uses the new ring", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rTX, 1)},
+			}
+		}},
+		{"draining backend keeps old flows, gets no new ones", desired(r1, r2), func(t *testing.T) []step {
+			mk := func(s uint16) xdptest.Packet { return udp4(s) }
+			old := udp4(sportFor(t, mk, r1, r1, r2))
+			// A new flow the old ring would have sent to r1.
+			fresh := udp4(sportFrom(t, old.SPort+1, mk, r1, r1, r2))
+			return []step{
+				{name: "flow to r1", in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rTX, 1)},
+				{name: "r1 draining: old flow stays", apply: ptr(desired(draining(r1), r2)), in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rTX, 1)},
+				{name: "r1 draining: new flow goes to r2", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rTX, 1)},
+			}
+		}},
+		{"removed backend: flow picked again", desired(r1, r2), func(t *testing.T) []step {
+			p := tcp6(sportFor(t, func(s uint16) xdptest.Packet { return tcp6(s, xdptest.ACK) }, r1, r1, r2), xdptest.ACK)
+			return []step{
+				{name: "flow to r1", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
+				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rRepick, 1, rTX, 1)},
+			}
+		}},
+		{"non-VIP traffic passes byte-identical", single(r1), func(t *testing.T) []step {
+			otherAddr := tcp4(40010, xdptest.SYN)
+			otherAddr.Dst = other4
+			otherPort := tcp4(40011, xdptest.SYN)
+			otherPort.DPort = 81
+			otherProto := udp4(40012)
+			otherProto.DPort = 80 // the VIP serves TCP 80 and UDP 53 only
+			fromVIP := tcp4(40013, xdptest.ACK)
+			fromVIP.Src, fromVIP.Dst, fromVIP.SPort, fromVIP.DPort = vip4, client4, 80, 40013
+			return []step{
+				{name: "other address", in: otherAddr.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
+				{name: "other port", in: otherPort.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
+				{name: "other protocol", in: otherProto.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
+				{name: "reply from the VIP", in: fromVIP.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
+				{name: "arp", in: xdptest.ARPRequest(clientMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rNotIP, 1)},
+				{name: "icmp echo to the VIP", in: xdptest.ICMPEcho(clientMAC, nicMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
+				{name: "icmpv6 echo to the VIP", in: xdptest.ICMPEcho(clientMAC, nicMAC, client6, vip6), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
+			}
+		}},
+		{"icmp errors follow the inner flow", single(r1), func(t *testing.T) []step {
+			// The flows are pinned to r1 first; after r2 joins, the ring would send
+			// them to r2, so reaching r1 proves the flow table was used.
+			mk4 := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }
+			mk6 := func(s uint16) xdptest.Packet { return tcp6(s, xdptest.ACK) }
+			f4 := mk4(sportFor(t, mk4, r2, r1, r2))
+			f6 := mk6(sportFor(t, mk6, r2, r1, r2))
+			reply := func(p xdptest.Packet) xdptest.Packet { // what the backend sent back (DSR)
+				q := p
+				q.Src, q.Dst, q.SPort, q.DPort = p.Dst, p.Src, p.DPort, p.SPort
+				q.Payload = make([]byte, 1400)
+				return q
+			}
+			fragNeeded := xdptest.ICMPError(clientMAC, nicMAC, router4, vip4, 3, 4, 1280, reply(f4).IP()[:28])
+			ptb := xdptest.ICMPError(clientMAC, nicMAC, router6, vip6, 2, 0, 1280, reply(f6).IP()[:48])
+			return []step{
+				{name: "v4 flow", in: f4.Bytes(), verdict: xdptest.TX, out: to(f4, r1), reasons: reasons(rTX, 1)},
+				{name: "v6 flow", in: f6.Bytes(), verdict: xdptest.TX, out: to(f6, r1), reasons: reasons(rTX, 1)},
+				{name: "frag needed to r1", apply: ptr(desired(r1, r2)), in: fragNeeded, verdict: xdptest.TX,
+					out: withMACs(fragNeeded, nicMAC, r1MAC), reasons: reasons(rICMP, 1, rTX, 1)},
+				{name: "packet too big to r1", in: ptb, verdict: xdptest.TX,
+					out: withMACs(ptb, nicMAC, r1MAC), reasons: reasons(rICMP, 1, rTX, 1)},
+			}
+		}},
+		{"icmp error about an unknown flow follows the ring", desired(r1, r2), func(t *testing.T) []step {
+			mk := func(s uint16) xdptest.Packet { return udp4(s) }
+			f := mk(sportFor(t, mk, r2, r1, r2))
+			q := f
+			q.Src, q.Dst, q.SPort, q.DPort = f.Dst, f.Src, f.DPort, f.SPort
+			unreach := xdptest.ICMPError(clientMAC, nicMAC, client4, vip4, 3, 3, 0, q.IP())
+			return []step{{in: unreach, verdict: xdptest.TX, out: withMACs(unreach, nicMAC, r2MAC), reasons: reasons(rICMP, 1, rTX, 1)}}
+		}},
+		{"fragments and options", single(r1), func(t *testing.T) []step {
+			frag := udp4(40020)
+			frag.MoreFragments = true
+			later := udp4(40020)
+			later.FragOffset = 185
+			opts := tcp4(40021, xdptest.SYN)
+			opts.IPOptions = []byte{0x94, 0x04, 0, 0} // router alert
+			hopByHop := ipv6WithHopByHop(tcp6(40022, xdptest.SYN))
+			v6frag := ipv6WithFragment(udp6(40023))
+			return []step{
+				{name: "first fragment", in: frag.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFragment, 1)},
+				{name: "later fragment", in: later.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFragment, 1)},
+				{name: "ipv4 options are steered", in: opts.Bytes(), verdict: xdptest.TX, out: to(opts, r1), reasons: reasons(rOptions, 1, rTX, 1)},
+				{name: "ipv6 hop-by-hop", in: hopByHop, verdict: xdptest.Pass, reasons: reasons(rV6Ext, 1)},
+				{name: "ipv6 fragment header", in: v6frag, verdict: xdptest.Pass, reasons: reasons(rFragment, 1)},
+			}
+		}},
+		{"VIP with only draining backends", desired(draining(r1)), func(t *testing.T) []step {
+			return []step{{in: tcp4(40030, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rNoBackend, 1)}}
+		}},
+		{"truncated headers at every layer", single(r1), func(t *testing.T) []step {
+			var steps []step
+			cut := func(name string, frame []byte, n int) {
+				steps = append(steps, step{name: fmt.Sprintf("%s cut at %d", name, n), in: frame[:n], verdict: xdptest.Pass, reasons: reasons(rMalformed, 1)})
+			}
+			v4, v6 := tcp4(40040, xdptest.SYN).Bytes(), tcp6(40041, xdptest.SYN).Bytes()
+			u4 := udp4(40042).Bytes()
+			for _, n := range []int{14, 20, 33, 34, 40, 53} {
+				cut("v4 tcp", v4, n)
+			}
+			for _, n := range []int{14, 30, 53, 54, 60, 73} {
+				cut("v6 tcp", v6, n)
+			}
+			cut("v4 udp", u4, 41)
+			icmp := xdptest.ICMPError(clientMAC, nicMAC, router4, vip4, 3, 4, 1280, tcp4(80, xdptest.ACK).IP()[:28])
+			for _, n := range []int{34 + 4, 34 + 8 + 10, 34 + 8 + 20 + 2} {
+				cut("icmp", icmp, n)
+			}
+			bad := slices.Clone(v4)
+			bad[14] = 0x44 // IHL 4 < 5
+			steps = append(steps, step{name: "v4 ihl 4", in: bad, verdict: xdptest.Pass, reasons: reasons(rMalformed, 1)})
+			return steps
+		}},
+	}
+}
+
+func withMACs(frame []byte, src, dst net.HardwareAddr) []byte {
+	out := slices.Clone(frame)
+	copy(out[0:6], dst)
+	copy(out[6:12], src)
+	return out
+}
+
+// ipv6WithHopByHop inserts an empty hop-by-hop options header.
+func ipv6WithHopByHop(p xdptest.Packet) []byte {
+	return insertV6Ext(p.Bytes(), 0, []byte{0, 0, 1, 4, 0, 0, 0, 0})
+}
+
+// ipv6WithFragment inserts a fragment header (first fragment, more to come).
+func ipv6WithFragment(p xdptest.Packet) []byte {
+	return insertV6Ext(p.Bytes(), 44, []byte{0, 0, 0, 1, 0, 0, 0, 42})
+}
+
+func insertV6Ext(frame []byte, nh byte, ext []byte) []byte {
+	ext = slices.Clone(ext)
+	ext[0] = frame[14+6] // the extension's next header is the old one
+	out := slices.Concat(frame[:54], ext, frame[54:])
+	out[14+6] = nh
+	plen := int(out[18])<<8 | int(out[19]) + len(ext)
+	out[18], out[19] = byte(plen>>8), byte(plen)
+	return out
+}
+
+func TestFixtures(t *testing.T) {
+	for _, fx := range fixtures() {
+		t.Run(fx.name, func(t *testing.T) {
+			d := loadForTest(t)
+			if err := d.setMAC(nicMAC); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.Apply(fx.state); err != nil {
+				t.Fatalf("apply: %v", err)
+			}
+			for i, s := range fx.steps(t) {
+				name := s.name
+				if name == "" {
+					name = fmt.Sprint(i)
+				}
+				if s.apply != nil {
+					if _, err := d.Apply(*s.apply); err != nil {
+						t.Fatalf("%s: apply: %v", name, err)
+					}
+				}
+				before, err := d.Counters()
+				if err != nil {
+					t.Fatal(err)
+				}
+				in := slices.Clone(s.in)
+				verdict, out, err := xdptest.Run(d.Program(), in)
+				if err != nil {
+					t.Fatalf("%s: run: %v", name, err)
+				}
+				if verdict != s.verdict {
+					t.Errorf("%s: verdict %s, want %s", name, xdptest.VerdictName(verdict), xdptest.VerdictName(s.verdict))
+				}
+				want := s.out
+				if want == nil {
+					want = s.in
+				}
+				if diff := cmp.Diff(want, out); diff != "" {
+					t.Errorf("%s: output frame (-want +got):\n%s", name, diff)
+				}
+				after, err := d.Counters()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got := map[Reason]uint64{}
+				for r := range ReasonCount {
+					if delta := after.Reasons[r] - before.Reasons[r]; delta != 0 {
+						got[Reason(r)] = delta
+					}
+				}
+				if diff := cmp.Diff(s.reasons, got); diff != "" {
+					t.Errorf("%s: reason counter deltas (-want +got):\n%s", name, diff)
+				}
+			}
+		})
+	}
+}
+
+// TestHashMatchesProgram checks that FlowHash and BuildTable in Go predict the
+// backend the program picks, for random v4 and v6 flows over three backends.
+func TestHashMatchesProgram(t *testing.T) {
+	d := loadForTest(t)
+	if err := d.setMAC(nicMAC); err != nil {
+		t.Fatal(err)
+	}
+	r4 := Backend{Addr: netip.MustParseAddr("10.0.0.14"), MAC: mustMAC("02:00:00:00:01:04")}
+	if _, err := d.Apply(desired(r1, r2, r4)); err != nil {
+		t.Fatal(err)
+	}
+	byAddr := map[netip.Addr]Backend{r1.Addr: r1, r2.Addr: r2, r4.Addr: r4}
+	rng := rand.New(rand.NewPCG(7, 7))
+	seen := map[netip.Addr]int{}
+	for i := range 300 {
+		var p xdptest.Packet
+		sport := uint16(1024 + rng.IntN(60000))
+		switch i % 3 {
+		case 0:
+			p = tcp4(sport, xdptest.SYN)
+			p.Src = netip.AddrFrom4([4]byte{198, 51, byte(rng.IntN(256)), byte(rng.IntN(256))})
+		case 1:
+			p = udp6(sport)
+		default:
+			p = tcp6(sport, xdptest.SYN)
+		}
+		want := byAddr[pick(t, p, r1, r2, r4)]
+		seen[want.Addr]++
+		verdict, out, err := xdptest.Run(d.Program(), p.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if verdict != xdptest.TX || net.HardwareAddr(out[0:6]).String() != want.MAC.String() {
+			t.Fatalf("flow %d: program sent to %s (%s), Go predicts %s", i, net.HardwareAddr(out[0:6]), xdptest.VerdictName(verdict), want.MAC)
+		}
+	}
+	if len(seen) != 3 {
+		t.Fatalf("300 flows reached %d backends, want 3", len(seen))
+	}
+}

@@ -1,0 +1,220 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/btf"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Reason is why xdp_lb gave a packet its verdict (bpf/lb_types.h, enum reason).
+type Reason = lbReason
+
+// ReasonCount is the number of reasons; reasons are 0..ReasonCount-1.
+const ReasonCount = int(lbReasonREASON_MAX)
+
+// reasonNames holds each reason's label, read from the BTF of the embedded object
+// so the C enum stays the only list of reasons.
+var reasonNames = sync.OnceValue(func() []string {
+	names := make([]string, ReasonCount)
+	for i := range names {
+		names[i] = fmt.Sprintf("reason_%d", i)
+	}
+	spec, err := loadLb()
+	if err != nil {
+		return names
+	}
+	var e *btf.Enum
+	if err := spec.Types.TypeByName("reason", &e); err != nil {
+		return names
+	}
+	for _, v := range e.Values {
+		if v.Value < uint64(len(names)) {
+			names[v.Value] = strings.ToLower(strings.TrimPrefix(v.Name, "REASON_"))
+		}
+	}
+	return names
+})
+
+// ReasonName returns a reason's label: the C name without REASON_, lower case.
+func ReasonName(r Reason) string {
+	if int(r) < ReasonCount {
+		return reasonNames()[r]
+	}
+	return fmt.Sprintf("reason_%d", r)
+}
+
+// Counters are the program's per-CPU counters, summed over CPUs.
+type Counters struct {
+	Reasons  [ReasonCount]uint64
+	VIPs     map[uint32]VIPCounters     // by VIP id
+	Backends map[uint32]BackendCounters // by backend id
+}
+
+// VIPCounters are one VIP's counters.
+type VIPCounters struct{ Packets, Bytes, NewFlows, FlowHits uint64 }
+
+// BackendCounters are one backend's counters.
+type BackendCounters struct{ Packets, Bytes uint64 }
+
+// maps is the set of pinned maps the readers need, whether this process loaded
+// the program (Dataplane) or only opened the pins (Inspector).
+type maps struct {
+	vips, backends, flows, rings, cfg, vipStats, backendStats, reasonStats *ebpf.Map
+}
+
+func (d *Dataplane) maps() maps {
+	o := d.objs.lbMaps
+	return maps{o.Vips, o.Backends, o.Flows, o.Rings, o.LbCfg, o.VipStats, o.BackendStats, o.ReasonStats}
+}
+
+// Counters reads every counter.
+func (d *Dataplane) Counters() (Counters, error) { return d.maps().counters() }
+
+func (m maps) counters() (Counters, error) {
+	c := Counters{VIPs: map[uint32]VIPCounters{}, Backends: map[uint32]BackendCounters{}}
+	var perCPU []uint64
+	for r := range ReasonCount {
+		if err := m.reasonStats.Lookup(uint32(r), &perCPU); err != nil {
+			return c, fmt.Errorf("read map reason_stats: %w", err)
+		}
+		for _, v := range perCPU {
+			c.Reasons[r] += v
+		}
+	}
+	// Only ids in use are read: VIP ids from vips, backend ids from backends.
+	var vk lbVipKey
+	var vv lbVipVal
+	seen := map[uint32]bool{}
+	it := m.vips.Iterate()
+	for it.Next(&vk, &vv) {
+		if seen[vv.VipId] {
+			continue
+		}
+		seen[vv.VipId] = true
+		var vs []lbVipCounters
+		if err := m.vipStats.Lookup(vv.VipId, &vs); err != nil {
+			return c, fmt.Errorf("read map vip_stats: %w", err)
+		}
+		var sum VIPCounters
+		for _, v := range vs {
+			sum.Packets += v.Packets
+			sum.Bytes += v.Bytes
+			sum.NewFlows += v.NewFlows
+			sum.FlowHits += v.FlowHits
+		}
+		c.VIPs[vv.VipId] = sum
+	}
+	if err := it.Err(); err != nil {
+		return c, fmt.Errorf("read map vips: %w", err)
+	}
+	var id uint32
+	var be lbBackend
+	it = m.backends.Iterate()
+	for it.Next(&id, &be) {
+		var bs []lbBackendCounters
+		if err := m.backendStats.Lookup(id, &bs); err != nil {
+			return c, fmt.Errorf("read map backend_stats: %w", err)
+		}
+		var sum BackendCounters
+		for _, v := range bs {
+			sum.Packets += v.Packets
+			sum.Bytes += v.Bytes
+		}
+		c.Backends[id] = sum
+	}
+	if err := it.Err(); err != nil {
+		return c, fmt.Errorf("read map backends: %w", err)
+	}
+	return c, nil
+}
+
+// vipAddrs maps VIP ids to their addresses.
+func (m maps) vipAddrs() (map[uint32]netip.Addr, error) {
+	out := map[uint32]netip.Addr{}
+	var vk lbVipKey
+	var vv lbVipVal
+	it := m.vips.Iterate()
+	for it.Next(&vk, &vv) {
+		out[vv.VipId] = addrFrom16(vk.Addr)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map vips: %w", err)
+	}
+	return out, nil
+}
+
+// Collector exports the BPF counters as Prometheus metrics, read from the maps on
+// every scrape. Labels are bounded: reasons are a fixed enum, VIPs and backends
+// are bounded by the map sizes.
+type Collector struct {
+	m                                   maps
+	reasons, vipPackets, vipBytes       *prometheus.Desc
+	vipNewFlows, vipFlowHits, bePackets *prometheus.Desc
+	beBytes, scrapeErrors               *prometheus.Desc
+}
+
+// NewCollector returns a collector over d's maps. Register it with a
+// prometheus.Registerer.
+func NewCollector(d *Dataplane) *Collector { return newCollector(d.maps()) }
+
+func newCollector(m maps) *Collector {
+	desc := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName("portico", "xdp", name), help, labels, nil)
+	}
+	return &Collector{
+		m:            m,
+		reasons:      desc("packets_total", "Packets seen by xdp_lb, by the reason for their verdict.", "reason"),
+		vipPackets:   desc("vip_packets_total", "Packets steered for a VIP.", "vip"),
+		vipBytes:     desc("vip_bytes_total", "Bytes steered for a VIP (whole frames).", "vip"),
+		vipNewFlows:  desc("vip_new_flows_total", "Flows created in the flow table for a VIP.", "vip"),
+		vipFlowHits:  desc("vip_flow_hits_total", "Packets of a VIP that found their flow in the flow table.", "vip"),
+		bePackets:    desc("backend_packets_total", "Packets sent to a backend.", "vip", "backend"),
+		beBytes:      desc("backend_bytes_total", "Bytes sent to a backend.", "vip", "backend"),
+		scrapeErrors: desc("scrape_errors", "1 if reading the BPF maps failed on this scrape.", "error"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.reasons, c.vipPackets, c.vipBytes, c.vipNewFlows, c.vipFlowHits, c.bePackets, c.beBytes, c.scrapeErrors} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	cnt, err := c.m.counters()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
+		return
+	}
+	addrs, err := c.m.vipAddrs()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
+		return
+	}
+	for r, v := range cnt.Reasons {
+		ch <- prometheus.MustNewConstMetric(c.reasons, prometheus.CounterValue, float64(v), ReasonName(Reason(r)))
+	}
+	for id, v := range cnt.VIPs {
+		vip := addrs[id].String()
+		ch <- prometheus.MustNewConstMetric(c.vipPackets, prometheus.CounterValue, float64(v.Packets), vip)
+		ch <- prometheus.MustNewConstMetric(c.vipBytes, prometheus.CounterValue, float64(v.Bytes), vip)
+		ch <- prometheus.MustNewConstMetric(c.vipNewFlows, prometheus.CounterValue, float64(v.NewFlows), vip)
+		ch <- prometheus.MustNewConstMetric(c.vipFlowHits, prometheus.CounterValue, float64(v.FlowHits), vip)
+	}
+	var id uint32
+	var be lbBackend
+	it := c.m.backends.Iterate()
+	for it.Next(&id, &be) {
+		v := cnt.Backends[id]
+		vip, backend := addrs[be.VipId].String(), addrFrom16(be.Addr).String()
+		ch <- prometheus.MustNewConstMetric(c.bePackets, prometheus.CounterValue, float64(v.Packets), vip, backend)
+		ch <- prometheus.MustNewConstMetric(c.beBytes, prometheus.CounterValue, float64(v.Bytes), vip, backend)
+	}
+}
