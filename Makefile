@@ -5,7 +5,7 @@ GO ?= go
 TESTFLAGS ?= -count=1 -timeout 30m
 FUZZTIME ?= 20s
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -22,7 +22,7 @@ build: ## build the portico binary into bin/
 vet: ## go vet every package
 	$(GO) vet ./...
 
-unit: deps ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
+unit: deps kapi ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) ./...
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 20s)
@@ -45,3 +45,6 @@ demo: deps build ## the data-plane demo: client, edge node and two replicas in n
 
 clean: ## remove build output
 	rm -rf bin
+
+kapi: ## build the real kube-apiserver + etcd for integration tests (cached by version)
+	@test/kapi/build.sh >/dev/null

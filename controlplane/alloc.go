@@ -1,0 +1,244 @@
+package controlplane
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// Pool is a range VIPs are allocated from.
+type Pool struct {
+	CIDR    netip.Prefix
+	Exclude []netip.Prefix
+}
+
+// ParsePool parses "CIDR" or "CIDR!excluded,excluded..." (each excluded entry a prefix
+// or an address).
+func ParsePool(s string) (Pool, error) {
+	var p Pool
+	cidr, rest, _ := strings.Cut(s, "!")
+	pre, err := netip.ParsePrefix(cidr)
+	if err != nil {
+		return p, fmt.Errorf("parse pool %q: %w", s, err)
+	}
+	p.CIDR = pre.Masked()
+	for _, e := range splitList(rest) {
+		x, err := netip.ParsePrefix(e)
+		if err != nil {
+			a, aerr := netip.ParseAddr(e)
+			if aerr != nil {
+				return p, fmt.Errorf("parse pool %q exclusion %q: %w", s, e, err)
+			}
+			x = netip.PrefixFrom(a, a.BitLen())
+		}
+		p.Exclude = append(p.Exclude, x.Masked())
+	}
+	return p, nil
+}
+
+// usable reports whether an address of the pool may be handed out: not excluded, and
+// not an IPv4 network or broadcast address, nor an IPv6 subnet-router anycast address.
+func (p Pool) usable(a netip.Addr) bool {
+	if !p.CIDR.Contains(a) {
+		return false
+	}
+	for _, x := range p.Exclude {
+		if x.Contains(a) {
+			return false
+		}
+	}
+	if a == p.CIDR.Addr() && (a.Is6() || p.CIDR.Bits() < 31) {
+		return false
+	}
+	if a.Is4() && p.CIDR.Bits() < 31 && !p.CIDR.Contains(a.Next()) {
+		return false
+	}
+	return true
+}
+
+// next returns the first usable address of the pool after `from` (or from its start)
+// that is not used.
+func (p Pool) next(used map[netip.Addr]bool) (netip.Addr, bool) {
+	// Bounded: at most every used or excluded address is skipped once per pass, and
+	// a pool is walked at most to its end.
+	for a := p.CIDR.Addr(); a.IsValid() && p.CIDR.Contains(a); a = a.Next() {
+		if p.usable(a) && !used[a] {
+			return a, true
+		}
+		// Skip whole excluded prefixes at once (large IPv6 exclusions).
+		for _, x := range p.Exclude {
+			if x.Contains(a) {
+				last := lastAddr(x)
+				if last.Compare(a) > 0 {
+					a = last
+				}
+			}
+		}
+	}
+	return netip.Addr{}, false
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 1 << (7 - uint(i%8))
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
+}
+
+// AllocateVIPs picks VIPs for the groups that have none (no VIP annotation at all),
+// oldest group first, one per address family that has a pool, the lowest free
+// address first. Addresses in every group's annotation count as used. It returns the
+// new VIPs by group and a problem for each group a family's pools could not serve.
+func AllocateVIPs(services []*corev1.Service, pools []Pool) (map[string][]netip.Addr, []model.Problem) {
+	groups := sortedGroups(services)
+	used := map[netip.Addr]bool{}
+	for _, s := range groups {
+		if v, _, ok := vipAnnotation(s); ok {
+			vips, _ := parseVIPs(v)
+			for _, a := range vips {
+				used[a] = true
+			}
+		}
+	}
+	var families []bool // is4, in first-pool order
+	for _, p := range pools {
+		is4 := p.CIDR.Addr().Is4()
+		if !slices.Contains(families, is4) {
+			families = append(families, is4)
+		}
+	}
+	out := map[string][]netip.Addr{}
+	var problems []model.Problem
+	for _, s := range groups {
+		if _, _, ok := vipAnnotation(s); ok {
+			continue
+		}
+		for _, is4 := range families {
+			found := false
+			for _, p := range pools {
+				if p.CIDR.Addr().Is4() != is4 {
+					continue
+				}
+				if a, ok := p.next(used); ok {
+					used[a] = true
+					out[key(s)] = append(out[key(s)], a)
+					found = true
+					break
+				}
+			}
+			if !found {
+				fam := "IPv6"
+				if is4 {
+					fam = "IPv4"
+				}
+				problems = append(problems, model.Problem{
+					Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVIP + "]",
+					Reason: ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools", fam),
+				})
+			}
+		}
+		slices.SortFunc(out[key(s)], func(x, y netip.Addr) int { return x.Compare(y) })
+	}
+	return out, problems
+}
+
+// AllocateVRIDs picks the lowest free VRRP id for each group without one, oldest
+// group first. Ids in valid annotations count as used.
+func AllocateVRIDs(services []*corev1.Service) (map[string]uint8, []model.Problem) {
+	groups := sortedGroups(services)
+	used := map[uint8]bool{}
+	for _, s := range groups {
+		if v, ok := s.Annotations[AnnotationVRID]; ok {
+			if id, err := parseVRID(v); err == nil {
+				used[id] = true
+			}
+		}
+	}
+	out := map[string]uint8{}
+	var problems []model.Problem
+	for _, s := range groups {
+		if _, ok := s.Annotations[AnnotationVRID]; ok {
+			continue
+		}
+		id := 0
+		for i := 1; i <= 255; i++ {
+			if !used[uint8(i)] {
+				id = i
+				break
+			}
+		}
+		if id == 0 {
+			problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVRID + "]",
+				Reason: ReasonVRIDExhausted, Detail: "all 255 VRRP ids are taken"})
+			continue
+		}
+		used[uint8(id)] = true
+		out[key(s)] = uint8(id)
+	}
+	return out, problems
+}
+
+// matchingGroups lists the groups whose labels match a selector.
+func matchingGroups(groups []*corev1.Service, sel labels.Selector) []*corev1.Service {
+	var out []*corev1.Service
+	for _, g := range groups {
+		if sel.Matches(labels.Set(g.Labels)) {
+			out = append(out, g)
+		}
+	}
+	return out
+}
+
+// Schedule binds the Ingresses that ask for a group by label selector: each goes,
+// oldest first, to the matching group with the fewest bound Ingresses (ties by
+// namespace/name), counting the bindings made in the same pass. Bound Ingresses are
+// never moved. It returns the new bindings by Ingress ("ns/name" -> group).
+func Schedule(ingresses []*networkingv1.Ingress, classes []*networkingv1.IngressClass, services []*corev1.Service) map[string]string {
+	cls := map[string]*networkingv1.IngressClass{}
+	for _, c := range classes {
+		cls[c.Name] = c
+	}
+	groups := sortedGroups(services)
+	bound := map[string]int{}
+	for _, g := range groups {
+		bound[key(g)] = 0
+	}
+	ings := slices.Clone(ingresses)
+	slices.SortFunc(ings, func(x, y *networkingv1.Ingress) int { return older(x, y) })
+	var pending []*networkingv1.Ingress
+	for _, ing := range ings {
+		bd := BindingOf(ing, cls)
+		switch {
+		case !bd.Ours || bd.Err != nil:
+		case bd.Group != "":
+			if _, ok := bound[bd.Group]; ok {
+				bound[bd.Group]++
+			}
+		case bd.Selector != nil:
+			pending = append(pending, ing)
+		}
+	}
+	out := map[string]string{}
+	for _, ing := range pending {
+		cands := matchingGroups(groups, BindingOf(ing, cls).Selector)
+		if len(cands) == 0 {
+			continue // reported by Build
+		}
+		best := slices.MinFunc(cands, func(x, y *corev1.Service) int {
+			return cmp.Or(cmp.Compare(bound[key(x)], bound[key(y)]), cmp.Compare(key(x), key(y)))
+		})
+		out[key(ing)] = key(best)
+		bound[key(best)]++
+	}
+	return out
+}

@@ -1,0 +1,429 @@
+package controlplane
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+var cmpAddrs = cmp.Options{
+	cmp.Comparer(func(x, y netip.Addr) bool { return x == y }),
+	cmp.Comparer(func(x, y netip.AddrPort) bool { return x == y }),
+	cmp.Comparer(func(x, y netip.Prefix) bool { return x == y }),
+	cmpopts.EquateEmpty(),
+}
+
+var ignoreDetail = cmpopts.IgnoreFields(model.Problem{}, "Detail")
+
+func addrs(s ...string) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range s {
+		out = append(out, netip.MustParseAddr(a))
+	}
+	return out
+}
+
+func aps(s ...string) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, a := range s {
+		out = append(out, netip.MustParseAddrPort(a))
+	}
+	return out
+}
+
+// g1 is the group most cases use: VIP 192.0.2.10, VRID 7, one ready and one
+// terminating agent.
+func g1Objects() ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+	return []*corev1.Service{groupSvc("edge", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7")},
+		[]*discoveryv1.EndpointSlice{slice("edge", "g1", "g1-a", "http", 80,
+			ep{addr: "10.1.0.2", node: "n2", ready: true},
+			ep{addr: "10.1.0.1", node: "n1", ready: false, terminating: true},
+			ep{addr: "10.1.0.3", node: "n3", ready: false})}
+}
+
+var g1Group = model.Group{
+	Name: "edge/g1", VIPs: addrs("192.0.2.10"), VRID: 7,
+	Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}},
+	Replicas: []model.Replica{
+		{Node: "n1", Addr: netip.MustParseAddr("10.1.0.1"), Weight: 1, State: model.Draining},
+		{Node: "n2", Addr: netip.MustParseAddr("10.1.0.2"), Weight: 1, State: model.Ready},
+	},
+}
+
+// web is a backend Service "app/web" (ports http=80, admin=9000) with two ready and
+// one unready endpoint.
+func webObjects() ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
+	return []*corev1.Service{backendSvc("app", "web", sport("http", 80), sport("admin", 9000))},
+		[]*discoveryv1.EndpointSlice{
+			slice("app", "web", "web-1", "http", 8080, ep{addr: "10.2.0.2", ready: true}, ep{addr: "10.2.0.1", ready: true}, ep{addr: "10.2.0.9", ready: false}),
+			slice("app", "web", "web-2", "admin", 9090, ep{addr: "10.2.0.1", ready: true}),
+		}
+}
+
+var webHTTP = model.Upstream{Name: "app-web-80", Endpoints: aps("10.2.0.1:8080", "10.2.0.2:8080")}
+
+func state(objs ...any) State {
+	var st State
+	for _, o := range objs {
+		switch o := o.(type) {
+		case *corev1.Service:
+			st.Services = append(st.Services, o)
+		case []*corev1.Service:
+			st.Services = append(st.Services, o...)
+		case *discoveryv1.EndpointSlice:
+			st.EndpointSlices = append(st.EndpointSlices, o)
+		case []*discoveryv1.EndpointSlice:
+			st.EndpointSlices = append(st.EndpointSlices, o...)
+		case *networkingv1.Ingress:
+			st.Ingresses = append(st.Ingresses, o)
+		case *networkingv1.IngressClass:
+			st.IngressClasses = append(st.IngressClasses, o)
+		case *corev1.Secret:
+			st.Secrets = append(st.Secrets, o)
+		case *corev1.Pod:
+			st.Pods = append(st.Pods, o)
+		case *corev1.Node:
+			st.Nodes = append(st.Nodes, o)
+		default:
+			panic("state: unknown object")
+		}
+	}
+	return st
+}
+
+func loc(path string, typ model.PathType, up, src string) model.Location {
+	return model.Location{Path: path, Type: typ, Upstream: up, Source: src}
+}
+
+func TestBuild(t *testing.T) {
+	gs, gsl := g1Objects()
+	ws, wsl := webObjects()
+	bind := []string{AnnotationGroup, "edge/g1"}
+	pfx, exact, impl := networkingv1.PathTypePrefix, networkingv1.PathTypeExact, networkingv1.PathTypeImplementationSpecific
+
+	tests := []struct {
+		name     string
+		st       State
+		opts     Options
+		want     model.Snapshot
+		problems []model.Problem
+	}{
+		{
+			name: "empty",
+			st:   State{},
+		},
+		{
+			name: "group: VIP, VRID, ports, ready and draining replicas",
+			st:   state(gs, gsl),
+			want: model.Snapshot{Groups: []model.Group{g1Group}},
+		},
+		{
+			name: "group: LoadBalancer class, seed alias annotation, dual stack, node from Node addresses",
+			st: state(func() *corev1.Service {
+				s := groupSvc("edge", "lb", 0, AnnotationVIPAlias, "2001:db8::10, 192.0.2.20")
+				s.Labels = nil
+				s.Spec.Type = corev1.ServiceTypeLoadBalancer
+				s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+				s.Spec.Ports = []corev1.ServicePort{{Port: 53, Protocol: corev1.ProtocolUDP}, {Port: 443}}
+				return s
+			}(), slice("edge", "lb", "lb-v6", "", 0, ep{addr: "2001:db8:1::2", ready: true}),
+				&corev1.Node{ObjectMeta: meta("", "n6", 0), Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "2001:db8:1::2"}}}},
+				groupSvc("edge", "not-a-group", 0)),
+			want: model.Snapshot{Groups: []model.Group{
+				{Name: "edge/lb", VIPs: addrs("192.0.2.20", "2001:db8::10"),
+					Ports:    []model.Port{{Protocol: model.TCP, Port: 443}, {Protocol: model.UDP, Port: 53}},
+					Replicas: []model.Replica{{Node: "n6", Addr: netip.MustParseAddr("2001:db8:1::2"), Weight: 1, State: model.Ready}}},
+				{Name: "edge/not-a-group", Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}},
+			}},
+		},
+		{
+			name: "group: conflicting VIP and VRID go to the older group; bad annotations reported",
+			st: state(
+				groupSvc("edge", "old", 1, AnnotationVIP, "192.0.2.10", AnnotationVRID, "5"),
+				groupSvc("edge", "new", 2, AnnotationVIP, "192.0.2.10,2001:db8::1", AnnotationVRID, "5"),
+				groupSvc("edge", "bad", 3, AnnotationVIP, "192.0.2.300", AnnotationVRID, "0"),
+				groupSvc("edge", "two4", 4, AnnotationVIP, "192.0.2.1,192.0.2.2"),
+				groupSvc("edge", "alias", 5, AnnotationVIP, "192.0.2.30", AnnotationVIPAlias, "192.0.2.31"),
+			),
+			want: model.Snapshot{Groups: []model.Group{
+				{Name: "edge/alias", VIPs: addrs("192.0.2.30"), Ports: g1Group.Ports},
+				{Name: "edge/bad", Ports: g1Group.Ports},
+				{Name: "edge/new", VIPs: addrs("2001:db8::1"), Ports: g1Group.Ports},
+				{Name: "edge/old", VIPs: addrs("192.0.2.10"), VRID: 5, Ports: g1Group.Ports},
+				{Name: "edge/two4", Ports: g1Group.Ports},
+			}},
+			problems: []model.Problem{
+				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonVIPConflict},
+				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vrid]", Reason: ReasonVRIDConflict},
+				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonInvalidVIP},
+				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/vrid]", Reason: ReasonInvalidAnnotation},
+				{Object: "Service edge/two4", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonInvalidVIP},
+				{Object: "Service edge/alias", Field: "metadata.annotations[ingress.alpha.k8s.io/ingress-vip]", Reason: ReasonInvalidVIP},
+			},
+		},
+		{
+			name: "every path type, number and named ports, unset path type",
+			st: state(gs, gsl, ws, wsl, ingress("app", "site", 0, "Example.COM", []path{
+				{"/exact", exact, "web", 80},
+				{"/prefix", pfx, "web", "http"},
+				{"/impl", impl, "web", "admin"},
+				{"", "", "web", 80},
+			}, bind...)),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{{Group: "edge/g1", Host: "example.com", Locations: []model.Location{
+					loc("/", model.PathImplementationSpecific, "app-web-80", "app/site"),
+					loc("/exact", model.PathExact, "app-web-80", "app/site"),
+					loc("/impl", model.PathImplementationSpecific, "app-web-9000", "app/site"),
+					loc("/prefix", model.PathPrefix, "app-web-80", "app/site"),
+				}}},
+				Upstreams: []model.Upstream{webHTTP, {Name: "app-web-9000", Endpoints: aps("10.2.0.1:9090")}},
+			},
+		},
+		{
+			name: "same host in several Ingresses: merged, the older wins overlapping paths, TLS and default backend",
+			st: state(gs, gsl, ws, wsl, backendSvc("app", "api", sport("", 8080)), tlsSecret("app", "a-cert"), tlsSecret("app", "b-cert"),
+				func() *networkingv1.Ingress {
+					i := ingress("app", "b-newer", 2, "example.com", []path{{"/", pfx, "api", 8080}, {"/api", pfx, "api", 8080}}, append(bind, AnnotationSSLRedirect, "true")...)
+					i.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"example.com"}, SecretName: "b-cert"}}
+					i.Spec.DefaultBackend = ptr(backend("api", 8080))
+					return i
+				}(),
+				func() *networkingv1.Ingress {
+					i := ingress("app", "a-older", 1, "example.com", []path{{"/", pfx, "web", 80}, {"/", exact, "web", 80}}, bind...)
+					i.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"example.com"}, SecretName: "a-cert"}}
+					i.Spec.DefaultBackend = ptr(backend("web", 80))
+					return i
+				}()),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{
+					{Group: "edge/g1", Host: "", DefaultUpstream: "app-web-80"},
+					{Group: "edge/g1", Host: "example.com", TLSCertificate: "app/a-cert", SSLRedirect: true, Locations: []model.Location{
+						loc("/", model.PathExact, "app-web-80", "app/a-older"),
+						loc("/", model.PathPrefix, "app-web-80", "app/a-older"),
+						loc("/api", model.PathPrefix, "app-api-8080", "app/b-newer"),
+					}},
+				},
+				Upstreams:    []model.Upstream{{Name: "app-api-8080"}, webHTTP},
+				Certificates: []model.Certificate{{Name: "app/a-cert", CertPEM: []byte("CERT a-cert"), KeyPEM: []byte("KEY a-cert")}},
+			},
+			problems: []model.Problem{
+				{Object: "Ingress app/b-newer", Field: "spec.defaultBackend", Reason: ReasonDefaultConflict},
+				{Object: "Ingress app/b-newer", Field: "spec.rules[0].http.paths[0]", Reason: ReasonPathConflict},
+				{Object: "Ingress app/b-newer", Field: "spec.tls", Reason: ReasonTLSConflict},
+			},
+		},
+		{
+			name: "missing Service answers 503, missing port, missing and invalid Secret",
+			st: state(gs, gsl, ws, wsl, &corev1.Secret{ObjectMeta: meta("app", "opaque", 0), Type: corev1.SecretTypeOpaque},
+				func() *networkingv1.Ingress {
+					i := ingress("app", "broken", 0, "x.example", []path{{"/gone", pfx, "gone", 80}, {"/noport", pfx, "web", "nope"}, {"/ok", pfx, "web", 80}}, bind...)
+					i.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"x.example"}, SecretName: "missing"}, {Hosts: []string{"x.example"}, SecretName: "opaque"}}
+					return i
+				}()),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{{Group: "edge/g1", Host: "x.example", Locations: []model.Location{
+					loc("/gone", model.PathPrefix, "app-gone-80", "app/broken"),
+					loc("/noport", model.PathPrefix, "app-web-nope", "app/broken"),
+					loc("/ok", model.PathPrefix, "app-web-80", "app/broken"),
+				}}},
+				Upstreams: []model.Upstream{{Name: "app-gone-80"}, webHTTP, {Name: "app-web-nope"}},
+			},
+			problems: []model.Problem{
+				{Object: "Ingress app/broken", Field: "spec.tls[0].secretName", Reason: ReasonSecretNotFound},
+				{Object: "Ingress app/broken", Field: "spec.tls[1].secretName", Reason: ReasonInvalidSecret},
+				{Object: "Ingress app/broken", Field: "spec.rules[0].http.paths[0].backend.service.name", Reason: ReasonServiceNotFound},
+				{Object: "Ingress app/broken", Field: "spec.rules[0].http.paths[1].backend.service.port", Reason: ReasonPortNotFound},
+			},
+		},
+		{
+			name: "bad annotations and bindings: the rest still translates",
+			st: state(gs, gsl, ws, wsl,
+				ingress("app", "bad-redirect", 1, "a.example", []path{{"/", pfx, "web", 80}}, append(bind, AnnotationSSLRedirect, "yes please")...),
+				ingress("app", "no-group", 2, "b.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/missing"),
+				ingress("app", "bad-selector", 3, "c.example", []path{{"/", pfx, "web", 80}}, AnnotationGroupSelector, "a in (b"),
+				ingress("app", "no-match", 4, "d.example", []path{{"/", pfx, "web", 80}}, AnnotationGroupSelector, "tier=gold"),
+				ingress("app", "other-controller", 5, "e.example", []path{{"/", pfx, "web", 80}}),
+				ingress("app", "relative-path", 6, "f.example", []path{{"rel", pfx, "web", 80}}, bind...),
+			),
+			want: model.Snapshot{
+				Groups:    []model.Group{g1Group},
+				Servers:   []model.Server{{Group: "edge/g1", Host: "a.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/bad-redirect")}}},
+				Upstreams: []model.Upstream{webHTTP},
+			},
+			problems: []model.Problem{
+				{Object: "Ingress app/no-group", Field: "metadata.annotations[portico.io/group]", Reason: ReasonGroupNotFound},
+				{Object: "Ingress app/bad-selector", Field: "metadata.annotations[portico.io/group-selector]", Reason: ReasonInvalidAnnotation},
+				{Object: "Ingress app/no-match", Field: "metadata.annotations[portico.io/group-selector]", Reason: ReasonNoMatchingGroup},
+				{Object: "Ingress app/bad-redirect", Field: "metadata.annotations[portico.io/ssl-redirect]", Reason: ReasonInvalidAnnotation},
+				{Object: "Ingress app/relative-path", Field: "spec.rules[0].http.paths[0].path", Reason: ReasonInvalidPath},
+			},
+		},
+		{
+			name: "IngressClass binding: parameters, annotation, default class, other controllers ignored",
+			st: state(gs, gsl, ws, wsl,
+				&networkingv1.IngressClass{ObjectMeta: meta("", "by-param", 0), Spec: networkingv1.IngressClassSpec{Controller: ControllerName,
+					Parameters: &networkingv1.IngressClassParametersReference{Kind: "Service", Name: "g1", Namespace: ptr("edge"), Scope: ptr("Namespace")}}},
+				&networkingv1.IngressClass{ObjectMeta: meta("", "by-annotation", 0, AnnotationGroup, "edge/g1", annotationDefaultClass, "true"), Spec: networkingv1.IngressClassSpec{Controller: ControllerName}},
+				&networkingv1.IngressClass{ObjectMeta: meta("", "nginx", 0), Spec: networkingv1.IngressClassSpec{Controller: "k8s.io/ingress-nginx"}},
+				func() *networkingv1.Ingress {
+					i := ingress("app", "p", 0, "p.example", []path{{"/", pfx, "web", 80}})
+					i.Spec.IngressClassName = ptr("by-param")
+					return i
+				}(),
+				ingress("app", "a", 0, "a.example", []path{{"/", pfx, "web", 80}}, annotationIngressClass, "by-annotation"),
+				ingress("app", "d", 0, "d.example", []path{{"/", pfx, "web", 80}}),
+				func() *networkingv1.Ingress {
+					i := ingress("app", "n", 0, "n.example", []path{{"/", pfx, "web", 80}}, bind...)
+					i.Spec.IngressClassName = ptr("nginx")
+					return i
+				}(),
+			),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{
+					{Group: "edge/g1", Host: "a.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/a")}},
+					{Group: "edge/g1", Host: "d.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/d")}},
+					{Group: "edge/g1", Host: "p.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/p")}},
+				},
+				Upstreams: []model.Upstream{webHTTP},
+			},
+		},
+		{
+			name: "IPv6 backends and wildcard host",
+			st: state(gs, gsl, backendSvc("app", "v6", sport("http", 80)),
+				slice("app", "v6", "v6-1", "http", 8080, ep{addr: "2001:db8:2::2", ready: true}, ep{addr: "2001:db8:2::1", ready: true}),
+				ingress("app", "six", 0, "*.Example.org", []path{{"/", pfx, "v6", 80}}, bind...)),
+			want: model.Snapshot{
+				Groups:    []model.Group{g1Group},
+				Servers:   []model.Server{{Group: "edge/g1", Host: "*.example.org", Locations: []model.Location{loc("/", model.PathPrefix, "app-v6-80", "app/six")}}},
+				Upstreams: []model.Upstream{{Name: "app-v6-80", Endpoints: aps("[2001:db8:2::1]:8080", "[2001:db8:2::2]:8080")}},
+			},
+		},
+		{
+			name: "upstream names that would collide get a hash of their identity",
+			st: state(gs, gsl, backendSvc("a-b", "c", sport("", 80)), backendSvc("a", "b-c", sport("", 80)),
+				ingress("a-b", "i1", 0, "one.example", []path{{"/", pfx, "c", 80}}, bind...),
+				ingress("a", "i2", 1, "two.example", []path{{"/", pfx, "b-c", 80}}, bind...)),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{
+					{Group: "edge/g1", Host: "one.example", Locations: []model.Location{loc("/", model.PathPrefix, "a-b-c-80-"+shortHash("svc|a-b/c|80"), "a-b/i1")}},
+					{Group: "edge/g1", Host: "two.example", Locations: []model.Location{loc("/", model.PathPrefix, "a-b-c-80-"+shortHash("svc|a/b-c|80"), "a/i2")}},
+				},
+				Upstreams: sortedUpstreams(
+					model.Upstream{Name: "a-b-c-80-" + shortHash("svc|a-b/c|80")},
+					model.Upstream{Name: "a-b-c-80-" + shortHash("svc|a/b-c|80")}),
+			},
+		},
+		{
+			name: "pod routes: every path on every host, replicas share an upstream, conflicts and bad annotations",
+			st: state(gs, gsl,
+				microservice("shop", "node-1", 1, "10.3.0.1", "test.k8s.local shop.example", "3000:/nodejs,80:/", AnnotationGroup, "edge/g1"),
+				microservice("shop", "node-2", 2, "10.3.0.2", "test.k8s.local,shop.example", "3000:/nodejs 80:/", AnnotationGroup, "edge/g1"),
+				microservice("other", "thief", 3, "10.4.0.1", "shop.example", "80:/"),
+				microservice("shop", "pending", 4, "", "shop.example", "80:/"),
+				microservice("shop", "bad", 5, "10.3.0.9", "shop.example", "http:/x,8080/y"),
+				func() *corev1.Pod {
+					p := microservice("shop", "no-paths", 6, "10.3.0.8", "shop.example", "")
+					delete(p.Annotations, AnnotationPublicPaths)
+					return p
+				}(),
+			),
+			opts: Options{PodRouteGroup: "edge/g1"},
+			want: func() model.Snapshot {
+				up := func(host, path string, port int) string {
+					return "shop-pod-" + shortHash(host+"|"+path) + "-" + map[int]string{80: "80", 3000: "3000"}[port]
+				}
+				return model.Snapshot{
+					Groups: []model.Group{g1Group},
+					Servers: []model.Server{
+						{Group: "edge/g1", Host: "shop.example", Locations: []model.Location{
+							loc("/", model.PathPrefix, up("shop.example", "/", 80), "shop/node-1"),
+							loc("/nodejs", model.PathPrefix, up("shop.example", "/nodejs", 3000), "shop/node-1"),
+						}},
+						{Group: "edge/g1", Host: "test.k8s.local", Locations: []model.Location{
+							loc("/", model.PathPrefix, up("test.k8s.local", "/", 80), "shop/node-1"),
+							loc("/nodejs", model.PathPrefix, up("test.k8s.local", "/nodejs", 3000), "shop/node-1"),
+						}},
+					},
+					Upstreams: sortedUpstreams(
+						model.Upstream{Name: up("shop.example", "/", 80), Endpoints: aps("10.3.0.1:80", "10.3.0.2:80")},
+						model.Upstream{Name: up("shop.example", "/nodejs", 3000), Endpoints: aps("10.3.0.1:3000", "10.3.0.2:3000")},
+						model.Upstream{Name: up("test.k8s.local", "/", 80), Endpoints: aps("10.3.0.1:80", "10.3.0.2:80")},
+						model.Upstream{Name: up("test.k8s.local", "/nodejs", 3000), Endpoints: aps("10.3.0.1:3000", "10.3.0.2:3000")},
+						model.Upstream{Name: "other-pod-" + shortHash("shop.example|/") + "-80", Endpoints: aps("10.4.0.1:80")},
+					),
+				}
+			}(),
+			problems: []model.Problem{
+				{Object: "Pod other/thief", Field: "metadata.annotations[publicPaths]", Reason: ReasonPathConflict},
+				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: ReasonInvalidAnnotation},
+				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: ReasonInvalidAnnotation},
+				{Object: "Pod shop/no-paths", Field: "metadata.annotations[publicPaths]", Reason: ReasonInvalidAnnotation},
+			},
+		},
+		{
+			name: "pod route without a group",
+			st:   state(gs, gsl, microservice("shop", "lost", 1, "10.3.0.1", "a.example", "80:/")),
+			want: model.Snapshot{Groups: []model.Group{g1Group}},
+			problems: []model.Problem{
+				{Object: "Pod shop/lost", Field: "metadata.annotations[portico.io/group]", Reason: ReasonGroupNotFound},
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, problems := Build(tc.st, tc.opts)
+			if diff := cmp.Diff(tc.want, got, cmpAddrs); diff != "" {
+				t.Errorf("snapshot (-want +got):\n%s", diff)
+			}
+			if diff := cmp.Diff(tc.problems, problems, ignoreDetail, cmpopts.EquateEmpty()); diff != "" {
+				t.Errorf("problems (-want +got):\n%s", diff)
+			}
+			// Pure and deterministic: the same state again gives an Equal snapshot.
+			again, _ := Build(tc.st, tc.opts)
+			if !got.Equal(again) {
+				t.Errorf("second Build differs")
+			}
+		})
+	}
+}
+
+func sortedUpstreams(us ...model.Upstream) []model.Upstream {
+	for i := range us {
+		for j := i + 1; j < len(us); j++ {
+			if us[j].Name < us[i].Name {
+				us[i], us[j] = us[j], us[i]
+			}
+		}
+	}
+	return us
+}
+
+// TestBuildDoesNotMutate checks that Build leaves the (informer-cached) objects alone.
+func TestBuildDoesNotMutate(t *testing.T) {
+	gs, gsl := g1Objects()
+	ws, wsl := webObjects()
+	ing := ingress("app", "site", 0, "Example.COM", []path{{"", "", "web", "http"}}, AnnotationGroup, "g1")
+	ing.Namespace = "edge"
+	st := state(gs, gsl, ws, wsl, ing, tlsSecret("app", "c"))
+	before := ing.DeepCopy()
+	gBefore := gs[0].DeepCopy()
+	Build(st, Options{})
+	if diff := cmp.Diff(before, ing); diff != "" {
+		t.Errorf("Ingress mutated (-before +after):\n%s", diff)
+	}
+	if diff := cmp.Diff(gBefore, gs[0]); diff != "" {
+		t.Errorf("Service mutated (-before +after):\n%s", diff)
+	}
+}

@@ -1,0 +1,38 @@
+// Package controlplane is the first step of Portico's flow: it watches Kubernetes
+// (informers) and turns the objects into the plain-data model.Snapshot that the data
+// plane, nginx and the status writers consume.
+//
+// The translation is a pure function, Build, over listed objects; everything invalid
+// becomes a model.Problem and the rest still translates. The Controller around it runs
+// informers and one rate-limited, coalescing workqueue, fans each new snapshot out to
+// Sinks (with retries), and, only while it holds the leader Lease, makes the
+// cluster-wide writes: VIP and VRID allocation, Ingress scheduling, Ingress and
+// Service status, and IngressClaim provisioning.
+//
+// # Objects and annotations
+//
+// A group (the seeds' "Ingress ReplicaSet") is a Service labelled portico.io/group=true,
+// or a LoadBalancer Service with loadBalancerClass portico.io/vip. Its EndpointSlices
+// list the Portico agents (hostNetwork, so endpoint address = node address): ready
+// endpoints are Ready replicas, terminating ones Draining. Its VIPs come from the
+// annotation portico.io/vip (comma-separated, at most one IPv4 and one IPv6; the seed's
+// ingress.alpha.k8s.io/ingress-vip is an alias) or are allocated from the configured
+// pools by the leader, which writes the annotation and, for LoadBalancer Services,
+// status.loadBalancer.ingress. Its VRRP id is the annotation portico.io/vrid, set by
+// hand or allocated by the leader (lowest free id, oldest group first); a duplicate is
+// reported and not applied, so no two groups share a VRID.
+//
+// An Ingress is bound to a group by, in order: its annotation portico.io/group ("name"
+// in the Ingress's namespace, or "namespace/name"); its IngressClass, when the class's
+// controller is portico.io/ingress-controller and the class names the group (parameters
+// of kind Service, or the class annotation portico.io/group); or a label selector in the
+// annotation portico.io/group-selector (on the Ingress or its class), in which case the
+// leader picks the matching group with the fewest bound Ingresses (ties by name) and
+// records it in portico.io/group. Bindings are sticky: a recorded group is never
+// replaced, and a missing one is reported.
+//
+// Pods labelled microservice=true with the annotations trafficHosts and publicPaths
+// (seed 004; entries separated by commas or spaces, paths as PORT:PATH) are routed
+// directly: every path on every host, Prefix semantics, upstream = pod IP:PORT. They are
+// served by the group in their portico.io/group annotation, or the configured default.
+package controlplane
