@@ -92,10 +92,26 @@ func resolve(prefix, p string) string {
 
 // prepareDirs creates the directories a configuration rendered with opt needs before
 // nginx can start or test it; prefix is nginx's -p directory.
+//
+// Workers run as an unprivileged user (Options.User or nginx's default) and keep
+// large request and response bodies under TempDir, so the prefix and TempDir are
+// 0711: workers may pass through but not list them. nginx creates the
+// subdirectories itself, owned by the worker user. CertDir stays 0700: only the
+// master, which runs as root, reads keys.
 func prepareDirs(prefix string, opt Options) error {
-	for _, d := range []string{opt.TempDir, opt.CertDir} {
-		if err := os.MkdirAll(resolve(prefix, d), 0o700); err != nil {
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{
+		{prefix, 0o711},
+		{resolve(prefix, opt.TempDir), 0o711},
+		{resolve(prefix, opt.CertDir), 0o700},
+	} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
 			return fmt.Errorf("create nginx directory: %w", err)
+		}
+		if err := os.Chmod(d.path, d.mode); err != nil {
+			return fmt.Errorf("set nginx directory mode: %w", err)
 		}
 	}
 	return nil

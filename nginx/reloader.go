@@ -132,6 +132,16 @@ func (r *Reloader) Problems() []model.Problem {
 	return append([]model.Problem(nil), r.problems...)
 }
 
+// MasterPID is the running nginx master's process id, 0 when none runs.
+func (r *Reloader) MasterPID() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.master == nil {
+		return 0
+	}
+	return r.master.PID()
+}
+
 // Checksum identifies the configuration nginx runs (or will run on start).
 func (r *Reloader) Checksum() string {
 	r.mu.Lock()

@@ -177,6 +177,10 @@ type (
 		Servers        []tmplServer
 		Default        tmplServer
 		Checksum       string
+		// WorkerConnections and RlimitNofile: each connection may need two files
+		// (client and upstream).
+		WorkerConnections int
+		RlimitNofile      int
 	}
 	tmplUpstream struct {
 		Name    string
@@ -213,7 +217,11 @@ func Render(snap model.Snapshot, opt Options) (*Config, error) {
 	for _, c := range snap.Certificates {
 		r.certsIn = append(r.certsIn, c)
 	}
-	d := tmplData{Opt: opt, Checksum: checksumPlaceholder}
+	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, WorkerConnections: opt.WorkerConnections}
+	if d.WorkerConnections == 0 {
+		d.WorkerConnections = 16384
+	}
+	d.RlimitNofile = 2*d.WorkerConnections + 1024
 	d.Listen, d.ListenTLS = listenAddrs(opt)
 	d.StatusListen = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), opt.StatusPort).String()
 	d.Default = tmplServer{Close: true}

@@ -91,24 +91,32 @@ func (e Exec) Start(dir, conf string) (Master, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	pr, pw := io.Pipe()
+	// An *os.File, not an io.Writer: exec would otherwise copy the output in a
+	// goroutine that Wait waits for, and the workers of a killed master keep the
+	// pipe open.
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return nil, fmt.Errorf("start nginx: %w", err)
+	}
 	cmd.Stderr = pw
 	cmd.Stdout = pw
-	if err := cmd.Start(); err != nil {
-		pw.Close()
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		pr.Close()
 		return nil, fmt.Errorf("start nginx: %w", err)
 	}
 	m := &execMaster{cmd: cmd, done: make(chan struct{})}
 	go func() {
+		defer pr.Close()
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			log.Warn("nginx output", zap.String("line", sc.Text()))
 		}
-		io.Copy(io.Discard, pr)
+		_, _ = io.Copy(io.Discard, pr)
 	}()
 	go func() {
 		m.err = cmd.Wait()
-		pw.Close()
 		// Workers outlive a master that was killed and keep the listening sockets:
 		// ask any that are left to finish their requests and go.
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGQUIT)

@@ -1,0 +1,128 @@
+package nginx
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// loadSnapshot is generation gen of a configuration that changes on every call:
+// odd generations move the "flip" upstream's endpoint (an endpoint-only change), even
+// ones add a host.
+func loadSnapshot(gen int, epA, epB netip.AddrPort) model.Snapshot {
+	flip := epA
+	if gen%2 == 1 {
+		flip = epB
+	}
+	s := model.Snapshot{
+		Servers: []model.Server{{Host: "a.test", Locations: []model.Location{
+			{Path: "/", Type: model.PathPrefix, Upstream: "t-a-80"},
+			{Path: "/b", Type: model.PathPrefix, Upstream: "t-b-80"},
+			{Path: "/flip", Type: model.PathPrefix, Upstream: "t-flip-80"},
+		}}},
+		Upstreams: []model.Upstream{
+			{Name: "t-a-80", Endpoints: []netip.AddrPort{epA}},
+			{Name: "t-b-80", Endpoints: []netip.AddrPort{epB}},
+			{Name: "t-flip-80", Endpoints: []netip.AddrPort{flip}},
+		},
+	}
+	for i := 0; i < gen/2; i++ {
+		s.Servers = append(s.Servers, model.Server{Host: fmt.Sprintf("gen-%d.test", i), DefaultUpstream: "t-b-80"})
+	}
+	return s
+}
+
+func TestReloadUnderLoadDropsNothing(t *testing.T) {
+	const (
+		reloads     = 60
+		clients     = 4
+		maxRequests = 20000 // per client
+		maxDuration = 90 * time.Second
+	)
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	n := startNginx(t, loadSnapshot(0, epA, epB))
+
+	var (
+		stop     atomic.Bool
+		requests atomic.Int64
+		failures atomic.Int64
+		wg       sync.WaitGroup
+		firstErr sync.Once
+	)
+	deadline := time.Now().Add(maxDuration)
+	for i := range clients {
+		c := n.client(i%2 == 0) // half keep connections alive across reloads
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := 0; j < maxRequests && !stop.Load() && time.Now().Before(deadline); j++ {
+				path, want := "/", "A /"
+				if j%2 == 1 {
+					path, want = "/b/x", "B /b/x"
+				}
+				err := func() error {
+					resp, err := c.Get("http://a.test" + path)
+					if err != nil {
+						return err
+					}
+					defer resp.Body.Close()
+					body, err := io.ReadAll(resp.Body)
+					if err != nil {
+						return err
+					}
+					if resp.StatusCode != 200 || string(body) != want {
+						return fmt.Errorf("GET %s = %d %q, want 200 %q", path, resp.StatusCode, body, want)
+					}
+					return nil
+				}()
+				requests.Add(1)
+				if err != nil {
+					failures.Add(1)
+					firstErr.Do(func() { t.Errorf("first failed request: %v", err) })
+				}
+			}
+		}()
+	}
+
+	ctx := context.Background()
+	var serve []time.Duration
+	for gen := 1; gen <= reloads && time.Now().Before(deadline); gen++ {
+		res, err := n.r.Apply(ctx, loadSnapshot(gen, epA, epB))
+		if err != nil || res.Result != ResultSuccess {
+			t.Fatalf("reload %d: %s, %v", gen, res.Result, err)
+		}
+		serve = append(serve, res.Serve)
+		time.Sleep(20 * time.Millisecond) // let requests cross the reload
+	}
+	stop.Store(true)
+	wg.Wait()
+
+	if len(serve) < 50 {
+		t.Fatalf("only %d reloads within %v", len(serve), maxDuration)
+	}
+	if requests.Load() < int64(len(serve)) {
+		t.Errorf("only %d requests during %d reloads: the load did not overlap the reloads", requests.Load(), len(serve))
+	}
+	if f := failures.Load(); f != 0 {
+		t.Errorf("%d of %d requests failed during %d reloads", f, requests.Load(), len(serve))
+	}
+	// The last generation is odd: the flip upstream points at B.
+	resp, body := get(t, n.client(false), "http://a.test/flip")
+	if resp.StatusCode != 200 || !strings.HasPrefix(body, "B ") {
+		t.Errorf("after the last endpoint-only change /flip = %d %q, want backend B", resp.StatusCode, body)
+	}
+	var total time.Duration
+	for _, d := range serve {
+		total += d
+	}
+	t.Logf("%d reloads, %d requests, 0 failed; mean reload (signal to new workers serving) %v", len(serve), requests.Load(), total/time.Duration(len(serve)))
+}

@@ -1,0 +1,444 @@
+package nginx
+
+import (
+	"bufio"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// backend is a loopback HTTP server that names itself and echoes what nginx sent.
+func backend(t *testing.T, name string) (*httptest.Server, netip.AddrPort) {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "websocket" {
+			echoUpgrade(w)
+			return
+		}
+		if r.URL.Path == "/big" {
+			n, _ := io.Copy(io.Discard, r.Body)
+			w.Header().Set("X-Request-Bytes", fmt.Sprint(n))
+			w.Write(make([]byte, 2<<20))
+			return
+		}
+		for _, h := range []string{"X-Forwarded-For", "X-Real-Ip", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+			w.Header().Set("Echo-"+h, r.Header.Get(h))
+		}
+		w.Header().Set("Echo-Host", r.Host)
+		fmt.Fprintf(w, "%s %s", name, r.URL.Path)
+	}))
+	t.Cleanup(s.Close)
+	return s, netip.MustParseAddrPort(s.Listener.Addr().String())
+}
+
+// echoUpgrade answers an upgrade with 101 and then echoes one line.
+func echoUpgrade(w http.ResponseWriter) {
+	conn, rw, err := w.(http.Hijacker).Hijack()
+	if err != nil {
+		return
+	}
+	defer conn.Close()
+	rw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+	rw.Flush()
+	conn.SetDeadline(time.Now().Add(5 * time.Second))
+	line, err := rw.ReadString('\n')
+	if err != nil {
+		return
+	}
+	rw.WriteString("echo " + line)
+	rw.Flush()
+}
+
+// selfSigned returns a certificate and key for host.
+func selfSigned(t *testing.T, host string) model.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: host},
+		DNSNames:     []string{host},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kder, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model.Certificate{
+		Name:    "test/" + strings.ReplaceAll(host, ".", "-"),
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
+	}
+}
+
+// liveNginx is a Reloader running a real nginx on loopback.
+type liveNginx struct {
+	r      *Reloader
+	opt    Options
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// prefixDir returns a temporary nginx prefix that unprivileged workers can enter.
+func prefixDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+		if filepath.Dir(d) == os.TempDir() {
+			break
+		}
+	}
+	return filepath.Join(dir, "nginx")
+}
+
+// startNginx runs a Reloader with a real nginx serving snap on free loopback ports
+// and waits until it serves.
+func startNginx(t *testing.T, snap model.Snapshot) *liveNginx {
+	t.Helper()
+	bin := nginxBinary(t)
+	ports := freePorts(t, 3)
+	opt := DefaultOptions("")
+	opt.ListenAddrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	opt.HTTPPort, opt.HTTPSPort, opt.StatusPort = ports[0], ports[1], ports[2]
+	opt.WorkerProcesses = 2
+	opt.WorkerConnections = 1024
+	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+	r, err := NewReloader(ReloaderConfig{
+		Dir: prefixDir(t), Render: opt, Debounce: 50 * time.Millisecond,
+		ConfirmTimeout: 10 * time.Second, RestartBackoff: 100 * time.Millisecond, StopTimeout: 10 * time.Second,
+	}, Exec{Binary: bin, Log: log.Named("nginx")}, log, prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Update(snap)
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &liveNginx{r: r, opt: opt, cancel: cancel, done: make(chan error, 1)}
+	go func() { n.done <- r.Run(ctx) }()
+	t.Cleanup(func() { n.stop(t) })
+	want, err := Render(snap, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.waitChecksum(t, want.Checksum)
+	return n
+}
+
+func (n *liveNginx) stop(t *testing.T) {
+	if n.cancel == nil {
+		return
+	}
+	n.cancel()
+	n.cancel = nil
+	select {
+	case err := <-n.done:
+		if err != nil {
+			t.Errorf("reloader run: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Error("reloader did not stop within 30s")
+	}
+}
+
+func (n *liveNginx) healthURL() string {
+	return fmt.Sprintf("http://127.0.0.1:%d/healthz", n.opt.StatusPort)
+}
+
+func (n *liveNginx) waitChecksum(t *testing.T, sum string) {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got, err := Health(context.Background(), c, n.healthURL())
+		if err == nil && got == sum {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx does not serve config %.12s: got %.12q, %v", sum, got, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// client sends every request to nginx's HTTP port, whatever the URL's host.
+func (n *liveNginx) client(keepAlive bool) *http.Client {
+	addr := fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPPort)
+	return &http.Client{
+		Timeout: 10 * time.Second,
+		Transport: &http.Transport{
+			DisableKeepAlives: !keepAlive,
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, addr)
+			},
+		},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+func get(t *testing.T, c *http.Client, url string, hdr ...string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: read body: %v", url, err)
+	}
+	return resp, string(body)
+}
+
+func TestServeRoutesByHostAndPath(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	secure, other := selfSigned(t, "secure.test"), selfSigned(t, "other.test")
+	snap := model.Snapshot{
+		Servers: []model.Server{
+			{Host: "*.wild.test", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "t-b-80"}}},
+			{Host: "a.test", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Upstream: "t-a-80"},
+				{Path: "/api/", Type: model.PathPrefix, Upstream: "t-b-80"},
+				{Path: "/api/v1", Type: model.PathExact, Upstream: "t-a-80"},
+				{Path: "/exact", Type: model.PathExact, Upstream: "t-b-80"},
+				{Path: "/empty", Type: model.PathPrefix, Upstream: "t-empty-80"},
+			}},
+			{Host: "b.test", DefaultUpstream: "t-b-80"},
+			{Host: "other.test", TLSCertificate: other.Name, Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "t-a-80"}}},
+			{Host: "secure.test", TLSCertificate: secure.Name, SSLRedirect: true, Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "t-b-80"}}},
+		},
+		Upstreams:    []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{epA}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{epB}}, {Name: "t-empty-80"}},
+		Certificates: []model.Certificate{other, secure},
+	}
+	n := startNginx(t, snap)
+	c := n.client(false)
+
+	for _, tc := range []struct {
+		url, want string
+		status    int
+	}{
+		{"http://a.test/", "A /", 200},
+		{"http://a.test/x/y", "A /x/y", 200},
+		{"http://a.test/api", "B /api", 200},
+		{"http://a.test/api/", "B /api/", 200},
+		{"http://a.test/api/users", "B /api/users", 200},
+		{"http://a.test/apix", "A /apix", 200},    // Prefix matches path elements only
+		{"http://a.test/api/v1", "A /api/v1", 200}, // the longer Exact path wins
+		{"http://a.test/api/v1/x", "B /api/v1/x", 200},
+		{"http://a.test/exact", "B /exact", 200},
+		{"http://a.test/exact/", "A /exact/", 200}, // Exact does not match below itself
+		{"http://a.test/empty/x", "", 503},         // no endpoints
+		{"http://b.test/whatever", "B /whatever", 200},
+		{"http://x.wild.test/w", "B /w", 200},
+		{"http://other.test/o", "A /o", 200},
+	} {
+		resp, body := get(t, c, tc.url)
+		if resp.StatusCode != tc.status || (tc.want != "" && body != tc.want) {
+			t.Errorf("GET %s = %d %q, want %d %q", tc.url, resp.StatusCode, body, tc.status, tc.want)
+		}
+	}
+
+	t.Run("proxy headers", func(t *testing.T) {
+		resp, _ := get(t, c, "http://a.test/h", "X-Forwarded-For", "192.0.2.9", "X-Real-IP", "192.0.2.9")
+		for h, want := range map[string]string{
+			"Echo-X-Forwarded-For": "127.0.0.1", "Echo-X-Real-Ip": "127.0.0.1",
+			"Echo-X-Forwarded-Host": "a.test", "Echo-X-Forwarded-Proto": "http", "Echo-Host": "a.test",
+		} {
+			if got := resp.Header.Get(h); got != want {
+				t.Errorf("%s = %q, want %q", h, got, want)
+			}
+		}
+	})
+
+	t.Run("wildcard matches one label", func(t *testing.T) {
+		expectClosed(t, n, "a.b.wild.test")
+		expectClosed(t, n, "wild.test")
+	})
+
+	t.Run("unknown host is closed", func(t *testing.T) {
+		expectClosed(t, n, "unknown.test")
+	})
+
+	t.Run("redirect to https", func(t *testing.T) {
+		resp, _ := get(t, c, "http://secure.test/p?q=1")
+		want := fmt.Sprintf("https://secure.test:%d/p?q=1", n.opt.HTTPSPort)
+		if resp.StatusCode != http.StatusPermanentRedirect || resp.Header.Get("Location") != want {
+			t.Errorf("GET http://secure.test/p?q=1 = %d Location %q, want 308 %q", resp.StatusCode, resp.Header.Get("Location"), want)
+		}
+	})
+
+	t.Run("tls sni", func(t *testing.T) {
+		for _, host := range []string{"secure.test", "other.test"} {
+			conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPSPort), &tls.Config{ServerName: host, InsecureSkipVerify: true})
+			if err != nil {
+				t.Fatalf("tls dial %s: %v", host, err)
+			}
+			cn := conn.ConnectionState().PeerCertificates[0].Subject.CommonName
+			fmt.Fprintf(conn, "GET /t HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+			resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+			if err != nil {
+				t.Fatalf("https %s: %v", host, err)
+			}
+			resp.Body.Close()
+			conn.Close()
+			if cn != host || resp.StatusCode != 200 {
+				t.Errorf("https %s: certificate %q, status %d; want %q, 200", host, cn, resp.StatusCode, host)
+			}
+		}
+		for _, host := range []string{"unknown.test", "a.test"} {
+			conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPSPort), &tls.Config{ServerName: host, InsecureSkipVerify: true})
+			if err == nil {
+				conn.Close()
+				t.Errorf("tls handshake for %s (no certificate) succeeded", host)
+			}
+		}
+	})
+
+	t.Run("websocket upgrade", func(t *testing.T) {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPPort), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: a.test\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+		br := bufio.NewReader(conn)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusSwitchingProtocols {
+			t.Fatalf("upgrade status %d, want 101", resp.StatusCode)
+		}
+		fmt.Fprint(conn, "hello\n")
+		line, err := br.ReadString('\n')
+		if err != nil || line != "echo hello\n" {
+			t.Errorf("through the upgraded connection: %q, %v", line, err)
+		}
+	})
+
+	t.Run("large bodies", func(t *testing.T) {
+		// 1 MiB is nginx's default body limit; a smaller body must go through and
+		// be buffered to the temporary directory.
+		req, _ := http.NewRequest(http.MethodPost, "http://a.test/big", strings.NewReader(strings.Repeat("x", 900<<10)))
+		resp, err := c.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || n != 2<<20 || resp.Header.Get("X-Request-Bytes") != fmt.Sprint(900<<10) {
+			t.Errorf("POST /big: status %d, %d bytes back, backend saw %s, %v", resp.StatusCode, n, resp.Header.Get("X-Request-Bytes"), err)
+		}
+	})
+
+	t.Run("stub_status", func(t *testing.T) {
+		hc := &http.Client{Timeout: 5 * time.Second}
+		resp, err := hc.Get(fmt.Sprintf("http://127.0.0.1:%d/nginx_status", n.opt.StatusPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if !strings.HasPrefix(string(body), "Active connections:") {
+			t.Errorf("stub_status answered %q", body)
+		}
+	})
+
+	t.Run("master restarted after it dies", func(t *testing.T) {
+		pid := n.r.MasterPID()
+		if pid == 0 {
+			t.Fatal("no master")
+		}
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			if p := n.r.MasterPID(); p != 0 && p != pid {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("no new master within 20s")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		n.waitChecksum(t, n.r.Checksum())
+		if resp, body := get(t, c, "http://a.test/after"); resp.StatusCode != 200 || body != "A /after" {
+			t.Errorf("after restart: %d %q", resp.StatusCode, body)
+		}
+	})
+
+	t.Run("stop", func(t *testing.T) {
+		pid := n.r.MasterPID()
+		n.stop(t)
+		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
+			t.Errorf("nginx master %d still exists after stop: %v", pid, err)
+		}
+		if conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPPort), time.Second); err == nil {
+			conn.Close()
+			t.Error("nginx still accepts connections after stop")
+		}
+	})
+}
+
+// expectClosed checks that nginx closes the connection without an answer (444).
+func expectClosed(t *testing.T, n *liveNginx, host string) {
+	t.Helper()
+	conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPPort), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	got, err := io.ReadAll(conn)
+	if len(got) != 0 {
+		t.Errorf("host %s: got an answer %q, want the connection closed", host, got)
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Errorf("host %s: connection left open", host)
+	}
+}
