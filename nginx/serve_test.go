@@ -263,7 +263,7 @@ func TestServeRoutesByHostAndPath(t *testing.T) {
 		{"http://a.test/api", "B /api", 200},
 		{"http://a.test/api/", "B /api/", 200},
 		{"http://a.test/api/users", "B /api/users", 200},
-		{"http://a.test/apix", "A /apix", 200},    // Prefix matches path elements only
+		{"http://a.test/apix", "A /apix", 200},     // Prefix matches path elements only
 		{"http://a.test/api/v1", "A /api/v1", 200}, // the longer Exact path wins
 		{"http://a.test/api/v1/x", "B /api/v1/x", 200},
 		{"http://a.test/exact", "B /exact", 200},
