@@ -1,0 +1,221 @@
+package vrrp
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+type advertEvent struct {
+	adv Advert
+	src netip.Addr
+}
+
+type priorityEvent struct{ p uint8 }
+
+type claimEvent struct{ c claim }
+
+// instance is one virtual router: its state machine and the goroutine that feeds
+// it events and real time, and carries out its outputs.
+type instance struct {
+	a       *Announcer
+	cfg     InstanceConfig
+	is4     bool
+	primary netip.Addr
+	vips    []netip.Addr
+	m       *Machine
+	log     *zap.Logger
+	events  chan any
+	state   atomic.Uint32
+
+	garpLeft int       // announcements left in the current burst
+	garpNext time.Time // when the next announcement is due; zero: none
+}
+
+func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) *instance {
+	in := &instance{
+		a: a, cfg: ic, is4: is4, primary: primary,
+		log:    a.log.With(zap.String("instance", ic.Name), zap.Uint8("vrid", ic.VRID), zap.String("iface", a.cfg.Interface)),
+		events: make(chan any, 64),
+	}
+	for _, v := range ic.VIPs {
+		in.vips = append(in.vips, v.Unmap())
+	}
+	in.m = NewMachine(MachineConfig{
+		Version:      ic.Version,
+		Priority:     ic.Priority,
+		Interval:     ic.AdvertInterval.Duration,
+		Preempt:      !ic.NoPreempt,
+		PreemptDelay: ic.PreemptDelay.Duration,
+		Primary:      primary,
+	})
+	a.met.state.WithLabelValues(ic.Name).Set(float64(StateInit))
+	a.met.priority.WithLabelValues(ic.Name).Set(float64(ic.Priority))
+	return in
+}
+
+// check applies the per-router validation that needs the configuration.
+func (in *instance) check(adv Advert, src netip.Addr) (Reason, error) {
+	if len(in.cfg.Peers) > 0 && !in.cfg.AcceptAnySource && !slices.Contains(in.cfg.Peers, src) {
+		return ReasonPeer, fmt.Errorf("source %v is not a configured peer", src)
+	}
+	if adv.Version != in.cfg.Version {
+		return ReasonMismatch, fmt.Errorf("version %d, configured %d", adv.Version, in.cfg.Version)
+	}
+	if adv.Version == 2 && adv.Interval != in.cfg.AdvertInterval.Duration {
+		// RFC 3768 §7.1: the interval must match ours.
+		return ReasonMismatch, fmt.Errorf("interval %v, configured %v", adv.Interval, in.cfg.AdvertInterval.Duration)
+	}
+	if !sameAddrs(adv.Addrs, in.vips) {
+		return ReasonAddrs, fmt.Errorf("addresses %v, configured %v", adv.Addrs, in.vips)
+	}
+	return "", nil
+}
+
+func sameAddrs(a, b []netip.Addr) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	x, y := slices.Clone(a), slices.Clone(b)
+	slices.SortFunc(x, netip.Addr.Compare)
+	slices.SortFunc(y, netip.Addr.Compare)
+	return slices.Equal(x, y)
+}
+
+func (in *instance) run(ctx context.Context) {
+	in.apply(in.m.Start(time.Now()))
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		next, ok := in.m.Deadline()
+		if !ok {
+			next = time.Now().Add(time.Hour)
+		}
+		if !in.garpNext.IsZero() && in.garpNext.Before(next) {
+			next = in.garpNext
+		}
+		timer.Reset(time.Until(next))
+		select {
+		case <-ctx.Done():
+			in.apply(in.m.Stop(time.Now()))
+			return
+		case ev := <-in.events:
+			now := time.Now()
+			switch ev := ev.(type) {
+			case advertEvent:
+				in.apply(in.m.Advert(now, ev.adv, ev.src))
+			case priorityEvent:
+				in.log.Info("vrrp priority changed", zap.Uint8("from", in.m.Priority()), zap.Uint8("to", max(ev.p, 1)))
+				in.apply(in.m.SetPriority(now, ev.p))
+				in.a.met.priority.WithLabelValues(in.cfg.Name).Set(float64(in.m.Priority()))
+			case claimEvent:
+				if in.m.State() == StateMaster {
+					in.a.met.conflicts.WithLabelValues(in.cfg.Name).Inc()
+					in.log.Warn("vip claimed by another station, re-announcing",
+						zap.Stringer("vip", ev.c.vip), zap.Stringer("mac", ev.c.mac))
+					in.startBurst(now)
+				}
+			}
+		case <-timer.C:
+			now := time.Now()
+			in.apply(in.m.Tick(now))
+			if !in.garpNext.IsZero() && !now.Before(in.garpNext) {
+				in.announce(now)
+			}
+		}
+	}
+}
+
+// apply carries out a state-machine output: the advert first (so a competing
+// Master steps down at once), then the VIPs and the announcements.
+func (in *instance) apply(out Output) {
+	if out.Send {
+		in.sendAdvert(out.SendPriority)
+	}
+	t := out.Transition
+	if t == nil {
+		return
+	}
+	in.state.Store(uint32(t.To))
+	in.a.met.state.WithLabelValues(in.cfg.Name).Set(float64(t.To))
+	in.a.met.transitions.WithLabelValues(in.cfg.Name, t.From.String(), t.To.String()).Inc()
+	in.log.Info("vrrp state changed", zap.Stringer("from", t.From), zap.Stringer("to", t.To), zap.String("reason", t.Reason))
+	switch {
+	case t.To == StateMaster:
+		for _, v := range in.vips {
+			if err := addVIP(in.a.nl, in.a.link, v); err != nil {
+				in.log.Error("add vip", zap.Stringer("vip", v), zap.Error(err))
+			}
+		}
+		in.startBurst(time.Now())
+	case t.From == StateMaster:
+		in.garpNext = time.Time{}
+		for _, v := range in.vips {
+			if err := delVIP(in.a.nl, in.a.link, v); err != nil {
+				in.log.Error("remove vip", zap.Stringer("vip", v), zap.Error(err))
+			}
+		}
+	}
+}
+
+func (in *instance) sendAdvert(prio uint8) {
+	adv := Advert{Version: in.cfg.Version, VRID: in.cfg.VRID, Priority: prio, Interval: in.cfg.AdvertInterval.Duration, Addrs: in.vips}
+	dsts := in.cfg.Peers
+	if len(dsts) == 0 {
+		dsts = []netip.Addr{GroupIPv6}
+		if in.is4 {
+			dsts = []netip.Addr{GroupIPv4}
+		}
+	}
+	conn := in.a.conns[in.is4]
+	for _, dst := range dsts {
+		b, err := Encode(adv, in.primary, dst)
+		if err == nil {
+			err = conn.send(b, in.primary, dst)
+		}
+		if err != nil {
+			in.log.Error("send advert", zap.Stringer("dst", dst), zap.Error(err))
+			continue
+		}
+		in.a.met.advertsSent.WithLabelValues(in.cfg.Name).Inc()
+	}
+}
+
+// startBurst announces the VIPs now and schedules the rest of the burst.
+func (in *instance) startBurst(now time.Time) {
+	in.garpLeft = in.cfg.GARPCount
+	in.announce(now)
+}
+
+// announce sends one round of gratuitous ARP / NA for every VIP and schedules the
+// next: the rest of the burst, then the periodic refresh.
+func (in *instance) announce(now time.Time) {
+	count := func(kind string) { in.a.met.garpSent.WithLabelValues(in.cfg.Name, kind).Inc() }
+	for _, v := range in.vips {
+		var err error
+		if in.is4 {
+			err = in.a.arp.announce(v, count)
+		} else {
+			err = in.a.ndp.announce(v, count)
+		}
+		if err != nil {
+			in.log.Error("announce vip", zap.Stringer("vip", v), zap.Error(err))
+		}
+	}
+	if in.garpLeft > 0 {
+		in.garpLeft--
+	}
+	switch {
+	case in.garpLeft > 0:
+		in.garpNext = now.Add(in.cfg.GARPSpacing.Duration)
+	case in.cfg.GARPRefresh.Duration > 0:
+		in.garpNext = now.Add(in.cfg.GARPRefresh.Duration)
+	default:
+		in.garpNext = time.Time{}
+	}
+}

@@ -1,0 +1,103 @@
+package vrrp
+
+import (
+	"bytes"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func labInstance(prio uint8, interval time.Duration) InstanceConfig {
+	return InstanceConfig{VRID: 42, Priority: prio, AdvertInterval: Duration{interval}}
+}
+
+func TestLabElection(t *testing.T) {
+	l := newLab(t, 3)
+	for i, p := range []uint8{100, 200, 150} {
+		l.startPortico(l.nodes[i], labInstance(p, 100*time.Millisecond))
+	}
+	// Master_Down_Interval at 100ms is under 400ms; allow plenty.
+	l.electAndHold(l.nodes[1], 5*time.Second, time.Second)
+}
+
+func TestLabFailover(t *testing.T) {
+	l := newLab(t, 3)
+	procs := make([]*proc, 3)
+	for i, p := range []uint8{100, 200, 150} {
+		procs[i] = l.startPortico(l.nodes[i], labInstance(p, 100*time.Millisecond))
+	}
+	l.electAndHold(l.nodes[1], 5*time.Second, 300*time.Millisecond)
+	if err := l.ping(); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.clientMAC(); !bytes.Equal(got, l.nodes[1].mac) {
+		t.Fatalf("client's entry for the VIP = %v, want n1's %v", got, l.nodes[1].mac)
+	}
+	procs[1].signal(syscall.SIGKILL)
+	procs[1].wait(5 * time.Second)
+	survivors := []*labNode{l.nodes[0], l.nodes[2]}
+	took, ok := waitFor(5*time.Second, func() bool { o := l.owners(survivors...); return len(o) == 1 && o[0] == "n2" })
+	if !ok {
+		t.Fatalf("after %v survivors holding the VIP = %s, want [n2]", took, fmtOwners(l.owners(survivors...)))
+	}
+	t.Logf("n2 took over %v after the kill", took)
+	if _, ok := waitFor(3*time.Second, func() bool { return bytes.Equal(l.clientMAC(), l.nodes[2].mac) }); !ok {
+		t.Fatalf("client's entry for the VIP = %v, want n2's %v", l.clientMAC(), l.nodes[2].mac)
+	}
+	if err := l.ping(); err != nil {
+		t.Errorf("VIP unreachable after failover: %v", err)
+	}
+}
+
+func TestLabGracefulStop(t *testing.T) {
+	l := newLab(t, 2)
+	// A 1s advert makes the two paths far apart: a priority-0 release hands over
+	// after Skew_Time (414ms at priority 150), a silent Master only after
+	// Master_Down_Interval (3.4s).
+	const interval = time.Second
+	master := l.startPortico(l.nodes[0], labInstance(200, interval))
+	l.startPortico(l.nodes[1], labInstance(150, interval))
+	l.electAndHold(l.nodes[0], 10*time.Second, 200*time.Millisecond)
+	master.signal(syscall.SIGTERM)
+	took, ok := waitFor(5*time.Second, func() bool { return l.hasVIP(l.nodes[1]) })
+	if !ok {
+		t.Fatal("n1 never took over after the graceful stop")
+	}
+	skew := time.Duration(256-150) * interval / 256
+	t.Logf("n1 took over %v after SIGTERM (skew %v)", took, skew)
+	if limit := skew + interval; took > limit {
+		t.Errorf("takeover after %v, want within skew + one advert = %v", took, limit)
+	}
+	if !master.wait(5 * time.Second) {
+		t.Fatal("n0 did not exit after SIGTERM")
+	}
+	if l.hasVIP(l.nodes[0]) {
+		t.Error("n0 kept the VIP after a graceful stop")
+	}
+}
+
+func TestLabPartitionHeal(t *testing.T) {
+	l := newLab(t, 2)
+	const interval = 300 * time.Millisecond
+	l.startPortico(l.nodes[0], labInstance(200, interval))
+	l.startPortico(l.nodes[1], labInstance(100, interval))
+	l.electAndHold(l.nodes[0], 5*time.Second, 2*interval)
+	l.ip("-n", l.sw, "link", "set", l.nodes[0].port, "down")
+	if took, ok := waitFor(5*time.Second, func() bool { return len(l.owners()) == 2 }); !ok {
+		t.Fatalf("owners during the partition = %s after %v, want [n0 n1]", fmtOwners(l.owners()), took)
+	}
+	time.Sleep(2 * interval)
+	if o := l.owners(); len(o) != 2 {
+		t.Fatalf("owners during the partition = %s, want [n0 n1]", fmtOwners(o))
+	}
+	l.ip("-n", l.sw, "link", "set", l.nodes[0].port, "up")
+	took, ok := waitFor(5*time.Second, func() bool { o := l.owners(); return len(o) == 1 && o[0] == "n0" })
+	if !ok {
+		t.Fatalf("owners after the heal = %s after %v, want [n0]", fmtOwners(l.owners()), took)
+	}
+	t.Logf("one master %v after the heal (advert interval %v)", took, interval)
+	// One advert interval, plus slack for a loaded machine and link bring-up.
+	if limit := interval + 200*time.Millisecond; took > limit {
+		t.Errorf("two masters for %v after the heal, want at most one advert interval (+200ms slack) = %v", took, limit)
+	}
+}

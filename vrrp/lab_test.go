@@ -1,0 +1,369 @@
+package vrrp
+
+// The namespace lab: a switch namespace holding a bridge, node namespaces each
+// wired to it by a veth, and a client namespace. Announcers run as separate
+// processes (this test binary re-executed in helper mode, see TestMain) so they
+// can be killed with SIGKILL. Nothing here touches the root namespace's network.
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"go.uber.org/zap"
+)
+
+const (
+	envHelper = "PORTICO_VRRP_HELPER" // path of a Config: run an announcer
+	envProbe  = "PORTICO_VRRP_PROBE"  // "vip,duration": run the 1 ms prober
+)
+
+func TestMain(m *testing.M) {
+	if path := os.Getenv(envHelper); path != "" {
+		os.Exit(helperMain(path))
+	}
+	if spec := os.Getenv(envProbe); spec != "" {
+		os.Exit(probeMain(spec))
+	}
+	os.Exit(m.Run())
+}
+
+// helperMain runs one announcer from a config file until SIGTERM (graceful) or
+// SIGKILL. SIGUSR1 lowers every instance's priority to 1, SIGUSR2 restores it.
+func helperMain(path string) int {
+	cfg, err := LoadConfig(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	log, err := zap.NewProductionConfig().Build()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	met, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	a, err := New(cfg, log, met)
+	if err != nil {
+		log.Error("start announcer", zap.Error(err))
+		return 1
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	usr := make(chan os.Signal, 4)
+	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
+	go func() {
+		for s := range usr {
+			for _, ic := range cfg.Instances {
+				p := ic.Priority
+				if s == syscall.SIGUSR1 {
+					p = 1
+				}
+				if err := a.SetPriority(ctx, ic.Name, p); err != nil {
+					log.Error("set priority", zap.Error(err))
+				}
+			}
+		}
+	}()
+	if err := a.Run(ctx); err != nil {
+		log.Error("run announcer", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+// requireLab skips unless the test can build namespaces: root and iproute2.
+func requireLab(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for network namespaces and raw sockets")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("ip (iproute2) not found; test/setup/deps.sh installs it")
+		}
+		t.Skip("ip (iproute2) not found")
+	}
+}
+
+// requireKeepalived skips without keepalived, except in CI where deps.sh
+// guarantees it.
+func requireKeepalived(t *testing.T) string {
+	t.Helper()
+	p, err := exec.LookPath("keepalived")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("keepalived not found; test/setup/deps.sh installs it")
+		}
+		t.Skip("keepalived not found")
+	}
+	return p
+}
+
+type labNode struct {
+	name string // short name used in logs: n0, n1, client
+	ns   string
+	port string // its veth end in the switch namespace
+	addr netip.Addr
+	mac  net.HardwareAddr
+	nl   *netlink.Handle
+}
+
+type lab struct {
+	t      *testing.T
+	prefix string
+	dir    string
+	sw     string
+	nodes  []*labNode
+	client *labNode
+	vip    netip.Addr
+}
+
+// newLab builds a switch, n node namespaces and a client namespace, all removed
+// when the test ends.
+func newLab(t *testing.T, n int) *lab {
+	t.Helper()
+	requireLab(t)
+	var rnd [2]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		t.Fatal(err)
+	}
+	l := &lab{t: t, prefix: "pv" + hex.EncodeToString(rnd[:]), dir: t.TempDir(), vip: netip.MustParseAddr("10.99.0.100")}
+	l.sw = l.prefix + "-sw"
+	l.addNS(l.sw)
+	l.ip("-n", l.sw, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
+	l.ip("-n", l.sw, "link", "set", "br0", "up")
+	for i := range n {
+		l.nodes = append(l.nodes, l.addNode(fmt.Sprintf("n%d", i), fmt.Sprintf("p%d", i), netip.AddrFrom4([4]byte{10, 99, 0, byte(11 + i)})))
+	}
+	l.client = l.addNode("client", "pc", netip.MustParseAddr("10.99.0.2"))
+	return l
+}
+
+func (l *lab) addNS(ns string) {
+	l.ip("netns", "add", ns)
+	l.t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+			l.t.Errorf("remove namespace %s: %v: %s", ns, err, out)
+		}
+	})
+	l.ip("-n", ns, "link", "set", "lo", "up")
+}
+
+func (l *lab) addNode(name, port string, addr netip.Addr) *labNode {
+	n := &labNode{name: name, ns: l.prefix + "-" + name, port: port, addr: addr}
+	l.addNS(n.ns)
+	l.ip("-n", l.sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", n.ns)
+	l.ip("-n", l.sw, "link", "set", port, "master", "br0", "up")
+	l.ip("-n", n.ns, "addr", "add", addr.String()+"/24", "dev", "eth0")
+	l.ip("-n", n.ns, "link", "set", "eth0", "up")
+	h, err := netns.GetFromName(n.ns)
+	if err != nil {
+		l.t.Fatalf("open namespace %s: %v", n.ns, err)
+	}
+	defer h.Close()
+	if n.nl, err = netlink.NewHandleAt(h); err != nil {
+		l.t.Fatalf("netlink in %s: %v", n.ns, err)
+	}
+	l.t.Cleanup(n.nl.Close)
+	link, err := n.nl.LinkByName("eth0")
+	if err != nil {
+		l.t.Fatalf("find eth0 in %s: %v", n.ns, err)
+	}
+	n.mac = link.Attrs().HardwareAddr
+	return n
+}
+
+func (l *lab) ip(args ...string) {
+	l.t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		l.t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
+	}
+}
+
+// hasVIP reports whether the VIP is on the node's eth0.
+func (l *lab) hasVIP(n *labNode) bool {
+	l.t.Helper()
+	link, err := n.nl.LinkByName("eth0")
+	if err != nil {
+		l.t.Fatalf("find eth0 in %s: %v", n.ns, err)
+	}
+	ok, err := hasVIP(n.nl, link, l.vip)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return ok
+}
+
+// owners lists the nodes (among those given, default all) holding the VIP.
+func (l *lab) owners(among ...*labNode) []string {
+	if len(among) == 0 {
+		among = l.nodes
+	}
+	var out []string
+	for _, n := range among {
+		if l.hasVIP(n) {
+			out = append(out, n.name)
+		}
+	}
+	return out
+}
+
+// waitFor polls cond every 2ms until it holds or limit passes; it returns how
+// long that took.
+func waitFor(limit time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	for time.Since(start) < limit {
+		if cond() {
+			return time.Since(start), true
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(start), cond()
+}
+
+// proc is a process the test started; it is killed by PID at cleanup.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  string
+}
+
+func (l *lab) start(name string, n *labNode, env []string, argv ...string) *proc {
+	l.t.Helper()
+	logPath := filepath.Join(l.dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", n.ns}, argv...)...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.Env = append(os.Environ(), env...)
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		l.t.Fatalf("start %s: %v", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() {
+		cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	l.t.Cleanup(func() {
+		p.signal(syscall.SIGKILL)
+		<-p.done
+		if l.t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			l.t.Logf("--- %s log:\n%s", name, b)
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(s syscall.Signal) {
+	select {
+	case <-p.done:
+	default:
+		p.cmd.Process.Signal(s)
+	}
+}
+
+// wait waits up to limit for the process to exit.
+func (p *proc) wait(limit time.Duration) bool {
+	select {
+	case <-p.done:
+		return true
+	case <-time.After(limit):
+		return false
+	}
+}
+
+// startPortico runs an announcer with one instance on n's eth0.
+func (l *lab) startPortico(n *labNode, ic InstanceConfig) *proc {
+	l.t.Helper()
+	if len(ic.VIPs) == 0 {
+		ic.VIPs = []netip.Addr{l.vip}
+	}
+	cfg := Config{Interface: "eth0", Instances: []InstanceConfig{ic}}
+	b, err := json.Marshal(cfg)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	path := filepath.Join(l.dir, n.name+"-portico.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		l.t.Fatal(err)
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return l.start(n.name+"-portico", n, []string{envHelper + "=" + path}, exe, "-test.run=^$")
+}
+
+// ping sends one echo request from the client to the VIP.
+func (l *lab) ping() error {
+	out, err := exec.Command("ip", "netns", "exec", l.client.ns, "ping", "-c", "1", "-W", "1", l.vip.String()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ping %v: %w: %s", l.vip, err, out)
+	}
+	return nil
+}
+
+// clientMAC is the client's neighbour entry for the VIP, or nil.
+func (l *lab) clientMAC() net.HardwareAddr {
+	l.t.Helper()
+	link, err := l.client.nl.LinkByName("eth0")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	ns, err := l.client.nl.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	for _, n := range ns {
+		if ip, ok := netip.AddrFromSlice(n.IP); ok && ip.Unmap() == l.vip {
+			return n.HardwareAddr
+		}
+	}
+	return nil
+}
+
+func fmtOwners(o []string) string { return "[" + strings.Join(o, " ") + "]" }
+
+// electAndHold waits for want to be the only owner, then checks it stays so for
+// hold.
+func (l *lab) electAndHold(want *labNode, limit, hold time.Duration) {
+	l.t.Helper()
+	if took, ok := waitFor(limit, func() bool { o := l.owners(); return len(o) == 1 && o[0] == want.name }); !ok {
+		l.t.Fatalf("after %v owners = %s, want only %s", took, fmtOwners(l.owners()), want.name)
+	} else {
+		l.t.Logf("%s became the only owner after %v", want.name, took)
+	}
+	deadline := time.Now().Add(hold)
+	for time.Now().Before(deadline) {
+		if o := l.owners(); len(o) != 1 || o[0] != want.name {
+			l.t.Fatalf("owners = %s while holding, want only %s", fmtOwners(o), want.name)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+func probeMain(spec string) int { return 2 }
