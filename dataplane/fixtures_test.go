@@ -135,7 +135,7 @@ type step struct {
 type fixture struct {
 	name  string
 	state Desired
-	steps func(t *testing.T) []step
+	steps func(t testing.TB) []step
 }
 
 func ptr[T any](v T) *T { return &v }
@@ -166,29 +166,29 @@ const (
 func fixtures() []fixture {
 	single := func(b Backend) Desired { return desired(b) }
 	return []fixture{
-		{"v4 tcp to remote backend", single(r1), func(t *testing.T) []step {
+		{"v4 tcp to remote backend", single(r1), func(t testing.TB) []step {
 			p := tcp4(40001, xdptest.SYN)
 			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)}}
 		}},
-		{"v4 udp to remote backend", single(r1), func(t *testing.T) []step {
+		{"v4 udp to remote backend", single(r1), func(t testing.TB) []step {
 			p := udp4(40002)
 			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)}}
 		}},
-		{"v6 tcp to remote backend", single(r2), func(t *testing.T) []step {
+		{"v6 tcp to remote backend", single(r2), func(t testing.TB) []step {
 			p := tcp6(40003, xdptest.SYN)
 			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)}}
 		}},
-		{"v6 udp to remote backend", single(r2), func(t *testing.T) []step {
+		{"v6 udp to remote backend", single(r2), func(t testing.TB) []step {
 			p := udp6(40004)
 			return []step{{in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)}}
 		}},
-		{"local backend passes unchanged", single(r3), func(t *testing.T) []step {
+		{"local backend passes unchanged", single(r3), func(t testing.TB) []step {
 			return []step{
 				{name: "v4", in: tcp4(40005, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
 				{name: "v6", in: udp6(40005).Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
 			}
 		}},
-		{"established flow stays when a backend is added", single(r1), func(t *testing.T) []step {
+		{"established flow stays when a backend is added", single(r1), func(t testing.TB) []step {
 			// A flow the two-backend ring would send to r2: it must stay on r1.
 			sp := sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r2, r1, r2)
 			p := tcp4(sp, xdptest.ACK)
@@ -200,7 +200,7 @@ func fixtures() []fixture {
 				{name: "new flow uses the new ring", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rTX, 1)},
 			}
 		}},
-		{"draining backend keeps old flows, gets no new ones", desired(r1, r2), func(t *testing.T) []step {
+		{"draining backend keeps old flows, gets no new ones", desired(r1, r2), func(t testing.TB) []step {
 			mk := func(s uint16) xdptest.Packet { return udp4(s) }
 			old := udp4(sportFor(t, mk, r1, r1, r2))
 			// A new flow the old ring would have sent to r1.
@@ -211,14 +211,14 @@ func fixtures() []fixture {
 				{name: "r1 draining: new flow goes to r2", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rTX, 1)},
 			}
 		}},
-		{"removed backend: flow picked again", desired(r1, r2), func(t *testing.T) []step {
+		{"removed backend: flow picked again", desired(r1, r2), func(t testing.TB) []step {
 			p := tcp6(sportFor(t, func(s uint16) xdptest.Packet { return tcp6(s, xdptest.ACK) }, r1, r1, r2), xdptest.ACK)
 			return []step{
 				{name: "flow to r1", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
 				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rRepick, 1, rTX, 1)},
 			}
 		}},
-		{"non-VIP traffic passes byte-identical", single(r1), func(t *testing.T) []step {
+		{"non-VIP traffic passes byte-identical", single(r1), func(t testing.TB) []step {
 			otherAddr := tcp4(40010, xdptest.SYN)
 			otherAddr.Dst = other4
 			otherPort := tcp4(40011, xdptest.SYN)
@@ -237,7 +237,7 @@ func fixtures() []fixture {
 				{name: "icmpv6 echo to the VIP", in: xdptest.ICMPEcho(clientMAC, nicMAC, client6, vip6), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
 			}
 		}},
-		{"icmp errors follow the inner flow", single(r1), func(t *testing.T) []step {
+		{"icmp errors follow the inner flow", single(r1), func(t testing.TB) []step {
 			// The flows are pinned to r1 first; after r2 joins, the ring would send
 			// them to r2, so reaching r1 proves the flow table was used.
 			mk4 := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }
@@ -261,7 +261,7 @@ func fixtures() []fixture {
 					out: withMACs(ptb, nicMAC, r1MAC), reasons: reasons(rICMP, 1, rTX, 1)},
 			}
 		}},
-		{"icmp error about an unknown flow follows the ring", desired(r1, r2), func(t *testing.T) []step {
+		{"icmp error about an unknown flow follows the ring", desired(r1, r2), func(t testing.TB) []step {
 			mk := func(s uint16) xdptest.Packet { return udp4(s) }
 			f := mk(sportFor(t, mk, r2, r1, r2))
 			q := f
@@ -269,7 +269,7 @@ func fixtures() []fixture {
 			unreach := xdptest.ICMPError(clientMAC, nicMAC, client4, vip4, 3, 3, 0, q.IP())
 			return []step{{in: unreach, verdict: xdptest.TX, out: withMACs(unreach, nicMAC, r2MAC), reasons: reasons(rICMP, 1, rTX, 1)}}
 		}},
-		{"fragments and options", single(r1), func(t *testing.T) []step {
+		{"fragments and options", single(r1), func(t testing.TB) []step {
 			frag := udp4(40020)
 			frag.MoreFragments = true
 			later := udp4(40020)
@@ -286,10 +286,10 @@ func fixtures() []fixture {
 				{name: "ipv6 fragment header", in: v6frag, verdict: xdptest.Pass, reasons: reasons(rFragment, 1)},
 			}
 		}},
-		{"VIP with only draining backends", desired(draining(r1)), func(t *testing.T) []step {
+		{"VIP with only draining backends", desired(draining(r1)), func(t testing.TB) []step {
 			return []step{{in: tcp4(40030, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rNoBackend, 1)}}
 		}},
-		{"truncated headers at every layer", single(r1), func(t *testing.T) []step {
+		{"truncated headers at every layer", single(r1), func(t testing.TB) []step {
 			var steps []step
 			cut := func(name string, frame []byte, n int) {
 				steps = append(steps, step{name: fmt.Sprintf("%s cut at %d", name, n), in: frame[:n], verdict: xdptest.Pass, reasons: reasons(rMalformed, 1)})

@@ -1,0 +1,58 @@
+package dataplane
+
+import (
+	"bytes"
+	"net"
+	"testing"
+
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+// FuzzXDP feeds arbitrary frames to xdp_lb, seeded with every fixture's input,
+// and checks its promises: never XDP_ABORTED (nor anything but PASS or TX); a
+// passed frame is byte-identical; a transmitted frame differs from its input only
+// in the two MAC addresses, which are a backend's and the NIC's.
+func FuzzXDP(f *testing.F) {
+	d := loadForTest(f)
+	if err := d.setMAC(nicMAC); err != nil {
+		f.Fatal(err)
+	}
+	// A state with remote, local and draining backends on both VIPs.
+	if _, err := d.Apply(desired(r1, draining(r2), r3)); err != nil {
+		f.Fatal(err)
+	}
+	for _, fx := range fixtures() {
+		for _, s := range fx.steps(f) {
+			f.Add(s.in)
+		}
+	}
+	backendMACs := map[string]bool{r1MAC.String(): true, r2MAC.String(): true}
+	f.Fuzz(func(t *testing.T, frame []byte) {
+		if len(frame) < 14 || len(frame) > 1514 {
+			return // BPF_PROG_TEST_RUN wants an Ethernet header and one page at most
+		}
+		in := bytes.Clone(frame)
+		verdict, out, err := xdptest.Run(d.Program(), frame)
+		if err != nil {
+			t.Fatalf("run: %v", err)
+		}
+		switch verdict {
+		case xdptest.Pass:
+			if !bytes.Equal(out, in) {
+				t.Fatalf("XDP_PASS changed the frame:\nin  %x\nout %x", in, out)
+			}
+		case xdptest.TX:
+			if len(out) != len(in) || !bytes.Equal(out[12:], in[12:]) {
+				t.Fatalf("XDP_TX changed more than the MACs:\nin  %x\nout %x", in, out)
+			}
+			if dst := net.HardwareAddr(out[0:6]).String(); !backendMACs[dst] {
+				t.Fatalf("XDP_TX to %s, not a backend's MAC", dst)
+			}
+			if !bytes.Equal(out[6:12], nicMAC) {
+				t.Fatalf("XDP_TX from %s, not the NIC's MAC", net.HardwareAddr(out[6:12]))
+			}
+		default:
+			t.Fatalf("verdict %s on %x", xdptest.VerdictName(verdict), in)
+		}
+	})
+}

@@ -1,0 +1,68 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"testing"
+)
+
+// TestMapSizesMatchGoTypes needs no privileges: it parses the embedded object and
+// checks that every map's key and value sizes match the Go types that read and
+// write it, so C and Go cannot drift apart unnoticed.
+func TestMapSizesMatchGoTypes(t *testing.T) {
+	spec, err := loadLb()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name       string
+		key, value any
+	}{
+		{lbMapVips, lbVipKey{}, lbVipVal{}},
+		{lbMapRings, uint32(0), uint32(0)}, // value: an inner map fd
+		{lbMapBackends, uint32(0), lbBackend{}},
+		{lbMapFlows, lbFlowKey{}, lbFlowVal{}},
+		{lbMapLbCfg, uint32(0), lbLbConfig{}},
+		{lbMapVipStats, uint32(0), lbVipCounters{}},
+		{lbMapBackendStats, uint32(0), lbBackendCounters{}},
+		{lbMapReasonStats, lbReason(0), uint64(0)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, ok := spec.Maps[tc.name]
+			if !ok {
+				t.Fatalf("map %s not in the object", tc.name)
+			}
+			if got, want := int(m.KeySize), binary.Size(tc.key); got != want {
+				t.Errorf("key size %d, Go type %T has %d", got, tc.key, want)
+			}
+			if got, want := int(m.ValueSize), binary.Size(tc.value); got != want {
+				t.Errorf("value size %d, Go type %T has %d", got, tc.value, want)
+			}
+			if len(m.Name) > 15 {
+				t.Errorf("name %q longer than 15 characters: bpftool would truncate it", m.Name)
+			}
+		})
+	}
+	inner := spec.Maps[lbMapRings].InnerMap
+	if inner == nil || inner.KeySize != 4 || inner.ValueSize != 4 {
+		t.Errorf("ring inner map: %+v, want u32 -> u32", inner)
+	}
+	// Every map the object defines is covered above (.bss holds only the
+	// BTF anchors for enums).
+	if n := len(spec.Maps); n != 9 {
+		t.Errorf("object has %d maps, the test covers 8 plus .bss", n)
+	}
+}
+
+func TestReasonNamesFromBTF(t *testing.T) {
+	if got := ReasonName(lbReasonREASON_ICMP_STEERED); got != "icmp_steered" {
+		t.Errorf("ReasonName(ICMP_STEERED) = %q", got)
+	}
+	seen := map[string]bool{}
+	for r := range ReasonCount {
+		n := ReasonName(Reason(r))
+		if seen[n] {
+			t.Errorf("reason name %q twice", n)
+		}
+		seen[n] = true
+	}
+}
