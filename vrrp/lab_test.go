@@ -271,7 +271,7 @@ func (l *lab) start(name string, n *labNode, env []string, argv ...string) *proc
 	l.t.Cleanup(func() {
 		p.signal(syscall.SIGKILL)
 		<-p.done
-		if l.t.Failed() {
+		if l.t.Failed() || os.Getenv("PORTICO_LAB_LOGS") != "" {
 			b, _ := os.ReadFile(logPath)
 			l.t.Logf("--- %s log:\n%s", name, b)
 		}
