@@ -218,3 +218,14 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.beBytes, prometheus.CounterValue, float64(v.Bytes), vip, backend)
 	}
 }
+
+// reasonSummary renders the non-zero reason counters as "name=n ...".
+func (c Counters) reasonSummary() string {
+	var parts []string
+	for r, v := range c.Reasons {
+		if v != 0 {
+			parts = append(parts, fmt.Sprintf("%s=%d", ReasonName(Reason(r)), v))
+		}
+	}
+	return strings.Join(parts, " ")
+}

@@ -1,0 +1,30 @@
+package dataplane
+
+import (
+	"fmt"
+	"io"
+	"net"
+
+	"github.com/cilium/ebpf/link"
+)
+
+// AttachPass attaches a one-line XDP_PASS program to iface in the calling
+// thread's network namespace. A veth delivers frames that xdp_lb sends with
+// XDP_TX only when its peer runs an XDP program (LAB.md), so labs attach this to
+// the bridge-side end of an edge node's veth. Closing the result detaches it.
+func AttachPass(iface string) (io.Closer, error) {
+	ifc, err := net.InterfaceByName(iface)
+	if err != nil {
+		return nil, fmt.Errorf("find interface %s: %w", iface, err)
+	}
+	var objs auxObjects
+	if err := loadAuxObjects(&objs, nil); err != nil {
+		return nil, fmt.Errorf("load xdp_pass: %w", err)
+	}
+	defer objs.Close() // the link keeps the program alive
+	l, err := link.AttachXDP(link.XDPOptions{Program: objs.XdpPass, Interface: ifc.Index})
+	if err != nil {
+		return nil, fmt.Errorf("attach xdp_pass to %s: %w", iface, err)
+	}
+	return l, nil
+}
