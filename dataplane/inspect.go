@@ -1,0 +1,273 @@
+package dataplane
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// Inspector reads the pinned maps of a running xdp_lb, read-only, for the
+// operator's `portico` subcommands. It needs no agent to be running.
+type Inspector struct {
+	m maps
+}
+
+// OpenPinned opens the maps pinned at pinPath (DefaultPinPath if empty).
+func OpenPinned(pinPath string) (*Inspector, error) {
+	if pinPath == "" {
+		pinPath = DefaultPinPath
+	}
+	open := func(name string) (*ebpf.Map, error) {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return nil, fmt.Errorf("open pinned map %s (is xdp_lb loaded?): %w", name, err)
+		}
+		return m, nil
+	}
+	var in Inspector
+	var err error
+	for _, p := range []struct {
+		dst  **ebpf.Map
+		name string
+	}{
+		{&in.m.vips, lbMapVips}, {&in.m.backends, lbMapBackends}, {&in.m.flows, lbMapFlows},
+		{&in.m.rings, lbMapRings}, {&in.m.cfg, lbMapLbCfg}, {&in.m.vipStats, lbMapVipStats},
+		{&in.m.backendStats, lbMapBackendStats}, {&in.m.reasonStats, lbMapReasonStats},
+	} {
+		if *p.dst, err = open(p.name); err != nil {
+			in.Close()
+			return nil, err
+		}
+	}
+	return &in, nil
+}
+
+// Close releases the map handles.
+func (in *Inspector) Close() error {
+	var errs []error
+	for _, m := range []*ebpf.Map{in.m.vips, in.m.backends, in.m.flows, in.m.rings, in.m.cfg, in.m.vipStats, in.m.backendStats, in.m.reasonStats} {
+		if m != nil {
+			errs = append(errs, m.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Counters reads every counter.
+func (in *Inspector) Counters() (Counters, error) { return in.m.counters() }
+
+// Collector returns a Prometheus collector over the pinned maps.
+func (in *Inspector) Collector() *Collector { return newCollector(in.m) }
+
+// VIPView is one VIP address as the maps describe it.
+type VIPView struct {
+	Addr     netip.Addr
+	ID       uint32
+	Ports    []model.Port // sorted; Port 0 means every port
+	RingSize int          // 0 when the VIP has no ring (no ready backend)
+	Digest   string       // Table.Digest of the ring's content
+	Counters VIPCounters
+	Backends []BackendView // sorted by address
+}
+
+// BackendView is one backend of a VIP.
+type BackendView struct {
+	ID              uint32
+	Addr            netip.Addr
+	MAC             net.HardwareAddr
+	Local, Draining bool
+	Weight          uint32
+	Slots           int // ring slots pointing at it
+	Counters        BackendCounters
+}
+
+// VIPs describes every VIP with its backends and their ring shares.
+func (in *Inspector) VIPs() ([]VIPView, error) { return in.m.vipViews() }
+
+// VIPs describes every VIP this process applied (see Inspector.VIPs).
+func (d *Dataplane) VIPs() ([]VIPView, error) { return d.maps().vipViews() }
+
+func (m maps) vipViews() ([]VIPView, error) {
+	cnt, err := m.counters()
+	if err != nil {
+		return nil, err
+	}
+	byID := map[uint32]*VIPView{}
+	var vk lbVipKey
+	var vv lbVipVal
+	it := m.vips.Iterate()
+	for it.Next(&vk, &vv) {
+		v := byID[vv.VipId]
+		if v == nil {
+			v = &VIPView{Addr: addrFrom16(vk.Addr), ID: vv.VipId, Counters: cnt.VIPs[vv.VipId]}
+			byID[vv.VipId] = v
+		}
+		proto := model.TCP
+		if vk.Proto == unix.IPPROTO_UDP {
+			proto = model.UDP
+		}
+		v.Ports = append(v.Ports, model.Port{Protocol: proto, Port: portFromMap(vk.Port)})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map vips: %w", err)
+	}
+	var id uint32
+	var be lbBackend
+	backends := map[uint32]lbBackend{}
+	it = m.backends.Iterate()
+	for it.Next(&id, &be) {
+		backends[id] = be
+		v := byID[be.VipId]
+		if v == nil {
+			continue
+		}
+		v.Backends = append(v.Backends, BackendView{
+			ID: id, Addr: addrFrom16(be.Addr), MAC: net.HardwareAddr(be.Mac[:]),
+			Local:    be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL) != 0,
+			Draining: be.Flags&uint16(lbBackendFlagsBACKEND_F_DRAINING) != 0,
+			Weight:   be.Weight, Counters: cnt.Backends[id],
+		})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map backends: %w", err)
+	}
+	var out []VIPView
+	for _, v := range byID {
+		slots, err := m.ring(v.ID)
+		if err != nil {
+			return nil, err
+		}
+		if len(slots) > 0 {
+			v.RingSize = len(slots)
+			count := map[uint32]int{}
+			addrs := make([]netip.Addr, len(slots))
+			for i, s := range slots {
+				count[s]++
+				addrs[i] = addrFrom16(backends[s].Addr)
+			}
+			v.Digest = DigestOf(addrs)
+			for i := range v.Backends {
+				v.Backends[i].Slots = count[v.Backends[i].ID]
+			}
+		}
+		slices.SortFunc(v.Ports, func(a, b model.Port) int {
+			return cmp.Or(strings.Compare(string(a.Protocol), string(b.Protocol)), cmp.Compare(a.Port, b.Port))
+		})
+		slices.SortFunc(v.Backends, func(a, b BackendView) int { return a.Addr.Compare(b.Addr) })
+		out = append(out, *v)
+	}
+	slices.SortFunc(out, func(a, b VIPView) int { return a.Addr.Compare(b.Addr) })
+	return out, nil
+}
+
+// ring reads a VIP's ring, nil if it has none.
+func (m maps) ring(vipID uint32) ([]uint32, error) {
+	var inner *ebpf.Map
+	if err := m.rings.Lookup(vipID, &inner); err != nil {
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("read map rings: %w", err)
+	}
+	defer inner.Close()
+	n := int(inner.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]uint32, n)
+	var cursor ebpf.MapBatchCursor
+	got := 0
+	for got < n {
+		c, err := inner.BatchLookup(&cursor, keys[got:], vals[got:], nil)
+		got += c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read ring of vip id %d: %w", vipID, err)
+		}
+	}
+	if got != n {
+		return nil, fmt.Errorf("read ring of vip id %d: %d of %d slots", vipID, got, n)
+	}
+	out := make([]uint32, n)
+	for i := range got {
+		out[keys[i]] = vals[i]
+	}
+	return out, nil
+}
+
+// FlowView is one flow table entry.
+type FlowView struct {
+	Flow    Flow
+	Backend netip.Addr // invalid if the backend is gone
+	Age     time.Duration
+}
+
+// Flows returns up to limit flow table entries (all if limit <= 0), newest first.
+func (in *Inspector) Flows(limit int) ([]FlowView, error) {
+	backends := map[uint32]netip.Addr{}
+	var id uint32
+	var be lbBackend
+	it := in.m.backends.Iterate()
+	for it.Next(&id, &be) {
+		backends[id] = addrFrom16(be.Addr)
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map backends: %w", err)
+	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return nil, fmt.Errorf("read monotonic clock: %w", err)
+	}
+	now := uint64(ts.Nano())
+	var out []FlowView
+	var k lbFlowKey
+	var v lbFlowVal
+	it = in.m.flows.Iterate()
+	for it.Next(&k, &v) {
+		age := time.Duration(0)
+		if now > v.LastSeenNs {
+			age = time.Duration(now - v.LastSeenNs)
+		}
+		out = append(out, FlowView{Flow: flowFromKey(k), Backend: backends[v.BackendId], Age: age})
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map flows: %w", err)
+	}
+	slices.SortFunc(out, func(a, b FlowView) int {
+		if a.Age != b.Age {
+			return int(a.Age - b.Age)
+		}
+		return a.Flow.Src.Compare(b.Flow.Src)
+	})
+	if limit > 0 && len(out) > limit {
+		out = out[:limit]
+	}
+	return out, nil
+}
+
+// Config is the node-wide settings in lb_cfg.
+type Config struct {
+	Seed     uint32
+	RingSize uint32
+	MAC      net.HardwareAddr
+}
+
+// Config reads lb_cfg.
+func (in *Inspector) Config() (Config, error) {
+	var c lbLbConfig
+	if err := in.m.cfg.Lookup(uint32(0), &c); err != nil {
+		return Config{}, fmt.Errorf("read map lb_cfg: %w", err)
+	}
+	return Config{Seed: c.Seed, RingSize: c.RingSize, MAC: net.HardwareAddr(c.Mac[:])}, nil
+}

@@ -1,0 +1,141 @@
+package dataplane
+
+import (
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+// TestInspectorSeesWhatApplyWrote opens the pins the way `portico` does and
+// checks the operator's view against what Apply was given.
+func TestInspectorSeesWhatApplyWrote(t *testing.T) {
+	d := loadForTest(t)
+	if _, err := d.Apply(desired(r1, draining(r2), r3)); err != nil {
+		t.Fatal(err)
+	}
+	p := tcp4(40100, xdptest.SYN)
+	if _, _, err := xdptest.Run(d.Program(), p.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	in, err := OpenPinned(d.opts.PinPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	vips, err := in.VIPs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(vips) != 2 || vips[0].Addr != vip4 || vips[1].Addr != vip6 {
+		t.Fatalf("VIPs = %+v, want %s and %s", vips, vip4, vip6)
+	}
+	wantPorts := []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.UDP, Port: 53}}
+	digests := d.Digests()
+	for _, v := range vips {
+		if diff := cmp.Diff(wantPorts, v.Ports); diff != "" {
+			t.Errorf("%s ports (-want +got):\n%s", v.Addr, diff)
+		}
+		if v.RingSize != testRing || v.Digest != digests[v.Addr] || v.Digest == "" {
+			t.Errorf("%s: ring %d digest %q, want %d and %q", v.Addr, v.RingSize, v.Digest, testRing, digests[v.Addr])
+		}
+		slots := 0
+		for _, b := range v.Backends {
+			slots += b.Slots
+			if b.Draining && b.Slots != 0 {
+				t.Errorf("%s: draining backend %s holds %d slots", v.Addr, b.Addr, b.Slots)
+			}
+		}
+		if slots != testRing || len(v.Backends) != 3 {
+			t.Errorf("%s: %d backends holding %d slots, want 3 holding %d", v.Addr, len(v.Backends), slots, testRing)
+		}
+	}
+	flows, err := in.Flows(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(flows) != 1 || flows[0].Flow.Src != client4 || flows[0].Flow.SPort != 40100 || flows[0].Flow.DPort != 80 {
+		t.Fatalf("flows = %+v, want the one client flow", flows)
+	}
+	if vips[0].Counters.NewFlows != 1 || vips[0].Counters.Packets != 1 {
+		t.Errorf("v4 VIP counters = %+v, want 1 packet, 1 new flow", vips[0].Counters)
+	}
+}
+
+// TestApplyIsIdempotentAndKeepsIDs: a second Apply of the same state writes
+// nothing, and changing one backend keeps every other id.
+func TestApplyIsIdempotentAndKeepsIDs(t *testing.T) {
+	d := loadForTest(t)
+	if _, err := d.Apply(desired(r1, r2)); err != nil {
+		t.Fatal(err)
+	}
+	ids := func() map[backendKey]uint32 {
+		out := map[backendKey]uint32{}
+		for k, v := range d.st.backendIDs {
+			out[k] = v
+		}
+		return out
+	}
+	before := ids()
+	st, err := d.Apply(desired(r1, r2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st != (ApplyStats{}) {
+		t.Fatalf("second Apply changed %+v, want nothing", st)
+	}
+	if _, err := d.Apply(desired(r1, r2, r3)); err != nil {
+		t.Fatal(err)
+	}
+	after := ids()
+	for k, id := range before {
+		if after[k] != id {
+			t.Errorf("backend %v changed id %d -> %d", k, id, after[k])
+		}
+	}
+	// A restarted loader recovers the same ids from the pins.
+	d2, err := Load(d.opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d2.Close()
+	st, err = d2.Apply(desired(r1, r2, r3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Backends != 0 || st.VIPKeys != 0 {
+		t.Errorf("Apply after restart rewrote %+v, want only rings", st)
+	}
+	if diff := cmp.Diff(after, d2.st.backendIDs, cmp.AllowUnexported(backendKey{})); diff != "" {
+		t.Errorf("ids after restart (-want +got):\n%s", diff)
+	}
+}
+
+func TestApplyRejectsBadInputAndWritesNothing(t *testing.T) {
+	d := loadForTest(t)
+	noMAC := r1
+	noMAC.MAC = nil
+	for _, tc := range []struct {
+		name string
+		in   Desired
+	}{
+		{"remote backend without MAC", desired(noMAC)},
+		{"backend twice", desired(r1, r1)},
+		{"VIP in two groups", Desired{Groups: append(desired(r1).Groups, Group{Name: "other", VIPs: desired(r1).Groups[0].VIPs})}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if _, err := d.Apply(tc.in); err == nil {
+				t.Fatal("Apply succeeded, want an error")
+			}
+			vips, err := d.VIPs()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(vips) != 0 {
+				t.Fatalf("a rejected Apply wrote %d VIPs", len(vips))
+			}
+		})
+	}
+}
