@@ -22,6 +22,14 @@
 // a default backend) takes the place of the default server; without one, unknown
 // hosts have their connection closed (return 444).
 //
+// # TLS
+//
+// Only hosts with a valid certificate listen on the HTTPS port; a handshake for any
+// other name reaches the default server, which rejects it (ssl_reject_handshake)
+// unless a catch-all Server has a certificate. A certificate that does not parse
+// removes only its hosts' TLS server. A host that asks for the HTTPS redirect keeps
+// redirecting even then: its traffic is never served in clear text.
+//
 // # Injection
 //
 // No free-form text reaches the configuration. Host names, paths, upstream names and

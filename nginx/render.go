@@ -567,17 +567,18 @@ func serverName(host string) string {
 }
 
 // serverNamesHash sizes nginx's server-name hash for n exact names of at most
-// longest bytes, so large configurations start without hash warnings.
+// longest bytes, so that large configurations build it on the first tries and
+// without warnings.
 func serverNamesHash(n, longest int) (bucket, maxSize int) {
 	// An entry takes a pointer plus the name and two bytes, aligned to 8; a bucket
-	// ends with a pointer.
+	// ends with a pointer. Room for a few entries keeps collisions cheap.
 	need := 8 + (longest+2+7)&^7 + 8
-	bucket = 64
+	bucket = 128
 	for bucket < need {
 		bucket *= 2
 	}
-	maxSize = 512
-	for maxSize < 2*n {
+	maxSize = 1024
+	for maxSize < 4*n {
 		maxSize *= 2
 	}
 	return bucket, maxSize

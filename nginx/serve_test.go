@@ -33,7 +33,7 @@ import (
 )
 
 // backend is a loopback HTTP server that names itself and echoes what nginx sent.
-func backend(t *testing.T, name string) (*httptest.Server, netip.AddrPort) {
+func backend(t testing.TB, name string) (*httptest.Server, netip.AddrPort) {
 	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Upgrade") == "websocket" {
@@ -75,7 +75,7 @@ func echoUpgrade(w http.ResponseWriter) {
 }
 
 // selfSigned returns a certificate and key for host.
-func selfSigned(t *testing.T, host string) model.Certificate {
+func selfSigned(t testing.TB, host string) model.Certificate {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -112,7 +112,7 @@ type liveNginx struct {
 }
 
 // prefixDir returns a temporary nginx prefix that unprivileged workers can enter.
-func prefixDir(t *testing.T) string {
+func prefixDir(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	for d := dir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
@@ -128,7 +128,7 @@ func prefixDir(t *testing.T) string {
 
 // startNginx runs a Reloader with a real nginx serving snap on free loopback ports
 // and waits until it serves.
-func startNginx(t *testing.T, snap model.Snapshot) *liveNginx {
+func startNginx(t testing.TB, snap model.Snapshot) *liveNginx {
 	t.Helper()
 	bin := nginxBinary(t)
 	ports := freePorts(t, 3)
@@ -158,7 +158,7 @@ func startNginx(t *testing.T, snap model.Snapshot) *liveNginx {
 	return n
 }
 
-func (n *liveNginx) stop(t *testing.T) {
+func (n *liveNginx) stop(t testing.TB) {
 	if n.cancel == nil {
 		return
 	}
@@ -178,7 +178,7 @@ func (n *liveNginx) healthURL() string {
 	return fmt.Sprintf("http://127.0.0.1:%d/healthz", n.opt.StatusPort)
 }
 
-func (n *liveNginx) waitChecksum(t *testing.T, sum string) {
+func (n *liveNginx) waitChecksum(t testing.TB, sum string) {
 	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
 	deadline := time.Now().Add(15 * time.Second)
