@@ -366,4 +366,3 @@ func (l *lab) electAndHold(want *labNode, limit, hold time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
-func probeMain(spec string) int { return 2 }

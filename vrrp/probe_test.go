@@ -1,0 +1,122 @@
+package vrrp
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+)
+
+// probeResult is what the prober writes: when each echo request went out and
+// when its reply came back (0: never), in Unix nanoseconds.
+type probeResult struct {
+	Sent []int64 `json:"sent"`
+	Recv []int64 `json:"recv"`
+}
+
+// probeMain pings a VIP every millisecond from the namespace it runs in, for at
+// most the given duration or until SIGTERM, then writes a probeResult.
+// spec is "vip,output path,max duration".
+func probeMain(spec string) int {
+	parts := strings.Split(spec, ",")
+	if len(parts) != 3 {
+		fmt.Fprintln(os.Stderr, "probe spec must be vip,out,duration")
+		return 2
+	}
+	vip, err := netip.ParseAddr(parts[0])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	maxDur, err := time.ParseDuration(parts[2])
+	if err != nil || maxDur <= 0 || maxDur > 10*time.Minute {
+		fmt.Fprintln(os.Stderr, "bad probe duration", parts[2])
+		return 2
+	}
+	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	id := os.Getpid() & 0xffff
+	const maxProbes = 600000
+	var (
+		mu  sync.Mutex
+		res probeResult
+	)
+	go func() {
+		buf := make([]byte, 1500)
+		for {
+			n, _, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			now := time.Now().UnixNano()
+			m, err := icmp.ParseMessage(1, buf[:n])
+			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+				continue
+			}
+			e, ok := m.Body.(*icmp.Echo)
+			if !ok || e.ID != id || len(e.Data) < 8 {
+				continue
+			}
+			seq := int(binary.BigEndian.Uint64(e.Data))
+			mu.Lock()
+			if seq < len(res.Recv) && res.Recv[seq] == 0 {
+				res.Recv[seq] = now
+			}
+			mu.Unlock()
+		}
+	}()
+	stop := make(chan os.Signal, 1)
+	signal.Notify(stop, syscall.SIGTERM, os.Interrupt)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	end := time.After(maxDur)
+	dst := &net.IPAddr{IP: vip.AsSlice()}
+loop:
+	for seq := 0; seq < maxProbes; seq++ {
+		data := make([]byte, 8)
+		binary.BigEndian.PutUint64(data, uint64(seq))
+		b, err := (&icmp.Message{Type: ipv4.ICMPTypeEcho, Body: &icmp.Echo{ID: id, Seq: seq & 0xffff, Data: data}}).Marshal(nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		mu.Lock()
+		res.Sent = append(res.Sent, time.Now().UnixNano())
+		res.Recv = append(res.Recv, 0)
+		mu.Unlock()
+		c.WriteTo(b, dst) // errors (no route, no neighbour) are just lost probes
+		select {
+		case <-tick.C:
+		case <-stop:
+			break loop
+		case <-end:
+			break loop
+		}
+	}
+	time.Sleep(20 * time.Millisecond) // let the last replies in
+	mu.Lock()
+	out, err := json.Marshal(res)
+	mu.Unlock()
+	if err == nil {
+		err = os.WriteFile(parts[1], out, 0o644)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
