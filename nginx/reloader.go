@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -77,10 +78,11 @@ type Reloader struct {
 	problems []model.Problem
 	checksum string // of the configuration in nginx.conf
 
-	applyMu  sync.Mutex // serialises Apply
-	applied  []byte     // text of nginx.conf
-	rejected []byte     // text of the last candidate nginx -t refused
-	certs    []string   // certificate files nginx.conf uses
+	applyMu  sync.Mutex        // serialises Apply
+	applied  []byte            // text of nginx.conf
+	rejected []byte            // text of the last candidate nginx -t refused
+	certs    []string          // certificate files nginx.conf uses
+	refused  map[string]string // certificate files nginx -t refused, and why
 }
 
 // NewReloader returns a Reloader; Run starts nginx.
@@ -263,7 +265,7 @@ func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, er
 	defer r.applyMu.Unlock()
 
 	t0 := time.Now()
-	cfg, err := Render(s, r.cfg.Render)
+	cfg, err := render(s, r.cfg.Render, r.refused)
 	res := ApplyResult{Render: time.Since(t0)}
 	r.m.renderDuration.Observe(res.Render.Seconds())
 	if err != nil {
@@ -292,14 +294,47 @@ func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, er
 	if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
 		return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
 	}
-	if err := r.runner.Test(ctx, r.cfg.Dir, candidate); err != nil {
-		r.rejected = cfg.Text
-		return fail(ResultInvalid, err)
+	for {
+		err := r.runner.Test(ctx, r.cfg.Dir, candidate)
+		if err == nil {
+			break
+		}
+		// OpenSSL can refuse what Go parsed (a key too small for its security
+		// level, say). Leave that certificate out, as if it had not parsed, and try
+		// again: one bad Secret must not hold back every other change.
+		file := blamedCertificate(cfg, err.Error())
+		if file == "" || r.refused[file] != "" {
+			r.rejected = cfg.Text
+			return fail(ResultInvalid, err)
+		}
+		if r.refused == nil {
+			r.refused = map[string]string{}
+		}
+		r.refused[file] = nginxReason(err.Error())
+		if cfg, err = render(s, r.cfg.Render, r.refused); err != nil {
+			return fail(ResultError, err)
+		}
+		res.Checksum, res.Problems = cfg.Checksum, cfg.Problems
+		r.setProblems(cfg.Problems)
+		if bytes.Equal(cfg.Text, r.applied) {
+			res.Result = ResultUnchanged
+			return res, nil
+		}
+		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
+			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
+		}
 	}
 	if err := os.Rename(candidate, r.confPath()); err != nil {
 		return fail(ResultError, fmt.Errorf("swap config: %w", err))
 	}
 	r.applied, r.rejected = cfg.Text, nil
+	// Forget refusals of certificates that are gone (a fixed Secret has a new file
+	// name), so the map stays as small as the set of bad Secrets.
+	for file := range r.refused {
+		if !slices.Contains(cfg.refusedSeen, file) {
+			delete(r.refused, file)
+		}
+	}
 	r.certs = r.certs[:0]
 	for _, c := range cfg.Certificates {
 		r.certs = append(r.certs, c.Name)
@@ -339,8 +374,12 @@ func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, er
 
 func (r *Reloader) setProblems(ps []model.Problem) {
 	r.mu.Lock()
+	same := slices.Equal(r.problems, ps)
 	r.problems = ps
 	r.mu.Unlock()
+	if same {
+		return
+	}
 	counts := map[string]int{}
 	for _, p := range ps {
 		counts[p.Reason]++
@@ -353,6 +392,21 @@ func (r *Reloader) setProblems(ps []model.Problem) {
 		r.log.Warn("object left out of nginx config", zap.String("object", p.Object), zap.String("field", p.Field),
 			zap.String("reason", p.Reason), zap.String("detail", p.Detail))
 	}
+}
+
+// nginxReason extracts the "[emerg] ..." part of an nginx -t failure.
+func nginxReason(msg string) string {
+	if i := strings.Index(msg, "[emerg] "); i >= 0 {
+		msg = msg[i+len("[emerg] "):]
+		// Drop "pid#tid: ", which changes with every run.
+		if j := strings.Index(msg, ": "); j >= 0 && strings.Trim(msg[:j], "0123456789#") == "" {
+			msg = msg[j+2:]
+		}
+	}
+	if i := strings.IndexByte(msg, '\n'); i >= 0 {
+		msg = msg[:i]
+	}
+	return msg
 }
 
 // waitServing polls the status port until /healthz answers with checksum, which

@@ -156,12 +156,25 @@ type Config struct {
 	Certificates []CertFile
 	// Problems are the parts of the snapshot that were left out, and why.
 	Problems []model.Problem
+
+	refusedSeen []string // refused certificate files the snapshot still references
 }
 
 // CertFile is one certificate chain and its key, in one PEM file.
 type CertFile struct {
 	Name string // file name inside Options.CertDir
 	PEM  []byte
+}
+
+// blamedCertificate returns the file of cfg.Certificates that an nginx error names
+// ("cannot load certificate .../certs/<file>" and the like), or "".
+func blamedCertificate(cfg *Config, nginxErr string) string {
+	for _, c := range cfg.Certificates {
+		if strings.Contains(nginxErr, "/"+c.Name+"\"") || strings.Contains(nginxErr, "\""+c.Name+"\"") {
+			return c.Name
+		}
+	}
+	return ""
 }
 
 // Template data: every string is already validated or built from validated parts.
@@ -207,10 +220,16 @@ type (
 // safely are left out and reported in Config.Problems; only invalid options are an
 // error.
 func Render(snap model.Snapshot, opt Options) (*Config, error) {
+	return render(snap, opt, nil)
+}
+
+// render is Render that also leaves out the certificate files in refused (file
+// name → why nginx refused to load it).
+func render(snap model.Snapshot, opt Options, refused map[string]string) (*Config, error) {
 	if err := opt.validate(); err != nil {
 		return nil, fmt.Errorf("render nginx config: %w", err)
 	}
-	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}}
+	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}, refused: refused}
 	for _, u := range snap.Upstreams {
 		r.upstreams[u.Name] = u
 	}
@@ -300,6 +319,7 @@ func Render(snap model.Snapshot, opt Options) (*Config, error) {
 	}
 	slices.SortFunc(cfg.Certificates, func(a, b CertFile) int { return strings.Compare(a.Name, b.Name) })
 	cfg.Problems = r.problems
+	cfg.refusedSeen = r.refusedSeen
 	return cfg, nil
 }
 
@@ -315,6 +335,8 @@ type renderer struct {
 	usedUpstreams map[string]bool
 	certsIn       []model.Certificate
 	certs         map[string]certResult // checked certificates by name
+	refused       map[string]string     // certificate files nginx refused, and why
+	refusedSeen   []string
 	problems      []model.Problem
 }
 
@@ -361,6 +383,13 @@ func (r *renderer) cert(s *model.Server) (string, bool) {
 	}
 	if res.err != nil {
 		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: %v", hostOrDefault(s.Host), res.err))
+		return "", false
+	}
+	if why, ok := r.refused[res.file.Name]; ok {
+		if !slices.Contains(r.refusedSeen, res.file.Name) {
+			r.refusedSeen = append(r.refusedSeen, res.file.Name)
+		}
+		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: nginx refused the certificate: %s", hostOrDefault(s.Host), why))
 		return "", false
 	}
 	if s.Host != "" {

@@ -6,6 +6,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -440,5 +441,90 @@ func expectClosed(t *testing.T, n *liveNginx, host string) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Errorf("host %s: connection left open", host)
+	}
+}
+
+// selfSignedRSA returns an RSA certificate and key of the given size for host.
+func selfSignedRSA(t testing.TB, host string, bits int) model.Certificate {
+	t.Helper()
+	key, err := rsa.GenerateKey(rand.Reader, bits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(time.Now().UnixNano()),
+		Subject:      pkix.Name{CommonName: host},
+		DNSNames:     []string{host},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(24 * time.Hour),
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return model.Certificate{
+		Name:    "test/" + strings.ReplaceAll(host, ".", "-"),
+		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
+	}
+}
+
+// A certificate Go parses but OpenSSL refuses (a 1024-bit RSA key is below the
+// security level Debian's OpenSSL enforces) takes down only its host's TLS server.
+func TestCertificateNginxRefusesSkipsOnlyItsHost(t *testing.T) {
+	_, epA := backend(t, "A")
+	good, weak := selfSigned(t, "good.test"), selfSignedRSA(t, "weak.test", 1024)
+	snap := func(weakCert model.Certificate) model.Snapshot {
+		return model.Snapshot{
+			Servers: []model.Server{
+				{Host: "good.test", TLSCertificate: good.Name, DefaultUpstream: "t-a-80"},
+				{Host: "weak.test", TLSCertificate: weakCert.Name, DefaultUpstream: "t-a-80"},
+			},
+			Upstreams:    []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{epA}}},
+			Certificates: []model.Certificate{good, weakCert},
+		}
+	}
+	n := startNginx(t, hostSnapshot("placeholder.test"))
+	res, err := n.r.Apply(context.Background(), snap(weak))
+	if err != nil || res.Result != ResultSuccess {
+		t.Fatalf("apply with a refused certificate: %s, %v", res.Result, err)
+	}
+	var found bool
+	for _, p := range res.Problems {
+		if p.Object == "Secret "+weak.Name && p.Reason == ReasonInvalidCertificate && strings.Contains(p.Detail, "nginx refused") {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("problems %v do not report the refused certificate", res.Problems)
+	}
+	handshake := func(host string) error {
+		conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPSPort), &tls.Config{ServerName: host, InsecureSkipVerify: true})
+		if err == nil {
+			conn.Close()
+		}
+		return err
+	}
+	if err := handshake("good.test"); err != nil {
+		t.Errorf("good.test: %v", err)
+	}
+	if err := handshake("weak.test"); err == nil {
+		t.Error("weak.test: handshake succeeded with a certificate nginx refused")
+	}
+	if resp, body := get(t, n.client(false), "http://weak.test/x"); resp.StatusCode != 200 || body != "A /x" {
+		t.Errorf("http://weak.test/x = %d %q, want plain HTTP still served", resp.StatusCode, body)
+	}
+	// The same snapshot again is unchanged: the refusal is remembered, not retested.
+	if res, _ := n.r.Apply(context.Background(), snap(weak)); res.Result != ResultUnchanged {
+		t.Errorf("same snapshot again: %s, want unchanged", res.Result)
+	}
+	// A fixed Secret is used again.
+	fixed := selfSigned(t, "weak.test")
+	fixed.Name = weak.Name
+	if res, err := n.r.Apply(context.Background(), snap(fixed)); err != nil || res.Result != ResultSuccess {
+		t.Fatalf("apply with the fixed certificate: %s, %v", res.Result, err)
+	}
+	if err := handshake("weak.test"); err != nil {
+		t.Errorf("weak.test after the fix: %v", err)
 	}
 }
