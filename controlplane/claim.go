@@ -1,0 +1,353 @@
+package controlplane
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"go.uber.org/zap"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// ClaimResource is the IngressClaim CRD (deploy/crds/ingressclaims.portico.io.yaml).
+var ClaimResource = schema.GroupVersionResource{Group: "portico.io", Version: "v1alpha1", Resource: "ingressclaims"}
+
+// LabelClaim names the IngressClaim a group Service or DaemonSet was made for.
+const LabelClaim = "portico.io/claim"
+
+// ReclaimPolicy says what happens to a claim once every Ingress it lists is gone.
+type ReclaimPolicy string
+
+const (
+	ReclaimRetain ReclaimPolicy = "Retain"
+	ReclaimDelete ReclaimPolicy = "Delete"
+)
+
+// Claim phases.
+const (
+	ClaimPending  = "Pending"
+	ClaimBound    = "Bound"
+	ClaimReleased = "Released"
+)
+
+// IngressClaim asks for a group on demand (seed 000).
+type IngressClaim struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              IngressClaimSpec   `json:"spec"`
+	Status            IngressClaimStatus `json:"status,omitempty"`
+}
+
+// IngressClaimSpec lists the Ingresses and how the group's agents are placed.
+type IngressClaimSpec struct {
+	Ingresses     []corev1.LocalObjectReference `json:"ingresses"`
+	Template      ReplicaTemplate               `json:"template,omitempty"`
+	ReclaimPolicy ReclaimPolicy                 `json:"reclaimPolicy,omitempty"`
+}
+
+// ReplicaTemplate places the group's agents.
+type ReplicaTemplate struct {
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	Replicas     int32             `json:"replicas,omitempty"`
+}
+
+// IngressClaimStatus is what the leader reports back.
+type IngressClaimStatus struct {
+	Phase          string   `json:"phase,omitempty"`
+	Group          string   `json:"group,omitempty"`
+	VIPs           []string `json:"vips,omitempty"`
+	BoundIngresses []string `json:"boundIngresses,omitempty"`
+	ReadyReplicas  int32    `json:"readyReplicas,omitempty"`
+	Message        string   `json:"message,omitempty"`
+}
+
+// claimFromUnstructured decodes an informer object.
+func claimFromUnstructured(u *unstructured.Unstructured) (*IngressClaim, error) {
+	var c IngressClaim
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c); err != nil {
+		return nil, fmt.Errorf("decode IngressClaim %s/%s: %w", u.GetNamespace(), u.GetName(), err)
+	}
+	return &c, nil
+}
+
+func (c *IngressClaim) ownerRef() metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: ClaimResource.GroupVersion().String(), Kind: "IngressClaim",
+		Name: c.Name, UID: c.UID, Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}
+}
+
+func (c *IngressClaim) ref() *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: ClaimResource.GroupVersion().String(), Kind: "IngressClaim",
+		Namespace: c.Namespace, Name: c.Name, UID: c.UID}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func ownedBy(o metav1.Object, c *IngressClaim) bool {
+	for _, r := range o.GetOwnerReferences() {
+		if r.UID == c.UID {
+			return true
+		}
+	}
+	return false
+}
+
+// claimService is the group Service a claim provisions.
+func claimService(c *IngressClaim) *corev1.Service {
+	return &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name,
+			Labels:          map[string]string{LabelGroup: "true", LabelClaim: c.Name},
+			OwnerReferences: []metav1.OwnerReference{c.ownerRef()}},
+		Spec: corev1.ServiceSpec{
+			Type:     corev1.ServiceTypeClusterIP,
+			Selector: map[string]string{LabelClaim: c.Name},
+			Ports: []corev1.ServicePort{
+				{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(80)},
+				{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(443)},
+			},
+		},
+	}
+}
+
+// claimDaemonSet runs the group's agents: hostNetwork, so each endpoint is a node.
+func claimDaemonSet(c *IngressClaim, image string) *appsv1.DaemonSet {
+	labels := map[string]string{LabelClaim: c.Name}
+	replicas := c.Spec.Template.Replicas
+	if replicas == 0 {
+		replicas = 2
+	}
+	return &appsv1.DaemonSet{
+		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, Labels: labels,
+			Annotations:     map[string]string{"portico.io/replicas": fmt.Sprint(replicas)},
+			OwnerReferences: []metav1.OwnerReference{c.ownerRef()}},
+		Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					HostNetwork:  true,
+					DNSPolicy:    corev1.DNSClusterFirstWithHostNet,
+					NodeSelector: c.Spec.Template.NodeSelector,
+					Containers: []corev1.Container{{
+						Name:  "agent",
+						Image: image,
+						Args:  []string{"agent", "--group=" + c.Namespace + "/" + c.Name},
+						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "https", ContainerPort: 443}},
+						SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{
+							Add: []corev1.Capability{"NET_ADMIN", "NET_RAW", "BPF", "SYS_ADMIN"}}},
+					}},
+				},
+			},
+		},
+	}
+}
+
+// reconcileClaims provisions, binds, reports and reclaims every IngressClaim. Leader only.
+func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.Snapshot) error {
+	if c.claimInformer == nil {
+		return nil
+	}
+	var errs []error
+	for _, obj := range c.claimInformer.GetStore().List() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		claim, err := claimFromUnstructured(u)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if claim.DeletionTimestamp != nil {
+			continue
+		}
+		if err := c.reconcileClaim(ctx, claim, st, snap); err != nil {
+			errs = append(errs, fmt.Errorf("reconcile IngressClaim %s/%s: %w", claim.Namespace, claim.Name, err))
+		}
+	}
+	return joinErrs(errs)
+}
+
+func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st State, snap model.Snapshot) error {
+	group := claim.Namespace + "/" + claim.Name
+	status := IngressClaimStatus{Group: group}
+
+	// Which listed Ingresses exist, and which are bound here.
+	ings := map[string]bool{}
+	for _, i := range st.Ingresses {
+		if i.Namespace == claim.Namespace {
+			ings[i.Name] = true
+		}
+	}
+	var existing []string
+	for _, r := range claim.Spec.Ingresses {
+		if ings[r.Name] && !slices.Contains(existing, r.Name) {
+			existing = append(existing, r.Name)
+		}
+	}
+	slices.Sort(existing)
+
+	if len(existing) == 0 {
+		if claim.Status.Phase == ClaimBound || claim.Status.Phase == ClaimReleased {
+			return c.reclaim(ctx, claim)
+		}
+		status.Phase = ClaimPending
+		status.Message = "none of the listed Ingresses exists yet"
+		return c.writeClaimStatus(ctx, claim, status)
+	}
+
+	// The group Service.
+	svc := c.findService(st, claim.Namespace, claim.Name)
+	switch {
+	case svc == nil:
+		if _, err := c.cfg.Client.CoreV1().Services(claim.Namespace).Create(ctx, claimService(claim), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			c.countWrite("claim-service", err)
+			return fmt.Errorf("create group Service: %w", err)
+		}
+		c.countWrite("claim-service", nil)
+		c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created group Service %s", group)
+	case !ownedBy(svc, claim):
+		status.Phase = ClaimPending
+		status.Message = fmt.Sprintf("Service %s exists and is not owned by this claim", group)
+		c.recorder.Event(claim.ref(), corev1.EventTypeWarning, "NameTaken", status.Message)
+		return c.writeClaimStatus(ctx, claim, status)
+	}
+	// The agents' DaemonSet.
+	dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
+	if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage), metav1.CreateOptions{})
+		c.countWrite("claim-daemonset", err)
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create DaemonSet: %w", err)
+		}
+		c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
+	} else if err != nil {
+		return fmt.Errorf("get DaemonSet: %w", err)
+	}
+
+	// Bind the listed Ingresses (sticky: one bound elsewhere is reported, not moved).
+	for _, name := range existing {
+		ing := c.findIngress(st, claim.Namespace, name)
+		if ing == nil {
+			continue
+		}
+		cur, bound := ing.Annotations[AnnotationGroup]
+		switch {
+		case !bound:
+			if err := c.patchAnnotation(ctx, "Ingress", ing.Namespace, ing.Name, AnnotationGroup, group); err != nil {
+				return err
+			}
+			c.recorder.Eventf(objRef("Ingress", ing.Namespace, ing.Name), corev1.EventTypeNormal, "Bound", "bound to group %s by IngressClaim %s", group, claim.Name)
+			status.BoundIngresses = append(status.BoundIngresses, name)
+		case groupRef(cur, ing.Namespace) == group:
+			status.BoundIngresses = append(status.BoundIngresses, name)
+		default:
+			c.recorder.Eventf(claim.ref(), corev1.EventTypeWarning, ReasonAlreadyBound, "Ingress %s is bound to group %s; not moved", name, cur)
+		}
+	}
+	status.Phase = ClaimBound
+	for _, g := range snap.Groups {
+		if g.Name == group {
+			for _, a := range g.VIPs {
+				status.VIPs = append(status.VIPs, a.String())
+			}
+			for _, r := range g.Replicas {
+				if r.State == model.Ready {
+					status.ReadyReplicas++
+				}
+			}
+		}
+	}
+	if len(status.VIPs) == 0 {
+		status.Message = "waiting for a VIP"
+	}
+	return c.writeClaimStatus(ctx, claim, status)
+}
+
+// reclaim applies the reclaim policy once every listed Ingress is gone. With no
+// garbage collector guaranteed (and none in the test API server), Delete removes what
+// the claim created explicitly, then the claim.
+func (c *Controller) reclaim(ctx context.Context, claim *IngressClaim) error {
+	policy := claim.Spec.ReclaimPolicy
+	if policy == "" {
+		policy = ReclaimRetain
+	}
+	if policy == ReclaimRetain {
+		if claim.Status.Phase != ClaimReleased {
+			c.recorder.Event(claim.ref(), corev1.EventTypeNormal, "Released", "every listed Ingress is gone; group retained")
+		}
+		st := claim.Status
+		st.Phase = ClaimReleased
+		st.BoundIngresses = nil
+		st.Message = "every listed Ingress is gone; reclaim policy Retain"
+		return c.writeClaimStatus(ctx, claim, st)
+	}
+	del := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{}}
+	ds, err := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+	if err == nil && ownedBy(ds, claim) {
+		del.Preconditions.UID = &ds.UID
+		err = c.cfg.Client.AppsV1().DaemonSets(claim.Namespace).Delete(ctx, claim.Name, del)
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		c.countWrite("claim-reclaim", err)
+		return fmt.Errorf("delete DaemonSet: %w", err)
+	}
+	svc, err := c.cfg.Client.CoreV1().Services(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
+	if err == nil && ownedBy(svc, claim) {
+		del.Preconditions.UID = &svc.UID
+		err = c.cfg.Client.CoreV1().Services(claim.Namespace).Delete(ctx, claim.Name, del)
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		c.countWrite("claim-reclaim", err)
+		return fmt.Errorf("delete group Service: %w", err)
+	}
+	del.Preconditions.UID = &claim.UID
+	err = c.cfg.Dynamic.Resource(ClaimResource).Namespace(claim.Namespace).Delete(ctx, claim.Name, del)
+	c.countWrite("claim-reclaim", err)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return fmt.Errorf("delete IngressClaim: %w", err)
+	}
+	c.log.Info("claim reclaimed", zap.String("group", claim.Namespace+"/"+claim.Name))
+	return nil
+}
+
+func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, st IngressClaimStatus) error {
+	if equalJSON(claim.Status, st) {
+		return nil
+	}
+	// A merge patch only removes fields it sets to null: spell every field out.
+	fields := map[string]any{"phase": nil, "group": nil, "vips": nil, "boundIngresses": nil, "readyReplicas": nil, "message": nil}
+	raw, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("encode claim status: %w", err)
+	}
+	if err := json.Unmarshal(raw, &fields); err != nil {
+		return fmt.Errorf("encode claim status: %w", err)
+	}
+	patch, err := json.Marshal(map[string]any{"status": fields})
+	if err != nil {
+		return fmt.Errorf("encode claim status: %w", err)
+	}
+	_, err = c.cfg.Dynamic.Resource(ClaimResource).Namespace(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	c.countWrite("claim-status", err)
+	if err != nil {
+		return fmt.Errorf("write claim status: %w", err)
+	}
+	return nil
+}
+
+func equalJSON(a, b any) bool {
+	x, err1 := json.Marshal(a)
+	y, err2 := json.Marshal(b)
+	return err1 == nil && err2 == nil && string(x) == string(y)
+}

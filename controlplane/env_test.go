@@ -1,0 +1,234 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/kapi"
+)
+
+// apiserver is one real kube-apiserver shared by this package's integration tests;
+// each test works in namespaces of its own.
+var apiserver kapi.Shared
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if err := apiserver.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stop kube-apiserver:", err)
+	}
+	os.Exit(code)
+}
+
+type env struct {
+	t   *testing.T
+	cs  kubernetes.Interface
+	dyn dynamic.Interface
+	ns  string
+	ctx context.Context
+}
+
+// newEnv connects to the shared API server and creates a fresh namespace.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := apiserver.Get(t)
+	cs := kubernetes.NewForConfigOrDie(srv.Config)
+	dyn := dynamic.NewForConfigOrDie(srv.Config)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ns, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{GenerateName: "cp-"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("create namespace: %v", err)
+	}
+	// No service-account controller runs: pods need the default account made by hand.
+	if _, err := cs.CoreV1().ServiceAccounts(ns.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create service account: %v", err)
+	}
+	e := &env{t: t, cs: cs, dyn: dyn, ns: ns.Name, ctx: ctx}
+	e.installCRD()
+	return e
+}
+
+// recordSink keeps every snapshot it is given, with the time it arrived.
+type recordSink struct {
+	mu    sync.Mutex
+	snaps []model.Snapshot
+	times []time.Time
+	fail  int // fail the next n applies
+	wake  chan struct{}
+}
+
+func newRecordSink() *recordSink { return &recordSink{wake: make(chan struct{}, 1)} }
+
+func (s *recordSink) Name() string { return "record" }
+
+func (s *recordSink) Apply(_ context.Context, snap model.Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.fail > 0 {
+		s.fail--
+		return fmt.Errorf("injected failure")
+	}
+	s.snaps = append(s.snaps, snap)
+	s.times = append(s.times, time.Now())
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (s *recordSink) latest() (model.Snapshot, int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.snaps) == 0 {
+		return model.Snapshot{}, 0
+	}
+	return s.snaps[len(s.snaps)-1], len(s.snaps)
+}
+
+type running struct {
+	ctl    *Controller
+	sink   *recordSink
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// stop ends the controller like a killed process would (the Lease is not released
+// unless the config asked for it) and waits for Run to return.
+func (r *running) stop() {
+	r.cancel()
+	<-r.done
+}
+
+// start runs a controller watching the env's namespace, with short test timings.
+func (e *env) start(mod func(*Config)) *running {
+	e.t.Helper()
+	sink := newRecordSink()
+	cfg := Config{
+		Client: e.cs, Dynamic: e.dyn, Logger: zaptest.NewLogger(e.t).Named("controlplane"),
+		Registerer: prometheus.NewRegistry(), Namespace: e.ns, Sinks: []Sink{sink},
+		LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond,
+		ReleaseOnCancel: true, SinkMinBackoff: 10 * time.Millisecond, SinkMaxBackoff: 100 * time.Millisecond,
+	}
+	if mod != nil {
+		mod(&cfg)
+	}
+	ctl, err := New(cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(e.ctx)
+	r := &running{ctl: ctl, sink: sink, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(r.done)
+		if err := ctl.Run(ctx); err != nil {
+			e.t.Errorf("controller: %v", err)
+		}
+	}()
+	e.t.Cleanup(r.stop)
+	return r
+}
+
+// eventually polls check until it returns "" or the time is up, then fails with the
+// last explanation.
+func eventually(t *testing.T, timeout time.Duration, check func() string) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		msg := check()
+		if msg == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not reached after %s: %s", timeout, msg)
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+}
+
+func (e *env) must(_ any, err error) {
+	e.t.Helper()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// inNS copies an object constructor's output into the env's namespace.
+func (e *env) svc(s *corev1.Service) *corev1.Service {
+	s = s.DeepCopy()
+	s.Namespace = e.ns
+	s.CreationTimestamp = metav1.Time{}
+	got, err := e.cs.CoreV1().Services(e.ns).Create(e.ctx, s, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create Service %s: %v", s.Name, err)
+	}
+	return got
+}
+
+func (e *env) slice(es *discoveryv1.EndpointSlice) *discoveryv1.EndpointSlice {
+	es = es.DeepCopy()
+	es.Namespace = e.ns
+	es.CreationTimestamp = metav1.Time{}
+	got, err := e.cs.DiscoveryV1().EndpointSlices(e.ns).Create(e.ctx, es, metav1.CreateOptions{})
+	if err != nil {
+		e.t.Fatalf("create EndpointSlice %s: %v", es.Name, err)
+	}
+	return got
+}
+
+var (
+	crdOnce sync.Once
+	crdErr  error
+)
+
+// installCRD creates the IngressClaim CRD from deploy/crds once per server and waits
+// until it is served.
+func (e *env) installCRD() {
+	e.t.Helper()
+	crdOnce.Do(func() {
+		data, err := os.ReadFile("../deploy/crds/ingressclaims.portico.io.yaml")
+		if err != nil {
+			crdErr = err
+			return
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096).Decode(&u.Object); err != nil {
+			crdErr = fmt.Errorf("decode CRD: %w", err)
+			return
+		}
+		crds := e.dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
+		if _, err := crds.Create(e.ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			crdErr = fmt.Errorf("create CRD: %w", err)
+			return
+		}
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) {
+			if _, err := e.dyn.Resource(ClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{}); err == nil {
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		crdErr = fmt.Errorf("CRD not served after 30s")
+	})
+	if crdErr != nil {
+		e.t.Fatal(crdErr)
+	}
+}

@@ -1,0 +1,413 @@
+package controlplane
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+const converge = 20 * time.Second
+
+// waitSnapshot waits until the sink's latest snapshot equals want.
+func waitSnapshot(t *testing.T, r *running, want func() model.Snapshot) {
+	t.Helper()
+	eventually(t, converge, func() string {
+		got, _ := r.sink.latest()
+		if d := cmp.Diff(want(), got, cmpAddrs); d != "" {
+			return "snapshot (-want +got):\n" + d
+		}
+		return ""
+	})
+}
+
+// TestIntegrationConverges creates, updates and deletes each kind the snapshot reads
+// and checks that the sink converges to the hand-written expected snapshot each time.
+func TestIntegrationConverges(t *testing.T) {
+	e := newEnv(t)
+	ns := e.ns
+	cs := e.cs
+	node := ns + "-n9"
+
+	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7"))
+	e.slice(slice("", "g1", "g1-a", "http", 80, ep{addr: "10.1.0.1", node: "n1", ready: true}, ep{addr: "10.1.0.9", ready: true}))
+	e.must(cs.CoreV1().Nodes().Create(e.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.1.0.9"}}}}, metav1.CreateOptions{}))
+	t.Cleanup(func() { _ = cs.CoreV1().Nodes().Delete(e.ctx, node, metav1.DeleteOptions{}) })
+	e.svc(backendSvc("", "web", sport("http", 80)))
+	e.slice(slice("", "web", "web-1", "http", 8080, ep{addr: "10.2.0.1", ready: true}))
+	sec := tlsSecret(ns, "cert")
+	e.must(cs.CoreV1().Secrets(ns).Create(e.ctx, sec, metav1.CreateOptions{}))
+	e.must(cs.CoreV1().Secrets(ns).Create(e.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "noise"}, StringData: map[string]string{"a": "b"}}, metav1.CreateOptions{}))
+	ing := ingress(ns, "site", 0, "example.com", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing.CreationTimestamp = metav1.Time{}
+	ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"example.com"}, SecretName: "cert"}}
+	e.must(cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{}))
+	pod := microservice(ns, "ms", 0, "", "test.k8s.local", "3000:/nodejs", AnnotationGroup, "g1")
+	pod.CreationTimestamp = metav1.Time{}
+	pod.Spec.Containers = []corev1.Container{{Name: "app", Image: "example/app"}}
+	created, err := cs.CoreV1().Pods(ns).Create(e.ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	created.Status = corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.3.0.1", PodIPs: []corev1.PodIP{{IP: "10.3.0.1"}}}
+	e.must(cs.CoreV1().Pods(ns).UpdateStatus(e.ctx, created, metav1.UpdateOptions{}))
+
+	r := e.start(nil)
+
+	podUp := ns + "-pod-" + shortHash("test.k8s.local|/nodejs") + "-3000"
+	group := func(replicas ...model.Replica) model.Group {
+		return model.Group{Name: ns + "/g1", VIPs: addrs("192.0.2.10"), VRID: 7,
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, Replicas: replicas}
+	}
+	rep := func(node, addr string, st model.ReplicaState) model.Replica {
+		return model.Replica{Node: node, Addr: netip.MustParseAddr(addr), Weight: 1, State: st}
+	}
+	cert := func(v string) model.Certificate {
+		return model.Certificate{Name: ns + "/cert", CertPEM: []byte("CERT " + v), KeyPEM: []byte("KEY " + v)}
+	}
+	t.Run("create", func(t *testing.T) {
+		waitSnapshot(t, r, func() model.Snapshot {
+			return model.Snapshot{
+				Groups: []model.Group{group(rep("n1", "10.1.0.1", model.Ready), rep(node, "10.1.0.9", model.Ready))},
+				Servers: []model.Server{
+					{Group: ns + "/g1", Host: "example.com", TLSCertificate: ns + "/cert", Locations: []model.Location{loc("/", model.PathPrefix, ns+"-web-80", ns+"/site")}},
+					{Group: ns + "/g1", Host: "test.k8s.local", Locations: []model.Location{loc("/nodejs", model.PathPrefix, podUp, ns+"/ms")}},
+				},
+				Upstreams:    sortedUpstreams(model.Upstream{Name: ns + "-web-80", Endpoints: aps("10.2.0.1:8080")}, model.Upstream{Name: podUp, Endpoints: aps("10.3.0.1:3000")}),
+				Certificates: []model.Certificate{cert("cert")},
+			}
+		})
+	})
+	t.Run("ingress status shows the VIP", func(t *testing.T) {
+		eventually(t, converge, func() string {
+			got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "site", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			want := []networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.10"}}
+			return cmp.Diff(want, got.Status.LoadBalancer.Ingress)
+		})
+	})
+
+	t.Run("update", func(t *testing.T) {
+		es, err := cs.DiscoveryV1().EndpointSlices(ns).Get(e.ctx, "g1-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		es.Endpoints[0].Conditions = discoveryv1.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}
+		e.must(cs.DiscoveryV1().EndpointSlices(ns).Update(e.ctx, es, metav1.UpdateOptions{}))
+		ws, err := cs.DiscoveryV1().EndpointSlices(ns).Get(e.ctx, "web-1", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws.Endpoints = append(ws.Endpoints, discoveryv1.Endpoint{Addresses: []string{"10.2.0.2"}})
+		e.must(cs.DiscoveryV1().EndpointSlices(ns).Update(e.ctx, ws, metav1.UpdateOptions{}))
+		in, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "site", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		in.Spec.Rules[0].HTTP.Paths = append(in.Spec.Rules[0].HTTP.Paths, networkingv1.HTTPIngressPath{
+			Path: "/api", PathType: ptr(networkingv1.PathTypeExact), Backend: backend("web", "http")})
+		e.must(cs.NetworkingV1().Ingresses(ns).Update(e.ctx, in, metav1.UpdateOptions{}))
+		sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey] = []byte("CERT v2"), []byte("KEY v2")
+		e.must(cs.CoreV1().Secrets(ns).Update(e.ctx, sec, metav1.UpdateOptions{}))
+		if err := cs.CoreV1().Pods(ns).Delete(e.ctx, "ms", metav1.DeleteOptions{GracePeriodSeconds: ptr(int64(0))}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.CoreV1().Nodes().Delete(e.ctx, node, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitSnapshot(t, r, func() model.Snapshot {
+			return model.Snapshot{
+				Groups: []model.Group{group(rep("n1", "10.1.0.1", model.Draining), rep("", "10.1.0.9", model.Ready))},
+				Servers: []model.Server{
+					{Group: ns + "/g1", Host: "example.com", TLSCertificate: ns + "/cert", Locations: []model.Location{
+						loc("/", model.PathPrefix, ns+"-web-80", ns+"/site"),
+						loc("/api", model.PathExact, ns+"-web-80", ns+"/site"),
+					}},
+				},
+				Upstreams:    []model.Upstream{{Name: ns + "-web-80", Endpoints: aps("10.2.0.1:8080", "10.2.0.2:8080")}},
+				Certificates: []model.Certificate{cert("v2")},
+			}
+		})
+	})
+
+	t.Run("delete", func(t *testing.T) {
+		if err := cs.CoreV1().Services(ns).Delete(e.ctx, "web", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.CoreV1().Secrets(ns).Delete(e.ctx, "cert", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitSnapshot(t, r, func() model.Snapshot {
+			return model.Snapshot{
+				Groups: []model.Group{group(rep("n1", "10.1.0.1", model.Draining), rep("", "10.1.0.9", model.Ready))},
+				Servers: []model.Server{
+					{Group: ns + "/g1", Host: "example.com", Locations: []model.Location{
+						loc("/", model.PathPrefix, ns+"-web-80", ns+"/site"),
+						loc("/api", model.PathExact, ns+"-web-http", ns+"/site"),
+					}},
+				},
+				Upstreams: []model.Upstream{{Name: ns + "-web-80"}, {Name: ns + "-web-http"}},
+			}
+		})
+		problems := r.ctl.Problems()
+		for _, want := range []string{ReasonServiceNotFound, ReasonSecretNotFound} {
+			if !slices.ContainsFunc(problems, func(p model.Problem) bool { return p.Reason == want }) {
+				t.Errorf("no %s problem in %v", want, problems)
+			}
+		}
+		if err := cs.NetworkingV1().Ingresses(ns).Delete(e.ctx, "site", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := cs.DiscoveryV1().EndpointSlices(ns).Delete(e.ctx, "g1-a", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitSnapshot(t, r, func() model.Snapshot { return model.Snapshot{Groups: []model.Group{group()}} })
+		if err := cs.CoreV1().Services(ns).Delete(e.ctx, "g1", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		waitSnapshot(t, r, func() model.Snapshot { return model.Snapshot{} })
+	})
+}
+
+// TestIntegrationSinkRetries checks that a failing sink gets the snapshot again.
+func TestIntegrationSinkRetries(t *testing.T) {
+	e := newEnv(t)
+	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "1"))
+	sink := newRecordSink()
+	sink.fail = 3
+	r := e.start(func(c *Config) { c.Sinks = []Sink{sink} })
+	r.sink = sink
+	waitSnapshot(t, r, func() model.Snapshot {
+		return model.Snapshot{Groups: []model.Group{{Name: e.ns + "/g1", VIPs: addrs("192.0.2.10"), VRID: 1,
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}}}}
+	})
+	if _, n := sink.latest(); n != 1 {
+		t.Errorf("sink applied %d snapshots, want 1 (the same snapshot retried)", n)
+	}
+}
+
+func annotations(t *testing.T, e *env, kind, name string) map[string]string {
+	t.Helper()
+	var m metav1.Object
+	var err error
+	switch kind {
+	case "Service":
+		m, err = e.cs.CoreV1().Services(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	case "Ingress":
+		m, err = e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	}
+	if err != nil {
+		return map[string]string{"error": err.Error()}
+	}
+	return m.GetAnnotations()
+}
+
+func hasEvent(e *env, name, reason string) bool {
+	evs, err := e.cs.CoreV1().Events(e.ns).List(e.ctx, metav1.ListOptions{})
+	if err != nil {
+		return false
+	}
+	for _, ev := range evs.Items {
+		if ev.InvolvedObject.Name == name && ev.Reason == reason {
+			return true
+		}
+	}
+	return false
+}
+
+// TestIntegrationVIPAllocation allocates from a small pool until it runs out, keeps a
+// manual VIP, reports a conflicting one, and writes a LoadBalancer group's status.
+func TestIntegrationVIPAllocation(t *testing.T) {
+	e := newEnv(t)
+	// Created in name order; ties in creation time are decided by name.
+	e.svc(groupSvc("", "a-manual", 0, AnnotationVIP, "198.51.100.3"))
+	lb := groupSvc("", "b-lb", 0)
+	lb.Labels = nil
+	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
+	lb.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+	e.svc(lb)
+	e.svc(groupSvc("", "c-auto", 0))
+	e.svc(groupSvc("", "d-auto", 0))
+	e.svc(groupSvc("", "e-exhausted", 0))
+	pool, err := ParsePool("198.51.100.0/29!198.51.100.1,198.51.100.2/32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := e.start(func(c *Config) { c.Pools = []Pool{pool} })
+
+	want := map[string]string{"a-manual": "198.51.100.3", "b-lb": "198.51.100.4", "c-auto": "198.51.100.5", "d-auto": "198.51.100.6"}
+	eventually(t, converge, func() string {
+		got := map[string]string{}
+		for _, n := range []string{"a-manual", "b-lb", "c-auto", "d-auto", "e-exhausted"} {
+			if v, ok := annotations(t, e, "Service", n)[AnnotationVIP]; ok {
+				got[n] = v
+			}
+		}
+		return cmp.Diff(want, got)
+	})
+	eventually(t, converge, func() string {
+		if !hasEvent(e, "e-exhausted", ReasonVIPPoolExhausted) {
+			return "no VIPPoolExhausted event on e-exhausted"
+		}
+		if !hasEvent(e, "c-auto", "VIPAllocated") {
+			return "no VIPAllocated event on c-auto"
+		}
+		return ""
+	})
+	t.Run("LoadBalancer status", func(t *testing.T) {
+		eventually(t, converge, func() string {
+			s, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "b-lb", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			return cmp.Diff([]corev1.LoadBalancerIngress{{IP: "198.51.100.4", IPMode: ptr(corev1.LoadBalancerIPModeVIP)}}, s.Status.LoadBalancer.Ingress)
+		})
+	})
+	t.Run("VRIDs allocated, unique", func(t *testing.T) {
+		eventually(t, converge, func() string {
+			snap, _ := r.sink.latest()
+			var ids []uint8
+			for _, g := range snap.Groups {
+				ids = append(ids, g.VRID)
+			}
+			return cmp.Diff([]uint8{1, 2, 3, 4, 5}, ids)
+		})
+	})
+	t.Run("conflicting manual VIP is reported, not applied", func(t *testing.T) {
+		e.svc(groupSvc("", "f-conflict", 0, AnnotationVIP, "198.51.100.4"))
+		eventually(t, converge, func() string {
+			snap, _ := r.sink.latest()
+			for _, g := range snap.Groups {
+				if g.Name == e.ns+"/f-conflict" {
+					if len(g.VIPs) != 0 {
+						return fmt.Sprintf("f-conflict has VIPs %v", g.VIPs)
+					}
+					if !hasEvent(e, "f-conflict", ReasonVIPConflict) {
+						return "no VIPConflict event"
+					}
+					return ""
+				}
+			}
+			return "f-conflict not in the snapshot"
+		})
+		snap, _ := r.sink.latest()
+		for _, g := range snap.Groups {
+			if g.Name == e.ns+"/b-lb" && !slices.Equal(g.VIPs, addrs("198.51.100.4")) {
+				t.Errorf("b-lb lost its VIP: %v", g.VIPs)
+			}
+		}
+	})
+}
+
+// TestIntegrationScheduling spreads selector Ingresses over three groups, fewest
+// bound first (ties by name), keeps bindings sticky, and writes each Ingress's status.
+func TestIntegrationScheduling(t *testing.T) {
+	e := newEnv(t)
+	for i, n := range []string{"g-a", "g-b", "g-c"} {
+		s := groupSvc("", n, 0, AnnotationVIP, fmt.Sprintf("192.0.2.%d", 10+i))
+		s.Labels["tier"] = "edge"
+		e.svc(s)
+	}
+	other := groupSvc("", "g-other", 0, AnnotationVIP, "192.0.2.99")
+	other.Labels["tier"] = "internal"
+	e.svc(other)
+	e.svc(backendSvc("", "web", sport("http", 80)))
+	mk := func(name string, kv ...string) {
+		ing := ingress(e.ns, name, 0, name+".example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, kv...)
+		ing.CreationTimestamp = metav1.Time{}
+		e.must(e.cs.NetworkingV1().Ingresses(e.ns).Create(e.ctx, ing, metav1.CreateOptions{}))
+	}
+	mk("i0", AnnotationGroup, "g-b")
+	for i := 1; i <= 5; i++ {
+		mk(fmt.Sprintf("i%d", i), AnnotationGroupSelector, "tier=edge")
+		time.Sleep(10 * time.Millisecond)
+	}
+	// An Ingress of another controller is left alone.
+	mk("foreign")
+	e.start(nil)
+
+	// Counts start a0 b1 c0: i1->a, i2->c, i3->a (all 1, by name), i4->b, i5->c.
+	want := map[string]string{"i0": "g-b", "i1": "g-a", "i2": "g-c", "i3": "g-a", "i4": "g-b", "i5": "g-c"}
+	eventually(t, converge, func() string {
+		got := map[string]string{}
+		for n := range want {
+			got[n] = strings.TrimPrefix(annotations(t, e, "Ingress", n)[AnnotationGroup], e.ns+"/")
+		}
+		return cmp.Diff(want, got)
+	})
+	vip := map[string]string{"g-a": "192.0.2.10", "g-b": "192.0.2.11", "g-c": "192.0.2.12"}
+	eventually(t, converge, func() string {
+		for n, g := range want {
+			ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, n, metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			if d := cmp.Diff([]networkingv1.IngressLoadBalancerIngress{{IP: vip[g]}}, ing.Status.LoadBalancer.Ingress); d != "" {
+				return n + " status: " + d
+			}
+		}
+		if !hasEvent(e, "i3", "Scheduled") {
+			return "no Scheduled event on i3"
+		}
+		return ""
+	})
+	if a := annotations(t, e, "Ingress", "foreign"); a[AnnotationGroup] != "" {
+		t.Errorf("foreign Ingress was bound: %v", a)
+	}
+
+	t.Run("sticky", func(t *testing.T) {
+		// g-a stops matching: its Ingresses stay; a new one goes elsewhere.
+		s, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "g-a", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Labels["tier"] = "retired"
+		e.must(e.cs.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{}))
+		mk("i6", AnnotationGroupSelector, "tier=edge")
+		eventually(t, converge, func() string {
+			if g := annotations(t, e, "Ingress", "i6")[AnnotationGroup]; g != e.ns+"/g-b" {
+				return fmt.Sprintf("i6 bound to %q, want g-b (b2 c2 tie by name)", g)
+			}
+			return ""
+		})
+		for _, n := range []string{"i1", "i3"} {
+			if g := annotations(t, e, "Ingress", n)[AnnotationGroup]; g != e.ns+"/g-a" {
+				t.Errorf("%s moved to %q", n, g)
+			}
+		}
+	})
+	t.Run("unbound: status removed", func(t *testing.T) {
+		if err := e.cs.CoreV1().Services(e.ns).Delete(e.ctx, "g-c", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, converge, func() string {
+			ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, "i2", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			if len(ing.Status.LoadBalancer.Ingress) != 0 {
+				return fmt.Sprintf("i2 status still %v", ing.Status.LoadBalancer.Ingress)
+			}
+			if ing.Annotations[AnnotationGroup] != e.ns+"/g-c" {
+				return "i2 was rebound silently"
+			}
+			if !hasEvent(e, "i2", ReasonGroupNotFound) {
+				return "no GroupNotFound event on i2"
+			}
+			return ""
+		})
+	})
+}

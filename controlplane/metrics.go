@@ -1,0 +1,45 @@
+package controlplane
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the control plane's Prometheus series (namespace portico, subsystem
+// controlplane). Labels are bounded: kinds, problem reasons, sink names, results.
+type metrics struct {
+	syncDuration prometheus.Histogram
+	syncs        *prometheus.CounterVec
+	objects      *prometheus.GaugeVec
+	problems     *prometheus.GaugeVec
+	sinkApplies  *prometheus.CounterVec
+	writes       *prometheus.CounterVec
+	leader       prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics, error) {
+	const ns, sub = "portico", "controlplane"
+	m := &metrics{
+		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "sync_duration_seconds",
+			Help: "Time to list the informer caches, build the snapshot and (as leader) write back.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "syncs_total",
+			Help: "Syncs by result: changed (a new snapshot went to the sinks), unchanged, error."}, []string{"result"}),
+		objects: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "objects",
+			Help: "Objects in the informer caches by kind."}, []string{"kind"}),
+		problems: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "problems",
+			Help: "Problems in the last build by reason."}, []string{"reason"}),
+		sinkApplies: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "sink_applies_total",
+			Help: "Snapshot deliveries to sinks by sink and result."}, []string{"sink", "result"}),
+		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "writes_total",
+			Help: "Cluster-wide writes made as leader by kind of write and result."}, []string{"write", "result"}),
+		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
+			Help: "1 while this instance holds the leader Lease."}),
+	}
+	depth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_depth",
+		Help: "Items waiting in the sync workqueue."}, queueDepth)
+	for _, c := range []prometheus.Collector{m.syncDuration, m.syncs, m.objects, m.problems, m.sinkApplies, m.writes, m.leader, depth} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
