@@ -43,4 +43,16 @@ static __always_inline __u32 flow_hash(const struct flow_key *key, __u32 seed)
 	return h;
 }
 
+/* cache_slot picks a flow_cache slot: a cheap multiply-shift over the flow key
+ * folded into one word. Node-local, so it need not match anything in Go. */
+static __always_inline __u32 cache_slot(const struct flow_key *key)
+{
+	const __u64 *w = (const __u64 *)key;
+	__u64 h = w[0] ^ w[1] ^ w[2] ^ w[3] ^ w[4];
+
+	h ^= h >> 29;
+	h *= 0x9e3779b97f4a7c15ULL;
+	return (__u32)(h >> 52) & (LB_FLOW_CACHE - 1);
+}
+
 #endif

@@ -16,6 +16,11 @@
  *  - IPv4 options: steered like any other packet (the header is not modified).
  *  - IPv6 extension headers before TCP/UDP: XDP_PASS.
  *  - A VIP whose ring is empty or missing: XDP_PASS (the local stack answers).
+ *
+ * Established flows are looked up first in a per-CPU direct-mapped cache
+ * (flow_cache) that is valid for one generation of the maps, so the common case
+ * costs no hash-map lookup; flows stays the table every CPU (and a new VIP owner's
+ * ring) agrees with.
  */
 #include <linux/bpf.h>
 #include "bpf_helpers.h"
@@ -56,18 +61,47 @@ static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
 	return bpf_map_lookup_elem(&vips, &vk);
 }
 
-/* pick_from_ring returns the backend id the VIP's ring holds for this flow, 0 if none. */
-static __always_inline __u32 pick_from_ring(__u32 vip_id, const struct flow_key *flow,
-					    const struct lb_config *cfg)
+/* pick_from_ring returns the backend id the VIP's ring holds for this hash, 0 if none. */
+static __always_inline __u32 pick_from_ring(__u32 vip_id, __u32 hash, const struct lb_config *cfg)
 {
 	void *ring = bpf_map_lookup_elem(&rings, &vip_id);
 	__u32 slot, *id;
 
 	if (!ring || cfg->ring_size == 0)
 		return 0;
-	slot = flow_hash(flow, cfg->seed) % cfg->ring_size;
+	slot = hash % cfg->ring_size;
 	id = bpf_map_lookup_elem(ring, &slot);
 	return id ? *id : 0;
+}
+
+static __always_inline struct backend *active_backend(__u32 id)
+{
+	struct backend *be = bpf_map_lookup_elem(&backends, &id);
+
+	return be && (be->flags & BACKEND_F_ACTIVE) ? be : 0;
+}
+
+static __always_inline int flow_key_eq(const struct flow_key *a, const struct flow_key *b)
+{
+	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
+
+	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
+}
+
+/* touch_flow keeps a cached flow alive in the authoritative table, at most once a
+ * second: it refreshes last_seen (and the LRU's reference bit), or puts the flow
+ * back if the LRU evicted it. */
+static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, __u64 now)
+{
+	struct flow_val *fv = bpf_map_lookup_elem(&flows, flow);
+
+	if (fv) {
+		fv->last_seen_ns = now;
+	} else {
+		struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
+
+		bpf_map_update_elem(&flows, flow, &nv, BPF_ANY);
+	}
 }
 
 SEC("xdp")
@@ -77,7 +111,8 @@ int xdp_lb(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct parsed p __attribute__((aligned(8))) = {};
-	__u32 zero = 0, bid = 0, vip_id;
+	__u32 zero = 0, bid = 0, vip_id, hash, slot;
+	struct flow_cache_entry *ce;
 	struct lb_config *cfg;
 	struct vip_val *vip;
 	struct backend *be = 0;
@@ -97,28 +132,46 @@ int xdp_lb(struct xdp_md *ctx)
 		return count(REASON_NOT_IP, XDP_PASS);
 	if (rc != PARSE_OK)
 		return count(rc, XDP_PASS);
+	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
+	if (!cfg)
+		return count(REASON_NO_BACKEND, XDP_PASS);
+	/* Fast path: this CPU saw the flow since the maps last changed. */
+	slot = cache_slot(&p.flow);
+	ce = bpf_map_lookup_elem(&flow_cache, &slot);
+	if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow)) {
+		bid = ce->backend_id;
+		be = active_backend(bid);
+		if (be) {
+			vip_id = ce->vip_id;
+			vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
+			if (vs) {
+				vs->packets++;
+				vs->bytes += len;
+				vs->flow_hits++;
+			}
+			/* Keep the authoritative table fresh every 64 packets. */
+			if ((++ce->hits & 63) == 0)
+				touch_flow(&p.flow, bid, bpf_ktime_get_coarse_ns());
+			goto forward;
+		}
+	}
 
 	vip = lookup_vip(&p.flow);
 	if (!vip)
 		return count(p.icmp_error ? REASON_ICMP_OTHER : REASON_NOT_VIP, XDP_PASS);
-	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
-	if (!cfg)
-		return count(REASON_NO_BACKEND, XDP_PASS);
+	now = bpf_ktime_get_coarse_ns();
 	vip_id = vip->vip_id;
-	if (p.ip_options)
-		count(REASON_IP_OPTIONS, 0);
-
 	vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
 	if (vs) {
 		vs->packets++;
 		vs->bytes += len;
 	}
 
-	now = bpf_ktime_get_ns();
+	be = 0;
 	fv = bpf_map_lookup_elem(&flows, &p.flow);
 	if (fv) {
 		bid = fv->backend_id;
-		be = bpf_map_lookup_elem(&backends, &bid);
+		be = active_backend(bid);
 		if (be) {
 			if (vs)
 				vs->flow_hits++;
@@ -129,8 +182,9 @@ int xdp_lb(struct xdp_md *ctx)
 		}
 	}
 	if (!be) {
-		bid = pick_from_ring(vip_id, &p.flow, cfg);
-		be = bid ? bpf_map_lookup_elem(&backends, &bid) : 0;
+		hash = flow_hash(&p.flow, cfg->seed);
+		bid = pick_from_ring(vip_id, hash, cfg);
+		be = bid ? active_backend(bid) : 0;
 		if (!be)
 			return count(REASON_NO_BACKEND, XDP_PASS);
 		/* An ICMP error never creates state: it only follows a flow. */
@@ -142,14 +196,24 @@ int xdp_lb(struct xdp_md *ctx)
 				vs->new_flows++;
 		}
 	}
+	if (ce && !p.icmp_error) {
+		__builtin_memcpy(&ce->key, &p.flow, sizeof(ce->key));
+		ce->backend_id = bid;
+		ce->vip_id = vip_id;
+		ce->generation = cfg->generation;
+		ce->hits = 0;
+	}
 
+forward:
+	if (p.ip_options)
+		count(REASON_IP_OPTIONS, 0);
+	if (p.icmp_error)
+		count(REASON_ICMP_STEERED, 0);
 	bs = bpf_map_lookup_elem(&backend_stats, &bid);
 	if (bs) {
 		bs->packets++;
 		bs->bytes += len;
 	}
-	if (p.icmp_error)
-		count(REASON_ICMP_STEERED, 0);
 	if (be->flags & BACKEND_F_LOCAL)
 		return count(REASON_LOCAL, XDP_PASS);
 

@@ -31,9 +31,10 @@ struct {
 	__array(values, struct ring);
 } rings SEC(".maps");
 
-/* Backend id -> replica address, MAC and flags. A missing id is a gone backend. */
+/* Backend id -> replica address, MAC and flags. An entry without
+ * BACKEND_F_ACTIVE is a gone backend. */
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, LB_MAX_BACKENDS);
 	__type(key, __u32);
 	__type(value, struct backend);
@@ -48,6 +49,14 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct flow_val);
 } flows SEC(".maps");
+
+/* Per-CPU direct-mapped cache of established flows (see struct flow_cache_entry). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_FLOW_CACHE);
+	__type(key, __u32);
+	__type(value, struct flow_cache_entry);
+} flow_cache SEC(".maps");
 
 /* Node-wide settings, one entry. */
 struct {

@@ -18,6 +18,7 @@ enum lb_limits {
 	LB_BACKEND_STATS = 65536, /* backend ids are taken modulo this for stats */
 	LB_DEFAULT_FLOWS = 262144,
 	LB_DEFAULT_RING = 65537,
+	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */
@@ -35,11 +36,13 @@ struct vip_val {
 };
 
 enum backend_flags {
-	BACKEND_F_LOCAL = 1,    /* the replica is this node: XDP_PASS */
-	BACKEND_F_DRAINING = 2, /* keeps existing flows, not in the ring */
+	BACKEND_F_ACTIVE = 1,   /* the entry is in use; a cleared entry is a gone backend */
+	BACKEND_F_LOCAL = 2,    /* the replica is this node: XDP_PASS */
+	BACKEND_F_DRAINING = 4, /* keeps existing flows, not in the ring */
 };
 
-/* backends: backend id -> where to send. One backend per (VIP address, replica). */
+/* backends: backend id -> where to send. One backend per (VIP address, replica).
+ * An array, so lookups are inlined; id 0 is never used. */
 struct backend {
 	__u8 addr[16];
 	__u8 mac[6];
@@ -61,14 +64,28 @@ struct flow_key {
 struct flow_val {
 	__u32 backend_id;
 	__u32 pad;
-	__u64 last_seen_ns; /* bpf_ktime_get_ns(), refreshed at most once a second */
+	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns(): set at creation, refreshed on
+			     * the slow path at most once a second and by the fast
+			     * path every 64 packets */
+};
+
+/* flow_cache: a per-CPU, direct-mapped copy of hot flows, indexed by the flow
+ * hash, so an established flow costs no hash-map lookup. Valid only while
+ * generation equals lb_config.generation; flows stays the authoritative table. */
+struct flow_cache_entry {
+	struct flow_key key;
+	__u32 backend_id;
+	__u32 vip_id;
+	__u32 generation;
+	__u32 hits; /* fast-path packets; every 64th refreshes flows */
 };
 
 /* lb_cfg[0]: node-wide settings written by the loader. */
 struct lb_config {
-	__u32 seed;      /* cluster-wide hash seed: equal on every node */
-	__u32 ring_size; /* slots in every ring (prime) */
-	__u8 mac[6];     /* MAC of the NIC the program is attached to */
+	__u32 seed;       /* cluster-wide hash seed: equal on every node */
+	__u32 ring_size;  /* slots in every ring (prime) */
+	__u32 generation; /* bumped by every change of vips, rings or backends */
+	__u8 mac[6];      /* MAC of the NIC the program is attached to */
 	__u16 pad;
 };
 

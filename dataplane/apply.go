@@ -83,16 +83,14 @@ func (d *Dataplane) recover() error {
 	if err := it.Err(); err != nil {
 		return fmt.Errorf("read map vips: %w", err)
 	}
-	var id uint32
-	var be lbBackend
-	it = d.objs.Backends.Iterate()
-	for it.Next(&id, &be) {
+	backends, err := d.maps().activeBackends()
+	if err != nil {
+		return err
+	}
+	for id, be := range backends {
 		st.backends[id] = be
 		st.backendIDs[backendKey{be.VipId, addrFrom16(be.Addr)}] = id
 		st.nextID = max(st.nextID, id+1)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read map backends: %w", err)
 	}
 	if st.nextID >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
 		st.nextID = 1
@@ -146,12 +144,8 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.vipKeys[k] = v
 		stats.VIPKeys++
 	}
-	if d.cfg.Seed != want.Seed {
-		d.cfg.Seed = want.Seed
-		if err := d.writeConfig(); err != nil {
-			return stats, err
-		}
-	}
+	seedChanged := d.cfg.Seed != want.Seed
+	d.cfg.Seed = want.Seed
 
 	for k := range d.st.vipKeys {
 		if _, ok := plan.vipKeys[k]; ok {
@@ -178,14 +172,22 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		if _, ok := plan.backends[id]; ok {
 			continue
 		}
-		if err := d.objs.Backends.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return stats, fmt.Errorf("delete from map backends: %w", err)
+		if err := d.objs.Backends.Put(id, &lbBackend{}); err != nil {
+			return stats, fmt.Errorf("clear entry of map backends: %w", err)
 		}
 		delete(d.st.backends, id)
 		delete(d.st.backendIDs, backendKey{be.VipId, addrFrom16(be.Addr)})
 		stats.Backends++
 	}
 	d.st.vipIDs = plan.vipIDs
+	if stats != (ApplyStats{}) || seedChanged {
+		// Every CPU's flow cache was filled from the old maps: retire it, now that
+		// the maps say what want says.
+		d.cfg.Generation++
+		if err := d.writeConfig(); err != nil {
+			return stats, err
+		}
+	}
 	if stats != (ApplyStats{}) {
 		d.log.Info("data plane applied", zap.Int("vip_keys", stats.VIPKeys), zap.Int("backends", stats.Backends), zap.Int("rings", stats.Rings))
 	}
@@ -345,7 +347,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 					}
 					ids[k] = id
 				}
-				var flags uint16
+				flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE)
 				if b.Local {
 					flags |= uint16(lbBackendFlagsBACKEND_F_LOCAL)
 				}

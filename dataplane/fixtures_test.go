@@ -286,6 +286,15 @@ func fixtures() []fixture {
 				{name: "ipv6 fragment header", in: v6frag, verdict: xdptest.Pass, reasons: reasons(rFragment, 1)},
 			}
 		}},
+		{"removed VIP: its cached flows pass", single(r1), func(t testing.TB) []step {
+			p := tcp4(40050, xdptest.ACK)
+			gone := Desired{Seed: testSeed}
+			return []step{
+				{name: "flow cached", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
+				{name: "fast path", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
+				{name: "VIP removed", apply: &gone, in: p.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
+			}
+		}},
 		{"VIP with only draining backends", desired(draining(r1)), func(t testing.TB) []step {
 			return []step{{in: tcp4(40030, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rNoBackend, 1)}}
 		}},

@@ -122,12 +122,11 @@ func (m maps) vipViews() ([]VIPView, error) {
 	if err := it.Err(); err != nil {
 		return nil, fmt.Errorf("read map vips: %w", err)
 	}
-	var id uint32
-	var be lbBackend
-	backends := map[uint32]lbBackend{}
-	it = m.backends.Iterate()
-	for it.Next(&id, &be) {
-		backends[id] = be
+	backends, err := m.activeBackends()
+	if err != nil {
+		return nil, err
+	}
+	for id, be := range backends {
 		v := byID[be.VipId]
 		if v == nil {
 			continue
@@ -138,9 +137,6 @@ func (m maps) vipViews() ([]VIPView, error) {
 			Draining: be.Flags&uint16(lbBackendFlagsBACKEND_F_DRAINING) != 0,
 			Weight:   be.Weight, Counters: cnt.Backends[id],
 		})
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map backends: %w", err)
 	}
 	var out []VIPView
 	for _, v := range byID {
@@ -215,25 +211,23 @@ type FlowView struct {
 
 // Flows returns up to limit flow table entries (all if limit <= 0), newest first.
 func (in *Inspector) Flows(limit int) ([]FlowView, error) {
+	active, err := in.m.activeBackends()
+	if err != nil {
+		return nil, err
+	}
 	backends := map[uint32]netip.Addr{}
-	var id uint32
-	var be lbBackend
-	it := in.m.backends.Iterate()
-	for it.Next(&id, &be) {
+	for id, be := range active {
 		backends[id] = addrFrom16(be.Addr)
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map backends: %w", err)
-	}
 	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
 		return nil, fmt.Errorf("read monotonic clock: %w", err)
 	}
 	now := uint64(ts.Nano())
 	var out []FlowView
 	var k lbFlowKey
 	var v lbFlowVal
-	it = in.m.flows.Iterate()
+	it := in.m.flows.Iterate()
 	for it.Next(&k, &v) {
 		age := time.Duration(0)
 		if now > v.LastSeenNs {

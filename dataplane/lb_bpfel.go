@@ -31,9 +31,19 @@ type lbBackendCounters struct {
 type lbBackendFlags uint32
 
 const (
-	lbBackendFlagsBACKEND_F_LOCAL    lbBackendFlags = 1
-	lbBackendFlagsBACKEND_F_DRAINING lbBackendFlags = 2
+	lbBackendFlagsBACKEND_F_ACTIVE   lbBackendFlags = 1
+	lbBackendFlagsBACKEND_F_LOCAL    lbBackendFlags = 2
+	lbBackendFlagsBACKEND_F_DRAINING lbBackendFlags = 4
 )
+
+type lbFlowCacheEntry struct {
+	_          structs.HostLayout
+	Key        lbFlowKey
+	BackendId  uint32
+	VipId      uint32
+	Generation uint32
+	Hits       uint32
+}
 
 type lbFlowKey struct {
 	_     structs.HostLayout
@@ -53,11 +63,12 @@ type lbFlowVal struct {
 }
 
 type lbLbConfig struct {
-	_        structs.HostLayout
-	Seed     uint32
-	RingSize uint32
-	Mac      [6]uint8
-	Pad      uint16
+	_          structs.HostLayout
+	Seed       uint32
+	RingSize   uint32
+	Generation uint32
+	Mac        [6]uint8
+	Pad        uint16
 }
 
 type lbLbLimits uint32
@@ -69,6 +80,7 @@ const (
 	lbLbLimitsLB_BACKEND_STATS lbLbLimits = 65536
 	lbLbLimitsLB_DEFAULT_FLOWS lbLbLimits = 262144
 	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 65537
+	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
 )
 
 type lbReason uint32
@@ -117,6 +129,7 @@ type lbVipVal struct {
 const (
 	lbMapBackendStats       = "backend_stats"
 	lbMapBackends           = "backends"
+	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
 	lbMapLbCfg              = "lb_cfg"
 	lbMapReasonStats        = "reason_stats"
@@ -126,7 +139,6 @@ const (
 	lbProgXdpLb             = "xdp_lb"
 	lbVarUnusedBackendFlags = "unused_backend_flags"
 	lbVarUnusedLimits       = "unused_limits"
-	lbVarUnusedVipFlags     = "unused_vip_flags"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -180,6 +192,7 @@ type lbProgramSpecs struct {
 type lbMapSpecs struct {
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
+	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
 	ReasonStats  *ebpf.MapSpec `ebpf:"reason_stats"`
@@ -194,7 +207,6 @@ type lbMapSpecs struct {
 type lbVariableSpecs struct {
 	UnusedBackendFlags *ebpf.VariableSpec `ebpf:"unused_backend_flags"`
 	UnusedLimits       *ebpf.VariableSpec `ebpf:"unused_limits"`
-	UnusedVipFlags     *ebpf.VariableSpec `ebpf:"unused_vip_flags"`
 }
 
 // lbObjects contains all objects after they have been loaded into the kernel.
@@ -219,6 +231,7 @@ func (o *lbObjects) Close() error {
 type lbMaps struct {
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
+	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
 	ReasonStats  *ebpf.Map `ebpf:"reason_stats"`
@@ -231,6 +244,7 @@ func (m *lbMaps) Close() error {
 	return _LbClose(
 		m.BackendStats,
 		m.Backends,
+		m.FlowCache,
 		m.Flows,
 		m.LbCfg,
 		m.ReasonStats,
@@ -246,7 +260,6 @@ func (m *lbMaps) Close() error {
 type lbVariables struct {
 	UnusedBackendFlags *ebpf.Variable `ebpf:"unused_backend_flags"`
 	UnusedLimits       *ebpf.Variable `ebpf:"unused_limits"`
-	UnusedVipFlags     *ebpf.Variable `ebpf:"unused_vip_flags"`
 }
 
 // lbPrograms contains all programs after they have been loaded into the kernel.

@@ -71,7 +71,8 @@ func Load(opts Options) (*Dataplane, error) {
 	}
 	for name, m := range spec.Maps {
 		if name == lbMapRings || name == lbMapVips || name == lbMapBackends || name == lbMapFlows ||
-			name == lbMapLbCfg || name == lbMapVipStats || name == lbMapBackendStats || name == lbMapReasonStats {
+			name == lbMapLbCfg || name == lbMapVipStats || name == lbMapBackendStats || name == lbMapReasonStats ||
+			name == lbMapFlowCache {
 			m.Pinning = ebpf.PinByName
 		}
 	}
@@ -100,6 +101,7 @@ func Load(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("pinned rings have %d slots, want %d: uninstall first to change the ring size", d.cfg.RingSize, opts.RingSize)
 	}
 	d.cfg.RingSize = opts.RingSize
+	d.cfg.Generation++ // a new program: no cached flow is trusted
 	if err := d.writeConfig(); err != nil {
 		d.Close()
 		return nil, err

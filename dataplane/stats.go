@@ -112,10 +112,11 @@ func (m maps) counters() (Counters, error) {
 	if err := it.Err(); err != nil {
 		return c, fmt.Errorf("read map vips: %w", err)
 	}
-	var id uint32
-	var be lbBackend
-	it = m.backends.Iterate()
-	for it.Next(&id, &be) {
+	backends, err := m.activeBackends()
+	if err != nil {
+		return c, err
+	}
+	for id := range backends {
 		var bs []lbBackendCounters
 		if err := m.backendStats.Lookup(id, &bs); err != nil {
 			return c, fmt.Errorf("read map backend_stats: %w", err)
@@ -127,10 +128,24 @@ func (m maps) counters() (Counters, error) {
 		}
 		c.Backends[id] = sum
 	}
-	if err := it.Err(); err != nil {
-		return c, fmt.Errorf("read map backends: %w", err)
-	}
 	return c, nil
+}
+
+// activeBackends reads the backends in use, by id.
+func (m maps) activeBackends() (map[uint32]lbBackend, error) {
+	out := map[uint32]lbBackend{}
+	var id uint32
+	var be lbBackend
+	it := m.backends.Iterate()
+	for it.Next(&id, &be) {
+		if be.Flags&uint16(lbBackendFlagsBACKEND_F_ACTIVE) != 0 {
+			out[id] = be
+		}
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map backends: %w", err)
+	}
+	return out, nil
 }
 
 // vipAddrs maps VIP ids to their addresses.
@@ -208,10 +223,12 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.vipNewFlows, prometheus.CounterValue, float64(v.NewFlows), vip)
 		ch <- prometheus.MustNewConstMetric(c.vipFlowHits, prometheus.CounterValue, float64(v.FlowHits), vip)
 	}
-	var id uint32
-	var be lbBackend
-	it := c.m.backends.Iterate()
-	for it.Next(&id, &be) {
+	backends, err := c.m.activeBackends()
+	if err != nil {
+		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
+		return
+	}
+	for id, be := range backends {
 		v := cnt.Backends[id]
 		vip, backend := addrs[be.VipId].String(), addrFrom16(be.Addr).String()
 		ch <- prometheus.MustNewConstMetric(c.bePackets, prometheus.CounterValue, float64(v.Packets), vip, backend)

@@ -1,0 +1,211 @@
+package dataplane
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+// BenchResult is the per-packet cost of one case under BPF_PROG_TEST_RUN,
+// measured two ways.
+type BenchResult struct {
+	Name    string
+	Verdict string
+	// Repeat is the kernel's average run time over many repetitions of one call
+	// (BPF_PROG_TEST_RUN's duration; the packet is not restored between them).
+	// For the new-flow case every repetition after the first would be a flow hit,
+	// so it is measured with one repetition per call over distinct tuples.
+	Repeat time.Duration
+	// PerRun is the program's run time per run from the kernel's BPF statistics
+	// (BPF_ENABLE_STATS), one packet per call.
+	PerRun time.Duration
+	Runs   int // packets measured in PerRun mode
+}
+
+// BenchOptions size a benchmark run.
+type BenchOptions struct {
+	Repeat  int // repetitions in Repeat mode; default 1,000,000
+	Packets int // single-packet calls in PerRun mode; default 20,000
+}
+
+// benchWorld is the state the benchmark cases run against: production-sized
+// maps, one VIP pair over ten remote replicas.
+type benchWorld struct {
+	d       *Dataplane
+	floor   *ebpf.Program
+	nic     net.HardwareAddr
+	vip4    netip.Addr
+	vip6    netip.Addr
+	client4 netip.Addr
+	client6 netip.Addr
+	cleanup func()
+}
+
+func newBenchWorld() (*benchWorld, error) {
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	pin := fmt.Sprintf("%s-bench-%d", DefaultPinPath, os.Getpid())
+	d, err := Load(Options{PinPath: pin})
+	if err != nil {
+		return nil, err
+	}
+	var aux auxObjects
+	if err := loadAuxObjects(&aux, nil); err != nil {
+		d.Close()
+		Uninstall(pin)
+		return nil, fmt.Errorf("load xdp_tx: %w", err)
+	}
+	w := &benchWorld{
+		d: d, floor: aux.XdpTx,
+		nic:     net.HardwareAddr{2, 0, 0, 0, 0, 0xe},
+		vip4:    netip.MustParseAddr("192.0.2.10"),
+		vip6:    netip.MustParseAddr("2001:db8::10"),
+		client4: netip.MustParseAddr("198.51.100.7"),
+		client6: netip.MustParseAddr("2001:db8:1::7"),
+		cleanup: func() { aux.Close(); d.Close(); Uninstall(pin) },
+	}
+	var bs []Backend
+	for i := range 10 {
+		bs = append(bs, Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(11 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}})
+	}
+	if err := d.setMAC(w.nic); err != nil {
+		w.cleanup()
+		return nil, err
+	}
+	_, err = d.Apply(Desired{Seed: 1, Groups: []Group{{
+		Name: "bench", VIPs: []netip.Addr{w.vip4, w.vip6},
+		Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Backends: bs,
+	}}})
+	if err != nil {
+		w.cleanup()
+		return nil, err
+	}
+	return w, nil
+}
+
+func (w *benchWorld) tcp(src, dst netip.Addr, sport uint16, flags uint8) []byte {
+	return xdptest.Packet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: w.nic, Src: src, Dst: dst,
+		Proto: xdptest.TCP, SPort: sport, DPort: 443, Flags: flags, Payload: make([]byte, 64)}.Bytes()
+}
+
+// benchCase is one row: a program and the frame for call i.
+type benchCase struct {
+	name     string
+	prog     *ebpf.Program
+	frame    func(i int) []byte
+	distinct bool // every call must see a new flow
+}
+
+func (w *benchWorld) cases() []benchCase {
+	est4 := w.tcp(w.client4, w.vip4, 40000, xdptest.ACK)
+	est6 := w.tcp(w.client6, w.vip6, 40000, xdptest.ACK)
+	other := w.tcp(w.client4, netip.MustParseAddr("192.0.2.99"), 40000, xdptest.ACK)
+	same := func(f []byte) func(int) []byte { return func(int) []byte { return f } }
+	return []benchCase{
+		{name: "floor: bare XDP_TX", prog: w.floor, frame: same(est4)},
+		{name: "established TCP v4", prog: w.d.Program(), frame: same(est4)},
+		{name: "new TCP v4 flow (SYN)", prog: w.d.Program(), distinct: true, frame: func(i int) []byte {
+			src := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+			return w.tcp(src, w.vip4, uint16(1024+i%60000), xdptest.SYN)
+		}},
+		{name: "established TCP v6", prog: w.d.Program(), frame: same(est6)},
+		{name: "non-VIP pass", prog: w.d.Program(), frame: same(other)},
+	}
+}
+
+// BenchXDP measures xdp_lb's per-packet cost for the standard cases. It needs
+// root; it pins its own maps under a temporary path and removes them.
+func BenchXDP(o BenchOptions) ([]BenchResult, error) {
+	if o.Repeat <= 0 {
+		o.Repeat = 1_000_000
+	}
+	if o.Packets <= 0 {
+		o.Packets = 20_000
+	}
+	w, err := newBenchWorld()
+	if err != nil {
+		return nil, err
+	}
+	defer w.cleanup()
+	stats, err := ebpf.EnableStats(uint32(unix.BPF_STATS_RUN_TIME))
+	if err != nil {
+		return nil, fmt.Errorf("enable BPF run-time statistics: %w", err)
+	}
+	defer stats.Close()
+
+	var out []BenchResult
+	for _, c := range w.cases() {
+		// Warm up: the established cases create their flow here.
+		verdict, _, err := c.prog.Test(c.frame(0))
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", c.name, err)
+		}
+		r := BenchResult{Name: c.name, Verdict: xdptest.VerdictName(verdict), Runs: o.Packets}
+		if c.distinct {
+			var sum time.Duration
+			for i := 1; i <= o.Packets; i++ {
+				_, d, err := c.prog.Benchmark(c.frame(i), 1, nil)
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", c.name, err)
+				}
+				sum += d
+			}
+			r.Repeat = sum / time.Duration(o.Packets)
+			// The flows those calls created would make the next pass all hits.
+			if err := w.clearFlows(); err != nil {
+				return nil, err
+			}
+		} else {
+			_, d, err := c.prog.Benchmark(c.frame(0), o.Repeat, nil)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+			r.Repeat = d
+		}
+		before, err := c.prog.Stats()
+		if err != nil {
+			return nil, fmt.Errorf("%s: read program stats: %w", c.name, err)
+		}
+		for i := 1; i <= o.Packets; i++ {
+			if _, _, err := c.prog.Test(c.frame(i)); err != nil {
+				return nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
+		after, err := c.prog.Stats()
+		if err != nil {
+			return nil, fmt.Errorf("%s: read program stats: %w", c.name, err)
+		}
+		if runs := after.RunCount - before.RunCount; runs > 0 {
+			r.PerRun = (after.Runtime - before.Runtime) / time.Duration(runs)
+		}
+		out = append(out, r)
+	}
+	return out, nil
+}
+
+func (w *benchWorld) clearFlows() error {
+	var k lbFlowKey
+	var keys []lbFlowKey
+	var v lbFlowVal
+	it := w.d.objs.Flows.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read map flows: %w", err)
+	}
+	for _, k := range keys {
+		w.d.objs.Flows.Delete(&k)
+	}
+	return nil
+}
