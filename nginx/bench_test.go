@@ -64,14 +64,15 @@ func BenchmarkRender5000Ingresses(b *testing.B) {
 // 5,000 hosts: each iteration moves one endpoint (an endpoint-only change, which
 // still needs a reload on Debian's nginx). It reports the whole Apply (render, write,
 // nginx -t, swap, signal, confirm) as ns/op and, separately, the time from the reload
-// signal until workers with the new configuration answer.
+// signal until workers with the new configuration answer and until the old workers
+// stopped accepting (nginx's master waits 100ms between the two).
 func BenchmarkReload(b *testing.B) {
 	for _, hosts := range []int{100, 5000} {
 		b.Run(fmt.Sprintf("hosts=%d", hosts), func(b *testing.B) {
 			snap := ingressSnapshot(b, hosts)
 			n := startNginx(b, snap)
 			ctx := context.Background()
-			var serve, render float64
+			var serve, sw, render float64
 			i := 0
 			for b.Loop() {
 				i++
@@ -82,9 +83,11 @@ func BenchmarkReload(b *testing.B) {
 					b.Fatalf("apply: %s, %v", res.Result, err)
 				}
 				serve += res.Serve.Seconds()
+				sw += res.Switch.Seconds()
 				render += res.Render.Seconds()
 			}
 			b.ReportMetric(serve*1000/float64(b.N), "signal-to-serving-ms")
+			b.ReportMetric(sw*1000/float64(b.N), "signal-to-old-stopped-ms")
 			b.ReportMetric(render*1000/float64(b.N), "render-ms")
 			b.ReportMetric(float64(len(n.r.applied)), "config-bytes")
 		})

@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		reloadDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Namespace: ns, Subsystem: sub, Name: "reload_duration_seconds",
-			Help:    "Time from the reload signal until workers with the new configuration answer.",
+			Help:    "Time from the reload signal until only workers with the new configuration accept connections.",
 			Buckets: prometheus.ExponentialBuckets(0.005, 2, 12),
 		}),
 		restarts: prometheus.NewCounter(prometheus.CounterOpts{

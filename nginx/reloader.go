@@ -51,9 +51,11 @@ type ApplyResult struct {
 	Result   string
 	Checksum string
 	Problems []model.Problem
-	// Render and Serve are the time to render, and the time from the reload signal
-	// until new workers answered (zero without confirmation or master).
-	Render, Serve time.Duration
+	// Render is the time to render. Serve is the time from the reload signal until
+	// workers with the new configuration answered, Switch until workers with the
+	// old one stopped accepting connections (both zero without a master; without
+	// ConfirmTimeout, just the time to send the signal).
+	Render, Serve, Switch time.Duration
 }
 
 // ResultUnchanged is ApplyResult.Result when nothing had to be done.
@@ -346,6 +348,12 @@ func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, er
 	r.m.configBytes.Set(float64(len(cfg.Text)))
 
 	if master != nil {
+		var old []Worker
+		if r.cfg.ConfirmTimeout > 0 {
+			if old, err = master.Workers(); err != nil {
+				return fail(ResultError, err)
+			}
+		}
 		t1 := time.Now()
 		if err := master.Reload(); err != nil {
 			return fail(ResultError, err)
@@ -356,10 +364,18 @@ func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, er
 				return fail(ResultUnconfirmed, err)
 			}
 			res.Serve = serve
+			// nginx lets old and new workers accept side by side for a moment (its
+			// master waits 100ms before telling the old ones to quit); the change is
+			// complete once none of the old ones accepts any more.
+			if err := r.waitOldWorkers(ctx, master, old); err != nil {
+				return fail(ResultUnconfirmed, err)
+			}
+			res.Switch = time.Since(t1)
 		} else {
 			res.Serve = time.Since(t1)
+			res.Switch = res.Serve
 		}
-		r.m.reloadDuration.Observe(res.Serve.Seconds())
+		r.m.reloadDuration.Observe(res.Switch.Seconds())
 	}
 	if err := WriteCertificates(certDir, cfg.Certificates); err != nil {
 		r.log.Warn("remove stale certificates", zap.Error(err))
@@ -426,6 +442,34 @@ func (r *Reloader) waitServing(ctx context.Context, checksum string, m Master) (
 		case <-m.Done():
 			return 0, errors.New("wait for nginx to serve: master exited")
 		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// waitOldWorkers waits until none of the workers in old accepts connections.
+func (r *Reloader) waitOldWorkers(ctx context.Context, m Master, old []Worker) error {
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
+	defer cancel()
+	for {
+		now, err := m.Workers()
+		if err != nil {
+			return err
+		}
+		accepting := 0
+		for _, w := range now {
+			if !w.ShuttingDown && slices.ContainsFunc(old, func(o Worker) bool { return o.PID == w.PID }) {
+				accepting++
+			}
+		}
+		if accepting == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for %d old nginx workers to stop accepting: %w", accepting, ctx.Err())
+		case <-m.Done():
+			return errors.New("wait for old nginx workers: master exited")
+		case <-time.After(5 * time.Millisecond):
 		}
 	}
 }

@@ -77,7 +77,8 @@ func (m *fakeMaster) Stop(context.Context) error {
 	m.die()
 	return nil
 }
-func (m *fakeMaster) die() { m.once.Do(func() { close(m.done) }) }
+func (m *fakeMaster) Workers() ([]Worker, error) { return nil, nil }
+func (m *fakeMaster) die()                       { m.once.Do(func() { close(m.done) }) }
 func (m *fakeMaster) state() (int, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -10,6 +10,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -36,6 +38,16 @@ type Master interface {
 	Stop(ctx context.Context) error
 	// Done is closed once the master has exited.
 	Done() <-chan struct{}
+	// Workers lists the master's worker processes.
+	Workers() ([]Worker, error)
+}
+
+// Worker is one nginx worker process.
+type Worker struct {
+	PID int
+	// ShuttingDown is set once the worker has been told to quit: it has closed
+	// its listening sockets and only finishes the requests it has.
+	ShuttingDown bool
 }
 
 // Exec runs a real nginx binary.
@@ -154,4 +166,44 @@ func (m *execMaster) Stop(ctx context.Context) error {
 	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
 	<-m.done
 	return fmt.Errorf("stop nginx: killed after %w", ctx.Err())
+}
+
+// Workers finds the master's children in /proc. A worker that got the quit signal
+// renames itself "nginx: worker process is shutting down" and closes its listening
+// sockets in the same step.
+func (m *execMaster) Workers() ([]Worker, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("list nginx workers: %w", err)
+	}
+	var out []Worker
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// "pid (comm) state ppid ...": comm may hold spaces, so cut at the last ')'.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(stat[i+1:]))
+		if len(f) < 2 || f[1] != strconv.Itoa(m.cmd.Process.Pid) {
+			continue
+		}
+		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil {
+			continue
+		}
+		title := string(cmdline)
+		if !strings.Contains(title, "worker process") {
+			continue // the cache manager or loader, if any
+		}
+		out = append(out, Worker{PID: pid, ShuttingDown: strings.Contains(title, "shutting down")})
+	}
+	return out, nil
 }
