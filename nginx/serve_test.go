@@ -128,9 +128,24 @@ func prefixDir(t testing.TB) string {
 }
 
 // startNginx runs a Reloader with a real nginx serving snap on free loopback ports
-// and waits until it serves.
+// and waits until it serves. Ports found free can be taken by another process before
+// nginx binds them, so a failed start is retried on new ports.
 func startNginx(t testing.TB, snap model.Snapshot) *liveNginx {
 	t.Helper()
+	var lastErr error
+	for range 3 {
+		n, err := tryStartNginx(t, snap)
+		if err == nil {
+			return n
+		}
+		lastErr = err
+		t.Logf("nginx did not start, retrying on other ports: %v", err)
+	}
+	t.Fatalf("start nginx: %v", lastErr)
+	return nil
+}
+
+func tryStartNginx(t testing.TB, snap model.Snapshot) (*liveNginx, error) {
 	bin := nginxBinary(t)
 	ports := freePorts(t, 3)
 	opt := DefaultOptions("")
@@ -146,17 +161,32 @@ func startNginx(t testing.TB, snap model.Snapshot) *liveNginx {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Update(snap)
-	ctx, cancel := context.WithCancel(context.Background())
-	n := &liveNginx{r: r, opt: opt, cancel: cancel, done: make(chan error, 1)}
-	go func() { n.done <- r.Run(ctx) }()
-	t.Cleanup(func() { n.stop(t) })
 	want, err := Render(snap, opt)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.waitChecksum(t, want.Checksum)
-	return n
+	r.Update(snap)
+	ctx, cancel := context.WithCancel(context.Background())
+	n := &liveNginx{r: r, opt: opt, cancel: cancel, done: make(chan error, 1)}
+	go func() { n.done <- r.Run(ctx) }()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		if got, err := Health(ctx, c, n.healthURL()); err == nil && got == want.Checksum {
+			t.Cleanup(func() { n.stop(t) })
+			return n, nil
+		}
+		select {
+		case err := <-n.done:
+			cancel()
+			return nil, fmt.Errorf("reloader run: %w", err)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			n.stop(t)
+			return nil, fmt.Errorf("nginx does not serve config %.12s after 20s", want.Checksum)
+		}
+	}
 }
 
 func (n *liveNginx) stop(t testing.TB) {
