@@ -81,9 +81,8 @@ func TestFailoverBench(t *testing.T) {
 	}
 	for i := 0; i+1 < len(rows); i += 2 {
 		p, k := rows[i], rows[i+1]
-		// Tolerance: the 1 ms probe spacing plus sleep jitter on a shared machine.
-		if p.samples > 0 && k.samples > 0 && p.median > k.median+benchTolerance {
-			t.Errorf("at %v Portico's median outage %v is worse than keepalived's %v (+%v tolerance)", p.interval, p.median, k.median, benchTolerance)
+		if tol := benchTolerance(p.interval); p.samples > 0 && k.samples > 0 && p.median > k.median+tol {
+			t.Errorf("at %v Portico's median outage %v is worse than keepalived's %v (+%v tolerance)", p.interval, p.median, k.median, tol)
 		}
 		if p.interval == 20*time.Millisecond && p.worst > 100*time.Millisecond {
 			t.Errorf("at 20ms adverts Portico's worst outage %v is over the 100ms target", p.worst)
@@ -92,8 +91,12 @@ func TestFailoverBench(t *testing.T) {
 }
 
 // benchTolerance is how much worse than keepalived a median may be and still
-// count as "no worse": the probe resolution plus scheduling jitter.
-const benchTolerance = 3 * time.Millisecond
+// count as "no worse": the 1 ms probe resolution, plus scheduling jitter on a
+// shared machine, which grows with the sleeps that place the kill in the advert
+// cycle (paired trials were seen to differ by up to ~1% of a 1 s interval).
+func benchTolerance(interval time.Duration) time.Duration {
+	return 5*time.Millisecond + interval/100
+}
 
 func median(sorted []time.Duration) time.Duration {
 	n := len(sorted)
@@ -193,30 +196,43 @@ func failoverTrial(t *testing.T, impl string, interval time.Duration, phase floa
 	return 0, fmt.Errorf("no reply after the kill among %d probes", len(res.Sent))
 }
 
-// listenInNS opens a VRRP socket on eth0 inside namespace ns (sockets keep the
-// namespace they were created in).
+// listenInNS opens a VRRP socket on eth0 inside namespace ns.
 func listenInNS(ns string) (*advertConn, error) {
+	var c *advertConn
+	err := inNS(ns, func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, err = listenAdverts(ifi, true)
+		return err
+	})
+	return c, err
+}
+
+// inNS runs fn on a thread inside namespace ns; sockets fn opens stay in ns.
+func inNS(ns string, fn func() error) error {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	orig, err := netns.Get()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer orig.Close()
 	h, err := netns.GetFromName(ns)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer h.Close()
 	if err := netns.Set(h); err != nil {
-		return nil, err
+		return err
 	}
-	defer netns.Set(orig)
-	ifi, err := net.InterfaceByName("eth0")
-	if err != nil {
-		return nil, err
-	}
-	return listenAdverts(ifi, true)
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			panic(fmt.Sprintf("return to the original namespace: %v", err))
+		}
+	}()
+	return fn()
 }
 
 // waitAdvertFrom returns when an advert from src arrives.

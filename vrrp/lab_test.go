@@ -152,9 +152,9 @@ func newLab(t *testing.T, n int) *lab {
 	l.ip("-n", l.sw, "link", "add", "br0", "type", "bridge", "mcast_snooping", "0")
 	l.ip("-n", l.sw, "link", "set", "br0", "up")
 	for i := range n {
-		l.nodes = append(l.nodes, l.addNode(fmt.Sprintf("n%d", i), fmt.Sprintf("p%d", i), netip.AddrFrom4([4]byte{10, 99, 0, byte(11 + i)})))
+		l.nodes = append(l.nodes, l.addNode(fmt.Sprintf("n%d", i), fmt.Sprintf("p%d", i), byte(11+i)))
 	}
-	l.client = l.addNode("client", "pc", netip.MustParseAddr("10.99.0.2"))
+	l.client = l.addNode("client", "pc", 2)
 	return l
 }
 
@@ -166,14 +166,23 @@ func (l *lab) addNS(ns string) {
 		}
 	})
 	l.ip("-n", ns, "link", "set", "lo", "up")
+	// No duplicate address detection: addresses are usable at once.
+	if out, err := exec.Command("ip", "netns", "exec", ns, "sysctl", "-qw",
+		"net.ipv6.conf.all.accept_dad=0", "net.ipv6.conf.default.accept_dad=0").CombinedOutput(); err != nil {
+		l.t.Fatalf("sysctl in %s: %v: %s", ns, err, out)
+	}
 }
 
-func (l *lab) addNode(name, port string, addr netip.Addr) *labNode {
+// addNode adds a namespace wired to the switch, with 10.99.0.<host>/24 and
+// fd00:99::<host>/64 on its eth0.
+func (l *lab) addNode(name, port string, host byte) *labNode {
+	addr := netip.AddrFrom4([4]byte{10, 99, 0, host})
 	n := &labNode{name: name, ns: l.prefix + "-" + name, port: port, addr: addr}
 	l.addNS(n.ns)
 	l.ip("-n", l.sw, "link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", n.ns)
 	l.ip("-n", l.sw, "link", "set", port, "master", "br0", "up")
 	l.ip("-n", n.ns, "addr", "add", addr.String()+"/24", "dev", "eth0")
+	l.ip("-n", n.ns, "addr", "add", fmt.Sprintf("fd00:99::%x/64", host), "dev", "eth0")
 	l.ip("-n", n.ns, "link", "set", "eth0", "up")
 	h, err := netns.GetFromName(n.ns)
 	if err != nil {
@@ -189,6 +198,14 @@ func (l *lab) addNode(name, port string, addr netip.Addr) *labNode {
 		l.t.Fatalf("find eth0 in %s: %v", n.ns, err)
 	}
 	n.mac = link.Attrs().HardwareAddr
+	// The kernel adds the IPv6 link-local address shortly after the link comes
+	// up; IPv6 adverts are sent from it, so wait for it.
+	if _, ok := waitFor(5*time.Second, func() bool {
+		_, err := primaryAddr(n.nl, link, false, nil)
+		return err == nil
+	}); !ok {
+		l.t.Fatalf("no IPv6 link-local address on eth0 in %s", n.ns)
+	}
 	return n
 }
 
@@ -199,14 +216,20 @@ func (l *lab) ip(args ...string) {
 	}
 }
 
-// hasVIP reports whether the VIP is on the node's eth0.
+// hasVIP reports whether the lab's VIP is on the node's eth0.
 func (l *lab) hasVIP(n *labNode) bool {
+	l.t.Helper()
+	return l.hasAddr(n, l.vip)
+}
+
+// hasAddr reports whether vip is on the node's eth0.
+func (l *lab) hasAddr(n *labNode, vip netip.Addr) bool {
 	l.t.Helper()
 	link, err := n.nl.LinkByName("eth0")
 	if err != nil {
 		l.t.Fatalf("find eth0 in %s: %v", n.ns, err)
 	}
-	ok, err := hasVIP(n.nl, link, l.vip)
+	ok, err := hasVIP(n.nl, link, vip)
 	if err != nil {
 		l.t.Fatal(err)
 	}
@@ -297,13 +320,16 @@ func (p *proc) wait(limit time.Duration) bool {
 	}
 }
 
-// startPortico runs an announcer with one instance on n's eth0.
-func (l *lab) startPortico(n *labNode, ic InstanceConfig) *proc {
+// startPortico runs an announcer on n's eth0; instances without VIPs get the
+// lab's VIP.
+func (l *lab) startPortico(n *labNode, ics ...InstanceConfig) *proc {
 	l.t.Helper()
-	if len(ic.VIPs) == 0 {
-		ic.VIPs = []netip.Addr{l.vip}
+	for i := range ics {
+		if len(ics[i].VIPs) == 0 {
+			ics[i].VIPs = []netip.Addr{l.vip}
+		}
 	}
-	cfg := Config{Interface: "eth0", Instances: []InstanceConfig{ic}}
+	cfg := Config{Interface: "eth0", Instances: ics}
 	b, err := json.Marshal(cfg)
 	if err != nil {
 		l.t.Fatal(err)
@@ -335,7 +361,11 @@ func (l *lab) clientMAC() net.HardwareAddr {
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	ns, err := l.client.nl.NeighList(link.Attrs().Index, netlink.FAMILY_V4)
+	fam := netlink.FAMILY_V4
+	if l.vip.Is6() {
+		fam = netlink.FAMILY_V6
+	}
+	ns, err := l.client.nl.NeighList(link.Attrs().Index, fam)
 	if err != nil {
 		l.t.Fatal(err)
 	}
