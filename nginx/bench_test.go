@@ -78,7 +78,7 @@ func BenchmarkReload(b *testing.B) {
 				i++
 				ep := &snap.Upstreams[0].Endpoints[0]
 				*ep = netip.AddrPortFrom(ep.Addr(), uint16(9000+i%1000))
-				res, err := n.r.Apply(ctx, snap)
+				res, err := n.r.ApplyNow(ctx, snap)
 				if err != nil || res.Result != ResultSuccess {
 					b.Fatalf("apply: %s, %v", res.Result, err)
 				}

@@ -96,7 +96,7 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	ctx := context.Background()
 	var serve []time.Duration
 	for gen := 1; gen <= reloads && time.Now().Before(deadline); gen++ {
-		res, err := n.r.Apply(ctx, loadSnapshot(gen, epA, epB))
+		res, err := n.r.ApplyNow(ctx, loadSnapshot(gen, epA, epB))
 		if err != nil || res.Result != ResultSuccess {
 			t.Fatalf("reload %d: %s, %v", gen, res.Result, err)
 		}

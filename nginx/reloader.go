@@ -166,10 +166,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 	if first == nil {
 		first = &model.Snapshot{}
 	}
-	if _, err := r.Apply(ctx, *first); err != nil {
+	if _, err := r.ApplyNow(ctx, *first); err != nil {
 		// Start with no routes (every host closed) rather than not at all; the
 		// problem is logged and counted, and the next snapshot may be fine.
-		if _, err := r.Apply(ctx, model.Snapshot{}); err != nil {
+		if _, err := r.ApplyNow(ctx, model.Snapshot{}); err != nil {
 			return fmt.Errorf("write first nginx config: %w", err)
 		}
 	}
@@ -203,7 +203,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 			r.mu.Unlock()
 			if s != nil {
 				// Apply logs and counts its own failures.
-				_, _ = r.Apply(ctx, *s)
+				_, _ = r.ApplyNow(ctx, *s)
 			}
 		case <-died:
 			r.log.Error("nginx master exited; restarting", zap.Int("pid", master.PID()), zap.Duration("backoff", r.cfg.RestartBackoff))
@@ -258,11 +258,23 @@ func (r *Reloader) stop() {
 	r.log.Info("nginx master stopped", zap.Int("pid", m.PID()))
 }
 
-// Apply renders s and, when the result differs from the running configuration,
+// Name names the Reloader as a sink of the control plane.
+func (r *Reloader) Name() string { return "nginx" }
+
+// Apply hands a snapshot to Run (as Update does) and returns at once: Run coalesces
+// snapshots over the debounce window, and keeps the last good configuration when a
+// new one fails, so the caller has nothing to retry. It makes the Reloader a sink of
+// the control plane (controlplane.Sink).
+func (r *Reloader) Apply(_ context.Context, s model.Snapshot) error {
+	r.Update(s)
+	return nil
+}
+
+// ApplyNow renders s and, when the result differs from the running configuration,
 // writes its certificates and a candidate, validates it with nginx -t, swaps it in
 // and signals the master (if one runs). Run calls it after each debounce window;
 // it is exported for callers that need a synchronous apply.
-func (r *Reloader) Apply(ctx context.Context, s model.Snapshot) (ApplyResult, error) {
+func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult, error) {
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
 

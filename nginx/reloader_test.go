@@ -116,7 +116,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 	r.master = m
 	fm := m.(*fakeMaster)
 
-	res, err := r.Apply(ctx, hostSnapshot("a.example.com"))
+	res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com"))
 	if err != nil || res.Result != ResultSuccess {
 		t.Fatalf("first apply: %+v, %v", res, err)
 	}
@@ -128,7 +128,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 		t.Fatalf("reloads after first apply = %d, want 1", n)
 	}
 
-	res, err = r.Apply(ctx, hostSnapshot("a.example.com"))
+	res, err = r.ApplyNow(ctx, hostSnapshot("a.example.com"))
 	if err != nil || res.Result != ResultUnchanged {
 		t.Fatalf("same snapshot again: %+v, %v, want unchanged", res, err)
 	}
@@ -139,7 +139,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 	runner.mu.Lock()
 	runner.testErr = errors.New("nginx: [emerg] something")
 	runner.mu.Unlock()
-	res, err = r.Apply(ctx, hostSnapshot("a.example.com", "b.example.com"))
+	res, err = r.ApplyNow(ctx, hostSnapshot("a.example.com", "b.example.com"))
 	if err == nil || res.Result != ResultInvalid {
 		t.Fatalf("apply of an invalid candidate: %+v, %v, want invalid", res, err)
 	}
@@ -154,7 +154,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 		t.Errorf("reloads_total{result=invalid} = %v, want 1", got)
 	}
 	// The refused text is not tested again until something changes.
-	res, _ = r.Apply(ctx, hostSnapshot("a.example.com", "b.example.com"))
+	res, _ = r.ApplyNow(ctx, hostSnapshot("a.example.com", "b.example.com"))
 	if res.Result != ResultUnchanged {
 		t.Errorf("refused snapshot again: %s, want unchanged", res.Result)
 	}
@@ -166,7 +166,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 func TestApplyReportsProblemsAndKeepsTheRest(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
-	res, err := r.Apply(context.Background(), hostSnapshot("good.example.com", "bad;host"))
+	res, err := r.ApplyNow(context.Background(), hostSnapshot("good.example.com", "bad;host"))
 	if err != nil || res.Result != ResultSuccess {
 		t.Fatalf("apply: %+v, %v", res, err)
 	}
@@ -308,3 +308,10 @@ func assertFiles(t *testing.T, dir string, want ...string) {
 		}
 	}
 }
+
+// The Reloader is a control-plane sink (controlplane.Sink, not imported here: nginx
+// stays free of client-go).
+var _ interface {
+	Name() string
+	Apply(context.Context, model.Snapshot) error
+} = (*Reloader)(nil)

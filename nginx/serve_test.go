@@ -515,7 +515,7 @@ func TestCertificateNginxRefusesSkipsOnlyItsHost(t *testing.T) {
 		}
 	}
 	n := startNginx(t, hostSnapshot("placeholder.test"))
-	res, err := n.r.Apply(context.Background(), snap(weak))
+	res, err := n.r.ApplyNow(context.Background(), snap(weak))
 	if err != nil || res.Result != ResultSuccess {
 		t.Fatalf("apply with a refused certificate: %s, %v", res.Result, err)
 	}
@@ -545,13 +545,13 @@ func TestCertificateNginxRefusesSkipsOnlyItsHost(t *testing.T) {
 		t.Errorf("http://weak.test/x = %d %q, want plain HTTP still served", resp.StatusCode, body)
 	}
 	// The same snapshot again is unchanged: the refusal is remembered, not retested.
-	if res, _ := n.r.Apply(context.Background(), snap(weak)); res.Result != ResultUnchanged {
+	if res, _ := n.r.ApplyNow(context.Background(), snap(weak)); res.Result != ResultUnchanged {
 		t.Errorf("same snapshot again: %s, want unchanged", res.Result)
 	}
 	// A fixed Secret is used again.
 	fixed := selfSigned(t, "weak.test")
 	fixed.Name = weak.Name
-	if res, err := n.r.Apply(context.Background(), snap(fixed)); err != nil || res.Result != ResultSuccess {
+	if res, err := n.r.ApplyNow(context.Background(), snap(fixed)); err != nil || res.Result != ResultSuccess {
 		t.Fatalf("apply with the fixed certificate: %s, %v", res.Result, err)
 	}
 	if err := handshake("weak.test"); err != nil {
