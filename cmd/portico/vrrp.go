@@ -86,16 +86,9 @@ func runVRRP(args []string) error {
 	if err != nil {
 		return err
 	}
-	a, err := vrrp.New(cfg, log.Named("vrrp"), met)
-	if err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if *metricsAddr != "" {
 		ln, err := net.Listen("tcp", *metricsAddr)
 		if err != nil {
-			a.Close()
 			return fmt.Errorf("listen for metrics: %w", err)
 		}
 		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
@@ -106,6 +99,12 @@ func runVRRP(args []string) error {
 		}()
 		defer srv.Close()
 	}
+	a, err := vrrp.New(cfg, log.Named("vrrp"), met)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
 	return a.Run(ctx)
 }
 
