@@ -5,7 +5,7 @@ GO ?= go
 TESTFLAGS ?= -count=1 -timeout 30m
 FUZZTIME ?= 20s
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -51,3 +51,6 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 
 bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/20ms adverts (root; ~4 min; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_FAILOVER=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./vrrp/ | grep -vE '^=== |became the only owner'
+
+bench-nginx: deps ## nginx render time and size for 5,000 Ingresses, reload time at 100 and 5,000 hosts (real nginx)
+	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(or $(BENCHTIME),5x) -benchmem ./nginx/
