@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -100,6 +101,10 @@ type Controller struct {
 	last         model.Snapshot
 	lastProblems []model.Problem
 	reported     map[string]bool // problems already sent as Events (leader)
+
+	// written remembers the annotations this leader wrote until the cache shows them,
+	// so a sync on a cache that lags its own writes does not allocate or schedule again.
+	written map[writtenKey]written
 }
 
 // syncKey is the one key in the queue: every change leads to one full rebuild, and
@@ -138,6 +143,7 @@ func New(cfg Config) (*Controller, error) {
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "portico-controlplane"}),
 		reported: map[string]bool{},
+		written:  map[writtenKey]written{},
 	}
 	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(c.queue.Len()) })
 	if err != nil {
@@ -467,6 +473,7 @@ func joinErrs(errs []error) error { return errors.Join(errs...) }
 // next sync, which sees the new state.
 func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) error {
 	var errs []error
+	st = c.withWritten(st)
 	// VRIDs.
 	vrids, problems := AllocateVRIDs(st.Services)
 	for g, id := range vrids {
@@ -610,7 +617,75 @@ func (c *Controller) patchAnnotation(ctx context.Context, kind, ns, name, k, v s
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("annotate %s %s/%s %s: %w", kind, ns, name, k, err)
 	}
+	if err == nil {
+		c.mu.Lock()
+		c.written[writtenKey{kind, ns + "/" + name, k}] = written{v, time.Now()}
+		c.mu.Unlock()
+	}
 	return nil
+}
+
+type writtenKey struct{ kind, object, annotation string }
+
+type written struct {
+	value string
+	at    time.Time
+}
+
+// writtenTTL bounds how long a write the cache has not shown yet is assumed to hold.
+const writtenTTL = 30 * time.Second
+
+// withWritten overlays the annotations this leader wrote and the cache does not show
+// yet onto copies of the affected objects (the cached ones are never changed).
+func (c *Controller) withWritten(st State) State {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.written) == 0 {
+		return st
+	}
+	overlay := func(kind string, o metav1.Object) map[string]string {
+		var add map[string]string
+		for _, ann := range []string{AnnotationVIP, AnnotationVRID, AnnotationGroup} {
+			k := writtenKey{kind, key(o), ann}
+			w, ok := c.written[k]
+			if !ok {
+				continue
+			}
+			if cur, has := o.GetAnnotations()[ann]; (has && cur == w.value) || time.Since(w.at) > writtenTTL {
+				delete(c.written, k) // the cache caught up (or never will)
+				continue
+			}
+			if add == nil {
+				add = map[string]string{}
+			}
+			add[ann] = w.value
+		}
+		return add
+	}
+	out := st
+	out.Services = slices.Clone(st.Services)
+	for i, s := range out.Services {
+		if add := overlay("Service", s); add != nil {
+			cp := s.DeepCopy()
+			if cp.Annotations == nil {
+				cp.Annotations = map[string]string{}
+			}
+			maps.Copy(cp.Annotations, add)
+			out.Services[i] = cp
+		}
+	}
+	out.Ingresses = slices.Clone(st.Ingresses)
+	for i, ing := range out.Ingresses {
+		if add := overlay("Ingress", ing); add != nil {
+			cp := ing.DeepCopy()
+			if cp.Annotations == nil {
+				cp.Annotations = map[string]string{}
+			}
+			maps.Copy(cp.Annotations, add)
+			out.Ingresses[i] = cp
+		}
+	}
+	return out
 }
 
 func (c *Controller) findService(st State, ns, name string) *corev1.Service {

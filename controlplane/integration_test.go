@@ -13,6 +13,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -410,4 +411,189 @@ func TestIntegrationScheduling(t *testing.T) {
 			return ""
 		})
 	})
+}
+
+func (e *env) createClaim(name string, policy ReclaimPolicy, ingresses ...string) {
+	e.t.Helper()
+	refs := []any{}
+	for _, i := range ingresses {
+		refs = append(refs, map[string]any{"name": i})
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"metadata": map[string]any{"name": name, "namespace": e.ns},
+		"spec": map[string]any{"ingresses": refs, "reclaimPolicy": string(policy),
+			"template": map[string]any{"nodeSelector": map[string]any{"portico.io/edge": "true"}, "replicas": int64(3)}},
+	}}
+	if _, err := e.dyn.Resource(ClaimResource).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+		e.t.Fatalf("create IngressClaim: %v", err)
+	}
+}
+
+func (e *env) claim(name string) (*IngressClaim, error) {
+	u, err := e.dyn.Resource(ClaimResource).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	return claimFromUnstructured(u)
+}
+
+// TestIntegrationIngressClaim provisions a group for a claim, binds its Ingresses,
+// reports the VIP, and applies both reclaim policies.
+func TestIntegrationIngressClaim(t *testing.T) {
+	e := newEnv(t)
+	e.svc(backendSvc("", "web", sport("http", 80)))
+	mk := func(name string) {
+		ing := ingress(e.ns, name, 0, name+".example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}})
+		ing.CreationTimestamp = metav1.Time{}
+		e.must(e.cs.NetworkingV1().Ingresses(e.ns).Create(e.ctx, ing, metav1.CreateOptions{}))
+	}
+	mk("shop")
+	mk("blog")
+	mk("kept")
+	e.createClaim("edge", ReclaimDelete, "shop", "blog", "not-yet")
+	e.createClaim("keep", ReclaimRetain, "kept")
+	pool, _ := ParsePool("203.0.113.0/30")
+	e.start(func(c *Config) { c.Pools = []Pool{pool}; c.AgentImage = "example/portico:test" })
+
+	t.Run("provisioned and bound", func(t *testing.T) {
+		eventually(t, converge, func() string {
+			c, err := e.claim("edge")
+			if err != nil {
+				return err.Error()
+			}
+			want := IngressClaimStatus{Phase: ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"}}
+			if d := cmp.Diff(want, c.Status); d != "" {
+				return "claim status (-want +got):\n" + d
+			}
+			svc, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "edge", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			if !ownedBy(svc, c) || svc.Labels[LabelGroup] != "true" {
+				return fmt.Sprintf("group Service not owned by the claim or not a group: %v %v", svc.OwnerReferences, svc.Labels)
+			}
+			ds, err := e.cs.AppsV1().DaemonSets(e.ns).Get(e.ctx, "edge", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			if !ownedBy(ds, c) || ds.Spec.Template.Spec.NodeSelector["portico.io/edge"] != "true" || !ds.Spec.Template.Spec.HostNetwork ||
+				ds.Spec.Template.Spec.Containers[0].Image != "example/portico:test" {
+				return fmt.Sprintf("DaemonSet not as asked: %+v", ds.Spec.Template.Spec)
+			}
+			for _, n := range []string{"shop", "blog"} {
+				ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, n, metav1.GetOptions{})
+				if err != nil {
+					return err.Error()
+				}
+				if ing.Annotations[AnnotationGroup] != e.ns+"/edge" {
+					return n + " not bound"
+				}
+				if d := cmp.Diff([]networkingv1.IngressLoadBalancerIngress{{IP: "203.0.113.1"}}, ing.Status.LoadBalancer.Ingress); d != "" {
+					return n + " status: " + d
+				}
+			}
+			return ""
+		})
+	})
+	t.Run("reclaim Delete", func(t *testing.T) {
+		for _, n := range []string{"shop", "blog"} {
+			if err := e.cs.NetworkingV1().Ingresses(e.ns).Delete(e.ctx, n, metav1.DeleteOptions{}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		eventually(t, converge, func() string {
+			if _, err := e.claim("edge"); err == nil {
+				return "claim still exists"
+			}
+			if _, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "edge", metav1.GetOptions{}); err == nil {
+				return "group Service still exists"
+			}
+			if _, err := e.cs.AppsV1().DaemonSets(e.ns).Get(e.ctx, "edge", metav1.GetOptions{}); err == nil {
+				return "DaemonSet still exists"
+			}
+			return ""
+		})
+	})
+	t.Run("reclaim Retain", func(t *testing.T) {
+		eventually(t, converge, func() string {
+			if c, err := e.claim("keep"); err != nil || c.Status.Phase != ClaimBound {
+				return fmt.Sprintf("keep not bound yet: %v", err)
+			}
+			return ""
+		})
+		if err := e.cs.NetworkingV1().Ingresses(e.ns).Delete(e.ctx, "kept", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, converge, func() string {
+			c, err := e.claim("keep")
+			if err != nil {
+				return err.Error()
+			}
+			if c.Status.Phase != ClaimReleased || len(c.Status.BoundIngresses) != 0 {
+				return fmt.Sprintf("status %+v, want Released with no Ingresses", c.Status)
+			}
+			if _, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "keep", metav1.GetOptions{}); err != nil {
+				return "retained Service: " + err.Error()
+			}
+			if _, err := e.cs.AppsV1().DaemonSets(e.ns).Get(e.ctx, "keep", metav1.GetOptions{}); err != nil {
+				return "retained DaemonSet: " + err.Error()
+			}
+			return ""
+		})
+	})
+}
+
+// TestIntegrationLeaderFailover runs two controllers on one Lease: only the leader
+// writes; when it is killed (Lease not released), the other takes over the writes.
+func TestIntegrationLeaderFailover(t *testing.T) {
+	e := newEnv(t)
+	pool, _ := ParsePool("192.0.2.0/28")
+	cfg := func(id string) func(*Config) {
+		return func(c *Config) { c.Pools = []Pool{pool}; c.Identity = id; c.ReleaseOnCancel = false }
+	}
+	a := e.start(cfg("a"))
+	b := e.start(cfg("b"))
+	var leader, follower *running
+	eventually(t, converge, func() string {
+		switch {
+		case a.ctl.IsLeader() && !b.ctl.IsLeader():
+			leader, follower = a, b
+		case b.ctl.IsLeader() && !a.ctl.IsLeader():
+			leader, follower = b, a
+		default:
+			return fmt.Sprintf("leaders: a=%v b=%v", a.ctl.IsLeader(), b.ctl.IsLeader())
+		}
+		return ""
+	})
+	e.svc(groupSvc("", "g1", 0))
+	eventually(t, converge, func() string {
+		if v := annotations(t, e, "Service", "g1")[AnnotationVIP]; v != "192.0.2.1" {
+			return "g1 VIP " + v
+		}
+		return ""
+	})
+	// Both read: the follower's sink has the allocated VIP too.
+	waitSnapshot(t, follower, func() model.Snapshot {
+		return model.Snapshot{Groups: []model.Group{{Name: e.ns + "/g1", VIPs: addrs("192.0.2.1"), VRID: 1,
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}}}}
+	})
+
+	leader.stop()
+	killed := time.Now()
+	e.svc(groupSvc("", "g2", 0))
+	eventually(t, converge, func() string {
+		if !follower.ctl.IsLeader() {
+			return "follower has not taken over"
+		}
+		if v := annotations(t, e, "Service", "g2")[AnnotationVIP]; v != "192.0.2.2" {
+			return "g2 VIP " + v
+		}
+		return ""
+	})
+	took := time.Since(killed)
+	t.Logf("takeover and first write %v after the leader was killed (lease 2s)", took)
+	if took < time.Second {
+		t.Errorf("takeover after %v: the killed leader's Lease was released or not respected", took)
+	}
 }
