@@ -42,22 +42,29 @@ func delVIP(h *netlink.Handle, link netlink.Link, vip netip.Addr) error {
 	return nil
 }
 
-// hasVIP reports whether vip is on link.
+// hasVIP reports whether vip is on link, with any prefix length.
 func hasVIP(h *netlink.Handle, link netlink.Link, vip netip.Addr) (bool, error) {
+	bits, err := vipBits(h, link, vip)
+	return bits >= 0, err
+}
+
+// vipBits returns the prefix length vip has on link, or -1 if it is not there.
+func vipBits(h *netlink.Handle, link netlink.Link, vip netip.Addr) (int, error) {
 	fam := netlink.FAMILY_V4
 	if vip.Is6() {
 		fam = netlink.FAMILY_V6
 	}
 	addrs, err := h.AddrList(link, fam)
 	if err != nil {
-		return false, fmt.Errorf("list addresses of %s: %w", link.Attrs().Name, err)
+		return -1, fmt.Errorf("list addresses of %s: %w", link.Attrs().Name, err)
 	}
 	for _, a := range addrs {
 		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == vip {
-			return true, nil
+			bits, _ := a.Mask.Size()
+			return bits, nil
 		}
 	}
-	return false, nil
+	return -1, nil
 }
 
 // primaryAddr returns the address adverts are sent from: for IPv4 the first

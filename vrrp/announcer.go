@@ -81,6 +81,23 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Announcer, error) {
 			allVIPs[v.Unmap()] = true
 		}
 	}
+	for v := range allVIPs {
+		bits, err := vipBits(a.nl, a.link, v)
+		if err != nil {
+			return nil, err
+		}
+		if host := v.BitLen(); bits >= 0 && bits != host {
+			// A VIP is a host address the announcer adds and removes; an
+			// address with a subnet is the node's own: never touch it.
+			return nil, fmt.Errorf("vip %v is on %s as a /%d, not a /%d: is it the node's own address?", v, cfg.Interface, bits, host)
+		}
+		if bits >= 0 {
+			log.Info("removing stale vip", zap.Stringer("vip", v), zap.String("iface", cfg.Interface))
+			if err := delVIP(a.nl, a.link, v); err != nil {
+				return nil, err
+			}
+		}
+	}
 	for _, ic := range cfg.Instances {
 		is4 := ic.VIPs[0].Unmap().Is4()
 		if a.conns[is4] == nil {
@@ -105,16 +122,6 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Announcer, error) {
 		a.byVRID[vridKey{is4, ic.VRID}] = in
 		for _, v := range in.vips {
 			a.byVIP[v] = in
-		}
-		for _, v := range in.vips {
-			if there, err := hasVIP(a.nl, a.link, v); err != nil {
-				return nil, err
-			} else if there {
-				log.Info("removing stale vip", zap.String("instance", ic.Name), zap.Stringer("vip", v), zap.String("iface", cfg.Interface))
-				if err := delVIP(a.nl, a.link, v); err != nil {
-					return nil, err
-				}
-			}
 		}
 	}
 	ok = true

@@ -164,3 +164,29 @@ func TestLabManyInstances(t *testing.T) {
 			l.hasAddr(l.nodes[0], vipA), l.hasAddr(l.nodes[0], vipB), l.hasAddr(l.nodes[1], vipA), l.hasAddr(l.nodes[1], vipB))
 	}
 }
+
+// TestLabStartupAddresses: a stale /32 VIP left by an earlier run is removed at
+// start-up, and the node's own address is never taken for a VIP.
+func TestLabStartupAddresses(t *testing.T) {
+	l := newLab(t, 2)
+	l.ip("-n", l.nodes[1].ns, "addr", "add", l.vip.String()+"/32", "dev", "eth0")
+	l.startPortico(l.nodes[0], labInstance(200, 100*time.Millisecond))
+	l.startPortico(l.nodes[1], labInstance(100, 100*time.Millisecond))
+	l.electAndHold(l.nodes[0], 5*time.Second, 300*time.Millisecond)
+
+	client := labInstance(100, 100*time.Millisecond)
+	client.VIPs = []netip.Addr{l.client.addr}
+	p := l.startPortico(l.client, client)
+	if !p.wait(10 * time.Second) {
+		t.Fatal("an announcer given the node's own address as VIP kept running")
+	}
+	if code := p.cmd.ProcessState.ExitCode(); code == 0 {
+		t.Errorf("exit code = 0, want a failure")
+	}
+	if !l.hasAddr(l.client, l.client.addr) {
+		t.Error("the node's own address was removed")
+	}
+	if b, _ := os.ReadFile(p.log); !bytes.Contains(b, []byte("node's own address")) {
+		t.Errorf("no clear error in the log:\n%s", b)
+	}
+}
