@@ -244,29 +244,37 @@ func (a *Announcer) readAdverts(ctx context.Context, c *advertConn, is4 bool) {
 			}
 			continue
 		}
-		adv, err := Decode(r.payload, r.src, r.dst, r.hopLimit)
-		if err != nil {
-			a.reject(ReasonOf(err), err, r.src)
-			continue
-		}
-		in := a.byVRID[vridKey{is4, adv.VRID}]
-		if in == nil {
-			a.reject(ReasonVRID, fmt.Errorf("no instance for vrid %d", adv.VRID), r.src)
-			continue
-		}
-		if r.src == in.primary {
-			continue // our own advert looped back
-		}
-		if reason, err := in.check(adv, r.src); err != nil {
-			a.reject(reason, err, r.src)
-			continue
-		}
-		a.met.advertsReceived.WithLabelValues(in.cfg.Name).Inc()
-		select {
-		case in.events <- advertEvent{adv, r.src}:
-		case <-ctx.Done():
+		if in, ev, ok := a.accept(r, is4); ok {
+			select {
+			case in.events <- ev:
+			case <-ctx.Done():
+			}
 		}
 	}
+}
+
+// accept validates one received packet and finds its virtual router. A refusal
+// is counted by reason and logged (rate-limited); the caller skips the packet.
+func (a *Announcer) accept(r received, is4 bool) (*instance, advertEvent, bool) {
+	adv, err := Decode(r.payload, r.src, r.dst, r.hopLimit)
+	if err != nil {
+		a.reject(ReasonOf(err), err, r.src)
+		return nil, advertEvent{}, false
+	}
+	in := a.byVRID[vridKey{is4, adv.VRID}]
+	if in == nil {
+		a.reject(ReasonVRID, fmt.Errorf("no instance for vrid %d", adv.VRID), r.src)
+		return nil, advertEvent{}, false
+	}
+	if r.src == in.primary {
+		return nil, advertEvent{}, false // our own advert looped back
+	}
+	if reason, err := in.check(adv, r.src); err != nil {
+		a.reject(reason, err, r.src)
+		return nil, advertEvent{}, false
+	}
+	a.met.advertsReceived.WithLabelValues(in.cfg.Name).Inc()
+	return in, advertEvent{adv, r.src}, true
 }
 
 // readClaims hands ARP replies / NAs for our VIPs from foreign MACs to the

@@ -1,0 +1,106 @@
+package vrrp
+
+import (
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// counterValue reads one series of a counter vector.
+func counterValue(t *testing.T, c *prometheus.CounterVec, labels ...string) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.WithLabelValues(labels...).Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// TestAcceptCountsEveryRejection drives the receive path without sockets: each
+// bad advert is skipped, counted under its reason and logged.
+func TestAcceptCountsEveryRejection(t *testing.T) {
+	met, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.InfoLevel)
+	a := &Announcer{cfg: Config{Interface: "eth0"}, log: zap.New(core), met: met,
+		byVRID: map[vridKey]*instance{}, rejectLog: newLimiter(time.Nanosecond)}
+	vip := a4("10.0.0.100")
+	for _, ic := range []InstanceConfig{
+		{Name: "open", VRID: 1, Version: 3, Priority: 100, AdvertInterval: Duration{time.Second}, VIPs: []netip.Addr{vip}},
+		{Name: "peers", VRID: 2, Version: 3, Priority: 100, AdvertInterval: Duration{time.Second}, VIPs: []netip.Addr{vip}, Peers: []netip.Addr{a4("10.0.0.3")}},
+		{Name: "legacy", VRID: 3, Version: 2, Priority: 100, AdvertInterval: Duration{time.Second}, VIPs: []netip.Addr{vip}},
+	} {
+		a.byVRID[vridKey{true, ic.VRID}] = newInstance(a, ic, true, a4("10.0.0.1"))
+	}
+	src := a4("10.0.0.2")
+	pkt := func(adv Advert, from netip.Addr, ttl int) received {
+		if adv.Addrs == nil {
+			adv.Addrs = []netip.Addr{vip}
+		}
+		b, err := Encode(adv, from, GroupIPv4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return received{payload: b, src: from, dst: GroupIPv4, hopLimit: ttl}
+	}
+	v3 := func(vrid uint8) Advert {
+		return Advert{Version: 3, VRID: vrid, Priority: 50, Interval: time.Second}
+	}
+	cases := []struct {
+		name string
+		r    received
+		want Reason // "" for accepted
+	}{
+		{"good", pkt(v3(1), src, 255), ""},
+		{"ttl", pkt(v3(1), src, 64), ReasonTTL},
+		{"garbage", received{payload: []byte{1, 2, 3}, src: src, dst: GroupIPv4, hopLimit: 255}, ReasonShort},
+		{"unknown vrid", pkt(v3(9), src, 255), ReasonVRID},
+		{"not a peer", pkt(v3(2), src, 255), ReasonPeer},
+		{"a peer", pkt(v3(2), a4("10.0.0.3"), 255), ""},
+		{"version differs", pkt(Advert{Version: 2, VRID: 1, Priority: 50, Interval: time.Second}, src, 255), ReasonMismatch},
+		{"v2 interval differs", pkt(Advert{Version: 2, VRID: 3, Priority: 50, Interval: 2 * time.Second}, src, 255), ReasonMismatch},
+		{"other vips", pkt(Advert{Version: 3, VRID: 1, Priority: 50, Interval: time.Second, Addrs: []netip.Addr{a4("10.0.0.200")}}, src, 255), ReasonAddrs},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			before := map[Reason]float64{}
+			for _, r := range Reasons {
+				before[r] = counterValue(t, met.advertsRejected, string(r))
+			}
+			logsBefore := logs.Len()
+			in, ev, ok := a.accept(tc.r, true)
+			if tc.want == "" {
+				if !ok || in == nil || ev.src != tc.r.src {
+					t.Fatalf("accept = %v, %+v, %v; want accepted", in, ev, ok)
+				}
+				return
+			}
+			if ok {
+				t.Fatalf("accepted, want rejected for %s", tc.want)
+			}
+			for _, r := range Reasons {
+				got := counterValue(t, met.advertsRejected, string(r)) - before[r]
+				want := 0.0
+				if r == tc.want {
+					want = 1
+				}
+				if got != want {
+					t.Errorf("rejected{reason=%q} grew by %v, want %v", r, got, want)
+				}
+			}
+			if logs.Len() != logsBefore+1 {
+				t.Errorf("%d log lines for the rejection, want 1", logs.Len()-logsBefore)
+			}
+		})
+	}
+	if got := counterValue(t, met.advertsReceived, "open"); got != 1 {
+		t.Errorf("received{open} = %v, want 1", got)
+	}
+}
