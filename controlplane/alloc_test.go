@@ -1,0 +1,211 @@
+package controlplane
+
+import (
+	"net/netip"
+	"strconv"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+func TestParsePool(t *testing.T) {
+	tests := []struct {
+		name    string
+		in      string
+		want    Pool
+		wantErr bool
+	}{
+		{"plain", "192.0.2.0/24", Pool{CIDR: netip.MustParsePrefix("192.0.2.0/24")}, false},
+		{"masked", "192.0.2.7/24", Pool{CIDR: netip.MustParsePrefix("192.0.2.0/24")}, false},
+		{"exclusions", "2001:db8::/120!2001:db8::1, 2001:db8::80/121", Pool{CIDR: netip.MustParsePrefix("2001:db8::/120"),
+			Exclude: []netip.Prefix{netip.MustParsePrefix("2001:db8::1/128"), netip.MustParsePrefix("2001:db8::80/121")}}, false},
+		{"bad cidr", "192.0.2.0", Pool{}, true},
+		{"bad exclusion", "192.0.2.0/24!nope", Pool{}, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParsePool(tc.in)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if err == nil {
+				if d := cmp.Diff(tc.want, got, cmpAddrs); d != "" {
+					t.Errorf("(-want +got):\n%s", d)
+				}
+			}
+		})
+	}
+}
+
+func mustPool(t *testing.T, s string) Pool {
+	t.Helper()
+	p, err := ParsePool(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestAllocateVIPs(t *testing.T) {
+	tests := []struct {
+		name     string
+		services []*corev1.Service
+		pools    []string
+		want     map[string][]netip.Addr
+		problems []model.Problem
+	}{
+		{
+			name:     "lowest free, oldest first, skipping network, broadcast, exclusions and manual VIPs",
+			services: []*corev1.Service{groupSvc("e", "c", 3), groupSvc("e", "b", 2), groupSvc("e", "manual", 1, AnnotationVIP, "192.0.2.2"), groupSvc("e", "d", 4)},
+			pools:    []string{"192.0.2.0/29!192.0.2.1"},
+			want:     map[string][]netip.Addr{"e/b": addrs("192.0.2.3"), "e/c": addrs("192.0.2.4"), "e/d": addrs("192.0.2.5")},
+		},
+		{
+			name:     "pool exhausted: reported, the next family still served",
+			services: []*corev1.Service{groupSvc("e", "a", 1), groupSvc("e", "b", 2)},
+			pools:    []string{"192.0.2.0/30", "2001:db8::/127"},
+			want:     map[string][]netip.Addr{"e/a": addrs("192.0.2.1", "2001:db8::1"), "e/b": addrs("192.0.2.2")},
+			problems: []model.Problem{{Object: "Service e/b", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonVIPPoolExhausted}},
+		},
+		{
+			name:     "second pool of a family when the first is full; /31 and /32 use every address",
+			services: []*corev1.Service{groupSvc("e", "a", 1), groupSvc("e", "b", 2), groupSvc("e", "c", 3)},
+			pools:    []string{"192.0.2.8/31", "198.51.100.7/32"},
+			want:     map[string][]netip.Addr{"e/a": addrs("192.0.2.8"), "e/b": addrs("192.0.2.9"), "e/c": addrs("198.51.100.7")},
+		},
+		{
+			name: "groups with any VIP annotation (even invalid or the seed alias) and non-groups are left alone",
+			services: []*corev1.Service{groupSvc("e", "bad", 1, AnnotationVIP, "nope"), groupSvc("e", "alias", 2, AnnotationVIPAlias, "192.0.2.1"),
+				backendSvc("e", "plain", sport("http", 80)), groupSvc("e", "new", 3)},
+			pools: []string{"192.0.2.0/29"},
+			want:  map[string][]netip.Addr{"e/new": addrs("192.0.2.2")},
+		},
+		{
+			name:     "no pools: nothing allocated, nothing reported",
+			services: []*corev1.Service{groupSvc("e", "a", 1)},
+			want:     map[string][]netip.Addr{},
+		},
+		{
+			name:     "large IPv6 exclusion is skipped at once",
+			services: []*corev1.Service{groupSvc("e", "a", 1)},
+			pools:    []string{"2001:db8::/64!2001:db8::/65"},
+			want:     map[string][]netip.Addr{"e/a": addrs("2001:db8::8000:0:0:0")},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var pools []Pool
+			for _, p := range tc.pools {
+				pools = append(pools, mustPool(t, p))
+			}
+			got, problems := AllocateVIPs(tc.services, pools)
+			if d := cmp.Diff(tc.want, got, cmpAddrs); d != "" {
+				t.Errorf("allocations (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(tc.problems, problems, ignoreDetail, cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("problems (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestAllocateVRIDs(t *testing.T) {
+	full := make([]*corev1.Service, 0, 256)
+	for i := 1; i <= 255; i++ {
+		full = append(full, groupSvc("e", "g"+string(rune('a'+i%26))+strconv.Itoa(i), i, AnnotationVRID, strconv.Itoa(i)))
+	}
+	full = append(full, groupSvc("e", "late", 300))
+	tests := []struct {
+		name     string
+		services []*corev1.Service
+		want     map[string]uint8
+		problems []model.Problem
+	}{
+		{
+			name:     "lowest free, oldest first, manual ids kept, invalid ones not replaced",
+			services: []*corev1.Service{groupSvc("e", "b", 2), groupSvc("e", "a", 1), groupSvc("e", "m", 0, AnnotationVRID, "1"), groupSvc("e", "bad", 0, AnnotationVRID, "300")},
+			want:     map[string]uint8{"e/a": 2, "e/b": 3},
+		},
+		{
+			name:     "exhausted",
+			services: full,
+			want:     map[string]uint8{},
+			problems: []model.Problem{{Object: "Service e/late", Field: "metadata.annotations[portico.io/vrid]", Reason: ReasonVRIDExhausted}},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, problems := AllocateVRIDs(tc.services)
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("allocations (-want +got):\n%s", d)
+			}
+			if d := cmp.Diff(tc.problems, problems, ignoreDetail, cmpopts.EquateEmpty()); d != "" {
+				t.Errorf("problems (-want +got):\n%s", d)
+			}
+		})
+	}
+}
+
+func TestSchedule(t *testing.T) {
+	edge := func(name string, age int, tier string) *corev1.Service {
+		s := groupSvc("e", name, age)
+		s.Labels["tier"] = tier
+		return s
+	}
+	sel := func(name string, age int, s string) *networkingv1.Ingress {
+		return ingress("app", name, age, "", nil, AnnotationGroupSelector, s)
+	}
+	groups := []*corev1.Service{edge("g-c", 1, "edge"), edge("g-a", 2, "edge"), edge("g-b", 3, "edge"), edge("g-x", 4, "internal")}
+	tests := []struct {
+		name      string
+		ingresses []*networkingv1.Ingress
+		classes   []*networkingv1.IngressClass
+		want      map[string]string
+	}{
+		{
+			name: "fewest bound, ties by name, counting this pass",
+			ingresses: []*networkingv1.Ingress{
+				ingress("app", "bound", 0, "", nil, AnnotationGroup, "e/g-a"),
+				sel("s1", 1, "tier=edge"), sel("s2", 2, "tier=edge"), sel("s3", 3, "tier=edge"), sel("s4", 4, "tier=edge"),
+			},
+			want: map[string]string{"app/s1": "e/g-b", "app/s2": "e/g-c", "app/s3": "e/g-a", "app/s4": "e/g-b"},
+		},
+		{
+			name:      "selector matching one group; none matching; bad selector",
+			ingresses: []*networkingv1.Ingress{sel("x", 1, "tier=internal"), sel("none", 2, "tier=gold"), sel("bad", 3, "a in (")},
+			want:      map[string]string{"app/x": "e/g-x"},
+		},
+		{
+			name: "selector from the IngressClass",
+			classes: []*networkingv1.IngressClass{{ObjectMeta: meta("", "sched", 0, AnnotationGroupSelector, "tier=internal"),
+				Spec: networkingv1.IngressClassSpec{Controller: ControllerName}}},
+			ingresses: []*networkingv1.Ingress{func() *networkingv1.Ingress {
+				i := ingress("app", "c", 1, "", nil)
+				i.Spec.IngressClassName = ptr("sched")
+				return i
+			}()},
+			want: map[string]string{"app/c": "e/g-x"},
+		},
+		{
+			name: "already bound (sticky), even to a group that no longer matches or exists",
+			ingresses: []*networkingv1.Ingress{
+				ingress("app", "a", 1, "", nil, AnnotationGroup, "e/g-x", AnnotationGroupSelector, "tier=edge"),
+				ingress("app", "b", 2, "", nil, AnnotationGroup, "e/gone", AnnotationGroupSelector, "tier=edge"),
+			},
+			want: map[string]string{},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := Schedule(tc.ingresses, tc.classes, groups)
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("bindings (-want +got):\n%s", d)
+			}
+		})
+	}
+}
