@@ -15,9 +15,11 @@ struct {
 	__type(value, struct vip_val);
 } vips SEC(".maps");
 
-/* One Maglev ring: slot -> backend id. Go sets max_entries to the ring size. */
+/* One Maglev ring: slot -> backend id. Go sets max_entries to the ring size and
+ * fills a new ring through mmap (one copy instead of a syscall per slot). */
 struct ring {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__uint(max_entries, LB_DEFAULT_RING);
 	__type(key, __u32);
 	__type(value, __u32);

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -324,6 +325,23 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		} else {
 			ports = g.Ports
 		}
+		// One table per group: every VIP of the group spreads over the same
+		// replicas, so only the backend ids differ between their rings.
+		var ring []MaglevBackend
+		for _, b := range g.Backends {
+			if !b.Draining {
+				ring = append(ring, MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight})
+			}
+		}
+		var tab Table
+		var digest string
+		if len(ring) > 0 {
+			var err error
+			if tab, err = BuildTable(ring, d.opts.RingSize); err != nil {
+				return p, fmt.Errorf("group %s: %w", g.Name, err)
+			}
+			digest = tab.Digest()
+		}
 		for _, v := range g.VIPs {
 			v = v.Unmap()
 			vipID := p.vipIDs[v]
@@ -334,7 +352,6 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				}
 				p.vipKeys[lbVipKey{Addr: addr16(v), Port: portToMap(port.Port), Proto: proto}] = lbVipVal{VipId: vipID}
 			}
-			var ring []MaglevBackend
 			idOf := map[netip.Addr]uint32{}
 			for _, b := range g.Backends {
 				a := b.Addr.Unmap()
@@ -353,8 +370,6 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				}
 				if b.Draining {
 					flags |= uint16(lbBackendFlagsBACKEND_F_DRAINING)
-				} else {
-					ring = append(ring, MaglevBackend{Addr: a, Weight: b.Weight})
 				}
 				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
 				idOf[a] = id
@@ -362,16 +377,16 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			if len(ring) == 0 {
 				continue
 			}
-			tab, err := BuildTable(ring, d.opts.RingSize)
-			if err != nil {
-				return p, fmt.Errorf("group %s VIP %s: %w", g.Name, v, err)
+			idByIndex := make([]uint32, len(tab.Backends))
+			for i, a := range tab.Backends {
+				idByIndex[i] = idOf[a]
 			}
 			slots := make([]uint32, len(tab.Slots))
 			for i, s := range tab.Slots {
-				slots[i] = idOf[tab.Backends[s]]
+				slots[i] = idByIndex[s]
 			}
 			p.rings[vipID] = slots
-			p.digests[vipID] = tab.Digest()
+			p.digests[vipID] = digest
 		}
 	}
 	d.st.nextID = nextB
@@ -389,11 +404,17 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 		return fmt.Errorf("create ring for vip id %d: %w", vip, err)
 	}
 	defer inner.Close()
-	keys := make([]uint32, len(slots))
-	for i := range keys {
-		keys[i] = uint32(i)
+	mem, err := inner.Memory()
+	if err != nil {
+		return fmt.Errorf("map ring for vip id %d: %w", vip, err)
 	}
-	if _, err := inner.BatchUpdate(keys, slots, nil); err != nil {
+	// An array map stores each value in a slot rounded up to 8 bytes.
+	const stride = 8
+	buf := make([]byte, stride*len(slots))
+	for i, s := range slots {
+		binary.LittleEndian.PutUint32(buf[stride*i:], s)
+	}
+	if _, err := mem.WriteAt(buf, 0); err != nil {
 		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
 	}
 	if err := d.objs.Rings.Put(vip, inner); err != nil {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane/xdptest"
@@ -130,6 +131,15 @@ func (l *nsLab) listen(t *testing.T, s *udpSink, r *netlab.Node) {
 		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 9000})
 		return err
 	}))
+	// A receiver starved by a loaded machine must not drop what xdp_lb
+	// delivered: 16 MiB holds the whole stream.
+	raw, err := conn.SyscallConn()
+	must(t, err)
+	var serr error
+	must(t, raw.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 16<<20)
+	}))
+	must(t, serr)
 	t.Cleanup(func() { conn.Close() })
 	go func() {
 		buf := make([]byte, 64)
