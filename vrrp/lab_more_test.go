@@ -102,19 +102,23 @@ func TestLabConflictReannounce(t *testing.T) {
 	if err := c.WriteTo(claim, ethernet.Broadcast); err != nil {
 		t.Fatal(err)
 	}
-	// The Master answers with a fresh announcement of its own MAC.
+	// The Master answers with a fresh announcement of its own MAC, in both
+	// forms: a gratuitous request and an unsolicited reply.
 	deadline := time.Now().Add(2 * time.Second)
-	seen := false
-	for !seen && time.Now().Before(deadline) {
+	seen := map[arp.Operation]bool{}
+	for len(seen) < 2 && time.Now().Before(deadline) {
 		c.SetReadDeadline(deadline)
 		pkt, _, err := c.Read()
 		if err != nil {
 			break
 		}
-		seen = pkt.SenderIP == l.vip && bytes.Equal(pkt.SenderHardwareAddr, l.nodes[0].mac)
+		if pkt.SenderIP == l.vip && pkt.TargetIP == l.vip && bytes.Equal(pkt.SenderHardwareAddr, l.nodes[0].mac) {
+			seen[pkt.Operation] = true
+		}
 	}
-	if !seen {
-		t.Error("no re-announcement from the Master after a foreign claim")
+	if !seen[arp.OperationRequest] || !seen[arp.OperationReply] {
+		t.Errorf("re-announcement after a foreign claim: request seen %v, reply seen %v; want both",
+			seen[arp.OperationRequest], seen[arp.OperationReply])
 	}
 	if _, ok := waitFor(2*time.Second, func() bool {
 		b, _ := os.ReadFile(p.log)
