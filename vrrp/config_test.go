@@ -130,3 +130,10 @@ func TestMetricsNames(t *testing.T) {
 		t.Error("registering twice did not fail")
 	}
 }
+
+// TestExampleConfig keeps the documented example file loadable.
+func TestExampleConfig(t *testing.T) {
+	if _, err := LoadConfig("../test/vrrp/example.json"); err != nil {
+		t.Fatal(err)
+	}
+}
