@@ -38,7 +38,7 @@ func TestMain(m *testing.M) {
 }
 
 type env struct {
-	t   *testing.T
+	t   testing.TB
 	cs  kubernetes.Interface
 	dyn dynamic.Interface
 	ns  string
@@ -46,7 +46,7 @@ type env struct {
 }
 
 // newEnv connects to the shared API server and creates a fresh namespace.
-func newEnv(t *testing.T) *env {
+func newEnv(t testing.TB) *env {
 	t.Helper()
 	srv := apiserver.Get(t)
 	cs := kubernetes.NewForConfigOrDie(srv.Config)
@@ -106,6 +106,7 @@ func (s *recordSink) latest() (model.Snapshot, int) {
 
 type running struct {
 	ctl    *Controller
+	reg    *prometheus.Registry
 	sink   *recordSink
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -122,9 +123,10 @@ func (r *running) stop() {
 func (e *env) start(mod func(*Config)) *running {
 	e.t.Helper()
 	sink := newRecordSink()
+	reg := prometheus.NewRegistry()
 	cfg := Config{
 		Client: e.cs, Dynamic: e.dyn, Logger: zaptest.NewLogger(e.t).Named("controlplane"),
-		Registerer: prometheus.NewRegistry(), Namespace: e.ns, Sinks: []Sink{sink},
+		Registerer: reg, Namespace: e.ns, Sinks: []Sink{sink},
 		LeaseDuration: 2 * time.Second, RenewDeadline: time.Second, RetryPeriod: 200 * time.Millisecond,
 		ReleaseOnCancel: true, SinkMinBackoff: 10 * time.Millisecond, SinkMaxBackoff: 100 * time.Millisecond,
 	}
@@ -136,7 +138,7 @@ func (e *env) start(mod func(*Config)) *running {
 		e.t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(e.ctx)
-	r := &running{ctl: ctl, sink: sink, cancel: cancel, done: make(chan struct{})}
+	r := &running{ctl: ctl, reg: reg, sink: sink, cancel: cancel, done: make(chan struct{})}
 	go func() {
 		defer close(r.done)
 		if err := ctl.Run(ctx); err != nil {
@@ -149,7 +151,7 @@ func (e *env) start(mod func(*Config)) *running {
 
 // eventually polls check until it returns "" or the time is up, then fails with the
 // last explanation.
-func eventually(t *testing.T, timeout time.Duration, check func() string) {
+func eventually(t testing.TB, timeout time.Duration, check func() string) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -231,4 +233,45 @@ func (e *env) installCRD() {
 	if crdErr != nil {
 		e.t.Fatal(crdErr)
 	}
+}
+
+// metric sums the samples of one metric family whose labels include want; -1 when
+// the family is not registered.
+func (r *running) metric(t testing.TB, name string, want map[string]string) float64 {
+	t.Helper()
+	mfs, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum, found := 0.0, false
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		found = true
+	next:
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			for k, v := range want {
+				if labels[k] != v {
+					continue next
+				}
+			}
+			switch {
+			case m.Counter != nil:
+				sum += m.GetCounter().GetValue()
+			case m.Gauge != nil:
+				sum += m.GetGauge().GetValue()
+			case m.Histogram != nil:
+				sum += float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	if !found {
+		return -1
+	}
+	return sum
 }

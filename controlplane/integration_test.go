@@ -101,6 +101,23 @@ func TestIntegrationConverges(t *testing.T) {
 		})
 	})
 
+	t.Run("metrics", func(t *testing.T) {
+		for kind, want := range map[string]float64{"Ingress": 1, "Service": 2, "EndpointSlice": 2, "Secret": 1, "Pod": 1} {
+			if got := r.metric(t, "portico_controlplane_objects", map[string]string{"kind": kind}); got != want {
+				t.Errorf("objects{kind=%q} = %v, want %v (the informers watch only what they need)", kind, got, want)
+			}
+		}
+		if n := r.metric(t, "portico_controlplane_sync_duration_seconds", nil); n < 1 {
+			t.Errorf("sync duration observed %v times", n)
+		}
+		if n := r.metric(t, "portico_controlplane_syncs_total", map[string]string{"result": "changed"}); n < 1 {
+			t.Errorf("changed syncs = %v", n)
+		}
+		if n := r.metric(t, "portico_controlplane_queue_depth", nil); n < 0 {
+			t.Errorf("queue depth metric not registered")
+		}
+	})
+
 	t.Run("update", func(t *testing.T) {
 		es, err := cs.DiscoveryV1().EndpointSlices(ns).Get(e.ctx, "g1-a", metav1.GetOptions{})
 		if err != nil {
@@ -168,7 +185,16 @@ func TestIntegrationConverges(t *testing.T) {
 			if !slices.ContainsFunc(problems, func(p model.Problem) bool { return p.Reason == want }) {
 				t.Errorf("no %s problem in %v", want, problems)
 			}
+			if n := r.metric(t, "portico_controlplane_problems", map[string]string{"reason": want}); n < 1 {
+				t.Errorf("problems metric for %s = %v", want, n)
+			}
 		}
+		eventually(t, converge, func() string {
+			if !hasEvent(e, "site", ReasonServiceNotFound) {
+				return "no ServiceNotFound event on the Ingress"
+			}
+			return ""
+		})
 		if err := cs.NetworkingV1().Ingresses(ns).Delete(e.ctx, "site", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -579,6 +605,12 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}}}}
 	})
 
+	if n := follower.metric(t, "portico_controlplane_writes_total", nil); n > 0 {
+		t.Errorf("the follower made %v writes", n)
+	}
+	if n := leader.metric(t, "portico_controlplane_writes_total", map[string]string{"write": "annotate-service", "result": "ok"}); n < 2 {
+		t.Errorf("the leader made %v annotation writes, want VRID and VIP", n)
+	}
 	leader.stop()
 	killed := time.Now()
 	e.svc(groupSvc("", "g2", 0))
