@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	"path"
 	"slices"
 	"strconv"
@@ -54,7 +55,8 @@ type Options struct {
 	Group string
 
 	// ListenAddrs are the addresses the HTTP and HTTPS servers listen on. Empty means
-	// the IPv4 wildcard, plus the IPv6 wildcard when ListenIPv6 is set.
+	// the IPv4 wildcard, plus the IPv6 wildcard when ListenIPv6 is set (nginx does
+	// not start when IPv6 is disabled on the node and ListenIPv6 is set).
 	ListenAddrs []netip.Addr
 	ListenIPv6  bool
 	HTTPPort    uint16
@@ -73,11 +75,12 @@ type Options struct {
 	WorkerConnections int    // 0 means 16384
 }
 
-// DefaultOptions are the production options: standard ports on every address, files
-// under dir (for example /run/portico/nginx, so private keys stay on tmpfs).
+// DefaultOptions are the production options: standard ports on every address (IPv6
+// too when the node has it), files under dir (for example /run/portico/nginx, so
+// private keys stay on tmpfs).
 func DefaultOptions(dir string) Options {
 	return Options{
-		ListenIPv6: true,
+		ListenIPv6: ipv6Available(),
 		HTTPPort:   80,
 		HTTPSPort:  443,
 		StatusPort: 10246,
@@ -629,4 +632,11 @@ func listenAddrs(o Options) (plain, secure []string) {
 		return l
 	}
 	return addrs(o.HTTPPort), addrs(o.HTTPSPort)
+}
+
+// ipv6Available reports whether the node has IPv6 (an interface address in
+// /proc/net/if_inet6, which is empty or missing when IPv6 is off).
+func ipv6Available() bool {
+	b, err := os.ReadFile("/proc/net/if_inet6")
+	return err == nil && len(bytes.TrimSpace(b)) > 0
 }

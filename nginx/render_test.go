@@ -19,7 +19,11 @@ var update = flag.Bool("update", false, "rewrite the golden files under testdata
 
 // goldenOptions are production options with every file relative to nginx's prefix, so
 // `nginx -t -p <tempdir>` validates the golden text byte for byte.
-func goldenOptions() Options { return DefaultOptions("") }
+func goldenOptions() Options {
+	o := DefaultOptions("")
+	o.ListenIPv6 = true // not the node's: golden files are the same everywhere
+	return o
+}
 
 func ap(s string) netip.AddrPort { return netip.MustParseAddrPort(s) }
 
