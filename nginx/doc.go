@@ -27,8 +27,11 @@
 // Only hosts with a valid certificate listen on the HTTPS port; a handshake for any
 // other name reaches the default server, which rejects it (ssl_reject_handshake)
 // unless a catch-all Server has a certificate. A certificate that does not parse
-// removes only its hosts' TLS server. A host that asks for the HTTPS redirect keeps
-// redirecting even then: its traffic is never served in clear text.
+// removes only its hosts' TLS server, as does one that nginx -t refuses (OpenSSL can
+// be stricter than Go: a 1024-bit RSA key, say), which the Reloader finds in nginx's
+// message. A host that asks for the HTTPS redirect keeps redirecting even then: its
+// traffic is never served in clear text. A redirect asked for a host with no TLS at
+// all is ignored and reported, since nothing would answer on the HTTPS side.
 //
 // # Injection
 //

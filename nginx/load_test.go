@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -122,6 +124,16 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	}
 	if resp, body := get(t, n.client(false), "http://a.test/flip"); resp.StatusCode != 200 || !strings.HasPrefix(body, want) {
 		t.Errorf("after the last endpoint-only change /flip = %d %q, want %q...", resp.StatusCode, body, want)
+	}
+	// Every reload, and the first configuration, counted as a success.
+	if got := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess)); got != float64(len(serve)+1) {
+		t.Errorf("reloads_total{result=success} = %v, want %d", got, len(serve)+1)
+	}
+	if got := testutil.ToFloat64(n.r.m.configBytes); got != float64(len(n.r.applied)) || got == 0 {
+		t.Errorf("config_bytes = %v, want %d", got, len(n.r.applied))
+	}
+	if got := testutil.ToFloat64(n.r.m.lastSuccess); time.Since(time.Unix(int64(got), 0)) > time.Minute {
+		t.Errorf("last_reload_success_timestamp_seconds = %v, not recent", got)
 	}
 	var total time.Duration
 	for _, d := range serve {

@@ -42,6 +42,7 @@ const (
 	ReasonCertificateNotFound = "CertificateNotFound"
 	ReasonInvalidCertificate  = "InvalidCertificate"
 	ReasonCertificateHost     = "CertificateHostMismatch"
+	ReasonRedirectWithoutTLS  = "RedirectWithoutTLS"
 )
 
 // Options are the deployment-specific parts of a rendered configuration: where nginx
@@ -359,7 +360,11 @@ func (r *renderer) server(s *model.Server) tmplServer {
 			ts.TLSCert = path.Join(r.opt.CertDir, file)
 		}
 	}
-	if s.SSLRedirect {
+	if s.SSLRedirect && s.TLSCertificate == "" {
+		// Nothing would answer on the HTTPS side: serve plain HTTP, and say so.
+		r.problem("Server "+hostOrDefault(s.Host), "sslRedirect", ReasonRedirectWithoutTLS,
+			"HTTPS redirect asked for a host without TLS; serving plain HTTP")
+	} else if s.SSLRedirect {
 		// The redirect stays even when the TLS server had to be skipped: the Ingress
 		// asked for its traffic never to be served in clear text.
 		ts.Redirect = "https://$host"

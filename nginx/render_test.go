@@ -83,6 +83,9 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 				{Group: "edge/a", Host: "plain.example.com", Locations: []model.Location{
 					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/plain"},
 				}},
+				{Group: "edge/a", Host: "redirect-no-tls.example.com", SSLRedirect: true, Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/no-tls"},
+				}},
 				{Group: "edge/a", Host: "secure.example.com", TLSCertificate: "shop/secure-tls", SSLRedirect: true, Locations: []model.Location{
 					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/secure"},
 				}},
