@@ -101,6 +101,7 @@ type Controller struct {
 	last         model.Snapshot
 	lastProblems []model.Problem
 	reported     map[string]bool // problems already sent as Events (leader)
+	allocated    map[string]bool // allocation problems already sent as Events
 
 	// written remembers the annotations this leader wrote until the cache shows them,
 	// so a sync on a cache that lags its own writes does not allocate or schedule again.
@@ -292,6 +293,7 @@ func (c *Controller) elect(ctx context.Context) {
 					c.log.Info("became leader", zap.String("identity", c.cfg.Identity))
 					c.mu.Lock()
 					c.reported = map[string]bool{}
+					c.allocated = map[string]bool{}
 					c.mu.Unlock()
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
@@ -536,10 +538,16 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) e
 	for _, cl := range st.IngressClasses {
 		classes[cl.Name] = cl
 	}
+	allVIPs := map[string]bool{}
+	for _, g := range snap.Groups {
+		for _, a := range g.VIPs {
+			allVIPs[a.String()] = true
+		}
+	}
 	for _, ing := range st.Ingresses {
 		bd := BindingOf(ing, classes)
-		if !bd.Ours {
-			continue
+		if !bd.Ours && !onlyOurVIPs(ing.Status.LoadBalancer.Ingress, allVIPs) {
+			continue // another controller's Ingress (one Portico served before is cleared)
 		}
 		want := ingressLB(groupVIPs[bd.Group])
 		if equalJSON(ing.Status.LoadBalancer.Ingress, want) {
@@ -559,18 +567,31 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) e
 func (c *Controller) reportAllocation(st State, problems []model.Problem) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	now := map[string]bool{}
 	for _, p := range problems {
-		k := "alloc|" + p.String()
-		if c.reported[k] {
+		k := p.String()
+		now[k] = true
+		c.metrics.problems.WithLabelValues(p.Reason).Inc()
+		if c.allocated[k] {
 			continue
 		}
-		c.reported[k] = true
 		if ref := problemRef(p); ref != nil {
 			c.recorder.Event(ref, corev1.EventTypeWarning, p.Reason, p.Detail)
 		}
-		c.metrics.problems.WithLabelValues(p.Reason).Inc()
 		c.log.Warn("allocation problem", zap.String("object", p.Object), zap.String("reason", p.Reason), zap.String("detail", p.Detail))
 	}
+	c.allocated = now
+}
+
+// onlyOurVIPs reports whether an Ingress status lists addresses and all are Portico
+// VIPs: what Portico wrote for an Ingress that has since moved to another class.
+func onlyOurVIPs(lb []networkingv1.IngressLoadBalancerIngress, vips map[string]bool) bool {
+	for _, e := range lb {
+		if e.Hostname != "" || !vips[e.IP] {
+			return false
+		}
+	}
+	return len(lb) > 0
 }
 
 func lbIngress(vips []netip.Addr) []corev1.LoadBalancerIngress {

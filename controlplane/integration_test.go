@@ -39,6 +39,7 @@ func TestIntegrationConverges(t *testing.T) {
 	ns := e.ns
 	cs := e.cs
 	node := ns + "-n9"
+	class := ns + "-class"
 
 	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7"))
 	e.slice(slice("", "g1", "g1-a", "http", 80, ep{addr: "10.1.0.1", node: "n1", ready: true}, ep{addr: "10.1.0.9", ready: true}))
@@ -146,10 +147,20 @@ func TestIntegrationConverges(t *testing.T) {
 		if err := cs.CoreV1().Nodes().Delete(e.ctx, node, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// An IngressClass naming the group through its parameters, and an Ingress of it.
+		e.must(cs.NetworkingV1().IngressClasses().Create(e.ctx, &networkingv1.IngressClass{ObjectMeta: metav1.ObjectMeta{Name: class},
+			Spec: networkingv1.IngressClassSpec{Controller: ControllerName, Parameters: &networkingv1.IngressClassParametersReference{
+				Kind: "Service", Name: "g1", Namespace: ptr(ns), Scope: ptr("Namespace")}}}, metav1.CreateOptions{}))
+		e.t.Cleanup(func() { _ = cs.NetworkingV1().IngressClasses().Delete(e.ctx, class, metav1.DeleteOptions{}) })
+		classy := ingress(ns, "classy", 0, "classy.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}})
+		classy.CreationTimestamp = metav1.Time{}
+		classy.Spec.IngressClassName = ptr(class)
+		e.must(cs.NetworkingV1().Ingresses(ns).Create(e.ctx, classy, metav1.CreateOptions{}))
 		waitSnapshot(t, r, func() model.Snapshot {
 			return model.Snapshot{
 				Groups: []model.Group{group(rep("n1", "10.1.0.1", model.Draining), rep("", "10.1.0.9", model.Ready))},
 				Servers: []model.Server{
+					{Group: ns + "/g1", Host: "classy.example", Locations: []model.Location{loc("/", model.PathPrefix, ns+"-web-80", ns+"/classy")}},
 					{Group: ns + "/g1", Host: "example.com", TLSCertificate: ns + "/cert", Locations: []model.Location{
 						loc("/", model.PathPrefix, ns+"-web-80", ns+"/site"),
 						loc("/api", model.PathExact, ns+"-web-80", ns+"/site"),
@@ -168,6 +179,26 @@ func TestIntegrationConverges(t *testing.T) {
 		if err := cs.CoreV1().Secrets(ns).Delete(e.ctx, "cert", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		eventually(t, converge, func() string {
+			got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "classy", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			return cmp.Diff([]networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.10"}}, got.Status.LoadBalancer.Ingress)
+		})
+		if err := cs.NetworkingV1().IngressClasses().Delete(e.ctx, class, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, converge, func() string {
+			got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "classy", metav1.GetOptions{})
+			if err != nil {
+				return err.Error()
+			}
+			if len(got.Status.LoadBalancer.Ingress) != 0 {
+				return fmt.Sprintf("classy status still %v after its class was deleted", got.Status.LoadBalancer.Ingress)
+			}
+			return ""
+		})
 		waitSnapshot(t, r, func() model.Snapshot {
 			return model.Snapshot{
 				Groups: []model.Group{group(rep("n1", "10.1.0.1", model.Draining), rep("", "10.1.0.9", model.Ready))},
@@ -223,6 +254,23 @@ func TestIntegrationSinkRetries(t *testing.T) {
 	})
 	if _, n := sink.latest(); n != 1 {
 		t.Errorf("sink applied %d snapshots, want 1 (the same snapshot retried)", n)
+	}
+	// A change that does not change the model runs a sync but nothing downstream.
+	unchanged := r.metric(t, "portico_controlplane_syncs_total", map[string]string{"result": "unchanged"})
+	s, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "g1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Annotations["example.com/unrelated"] = "x"
+	e.must(e.cs.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{}))
+	eventually(t, converge, func() string {
+		if n := r.metric(t, "portico_controlplane_syncs_total", map[string]string{"result": "unchanged"}); n <= unchanged {
+			return "no sync after the update"
+		}
+		return ""
+	})
+	if _, n := sink.latest(); n != 1 {
+		t.Errorf("sink applied %d snapshots after an unrelated change, want still 1", n)
 	}
 }
 
