@@ -166,6 +166,16 @@ func (r *Reloader) Run(ctx context.Context) error {
 	if first == nil {
 		first = &model.Snapshot{}
 	}
+	// A master an earlier agent left behind keeps its listening sockets: take it
+	// over and reload it rather than start a second one that cannot bind.
+	if m, err := r.runner.Find(r.confPath(), resolve(r.cfg.Dir, r.cfg.Render.PIDFile)); err != nil {
+		r.log.Warn("look for a running nginx master", zap.Error(err))
+	} else if m != nil {
+		r.mu.Lock()
+		r.master = m
+		r.mu.Unlock()
+		r.log.Info("adopted running nginx master", zap.Int("pid", m.PID()))
+	}
 	if _, err := r.ApplyNow(ctx, *first); err != nil {
 		// Start with no routes (every host closed) rather than not at all; the
 		// problem is logged and counted, and the next snapshot may be fine.
@@ -173,8 +183,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 			return fmt.Errorf("write first nginx config: %w", err)
 		}
 	}
-	if err := r.start(ctx); err != nil {
-		return err
+	if r.MasterPID() == 0 {
+		if err := r.start(ctx); err != nil {
+			return err
+		}
 	}
 	defer r.stop()
 

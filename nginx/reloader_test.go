@@ -47,6 +47,8 @@ func (f *fakeRunner) Start(dir, conf string) (Master, error) {
 	return m, nil
 }
 
+func (f *fakeRunner) Find(string, string) (Master, error) { return nil, nil }
+
 func (f *fakeRunner) snapshot() (tests int, masters []*fakeMaster) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"go.uber.org/zap"
 )
@@ -24,6 +25,9 @@ type Runner interface {
 	Test(ctx context.Context, dir, conf string) error
 	// Start starts an nginx master in the foreground with conf and dir as prefix.
 	Start(dir, conf string) (Master, error)
+	// Find returns the master that pidFile names when it still runs with conf (one
+	// an earlier agent started and left behind), or nil.
+	Find(conf, pidFile string) (Master, error)
 }
 
 // Master is a running nginx master process.
@@ -118,7 +122,7 @@ func (e Exec) Start(dir, conf string) (Master, error) {
 		pr.Close()
 		return nil, fmt.Errorf("start nginx: %w", err)
 	}
-	m := &execMaster{cmd: cmd, done: make(chan struct{})}
+	m := &execMaster{pid: cmd.Process.Pid, done: make(chan struct{})}
 	go func() {
 		defer pr.Close()
 		sc := bufio.NewScanner(pr)
@@ -128,33 +132,77 @@ func (e Exec) Start(dir, conf string) (Master, error) {
 		_, _ = io.Copy(io.Discard, pr)
 	}()
 	go func() {
-		m.err = cmd.Wait()
-		// Workers outlive a master that was killed and keep the listening sockets:
-		// ask any that are left to finish their requests and go.
-		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGQUIT)
-		close(m.done)
+		_ = cmd.Wait() // the exit status says nothing the log lines did not
+		m.exited()
 	}()
 	return m, nil
 }
 
-type execMaster struct {
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+// Find adopts a master left running by an earlier agent, so that a restarted agent
+// takes over without closing nginx's listening sockets.
+func (e Exec) Find(conf, pidFile string) (Master, error) {
+	b, err := os.ReadFile(pidFile)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read nginx pid file: %w", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 0 {
+		return nil, nil // a stale or torn file: nothing to adopt
+	}
+	if !isMaster(pid, conf) {
+		return nil, nil
+	}
+	m := &execMaster{pid: pid, done: make(chan struct{})}
+	// Not a child: poll for its end.
+	go func() {
+		for isMaster(pid, conf) {
+			time.Sleep(100 * time.Millisecond)
+		}
+		m.exited()
+	}()
+	return m, nil
 }
 
-func (m *execMaster) PID() int              { return m.cmd.Process.Pid }
+// isMaster reports whether pid is a live nginx master running conf. nginx keeps its
+// command line in the process title: "nginx: master process /usr/sbin/nginx -p ...
+// -c <conf> ...".
+func isMaster(pid int, conf string) bool {
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	if err != nil {
+		return false
+	}
+	title := string(cmdline)
+	return strings.HasPrefix(title, "nginx: master process") && strings.Contains(title, " "+conf+" ")
+}
+
+type execMaster struct {
+	pid  int
+	done chan struct{}
+}
+
+func (m *execMaster) PID() int              { return m.pid }
 func (m *execMaster) Done() <-chan struct{} { return m.done }
 
+// exited runs once the master is gone. Workers outlive a master that was killed and
+// keep the listening sockets: ask any that are left (the master's process group) to
+// finish their requests and go.
+func (m *execMaster) exited() {
+	_ = syscall.Kill(-m.pid, syscall.SIGQUIT)
+	close(m.done)
+}
+
 func (m *execMaster) Reload() error {
-	if err := m.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+	if err := syscall.Kill(m.pid, syscall.SIGHUP); err != nil {
 		return fmt.Errorf("signal nginx reload: %w", err)
 	}
 	return nil
 }
 
 func (m *execMaster) Stop(ctx context.Context) error {
-	if err := m.cmd.Process.Signal(syscall.SIGQUIT); err != nil && !errors.Is(err, os.ErrProcessDone) {
+	if err := syscall.Kill(m.pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("signal nginx quit: %w", err)
 	}
 	select {
@@ -163,7 +211,7 @@ func (m *execMaster) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 	}
 	// The group id is the master's pid, still reserved while any member lives.
-	_ = syscall.Kill(-m.cmd.Process.Pid, syscall.SIGKILL)
+	_ = syscall.Kill(-m.pid, syscall.SIGKILL)
 	<-m.done
 	return fmt.Errorf("stop nginx: killed after %w", ctx.Err())
 }
@@ -192,7 +240,7 @@ func (m *execMaster) Workers() ([]Worker, error) {
 			continue
 		}
 		f := strings.Fields(string(stat[i+1:]))
-		if len(f) < 2 || f[1] != strconv.Itoa(m.cmd.Process.Pid) {
+		if len(f) < 2 || f[1] != strconv.Itoa(m.pid) {
 			continue
 		}
 		cmdline, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
