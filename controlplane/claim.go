@@ -210,12 +210,14 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 	svc := c.findService(st, claim.Namespace, claim.Name)
 	switch {
 	case svc == nil:
-		if _, err := c.cfg.Client.CoreV1().Services(claim.Namespace).Create(ctx, claimService(claim), metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			c.countWrite("claim-service", err)
+		_, err := c.cfg.Client.CoreV1().Services(claim.Namespace).Create(ctx, claimService(claim), metav1.CreateOptions{})
+		c.countWrite("claim-service", err)
+		switch {
+		case err == nil:
+			c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created group Service %s", group)
+		case !apierrors.IsAlreadyExists(err): // already: made by the previous sync, not cached yet
 			return fmt.Errorf("create group Service: %w", err)
 		}
-		c.countWrite("claim-service", nil)
-		c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created group Service %s", group)
 	case !ownedBy(svc, claim):
 		status.Phase = ClaimPending
 		status.Message = fmt.Sprintf("Service %s exists and is not owned by this claim", group)
@@ -227,10 +229,12 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 	if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage), metav1.CreateOptions{})
 		c.countWrite("claim-daemonset", err)
-		if err != nil && !apierrors.IsAlreadyExists(err) {
+		switch {
+		case err == nil:
+			c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
+		case !apierrors.IsAlreadyExists(err):
 			return fmt.Errorf("create DaemonSet: %w", err)
 		}
-		c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
 	} else if err != nil {
 		return fmt.Errorf("get DaemonSet: %w", err)
 	}

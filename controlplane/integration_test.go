@@ -570,6 +570,22 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			return ""
 		})
 	})
+	t.Run("ready replicas from the group's EndpointSlices", func(t *testing.T) {
+		e.slice(slice("", "edge", "edge-1", "http", 80, ep{addr: "10.9.0.1", ready: true}, ep{addr: "10.9.0.2", ready: false}))
+		eventually(t, converge, func() string {
+			c, err := e.claim("edge")
+			if err != nil {
+				return err.Error()
+			}
+			if c.Status.ReadyReplicas != 1 {
+				return fmt.Sprintf("readyReplicas %d, want 1", c.Status.ReadyReplicas)
+			}
+			if !hasEvent(e, "edge", "Provisioned") {
+				return "no Provisioned event on the claim"
+			}
+			return ""
+		})
+	})
 	t.Run("reclaim Delete", func(t *testing.T) {
 		for _, n := range []string{"shop", "blog"} {
 			if err := e.cs.NetworkingV1().Ingresses(e.ns).Delete(e.ctx, n, metav1.DeleteOptions{}); err != nil {
