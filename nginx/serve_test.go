@@ -615,3 +615,27 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 		}
 	}
 }
+
+// An Ingress default backend (or a rule without a host) is the catch-all server:
+// hosts no rule names reach it instead of having their connection closed.
+func TestServeCatchAll(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	n := startNginx(t, model.Snapshot{
+		Servers: []model.Server{
+			{Host: "", DefaultUpstream: "t-a-80", Locations: []model.Location{{Path: "/b", Type: model.PathPrefix, Upstream: "t-b-80"}}},
+			{Host: "b.test", DefaultUpstream: "t-b-80"},
+		},
+		Upstreams: []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{epA}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{epB}}},
+	})
+	c := n.client(false)
+	for _, tc := range []struct{ url, want string }{
+		{"http://unknown.test/x", "A /x"},
+		{"http://unknown.test/b/x", "B /b/x"},
+		{"http://b.test/x", "B /x"},
+	} {
+		if resp, body := get(t, c, tc.url); resp.StatusCode != 200 || body != tc.want {
+			t.Errorf("GET %s = %d %q, want 200 %q", tc.url, resp.StatusCode, body, tc.want)
+		}
+	}
+}
