@@ -639,3 +639,39 @@ func TestServeCatchAll(t *testing.T) {
 		}
 	}
 }
+
+// An upstream with IPv4 and IPv6 endpoints reaches both.
+func TestServeIPv6Endpoint(t *testing.T) {
+	l, err := net.Listen("tcp6", "[::1]:0")
+	if err != nil {
+		t.Skipf("no IPv6 loopback: %v", err)
+	}
+	v6 := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "V6") }))
+	v6.Listener.Close()
+	v6.Listener = l
+	v6.Start()
+	t.Cleanup(v6.Close)
+	_, epA := backend(t, "A")
+	n := startNginx(t, model.Snapshot{
+		Servers: []model.Server{
+			{Host: "v6.test", DefaultUpstream: "t-v6-80"},
+			{Host: "both.test", DefaultUpstream: "t-both-80"},
+		},
+		Upstreams: []model.Upstream{
+			{Name: "t-both-80", Endpoints: []netip.AddrPort{epA, netip.MustParseAddrPort(l.Addr().String())}},
+			{Name: "t-v6-80", Endpoints: []netip.AddrPort{netip.MustParseAddrPort(l.Addr().String())}},
+		},
+	})
+	c := n.client(false)
+	if resp, body := get(t, c, "http://v6.test/"); resp.StatusCode != 200 || body != "V6" {
+		t.Errorf("v6.test: %d %q, want the IPv6 backend", resp.StatusCode, body)
+	}
+	seen := map[string]bool{}
+	for range 10 { // round robin over two endpoints
+		_, body := get(t, c, "http://both.test/")
+		seen[strings.Fields(body)[0]] = true
+	}
+	if !seen["A"] || !seen["V6"] {
+		t.Errorf("both.test reached %v, want A and V6", seen)
+	}
+}
