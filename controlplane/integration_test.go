@@ -1,8 +1,12 @@
 package controlplane
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -14,6 +18,9 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/dynamic"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -692,4 +699,77 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 	if took < time.Second {
 		t.Errorf("takeover after %v: the killed leader's Lease was released or not respected", took)
 	}
+}
+
+// applyExample creates the objects of a deploy/examples file in the env's namespace
+// (cluster-scoped objects keep their names; namespace references are rewritten).
+func (e *env) applyExample(file string) {
+	e.t.Helper()
+	data, err := os.ReadFile("../deploy/examples/" + file)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	resources := map[string]schema.GroupVersionResource{
+		"Service":      {Version: "v1", Resource: "services"},
+		"Ingress":      {Group: "networking.k8s.io", Version: "v1", Resource: "ingresses"},
+		"IngressClass": {Group: "networking.k8s.io", Version: "v1", Resource: "ingressclasses"},
+		"IngressClaim": ClaimResource,
+	}
+	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
+	for {
+		u := &unstructured.Unstructured{}
+		if err := dec.Decode(&u.Object); err == io.EOF {
+			return
+		} else if err != nil {
+			e.t.Fatalf("decode %s: %v", file, err)
+		}
+		if len(u.Object) == 0 {
+			continue
+		}
+		gvr, ok := resources[u.GetKind()]
+		if !ok {
+			e.t.Fatalf("%s: unexpected kind %s", file, u.GetKind())
+		}
+		var ri dynamic.ResourceInterface = e.dyn.Resource(gvr)
+		if u.GetNamespace() != "" {
+			u.SetNamespace(e.ns)
+			ri = e.dyn.Resource(gvr).Namespace(e.ns)
+		}
+		if _, ok, _ := unstructured.NestedString(u.Object, "spec", "parameters", "namespace"); ok {
+			if err := unstructured.SetNestedField(u.Object, e.ns, "spec", "parameters", "namespace"); err != nil {
+				e.t.Fatal(err)
+			}
+		}
+		if _, err := ri.Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+			e.t.Fatalf("%s: create %s %s: %v", file, u.GetKind(), u.GetName(), err)
+		}
+		if u.GetNamespace() == "" {
+			name := u.GetName()
+			e.t.Cleanup(func() { _ = ri.Delete(context.Background(), name, metav1.DeleteOptions{}) })
+		}
+	}
+}
+
+// TestIntegrationExamples applies deploy/examples and checks what they promise.
+func TestIntegrationExamples(t *testing.T) {
+	e := newEnv(t)
+	e.applyExample("group.yaml")
+	e.applyExample("ingressclaim.yaml")
+	pool, _ := ParsePool("198.18.0.0/30")
+	r := e.start(func(c *Config) { c.Pools = []Pool{pool} })
+	ns := e.ns
+	waitSnapshot(t, r, func() model.Snapshot {
+		ports := []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}
+		return model.Snapshot{
+			Groups: []model.Group{
+				{Name: ns + "/edge", VIPs: addrs("192.0.2.80"), VRID: 1, Ports: ports},
+				{Name: ns + "/shop", VIPs: addrs("198.18.0.1"), VRID: 2, Ports: ports},
+			},
+			Servers: []model.Server{
+				{Group: ns + "/edge", Host: "web.example.com", Locations: []model.Location{loc("/", model.PathPrefix, ns+"-web-80", ns+"/web")}},
+				{Group: ns + "/shop", Host: "shop.example.com", Locations: []model.Location{loc("/cart", model.PathExact, ns+"-web-80", ns+"/shop")}},
+			},
+			Upstreams: []model.Upstream{{Name: ns + "-web-80"}},
+		}
+	})
 }
