@@ -99,6 +99,7 @@ type Controller struct {
 
 	mu           sync.Mutex
 	last         model.Snapshot
+	published    bool
 	lastProblems []model.Problem
 	reported     map[string]bool // problems already sent as Events (leader)
 	allocated    map[string]bool // allocation problems already sent as Events
@@ -381,9 +382,10 @@ func (c *Controller) sync(ctx context.Context) error {
 	c.observe(st, problems)
 
 	c.mu.Lock()
-	changed := !snap.Equal(c.last)
+	// The first snapshot always goes out, even an empty one: sinks start from it.
+	changed := !c.published || !snap.Equal(c.last)
 	if changed {
-		c.last = snap
+		c.last, c.published = snap, true
 	}
 	c.lastProblems = problems
 	c.mu.Unlock()

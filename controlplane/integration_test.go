@@ -247,6 +247,19 @@ func TestIntegrationConverges(t *testing.T) {
 	})
 }
 
+// TestIntegrationEmptyStart checks that sinks get a first snapshot even when there is
+// nothing to serve (nginx starts from it with only the 444 default server).
+func TestIntegrationEmptyStart(t *testing.T) {
+	e := newEnv(t)
+	r := e.start(nil)
+	eventually(t, converge, func() string {
+		if _, n := r.sink.latest(); n != 1 {
+			return fmt.Sprintf("sink got %d snapshots, want 1", n)
+		}
+		return ""
+	})
+}
+
 // TestIntegrationSinkRetries checks that a failing sink gets the snapshot again.
 func TestIntegrationSinkRetries(t *testing.T) {
 	e := newEnv(t)
