@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -99,6 +101,28 @@ func BenchmarkReload(b *testing.B) {
 			b.ReportMetric(sw*1000/float64(b.N), "signal-to-old-stopped-ms")
 			b.ReportMetric(render*1000/float64(b.N), "render-ms")
 			b.ReportMetric(float64(len(n.r.applied)), "config-bytes")
+			if ws, err := n.r.master.Workers(); err == nil && len(ws) > 0 {
+				b.ReportMetric(rssMiB(b, ws[0].PID), "worker-rss-MiB")
+			}
 		})
 	}
+}
+
+// rssMiB is a process's resident set size.
+func rssMiB(tb testing.TB, pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for l := range strings.SplitSeq(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, err := strconv.Atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB"))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return float64(kb) / 1024
+		}
+	}
+	tb.Fatalf("no VmRSS for pid %d", pid)
+	return 0
 }
