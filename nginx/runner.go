@@ -195,6 +195,11 @@ func (m *execMaster) exited() {
 }
 
 func (m *execMaster) Reload() error {
+	select {
+	case <-m.done:
+		return errors.New("signal nginx reload: master has exited")
+	default:
+	}
 	if err := syscall.Kill(m.pid, syscall.SIGHUP); err != nil {
 		return fmt.Errorf("signal nginx reload: %w", err)
 	}
@@ -202,6 +207,11 @@ func (m *execMaster) Reload() error {
 }
 
 func (m *execMaster) Stop(ctx context.Context) error {
+	select {
+	case <-m.done:
+		return nil
+	default:
+	}
 	if err := syscall.Kill(m.pid, syscall.SIGQUIT); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("signal nginx quit: %w", err)
 	}
