@@ -12,6 +12,7 @@ import (
 
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
+	"github.com/mdlayher/ndp"
 )
 
 func TestLabIPv6Failover(t *testing.T) {
@@ -192,5 +193,61 @@ func TestLabStartupAddresses(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(p.log); !bytes.Contains(b, []byte("node's own address")) {
 		t.Errorf("no clear error in the log:\n%s", b)
+	}
+}
+
+func TestLabConflictReannounceIPv6(t *testing.T) {
+	l := newLab(t, 1)
+	l.vip = netip.MustParseAddr("fd00:99::100")
+	ic := labInstance(100, 100*time.Millisecond)
+	ic.GARPRefresh = Duration{time.Minute} // so any advertisement seen below is the answer
+	p := l.startPortico(l.nodes[0], ic)
+	l.electAndHold(l.nodes[0], 5*time.Second, 500*time.Millisecond) // burst over
+
+	var c *ndp.Conn
+	if err := inNS(l.client.ns, func() error {
+		ifi, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		c, _, err = ndp.Listen(ifi, ndp.LinkLocal)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	foreign := net.HardwareAddr{0x02, 0, 0, 0, 0, 0x99}
+	claim := &ndp.NeighborAdvertisement{Override: true, TargetAddress: l.vip,
+		Options: []ndp.Option{&ndp.LinkLayerAddress{Direction: ndp.Target, Addr: foreign}}}
+	// Inside the namespace: the destination's zone names the client's eth0.
+	if err := inNS(l.client.ns, func() error { return c.WriteTo(claim, nil, netip.MustParseAddr("ff02::1")) }); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	seen := false
+	for !seen && time.Now().Before(deadline) {
+		c.SetReadDeadline(deadline)
+		m, _, _, err := c.ReadFrom()
+		if err != nil {
+			break
+		}
+		na, ok := m.(*ndp.NeighborAdvertisement)
+		if !ok || na.TargetAddress != l.vip || !na.Override {
+			continue
+		}
+		for _, o := range na.Options {
+			if ll, ok := o.(*ndp.LinkLayerAddress); ok && ll.Direction == ndp.Target && bytes.Equal(ll.Addr, l.nodes[0].mac) {
+				seen = true
+			}
+		}
+	}
+	if !seen {
+		t.Error("no unsolicited neighbour advertisement from the Master after a foreign claim")
+	}
+	if _, ok := waitFor(2*time.Second, func() bool {
+		b, _ := os.ReadFile(p.log)
+		return strings.Contains(string(b), "vip claimed by another station")
+	}); !ok {
+		t.Error("the conflict was not logged")
 	}
 }
