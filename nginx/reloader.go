@@ -31,8 +31,9 @@ type ReloaderConfig struct {
 	// Debounce is how long changes are collected before one reload (seed 004 used
 	// 2 s chunks). Zero means DefaultDebounce.
 	Debounce time.Duration
-	// ConfirmTimeout bounds the wait for workers running a new configuration to
-	// answer on the status port after a reload or start. Zero skips the wait.
+	// ConfirmTimeout bounds the wait, after a start or reload, for workers with the
+	// new configuration to answer on the status port and for the old ones to stop
+	// accepting. Zero means 10s; a negative value skips the wait (for fake runners).
 	ConfirmTimeout time.Duration
 	// RestartBackoff is the pause before starting a master that died. Zero means 1s.
 	RestartBackoff time.Duration
@@ -97,6 +98,9 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	}
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = DefaultDebounce
+	}
+	if cfg.ConfirmTimeout == 0 {
+		cfg.ConfirmTimeout = 10 * time.Second
 	}
 	if cfg.RestartBackoff <= 0 {
 		cfg.RestartBackoff = time.Second

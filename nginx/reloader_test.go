@@ -98,6 +98,7 @@ func hostSnapshot(hosts ...string) model.Snapshot {
 func newTestReloader(t *testing.T, runner Runner, cfg ReloaderConfig) (*Reloader, *prometheus.Registry) {
 	t.Helper()
 	cfg.Dir = t.TempDir()
+	cfg.ConfirmTimeout = -1 // nothing listens: the runner is a fake
 	cfg.Render = DefaultOptions("")
 	reg := prometheus.NewRegistry()
 	r, err := NewReloader(cfg, runner, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), reg)
