@@ -8,34 +8,15 @@ import (
 	"strings"
 )
 
-// WriteCertificates makes dir hold exactly files: it creates dir with mode 0700,
-// writes each file with mode 0600 through a temporary file and a rename (so nginx
-// never reads half a key), and removes files of earlier configurations unless keep
-// lists them. Files whose content is already right are left alone.
-func WriteCertificates(dir string, files []CertFile, keep ...string) error {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create certificate directory: %w", err)
-	}
-	// MkdirAll leaves an existing directory's mode alone.
-	if err := os.Chmod(dir, 0o700); err != nil {
-		return fmt.Errorf("restrict certificate directory: %w", err)
+// WriteCertificates makes dir hold exactly files: it writes them as addCertificates
+// does and removes every other file (those of earlier configurations).
+func WriteCertificates(dir string, files []CertFile) error {
+	if err := addCertificates(dir, files); err != nil {
+		return err
 	}
 	want := map[string]bool{}
-	for _, k := range keep {
-		want[k] = true
-	}
 	for _, f := range files {
-		if f.Name == "" || strings.ContainsAny(f.Name, "/\\") || strings.HasPrefix(f.Name, ".") {
-			return fmt.Errorf("write certificate: bad file name %q", f.Name)
-		}
 		want[f.Name] = true
-		p := filepath.Join(dir, f.Name)
-		if old, err := os.ReadFile(p); err == nil && string(old) == string(f.PEM) {
-			continue
-		}
-		if err := writeFileAtomic(p, f.PEM, 0o600); err != nil {
-			return fmt.Errorf("write certificate %s: %w", f.Name, err)
-		}
 	}
 	entries, err := os.ReadDir(dir)
 	if err != nil {
@@ -50,6 +31,33 @@ func WriteCertificates(dir string, files []CertFile, keep ...string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// addCertificates creates dir with mode 0700 and writes each file with mode 0600
+// through a temporary file and a rename, so nginx never reads half a key. Files
+// whose content is already right are left alone, and other files stay: the running
+// configuration may still need them.
+func addCertificates(dir string, files []CertFile) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create certificate directory: %w", err)
+	}
+	// MkdirAll leaves an existing directory's mode alone.
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return fmt.Errorf("restrict certificate directory: %w", err)
+	}
+	for _, f := range files {
+		if f.Name == "" || strings.ContainsAny(f.Name, "/\\") || strings.HasPrefix(f.Name, ".") {
+			return fmt.Errorf("write certificate: bad file name %q", f.Name)
+		}
+		p := filepath.Join(dir, f.Name)
+		if old, err := os.ReadFile(p); err == nil && string(old) == string(f.PEM) {
+			continue
+		}
+		if err := writeFileAtomic(p, f.PEM, 0o600); err != nil {
+			return fmt.Errorf("write certificate %s: %w", f.Name, err)
+		}
+	}
+	return nil
 }
 
 // writeFileAtomic writes data to a temporary file beside path, syncs it and renames

@@ -170,6 +170,8 @@ func (r *Reloader) Run(ctx context.Context) error {
 	if first == nil {
 		first = &model.Snapshot{}
 	}
+	defer r.stop() // whichever master runs by then, started or adopted
+
 	// A master an earlier agent left behind keeps its listening sockets: take it
 	// over and reload it rather than start a second one that cannot bind.
 	if m, err := r.runner.Find(r.confPath(), resolve(r.cfg.Dir, r.cfg.Render.PIDFile)); err != nil {
@@ -180,19 +182,28 @@ func (r *Reloader) Run(ctx context.Context) error {
 		r.mu.Unlock()
 		r.log.Info("adopted running nginx master", zap.Int("pid", m.PID()))
 	}
-	if _, err := r.ApplyNow(ctx, *first); err != nil {
-		// Start with no routes (every host closed) rather than not at all; the
-		// problem is logged and counted, and the next snapshot may be fine.
+	_, err := r.ApplyNow(ctx, *first)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if _, statErr := os.Stat(r.confPath()); err != nil && statErr != nil {
+		// Nothing valid on disk yet: start with no routes (every host closed)
+		// rather than not at all; the next snapshot may be fine.
 		if _, err := r.ApplyNow(ctx, model.Snapshot{}); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return fmt.Errorf("write first nginx config: %w", err)
 		}
 	}
 	if r.MasterPID() == 0 {
 		if err := r.start(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
 			return err
 		}
 	}
-	defer r.stop()
 
 	var debounce <-chan time.Time
 	var restart <-chan time.Time
@@ -317,7 +328,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	}
 	certDir := resolve(r.cfg.Dir, r.cfg.Render.CertDir)
 	// Keep the running configuration's files until the new one has replaced it.
-	if err := WriteCertificates(certDir, cfg.Certificates, r.certs...); err != nil {
+	if err := addCertificates(certDir, cfg.Certificates); err != nil {
 		return fail(ResultError, err)
 	}
 	candidate := r.confPath() + ".candidate"
@@ -364,10 +375,6 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		if !slices.Contains(cfg.refusedSeen, file) {
 			delete(r.refused, file)
 		}
-	}
-	r.certs = r.certs[:0]
-	for _, c := range cfg.Certificates {
-		r.certs = append(r.certs, c.Name)
 	}
 	r.mu.Lock()
 	r.checksum = cfg.Checksum

@@ -22,6 +22,7 @@ import (
 type fakeRunner struct {
 	mu      sync.Mutex
 	testErr error
+	reject  string // nginx -t fails for configurations containing this
 	tests   int
 	masters []*fakeMaster
 }
@@ -30,8 +31,12 @@ func (f *fakeRunner) Test(_ context.Context, dir, conf string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tests++
-	if _, err := os.ReadFile(conf); err != nil {
+	text, err := os.ReadFile(conf)
+	if err != nil {
 		return err
+	}
+	if f.reject != "" && strings.Contains(string(text), f.reject) {
+		return errors.New("nginx: [emerg] refused by the fake")
 	}
 	return f.testErr
 }
@@ -277,12 +282,12 @@ func TestWriteCertificatesPrivateAtomicAndPruned(t *testing.T) {
 			t.Errorf("%s mode %v, want 0600", f.Name, st.Mode().Perm())
 		}
 	}
-	// b is kept while the running config still uses it, then pruned.
+	// Adding leaves b for the running config; writing the new set prunes it.
 	c := CertFile{Name: "ns_c-1.pem", PEM: []byte("C")}
-	if err := WriteCertificates(dir, []CertFile{c}, b.Name); err != nil {
+	if err := addCertificates(dir, []CertFile{c}); err != nil {
 		t.Fatal(err)
 	}
-	assertFiles(t, dir, b.Name, c.Name)
+	assertFiles(t, dir, a.Name, b.Name, c.Name)
 	if err := WriteCertificates(dir, []CertFile{c}); err != nil {
 		t.Fatal(err)
 	}
@@ -318,3 +323,32 @@ var _ interface {
 	Name() string
 	Apply(context.Context, model.Snapshot) error
 } = (*Reloader)(nil)
+
+// A first snapshot that nginx -t refuses still gets nginx started, with no routes.
+func TestRunStartsWithNoRoutesWhenTheFirstConfigIsRefused(t *testing.T) {
+	runner := &fakeRunner{reject: "bad.example.com"}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{})
+	r.Update(hostSnapshot("bad.example.com"))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	waitFor(t, "a master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	conf, err := os.ReadFile(r.confPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	empty, err := Render(model.Snapshot{}, r.cfg.Render)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(conf) != string(empty.Text) {
+		t.Error("nginx started with something else than the empty configuration")
+	}
+	if got := testutil.ToFloat64(r.m.reloads.WithLabelValues(ResultInvalid)); got != 1 {
+		t.Errorf("reloads_total{result=invalid} = %v, want 1", got)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+}
