@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -158,7 +160,12 @@ func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.S
 		return nil
 	}
 	var errs []error
-	for _, obj := range c.claimInformer.GetStore().List() {
+	objs := c.claimInformer.GetStore().List()
+	// In name order, so the groups they create are allocated in a predictable order.
+	slices.SortFunc(objs, func(x, y any) int {
+		return cmp.Compare(cache.MetaObjectToName(x.(metav1.Object)).String(), cache.MetaObjectToName(y.(metav1.Object)).String())
+	})
+	for _, obj := range objs {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
 			continue
