@@ -41,7 +41,7 @@ bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply
 	$(GO) test -run '^$$' -bench . -benchtime 1x ./dataplane/ -benchmem
 
 demo: deps build ## the data-plane demo: client, edge node and two replicas in namespaces
-	./test/demo/dataplane.sh
+	$(GO) run ./test/demo/dataplane -portico bin/portico
 
 clean: ## remove build output
 	rm -rf bin

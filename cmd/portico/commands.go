@@ -2,5 +2,11 @@ package main
 
 // registerAll registers every subcommand. Each subcommand's file adds one line here.
 func registerAll() {
+	register("vips", "show VIPs, their backends and ring shares from the pinned maps", runVIPs)
+	register("flows", "show flow table entries from the pinned maps", runFlows)
+	register("counters", "show xdp_lb's verdict counters by reason", runCounters)
+	register("maglev", "build a Maglev table for given replicas and print shares and digest", runMaglev)
+	register("bench", "benchmarks: 'bench xdp' measures xdp_lb's per-packet cost", runBench)
+	register("uninstall", "detach xdp_lb and remove its pinned maps", runUninstall)
 	register("vrrp", "run the VRRP announcer alone (VIP failover, keepalived-compatible)", runVRRP)
 }

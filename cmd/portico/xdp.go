@@ -1,0 +1,234 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/portico-edge/portico/dataplane"
+)
+
+// The subcommands in this file read xdp_lb's pinned maps; they need no agent.
+
+func pinFlag(fs *flag.FlagSet) *string {
+	return fs.String("pin", dataplane.DefaultPinPath, "bpffs directory of xdp_lb's pinned maps")
+}
+
+func openPinned(pin string) (*dataplane.Inspector, error) {
+	return dataplane.OpenPinned(pin)
+}
+
+func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
+
+func runVIPs(args []string) error {
+	fs := flag.NewFlagSet("vips", flag.ContinueOnError)
+	pin := pinFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	in, err := openPinned(*pin)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	cfg, err := in.Config()
+	if err != nil {
+		return err
+	}
+	vips, err := in.VIPs()
+	if err != nil {
+		return err
+	}
+	return printVIPs(os.Stdout, cfg, vips)
+}
+
+func printVIPs(out io.Writer, cfg dataplane.Config, vips []dataplane.VIPView) error {
+	fmt.Fprintf(out, "ring size %d, hash seed %#x, NIC MAC %s\n\n", cfg.RingSize, cfg.Seed, cfg.MAC)
+	if len(vips) == 0 {
+		fmt.Fprintln(out, "no VIPs")
+		return nil
+	}
+	w := table(out)
+	fmt.Fprintln(w, "VIP\tPORTS\tDIGEST\tPACKETS\tNEW FLOWS\tFLOW HITS\t")
+	for _, v := range vips {
+		ports := make([]string, len(v.Ports))
+		for i, p := range v.Ports {
+			port := "*"
+			if p.Port != 0 {
+				port = fmt.Sprint(p.Port)
+			}
+			ports[i] = strings.ToLower(string(p.Protocol)) + "/" + port
+		}
+		digest := v.Digest
+		if digest == "" {
+			digest = "(no ring)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%d\t%d\t%d\t\n", v.Addr, strings.Join(ports, ","), digest, v.Counters.Packets, v.Counters.NewFlows, v.Counters.FlowHits)
+	}
+	w.Flush()
+	for _, v := range vips {
+		fmt.Fprintf(out, "\n%s backends:\n", v.Addr)
+		w := table(out)
+		fmt.Fprintln(w, "  ID\tADDRESS\tMAC\tSTATE\tWEIGHT\tSLOTS\tSHARE\tPACKETS\tBYTES\t")
+		for _, b := range v.Backends {
+			state := "ready"
+			if b.Draining {
+				state = "draining"
+			}
+			if b.Local {
+				state += ",local"
+			}
+			share := 0.0
+			if v.RingSize > 0 {
+				share = 100 * float64(b.Slots) / float64(v.RingSize)
+			}
+			fmt.Fprintf(w, "  %d\t%s\t%s\t%s\t%d\t%d\t%.2f%%\t%d\t%d\t\n", b.ID, b.Addr, b.MAC, state, b.Weight, b.Slots, share, b.Counters.Packets, b.Counters.Bytes)
+		}
+		w.Flush()
+	}
+	return nil
+}
+
+func runFlows(args []string) error {
+	fs := flag.NewFlagSet("flows", flag.ContinueOnError)
+	pin := pinFlag(fs)
+	limit := fs.Int("n", 50, "show at most this many flows, most recently seen first (0: all)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	in, err := openPinned(*pin)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	flows, err := in.Flows(*limit)
+	if err != nil {
+		return err
+	}
+	w := table(os.Stdout)
+	fmt.Fprintln(w, "PROTO\tCLIENT\tVIP\tBACKEND\tLAST SEEN\t")
+	for _, f := range flows {
+		proto := map[uint8]string{6: "tcp", 17: "udp"}[f.Flow.Protocol]
+		backend := "(gone)"
+		if f.Backend.IsValid() {
+			backend = f.Backend.String()
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s ago\t\n", proto,
+			netip.AddrPortFrom(f.Flow.Src, f.Flow.SPort), netip.AddrPortFrom(f.Flow.Dst, f.Flow.DPort), backend, f.Age.Round(1e6))
+	}
+	w.Flush()
+	fmt.Printf("%d flows shown\n", len(flows))
+	return nil
+}
+
+func runCounters(args []string) error {
+	fs := flag.NewFlagSet("counters", flag.ContinueOnError)
+	pin := pinFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	in, err := openPinned(*pin)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	c, err := in.Counters()
+	if err != nil {
+		return err
+	}
+	w := table(os.Stdout)
+	fmt.Fprintln(w, "REASON\tPACKETS\t")
+	for r, v := range c.Reasons {
+		fmt.Fprintf(w, "%s\t%d\t\n", dataplane.ReasonName(dataplane.Reason(r)), v)
+	}
+	return w.Flush()
+}
+
+func runMaglev(args []string) error {
+	fs := flag.NewFlagSet("maglev", flag.ContinueOnError)
+	size := fs.Uint("m", dataplane.DefaultRingSize, "table size (a prime)")
+	fs.Usage = func() {
+		fmt.Fprintln(fs.Output(), "usage: portico maglev [-m size] ADDR[=WEIGHT]...\n\nBuilds the Maglev table every node builds for these replicas and prints each one's share and the table digest.")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var in []dataplane.MaglevBackend
+	for _, a := range fs.Args() {
+		addr, weight, _ := strings.Cut(a, "=")
+		ip, err := netip.ParseAddr(addr)
+		if err != nil {
+			return fmt.Errorf("parse backend %q: %w", a, err)
+		}
+		b := dataplane.MaglevBackend{Addr: ip, Weight: 1}
+		if weight != "" {
+			if _, err := fmt.Sscan(weight, &b.Weight); err != nil {
+				return fmt.Errorf("parse weight of %q: %w", a, err)
+			}
+		}
+		in = append(in, b)
+	}
+	t, err := dataplane.BuildTable(in, uint32(*size))
+	if err != nil {
+		return err
+	}
+	w := table(os.Stdout)
+	fmt.Fprintln(w, "BACKEND\tSLOTS\tSHARE\t")
+	for i, n := range t.Shares() {
+		fmt.Fprintf(w, "%s\t%d\t%.3f%%\t\n", t.Backends[i], n, 100*float64(n)/float64(len(t.Slots)))
+	}
+	w.Flush()
+	fmt.Printf("digest %s (%d slots)\n", t.Digest(), len(t.Slots))
+	return nil
+}
+
+func runBench(args []string) error {
+	if len(args) == 0 || args[0] != "xdp" {
+		return fmt.Errorf("usage: portico bench xdp [-repeat N] [-packets N]")
+	}
+	fs := flag.NewFlagSet("bench xdp", flag.ContinueOnError)
+	repeat := fs.Int("repeat", 1_000_000, "repetitions per call in Repeat mode")
+	packets := fs.Int("packets", 20_000, "single-packet calls in run-time-statistics mode")
+	if err := fs.Parse(args[1:]); err != nil {
+		return err
+	}
+	res, err := dataplane.BenchXDP(dataplane.BenchOptions{Repeat: *repeat, Packets: *packets})
+	if err != nil {
+		return err
+	}
+	fmt.Println("xdp_lb per-packet cost under BPF_PROG_TEST_RUN")
+	fmt.Printf("  repeat:  kernel average over %d repetitions of one call (new flows: 1 repetition per call, %d distinct tuples)\n", *repeat, *packets)
+	fmt.Printf("  per run: BPF_ENABLE_STATS run time / run count, one packet per call, %d calls\n\n", *packets)
+	w := table(os.Stdout)
+	fmt.Fprintln(w, "CASE\tVERDICT\tREPEAT ns/pkt\tPER RUN ns/pkt\tvs FLOOR (repeat)\t")
+	var floor float64
+	for i, r := range res {
+		if i == 0 {
+			floor = float64(r.Repeat.Nanoseconds())
+		}
+		ratio := "-"
+		if floor > 0 {
+			ratio = fmt.Sprintf("%.2fx", float64(r.Repeat.Nanoseconds())/floor)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%d\t%d\t%s\t\n", r.Name, r.Verdict, r.Repeat.Nanoseconds(), r.PerRun.Nanoseconds(), ratio)
+	}
+	return w.Flush()
+}
+
+func runUninstall(args []string) error {
+	fs := flag.NewFlagSet("uninstall", flag.ContinueOnError)
+	pin := pinFlag(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := dataplane.Uninstall(*pin); err != nil {
+		return err
+	}
+	fmt.Printf("detached xdp_lb and removed %s\n", *pin)
+	return nil
+}
