@@ -25,8 +25,9 @@ vet: ## go vet every package
 unit: deps kapi ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) ./...
 
-fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 20s)
+fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 20s each)
 	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./vrrp/
 
 verify: generate ## regenerate the BPF objects and fail if they differ from the committed ones
 	@git diff --exit-code --stat -- dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
@@ -38,7 +39,7 @@ lint: vet ## static checks (gofmt + vet)
 
 bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply latency)
 	./bin/portico bench xdp
-	$(GO) test -run '^$$' -bench . -benchtime 1x ./dataplane/ -benchmem
+	$(GO) test -count=1 -run '^$$' -bench . -benchmem ./dataplane/
 
 demo: deps build ## the data-plane demo: client, edge node and two replicas in namespaces
 	$(GO) run ./test/demo/dataplane -portico bin/portico
