@@ -136,7 +136,7 @@ type locKey struct {
 type upstreamAcc struct {
 	base      string // "namespace-service-port" before collision handling
 	key       string // identity, unique
-	endpoints map[netip.AddrPort]bool
+	endpoints []netip.AddrPort // may repeat; sorted and compacted at the end
 	name      string
 }
 
@@ -190,13 +190,13 @@ func key(o metav1.Object) string {
 	return o.GetNamespace() + "/" + o.GetName()
 }
 
-// older orders objects oldest first, then by namespace/name: the deterministic order
+// older orders objects oldest first, then by namespace, then name: the deterministic order
 // in which conflicts are decided (the first one wins).
 func older(x, y metav1.Object) int {
 	if c := x.GetCreationTimestamp().Compare(y.GetCreationTimestamp().Time); c != 0 {
 		return c
 	}
-	return cmp.Compare(key(x), key(y))
+	return cmp.Or(cmp.Compare(x.GetNamespace(), y.GetNamespace()), cmp.Compare(x.GetName(), y.GetName()))
 }
 
 func (b *builder) problem(kind string, o metav1.Object, field, reason, format string, args ...any) {
@@ -708,6 +708,9 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
 	}
 	port := strconv.Itoa(int(sp.Port))
+	if id := "svc|" + svcKey + "|" + port; b.upstreams[id] != nil {
+		return id, true // another path of the same Service port: endpoints known
+	}
 	return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+port, "svc|"+svcKey+"|"+port, b.serviceEndpoints(svcKey, sp)), true
 }
 
@@ -760,12 +763,10 @@ func (b *builder) serviceEndpoints(svcKey string, sp *corev1.ServicePort) []neti
 func (b *builder) upstream(base, id string, eps []netip.AddrPort) string {
 	u := b.upstreams[id]
 	if u == nil {
-		u = &upstreamAcc{base: base, key: id, endpoints: map[netip.AddrPort]bool{}}
+		u = &upstreamAcc{base: base, key: id}
 		b.upstreams[id] = u
 	}
-	for _, e := range eps {
-		u.endpoints[e] = true
-	}
+	u.endpoints = append(u.endpoints, eps...)
 	return id
 }
 
@@ -883,10 +884,11 @@ func (b *builder) snapshot() model.Snapshot {
 		u.name = n
 		names[id] = n
 		up := model.Upstream{Name: n}
-		for e := range u.endpoints {
-			up.Endpoints = append(up.Endpoints, e)
+		if len(u.endpoints) > 0 {
+			up.Endpoints = u.endpoints // built by append from nil: owned, not shared
+			slices.SortFunc(up.Endpoints, func(x, y netip.AddrPort) int { return x.Compare(y) })
+			up.Endpoints = slices.Clip(slices.Compact(up.Endpoints))
 		}
-		slices.SortFunc(up.Endpoints, func(x, y netip.AddrPort) int { return x.Compare(y) })
 		snap.Upstreams = append(snap.Upstreams, up)
 	}
 	slices.SortFunc(snap.Upstreams, func(x, y model.Upstream) int { return cmp.Compare(x.Name, y.Name) })
