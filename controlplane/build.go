@@ -134,8 +134,8 @@ type locKey struct {
 }
 
 type upstreamAcc struct {
-	base      string // "namespace-service-port" before collision handling
-	key       string // identity, unique
+	base      string           // "namespace-service-port" before collision handling
+	key       string           // identity, unique
 	endpoints []netip.AddrPort // may repeat; sorted and compacted at the end
 	name      string
 }
