@@ -108,6 +108,9 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 30 * time.Second
 	}
+	if log == nil {
+		log = zap.NewNop()
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("register nginx metrics: %w", err)
