@@ -295,6 +295,19 @@ func fixtures() []fixture {
 				{name: "VIP removed", apply: &gone, in: p.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
 			}
 		}},
+		{"any-port VIP steers every TCP and UDP port", Desired{Seed: testSeed, Groups: []Group{{
+			Name: "edge/any", VIPs: []netip.Addr{vip4, vip6}, Backends: []Backend{r2},
+		}}}, func(t testing.TB) []step {
+			high := tcp4(40060, xdptest.SYN)
+			high.DPort = 65000
+			u := udp6(40061)
+			u.DPort = 1
+			return []step{
+				{name: "tcp/65000", in: high.Bytes(), verdict: xdptest.TX, out: to(high, r2), reasons: reasons(rTX, 1)},
+				{name: "udp/1 over v6", in: u.Bytes(), verdict: xdptest.TX, out: to(u, r2), reasons: reasons(rTX, 1)},
+				{name: "icmp echo still local", in: xdptest.ICMPEcho(clientMAC, nicMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
+			}
+		}},
 		{"VIP with only draining backends", desired(draining(r1)), func(t testing.TB) []step {
 			return []step{{in: tcp4(40030, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rNoBackend, 1)}}
 		}},

@@ -1,9 +1,13 @@
 package dataplane
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane/xdptest"
@@ -137,5 +141,66 @@ func TestApplyRejectsBadInputAndWritesNothing(t *testing.T) {
 				t.Fatalf("a rejected Apply wrote %d VIPs", len(vips))
 			}
 		})
+	}
+}
+
+// TestCollectorExportsCounters scrapes the Prometheus collector after one
+// steered and one passed packet.
+func TestCollectorExportsCounters(t *testing.T) {
+	d := loadForTest(t)
+	if err := d.setMAC(nicMAC); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Apply(desired(r1)); err != nil {
+		t.Fatal(err)
+	}
+	other := tcp4(40200, xdptest.SYN)
+	other.Dst = other4
+	for _, f := range [][]byte{tcp4(40200, xdptest.SYN).Bytes(), other.Bytes()} {
+		if _, _, err := xdptest.Run(d.Program(), f); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(NewCollector(d)); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP portico_xdp_backend_packets_total Packets sent to a backend.
+# TYPE portico_xdp_backend_packets_total counter
+portico_xdp_backend_packets_total{backend="10.0.0.11",vip="192.0.2.10"} 1
+portico_xdp_backend_packets_total{backend="10.0.0.11",vip="2001:db8::10"} 0
+# HELP portico_xdp_vip_new_flows_total Flows created in the flow table for a VIP.
+# TYPE portico_xdp_vip_new_flows_total counter
+portico_xdp_vip_new_flows_total{vip="192.0.2.10"} 1
+portico_xdp_vip_new_flows_total{vip="2001:db8::10"} 0
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "portico_xdp_backend_packets_total", "portico_xdp_vip_new_flows_total"); err != nil {
+		t.Error(err)
+	}
+	n, err := testutil.GatherAndCount(reg, "portico_xdp_packets_total")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != ReasonCount {
+		t.Errorf("%d reason series, want %d", n, ReasonCount)
+	}
+	for reason, want := range map[string]float64{"tx": 1, "not_vip": 1, "malformed": 0} {
+		m := &dto.Metric{}
+		found := false
+		mfs, _ := reg.Gather()
+		for _, mf := range mfs {
+			if mf.GetName() != "portico_xdp_packets_total" {
+				continue
+			}
+			for _, x := range mf.GetMetric() {
+				if x.GetLabel()[0].GetValue() == reason {
+					m, found = x, true
+				}
+			}
+		}
+		if !found || m.GetCounter().GetValue() != want {
+			t.Errorf("portico_xdp_packets_total{reason=%q} = %v (found %v), want %v", reason, m.GetCounter().GetValue(), found, want)
+		}
 	}
 }
