@@ -18,32 +18,39 @@ func pinFlag(fs *flag.FlagSet) *string {
 	return fs.String("pin", dataplane.DefaultPinPath, "bpffs directory of xdp_lb's pinned maps")
 }
 
-func openPinned(pin string) (*dataplane.Inspector, error) {
-	return dataplane.OpenPinned(pin)
+// inspect parses a map-reading subcommand's flags (-pin, plus any that flags
+// adds), opens the pinned maps and hands them to show.
+func inspect(name string, args []string, flags func(*flag.FlagSet), show func(*dataplane.Inspector) error) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	pin := pinFlag(fs)
+	if flags != nil {
+		flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	in, err := dataplane.OpenPinned(*pin)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	return show(in)
 }
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
 
 func runVIPs(args []string) error {
-	fs := flag.NewFlagSet("vips", flag.ContinueOnError)
-	pin := pinFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	in, err := openPinned(*pin)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	cfg, err := in.Config()
-	if err != nil {
-		return err
-	}
-	vips, err := in.VIPs()
-	if err != nil {
-		return err
-	}
-	return printVIPs(os.Stdout, cfg, vips)
+	return inspect("vips", args, nil, func(in *dataplane.Inspector) error {
+		cfg, err := in.Config()
+		if err != nil {
+			return err
+		}
+		vips, err := in.VIPs()
+		if err != nil {
+			return err
+		}
+		return printVIPs(os.Stdout, cfg, vips)
+	})
 }
 
 func printVIPs(out io.Writer, cfg dataplane.Config, vips []dataplane.VIPView) error {
@@ -94,18 +101,15 @@ func printVIPs(out io.Writer, cfg dataplane.Config, vips []dataplane.VIPView) er
 }
 
 func runFlows(args []string) error {
-	fs := flag.NewFlagSet("flows", flag.ContinueOnError)
-	pin := pinFlag(fs)
-	limit := fs.Int("n", 50, "show at most this many flows, most recently seen first (0: all)")
-	if err := fs.Parse(args); err != nil {
-		return err
+	var limit *int
+	flags := func(fs *flag.FlagSet) {
+		limit = fs.Int("n", 50, "show at most this many flows, most recently seen first (0: all)")
 	}
-	in, err := openPinned(*pin)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	flows, err := in.Flows(*limit)
+	return inspect("flows", args, flags, func(in *dataplane.Inspector) error { return printFlows(in, *limit) })
+}
+
+func printFlows(in *dataplane.Inspector, limit int) error {
+	flows, err := in.Flows(limit)
 	if err != nil {
 		return err
 	}
@@ -126,26 +130,18 @@ func runFlows(args []string) error {
 }
 
 func runCounters(args []string) error {
-	fs := flag.NewFlagSet("counters", flag.ContinueOnError)
-	pin := pinFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	in, err := openPinned(*pin)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	c, err := in.Counters()
-	if err != nil {
-		return err
-	}
-	w := table(os.Stdout)
-	fmt.Fprintln(w, "REASON\tPACKETS\t")
-	for r, v := range c.Reasons {
-		fmt.Fprintf(w, "%s\t%d\t\n", dataplane.ReasonName(dataplane.Reason(r)), v)
-	}
-	return w.Flush()
+	return inspect("counters", args, nil, func(in *dataplane.Inspector) error {
+		c, err := in.Counters()
+		if err != nil {
+			return err
+		}
+		w := table(os.Stdout)
+		fmt.Fprintln(w, "REASON\tPACKETS\t")
+		for r, v := range c.Reasons {
+			fmt.Fprintf(w, "%s\t%d\t\n", dataplane.ReasonName(dataplane.Reason(r)), v)
+		}
+		return w.Flush()
+	})
 }
 
 func runMaglev(args []string) error {
