@@ -243,3 +243,17 @@ func (d *Dataplane) setMAC(mac net.HardwareAddr) error {
 	d.cfg.Mac = mac6(mac)
 	return d.writeConfig()
 }
+
+// Attached reports whether the program is attached through this process's link
+// (false once someone detached it, e.g. with bpftool).
+func (d *Dataplane) Attached() bool {
+	if d.link == nil {
+		return false
+	}
+	info, err := d.link.Info()
+	if err != nil {
+		return false
+	}
+	x := info.XDP()
+	return x != nil && x.Ifindex != 0
+}

@@ -2,6 +2,7 @@ package main
 
 // registerAll registers every subcommand. Each subcommand's file adds one line here.
 func registerAll() {
+	register("agent", "run the edge agent: control plane, XDP data plane, VRRP and nginx for one group", runAgent)
 	register("vips", "show VIPs, their backends and ring shares from the pinned maps", runVIPs)
 	register("flows", "show flow table entries from the pinned maps", runFlows)
 	register("counters", "show xdp_lb's verdict counters by reason", runCounters)

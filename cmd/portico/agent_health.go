@@ -1,0 +1,106 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/nginx"
+)
+
+// health decides whether this node should own its group's VIP: the XDP program
+// attached, the maps holding the latest snapshot, and nginx serving the latest
+// configuration. An unhealthy node lowers its VRRP priority, so a healthy node
+// takes the VIP; /readyz reports the same.
+type health struct {
+	attached  func() bool
+	l4        *l4Sink
+	reloader  *nginx.Reloader
+	statusURL string
+	client    http.Client
+	stopping  atomic.Bool
+
+	mu     sync.Mutex
+	reason string // "" when healthy
+}
+
+func (h *health) check(ctx context.Context) string {
+	if h.stopping.Load() {
+		return "shutting down"
+	}
+	if h.attached != nil && !h.attached() {
+		return "xdp_lb is not attached"
+	}
+	if !h.l4.applied() {
+		return "data plane maps are not current"
+	}
+	want := h.reloader.Checksum()
+	if want == "" {
+		return "nginx has no configuration yet"
+	}
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	got, err := nginx.Health(cctx, &h.client, h.statusURL)
+	if err != nil {
+		return fmt.Sprintf("nginx unhealthy: %v", err)
+	}
+	if got != want {
+		return "nginx is not serving the latest configuration"
+	}
+	return ""
+}
+
+// loop re-checks every second and moves the VRRP priority with the result.
+func (h *health) loop(ctx context.Context, vs *vrrpSink, log *zap.Logger) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		reason := h.check(ctx)
+		h.mu.Lock()
+		changed := reason != h.reason
+		h.reason = reason
+		h.mu.Unlock()
+		if changed {
+			if reason == "" {
+				log.Info("node healthy")
+			} else {
+				log.Warn("node unhealthy", zap.String("reason", reason))
+			}
+			vs.setHealthy(ctx, reason == "")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {
+	m := http.NewServeMux()
+	m.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	m.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "ok")
+	})
+	m.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		h.mu.Lock()
+		reason := h.reason
+		h.mu.Unlock()
+		if h.stopping.Load() {
+			reason = "shutting down"
+		}
+		if reason != "" {
+			http.Error(w, reason, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	return m
+}

@@ -1,0 +1,255 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/mdlayher/arp"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane"
+)
+
+// desiredFor turns the snapshot's view of one group into what this node's data
+// plane should say. local tells which replica addresses are this node; mac
+// returns a replica's MAC from the neighbour table. A remote replica whose MAC is
+// unknown is left out (it cannot be sent to) and returned in unresolved, so the
+// caller can resolve it and try again.
+func desiredFor(snap model.Snapshot, group string, seed uint32, local func(netip.Addr) bool,
+	mac func(netip.Addr) (net.HardwareAddr, bool)) (want dataplane.Desired, unresolved []netip.Addr) {
+	want.Seed = seed
+	for _, g := range snap.Groups {
+		if g.Name != group || len(g.VIPs) == 0 {
+			continue
+		}
+		dg := dataplane.Group{Name: g.Name, VIPs: g.VIPs, Ports: g.Ports}
+		for _, r := range g.Replicas {
+			b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Draining: r.State == model.Draining}
+			if local(r.Addr) {
+				b.Local = true
+			} else if m, ok := mac(r.Addr); ok {
+				b.MAC = m
+			} else {
+				unresolved = append(unresolved, r.Addr)
+				continue
+			}
+			dg.Backends = append(dg.Backends, b)
+		}
+		want.Groups = append(want.Groups, dg)
+	}
+	return want, unresolved
+}
+
+// neighbors finds replica MACs on the edge interface: from the kernel's
+// neighbour table, and by asking (ARP for IPv4; for IPv6 a datagram to the
+// discard port makes the kernel run neighbour discovery) when it has none.
+type neighbors struct {
+	ifc *net.Interface
+	log *zap.Logger
+
+	mu       sync.Mutex
+	resolved map[netip.Addr]net.HardwareAddr // answers to our own ARP requests
+}
+
+func (n *neighbors) lookup(a netip.Addr) (net.HardwareAddr, bool) {
+	family := netlink.FAMILY_V4
+	if a.Is6() && !a.Is4In6() {
+		family = netlink.FAMILY_V6
+	}
+	list, err := netlink.NeighList(n.ifc.Index, family)
+	if err == nil {
+		for _, e := range list {
+			ip, ok := netip.AddrFromSlice(e.IP)
+			if ok && ip.Unmap() == a && len(e.HardwareAddr) == 6 &&
+				e.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE|netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
+				return e.HardwareAddr, true
+			}
+		}
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m, ok := n.resolved[a]
+	return m, ok
+}
+
+// resolve asks the segment for each address, with a deadline per address.
+func (n *neighbors) resolve(addrs []netip.Addr) error {
+	var errs []error
+	for _, a := range addrs {
+		if a.Is4() {
+			m, err := n.arp(a)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("arp %s: %w", a, err))
+				continue
+			}
+			n.mu.Lock()
+			n.resolved[a] = m
+			n.mu.Unlock()
+			continue
+		}
+		// The kernel resolves the address to send this; lookup then finds it.
+		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: a.AsSlice(), Port: 9, Zone: n.ifc.Name})
+		if err != nil {
+			errs = append(errs, fmt.Errorf("probe %s: %w", a, err))
+			continue
+		}
+		c.Write([]byte{0})
+		c.Close()
+	}
+	return errors.Join(errs...)
+}
+
+func (n *neighbors) arp(a netip.Addr) (net.HardwareAddr, error) {
+	c, err := arp.Dial(n.ifc)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	if err := c.SetDeadline(time.Now().Add(time.Second)); err != nil {
+		return nil, err
+	}
+	return c.Resolve(a)
+}
+
+// localAddrs reports whether an address is one of this node's.
+func localAddrs() (func(netip.Addr) bool, error) {
+	list, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("list addresses: %w", err)
+	}
+	own := map[netip.Addr]bool{}
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && a.Scope == unix.RT_SCOPE_UNIVERSE {
+			own[ip.Unmap()] = true
+		}
+	}
+	return func(a netip.Addr) bool { return own[a.Unmap()] }, nil
+}
+
+// l4Sink applies each snapshot's group to the XDP data plane. It keeps the last
+// snapshot so a changed neighbour (a replica's new MAC) can be re-applied.
+type l4Sink struct {
+	dp    *dataplane.Dataplane
+	group string
+	seed  uint32
+	neigh *neighbors
+	log   *zap.Logger
+
+	mu   sync.Mutex
+	last model.Snapshot
+	ok   bool // the last Apply reached the maps in full
+}
+
+func (s *l4Sink) Name() string { return "dataplane" }
+
+// Apply implements controlplane.Sink. A replica whose MAC is still unknown after
+// asking is left out of the maps and the error makes the controller retry.
+func (s *l4Sink) Apply(ctx context.Context, snap model.Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last, s.ok = snap, false
+	return s.applyLocked()
+}
+
+func (s *l4Sink) applyLocked() error {
+	local, err := localAddrs()
+	if err != nil {
+		return err
+	}
+	want, missing := desiredFor(s.last, s.group, s.seed, local, s.neigh.lookup)
+	if len(missing) > 0 {
+		rerr := s.neigh.resolve(missing)
+		want, missing = desiredFor(s.last, s.group, s.seed, local, s.neigh.lookup)
+		if len(missing) > 0 {
+			s.log.Warn("replica MACs unresolved, left out of the ring", zap.Stringers("backend", missing), zap.Error(rerr))
+		}
+	}
+	if _, err := s.dp.Apply(want); err != nil {
+		return err
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("%d replica MACs unresolved", len(missing))
+	}
+	s.ok = true
+	return nil
+}
+
+// applied reports whether the last snapshot is fully in the maps (readiness).
+func (s *l4Sink) applied() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.ok
+}
+
+// watchNeighbours re-applies the last snapshot whenever the kernel's neighbour
+// table changes an entry for a replica, so a replica that changed its MAC (a
+// replaced NIC, a moved VM) is followed.
+func (s *l4Sink) watchNeighbours(ctx context.Context) error {
+	ch := make(chan netlink.NeighUpdate, 64)
+	if err := netlink.NeighSubscribeWithOptions(ch, ctx.Done(), netlink.NeighSubscribeOptions{}); err != nil {
+		return fmt.Errorf("subscribe to neighbour updates: %w", err)
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case u, open := <-ch:
+			if !open {
+				return nil
+			}
+			if u.LinkIndex != s.neigh.ifc.Index || len(u.HardwareAddr) != 6 {
+				continue
+			}
+			ip, ok := netip.AddrFromSlice(u.IP)
+			if !ok || !s.isReplica(ip.Unmap()) || !s.macChanged(ip.Unmap(), u.HardwareAddr) {
+				continue
+			}
+			s.log.Info("replica MAC changed", zap.Stringer("backend", ip), zap.Stringer("to", u.HardwareAddr))
+			s.mu.Lock()
+			if err := s.applyLocked(); err != nil {
+				s.log.Warn("re-apply after neighbour change failed", zap.Error(err))
+			}
+			s.mu.Unlock()
+		}
+	}
+}
+
+func (s *l4Sink) isReplica(a netip.Addr) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, g := range s.last.Groups {
+		if g.Name == s.group {
+			for _, r := range g.Replicas {
+				if r.Addr == a {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// macChanged compares an update with what the maps hold for that replica; a
+// replica the maps lack (its MAC was unknown) counts as changed.
+func (s *l4Sink) macChanged(a netip.Addr, m net.HardwareAddr) bool {
+	vips, err := s.dp.VIPs()
+	if err != nil {
+		return true
+	}
+	for _, v := range vips {
+		for _, b := range v.Backends {
+			if b.Addr == a {
+				return !b.Local && b.MAC.String() != m.String()
+			}
+		}
+	}
+	return true
+}

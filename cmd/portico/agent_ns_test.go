@@ -1,0 +1,122 @@
+package main
+
+import (
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+func requireRoot(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		if os.Getenv("CI") != "" {
+			t.Fatal("namespace tests must run as root in CI")
+		}
+		t.Skip("needs root for network namespaces")
+	}
+}
+
+// TestHostSetupInNamespace: the agent's direct-server-return settings, VIPs on
+// lo and active ARP, on a node namespace with a neighbour.
+func TestHostSetupInNamespace(t *testing.T) {
+	requireRoot(t)
+	lab, err := netlab.New("pa")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Close(); err != nil {
+			t.Errorf("clean up lab: %v", err)
+		}
+	})
+	macA, _ := net.ParseMAC("02:00:0a:d7:00:01")
+	macB, _ := net.ParseMAC("02:00:0a:d7:00:02")
+	a, err := lab.AddNode("a", netip.MustParsePrefix("10.215.0.1/24"), macA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lab.AddNode("b", netip.MustParsePrefix("10.215.0.2/24"), macB); err != nil {
+		t.Fatal(err)
+	}
+	vip4, vip6 := netip.MustParseAddr("10.215.0.100"), netip.MustParseAddr("fd00:215::100")
+	err = netlab.Do(a.NS, func() error {
+		if err := setupDSR("eth0"); err != nil {
+			return err
+		}
+		for k, want := range dsrSysctls("eth0") {
+			got, err := os.ReadFile("/proc/sys/" + k)
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(string(got)) != want {
+				t.Errorf("%s = %s, want %s", k, got, want)
+			}
+		}
+
+		if err := loVIPs([]netip.Addr{vip4, vip6}, nil); err != nil {
+			return err
+		}
+		if got := loAddrs(t); !got[vip4] || !got[vip6] {
+			t.Errorf("lo holds %v, want both VIPs", got)
+		}
+		// Applying again is a no-op; dropping a VIP removes only that one.
+		if err := loVIPs([]netip.Addr{vip4, vip6}, []netip.Addr{vip4, vip6}); err != nil {
+			return err
+		}
+		if err := loVIPs([]netip.Addr{vip6}, []netip.Addr{vip4, vip6}); err != nil {
+			return err
+		}
+		if got := loAddrs(t); got[vip4] || !got[vip6] {
+			t.Errorf("lo holds %v, want only %s", got, vip6)
+		}
+
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		n := &neighbors{ifc: ifc, log: zap.NewNop(), resolved: map[netip.Addr]net.HardwareAddr{}}
+		b := netip.MustParseAddr("10.215.0.2")
+		if _, ok := n.lookup(b); ok {
+			t.Errorf("neighbour %s known before anyone asked", b)
+		}
+		if err := n.resolve([]netip.Addr{b}); err != nil {
+			return err
+		}
+		if m, ok := n.lookup(b); !ok || m.String() != macB.String() {
+			t.Errorf("resolved %s to %v (%v), want %s", b, m, ok, macB)
+		}
+		if err := n.resolve([]netip.Addr{netip.MustParseAddr("10.215.0.77")}); err == nil {
+			t.Error("resolving an address nobody has succeeded")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func loAddrs(t *testing.T) map[netip.Addr]bool {
+	t.Helper()
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	list, err := netlink.AddrList(lo, netlink.FAMILY_ALL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[netip.Addr]bool{}
+	for _, a := range list {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok {
+			out[ip.Unmap()] = true
+		}
+	}
+	return out
+}

@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/vrrp"
+)
+
+// vrrpSink runs the VRRP announcer for the agent's group and keeps the group's
+// VIPs on lo. The announcer is rebuilt only when the group's VRID or VIPs change
+// (an allocation, an edit); everything else leaves it running, so ownership
+// never moves for an unrelated change.
+type vrrpSink struct {
+	base      context.Context // the agent's lifetime: announcers run under it
+	iface     string
+	group     string
+	priority  uint8 // configured priority when healthy
+	degraded  uint8 // priority while unhealthy
+	interval  time.Duration
+	version   uint8
+	log       *zap.Logger
+	met       *vrrp.Metrics
+	setLoVIPs func(want, managed []netip.Addr) error
+
+	mu      sync.Mutex
+	key     string
+	managed []netip.Addr // VIPs this agent put on lo
+	ann     *vrrp.Announcer
+	names   []string
+	stopRun context.CancelFunc
+	done    chan struct{}
+	healthy bool
+}
+
+func (v *vrrpSink) Name() string { return "vrrp" }
+
+// instancesFor returns the announcer's virtual routers for a group: one per
+// address family, both with the group's VRID.
+func (v *vrrpSink) instancesFor(g model.Group) []vrrp.InstanceConfig {
+	var v4, v6 []netip.Addr
+	for _, a := range g.VIPs {
+		if a.Is4() {
+			v4 = append(v4, a)
+		} else {
+			v6 = append(v6, a)
+		}
+	}
+	var out []vrrp.InstanceConfig
+	for _, fam := range []struct {
+		name string
+		vips []netip.Addr
+	}{{"v4", v4}, {"v6", v6}} {
+		if len(fam.vips) == 0 {
+			continue
+		}
+		version := v.version
+		if fam.name == "v6" {
+			version = 3 // VRRP v2 has no IPv6
+		}
+		out = append(out, vrrp.InstanceConfig{
+			Name:           fmt.Sprintf("%s/%s", g.Name, fam.name),
+			VRID:           g.VRID,
+			Version:        version,
+			Priority:       v.currentPriority(),
+			AdvertInterval: vrrp.Duration{Duration: v.interval},
+			VIPs:           fam.vips,
+		})
+	}
+	return out
+}
+
+func (v *vrrpSink) currentPriority() uint8 {
+	if v.healthy {
+		return v.priority
+	}
+	return v.degraded
+}
+
+// Apply implements controlplane.Sink.
+func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var g model.Group
+	for _, x := range snap.Groups {
+		if x.Name == v.group {
+			g = x
+		}
+	}
+	if err := v.setLoVIPs(g.VIPs, v.managed); err != nil {
+		return err
+	}
+	v.managed = slices.Clone(g.VIPs)
+	key := fmt.Sprint(g.VRID, g.VIPs)
+	if key == v.key {
+		return nil
+	}
+	v.stopLocked()
+	v.key = key
+	if g.VRID == 0 || len(g.VIPs) == 0 {
+		v.log.Info("group has no VRID or VIP yet: not announcing", zap.String("group", v.group))
+		return nil
+	}
+	cfg := vrrp.Config{Interface: v.iface, Instances: v.instancesFor(g)}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		v.key = "" // try again with the next snapshot
+		return fmt.Errorf("vrrp config for group %s: %w", v.group, err)
+	}
+	ann, err := vrrp.New(cfg, v.log, v.met)
+	if err != nil {
+		v.key = ""
+		return fmt.Errorf("start vrrp for group %s: %w", v.group, err)
+	}
+	ctx, cancel := context.WithCancel(v.base)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := ann.Run(ctx); err != nil {
+			v.log.Error("vrrp announcer stopped", zap.Error(err))
+		}
+	}()
+	v.ann, v.stopRun, v.done = ann, cancel, done
+	v.names = nil
+	for _, in := range cfg.Instances {
+		v.names = append(v.names, in.Name)
+	}
+	v.log.Info("vrrp announcing", zap.String("group", v.group), zap.Uint8("vrid", g.VRID), zap.Stringers("vip", g.VIPs))
+	return nil
+}
+
+// setHealthy moves the announcer's priority between the configured and the
+// degraded value, so an unhealthy node hands the VIP to a healthy one.
+func (v *vrrpSink) setHealthy(ctx context.Context, ok bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if ok == v.healthy {
+		return
+	}
+	v.healthy = ok
+	if v.ann == nil {
+		return
+	}
+	for _, n := range v.names {
+		if err := v.ann.SetPriority(ctx, n, v.currentPriority()); err != nil {
+			v.log.Warn("set vrrp priority", zap.String("group", v.group), zap.Error(err))
+		}
+	}
+	v.log.Info("vrrp priority changed with health", zap.Bool("healthy", ok), zap.Uint8("to", v.currentPriority()))
+}
+
+// stop releases ownership (a Master sends priority 0, so a Backup takes over
+// after its skew time) and waits for the announcer to finish.
+func (v *vrrpSink) stop() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.stopLocked()
+}
+
+func (v *vrrpSink) stopLocked() {
+	if v.stopRun == nil {
+		return
+	}
+	v.stopRun()
+	<-v.done
+	v.ann, v.stopRun, v.done, v.names = nil, nil, nil, nil
+}
+
+// states reports each virtual router's state, for /readyz and logs.
+func (v *vrrpSink) states() map[string]vrrp.State {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.ann == nil {
+		return nil
+	}
+	return v.ann.States()
+}
