@@ -1,0 +1,5 @@
+// Package deploy holds the Kubernetes manifests that install Portico (the last step of
+// its flow: what a user applies to a cluster). It has no code; its tests apply every
+// manifest to a real kube-apiserver and run the control plane as the agent's
+// ServiceAccount to check the RBAC against what the code calls.
+package deploy
