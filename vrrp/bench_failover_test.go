@@ -2,10 +2,12 @@ package vrrp
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"slices"
@@ -44,6 +46,8 @@ func TestFailoverBench(t *testing.T) {
 	impls := []string{"portico", "keepalived"}
 	t.Logf("client-visible outage, kill → first reply from the VIP (1 ms probes), %d trials each", trials)
 	t.Logf("%-7s %-11s %-9s %-9s %-8s %s", "advert", "impl", "median", "worst", "failed", "paired Δ vs keepalived (median)")
+	retries := 0
+	defer func() { t.Logf("disturbed measurements repeated: %d", retries) }()
 	for _, iv := range intervals {
 		// outs[impl][trial]; -1 marks a failed trial.
 		outs := map[string][]time.Duration{}
@@ -54,15 +58,23 @@ func TestFailoverBench(t *testing.T) {
 			phase := (float64(i) + 0.5) / float64(trials)
 			for _, impl := range impls {
 				d := time.Duration(-1)
-				t.Run(fmt.Sprintf("%v/%s/%d", iv, impl, i), func(t *testing.T) {
-					out, err := failoverTrial(t, impl, iv, phase)
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					t.Logf("outage %v", out)
-					d = out
-				})
+				// A disturbed measurement is repeated, at most twice.
+				for attempt := 0; attempt < 3 && d < 0; attempt++ {
+					t.Run(fmt.Sprintf("%v/%s/%d", iv, impl, i), func(t *testing.T) {
+						out, err := failoverTrial(t, impl, iv, phase)
+						switch {
+						case errors.Is(err, errDisturbed):
+							t.Logf("outage %v, not counted: %v", out, err)
+							retries++
+						case err != nil:
+							t.Error(err)
+							attempt = 3
+						default:
+							t.Logf("outage %v", out)
+							d = out
+						}
+					})
+				}
 				outs[impl] = append(outs[impl], d)
 			}
 		}
@@ -111,6 +123,9 @@ func TestFailoverBench(t *testing.T) {
 // each of the two measurements.
 const benchTolerance = 2 * time.Millisecond
 
+// errDisturbed marks a trial whose measurement lost its 1 ms resolution.
+var errDisturbed = errors.New("measurement disturbed")
+
 func median(sorted []time.Duration) time.Duration {
 	n := len(sorted)
 	if n%2 == 1 {
@@ -145,7 +160,13 @@ func failoverTrial(t *testing.T, impl string, interval time.Duration, phase floa
 	if err != nil {
 		return 0, err
 	}
-	probe := l.start("probe", l.client, []string{envProbe + "=" + l.vip.String() + "," + out + "," + (limit + 10*time.Second).String()}, exe, "-test.run=^$")
+	// The prober is the instrument: it runs SCHED_FIFO so machine load cannot
+	// stall its 1 ms train. The announcers under test keep normal priority.
+	argv := []string{exe, "-test.run=^$"}
+	if chrt, err := exec.LookPath("chrt"); err == nil {
+		argv = append([]string{chrt, "-f", "10"}, argv...)
+	}
+	probe := l.start("probe", l.client, []string{envProbe + "=" + l.vip.String() + "," + out + "," + (limit + 10*time.Second).String()}, argv...)
 	time.Sleep(200 * time.Millisecond) // warm up: neighbour entry, replies flowing
 
 	swh, err := netns.GetFromName(l.sw)
@@ -203,7 +224,20 @@ func failoverTrial(t *testing.T, impl string, interval time.Duration, phase floa
 			if !warm {
 				return 0, fmt.Errorf("no replies before the kill: the probe never worked")
 			}
-			return time.Duration(res.Recv[i] - killedAt.UnixNano()), nil
+			outage := time.Duration(res.Recv[i] - killedAt.UnixNano())
+			// The figure is only good to 1 ms if the probe train kept its pace
+			// and the port went down at once; on a starved machine it may not.
+			if d := deadAt.Sub(killedAt); d > 2*time.Millisecond {
+				return outage, fmt.Errorf("%w: taking the port down took %v", errDisturbed, d)
+			}
+			var gap int64
+			for j := i; j > 0 && res.Sent[j] > killedAt.UnixNano(); j-- {
+				gap = max(gap, res.Sent[j]-res.Sent[j-1])
+			}
+			if g := time.Duration(gap); g > 5*time.Millisecond {
+				return outage, fmt.Errorf("%w: the probe train stalled for %v", errDisturbed, g)
+			}
+			return outage, nil
 		}
 	}
 	return 0, fmt.Errorf("no reply after the kill among %d probes", len(res.Sent))

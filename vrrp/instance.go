@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"runtime"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -87,6 +88,11 @@ func sameAddrs(a, b []netip.Addr) bool {
 	return slices.Equal(x, y)
 }
 
+// takeoverLead is how early the Backup's timer wakes before Master_Down_Timer
+// expires, to wait out the rest precisely: Go's timers can fire up to a
+// millisecond late, and this timer decides how long clients see no Master.
+const takeoverLead = 2 * time.Millisecond
+
 func (in *instance) run(ctx context.Context) {
 	in.apply(in.m.Start(time.Now()))
 	timer := time.NewTimer(time.Hour)
@@ -99,34 +105,63 @@ func (in *instance) run(ctx context.Context) {
 		if !in.garpNext.IsZero() && in.garpNext.Before(next) {
 			next = in.garpNext
 		}
-		timer.Reset(time.Until(next))
+		wake := next
+		if in.m.State() == StateBackup {
+			wake = next.Add(-takeoverLead)
+		}
+		timer.Reset(time.Until(wake))
 		select {
 		case <-ctx.Done():
 			in.apply(in.m.Stop(time.Now()))
 			return
 		case ev := <-in.events:
-			now := time.Now()
-			switch ev := ev.(type) {
-			case advertEvent:
-				in.apply(in.m.Advert(now, ev.adv, ev.src))
-			case priorityEvent:
-				in.log.Info("vrrp priority changed", zap.Uint8("from", in.m.Priority()), zap.Uint8("to", max(ev.p, 1)))
-				in.apply(in.m.SetPriority(now, ev.p))
-				in.a.met.priority.WithLabelValues(in.cfg.Name).Set(float64(in.m.Priority()))
-			case claimEvent:
-				if in.m.State() == StateMaster {
-					in.a.met.conflicts.WithLabelValues(in.cfg.Name).Inc()
-					in.log.Warn("vip claimed by another station, re-announcing",
-						zap.Stringer("vip", ev.c.vip), zap.Stringer("mac", ev.c.mac))
-					in.startBurst(now)
-				}
-			}
+			in.handle(ev)
 		case <-timer.C:
+			if in.m.State() == StateBackup {
+				// Wait out the lead, unless an advert comes in meanwhile;
+				// bounded by next, at most takeoverLead away.
+				for time.Now().Before(next) && len(in.events) == 0 {
+					runtime.Gosched()
+				}
+				in.drain()
+			}
 			now := time.Now()
 			in.apply(in.m.Tick(now))
 			if !in.garpNext.IsZero() && !now.Before(in.garpNext) {
 				in.announce(now)
 			}
+		}
+	}
+}
+
+// drain handles every event already queued, so a timer never wins over an
+// advert that arrived before it fired.
+func (in *instance) drain() {
+	for range cap(in.events) {
+		select {
+		case ev := <-in.events:
+			in.handle(ev)
+		default:
+			return
+		}
+	}
+}
+
+func (in *instance) handle(ev any) {
+	now := time.Now()
+	switch ev := ev.(type) {
+	case advertEvent:
+		in.apply(in.m.Advert(now, ev.adv, ev.src))
+	case priorityEvent:
+		in.log.Info("vrrp priority changed", zap.Uint8("from", in.m.Priority()), zap.Uint8("to", max(ev.p, 1)))
+		in.apply(in.m.SetPriority(now, ev.p))
+		in.a.met.priority.WithLabelValues(in.cfg.Name).Set(float64(in.m.Priority()))
+	case claimEvent:
+		if in.m.State() == StateMaster {
+			in.a.met.conflicts.WithLabelValues(in.cfg.Name).Inc()
+			in.log.Warn("vip claimed by another station, re-announcing",
+				zap.Stringer("vip", ev.c.vip), zap.Stringer("mac", ev.c.mac))
+			in.startBurst(now)
 		}
 	}
 }

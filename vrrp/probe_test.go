@@ -1,6 +1,7 @@
 package vrrp
 
 import (
+	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
+	"golang.org/x/sys/unix"
 )
 
 // probeResult is what the prober writes: when each echo request went out and
@@ -43,7 +45,20 @@ func probeMain(spec string) int {
 		fmt.Fprintln(os.Stderr, "bad probe duration", parts[2])
 		return 2
 	}
-	c, err := icmp.ListenPacket("ip4:icmp", "0.0.0.0")
+	// Echo requests wait in the neighbour queue while the VIP has no owner and
+	// hold send-buffer space; a full buffer would block the sender and break the
+	// 1 ms pace. A big buffer and a short write deadline keep it going.
+	lc := net.ListenConfig{Control: func(_, _ string, rc syscall.RawConn) error {
+		var serr error
+		err := rc.Control(func(fd uintptr) {
+			serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, 64<<20)
+		})
+		if err != nil {
+			return err
+		}
+		return serr
+	}}
+	c, err := lc.ListenPacket(context.Background(), "ip4:icmp", "0.0.0.0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -98,7 +113,8 @@ loop:
 		res.Sent = append(res.Sent, time.Now().UnixNano())
 		res.Recv = append(res.Recv, 0)
 		mu.Unlock()
-		c.WriteTo(b, dst) // errors (no route, no neighbour) are just lost probes
+		c.SetWriteDeadline(time.Now().Add(500 * time.Microsecond))
+		c.WriteTo(b, dst) // errors (no neighbour, full buffer) are just lost probes
 		select {
 		case <-tick.C:
 		case <-stop:
