@@ -1,0 +1,424 @@
+// Package lab is Portico's whole system on one machine: network namespaces as
+// three edge nodes, a client and backend "pods", all on one bridge; a real etcd +
+// kube-apiserver; one `portico agent` process per edge node. It is what the
+// end-to-end tests, `make lab` and `make demo` stand on.
+//
+// The API server listens on the root namespace's loopback; inside each edge
+// namespace the lab forwards 127.0.0.1:<port> to it, so agents use the same
+// kubeconfig (and its certificate) as the tests. No kubelet or controllers run:
+// the lab writes the EndpointSlices itself.
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+// The lab's addresses: one /24 on the bridge.
+var (
+	Subnet = netip.MustParsePrefix("10.216.0.0/24")
+	VIP    = netip.MustParseAddr("10.216.0.100")
+)
+
+const (
+	// GroupNamespace and GroupName name the group Service the agents serve.
+	GroupNamespace = "edge"
+	GroupName      = "web"
+	// AppNamespace holds the backend Services and Ingresses.
+	AppNamespace = "apps"
+	// BackendPort is where the backend pods listen.
+	BackendPort = 8080
+)
+
+// Node is one namespace of the lab.
+type Node struct {
+	*netlab.Node
+	Index int
+}
+
+// Agent is one `portico agent` process on an edge node.
+type Agent struct {
+	Edge    *Node
+	PinPath string
+	Dir     string // nginx prefix and log
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+// Lab is one running lab.
+type Lab struct {
+	Net     *netlab.Lab
+	API     *kapi.Server
+	Kube    kubernetes.Interface
+	Client  *Node
+	Edges   []*Node
+	Pods    []*Node
+	Portico string // the portico binary
+	Dir     string
+
+	apiPort string
+	mu      sync.Mutex
+	agents  map[int]*Agent
+	closers []func() error
+}
+
+// Options size a lab.
+type Options struct {
+	Portico string // path of the portico binary (required)
+	Edges   int    // default 3
+	Pods    int    // backend pods, default 2
+	// VRRPInterval is the agents' advert interval (default 100ms).
+	VRRPInterval time.Duration
+}
+
+// Start builds the lab. Close removes everything, also after a failed Start.
+func Start(ctx context.Context, o Options) (l *Lab, err error) {
+	if o.Edges == 0 {
+		o.Edges = 3
+	}
+	if o.Pods == 0 {
+		o.Pods = 2
+	}
+	if o.VRRPInterval == 0 {
+		o.VRRPInterval = 100 * time.Millisecond
+	}
+	if _, err := os.Stat(o.Portico); err != nil {
+		return nil, fmt.Errorf("portico binary: %w", err)
+	}
+	dir, err := os.MkdirTemp("", "portico-lab-")
+	if err != nil {
+		return nil, err
+	}
+	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}}
+	defer func() {
+		if err != nil {
+			l.Close()
+			l = nil
+		}
+	}()
+	l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
+
+	if l.API, err = kapi.Launch(ctx, kapi.Options{}); err != nil {
+		return l, err
+	}
+	l.closers = append(l.closers, l.API.Stop)
+	u, err := url.Parse(l.API.Config.Host)
+	if err != nil {
+		return l, err
+	}
+	l.apiPort = u.Port()
+	if l.Kube, err = kubernetes.NewForConfig(l.API.Config); err != nil {
+		return l, err
+	}
+
+	if l.Net, err = netlab.New("pl"); err != nil {
+		return l, err
+	}
+	l.closers = append(l.closers, l.Net.Close)
+	add := func(name string, host int) (*Node, error) {
+		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 216, 0, byte(host)}), 24)
+		mac := net.HardwareAddr{0x02, 0, 10, 216, 0, byte(host)}
+		n, err := l.Net.AddNode(name, addr, mac)
+		if err != nil {
+			return nil, err
+		}
+		return &Node{Node: n, Index: host}, nil
+	}
+	if l.Client, err = add("cl", 2); err != nil {
+		return l, err
+	}
+	for i := range o.Edges {
+		e, err := add(fmt.Sprintf("e%d", i+1), 11+i)
+		if err != nil {
+			return l, err
+		}
+		l.Edges = append(l.Edges, e)
+		// xdp_lb's XDP_TX frames leave a veth only if its peer runs XDP.
+		if err := netlab.Do(l.Net.Switch, func() error {
+			c, err := dataplane.AttachPass(e.Port)
+			if err == nil {
+				l.Net.OnClose(c.Close)
+			}
+			return err
+		}); err != nil {
+			return l, err
+		}
+		if err := l.forwardAPI(e); err != nil {
+			return l, err
+		}
+	}
+	for i := range o.Pods {
+		p, err := add(fmt.Sprintf("p%d", i+1), 21+i)
+		if err != nil {
+			return l, err
+		}
+		l.Pods = append(l.Pods, p)
+	}
+	if err := l.createObjects(ctx); err != nil {
+		return l, err
+	}
+	return l, nil
+}
+
+// forwardAPI listens on 127.0.0.1:<api port> inside the edge's namespace and
+// relays each connection to the API server on the root namespace's loopback.
+func (l *Lab) forwardAPI(e *Node) error {
+	var ln net.Listener
+	if err := netlab.Do(e.NS, func() (err error) {
+		ln, err = net.Listen("tcp", "127.0.0.1:"+l.apiPort)
+		return err
+	}); err != nil {
+		return fmt.Errorf("api forwarder in %s: %w", e.NS, err)
+	}
+	l.Net.OnClose(ln.Close)
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer in.Close()
+				out, err := net.DialTimeout("tcp", "127.0.0.1:"+l.apiPort, 5*time.Second)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				go func() { io.Copy(out, in); out.(*net.TCPConn).CloseWrite() }()
+				io.Copy(in, out)
+			}()
+		}
+	}()
+	return nil
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// createObjects writes the cluster state the lab starts from: the group Service
+// and its EndpointSlice (every edge node, ready), and the Lease namespace.
+func (l *Lab) createObjects(ctx context.Context) error {
+	for _, ns := range []string{GroupNamespace, AppNamespace, "portico-system"} {
+		_, err := l.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
+		if err != nil {
+			return fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: GroupNamespace, Name: GroupName,
+			Labels:      map[string]string{"portico.io/group": "true"},
+			Annotations: map[string]string{"portico.io/vip": VIP.String()}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Ports: []corev1.ServicePort{
+			{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, {Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}},
+	}
+	if _, err := l.Kube.CoreV1().Services(GroupNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create group service: %w", err)
+	}
+	return l.SetGroupEndpoints(ctx, nil)
+}
+
+// SetGroupEndpoints writes the group's EndpointSlice: every edge node, ready,
+// except those in terminating (ready=false, terminating) and those left out.
+func (l *Lab) SetGroupEndpoints(ctx context.Context, state map[int]string) error {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: GroupNamespace, Name: GroupName + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: GroupName}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(80)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for _, e := range l.Edges {
+		st := state[e.Index]
+		if st == "gone" {
+			continue
+		}
+		ready, term := st != "terminating", st == "terminating"
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{e.Addr.Addr().String()},
+			NodeName:   ptr(e.Name),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(ready), Serving: ptr(true), Terminating: ptr(term)},
+		})
+	}
+	c := l.Kube.DiscoveryV1().EndpointSlices(GroupNamespace)
+	old, err := c.Get(ctx, es.Name, metav1.GetOptions{})
+	if err == nil {
+		es.ResourceVersion = old.ResourceVersion
+		_, err = c.Update(ctx, es, metav1.UpdateOptions{})
+	} else {
+		_, err = c.Create(ctx, es, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("write group endpoints: %w", err)
+	}
+	return nil
+}
+
+// Backend is an app Service whose endpoints are lab pods listening on BackendPort.
+func (l *Lab) Backend(ctx context.Context, name string, pods ...*Node) error {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+	if _, err := l.Kube.CoreV1().Services(AppNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create service %s: %w", name, err)
+	}
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: AppNamespace, Name: name + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(BackendPort)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for _, p := range pods {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.Addr.Addr().String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+	}
+	if _, err := l.Kube.DiscoveryV1().EndpointSlices(AppNamespace).Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpoints of %s: %w", name, err)
+	}
+	return nil
+}
+
+// Ingress routes host (all paths, Prefix "/") to a backend Service, bound to the
+// lab's group.
+func (l *Lab) Ingress(ctx context.Context, name, host, service string) error {
+	pt := networkingv1.PathTypePrefix
+	ing := &networkingv1.Ingress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name,
+			Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName}},
+		Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{Host: host, IngressRuleValue: networkingv1.IngressRuleValue{
+			HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &pt,
+				Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: service, Port: networkingv1.ServiceBackendPort{Name: "http"}}}}}}}}}},
+	}
+	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Create(ctx, ing, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create ingress %s: %w", name, err)
+	}
+	return nil
+}
+
+// StartAgent starts `portico agent` on edge i (0-based) and returns once the
+// process runs; use WaitReady for readiness.
+func (l *Lab) StartAgent(i int) (*Agent, error) {
+	e := l.Edges[i]
+	a := &Agent{Edge: e, PinPath: "/sys/fs/bpf/" + l.Net.Prefix + e.Name, Dir: filepath.Join(l.Dir, e.Name), done: make(chan struct{})}
+	if err := os.MkdirAll(a.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(filepath.Join(a.Dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	a.cmd = exec.Command("ip", "netns", "exec", e.NS, l.Portico, "agent",
+		"-group", GroupNamespace+"/"+GroupName, "-iface", "eth0", "-node-name", e.Name,
+		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
+		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug")
+	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start agent on %s: %w", e.Name, err)
+	}
+	go func() { a.cmd.Wait(); logf.Close(); close(a.done) }()
+	l.mu.Lock()
+	l.agents[i] = a
+	l.mu.Unlock()
+	return a, nil
+}
+
+// Kill sends sig to the agent and waits for it to exit.
+func (a *Agent) Kill(sig syscall.Signal, timeout time.Duration) error {
+	if err := a.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	select {
+	case <-a.done:
+		return nil
+	case <-time.After(timeout):
+		a.cmd.Process.Kill()
+		<-a.done
+		return fmt.Errorf("agent on %s did not exit within %v of %v", a.Edge.Name, timeout, sig)
+	}
+}
+
+// Log returns the agent's log.
+func (a *Agent) Log() string {
+	b, _ := os.ReadFile(filepath.Join(a.Dir, "agent.log"))
+	return string(b)
+}
+
+// Agent returns the agent on edge i, if one was started.
+func (l *Lab) Agent(i int) *Agent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.agents[i]
+}
+
+// Close stops every agent (SIGTERM, then SIGKILL), removes their pins, and tears
+// the lab down, reporting every failure.
+func (l *Lab) Close() error {
+	var errs []error
+	l.mu.Lock()
+	agents := l.agents
+	l.agents = map[int]*Agent{}
+	l.mu.Unlock()
+	for _, a := range agents {
+		if err := a.Kill(syscall.SIGTERM, 10*time.Second); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for i := range l.Edges {
+		pin := "/sys/fs/bpf/" + l.Net.Prefix + l.Edges[i].Name
+		if err := dataplane.Uninstall(pin); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for i := len(l.closers) - 1; i >= 0; i-- {
+		if err := l.closers[i](); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Owner returns the edge whose eth0 holds the VIP (the VRRP master), if exactly
+// one does.
+func (l *Lab) Owner() (*Node, error) {
+	var owners []*Node
+	for _, e := range l.Edges {
+		out, err := netlab.Exec(e.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil {
+			return nil, err
+		}
+		if containsAddr(out, VIP) {
+			owners = append(owners, e)
+		}
+	}
+	if len(owners) != 1 {
+		return nil, fmt.Errorf("%d edges own %s", len(owners), VIP)
+	}
+	return owners[0], nil
+}
+
+func containsAddr(ipOutput string, a netip.Addr) bool {
+	for _, f := range strings.Fields(ipOutput) {
+		if p, err := netip.ParsePrefix(f); err == nil && p.Addr() == a {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,101 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+// ServePods starts an HTTP server on BackendPort in every pod namespace. Each
+// answers "pod=<name> edge=<address nginx connected from> client=<X-Real-IP>",
+// so a test can tell which edge node's nginx served a request and that the
+// client's address survived.
+func (l *Lab) ServePods() error {
+	for _, p := range l.Pods {
+		var ln net.Listener
+		if err := netlab.Do(p.NS, func() (err error) {
+			ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", BackendPort))
+			return err
+		}); err != nil {
+			return fmt.Errorf("listen in %s: %w", p.NS, err)
+		}
+		name := p.Name
+		srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			edge, _, _ := net.SplitHostPort(r.RemoteAddr)
+			fmt.Fprintf(w, "pod=%s edge=%s client=%s host=%s path=%s\n", name, edge, r.Header.Get("X-Real-IP"), r.Host, r.URL.Path)
+		})}
+		l.Net.OnClose(func() error { return srv.Close() })
+		go srv.Serve(ln)
+	}
+	return nil
+}
+
+// Dial opens a TCP connection from the client namespace.
+func (l *Lab) Dial(ctx context.Context, network, addr string) (c net.Conn, err error) {
+	var d net.Dialer
+	err = netlab.Do(l.Client.NS, func() error {
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
+// HTTPClient sends requests from the client namespace, one connection each
+// unless keepAlive.
+func (l *Lab) HTTPClient(keepAlive bool, timeout time.Duration) *http.Client {
+	return &http.Client{Timeout: timeout, Transport: &http.Transport{
+		DisableKeepAlives: !keepAlive, DialContext: l.Dial, MaxIdleConnsPerHost: 1000,
+	}}
+}
+
+// Reply is a parsed backend answer.
+type Reply struct{ Pod, Edge, Client, Host, Path string }
+
+// ParseReply parses a backend pod's answer.
+func ParseReply(body string) (Reply, error) {
+	var r Reply
+	for _, f := range strings.Fields(body) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "pod":
+			r.Pod = v
+		case "edge":
+			r.Edge = v
+		case "client":
+			r.Client = v
+		case "host":
+			r.Host = v
+		case "path":
+			r.Path = v
+		}
+	}
+	if r.Pod == "" || r.Edge == "" {
+		return r, fmt.Errorf("not a backend reply: %q", body)
+	}
+	return r, nil
+}
+
+// Get requests http://VIP<path> with the given Host and parses the reply.
+func (l *Lab) Get(ctx context.Context, c *http.Client, host, path string) (Reply, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+VIP.String()+path, nil)
+	if err != nil {
+		return Reply{}, err
+	}
+	req.Host = host
+	resp, err := c.Do(req)
+	if err != nil {
+		return Reply{}, err
+	}
+	defer resp.Body.Close()
+	buf := make([]byte, 512)
+	n, _ := resp.Body.Read(buf)
+	if resp.StatusCode != http.StatusOK {
+		return Reply{}, fmt.Errorf("%s%s: %s: %q", host, path, resp.Status, buf[:n])
+	}
+	return ParseReply(string(buf[:n]))
+}
