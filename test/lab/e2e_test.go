@@ -2,14 +2,27 @@ package lab
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
+	"io"
+	"math/big"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/netlab"
 )
 
 var porticoBin string
@@ -102,23 +115,249 @@ func startLab(t *testing.T) *Lab {
 	return nil
 }
 
-func TestLabServesThroughVIP(t *testing.T) {
+// selfSigned returns a certificate and key for host.
+func selfSigned(t *testing.T, host string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kb, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+}
+
+// waitFor polls cond until it returns nil or d passes, and returns its last error.
+func waitFor(d time.Duration, cond func() error) error {
+	deadline := time.Now().Add(d)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRoutingTLSAndSpread: HTTP by host and path and HTTPS with SNI reach the
+// right backends through the VIP, with the client's address intact, and new
+// connections spread evenly over the three edge replicas.
+func TestRoutingTLSAndSpread(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
+	if err := l.Backend(ctx, "api", l.Pods[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.IngressRoutes(ctx, "shop", "shop.lab", "", Route{"/", "echo"}, Route{"/api", "api"}); err != nil {
+		t.Fatal(err)
+	}
+	cert, key := selfSigned(t, "secure.lab")
+	if err := l.TLSSecret(ctx, "secure-tls", cert, key); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.IngressRoutes(ctx, "secure", "secure.lab", "secure-tls", Route{"/", "api"}); err != nil {
+		t.Fatal(err)
+	}
 	c := l.HTTPClient(false, 2*time.Second)
-	edges := map[string]int{}
-	for range 300 {
-		r, err := l.Get(ctx, c, "echo.lab", "/hello")
+	client := l.Client.Addr.Addr().String()
+
+	// Host and path: /api and /api/... go to the api backend (pod p2 only).
+	if err := waitFor(30*time.Second, func() error {
+		r, err := l.Get(ctx, c, "shop.lab", "/api/items")
+		if err == nil && r.Pod != "p2" {
+			err = fmt.Errorf("/api/items served by %s", r.Pod)
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("shop.lab/api never routed: %v", err)
+	}
+	pods := map[string]int{}
+	for range 40 {
+		r, err := l.Get(ctx, c, "shop.lab", "/apix") // not /api: Prefix matches whole path elements
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.Client != l.Client.Addr.Addr().String() {
-			t.Fatalf("backend saw client %q, want %s", r.Client, l.Client.Addr.Addr())
+		pods[r.Pod]++
+		if r.Client != client || r.Path != "/apix" {
+			t.Fatalf("reply %+v: want client %s, path /apix", r, client)
 		}
-		edges[r.Edge]++
 	}
-	t.Logf("requests per edge: %v", edges)
-	if len(edges) != len(l.Edges) {
-		t.Fatalf("requests reached %d edges, want %d: %v", len(edges), len(l.Edges), edges)
+	if pods["p1"] == 0 || pods["p2"] == 0 {
+		t.Errorf("shop.lab/apix reached %v, want both echo pods", pods)
 	}
+	// An unknown host has its connection closed (return 444).
+	if _, err := l.Get(ctx, c, "nobody.lab", "/"); err == nil {
+		t.Error("an unknown host was answered")
+	}
+
+	// HTTPS with SNI: the right certificate, the right backend.
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(cert)
+	tc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: l.Dial, DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{ServerName: "secure.lab", RootCAs: pool}}}
+	if err := waitFor(30*time.Second, func() error {
+		req, _ := http.NewRequest(http.MethodGet, "https://"+VIP.String()+"/tls", nil)
+		req.Host = "secure.lab"
+		resp, err := tc.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		r, err := ParseReply(string(body))
+		if err != nil {
+			return err
+		}
+		if r.Pod != "p2" || r.Client != client || resp.TLS.PeerCertificates[0].Subject.CommonName != "secure.lab" {
+			return fmt.Errorf("https reply %+v with certificate %s", r, resp.TLS.PeerCertificates[0].Subject.CommonName)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("HTTPS with SNI: %v", err)
+	}
+
+	// Spread: new connections over the three replicas, each within ±15% of a third.
+	const conns = 3000
+	var mu sync.Mutex
+	edges := map[string]int{}
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := w; i < conns; i += 8 {
+				r, err := l.Get(ctx, c, "shop.lab", "/")
+				if err != nil {
+					errs <- err
+					return
+				}
+				mu.Lock()
+				edges[r.Edge]++
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("spread: %v", err)
+	}
+	t.Logf("%d connections per edge: %v", conns, edges)
+	if len(edges) != 3 {
+		t.Fatalf("connections reached %d edges: %v", len(edges), edges)
+	}
+	for e, n := range edges {
+		if third := float64(conns) / 3; float64(n) < 0.85*third || float64(n) > 1.15*third {
+			t.Errorf("edge %s served %d of %d connections, want %.0f ±15%%", e, n, conns, third)
+		}
+	}
+}
+
+// TestDirectorFailover: with 200+ long-lived connections open through the VIP,
+// the owner's agent is killed (-9) and its link cut. Another edge takes the VIP
+// within the VRRP bound, and the connections held by the surviving replicas keep
+// working: the new owner's identical Maglev table sends each one where it was.
+func TestDirectorFailover(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []*KeepConn
+	defer func() {
+		for _, k := range conns {
+			k.Close()
+		}
+	}()
+	for range 240 {
+		k, err := l.OpenKeepConn(ctx, "echo.lab")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, k)
+	}
+	ownerIP := owner.Addr.Addr().String()
+	byEdge := map[string]int{}
+	for _, k := range conns {
+		byEdge[k.Edge]++
+	}
+	t.Logf("owner %s; connections per edge: %v", owner.Name, byEdge)
+
+	var idx int
+	for i, e := range l.Edges {
+		if e == owner {
+			idx = i
+		}
+	}
+	start := time.Now()
+	if err := l.Agent(idx).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	var newOwner *Node
+	if err := waitFor(5*time.Second, func() error {
+		n, err := l.newOwner(owner)
+		newOwner = n
+		return err
+	}); err != nil {
+		t.Fatalf("no new owner: %v", err)
+	}
+	takeover := time.Since(start)
+	// Master down interval at 100 ms adverts: 3 × 100 ms + skew (< 100 ms).
+	if takeover > 2*time.Second {
+		t.Errorf("takeover took %v", takeover)
+	}
+
+	survived, onSurvivors := 0, 0
+	for _, k := range conns {
+		if k.Edge == ownerIP {
+			continue
+		}
+		onSurvivors++
+		if _, err := k.Do("echo.lab", "/after", 3*time.Second); err == nil {
+			survived++
+		} else {
+			t.Logf("connection via %s: %v", k.Edge, err)
+		}
+	}
+	t.Logf("new owner %s after %v; %d of %d connections on surviving replicas kept working", newOwner.Name, takeover.Round(time.Millisecond), survived, onSurvivors)
+	if onSurvivors < 100 {
+		t.Fatalf("only %d connections on surviving replicas", onSurvivors)
+	}
+	if float64(survived) < 0.99*float64(onSurvivors) {
+		t.Errorf("%d of %d connections survived, want >= 99%%", survived, onSurvivors)
+	}
+}
+
+// newOwner is Owner among the edges other than old.
+func (l *Lab) newOwner(old *Node) (*Node, error) {
+	var owners []*Node
+	for _, e := range l.Edges {
+		if e == old {
+			continue
+		}
+		out, err := netlab.Exec(e.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+		if err != nil {
+			return nil, err
+		}
+		if containsAddr(out, VIP) {
+			owners = append(owners, e)
+		}
+	}
+	if len(owners) != 1 {
+		return nil, fmt.Errorf("%d surviving edges own the VIP", len(owners))
+	}
+	return owners[0], nil
 }

@@ -294,19 +294,44 @@ func (l *Lab) Backend(ctx context.Context, name string, pods ...*Node) error {
 	return nil
 }
 
+// Route sends a Prefix path to a backend Service's "http" port.
+type Route struct{ Path, Service string }
+
 // Ingress routes host (all paths, Prefix "/") to a backend Service, bound to the
 // lab's group.
 func (l *Lab) Ingress(ctx context.Context, name, host, service string) error {
+	return l.IngressRoutes(ctx, name, host, "", Route{Path: "/", Service: service})
+}
+
+// IngressRoutes creates an Ingress for host with the given routes, bound to the
+// lab's group, with TLS from tlsSecret when it is not "".
+func (l *Lab) IngressRoutes(ctx context.Context, name, host, tlsSecret string, routes ...Route) error {
 	pt := networkingv1.PathTypePrefix
+	rule := networkingv1.IngressRule{Host: host, IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{}}}
+	for _, r := range routes {
+		rule.HTTP.Paths = append(rule.HTTP.Paths, networkingv1.HTTPIngressPath{Path: r.Path, PathType: &pt,
+			Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: r.Service, Port: networkingv1.ServiceBackendPort{Name: "http"}}}})
+	}
 	ing := &networkingv1.Ingress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name,
 			Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName}},
-		Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{Host: host, IngressRuleValue: networkingv1.IngressRuleValue{
-			HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &pt,
-				Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: service, Port: networkingv1.ServiceBackendPort{Name: "http"}}}}}}}}}},
+		Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{rule}},
+	}
+	if tlsSecret != "" {
+		ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{host}, SecretName: tlsSecret}}
 	}
 	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Create(ctx, ing, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create ingress %s: %w", name, err)
+	}
+	return nil
+}
+
+// TLSSecret stores a certificate and key as a kubernetes.io/tls Secret.
+func (l *Lab) TLSSecret(ctx context.Context, name string, certPEM, keyPEM []byte) error {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}
+	if _, err := l.Kube.CoreV1().Secrets(AppNamespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create secret %s: %w", name, err)
 	}
 	return nil
 }

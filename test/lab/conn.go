@@ -1,0 +1,59 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"time"
+)
+
+// KeepConn is one long-lived HTTP/1.1 connection from the client to the VIP.
+type KeepConn struct {
+	c    net.Conn
+	br   *bufio.Reader
+	Edge string // the edge node whose nginx holds the connection
+}
+
+// OpenKeepConn connects to the VIP's port 80 and sends a first request, which
+// tells which edge node holds the connection.
+func (l *Lab) OpenKeepConn(ctx context.Context, host string) (*KeepConn, error) {
+	c, err := l.Dial(ctx, "tcp4", net.JoinHostPort(VIP.String(), "80"))
+	if err != nil {
+		return nil, err
+	}
+	k := &KeepConn{c: c, br: bufio.NewReader(c)}
+	r, err := k.Do(host, "/", 3*time.Second)
+	if err != nil {
+		c.Close()
+		return nil, err
+	}
+	k.Edge = r.Edge
+	return k, nil
+}
+
+// Do sends one request on the connection and reads the reply.
+func (k *KeepConn) Do(host, path string, timeout time.Duration) (Reply, error) {
+	k.c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host); err != nil {
+		return Reply{}, err
+	}
+	resp, err := http.ReadResponse(k.br, nil)
+	if err != nil {
+		return Reply{}, err
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 512))
+	resp.Body.Close()
+	if err != nil {
+		return Reply{}, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return Reply{}, fmt.Errorf("%s", resp.Status)
+	}
+	return ParseReply(string(body))
+}
+
+// Close closes the connection.
+func (k *KeepConn) Close() error { return k.c.Close() }
