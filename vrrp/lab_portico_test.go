@@ -50,18 +50,20 @@ func TestLabFailover(t *testing.T) {
 }
 
 func TestLabGracefulStop(t *testing.T) {
-	l := newLab(t, 2)
+	l := newLab(t, 3)
 	// A 1s advert makes the two paths far apart: a priority-0 release hands over
 	// after Skew_Time (414ms at priority 150), a silent Master only after
 	// Master_Down_Interval (3.4s).
 	const interval = time.Second
 	master := l.startPortico(l.nodes[0], labInstance(200, interval))
 	l.startPortico(l.nodes[1], labInstance(150, interval))
+	l.startPortico(l.nodes[2], labInstance(100, interval))
 	l.electAndHold(l.nodes[0], 10*time.Second, 200*time.Millisecond)
 	master.signal(syscall.SIGTERM)
-	took, ok := waitFor(5*time.Second, func() bool { return l.hasVIP(l.nodes[1]) })
-	if !ok {
-		t.Fatal("n1 never took over after the graceful stop")
+	survivors := []*labNode{l.nodes[1], l.nodes[2]}
+	took, ok := waitFor(5*time.Second, func() bool { return len(l.owners(survivors...)) > 0 })
+	if o := l.owners(survivors...); !ok || len(o) != 1 || o[0] != "n1" {
+		t.Fatalf("after %v the survivors holding the VIP = %s, want [n1]", took, fmtOwners(o))
 	}
 	skew := time.Duration(256-150) * interval / 256
 	t.Logf("n1 took over %v after SIGTERM (skew %v)", took, skew)
@@ -77,18 +79,21 @@ func TestLabGracefulStop(t *testing.T) {
 }
 
 func TestLabPartitionHeal(t *testing.T) {
-	l := newLab(t, 2)
+	l := newLab(t, 3)
 	const interval = 300 * time.Millisecond
 	l.startPortico(l.nodes[0], labInstance(200, interval))
-	l.startPortico(l.nodes[1], labInstance(100, interval))
+	l.startPortico(l.nodes[1], labInstance(150, interval))
+	l.startPortico(l.nodes[2], labInstance(100, interval))
 	l.electAndHold(l.nodes[0], 5*time.Second, 2*interval)
+	// Cut n0 off: it stays Master alone, and n1 becomes Master on the rest.
 	l.ip("-n", l.sw, "link", "set", l.nodes[0].port, "down")
-	if took, ok := waitFor(5*time.Second, func() bool { return len(l.owners()) == 2 }); !ok {
+	two := func() bool { o := l.owners(); return len(o) == 2 && o[0] == "n0" && o[1] == "n1" }
+	if took, ok := waitFor(5*time.Second, two); !ok {
 		t.Fatalf("owners during the partition = %s after %v, want [n0 n1]", fmtOwners(l.owners()), took)
 	}
 	time.Sleep(2 * interval)
-	if o := l.owners(); len(o) != 2 {
-		t.Fatalf("owners during the partition = %s, want [n0 n1]", fmtOwners(o))
+	if !two() {
+		t.Fatalf("owners during the partition = %s, want [n0 n1]", fmtOwners(l.owners()))
 	}
 	l.ip("-n", l.sw, "link", "set", l.nodes[0].port, "up")
 	took, ok := waitFor(5*time.Second, func() bool { o := l.owners(); return len(o) == 1 && o[0] == "n0" })
