@@ -105,8 +105,16 @@ func resolve(prefix, p string) string {
 // large request and response bodies under TempDir, so the prefix and TempDir are
 // 0711: workers may pass through but not list them. nginx creates the
 // subdirectories itself, owned by the worker user. CertDir stays 0700: only the
-// master, which runs as root, reads keys.
+// master, which runs as root, reads keys. So does the control socket's directory:
+// nginx makes the socket writable by everyone, and whoever can connect can reroute
+// traffic.
 func prepareDirs(prefix string, opt Options) error {
+	ctlDir := filepath.Dir(resolve(prefix, opt.ControlSocket))
+	for _, shared := range []string{prefix, resolve(prefix, opt.TempDir)} {
+		if filepath.Clean(shared) == ctlDir {
+			return fmt.Errorf("create nginx directories: control socket %s needs a private directory of its own", opt.ControlSocket)
+		}
+	}
 	for _, d := range []struct {
 		path string
 		mode os.FileMode
@@ -114,6 +122,7 @@ func prepareDirs(prefix string, opt Options) error {
 		{prefix, 0o711},
 		{resolve(prefix, opt.TempDir), 0o711},
 		{resolve(prefix, opt.CertDir), 0o700},
+		{ctlDir, 0o700},
 	} {
 		if err := os.MkdirAll(d.path, d.mode); err != nil {
 			return fmt.Errorf("create nginx directory: %w", err)

@@ -41,8 +41,19 @@
 //
 // # Endpoint changes
 //
-// Debian's nginx 1.22 has no API to change upstream servers at run time (that is
-// nginx Plus, or Lua modules that Portico does not use), so every change, endpoint-only
-// ones included, is a graceful reload: new workers start with the new configuration
-// and old ones finish their requests. Reloads are coalesced (Config.Debounce).
+// Endpoints are not in nginx.conf. Every proxying location names its upstream
+// ($portico_upstream) and passes to one upstream whose balancer_by_lua picks an
+// endpoint from a table in a shared dictionary (Debian's libnginx-mod-http-lua, the
+// mechanism ingress-nginx uses): round robin per worker, the next endpoint when a
+// connection fails (up to proxy_next_upstream_tries), and 503 for an upstream with
+// none. Two snapshots that differ only in endpoints therefore render the same text.
+//
+// The Reloader writes the table (Config.Endpoints) to Options.EndpointsFile, which
+// the master loads into the dictionary at every start and reload (init_by_lua), so
+// nginx never serves with an empty table; a change of endpoints only is also PUT to
+// Options.ControlSocket, a unix socket in a private directory, and every worker uses
+// it from its next request on: no nginx -t, no reload, no new workers. Any other
+// change is rendered, validated with nginx -t, swapped in and reloaded; reloads are
+// coalesced (Config.Debounce). While a refused configuration is the latest, the last
+// good one keeps running with its endpoints, as before.
 package nginx

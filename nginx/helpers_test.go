@@ -11,10 +11,23 @@ import (
 	"time"
 )
 
-// nginxBinary finds nginx. Without it the test is skipped, except in CI (CI=true),
-// where the deps script installs it and a missing binary is a failure.
+// nginxBinary finds nginx and checks that the Lua module rendered configurations load
+// is installed. Without them the test is skipped, except in CI (CI=true), where the
+// deps script installs them and a missing one is a failure.
 func nginxBinary(t testing.TB) string {
 	t.Helper()
+	missing := func(what string) {
+		t.Helper()
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("%s is not installed (run test/setup/deps.sh)", what)
+		}
+		t.Skipf("%s is not installed; set CI=true to make this a failure", what)
+	}
+	for _, m := range []string{"ndk_http_module.so", "ngx_http_lua_module.so"} {
+		if _, err := os.Stat(filepath.Join(DefaultOptions("").ModulesDir, m)); err != nil {
+			missing("the nginx Lua module (libnginx-mod-http-lua)")
+		}
+	}
 	if p, err := exec.LookPath("nginx"); err == nil {
 		return p
 	}
@@ -23,10 +36,7 @@ func nginxBinary(t testing.TB) string {
 			return p
 		}
 	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("nginx is not installed (run test/setup/deps.sh)")
-	}
-	t.Skip("nginx is not installed; set CI=true to make this a failure")
+	missing("nginx")
 	return ""
 }
 
@@ -47,7 +57,9 @@ func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bin, "-t", "-q", "-p", dir+"/", "-c", conf, "-e", "stderr").CombinedOutput()
+	cmd := exec.CommandContext(ctx, bin, "-t", "-q", "-p", dir+"/", "-c", conf, "-e", "stderr")
+	cmd.Dir = dir // as Exec runs it: the control socket's path is relative
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("nginx -t: %v\n%s", err, out)
 	}

@@ -52,15 +52,24 @@ type ApplyResult struct {
 	Result   string
 	Checksum string
 	Problems []model.Problem
+	// EndpointsVersion is the version of the snapshot's endpoint table
+	// (Config.EndpointsVersion).
+	EndpointsVersion string
 	// Render is the time to render. Serve is the time from the reload signal until
 	// workers with the new configuration answered, Switch until workers with the
 	// old one stopped accepting connections (both zero without a master; without
-	// ConfirmTimeout, just the time to send the signal).
+	// ConfirmTimeout, just the time to send the signal). For ResultEndpoints both
+	// are the time to write the table and hand it to nginx, after which every
+	// worker uses it.
 	Render, Serve, Switch time.Duration
 }
 
 // ResultUnchanged is ApplyResult.Result when nothing had to be done.
 const ResultUnchanged = "unchanged"
+
+// ResultEndpoints is ApplyResult.Result when only endpoints changed and nginx took
+// the new endpoint table without a reload.
+const ResultEndpoints = "endpoints"
 
 // Reloader keeps a supervised nginx master serving the latest snapshot: it renders,
 // skips unchanged configurations, validates candidates with nginx -t, swaps them in
@@ -72,6 +81,7 @@ type Reloader struct {
 	log    *zap.Logger
 	m      *metrics
 	client *http.Client
+	ctl    *http.Client // to the control socket
 
 	kick chan struct{}
 
@@ -86,6 +96,10 @@ type Reloader struct {
 	rejected []byte            // text of the last candidate nginx -t refused
 	certs    []string          // certificate files nginx.conf uses
 	refused  map[string]string // certificate files nginx -t refused, and why
+	// appliedEndpoints is the endpoint table for applied (what the snapshot asked
+	// for; the file may hold more, see endpointTable.with), appliedTable decoded.
+	appliedEndpoints []byte
+	appliedTable     endpointTable
 }
 
 // NewReloader returns a Reloader; Run starts nginx.
@@ -111,6 +125,10 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	if log == nil {
 		log = zap.NewNop()
 	}
+	// A unix socket path is at most 107 bytes (sun_path, with its NUL).
+	if socket := resolve(cfg.Dir, cfg.Render.ControlSocket); len(socket) > 107 {
+		return nil, fmt.Errorf("new nginx reloader: control socket path %s is longer than 107 bytes", socket)
+	}
 	m, err := newMetrics(reg)
 	if err != nil {
 		return nil, fmt.Errorf("register nginx metrics: %w", err)
@@ -118,11 +136,14 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	return &Reloader{
 		cfg: cfg, runner: runner, log: log, m: m,
 		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second},
+		ctl:    controlClient(resolve(cfg.Dir, cfg.Render.ControlSocket)),
 		kick:   make(chan struct{}, 1),
 	}, nil
 }
 
 func (r *Reloader) confPath() string { return filepath.Join(r.cfg.Dir, "nginx.conf") }
+
+func (r *Reloader) endpointsPath() string { return resolve(r.cfg.Dir, r.cfg.Render.EndpointsFile) }
 
 // Update hands the Reloader a new snapshot; Run applies the latest one after the
 // debounce window. It never blocks.
@@ -232,8 +253,18 @@ func (r *Reloader) Run(ctx context.Context) error {
 			r.pending = nil
 			r.mu.Unlock()
 			if s != nil {
-				// Apply logs and counts its own failures.
-				_, _ = r.ApplyNow(ctx, *s)
+				// Apply logs and counts its own failures. A failed one is tried
+				// again (unless a newer snapshot came): a refused configuration is
+				// remembered and cheap to skip, and an endpoint table that did not
+				// reach nginx must not wait for the next change.
+				if _, err := r.ApplyNow(ctx, *s); err != nil && ctx.Err() == nil {
+					r.mu.Lock()
+					if r.pending == nil {
+						r.pending = s
+					}
+					r.mu.Unlock()
+					debounce = time.After(r.cfg.RestartBackoff)
+				}
 			}
 		case <-died:
 			r.log.Error("nginx master exited; restarting", zap.Int("pid", master.PID()), zap.Duration("backoff", r.cfg.RestartBackoff))
@@ -253,6 +284,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 }
 
 func (r *Reloader) start(ctx context.Context) error {
+	// A master that was killed leaves its control socket behind, and nginx does
+	// not bind over an existing one.
+	if err := os.Remove(resolve(r.cfg.Dir, r.cfg.Render.ControlSocket)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("start nginx: remove stale control socket: %w", err)
+	}
 	m, err := r.runner.Start(r.cfg.Dir, r.confPath())
 	if err != nil {
 		return fmt.Errorf("start nginx: %w", err)
@@ -301,9 +337,11 @@ func (r *Reloader) Apply(_ context.Context, s model.Snapshot) error {
 }
 
 // ApplyNow renders s and, when the result differs from the running configuration,
-// writes its certificates and a candidate, validates it with nginx -t, swaps it in
-// and signals the master (if one runs). Run calls it after each debounce window;
-// it is exported for callers that need a synchronous apply.
+// writes its certificates and a candidate, validates it with nginx -t, writes the
+// endpoint table, swaps the candidate in and signals the master (if one runs). When
+// only endpoints changed, it writes the endpoint table and hands it to the running
+// nginx instead: no nginx -t, no reload. Run calls it after each debounce window; it
+// is exported for callers that need a synchronous apply.
 func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult, error) {
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
@@ -316,11 +354,16 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		r.m.reloads.WithLabelValues(ResultError).Inc()
 		return res, err
 	}
-	res.Checksum, res.Problems = cfg.Checksum, cfg.Problems
+	res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
 	r.setProblems(cfg.Problems)
-	if bytes.Equal(cfg.Text, r.applied) || bytes.Equal(cfg.Text, r.rejected) {
+	if bytes.Equal(cfg.Text, r.rejected) {
+		// The last good configuration keeps running, with the endpoint table
+		// that goes with it.
 		res.Result = ResultUnchanged
 		return res, nil
+	}
+	if bytes.Equal(cfg.Text, r.applied) {
+		return r.updateEndpoints(ctx, cfg, res)
 	}
 
 	fail := func(result string, err error) (ApplyResult, error) {
@@ -358,20 +401,26 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		if cfg, err = render(s, r.cfg.Render, r.refused); err != nil {
 			return fail(ResultError, err)
 		}
-		res.Checksum, res.Problems = cfg.Checksum, cfg.Problems
+		res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
 		r.setProblems(cfg.Problems)
 		if bytes.Equal(cfg.Text, r.applied) {
-			res.Result = ResultUnchanged
-			return res, nil
+			return r.updateEndpoints(ctx, cfg, res)
 		}
 		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
 			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
 		}
 	}
+	// The new configuration loads the table at its reload (or start); the old
+	// workers, which accept for a moment after the reload, read it too.
+	table, _ := cfg.table.with(r.appliedTable).encode()
+	if err := writeFileAtomic(r.endpointsPath(), table, 0o644); err != nil {
+		return fail(ResultError, fmt.Errorf("write endpoint table: %w", err))
+	}
 	if err := os.Rename(candidate, r.confPath()); err != nil {
 		return fail(ResultError, fmt.Errorf("swap config: %w", err))
 	}
 	r.applied, r.rejected = cfg.Text, nil
+	r.appliedEndpoints, r.appliedTable = cfg.Endpoints, cfg.table
 	// Forget refusals of certificates that are gone (a fixed Secret has a new file
 	// name), so the map stays as small as the set of bad Secrets.
 	for file := range r.refused {
@@ -423,6 +472,44 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	r.m.lastSuccess.SetToCurrentTime()
 	r.log.Info("nginx config applied", zap.String("to", cfg.Checksum[:12]),
 		zap.Int("bytes", len(cfg.Text)), zap.Int("problems", len(cfg.Problems)), zap.Duration("serve", res.Serve))
+	return res, nil
+}
+
+// updateEndpoints applies cfg, whose text nginx already runs: unless its endpoint
+// table is the one nginx has too, it writes the table (for the next start or
+// reload) and hands it to the running nginx through the control socket.
+func (r *Reloader) updateEndpoints(ctx context.Context, cfg *Config, res ApplyResult) (ApplyResult, error) {
+	if bytes.Equal(cfg.Endpoints, r.appliedEndpoints) {
+		res.Result = ResultUnchanged
+		return res, nil
+	}
+	t0 := time.Now()
+	fail := func(err error) (ApplyResult, error) {
+		res.Result = ResultError
+		r.m.endpointUpdates.WithLabelValues(ResultError).Inc()
+		r.log.Error("nginx endpoints not updated", zap.Error(err))
+		return res, err
+	}
+	if err := writeFileAtomic(r.endpointsPath(), cfg.Endpoints, 0o644); err != nil {
+		return fail(fmt.Errorf("write endpoint table: %w", err))
+	}
+	r.mu.Lock()
+	master := r.master
+	r.mu.Unlock()
+	// Without a master, the next one loads the file.
+	if master != nil {
+		if err := pushEndpoints(ctx, r.ctl, cfg.Endpoints, cfg.EndpointsVersion); err != nil {
+			return fail(err)
+		}
+	}
+	r.appliedEndpoints, r.appliedTable = cfg.Endpoints, cfg.table
+	res.Result = ResultEndpoints
+	res.Serve = time.Since(t0)
+	res.Switch = res.Serve
+	r.m.endpointUpdates.WithLabelValues(ResultSuccess).Inc()
+	r.m.endpointUpdateDuration.Observe(res.Serve.Seconds())
+	r.log.Info("nginx endpoints updated", zap.String("to", cfg.EndpointsVersion), zap.Int("upstreams", len(cfg.table)),
+		zap.Duration("serve", res.Serve))
 	return res, nil
 }
 

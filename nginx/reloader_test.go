@@ -3,6 +3,10 @@ package nginx
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap"
@@ -350,5 +355,76 @@ func TestRunStartsWithNoRoutesWhenTheFirstConfigIsRefused(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("run: %v", err)
+	}
+}
+
+// An endpoint-only change is pushed to the control socket, without nginx -t or a
+// reload; a push that fails is counted and tried again without waiting for another
+// change.
+func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: 10 * time.Millisecond, RestartBackoff: 20 * time.Millisecond})
+	first := hostSnapshot("a.example.com")
+	r.Update(first)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+
+	// The control socket, after the start (which removes a stale one): the first
+	// push fails, the next ones are taken.
+	var mu sync.Mutex
+	var pushes []string
+	l, err := net.Listen("unix", resolve(r.cfg.Dir, r.cfg.Render.ControlSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		mu.Lock()
+		defer mu.Unlock()
+		pushes = append(pushes, req.Method+" "+req.URL.Path)
+		if len(pushes) == 1 {
+			http.Error(w, "dictionary full", http.StatusInternalServerError)
+			return
+		}
+		version, _, _ := strings.Cut(strings.TrimPrefix(string(body), endpointsHeader), "\n")
+		fmt.Fprintln(w, version)
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+
+	moved := hostSnapshot("a.example.com")
+	moved.Upstreams[0].Endpoints = []netip.AddrPort{ap("10.0.0.2:80")}
+	want, err := Render(moved, r.cfg.Render)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Update(moved)
+	waitFor(t, "a pushed table", func() bool { return testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultSuccess)) == 1 })
+	if got := testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultError)); got != 1 {
+		t.Errorf("endpoint_updates_total{result=error} = %v, want 1", got)
+	}
+	mu.Lock()
+	if diff := cmp.Diff([]string{"PUT /endpoints", "PUT /endpoints"}, pushes); diff != "" {
+		t.Errorf("requests to the control socket (-want +got):\n%s", diff)
+	}
+	mu.Unlock()
+	file, err := os.ReadFile(r.endpointsPath())
+	if err != nil || string(file) != string(want.Endpoints) {
+		t.Errorf("endpoint file %q (%v), want %q", file, err, want.Endpoints)
+	}
+	tests, ms := runner.snapshot()
+	if reloads, _ := ms[0].state(); reloads != 0 || tests != 1 {
+		t.Errorf("%d reloads and %d nginx -t runs, want 0 and 1 (the first configuration)", reloads, tests)
+	}
+	if got := testutil.ToFloat64(r.m.reloads.WithLabelValues(ResultSuccess)); got != 1 {
+		t.Errorf("reloads_total{result=success} = %v, want 1", got)
 	}
 }

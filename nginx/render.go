@@ -20,8 +20,18 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-//go:embed templates/nginx.conf.tmpl
+//go:embed templates/nginx.conf.tmpl templates/endpoints.lua
 var templateFS embed.FS
+
+// endpointsLua is the Lua code nginx.conf embeds (init_by_lua_block): it keeps the
+// endpoint table and balances requests over it.
+var endpointsLua = func() string {
+	b, err := templateFS.ReadFile("templates/endpoints.lua")
+	if err != nil {
+		panic(err)
+	}
+	return strings.TrimRight(string(b), "\n")
+}()
 
 var confTemplate = template.Must(template.New("nginx.conf.tmpl").ParseFS(templateFS, "templates/nginx.conf.tmpl"))
 
@@ -71,6 +81,17 @@ type Options struct {
 	TempDir   string // parent of nginx's body and proxy temporary directories
 	CertDir   string // where WriteCertificates puts the TLS files
 
+	// ModulesDir holds Debian's dynamic modules: the Lua module
+	// (libnginx-mod-http-lua) and the development kit it needs.
+	ModulesDir string
+	// EndpointsFile is the endpoint table (Config.Endpoints) that nginx loads at
+	// every start and reload.
+	EndpointsFile string
+	// ControlSocket is the unix socket nginx takes endpoint tables on. Its
+	// directory must be private: whoever can connect can reroute traffic. A
+	// relative path is relative to the prefix (Exec runs nginx there).
+	ControlSocket string
+
 	User              string // worker user; "" keeps nginx's default
 	WorkerProcesses   int    // 0 means one per core ("auto")
 	WorkerConnections int    // 0 means 16384
@@ -89,6 +110,10 @@ func DefaultOptions(dir string) Options {
 		ErrorLog:   "stderr",
 		TempDir:    path.Join(dir, "tmp"),
 		CertDir:    path.Join(dir, "certs"),
+
+		ModulesDir:    "/usr/lib/nginx/modules",
+		EndpointsFile: path.Join(dir, "endpoints.txt"),
+		ControlSocket: path.Join(dir, "control", "nginx.sock"),
 	}
 }
 
@@ -123,6 +148,9 @@ func (o Options) validate() error {
 		{"AccessLog", o.AccessLog, true},
 		{"TempDir", o.TempDir, false},
 		{"CertDir", o.CertDir, false},
+		{"ModulesDir", o.ModulesDir, false},
+		{"EndpointsFile", o.EndpointsFile, false},
+		{"ControlSocket", o.ControlSocket, false},
 	} {
 		errs = append(errs, validateFilePath(f.name, f.val, f.optional))
 	}
@@ -150,18 +178,25 @@ func (o Options) validate() error {
 
 // Config is one rendered configuration and what it needs on disk.
 type Config struct {
-	// Text is the nginx.conf.
+	// Text is the nginx.conf. It holds no endpoint addresses: two snapshots that
+	// differ only in endpoints render the same Text.
 	Text []byte
 	// Checksum identifies Text; the status port's /healthz answers with it, so a
 	// client can tell which configuration the serving workers run.
 	Checksum string
+	// Endpoints is the endpoint table of every upstream Text uses (the contents
+	// of Options.EndpointsFile), and EndpointsVersion its version, which the
+	// control socket answers with once nginx uses it.
+	Endpoints        []byte
+	EndpointsVersion string
 	// Certificates are the TLS files Text references, to be written with
 	// WriteCertificates before nginx reads Text.
 	Certificates []CertFile
 	// Problems are the parts of the snapshot that were left out, and why.
 	Problems []model.Problem
 
-	refusedSeen []string // refused certificate files the snapshot still references
+	refusedSeen []string      // refused certificate files the snapshot still references
+	table       endpointTable // Endpoints, decoded
 }
 
 // CertFile is one certificate chain and its key, in one PEM file.
@@ -190,7 +225,7 @@ type (
 		StatusListen   string
 		HashBucketSize int
 		HashMaxSize    int
-		Upstreams      []tmplUpstream
+		Lua            string
 		Servers        []tmplServer
 		Default        tmplServer
 		Checksum       string
@@ -198,10 +233,6 @@ type (
 		// (client and upstream).
 		WorkerConnections int
 		RlimitNofile      int
-	}
-	tmplUpstream struct {
-		Name    string
-		Servers []string
 	}
 	tmplServer struct {
 		Names     []string // server_name tokens; empty for the default server
@@ -240,7 +271,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string) (*Confi
 	for _, c := range snap.Certificates {
 		r.certsIn = append(r.certsIn, c)
 	}
-	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, WorkerConnections: opt.WorkerConnections}
+	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, Lua: endpointsLua, WorkerConnections: opt.WorkerConnections}
 	if d.WorkerConnections == 0 {
 		d.WorkerConnections = 16384
 	}
@@ -290,21 +321,9 @@ func render(snap model.Snapshot, opt Options, refused map[string]string) (*Confi
 		d.Default = r.server(catchAll)
 	}
 
-	names := make([]string, 0, len(r.usedUpstreams))
+	table := endpointTable{}
 	for n := range r.usedUpstreams {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	for _, n := range names {
-		if !r.usedUpstreams[n] {
-			continue
-		}
-		u := r.upstreams[n]
-		tu := tmplUpstream{Name: n}
-		for _, ep := range u.Endpoints {
-			tu.Servers = append(tu.Servers, ep.String())
-		}
-		d.Upstreams = append(d.Upstreams, tu)
+		table[n] = r.upstreams[n].Endpoints
 	}
 	d.HashBucketSize, d.HashMaxSize = serverNamesHash(len(d.Servers), longest)
 
@@ -313,7 +332,8 @@ func render(snap model.Snapshot, opt Options, refused map[string]string) (*Confi
 		return nil, fmt.Errorf("render nginx config: %w", err)
 	}
 	sum := sha256.Sum256(bytes.TrimRight(buf.Bytes(), "\n"))
-	cfg := &Config{Checksum: hex.EncodeToString(sum[:])}
+	cfg := &Config{Checksum: hex.EncodeToString(sum[:]), table: table}
+	cfg.Endpoints, cfg.EndpointsVersion = table.encode()
 	text := append(bytes.TrimRight(buf.Bytes(), "\n"), '\n')
 	cfg.Text = bytes.ReplaceAll(text, []byte(checksumPlaceholder), []byte(cfg.Checksum))
 	for _, c := range r.certsIn {
@@ -336,7 +356,7 @@ type certResult struct {
 type renderer struct {
 	opt           Options
 	upstreams     map[string]model.Upstream
-	usedUpstreams map[string]bool
+	usedUpstreams map[string]bool // validated upstreams a location uses
 	certsIn       []model.Certificate
 	certs         map[string]certResult // checked certificates by name
 	refused       map[string]string     // certificate files nginx refused, and why
@@ -546,8 +566,10 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 	return out
 }
 
-// upstream resolves an upstream reference: its nginx name, or a status to return
-// instead (503 when it has no usable endpoint).
+// upstream resolves an upstream reference: its name, or a status to return instead
+// (503 when it does not exist or has an invalid name). An upstream without usable
+// endpoints is proxied to all the same: nginx answers 503 until the endpoint table
+// gives it some, which needs no reload.
 func (r *renderer) upstream(name, obj string) (string, int) {
 	u, ok := r.upstreams[name]
 	if !ok {
@@ -561,8 +583,7 @@ func (r *renderer) upstream(name, obj string) (string, int) {
 	if r.usedUpstreams == nil {
 		r.usedUpstreams = map[string]bool{}
 	}
-	usable, done := r.usedUpstreams[name]
-	if !done {
+	if !r.usedUpstreams[name] {
 		var valid []netip.AddrPort
 		for _, ep := range u.Endpoints {
 			if err := validateEndpoint(ep); err != nil {
@@ -572,11 +593,7 @@ func (r *renderer) upstream(name, obj string) (string, int) {
 			valid = append(valid, ep)
 		}
 		r.upstreams[name] = model.Upstream{Name: name, Endpoints: valid}
-		usable = len(valid) > 0
-		r.usedUpstreams[name] = usable
-	}
-	if !usable {
-		return "", 503
+		r.usedUpstreams[name] = true
 	}
 	return name, 0
 }

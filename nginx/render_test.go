@@ -199,6 +199,7 @@ func TestRenderGolden(t *testing.T) {
 			}
 			checkGolden(t, filepath.Join("testdata", name, "nginx.conf.golden"), cfg.Text)
 			checkGolden(t, filepath.Join("testdata", name, "problems.golden"), []byte(problems.String()))
+			checkGolden(t, filepath.Join("testdata", name, "endpoints.golden"), cfg.Endpoints)
 			nginxTest(t, t.TempDir(), cfg, opt)
 		})
 	}

@@ -87,8 +87,13 @@ func (e Exec) Test(ctx context.Context, dir, conf string) error {
 	if err != nil {
 		return err
 	}
-	out, err := exec.CommandContext(ctx, bin, args(dir, conf, "-t", "-q")...).CombinedOutput()
+	cmd := exec.CommandContext(ctx, bin, args(dir, conf, "-t", "-q")...)
+	cmd.Dir = dir
+	out, err := cmd.CombinedOutput()
 	if err != nil {
+		if bytes.Contains(out, []byte("dlopen()")) {
+			return fmt.Errorf("nginx -t: %w: %s (the Lua module comes with the Debian package libnginx-mod-http-lua)", err, bytes.TrimSpace(out))
+		}
 		return fmt.Errorf("nginx -t: %w: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
@@ -102,6 +107,7 @@ func (e Exec) Start(dir, conf string) (Master, error) {
 		return nil, err
 	}
 	cmd := exec.Command(bin, args(dir, conf, "-g", "daemon off;")...)
+	cmd.Dir = dir // nginx resolves a relative unix socket path from there
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	log := e.Log
 	if log == nil {

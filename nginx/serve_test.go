@@ -225,6 +225,22 @@ func (n *liveNginx) waitChecksum(t testing.TB, sum string) {
 	}
 }
 
+// waitEndpoints waits until nginx's workers use the endpoint table of that version.
+func (n *liveNginx) waitEndpoints(t testing.TB, version string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		got, err := endpointsVersion(context.Background(), n.r.ctl)
+		if err == nil && got == version {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nginx does not use endpoint table %s: got %q, %v", version, got, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // client sends every request to nginx's HTTP port, whatever the URL's host.
 func (n *liveNginx) client(keepAlive bool) *http.Client {
 	addr := fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPPort)
@@ -599,6 +615,7 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	second.waitChecksum(t, want.Checksum)
+	second.waitEndpoints(t, want.EndpointsVersion)
 	if got := r.MasterPID(); got != pid {
 		t.Errorf("master pid %d, want the adopted %d", got, pid)
 	}

@@ -8,6 +8,7 @@ pkgs=(
   clang llvm libbpf-dev bpftool          # compile the XDP program (make generate / verify)
   iproute2 ethtool tcpdump arping iputils-ping netcat-openbsd  # namespace lab
   nginx-light                            # L7 layer: nginx -t on rendered configs, real serving
+  libnginx-mod-http-lua                  # L7 layer: endpoint changes without a reload (balancer_by_lua; pulls NDK, lua-resty-core)
   keepalived                             # VRRP interop peer
   openssl                                # certificates for TLS tests and the API server
   wrk                                    # bounded load in benchmarks

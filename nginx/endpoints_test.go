@@ -1,0 +1,352 @@
+package nginx
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// epSnapshot routes e.test to the upstream t-e-80 with the given endpoints, and
+// f.test (plus any extra hosts) to t-f-80, which has ep.
+func epSnapshot(f netip.AddrPort, eps []netip.AddrPort, extraHosts ...string) model.Snapshot {
+	s := model.Snapshot{
+		Servers: []model.Server{
+			{Host: "e.test", DefaultUpstream: "t-e-80"},
+			{Host: "f.test", DefaultUpstream: "t-f-80"},
+		},
+		Upstreams: []model.Upstream{
+			{Name: "t-e-80", Endpoints: eps},
+			{Name: "t-f-80", Endpoints: []netip.AddrPort{f}},
+		},
+	}
+	for _, h := range extraHosts {
+		s.Servers = append(s.Servers, model.Server{Host: h, DefaultUpstream: "t-f-80"})
+	}
+	return s
+}
+
+// workerPIDs lists the master's worker processes (from /proc), sorted.
+func workerPIDs(t *testing.T, n *liveNginx) []int {
+	t.Helper()
+	n.r.mu.Lock()
+	m := n.r.master
+	n.r.mu.Unlock()
+	if m == nil {
+		t.Fatal("no master")
+	}
+	ws, err := m.Workers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, w := range ws {
+		if w.ShuttingDown {
+			continue
+		}
+		pids = append(pids, w.PID)
+	}
+	slices.Sort(pids)
+	return pids
+}
+
+// backendsSeen sends requests to url and returns which backends answered, by the
+// name they answer with. Any status but 200 and want is a failure.
+func backendsSeen(t *testing.T, c *http.Client, url string, requests, want int) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for range requests {
+		resp, body := get(t, c, url)
+		if resp.StatusCode != want {
+			t.Fatalf("GET %s = %d %q, want %d", url, resp.StatusCode, body, want)
+		}
+		if want == 200 {
+			seen[strings.Fields(body)[0]]++
+		}
+	}
+	return seen
+}
+
+// An endpoint-only change reaches the running workers through the control socket:
+// no nginx -t, no reload, the same worker processes, and the next requests go to
+// the new endpoint set.
+func TestEndpointOnlyChangesNeedNoReload(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	_, epC := backend(t, "C")
+	n := startNginx(t, epSnapshot(epC, []netip.AddrPort{epA}))
+	c := n.client(false)
+	if seen := backendsSeen(t, c, "http://e.test/", 6, 200); len(seen) != 1 || seen["A"] != 6 {
+		t.Fatalf("before any change e.test reached %v, want only A", seen)
+	}
+	master := n.r.MasterPID()
+	waitFor(t, "two workers", func() bool { return len(workerPIDs(t, n)) == 2 })
+	workers := workerPIDs(t, n)
+	confBefore, err := os.ReadFile(n.r.confPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	reloads := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess))
+
+	for i, step := range []struct {
+		name string
+		eps  []netip.AddrPort
+		want map[string]bool // backends that must all answer; nil: 503
+	}{
+		{"add an endpoint", []netip.AddrPort{epA, epB}, map[string]bool{"A": true, "B": true}},
+		{"remove one", []netip.AddrPort{epB}, map[string]bool{"B": true}},
+		{"three", []netip.AddrPort{epA, epB, epC}, map[string]bool{"A": true, "B": true, "C": true}},
+		{"none", nil, nil},
+		{"back again", []netip.AddrPort{epC}, map[string]bool{"C": true}},
+	} {
+		res, err := n.r.ApplyNow(context.Background(), epSnapshot(epC, step.eps))
+		if err != nil || res.Result != ResultEndpoints {
+			t.Fatalf("%s: apply = %s, %v; want %s", step.name, res.Result, err, ResultEndpoints)
+		}
+		// The change shows on the very next requests, on every worker.
+		if step.want == nil {
+			backendsSeen(t, c, "http://e.test/", 6, 503)
+		} else {
+			seen := backendsSeen(t, c, "http://e.test/", 12, 200)
+			got := map[string]bool{}
+			for b := range seen {
+				got[b] = true
+			}
+			if diff := cmp.Diff(step.want, got); diff != "" {
+				t.Errorf("%s: backends that answered (-want +got):\n%s", step.name, diff)
+			}
+		}
+		if seen := backendsSeen(t, c, "http://f.test/", 2, 200); seen["C"] != 2 {
+			t.Errorf("%s: the untouched upstream reached %v, want C", step.name, seen)
+		}
+		if got := n.r.MasterPID(); got != master {
+			t.Errorf("%s: master %d, want still %d", step.name, got, master)
+		}
+		if got := workerPIDs(t, n); !slices.Equal(got, workers) {
+			t.Errorf("%s: workers %v, want still %v (no reload)", step.name, got, workers)
+		}
+		if got := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess)); got != reloads {
+			t.Errorf("%s: reloads_total{result=success} = %v, want still %v", step.name, got, reloads)
+		}
+		if got := testutil.ToFloat64(n.r.m.endpointUpdates.WithLabelValues(ResultSuccess)); got != float64(i+1) {
+			t.Errorf("%s: endpoint_updates_total{result=success} = %v, want %d", step.name, got, i+1)
+		}
+		if v, err := endpointsVersion(context.Background(), n.r.ctl); err != nil || v != res.EndpointsVersion {
+			t.Errorf("%s: nginx uses endpoint table %q (%v), want %q", step.name, v, err, res.EndpointsVersion)
+		}
+	}
+	if conf, _ := os.ReadFile(n.r.confPath()); string(conf) != string(confBefore) {
+		t.Error("nginx.conf changed for endpoint-only changes")
+	}
+	// The same snapshot again does nothing.
+	if res, err := n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epC})); err != nil || res.Result != ResultUnchanged {
+		t.Errorf("same snapshot again: %s, %v; want %s", res.Result, err, ResultUnchanged)
+	}
+}
+
+// The endpoints nginx took without a reload are still used after a reload and after
+// the master was killed and started again: both load the table from its file.
+func TestEndpointsSurviveReloadAndMasterRestart(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	_, epC := backend(t, "C")
+	n := startNginx(t, epSnapshot(epC, []netip.AddrPort{epA}))
+	c := n.client(false)
+	res, err := n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epB}))
+	if err != nil || res.Result != ResultEndpoints {
+		t.Fatalf("endpoint-only change: %s, %v", res.Result, err)
+	}
+	onlyB := func(when string) {
+		t.Helper()
+		if seen := backendsSeen(t, c, "http://e.test/", 8, 200); len(seen) != 1 || seen["B"] != 8 {
+			t.Errorf("%s: e.test reached %v, want only B", when, seen)
+		}
+	}
+	onlyB("after the endpoint update")
+
+	waitFor(t, "two workers", func() bool { return len(workerPIDs(t, n)) == 2 })
+	workers := workerPIDs(t, n)
+	res, err = n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epB}, "g.test"))
+	if err != nil || res.Result != ResultSuccess {
+		t.Fatalf("reload for a new host: %s, %v", res.Result, err)
+	}
+	if got := workerPIDs(t, n); slices.Equal(got, workers) {
+		t.Fatalf("workers %v unchanged: the host change did not reload", got)
+	}
+	onlyB("after a reload")
+	if seen := backendsSeen(t, c, "http://g.test/", 2, 200); seen["C"] != 2 {
+		t.Errorf("the new host reached %v, want C", seen)
+	}
+
+	pid := n.r.MasterPID()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a new master", func() bool { p := n.r.MasterPID(); return p != 0 && p != pid })
+	n.waitChecksum(t, res.Checksum)
+	n.waitEndpoints(t, res.EndpointsVersion)
+	onlyB("after the master was killed and restarted")
+
+	// The new master takes live changes too.
+	res, err = n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epA}, "g.test"))
+	if err != nil || res.Result != ResultEndpoints {
+		t.Fatalf("endpoint-only change after the restart: %s, %v", res.Result, err)
+	}
+	if seen := backendsSeen(t, c, "http://e.test/", 8, 200); len(seen) != 1 || seen["A"] != 8 {
+		t.Errorf("after a change to the restarted master e.test reached %v, want only A", seen)
+	}
+}
+
+// A connection refused by one endpoint is retried on the next: requests succeed as
+// long as one endpoint answers.
+func TestEndpointRetriesTheNextOnConnectionFailure(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := netip.MustParseAddrPort(l.Addr().String())
+	l.Close() // nothing listens there any more: connections are refused
+	_, epA := backend(t, "A")
+	n := startNginx(t, epSnapshot(epA, []netip.AddrPort{dead, epA}))
+	if seen := backendsSeen(t, n.client(false), "http://e.test/", 10, 200); seen["A"] != 10 {
+		t.Errorf("e.test reached %v, want A for all 10 requests", seen)
+	}
+}
+
+// The control socket checks what it is sent: a malformed table is refused and the
+// one in use stays.
+func TestControlSocketRefusesMalformedTables(t *testing.T) {
+	_, epA := backend(t, "A")
+	n := startNginx(t, epSnapshot(epA, []netip.AddrPort{epA}))
+	before, err := endpointsVersion(context.Background(), n.r.ctl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, text := range []string{
+		"",
+		"t-e-80 10.0.0.1:80\n", // no header
+		"# portico endpoints 00\nt-e-80 10.0.0.1\n",                   // no port
+		"# portico endpoints 00\nt-e-80 10.0.0.1:99999\n",             // port out of range
+		"# portico endpoints 00\nt-e-80 ::1:80\n",                     // IPv6 without brackets
+		"# portico endpoints 00\nt-e-80 10.0.0.1:80;evil\n",           // trailing junk
+		"# portico endpoints 00\nT-E-80 10.0.0.1:80\n",                // not an upstream name
+		"# portico endpoints 00\nt-e-80\tunix:/tmp/x.sock\n",          // not an address
+		"# portico endpoints 00\nt-e-80 example.com:80\n",             // a name to resolve
+		"# portico endpoints zz\nt-e-80 10.0.0.1:80\n",                // bad version
+		"# portico endpoints 00\nt-e-80 [::1]:80 [fe80::1%eth0]:80\n", // zone
+	} {
+		if err := pushEndpoints(context.Background(), n.r.ctl, []byte(text), "00"); err == nil || !strings.Contains(err.Error(), "status 400") {
+			t.Errorf("push %q: %v, want status 400", text, err)
+		}
+	}
+	if after, err := endpointsVersion(context.Background(), n.r.ctl); err != nil || after != before {
+		t.Errorf("version after refused tables %q (%v), want still %q", after, err, before)
+	}
+	if seen := backendsSeen(t, n.client(false), "http://e.test/", 2, 200); seen["A"] != 2 {
+		t.Errorf("e.test reached %v, want A", seen)
+	}
+	// Only the agent may connect: the socket's directory is private.
+	st, err := os.Stat(resolve(n.r.cfg.Dir, "control"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o700 {
+		t.Errorf("control socket directory mode %v, want 0700", st.Mode().Perm())
+	}
+}
+
+// BenchmarkEndpointUpdate measures an endpoint-only change on a real nginx with 100
+// and 5,000 hosts (one upstream each): from the start of Apply (render, write the
+// table, push it) until a request reaches the new endpoint. It reports the push
+// alone (write and hand over, ApplyResult.Serve) and the whole, next to the reload
+// figures of BenchmarkReload.
+func BenchmarkEndpointUpdate(b *testing.B) {
+	_, epA := backend(b, "A")
+	_, epB := backend(b, "B")
+	for _, hosts := range []int{100, 5000} {
+		b.Run(fmt.Sprintf("hosts=%d", hosts), func(b *testing.B) {
+			snap := ingressSnapshotTLS(b, hosts, 0)
+			n := startNginx(b, snap)
+			c := n.client(true)
+			reloads := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess))
+			ctx := context.Background()
+			var push, render, serving float64
+			i := 0
+			for b.Loop() {
+				i++
+				want, ep := "A ", epA
+				if i%2 == 1 {
+					want, ep = "B ", epB
+				}
+				snap.Upstreams[0].Endpoints = []netip.AddrPort{ep}
+				t0 := time.Now()
+				res, err := n.r.ApplyNow(ctx, snap)
+				if err != nil || res.Result != ResultEndpoints {
+					b.Fatalf("apply: %s, %v", res.Result, err)
+				}
+				for {
+					resp, err := c.Get("http://" + snap.Servers[0].Host + "/")
+					if err != nil {
+						b.Fatal(err)
+					}
+					var buf [64]byte
+					k, _ := resp.Body.Read(buf[:])
+					resp.Body.Close()
+					if strings.HasPrefix(string(buf[:k]), want) {
+						break
+					}
+				}
+				serving += time.Since(t0).Seconds()
+				push += res.Serve.Seconds()
+				render += res.Render.Seconds()
+			}
+			if got := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess)); got != reloads {
+				b.Fatalf("%v reloads during endpoint updates", got-reloads)
+			}
+			b.ReportMetric(render*1000/float64(b.N), "render-ms")
+			b.ReportMetric(push*1000/float64(b.N), "push-ms")
+			b.ReportMetric(serving*1000/float64(b.N), "apply-to-serving-ms")
+			b.ReportMetric(float64(len(n.r.appliedEndpoints)), "table-bytes")
+		})
+	}
+}
+
+func TestEndpointTableEncodeAndWith(t *testing.T) {
+	cur := endpointTable{
+		"b-80": {ap("10.0.0.2:80"), ap("[fd00::2]:8080")},
+		"a-80": {ap("10.0.0.1:80")},
+		"c-80": nil,
+	}
+	text, version := cur.encode()
+	wantBody := "a-80 10.0.0.1:80\nb-80 10.0.0.2:80 [fd00::2]:8080\nc-80\n"
+	if diff := cmp.Diff(endpointsHeader+version+"\n"+wantBody, string(text)); diff != "" {
+		t.Errorf("encode (-want +got):\n%s", diff)
+	}
+	if len(version) != 16 {
+		t.Errorf("version %q, want 16 hex digits", version)
+	}
+	moved := endpointTable{"b-80": {ap("10.0.0.3:80")}, "a-80": {ap("10.0.0.1:80")}, "c-80": nil}
+	if _, v := moved.encode(); v == version {
+		t.Error("a moved endpoint kept the version")
+	}
+	// During a reload the old configuration's upstreams stay, with the new
+	// endpoints where both have the upstream.
+	old := endpointTable{"a-80": {ap("10.9.9.9:80")}, "gone-80": {ap("10.0.0.9:80")}}
+	got, _ := cur.with(old).encode()
+	wantBody = "a-80 10.0.0.1:80\nb-80 10.0.0.2:80 [fd00::2]:8080\nc-80\ngone-80 10.0.0.9:80\n"
+	if _, body, _ := strings.Cut(string(got), "\n"); body != wantBody {
+		t.Errorf("with: %q, want %q", body, wantBody)
+	}
+}
