@@ -2,6 +2,7 @@ package vrrp
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -39,10 +40,10 @@ vrrp_instance vi {
     priority %d
     advert_int %s
     virtual_ipaddress {
-        %s/32 dev eth0
+        %s/%d dev eth0
     }
 }
-`, n.ns, version, prio, strconv.FormatFloat(interval.Seconds(), 'f', -1, 64), l.vip)
+`, n.ns, version, prio, strconv.FormatFloat(interval.Seconds(), 'f', -1, 64), l.vip, l.vip.BitLen())
 	confPath := filepath.Join(dir, "keepalived.conf")
 	if err := os.WriteFile(confPath, []byte(conf), 0o644); err != nil {
 		l.t.Fatal(err)
@@ -76,18 +77,29 @@ func (k *keepalived) kill() {
 func TestLabKeepalivedInterop(t *testing.T) {
 	requireLab(t)
 	requireKeepalived(t)
-	for _, version := range []int{2, 3} {
+	for _, variant := range []struct {
+		version int
+		ipv6    bool
+	}{{2, false}, {3, false}, {3, true}} {
+		version := variant.version
 		interval := time.Second // version 2 only knows whole seconds
 		if version == 3 {
 			interval = 100 * time.Millisecond
 		}
+		family := "ipv4"
+		if variant.ipv6 {
+			family = "ipv6"
+		}
 		for _, keepalivedHigh := range []bool{true, false} {
-			name := fmt.Sprintf("v%d/keepalived-master", version)
+			name := fmt.Sprintf("v%d/%s/keepalived-master", version, family)
 			if !keepalivedHigh {
-				name = fmt.Sprintf("v%d/portico-master", version)
+				name = fmt.Sprintf("v%d/%s/portico-master", version, family)
 			}
 			t.Run(name, func(t *testing.T) {
 				l := newLab(t, 2)
+				if variant.ipv6 {
+					l.vip = netip.MustParseAddr("fd00:99::100")
+				}
 				kNode, pNode := l.nodes[0], l.nodes[1]
 				kPrio, pPrio := uint8(100), uint8(200)
 				if keepalivedHigh {
