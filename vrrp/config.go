@@ -92,6 +92,12 @@ func LoadConfig(path string) (Config, error) {
 func (c *Config) SetDefaults() {
 	for i := range c.Instances {
 		in := &c.Instances[i]
+		for j, v := range in.VIPs {
+			in.VIPs[j] = v.Unmap()
+		}
+		for j, v := range in.Peers {
+			in.Peers[j] = v.Unmap()
+		}
 		if in.Version == 0 {
 			in.Version = 3
 		}

@@ -137,3 +137,18 @@ func TestExampleConfig(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestSetDefaultsUnmapsAddresses(t *testing.T) {
+	c := Config{Interface: "eth0", Instances: []InstanceConfig{{VRID: 1,
+		VIPs: []netip.Addr{a4("::ffff:10.0.0.100")}, Peers: []netip.Addr{a4("::ffff:10.0.0.2")}}}}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Instances[0].VIPs[0]; got != a4("10.0.0.100") {
+		t.Errorf("vip = %v, want 10.0.0.100", got)
+	}
+	if got := c.Instances[0].Peers[0]; got != a4("10.0.0.2") {
+		t.Errorf("peer = %v, want 10.0.0.2", got)
+	}
+}
