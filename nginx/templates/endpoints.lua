@@ -2,57 +2,138 @@
         -- out of nginx.conf so that an endpoint change needs no reload. The agent
         -- writes it to a file that load reads into the shared dictionary whenever
         -- a master starts or reloads, and PUTs it to the control socket for live
-        -- changes. Each worker parses it again when its version changes.
+        -- changes.
         --
         -- Format: a header "# portico endpoints <version>", then one line per
         -- upstream: its name and its endpoints ("10.0.0.1:80", "[fd00::1]:80").
         local balancer = require "ngx.balancer"
+        local byte, sub, find, match = string.byte, string.sub, string.find, string.match
 
         local M = {}
         local dict = ngx.shared.portico_endpoints
         local max_tries = 3 -- proxy_next_upstream_tries
-        local by_name = {} -- this worker's parsed table
+        local text -- this worker's copy of the table
         local version -- its version
+        local by_name = {} -- the upstreams of text parsed so far (false: not in it)
         local next_index = {} -- round-robin position by upstream name
 
-        local function parse(text)
-            local ver = string.match(text, "^# portico endpoints (%x+)\n")
+        -- The parser scans bytes with plain finds, which LuaJIT compiles; the
+        -- pattern functions would run interpreted. Each function reads s[i..j].
+
+        -- An upstream name: [a-z0-9][a-z0-9.-]*.
+        local function valid_name(s, i, j)
+            if j < i then
+                return false
+            end
+            for k = i, j do
+                local c = byte(s, k)
+                if not (c >= 97 and c <= 122 or c >= 48 and c <= 57 or k > i and (c == 45 or c == 46)) then
+                    return false
+                end
+            end
+            return true
+        end
+
+        -- An endpoint: "10.0.0.1:80" or "[fd00::1]:80"; returns host and port.
+        local function parse_endpoint(s, i, j)
+            local colon
+            for k = j, i, -1 do
+                if byte(s, k) == 58 then
+                    colon = k
+                    break
+                end
+            end
+            if not colon or colon == j or j - colon > 5 then
+                return nil
+            end
+            local port = 0
+            for k = colon + 1, j do
+                local c = byte(s, k)
+                if c < 48 or c > 57 then
+                    return nil
+                end
+                port = port * 10 + c - 48
+            end
+            if port < 1 or port > 65535 then
+                return nil
+            end
+            if byte(s, i) == 91 then -- '[': IPv6 in brackets
+                if colon - i < 3 or byte(s, colon - 1) ~= 93 then
+                    return nil
+                end
+                for k = i + 1, colon - 2 do
+                    local c = byte(s, k)
+                    if not (c >= 48 and c <= 58 or c >= 97 and c <= 102 or c >= 65 and c <= 70 or c == 46) then
+                        return nil
+                    end
+                end
+            else
+                if colon == i then
+                    return nil
+                end
+                for k = i, colon - 1 do
+                    local c = byte(s, k)
+                    if not (c >= 48 and c <= 57 or c == 46) then
+                        return nil
+                    end
+                end
+            end
+            return sub(s, i, colon - 1), port
+        end
+
+        -- An upstream line: its name and its endpoints, separated by one space.
+        local function parse_line(s, i, j)
+            local sp = find(s, " ", i, true)
+            local name_end = (sp and sp <= j) and sp - 1 or j
+            if not valid_name(s, i, name_end) then
+                return nil, "bad upstream line: " .. sub(s, i, math.min(j, i + 79))
+            end
+            local list = {}
+            local p = name_end + 1 -- at a space, or past the line
+            while p <= j do
+                local q = find(s, " ", p + 1, true)
+                local e = (q and q <= j) and q - 1 or j
+                local host, port = parse_endpoint(s, p + 1, e)
+                if not host then
+                    return nil, "bad endpoint of " .. sub(s, i, name_end) .. ": " .. sub(s, p + 1, math.min(e, p + 80))
+                end
+                list[#list + 1] = { host, port }
+                p = e + 1
+            end
+            return sub(s, i, name_end), list
+        end
+
+        -- check reads a whole table and returns its version.
+        local function check(s)
+            local nl = find(s, "\n", 1, true)
+            local ver = nl and match(sub(s, 1, nl - 1), "^# portico endpoints (%x+)$")
             if not ver then
                 return nil, "no endpoint table header"
             end
-            local t = {}
-            for line in string.gmatch(text, "[^\n]+") do
-                if string.byte(line, 1) ~= 35 then -- not the '#' header
-                    local name, rest = string.match(line, "^([a-z0-9][a-z0-9.-]*)(.*)$")
-                    if not name or (rest ~= "" and string.byte(rest, 1) ~= 32) then
-                        return nil, "bad upstream line: " .. string.sub(line, 1, 80)
-                    end
-                    local list = {}
-                    for ep in string.gmatch(rest, "%S+") do
-                        local host, port = string.match(ep, "^([%d.]+):(%d+)$")
-                        if not host then
-                            host, port = string.match(ep, "^(%[[%x:.]+%]):(%d+)$")
-                        end
-                        port = port and tonumber(port)
-                        if not host or port < 1 or port > 65535 then
-                            return nil, "bad endpoint of " .. name .. ": " .. string.sub(ep, 1, 80)
-                        end
-                        list[#list + 1] = { host, port }
-                    end
-                    t[name] = list
+            local p, n = nl + 1, #s
+            while p <= n do
+                local e = find(s, "\n", p, true)
+                if not e then
+                    return nil, "the last line does not end"
                 end
+                local name, err = parse_line(s, p, e - 1)
+                if not name then
+                    return nil, err
+                end
+                p = e + 1
             end
-            return t, ver
+            return ver
         end
 
         -- store checks a table and makes it the current one. The version goes
         -- last: a worker that sees it finds this table or a newer one.
-        local function store(text)
-            local t, ver = parse(text)
-            if not t then
-                return nil, ver
+        local function store(s)
+            local ver, err = check(s)
+            if not ver then
+                return nil, err
             end
-            local ok, err = dict:safe_set("table", text)
+            local ok
+            ok, err = dict:safe_set("table", s)
             if not ok then
                 return nil, "store endpoint table: " .. err
             end
@@ -65,37 +146,45 @@
 
         -- load runs in the master (init_by_lua) at every start and reload.
         function M.load(path)
-            if string.byte(path, 1) ~= 47 then -- relative to the prefix, like nginx's paths
+            if byte(path, 1) ~= 47 then -- relative to the prefix, like nginx's paths
                 path = ngx.config.prefix() .. path
             end
             local f, err = io.open(path, "rb")
             if not f then
                 error("portico: read endpoint table: " .. err)
             end
-            local text = f:read("*a")
+            local s = f:read("*a")
             f:close()
-            local ver, serr = store(text)
+            local ver, serr = store(s)
             if not ver then
                 error("portico: load endpoint table " .. path .. ": " .. serr)
             end
         end
 
-        local function refresh()
+        -- endpoints returns an upstream's endpoints from the current table. A
+        -- worker copies the table when its version changes and parses only the
+        -- lines its requests need, once per version.
+        local function endpoints(name)
             local ver = dict:get("version")
-            if ver == version then
-                return
+            if ver ~= version then
+                local s = dict:get("table")
+                if not s then
+                    return nil
+                end
+                text, version, by_name = s, ver, {}
             end
-            local text = dict:get("table")
-            if not text then
-                return
+            local list = by_name[name]
+            if list == nil then
+                list = false
+                local p = find(text, "\n" .. name .. " ", 1, true) or find(text, "\n" .. name .. "\n", 1, true)
+                if p then
+                    local e = find(text, "\n", p + 1, true)
+                    local _, l = parse_line(text, p + 1, e - 1)
+                    list = l or false -- store checked every line
+                end
+                by_name[name] = list
             end
-            local t, v = parse(text)
-            if not t then -- cannot happen: store checked it
-                ngx.log(ngx.ERR, "portico: endpoint table: ", v)
-                version = ver
-                return
-            end
-            by_name, version = t, v
+            return list
         end
 
         -- route runs at the end of every request's rewrite phase: a location that
@@ -106,8 +195,7 @@
             if not name or name == "" then
                 return
             end
-            refresh()
-            local list = by_name[name]
+            local list = endpoints(name)
             if not list or #list == 0 then
                 return ngx.exit(ngx.HTTP_SERVICE_UNAVAILABLE)
             end
