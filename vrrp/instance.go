@@ -177,9 +177,8 @@ func (in *instance) apply(out Output) {
 		return
 	}
 	in.state.Store(uint32(t.To))
-	in.a.met.state.WithLabelValues(in.cfg.Name).Set(float64(t.To))
-	in.a.met.transitions.WithLabelValues(in.cfg.Name, t.From.String(), t.To.String()).Inc()
-	in.log.Info("vrrp state changed", zap.Stringer("from", t.From), zap.Stringer("to", t.To), zap.String("reason", t.Reason))
+	// Client-visible work first: the VIPs and their announcement, then the
+	// bookkeeping.
 	switch {
 	case t.To == StateMaster:
 		for _, v := range in.vips {
@@ -196,6 +195,9 @@ func (in *instance) apply(out Output) {
 			}
 		}
 	}
+	in.a.met.state.WithLabelValues(in.cfg.Name).Set(float64(t.To))
+	in.a.met.transitions.WithLabelValues(in.cfg.Name, t.From.String(), t.To.String()).Inc()
+	in.log.Info("vrrp state changed", zap.Stringer("from", t.From), zap.Stringer("to", t.To), zap.String("reason", t.Reason))
 }
 
 func (in *instance) sendAdvert(prio uint8) {
