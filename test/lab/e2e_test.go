@@ -17,10 +17,16 @@ import (
 	"os/exec"
 	"path/filepath"
 	"sync"
+
 	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
 )
@@ -101,18 +107,21 @@ func startLab(t *testing.T) *Lab {
 		}
 	}
 	c := l.HTTPClient(false, 2*time.Second)
-	var lastErr error
-	deadline := time.Now().Add(90 * time.Second)
-	for time.Now().Before(deadline) {
-		if _, lastErr = l.Owner(); lastErr == nil {
-			if _, lastErr = l.Get(ctx, c, "echo.lab", "/"); lastErr == nil {
-				return l
+	if err := waitFor(90*time.Second, func() error {
+		for i := range l.Edges {
+			if err := l.Ready(i); err != nil {
+				return err
 			}
 		}
-		time.Sleep(200 * time.Millisecond)
+		if _, err := l.Owner(); err != nil {
+			return err
+		}
+		_, err := l.Get(ctx, c, "echo.lab", "/")
+		return err
+	}); err != nil {
+		t.Fatalf("lab not serving after 90 s: %v", err)
 	}
-	t.Fatalf("no HTTP through the VIP after 90 s: %v", lastErr)
-	return nil
+	return l
 }
 
 // selfSigned returns a certificate and key for host.
@@ -360,4 +369,173 @@ func (l *Lab) newOwner(old *Node) (*Node, error) {
 		return nil, fmt.Errorf("%d surviving edges own the VIP", len(owners))
 	}
 	return owners[0], nil
+}
+
+// ownerMaps reads the owner's pinned maps: the replica states it steers with.
+func (l *Lab) ownerBackends(owner *Node) (map[string]dataplane.BackendView, error) {
+	in, err := dataplane.OpenPinned("/sys/fs/bpf/" + l.Net.Prefix + owner.Name)
+	if err != nil {
+		return nil, err
+	}
+	defer in.Close()
+	vips, err := in.VIPs()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]dataplane.BackendView{}
+	for _, v := range vips {
+		if v.Addr == VIP {
+			for _, b := range v.Backends {
+				out[b.Addr.String()] = b
+			}
+		}
+	}
+	return out, nil
+}
+
+// TestReplicaDrain: a replica marked terminating finishes its connections and
+// gets no new ones; once removed, no connection to the others breaks.
+func TestReplicaDrain(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns []*KeepConn
+	defer func() {
+		for _, k := range conns {
+			k.Close()
+		}
+	}()
+	for range 90 {
+		k, err := l.OpenKeepConn(ctx, "echo.lab")
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, k)
+	}
+	// Drain an edge that is not the owner.
+	var drained *Node
+	for _, e := range l.Edges {
+		if e != owner {
+			drained = e
+			break
+		}
+	}
+	dIP := drained.Addr.Addr().String()
+	if err := l.SetGroupEndpoints(ctx, map[int]string{drained.Index: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		bs, err := l.ownerBackends(owner)
+		if err != nil {
+			return err
+		}
+		if !bs[dIP].Draining {
+			return fmt.Errorf("%s not draining in the owner's maps: %+v", dIP, bs[dIP])
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c := l.HTTPClient(false, 2*time.Second)
+	for range 300 {
+		r, err := l.Get(ctx, c, "echo.lab", "/new")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Edge == dIP {
+			t.Fatalf("a new connection reached the draining replica %s", drained.Name)
+		}
+	}
+	onDrained := 0
+	for _, k := range conns {
+		if _, err := k.Do("echo.lab", "/during-drain", 3*time.Second); err != nil {
+			t.Errorf("connection via %s broke while %s drained: %v", k.Edge, drained.Name, err)
+		}
+		if k.Edge == dIP {
+			onDrained++
+		}
+	}
+	if onDrained == 0 {
+		t.Fatal("no connection was on the drained replica: the test proves nothing")
+	}
+
+	// Removed: connections to the other replicas keep working.
+	if err := l.SetGroupEndpoints(ctx, map[int]string{drained.Index: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		bs, err := l.ownerBackends(owner)
+		if err != nil {
+			return err
+		}
+		if _, ok := bs[dIP]; ok {
+			return fmt.Errorf("%s still in the owner's maps", dIP)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	others := 0
+	for _, k := range conns {
+		if k.Edge == dIP {
+			continue
+		}
+		others++
+		if _, err := k.Do("echo.lab", "/after-removal", 3*time.Second); err != nil {
+			t.Errorf("connection via %s broke after %s was removed: %v", k.Edge, drained.Name, err)
+		}
+	}
+	t.Logf("%d connections on the drained replica completed; %d on the others kept working after its removal", onDrained, others)
+}
+
+// TestIngressPropagation: a new host is served within 2 s of its Ingress being
+// created; a bad Ingress gets an Event and everything else is still served.
+func TestIngressPropagation(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	c := l.HTTPClient(false, 2*time.Second)
+	start := time.Now()
+	if err := l.Ingress(ctx, "fresh", "fresh.lab", "echo"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, func() error { _, err := l.Get(ctx, c, "fresh.lab", "/"); return err }); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	t.Logf("fresh.lab served %v after its Ingress was created", took.Round(time.Millisecond))
+	if took > 2*time.Second {
+		t.Errorf("propagation took %v, want < 2s", took)
+	}
+
+	bad := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: "bad",
+		Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName, "portico.io/ssl-redirect": "perhaps"}},
+		Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{Host: "bad.lab", IngressRuleValue: networkingv1.IngressRuleValue{
+			HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{Path: "/x;return", PathType: ptr(networkingv1.PathTypePrefix),
+				Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: "echo", Port: networkingv1.ServiceBackendPort{Name: "http"}}}}}}}}}}}
+	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Create(ctx, bad, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=bad"})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning {
+				t.Logf("event on the bad Ingress: %s: %s", e.Reason, e.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no warning event on the bad Ingress (%d events)", len(evs.Items))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, host := range []string{"echo.lab", "fresh.lab"} {
+		if _, err := l.Get(ctx, c, host, "/still"); err != nil {
+			t.Errorf("%s after the bad Ingress: %v", host, err)
+		}
+	}
 }

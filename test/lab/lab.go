@@ -15,6 +15,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -348,7 +349,10 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a.cmd = exec.Command("ip", "netns", "exec", e.NS, l.Portico, "agent",
+	// nsenter --net, not `ip netns exec`: the latter gives the agent a private
+	// mount namespace with a fresh /sys, hiding the node's bpffs, where pins must
+	// outlive the agent (as the DaemonSet's /sys/fs/bpf hostPath does).
+	a.cmd = exec.Command("nsenter", "--net=/run/netns/"+e.NS, l.Portico, "agent",
 		"-group", GroupNamespace+"/"+GroupName, "-iface", "eth0", "-node-name", e.Name,
 		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
 		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug")
@@ -378,6 +382,27 @@ func (a *Agent) Kill(sig syscall.Signal, timeout time.Duration) error {
 		<-a.done
 		return fmt.Errorf("agent on %s did not exit within %v of %v", a.Edge.Name, timeout, sig)
 	}
+}
+
+// Ready asks edge i's agent for /readyz from inside its namespace.
+func (l *Lab) Ready(i int) error {
+	ns := l.Edges[i].NS
+	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		var d net.Dialer
+		err = netlab.Do(ns, func() error { c, err = d.DialContext(ctx, network, addr); return err })
+		return c, err
+	}
+	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
+	resp, err := c.Get("http://127.0.0.1:9101/readyz")
+	if err != nil {
+		return fmt.Errorf("agent on %s: %w", l.Edges[i].Name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent on %s not ready: %s", l.Edges[i].Name, strings.TrimSpace(string(body)))
+	}
+	return nil
 }
 
 // Log returns the agent's log.
