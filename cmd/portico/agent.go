@@ -28,6 +28,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/nginx"
 	"github.com/portico-edge/portico/vrrp"
@@ -212,9 +213,13 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 		priority: uint8(cfg.vrrpPriority), degraded: uint8(cfg.vrrpDegraded),
 		interval: cfg.vrrpInterval, version: uint8(cfg.vrrpVersion), log: log.Named("vrrp"), met: vmet, setLoVIPs: loVIPs}
 
+	// nginx starts (or adopts the master a previous agent left running) only
+	// with the first real snapshot: an adopted master must never be reloaded
+	// with an empty configuration while it serves traffic.
+	l7 := &firstSnapshot{Sink: reloader, arrived: make(chan struct{})}
 	ctrl, err := controlplane.New(controlplane.Config{
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
-		Namespace: cfg.namespace, Pools: cfg.pools, Sinks: []controlplane.Sink{l4, reloader, vs},
+		Namespace: cfg.namespace, Pools: cfg.pools, Sinks: []controlplane.Sink{l4, l7, vs},
 		Identity: cfg.node, LeaseNamespace: cfg.podNamespace, ReleaseOnCancel: true,
 	})
 	if err != nil {
@@ -242,7 +247,14 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 			}
 		}()
 	}
-	goRun("nginx", reloader.Run)
+	goRun("nginx", func(ctx context.Context) error {
+		select {
+		case <-l7.arrived:
+			return reloader.Run(ctx)
+		case <-ctx.Done():
+			return nil
+		}
+	})
 	goRun("controlplane", ctrl.Run)
 	goRun("neighbours", l4.watchNeighbours)
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs, log); return nil })
@@ -267,6 +279,19 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	srv.Shutdown(sctx)
 	log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)")
 	return runErr
+}
+
+// firstSnapshot passes snapshots to a sink and closes arrived at the first one.
+type firstSnapshot struct {
+	controlplane.Sink
+	once    sync.Once
+	arrived chan struct{}
+}
+
+func (f *firstSnapshot) Apply(ctx context.Context, snap model.Snapshot) error {
+	err := f.Sink.Apply(ctx, snap)
+	f.once.Do(func() { close(f.arrived) })
+	return err
 }
 
 func kubeConfig(path string) (*rest.Config, error) {
