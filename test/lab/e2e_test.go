@@ -156,6 +156,29 @@ func waitFor(d time.Duration, cond func() error) error {
 	}
 }
 
+// waitServed waits until host+path is served through every edge node: 30
+// consecutive new connections succeed, pass check, and reach all edges.
+func (l *Lab) waitServed(ctx context.Context, d time.Duration, host, path string, check func(Reply) error) error {
+	c := l.HTTPClient(false, 2*time.Second)
+	return waitFor(d, func() error {
+		edges := map[string]bool{}
+		for range 30 {
+			r, err := l.Get(ctx, c, host, path)
+			if err == nil && check != nil {
+				err = check(r)
+			}
+			if err != nil {
+				return err
+			}
+			edges[r.Edge] = true
+		}
+		if len(edges) != len(l.Edges) {
+			return fmt.Errorf("%s%s served through %d edges", host, path, len(edges))
+		}
+		return nil
+	})
+}
+
 // TestRoutingTLSAndSpread: HTTP by host and path and HTTPS with SNI reach the
 // right backends through the VIP, with the client's address intact, and new
 // connections spread evenly over the three edge replicas.
@@ -179,14 +202,13 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	client := l.Client.Addr.Addr().String()
 
 	// Host and path: /api and /api/... go to the api backend (pod p2 only).
-	if err := waitFor(30*time.Second, func() error {
-		r, err := l.Get(ctx, c, "shop.lab", "/api/items")
-		if err == nil && r.Pod != "p2" {
-			err = fmt.Errorf("/api/items served by %s", r.Pod)
+	if err := l.waitServed(ctx, 30*time.Second, "shop.lab", "/api/items", func(r Reply) error {
+		if r.Pod != "p2" {
+			return fmt.Errorf("/api/items served by %s", r.Pod)
 		}
-		return err
+		return nil
 	}); err != nil {
-		t.Fatalf("shop.lab/api never routed: %v", err)
+		t.Fatalf("shop.lab/api never routed on every edge: %v", err)
 	}
 	pods := map[string]int{}
 	for range 40 {
@@ -501,11 +523,12 @@ func TestIngressPropagation(t *testing.T) {
 	if err := l.Ingress(ctx, "fresh", "fresh.lab", "echo"); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, func() error { _, err := l.Get(ctx, c, "fresh.lab", "/"); return err }); err != nil {
+	if err := l.waitServed(ctx, 10*time.Second, "fresh.lab", "/", nil); err != nil {
 		t.Fatal(err)
 	}
+	// Includes the 30 checking requests (tens of milliseconds).
 	took := time.Since(start)
-	t.Logf("fresh.lab served %v after its Ingress was created", took.Round(time.Millisecond))
+	t.Logf("fresh.lab served through every edge %v after its Ingress was created", took.Round(time.Millisecond))
 	if took > 2*time.Second {
 		t.Errorf("propagation took %v, want < 2s", took)
 	}
