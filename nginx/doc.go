@@ -56,4 +56,11 @@
 // change is rendered, validated with nginx -t, swapped in and reloaded; reloads are
 // coalesced (Config.Debounce). While a refused configuration is the latest, the last
 // good one keeps running with its endpoints, as before.
+//
+// The price is paid by full reloads: Debian 12's Lua module (0.10.23) creates an
+// OpenSSL context for every location and server block it merges, used or not (for
+// Lua's TLS sockets), about 0.13 ms and 14 KiB each. At 5,000 hosts (15,000 blocks)
+// that makes nginx -t and a reload about 2 s slower and the configuration about
+// 220 MiB larger; at 100 hosts, tens of milliseconds. BenchmarkReload and
+// BenchmarkEndpointUpdate measure both paths.
 package nginx

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
@@ -348,5 +349,29 @@ func TestEndpointTableEncodeAndWith(t *testing.T) {
 	wantBody = "a-80 10.0.0.1:80\nb-80 10.0.0.2:80 [fd00::2]:8080\nc-80\ngone-80 10.0.0.9:80\n"
 	if _, body, _ := strings.Cut(string(got), "\n"); body != wantBody {
 		t.Errorf("with: %q, want %q", body, wantBody)
+	}
+}
+
+// Without the Lua module, nginx -t fails and says which package provides it.
+func TestMissingLuaModuleIsNamed(t *testing.T) {
+	bin := nginxBinary(t)
+	dir := prefixDir(t)
+	opt := goldenOptions()
+	opt.ModulesDir = t.TempDir() // no modules there
+	cfg, err := Render(hostSnapshot("a.example.com"), opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := prepareDirs(dir, opt); err != nil {
+		t.Fatal(err)
+	}
+	conf := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(conf, cfg.Text, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	err = Exec{Binary: bin}.Test(context.Background(), dir, conf)
+	if err == nil || !strings.Contains(err.Error(), "ngx_http_lua_module.so") && !strings.Contains(err.Error(), "ndk_http_module.so") ||
+		!strings.Contains(err.Error(), "libnginx-mod-http-lua") {
+		t.Errorf("nginx -t without the module: %v; want it to name the module and its package", err)
 	}
 }
