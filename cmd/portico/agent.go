@@ -258,6 +258,12 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	goRun("controlplane", ctrl.Run)
 	goRun("neighbours", l4.watchNeighbours)
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs, log); return nil })
+	goRun("status", func(ctx context.Context) error {
+		publishStatus(ctx, client, cfg.podNamespace, func() agentState {
+			return collectState(cfg.node, cfg.group, dp, h, vs)
+		}, log.Named("status"))
+		return nil
+	})
 	go srv.Serve(ln)
 	log.Info("agent started", zap.String("iface", cfg.iface), zap.String("metrics", cfg.metricsAddr))
 

@@ -57,12 +57,23 @@ func (h *health) check(ctx context.Context) string {
 	return ""
 }
 
+// failuresToDegrade is how many consecutive failed checks (one a second) make
+// the node unhealthy. A reload briefly shows old workers: one failed check must
+// not move the VIP on every Ingress change.
+const failuresToDegrade = 3
+
 // loop re-checks every second and moves the VRRP priority with the result.
 func (h *health) loop(ctx context.Context, vs *vrrpSink, log *zap.Logger) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
+	failures := 0
 	for {
 		reason := h.check(ctx)
+		if reason == "" {
+			failures = 0
+		} else if failures++; failures < failuresToDegrade && h.current() == "" {
+			reason = "" // not yet: it may be a reload in progress
+		}
 		h.mu.Lock()
 		changed := reason != h.reason
 		h.reason = reason
@@ -81,6 +92,12 @@ func (h *health) loop(ctx context.Context, vs *vrrpSink, log *zap.Logger) {
 		case <-t.C:
 		}
 	}
+}
+
+func (h *health) current() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reason
 }
 
 func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {

@@ -3,6 +3,7 @@ package main
 // registerAll registers every subcommand. Each subcommand's file adds one line here.
 func registerAll() {
 	register("agent", "run the edge agent: control plane, XDP data plane, VRRP and nginx for one group", runAgent)
+	register("status", "each VIP's owner, replicas, ring shares and every node's table digest (reads the agents' Leases)", runStatus)
 	register("vips", "show VIPs, their backends and ring shares from the pinned maps", runVIPs)
 	register("flows", "show flow table entries from the pinned maps", runFlows)
 	register("counters", "show xdp_lb's verdict counters by reason", runCounters)

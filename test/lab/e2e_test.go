@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 
 	"syscall"
@@ -291,6 +292,34 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 			t.Errorf("edge %s served %d of %d connections, want %.0f ±15%%", e, n, conns, third)
 		}
 	}
+
+	// portico status: every node reports, one owner, equal table digests.
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out string
+	if err := waitFor(15*time.Second, func() error {
+		b, err := exec.Command(porticoBin, "status", "-kubeconfig", l.API.Kubeconfig).CombinedOutput()
+		out = string(b)
+		if err != nil {
+			return fmt.Errorf("portico status: %v", err)
+		}
+		for _, want := range []string{"owner " + owner.Name + "\n", "all nodes agree", "e1 ", "e2 ", "e3 "} {
+			if !strings.Contains(out, want) {
+				return fmt.Errorf("portico status lacks %q", want)
+			}
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) > 2 && strings.HasPrefix(f[0], "e") && f[2] != "ok" {
+				return fmt.Errorf("node %s is not healthy", f[0])
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("%v:\n%s", err, out)
+	}
+	t.Logf("portico status:\n%s", out)
 }
 
 // TestDirectorFailover: with 200+ long-lived connections open through the VIP,

@@ -1,0 +1,151 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net/netip"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+)
+
+func runStatus(args []string) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig path; empty: in-cluster config")
+	ns := fs.String("namespace", "portico-system", "namespace of the agents' Leases")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg, err := kubeConfig(*kubeconfig)
+	if err != nil {
+		return err
+	}
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	states, stale, err := readStates(ctx, client, *ns)
+	if err != nil {
+		return err
+	}
+	return printStatus(os.Stdout, states, stale, time.Now())
+}
+
+// printStatus renders every agent's published state: nodes, then each VIP with
+// its owner, its replicas' health and ring shares, and the table digest on every
+// node, which must agree.
+func printStatus(out io.Writer, states []agentState, stale map[string]bool, now time.Time) error {
+	if len(states) == 0 {
+		fmt.Fprintln(out, "no agents have reported")
+		return nil
+	}
+	w := table(out)
+	fmt.Fprintln(w, "NODE\tGROUP\tHEALTH\tVRRP\tREPORTED\t")
+	nodeOf := map[string]string{} // replica address -> node
+	health := map[string]string{} // node -> health
+	for _, st := range states {
+		h := "ok"
+		if !st.Healthy {
+			h = st.Reason
+		}
+		if stale[st.Node] {
+			h = "stale report"
+		}
+		health[st.Node] = h
+		var vr []string
+		for name, s := range st.VRRP {
+			vr = append(vr, name[strings.LastIndex(name, "/")+1:]+"="+s)
+		}
+		sort.Strings(vr)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s ago\t\n", st.Node, st.Group, h, strings.Join(vr, ","), now.Sub(st.Updated).Round(time.Second))
+		for _, v := range st.VIPs {
+			for _, r := range v.Replicas {
+				if r.Local {
+					nodeOf[r.Addr] = st.Node
+				}
+			}
+		}
+	}
+	w.Flush()
+
+	type vipKey struct{ group, vip string }
+	var keys []vipKey
+	seen := map[vipKey]bool{}
+	for _, st := range states {
+		for _, v := range st.VIPs {
+			k := vipKey{st.Group, v.VIP}
+			if !seen[k] {
+				seen[k] = true
+				keys = append(keys, k)
+			}
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].group+keys[i].vip < keys[j].group+keys[j].vip })
+	for _, k := range keys {
+		addr, _ := netip.ParseAddr(k.vip)
+		owners := ownerOf(states, k.group, addr)
+		owner := strings.Join(owners, ",")
+		switch len(owners) {
+		case 0:
+			owner = "none"
+		case 1:
+		default:
+			owner += " (more than one: split brain?)"
+		}
+		fmt.Fprintf(out, "\nVIP %s  group %s  owner %s\n", k.vip, k.group, owner)
+
+		digests := map[string][]string{}
+		var view *vipState
+		for _, st := range states {
+			for i, v := range st.VIPs {
+				if st.Group == k.group && v.VIP == k.vip {
+					digests[v.Digest] = append(digests[v.Digest], st.Node)
+					if len(owners) == 1 && st.Node == owners[0] || view == nil {
+						view = &st.VIPs[i]
+					}
+				}
+			}
+		}
+		var parts []string
+		for d, nodes := range digests {
+			parts = append(parts, fmt.Sprintf("%s on %s", orNone(d), strings.Join(nodes, ",")))
+		}
+		sort.Strings(parts)
+		verdict := "all nodes agree"
+		if len(digests) > 1 {
+			verdict = "NODES DISAGREE: established flows may move on failover"
+		}
+		fmt.Fprintf(out, "  table digest: %s (%s)\n", strings.Join(parts, "; "), verdict)
+
+		w := table(out)
+		fmt.Fprintln(w, "  REPLICA\tNODE\tSTATE\tHEALTH\tRING SHARE\tPACKETS (owner)\t")
+		for _, r := range view.Replicas {
+			node := nodeOf[r.Addr]
+			h := health[node]
+			if node == "" {
+				node, h = "?", "no agent report"
+			}
+			state := r.State
+			if !r.MACKnown {
+				state += ", MAC unknown"
+			}
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%.2f%%\t%d\t\n", r.Addr, node, state, h, 100*r.Share, r.Packets)
+		}
+		w.Flush()
+	}
+	return nil
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(no ring)"
+	}
+	return s
+}
