@@ -5,7 +5,7 @@ GO ?= go
 TESTFLAGS ?= -count=1 -timeout 30m
 FUZZTIME ?= 20s
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -55,3 +55,6 @@ bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/
 
 bench-nginx: deps ## nginx render time and size for 5,000 Ingresses, reload time at 100 and 5,000 hosts (real nginx)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(or $(BENCHTIME),5x) -benchmem ./nginx/
+
+bench-lab: deps kapi ## repeated director failovers in the lab: outage and connection survival (root; TRIALS=10)
+	PORTICO_BENCH_LAB=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./test/lab/ | grep -E 'trial|outage|kept|^(ok|FAIL|---)'

@@ -401,27 +401,6 @@ func TestDirectorFailover(t *testing.T) {
 	}
 }
 
-// newOwner is Owner among the edges other than old.
-func (l *Lab) newOwner(old *Node) (*Node, error) {
-	var owners []*Node
-	for _, e := range l.Edges {
-		if e == old {
-			continue
-		}
-		out, err := netlab.Exec(e.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
-		if err != nil {
-			return nil, err
-		}
-		if containsAddr(out, VIP) {
-			owners = append(owners, e)
-		}
-	}
-	if len(owners) != 1 {
-		return nil, fmt.Errorf("%d surviving edges own the VIP", len(owners))
-	}
-	return owners[0], nil
-}
-
 // ownerMaps reads the owner's pinned maps: the replica states it steers with.
 func (l *Lab) ownerBackends(owner *Node) (map[string]dataplane.BackendView, error) {
 	in, err := dataplane.OpenPinned("/sys/fs/bpf/" + l.Net.Prefix + owner.Name)
