@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap/zaptest"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -197,7 +198,8 @@ func (g grant) String() string {
 	return s
 }
 
-// codeNeeds is what controlplane/*.go calls, read from the code (file: call), kept in
+// codeNeeds is what controlplane/*.go and the agent (cmd/portico agent_status.go) call,
+// read from the code (file: call), kept in
 // one table so a rule added to or dropped from rbac.yaml without a reason fails here.
 // The controller run below proves it is enough; the access reviews prove the rest is
 // refused.
@@ -236,9 +238,9 @@ var codeNeeds = []struct {
 	{grant{"", "apps", "daemonsets", "get", ""}, "claim.go reconcileClaim, reclaim: DaemonSets().Get"},
 	{grant{"", "apps", "daemonsets", "create", ""}, "claim.go reconcileClaim: DaemonSets().Create"},
 	{grant{"", "apps", "daemonsets", "delete", ""}, "claim.go reclaim: DaemonSets().Delete"},
-	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create"},
-	{grant{namespace, "coordination.k8s.io", "leases", "get", leaseName}, "controller.go elect: LeaseLock.Get"},
-	{grant{namespace, "coordination.k8s.io", "leases", "update", leaseName}, "controller.go elect: LeaseLock.Update"},
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; cmd/portico agent_status.go writeState"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; cmd/portico agent_status.go writeState"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; cmd/portico agent_status.go writeState"},
 }
 
 // mustDeny are things the agent must not be able to do (sample checks of what the
@@ -279,7 +281,8 @@ var mustDeny = []grant{
 	{"tenant-a", "", "events", "delete", ""},
 	{"kube-system", "coordination.k8s.io", "leases", "create", ""},
 	{"kube-system", "coordination.k8s.io", "leases", "update", "kube-controller-manager"},
-	{namespace, "coordination.k8s.io", "leases", "update", "someone-else"},
+	{namespace, "coordination.k8s.io", "leases", "list", ""},
+	{namespace, "coordination.k8s.io", "leases", "watch", ""},
 	{namespace, "coordination.k8s.io", "leases", "delete", leaseName},
 	{"", "rbac.authorization.k8s.io", "clusterroles", "escalate", ""},
 	{"", "rbac.authorization.k8s.io", "clusterrolebindings", "create", ""},
@@ -372,6 +375,7 @@ func TestAPIServer(t *testing.T) {
 		}
 	})
 	t.Run("access reviews", func(t *testing.T) { testAccessReviews(t, ctx, cs) })
+	t.Run("agent status lease", func(t *testing.T) { testStatusLease(t, ctx, srv.Config) })
 	// The controller runs twice: with client-go's default informers (a streaming list:
 	// one watch with sendInitialEvents) and with WatchListClient off (list, then
 	// watch), the fallback for API servers without streaming lists.
@@ -537,14 +541,52 @@ func setupTenant(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	}
 }
 
+// asAgent is admin's connection impersonating the agent's ServiceAccount, its requests
+// logged.
+func asAgent(admin *rest.Config, reqs *requestLog) *rest.Config {
+	cfg := rest.CopyConfig(admin)
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Groups: agentGroups}
+	cfg.WrapTransport = reqs.wrap
+	return cfg
+}
+
+// testStatusLease makes, as the agent's ServiceAccount, the calls the agent makes for
+// its status Lease (cmd/portico agent_status.go writeState: Get, Create when missing;
+// Get and Update on every renewal). A replica of those calls, as package main cannot be
+// imported: a change there must be mirrored here.
+func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
+	var reqs requestLog
+	leases := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs)).CoordinationV1().Leases(namespace)
+	name, node := "portico-agent-node-1", "node-1"
+	if _, err := leases.Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("get a missing status Lease: %v, want NotFound", err)
+	}
+	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"portico.io/agent": "true"},
+		Annotations: map[string]string{"portico.io/agent-state": `{"node":"node-1"}`}},
+		Spec: coordinationv1.LeaseSpec{HolderIdentity: &node}}
+	if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create the status Lease: %v", err)
+	}
+	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("get the status Lease: %v", err)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	l.Spec.RenewTime = &now
+	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("renew the status Lease: %v", err)
+	}
+	if bad := reqs.list(); len(bad) > 0 {
+		t.Errorf("the API server refused the agent: %v", bad)
+	}
+}
+
 // testControllerAsAgent runs the real control plane with the agent ServiceAccount's
 // identity (impersonation) over the applied manifests, drives every write path, and
 // fails on any request the API server refuses.
 func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config, cs kubernetes.Interface, identity string, streaming bool) {
-	cfg := rest.CopyConfig(admin)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Groups: agentGroups}
 	var reqs requestLog
-	cfg.WrapTransport = reqs.wrap
+	cfg := asAgent(admin, &reqs)
 	whoami, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)

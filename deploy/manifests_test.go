@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	goruntime "runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -287,8 +288,10 @@ func TestManifestsAgree(t *testing.T) {
 			t.Errorf("%s probe %+v, want GET %s on port metrics", name, p, want)
 		}
 	}
-	if _, err := controlplane.ParsePool(flags["vip-pool"]); err != nil {
-		t.Errorf("--vip-pool: %v", err)
+	for _, p := range strings.Split(flags["vip-pool"], ";") { // as cmd/portico parseAgentFlags
+		if _, err := controlplane.ParsePool(strings.TrimSpace(p)); err != nil {
+			t.Errorf("--vip-pool: %v", err)
+		}
 	}
 
 	// The pod runs as the bound ServiceAccount, on edge nodes, with bpffs.
@@ -379,5 +382,36 @@ func TestKindCluster(t *testing.T) {
 	}
 	if diff := cmp.Diff(map[string]int{"control-plane": 1, "worker": 3}, roles); diff != "" {
 		t.Errorf("node roles (-want +got):\n%s", diff)
+	}
+}
+
+// TestAgentFlags builds the portico binary and checks that every flag the DaemonSet
+// passes to `portico agent` is one the agent defines (its -h output).
+func TestAgentFlags(t *testing.T) {
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		goTool = filepath.Join(goruntime.GOROOT(), "bin", "go")
+	}
+	bin := filepath.Join(t.TempDir(), "portico")
+	if out, err := exec.Command(goTool, "build", "-o", bin, "../cmd/portico").CombinedOutput(); err != nil {
+		t.Fatalf("build cmd/portico: %v\n%s", err, out)
+	}
+	// -h prints the flags and exits non-zero.
+	usage, _ := exec.Command(bin, "agent", "-h").CombinedOutput()
+	defined := map[string]bool{}
+	for _, line := range strings.Split(string(usage), "\n") {
+		if name, ok := strings.CutPrefix(line, "  -"); ok {
+			defined[strings.Fields(name)[0]] = true
+		}
+	}
+	if len(defined) == 0 {
+		t.Fatalf("no flags in `portico agent -h`:\n%s", usage)
+	}
+	ds := find[appsv1.DaemonSet](t, install(t), "DaemonSet", "portico-agent")
+	for _, a := range ds.Spec.Template.Spec.Containers[0].Args[1:] {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !defined[name] {
+			t.Errorf("agent.yaml passes %s; `portico agent` has no flag -%s", a, name)
+		}
 	}
 }
