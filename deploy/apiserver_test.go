@@ -433,9 +433,18 @@ func testAgentPod(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 		t.Errorf("agent pod under Pod Security baseline: got %v, want a PodSecurity refusal", err)
 	}
 
+	// The other way to set the DSR sysctls, pod-level sysctls, is refused with
+	// hostNetwork.
+	spec := *ds.Spec.Template.Spec.DeepCopy()
+	spec.SecurityContext = &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{{Name: "net.ipv4.conf.all.arp_ignore", Value: "1"}}}
+	_, err = cs.CoreV1().Pods(namespace).Create(ctx, podIn(namespace, spec), dry)
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "hostNetwork") {
+		t.Errorf("agent pod with a pod-level net sysctl: got %v, want invalid with hostNetwork", err)
+	}
+
 	// The reason agent.yaml gives for privileged: without it the API server refuses
 	// the Bidirectional bpffs mount, even with the capabilities the agent uses.
-	spec := *ds.Spec.Template.Spec.DeepCopy()
+	spec = *ds.Spec.Template.Spec.DeepCopy()
 	spec.Containers[0].SecurityContext = &corev1.SecurityContext{Capabilities: &corev1.Capabilities{
 		Add: []corev1.Capability{"BPF", "NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_RESOURCE"}}}
 	_, err = cs.CoreV1().Pods(namespace).Create(ctx, podIn(namespace, spec), dry)
