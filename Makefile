@@ -5,7 +5,7 @@ GO ?= go
 TESTFLAGS ?= -count=1 -timeout 30m
 FUZZTIME ?= 20s
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab demo-dataplane
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -41,7 +41,10 @@ bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply
 	./bin/portico bench xdp
 	$(GO) test -count=1 -run '^$$' -bench . -benchmem ./dataplane/
 
-demo: deps build ## the data-plane demo: client, edge node and two replicas in namespaces
+demo: deps kapi build ## the whole system in namespaces: VIP, HTTP/HTTPS spread, failover, portico status (root)
+	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
+
+demo-dataplane: deps build ## the XDP data plane alone: client, edge node and two replicas in namespaces (root)
 	$(GO) run ./test/demo/dataplane -portico bin/portico
 
 clean: ## remove build output

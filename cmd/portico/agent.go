@@ -260,7 +260,7 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs, log); return nil })
 	goRun("status", func(ctx context.Context) error {
 		publishStatus(ctx, client, cfg.podNamespace, func() agentState {
-			return collectState(cfg.node, cfg.group, dp, h, vs)
+			return collectState(cfg.node, cfg.group, cfg.iface, dp, h, vs)
 		}, log.Named("status"))
 		return nil
 	})

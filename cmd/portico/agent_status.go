@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/netip"
 	"sort"
 	"time"
@@ -33,6 +34,7 @@ const (
 // agentState is the JSON an agent publishes.
 type agentState struct {
 	Node    string            `json:"node"`
+	Addrs   []string          `json:"addrs"` // the edge interface's addresses
 	Group   string            `json:"group"`
 	Healthy bool              `json:"healthy"`
 	Reason  string            `json:"reason,omitempty"`
@@ -59,8 +61,16 @@ type replicaState struct {
 func leaseName(node string) string { return "portico-agent-" + node }
 
 // collectState reads this node's view.
-func collectState(node, group string, dp *dataplane.Dataplane, h *health, vs *vrrpSink) agentState {
+func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health, vs *vrrpSink) agentState {
 	st := agentState{Node: node, Group: group, VRRP: map[string]string{}, Updated: time.Now().UTC().Truncate(time.Second)}
+	if ifc, err := net.InterfaceByName(iface); err == nil {
+		addrs, _ := ifc.Addrs()
+		for _, a := range addrs {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				st.Addrs = append(st.Addrs, p.Addr().String())
+			}
+		}
+	}
 	h.mu.Lock()
 	st.Reason = h.reason
 	h.mu.Unlock()
@@ -113,7 +123,8 @@ func writeState(ctx context.Context, client kubernetes.Interface, ns string, st 
 	}
 	leases := client.CoordinationV1().Leases(ns)
 	now := metav1.NewMicroTime(time.Now())
-	dur := int32(3 * statusInterval / time.Second)
+	// Two missed renewals and the report counts as stale.
+	dur := int32((2*statusInterval + time.Second) / time.Second)
 	l, err := leases.Get(ctx, leaseName(st.Node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leaseName(st.Node),

@@ -65,12 +65,8 @@ func printStatus(out io.Writer, states []agentState, stale map[string]bool, now 
 		}
 		sort.Strings(vr)
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s ago\t\n", st.Node, st.Group, h, strings.Join(vr, ","), now.Sub(st.Updated).Round(time.Second))
-		for _, v := range st.VIPs {
-			for _, r := range v.Replicas {
-				if r.Local {
-					nodeOf[r.Addr] = st.Node
-				}
-			}
+		for _, a := range st.Addrs {
+			nodeOf[a] = st.Node
 		}
 	}
 	w.Flush()

@@ -2,16 +2,10 @@ package lab
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"math/big"
 	"net/http"
 	"os"
 	"os/exec"
@@ -93,56 +87,10 @@ func startLab(t *testing.T) *Lab {
 			t.Errorf("close lab: %v", err)
 		}
 	})
-	if err := l.ServePods(); err != nil {
+	if err := l.Up(ctx, 90*time.Second); err != nil {
 		t.Fatal(err)
-	}
-	if err := l.Backend(ctx, "echo", l.Pods...); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Ingress(ctx, "echo", "echo.lab", "echo"); err != nil {
-		t.Fatal(err)
-	}
-	for i := range l.Edges {
-		if _, err := l.StartAgent(i); err != nil {
-			t.Fatal(err)
-		}
-	}
-	c := l.HTTPClient(false, 2*time.Second)
-	if err := waitFor(90*time.Second, func() error {
-		for i := range l.Edges {
-			if err := l.Ready(i); err != nil {
-				return err
-			}
-		}
-		if _, err := l.Owner(); err != nil {
-			return err
-		}
-		_, err := l.Get(ctx, c, "echo.lab", "/")
-		return err
-	}); err != nil {
-		t.Fatalf("lab not serving after 90 s: %v", err)
 	}
 	return l
-}
-
-// selfSigned returns a certificate and key for host.
-func selfSigned(t *testing.T, host string) (certPEM, keyPEM []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: host}, DNSNames: []string{host},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour)}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
 
 // waitFor polls cond until it returns nil or d passes, and returns its last error.
@@ -192,7 +140,10 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	if err := l.IngressRoutes(ctx, "shop", "shop.lab", "", Route{"/", "echo"}, Route{"/api", "api"}); err != nil {
 		t.Fatal(err)
 	}
-	cert, key := selfSigned(t, "secure.lab")
+	cert, key, err := SelfSigned("secure.lab")
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := l.TLSSecret(ctx, "secure-tls", cert, key); err != nil {
 		t.Fatal(err)
 	}

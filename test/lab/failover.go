@@ -68,8 +68,11 @@ func (l *Lab) Failover(ctx context.Context, host string, conns int) (FailoverRes
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if n, err := l.newOwner(owner); err == nil {
-		res.New = n.Name
+	for wait := time.Now().Add(2 * time.Second); time.Now().Before(wait); time.Sleep(10 * time.Millisecond) {
+		if n, err := l.newOwner(owner); err == nil {
+			res.New = n.Name
+			break
+		}
 	}
 	for _, k := range held {
 		if k.Edge == owner.Addr.Addr().String() {

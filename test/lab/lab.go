@@ -472,3 +472,46 @@ func containsAddr(ipOutput string, a netip.Addr) bool {
 	}
 	return false
 }
+
+// Up serves the backend pods, creates the "echo" Service over them and an Ingress
+// for echo.lab, starts every agent and waits until every agent is ready, one edge
+// owns the VIP and echo.lab is served through it.
+func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
+	if err := l.ServePods(); err != nil {
+		return err
+	}
+	if err := l.Backend(ctx, "echo", l.Pods...); err != nil {
+		return err
+	}
+	if err := l.Ingress(ctx, "echo", "echo.lab", "echo"); err != nil {
+		return err
+	}
+	for i := range l.Edges {
+		if _, err := l.StartAgent(i); err != nil {
+			return err
+		}
+	}
+	c := l.HTTPClient(false, 2*time.Second)
+	deadline := time.Now().Add(timeout)
+	for {
+		err := func() error {
+			for i := range l.Edges {
+				if err := l.Ready(i); err != nil {
+					return err
+				}
+			}
+			if _, err := l.Owner(); err != nil {
+				return err
+			}
+			_, err := l.Get(ctx, c, "echo.lab", "/")
+			return err
+		}()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("lab not serving after %v: %w", timeout, err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
