@@ -62,6 +62,12 @@ type IngressClaimSpec struct {
 type ReplicaTemplate struct {
 	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
 	Replicas     int32             `json:"replicas,omitempty"`
+	// Interface is the agents' edge interface (default eth0).
+	Interface string `json:"interface,omitempty"`
+	// ServiceAccountName runs the agents (default portico-agent). It must exist in
+	// the claim's namespace with the agent's permissions (deploy/rbac.yaml): the
+	// controller does not create ServiceAccounts or bindings.
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
 }
 
 // IngressClaimStatus is what the leader reports back.
@@ -122,12 +128,28 @@ func claimService(c *IngressClaim) *corev1.Service {
 }
 
 // claimDaemonSet runs the group's agents: hostNetwork, so each endpoint is a node.
-func claimDaemonSet(c *IngressClaim, image string) *appsv1.DaemonSet {
+// claimDaemonSet is the agent DaemonSet of a claim's group: the same pod as
+// deploy/agent.yaml's (privileged, host network, the node's bpffs, the downward
+// API), serving the claim's group; its agents keep their Leases in leaseNS.
+func claimDaemonSet(c *IngressClaim, image, leaseNS string) *appsv1.DaemonSet {
 	labels := map[string]string{LabelClaim: c.Name}
 	replicas := c.Spec.Template.Replicas
 	if replicas == 0 {
 		replicas = 2
 	}
+	iface := c.Spec.Template.Interface
+	if iface == "" {
+		iface = "eth0"
+	}
+	sa := c.Spec.Template.ServiceAccountName
+	if sa == "" {
+		sa = "portico-agent"
+	}
+	field := func(path string) *corev1.EnvVarSource {
+		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
+	}
+	bidirectional := corev1.MountPropagationBidirectional
+	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	return &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, Labels: labels,
 			Annotations:     map[string]string{"portico.io/replicas": fmt.Sprint(replicas)},
@@ -137,17 +159,28 @@ func claimDaemonSet(c *IngressClaim, image string) *appsv1.DaemonSet {
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{
-					HostNetwork:  true,
-					DNSPolicy:    corev1.DNSClusterFirstWithHostNet,
-					NodeSelector: c.Spec.Template.NodeSelector,
+					ServiceAccountName: sa,
+					HostNetwork:        true,
+					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
+					NodeSelector:       c.Spec.Template.NodeSelector,
 					Containers: []corev1.Container{{
 						Name:  "agent",
 						Image: image,
-						Args:  []string{"agent", "--group=" + c.Namespace + "/" + c.Name},
-						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "https", ContainerPort: 443}},
-						SecurityContext: &corev1.SecurityContext{Capabilities: &corev1.Capabilities{
-							Add: []corev1.Capability{"NET_ADMIN", "NET_RAW", "BPF", "SYS_ADMIN"}}},
+						Args: []string{"agent", "--group=" + c.Namespace + "/" + c.Name, "--iface=" + iface,
+							"--node-name=$(NODE_NAME)", "--pod-namespace=" + leaseNS, "--metrics-addr=:9101"},
+						Env: []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: field("spec.nodeName")},
+							{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")}},
+						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "https", ContainerPort: 443},
+							{Name: "metrics", ContainerPort: 9101}},
+						LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+							Path: "/healthz", Port: intstr.FromString("metrics")}}, InitialDelaySeconds: 10, PeriodSeconds: 10},
+						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
+							Path: "/readyz", Port: intstr.FromString("metrics")}}, PeriodSeconds: 2},
+						SecurityContext: &corev1.SecurityContext{Privileged: ptrTo(true)},
+						VolumeMounts:    []corev1.VolumeMount{{Name: "bpffs", MountPath: "/sys/fs/bpf", MountPropagation: &bidirectional}},
 					}},
+					Volumes: []corev1.Volume{{Name: "bpffs", VolumeSource: corev1.VolumeSource{
+						HostPath: &corev1.HostPathVolumeSource{Path: "/sys/fs/bpf", Type: &dirOrCreate}}}},
 				},
 			},
 		},
@@ -234,7 +267,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 	// The agents' DaemonSet.
 	dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
 	if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage), metav1.CreateOptions{})
+		_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.LeaseNamespace), metav1.CreateOptions{})
 		c.countWrite("claim-daemonset", err)
 		switch {
 		case err == nil:

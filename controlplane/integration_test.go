@@ -575,6 +575,17 @@ func TestIntegrationIngressClaim(t *testing.T) {
 				ds.Spec.Template.Spec.Containers[0].Image != "example/portico:test" {
 				return fmt.Sprintf("DaemonSet not as asked: %+v", ds.Spec.Template.Spec)
 			}
+			// The pod an agent needs (deploy/agent.yaml): its ServiceAccount,
+			// privileged, the node's bpffs, and the flags the agent requires.
+			pod := ds.Spec.Template.Spec
+			args := strings.Join(pod.Containers[0].Args, " ")
+			if pod.ServiceAccountName != "portico-agent" || pod.Containers[0].SecurityContext == nil ||
+				pod.Containers[0].SecurityContext.Privileged == nil || !*pod.Containers[0].SecurityContext.Privileged ||
+				len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil || pod.Volumes[0].HostPath.Path != "/sys/fs/bpf" ||
+				!strings.Contains(args, "--group="+e.ns+"/edge") || !strings.Contains(args, "--iface=eth0") ||
+				!strings.Contains(args, "--node-name=$(NODE_NAME)") {
+				return fmt.Sprintf("agent pod cannot run: sa %q args %q volumes %+v", pod.ServiceAccountName, args, pod.Volumes)
+			}
 			for _, n := range []string{"shop", "blog"} {
 				ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, n, metav1.GetOptions{})
 				if err != nil {

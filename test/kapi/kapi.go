@@ -183,6 +183,9 @@ func launch(ctx context.Context, opts Options) (s *Server, err error) {
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode", "RBAC",
 		"--service-cluster-ip-range", "10.0.0.0/24",
+		// As kubeadm and every distribution set it: Portico's agent pods are
+		// privileged (deploy/README.md says why).
+		"--allow-privileged=true",
 	}
 	s.apiserver, err = s.spawn("kube-apiserver", append(args, opts.ExtraArgs...)...)
 	if err != nil {
