@@ -207,6 +207,24 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 		t.Fatalf("HTTPS with SNI: %v", err)
 	}
 
+	// The example Ingress (deploy/examples/group.yaml, bound by its IngressClass)
+	// is served, and its status shows the group's VIP.
+	if _, err := l.Get(ctx, c, ExampleHost, "/"); err != nil {
+		t.Fatalf("example host: %v", err)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		ing, err := l.Kube.NetworkingV1().Ingresses(GroupNamespace).Get(ctx, "web", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if lb := ing.Status.LoadBalancer.Ingress; len(lb) != 1 || lb[0].IP != VIP.String() {
+			return fmt.Errorf("example Ingress status %+v, want %s", lb, VIP)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
 	// Spread: new connections over the three replicas, each within ±15% of a third.
 	const conns = 3000
 	var mu sync.Mutex

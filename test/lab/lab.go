@@ -37,16 +37,21 @@ import (
 	"github.com/portico-edge/portico/test/netlab"
 )
 
-// The lab's addresses: one /24 on the bridge.
+// The lab's addresses: one /24 on the bridge for the nodes; the VIP is the one
+// deploy/examples/group.yaml gives its group (the client reaches it on-link).
 var (
 	Subnet = netip.MustParsePrefix("10.216.0.0/24")
-	VIP    = netip.MustParseAddr("10.216.0.100")
+	VIP    = netip.MustParseAddr("192.0.2.80")
 )
 
 const (
-	// GroupNamespace and GroupName name the group Service the agents serve.
-	GroupNamespace = "edge"
-	GroupName      = "web"
+	// GroupNamespace and GroupName name the group Service the agents serve: the
+	// one in deploy/examples/group.yaml, which the lab applies as it is.
+	GroupNamespace = "portico-system"
+	GroupName      = "edge"
+	// ExampleHost is the host of the example Ingress (bound through the
+	// example IngressClass), served by the example Service "web".
+	ExampleHost = "web.example.com"
 	// AppNamespace holds the backend Services and Ingresses.
 	AppNamespace = "apps"
 	// BackendPort is where the backend pods listen.
@@ -150,6 +155,11 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if l.Client, err = add("cl", 2); err != nil {
 		return l, err
 	}
+	// The VIP is outside the nodes' subnet: the client reaches it on-link, and
+	// the VRRP master answers ARP for it.
+	if err := netlab.IP("-n", l.Client.NS, "route", "add", VIP.String()+"/32", "dev", "eth0"); err != nil {
+		return l, err
+	}
 	for i := range o.Edges {
 		e, err := add(fmt.Sprintf("e%d", i+1), 11+i)
 		if err != nil {
@@ -220,21 +230,24 @@ func ptr[T any](v T) *T { return &v }
 // createObjects writes the cluster state the lab starts from: the group Service
 // and its EndpointSlice (every edge node, ready), and the Lease namespace.
 func (l *Lab) createObjects(ctx context.Context) error {
-	for _, ns := range []string{GroupNamespace, AppNamespace, "portico-system"} {
-		_, err := l.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{})
-		if err != nil {
-			return fmt.Errorf("create namespace %s: %w", ns, err)
+	for _, f := range []string{"namespace.yaml", "examples/group.yaml"} {
+		if err := l.ApplyFile(ctx, f); err != nil {
+			return err
 		}
 	}
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: GroupNamespace, Name: GroupName,
-			Labels:      map[string]string{"portico.io/group": "true"},
-			Annotations: map[string]string{"portico.io/vip": VIP.String()}},
-		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeClusterIP, Ports: []corev1.ServicePort{
-			{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, {Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}},
+	svc, err := l.Kube.CoreV1().Services(GroupNamespace).Get(ctx, GroupName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("example group: %w", err)
 	}
-	if _, err := l.Kube.CoreV1().Services(GroupNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create group service: %w", err)
+	if v := svc.Annotations["portico.io/vip"]; v != VIP.String() {
+		return fmt.Errorf("deploy/examples/group.yaml gives the group VIP %q, the lab expects %s: update lab.VIP", v, VIP)
+	}
+	if _, err := l.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: AppNamespace}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", AppNamespace, err)
+	}
+	// No kubelet runs: the lab writes the endpoints of the example's Services.
+	if err := l.writeSlice(ctx, GroupNamespace, "web", l.Pods...); err != nil {
+		return err
 	}
 	return l.SetGroupEndpoints(ctx, nil)
 }
@@ -280,8 +293,14 @@ func (l *Lab) Backend(ctx context.Context, name string, pods ...*Node) error {
 	if _, err := l.Kube.CoreV1().Services(AppNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create service %s: %w", name, err)
 	}
+	return l.writeSlice(ctx, AppNamespace, name, pods...)
+}
+
+// writeSlice creates the EndpointSlice of a Service whose port "http" the given
+// pods serve on BackendPort.
+func (l *Lab) writeSlice(ctx context.Context, ns, name string, pods ...*Node) error {
 	es := &discoveryv1.EndpointSlice{
-		ObjectMeta:  metav1.ObjectMeta{Namespace: AppNamespace, Name: name + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(BackendPort)), Protocol: ptr(corev1.ProtocolTCP)}},
 	}
@@ -289,8 +308,8 @@ func (l *Lab) Backend(ctx context.Context, name string, pods ...*Node) error {
 		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.Addr.Addr().String()},
 			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
 	}
-	if _, err := l.Kube.DiscoveryV1().EndpointSlices(AppNamespace).Create(ctx, es, metav1.CreateOptions{}); err != nil {
-		return fmt.Errorf("create endpoints of %s: %w", name, err)
+	if _, err := l.Kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpoints of %s/%s: %w", ns, name, err)
 	}
 	return nil
 }
@@ -475,7 +494,7 @@ func containsAddr(ipOutput string, a netip.Addr) bool {
 
 // Up serves the backend pods, creates the "echo" Service over them and an Ingress
 // for echo.lab, starts every agent and waits until every agent is ready, one edge
-// owns the VIP and echo.lab is served through it.
+// owns the VIP, and both the example's host and echo.lab are served through it.
 func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
 	if err := l.ServePods(); err != nil {
 		return err
@@ -501,6 +520,9 @@ func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
 				}
 			}
 			if _, err := l.Owner(); err != nil {
+				return err
+			}
+			if _, err := l.Get(ctx, c, ExampleHost, "/"); err != nil {
 				return err
 			}
 			_, err := l.Get(ctx, c, "echo.lab", "/")

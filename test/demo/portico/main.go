@@ -62,8 +62,8 @@ func run(portico, kubectl string) (err error) {
 		fmt.Printf("  %-3s %-15s namespace %s\n", n.Name, n.Addr, n.NS)
 	}
 
-	step("applying: group Service %s/%s (VIP %s), Service apps/echo, Ingresses echo.lab and secure.lab (TLS); starting 3 agents",
-		lab.GroupNamespace, lab.GroupName, lab.VIP)
+	step("applied deploy/namespace.yaml and deploy/examples/group.yaml (group %s/%s, VIP %s, IngressClass portico, Ingress %s);\n    adding Service apps/echo and Ingresses echo.lab and secure.lab (TLS); starting 3 agents",
+		lab.GroupNamespace, lab.GroupName, lab.VIP, lab.ExampleHost)
 	cert, key, err := lab.SelfSigned("secure.lab")
 	if err != nil {
 		return err
@@ -88,7 +88,7 @@ func run(portico, kubectl string) (err error) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			out, _ := exec.Command(kubectl, "--kubeconfig", l.API.Kubeconfig, "get", "ingress", "-A").CombinedOutput()
-			if strings.Count(string(out), lab.VIP.String()) >= 2 || time.Now().After(deadline) {
+			if strings.Count(string(out), lab.VIP.String()) >= 3 || time.Now().After(deadline) {
 				fmt.Print(indent(string(out)))
 				break
 			}

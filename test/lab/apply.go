@@ -1,0 +1,69 @@
+package lab
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/restmapper"
+)
+
+// deployDir is the repository's deploy/ folder (the lab runs from source).
+func deployDir() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "deploy")
+}
+
+// ApplyFile creates every object of a multi-document YAML file under deploy/, as
+// `kubectl create -f` would.
+func (l *Lab) ApplyFile(ctx context.Context, rel string) error {
+	b, err := os.ReadFile(filepath.Join(deployDir(), rel))
+	if err != nil {
+		return err
+	}
+	dc, err := discovery.NewDiscoveryClientForConfig(l.API.Config)
+	if err != nil {
+		return err
+	}
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
+	dyn, err := dynamic.NewForConfig(l.API.Config)
+	if err != nil {
+		return err
+	}
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(b), 4096)
+	for {
+		var obj unstructured.Unstructured
+		if err := dec.Decode(&obj.Object); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return fmt.Errorf("decode %s: %w", rel, err)
+		}
+		if len(obj.Object) == 0 {
+			continue
+		}
+		gvk := obj.GroupVersionKind()
+		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+		if err != nil {
+			return fmt.Errorf("%s: %s: %w", rel, gvk, err)
+		}
+		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
+		if ns := obj.GetNamespace(); ns != "" {
+			ri = dyn.Resource(m.Resource).Namespace(ns)
+		}
+		if _, err := ri.Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("%s: create %s %s: %w", rel, gvk.Kind, obj.GetName(), err)
+		}
+	}
+}
