@@ -16,6 +16,9 @@
  *  - IPv4 options: steered like any other packet (the header is not modified).
  *  - IPv6 extension headers before TCP/UDP: XDP_PASS.
  *  - A VIP whose ring is empty or missing: XDP_PASS (the local stack answers).
+ *  - A frame not addressed to this NIC's MAC (a switch flooding unknown
+ *    unicast, e.g. after the previous VIP owner's link failed): XDP_PASS, so
+ *    only one edge node ever steers a given frame.
  *
  * Established flows are looked up first in a per-CPU direct-mapped cache
  * (flow_cache) that is valid for one generation of the maps, so the common case
@@ -44,6 +47,11 @@ static __always_inline int count(enum reason r, int verdict)
 	if (c)
 		*c += 1;
 	return verdict;
+}
+
+static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
+{
+	return *(const __u32 *)a == *(const __u32 *)b && *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
 }
 
 static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
@@ -135,6 +143,11 @@ int xdp_lb(struct xdp_md *ctx)
 	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
 	if (!cfg)
 		return count(REASON_NO_BACKEND, XDP_PASS);
+	/* Only frames sent to this NIC are steered. A switch floods frames for a
+	 * MAC it no longer knows (the old VIP owner's, after its link failed): if
+	 * every edge steered its copy, backends would see each packet twice. */
+	if (!mac_eq(eth->h_dest, cfg->mac))
+		return count(REASON_OTHER_HOST, XDP_PASS);
 	/* Fast path: this CPU saw the flow since the maps last changed. */
 	slot = cache_slot(&p.flow);
 	ce = bpf_map_lookup_elem(&flow_cache, &slot);

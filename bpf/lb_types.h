@@ -115,6 +115,7 @@ enum reason {
 	REASON_LOCAL,            /* backend is this node: pass */
 	REASON_TX,               /* backend elsewhere: MAC rewrite + XDP_TX */
 	REASON_FLOW_REPICK,      /* flow's backend gone: picked again from the ring */
+	REASON_OTHER_HOST,       /* VIP frame addressed to another MAC (flooded): pass */
 	REASON_MAX,
 };
 

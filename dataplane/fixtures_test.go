@@ -161,6 +161,7 @@ const (
 	rLocal     = lbReasonREASON_LOCAL
 	rTX        = lbReasonREASON_TX
 	rRepick    = lbReasonREASON_FLOW_REPICK
+	rOtherHost = lbReasonREASON_OTHER_HOST
 )
 
 func fixtures() []fixture {
@@ -235,6 +236,8 @@ func fixtures() []fixture {
 				{name: "arp", in: xdptest.ARPRequest(clientMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rNotIP, 1)},
 				{name: "icmp echo to the VIP", in: xdptest.ICMPEcho(clientMAC, nicMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
 				{name: "icmpv6 echo to the VIP", in: xdptest.ICMPEcho(clientMAC, nicMAC, client6, vip6), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
+				{name: "VIP frame flooded to us, addressed to another MAC", in: tcp4(40014, xdptest.SYN).WithMACs(clientMAC, r2MAC).Bytes(),
+					verdict: xdptest.Pass, reasons: reasons(rOtherHost, 1)},
 			}
 		}},
 		{"icmp errors follow the inner flow", single(r1), func(t testing.TB) []step {

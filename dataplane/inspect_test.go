@@ -17,6 +17,9 @@ import (
 // checks the operator's view against what Apply was given.
 func TestInspectorSeesWhatApplyWrote(t *testing.T) {
 	d := loadForTest(t)
+	if err := d.setMAC(nicMAC); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := d.Apply(desired(r1, draining(r2), r3)); err != nil {
 		t.Fatal(err)
 	}

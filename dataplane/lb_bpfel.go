@@ -98,7 +98,8 @@ const (
 	lbReasonREASON_LOCAL        lbReason = 9
 	lbReasonREASON_TX           lbReason = 10
 	lbReasonREASON_FLOW_REPICK  lbReason = 11
-	lbReasonREASON_MAX          lbReason = 12
+	lbReasonREASON_OTHER_HOST   lbReason = 12
+	lbReasonREASON_MAX          lbReason = 13
 )
 
 type lbVipCounters struct {
