@@ -47,7 +47,10 @@ type agentConfig struct {
 	vrrpPriority, vrrpDegraded, vrrpVersion                 uint
 	vrrpInterval                                            time.Duration
 	logLevel                                                string
+	stateDir                                                string
 }
+
+const defaultStateDir = "/run/portico"
 
 // parseAgentFlags reads flags; a flag not given on the command line falls back
 // to the environment: PORTICO_<FLAG> (dashes as underscores), and NODE_NAME and
@@ -76,6 +79,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentConfig, er
 	fs.UintVar(&c.vrrpVersion, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
 	fs.DurationVar(&c.vrrpInterval, "vrrp-interval", 100*time.Millisecond, "VRRP advert interval")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.stateDir, "state-dir", defaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -177,7 +181,8 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	if err != nil {
 		return fmt.Errorf("edge interface: %w", err)
 	}
-	if err := setupDSR(cfg.iface); err != nil {
+	host := hostState{dir: cfg.stateDir}
+	if err := host.setupDSR(cfg.iface); err != nil {
 		return fmt.Errorf("direct server return sysctls: %w", err)
 	}
 
@@ -211,7 +216,8 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	}
 	vs := &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.iface, group: cfg.group,
 		priority: uint8(cfg.vrrpPriority), degraded: uint8(cfg.vrrpDegraded),
-		interval: cfg.vrrpInterval, version: uint8(cfg.vrrpVersion), log: log.Named("vrrp"), met: vmet, setLoVIPs: loVIPs}
+		interval: cfg.vrrpInterval, version: uint8(cfg.vrrpVersion), log: log.Named("vrrp"), met: vmet,
+		setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
 
 	// nginx starts (or adopts the master a previous agent left running) only
 	// with the first real snapshot: an adopted master must never be reloaded

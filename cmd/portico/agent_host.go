@@ -46,6 +46,94 @@ func setupDSR(iface string) error {
 	return errors.Join(errs...)
 }
 
+// hostState remembers, in a node-local directory (default /run/portico), what the
+// agent changed on the host, so `portico uninstall` can undo it: the sysctls'
+// values from before the first agent (sysctl.orig, written once) and the VIPs it
+// keeps on lo (lo-vips).
+type hostState struct{ dir string }
+
+const (
+	sysctlOrigFile = "sysctl.orig"
+	loVIPsFile     = "lo-vips"
+)
+
+// setupDSR records the current values (unless a previous agent did) and applies
+// the direct-server-return sysctls.
+func (h hostState) setupDSR(iface string) error {
+	if err := os.MkdirAll(h.dir, 0o700); err != nil {
+		return fmt.Errorf("create state directory: %w", err)
+	}
+	orig := filepath.Join(h.dir, sysctlOrigFile)
+	if _, err := os.Stat(orig); errors.Is(err, os.ErrNotExist) {
+		var b strings.Builder
+		for k := range dsrSysctls(iface) {
+			v, err := os.ReadFile(filepath.Join("/proc/sys", k))
+			if err != nil {
+				return fmt.Errorf("read %s: %w", k, err)
+			}
+			fmt.Fprintf(&b, "%s %s\n", k, strings.TrimSpace(string(v)))
+		}
+		if err := writeAtomic(orig, b.String()); err != nil {
+			return err
+		}
+	}
+	return setupDSR(iface)
+}
+
+// managedVIPs returns the VIPs an earlier agent left on lo.
+func (h hostState) managedVIPs() []netip.Addr {
+	b, err := os.ReadFile(filepath.Join(h.dir, loVIPsFile))
+	if err != nil {
+		return nil
+	}
+	var out []netip.Addr
+	for _, f := range strings.Fields(string(b)) {
+		if a, err := netip.ParseAddr(f); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// setLoVIPs is loVIPs that also records what lo now holds.
+func (h hostState) setLoVIPs(want, managed []netip.Addr) error {
+	if err := loVIPs(want, managed); err != nil {
+		return err
+	}
+	var b strings.Builder
+	for _, v := range want {
+		b.WriteString(v.String() + "\n")
+	}
+	return writeAtomic(filepath.Join(h.dir, loVIPsFile), b.String())
+}
+
+// undo removes the recorded VIPs from lo, restores the recorded sysctls and
+// removes the state directory. Missing records are not an error.
+func (h hostState) undo() error {
+	var errs []error
+	errs = append(errs, loVIPs(nil, h.managedVIPs()))
+	if b, err := os.ReadFile(filepath.Join(h.dir, sysctlOrigFile)); err == nil {
+		for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+			if k, v, ok := strings.Cut(line, " "); ok {
+				errs = append(errs, writeSysctl(k, v))
+			}
+		}
+	}
+	errs = append(errs, os.RemoveAll(h.dir))
+	return errors.Join(errs...)
+}
+
+func writeAtomic(path, content string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return nil
+}
+
 // loVIPs keeps exactly the given VIPs on lo (host routes: /32, /128), adding
 // what is missing and removing VIPs it added before that are gone (want holds
 // every VIP this agent manages; others on lo are left alone unless listed in

@@ -46,8 +46,17 @@ func TestHostSetupInNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 	vip4, vip6 := netip.MustParseAddr("10.215.0.100"), netip.MustParseAddr("fd00:215::100")
+	host := hostState{dir: t.TempDir() + "/state"}
 	err = netlab.Do(a.NS, func() error {
-		if err := setupDSR("eth0"); err != nil {
+		before := map[string]string{}
+		for k := range dsrSysctls("eth0") {
+			v, err := os.ReadFile("/proc/sys/" + k)
+			if err != nil {
+				return err
+			}
+			before[k] = strings.TrimSpace(string(v))
+		}
+		if err := host.setupDSR("eth0"); err != nil {
 			return err
 		}
 		for k, want := range dsrSysctls("eth0") {
@@ -60,21 +69,47 @@ func TestHostSetupInNamespace(t *testing.T) {
 			}
 		}
 
-		if err := loVIPs([]netip.Addr{vip4, vip6}, nil); err != nil {
+		if err := host.setLoVIPs([]netip.Addr{vip4, vip6}, host.managedVIPs()); err != nil {
 			return err
 		}
 		if got := loAddrs(t); !got[vip4] || !got[vip6] {
 			t.Errorf("lo holds %v, want both VIPs", got)
 		}
 		// Applying again is a no-op; dropping a VIP removes only that one.
-		if err := loVIPs([]netip.Addr{vip4, vip6}, []netip.Addr{vip4, vip6}); err != nil {
+		if err := host.setLoVIPs([]netip.Addr{vip4, vip6}, host.managedVIPs()); err != nil {
 			return err
 		}
-		if err := loVIPs([]netip.Addr{vip6}, []netip.Addr{vip4, vip6}); err != nil {
+		if err := host.setLoVIPs([]netip.Addr{vip6}, host.managedVIPs()); err != nil {
 			return err
 		}
 		if got := loAddrs(t); got[vip4] || !got[vip6] {
 			t.Errorf("lo holds %v, want only %s", got, vip6)
+		}
+		if m := host.managedVIPs(); len(m) != 1 || m[0] != vip6 {
+			t.Errorf("recorded VIPs %v, want [%s]", m, vip6)
+		}
+		// A second agent start must not overwrite the recorded originals.
+		if err := host.setupDSR("eth0"); err != nil {
+			return err
+		}
+		// portico uninstall: VIPs gone from lo, sysctls as they were.
+		if err := host.undo(); err != nil {
+			return err
+		}
+		if got := loAddrs(t); got[vip6] {
+			t.Errorf("after undo lo still holds %s", vip6)
+		}
+		for k, want := range before {
+			got, err := os.ReadFile("/proc/sys/" + k)
+			if err != nil {
+				return err
+			}
+			if strings.TrimSpace(string(got)) != want {
+				t.Errorf("after undo %s = %s, want %s", k, got, want)
+			}
+		}
+		if _, err := os.Stat(host.dir); !os.IsNotExist(err) {
+			t.Errorf("state directory left behind: %v", err)
 		}
 
 		ifc, err := net.InterfaceByName("eth0")

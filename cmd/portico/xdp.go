@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -216,15 +217,22 @@ func runBench(args []string) error {
 	return w.Flush()
 }
 
+// runUninstall undoes everything the agent set up on the node: the XDP program
+// and its pins, the VIPs on lo and the direct-server-return sysctls.
 func runUninstall(args []string) error {
 	fs := flag.NewFlagSet("uninstall", flag.ContinueOnError)
 	pin := pinFlag(fs)
+	state := fs.String("state-dir", defaultStateDir, "the agent's state directory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := dataplane.Uninstall(*pin); err != nil {
-		return err
+	xerr := dataplane.Uninstall(*pin)
+	if xerr == nil {
+		fmt.Printf("detached xdp_lb and removed %s\n", *pin)
 	}
-	fmt.Printf("detached xdp_lb and removed %s\n", *pin)
-	return nil
+	herr := hostState{dir: *state}.undo()
+	if herr == nil {
+		fmt.Printf("removed the agent's VIPs from lo, restored its sysctls, removed %s\n", *state)
+	}
+	return errors.Join(xerr, herr)
 }

@@ -374,7 +374,8 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 	a.cmd = exec.Command("nsenter", "--net=/run/netns/"+e.NS, l.Portico, "agent",
 		"-group", GroupNamespace+"/"+GroupName, "-iface", "eth0", "-node-name", e.Name,
 		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
-		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug")
+		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug",
+		"-state-dir", filepath.Join(a.Dir, "state"))
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
