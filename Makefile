@@ -5,7 +5,7 @@ GO ?= go
 TESTFLAGS ?= -count=1 -timeout 30m
 FUZZTIME ?= 20s
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab demo-dataplane
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab demo-dataplane lab
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -43,6 +43,9 @@ bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply
 
 demo: deps kapi build ## the whole system in namespaces: VIP, HTTP/HTTPS spread, failover, portico status (root)
 	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
+
+lab: deps kapi build ## bring the lab up (kube-apiserver, 3 edge agents, client, pods) and keep it until Ctrl-C (root)
+	$(GO) run ./test/demo/portico -lab -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
 
 demo-dataplane: deps build ## the XDP data plane alone: client, edge node and two replicas in namespaces (root)
 	$(GO) run ./test/demo/dataplane -portico bin/portico

@@ -21,6 +21,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -425,6 +426,22 @@ func (l *Lab) Ready(i int) error {
 	return nil
 }
 
+// Exited reports whether the agent process has ended.
+func (a *Agent) Exited() bool {
+	select {
+	case <-a.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// LastLogLine returns the last non-empty line of the agent's log.
+func (a *Agent) LastLogLine() string {
+	lines := strings.Split(strings.TrimSpace(a.Log()), "\n")
+	return lines[len(lines)-1]
+}
+
 // Log returns the agent's log.
 func (a *Agent) Log() string {
 	b, _ := os.ReadFile(filepath.Join(a.Dir, "agent.log"))
@@ -456,6 +473,11 @@ func (l *Lab) Close() error {
 		if err := dataplane.Uninstall(pin); err != nil {
 			errs = append(errs, err)
 		}
+		// nginx outlives an agent killed with -9 (the next agent adopts it): stop
+		// any master an agent of this lab left.
+		if err := l.stopNginx(filepath.Join(l.Dir, l.Edges[i].Name, "nginx")); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for i := len(l.closers) - 1; i >= 0; i-- {
 		if err := l.closers[i](); err != nil {
@@ -463,6 +485,34 @@ func (l *Lab) Close() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// stopNginx stops the nginx master whose pid file is in dir, if it is still
+// running and is this lab's (its command line names dir).
+func (l *Lab) stopNginx(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, "nginx.pid"))
+	if err != nil {
+		return nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return nil
+	}
+	running := func() bool {
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && strings.Contains(string(cmd), dir)
+	}
+	if !running() {
+		return nil
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !running() {
+			return nil
+		}
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	return fmt.Errorf("nginx %d in %s did not stop on SIGTERM; killed", pid, dir)
 }
 
 // Owner returns the edge whose eth0 holds the VIP (the VRRP master), if exactly
@@ -514,6 +564,11 @@ func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
 	c := l.HTTPClient(false, 2*time.Second)
 	deadline := time.Now().Add(timeout)
 	for {
+		for i := range l.Edges {
+			if a := l.Agent(i); a != nil && a.Exited() {
+				return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
+			}
+		}
 		err := func() error {
 			for i := range l.Edges {
 				if err := l.Ready(i); err != nil {
@@ -535,6 +590,10 @@ func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("lab not serving after %v: %w", timeout, err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
 	}
 }

@@ -30,7 +30,12 @@ import (
 func main() {
 	portico := flag.String("portico", "bin/portico", "the portico binary")
 	kubectl := flag.String("kubectl", "", "a kubectl binary (test/kapi/build.sh builds one)")
+	hold := flag.Bool("lab", false, "bring the lab up, print how to use it and keep it until interrupted (make lab)")
 	flag.Parse()
+	run := run
+	if *hold {
+		run = runLab
+	}
 	if err := run(*portico, *kubectl); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
@@ -194,4 +199,45 @@ func keys(m map[string]bool) string {
 
 func indent(s string) string {
 	return "  " + strings.ReplaceAll(strings.TrimRight(s, "\n"), "\n", "\n  ") + "\n"
+}
+
+// runLab brings the lab up and keeps it, for exploring by hand.
+func runLab(portico, kubectl string) (err error) {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("the lab needs root (network namespaces, XDP, VRRP)")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	l, err := lab.Start(ctx, lab.Options{Portico: portico})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		step("tearing down")
+		if cerr := l.Close(); cerr != nil && err == nil {
+			err = cerr
+		}
+	}()
+	if err := l.Up(ctx, 2*time.Minute); err != nil {
+		return err
+	}
+	owner, _ := l.Owner()
+	step("the lab is up: %s owns VIP %s", owner.Name, lab.VIP)
+	for _, n := range append(append([]*lab.Node{l.Client}, l.Edges...), l.Pods...) {
+		fmt.Printf("  %-3s %-15s ip netns exec %s ...\n", n.Name, n.Addr, n.NS)
+	}
+	fmt.Printf(`
+  try:
+    ip netns exec %[1]s curl -s -H 'Host: echo.lab' http://%[2]s/
+    ip netns exec %[1]s curl -s -H 'Host: %[3]s' http://%[2]s/
+    %[4]s --kubeconfig %[5]s get ingress,svc,endpointslices -A
+    %[6]s status -kubeconfig %[5]s
+    %[6]s vips -pin /sys/fs/bpf/%[7]s      (and flows, counters)
+    bpftool map dump pinned /sys/fs/bpf/%[7]s/backends
+  agent logs: %[8]s/<edge>/agent.log
+
+  Ctrl-C tears everything down.
+`, l.Client.NS, lab.VIP, lab.ExampleHost, kubectl, l.API.Kubeconfig, portico, l.Net.Prefix+owner.Name, l.Dir)
+	<-ctx.Done()
+	return nil
 }
