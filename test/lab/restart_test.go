@@ -2,11 +2,14 @@ package lab
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/test/netlab"
 )
 
 // TestAgentRestartUnderLoad: the owner's agent dies (kill -9) and starts again
@@ -67,5 +70,96 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 	}
 	if ok.Load() < 100 {
 		t.Errorf("only %d requests ran", ok.Load())
+	}
+}
+
+// TestGracefulShutdown: as Kubernetes stops a pod, the owner's endpoint turns
+// terminating and its agent gets SIGTERM. The agent releases the VIP with
+// priority 0, so another edge takes over after its skew time rather than the
+// master-down interval, and nginx drains: under a bounded load no request fails.
+func TestGracefulShutdown(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := owner.Index - 11
+	stop := make(chan struct{})
+	var ok, failed atomic.Int64
+	var firstErr atomic.Value
+	var wg sync.WaitGroup
+	c := l.HTTPClient(false, 3*time.Second)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			deadline := time.Now().Add(60 * time.Second)
+			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if _, err := l.Get(ctx, c, "echo.lab", "/load"); err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				} else {
+					ok.Add(1)
+				}
+			}
+		}()
+	}
+	time.Sleep(time.Second)
+	if err := l.SetGroupEndpoints(ctx, map[int]string{owner.Index: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	// The other edges must see the owner draining before it goes.
+	if err := waitFor(10*time.Second, func() error {
+		for _, e := range l.Edges {
+			if e == owner {
+				continue
+			}
+			bs, err := l.ownerBackends(e)
+			if err != nil {
+				return err
+			}
+			if !bs[owner.Addr.Addr().String()].Draining {
+				return fmt.Errorf("%s does not see %s draining yet", e.Name, owner.Name)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := l.Agent(idx).Kill(syscall.SIGTERM, 40*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	exited := time.Since(start)
+	var newOwner *Node
+	if err := waitFor(5*time.Second, func() error {
+		n, err := l.newOwner(owner)
+		newOwner = n
+		return err
+	}); err != nil {
+		t.Fatalf("no new owner after the graceful stop: %v", err)
+	}
+	time.Sleep(time.Second)
+	close(stop)
+	wg.Wait()
+	t.Logf("agent on %s exited %v after SIGTERM; %s owns the VIP; %d requests ok, %d failed",
+		owner.Name, exited.Round(time.Millisecond), newOwner.Name, ok.Load(), failed.Load())
+	if failed.Load() != 0 {
+		t.Errorf("%d requests failed (first: %v)", failed.Load(), firstErr.Load())
+	}
+	// The released VIP was taken over without waiting for the master-down
+	// interval: the old owner no longer holds it on eth0.
+	out, err := netlab.Exec(owner.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if containsAddr(out, VIP) {
+		t.Errorf("%s still holds the VIP after a graceful stop", owner.Name)
 	}
 }
