@@ -57,3 +57,28 @@ func (k *KeepConn) Do(host, path string, timeout time.Duration) (Reply, error) {
 
 // Close closes the connection.
 func (k *KeepConn) Close() error { return k.c.Close() }
+
+// OpenKeepConns opens n long-lived connections (see OpenKeepConn); on error it
+// closes the ones it opened.
+func (l *Lab) OpenKeepConns(ctx context.Context, host string, n int) (KeepConns, error) {
+	var conns KeepConns
+	for range n {
+		k, err := l.OpenKeepConn(ctx, host)
+		if err != nil {
+			conns.Close()
+			return nil, err
+		}
+		conns = append(conns, k)
+	}
+	return conns, nil
+}
+
+// KeepConns is a set of long-lived connections.
+type KeepConns []*KeepConn
+
+// Close closes every connection.
+func (ks KeepConns) Close() {
+	for _, k := range ks {
+		k.Close()
+	}
+}

@@ -302,19 +302,11 @@ func TestDirectorFailover(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns []*KeepConn
-	defer func() {
-		for _, k := range conns {
-			k.Close()
-		}
-	}()
-	for range 240 {
-		k, err := l.OpenKeepConn(ctx, "echo.lab")
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, k)
+	conns, err := l.OpenKeepConns(ctx, "echo.lab", 240)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer conns.Close()
 	ownerIP := owner.Addr.Addr().String()
 	byEdge := map[string]int{}
 	for _, k := range conns {
@@ -401,19 +393,11 @@ func TestReplicaDrain(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var conns []*KeepConn
-	defer func() {
-		for _, k := range conns {
-			k.Close()
-		}
-	}()
-	for range 90 {
-		k, err := l.OpenKeepConn(ctx, "echo.lab")
-		if err != nil {
-			t.Fatal(err)
-		}
-		conns = append(conns, k)
+	conns, err := l.OpenKeepConns(ctx, "echo.lab", 90)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer conns.Close()
 	// Drain an edge that is not the owner.
 	var drained *Node
 	for _, e := range l.Edges {

@@ -32,19 +32,11 @@ func (l *Lab) Failover(ctx context.Context, host string, conns int) (FailoverRes
 		return res, nil, err
 	}
 	res.Old = owner.Name
-	var held []*KeepConn
-	defer func() {
-		for _, k := range held {
-			k.Close()
-		}
-	}()
-	for range conns {
-		k, err := l.OpenKeepConn(ctx, host)
-		if err != nil {
-			return res, nil, fmt.Errorf("open long-lived connection: %w", err)
-		}
-		held = append(held, k)
+	held, err := l.OpenKeepConns(ctx, host, conns)
+	if err != nil {
+		return res, nil, fmt.Errorf("open long-lived connections: %w", err)
 	}
+	defer held.Close()
 	a := l.Agent(owner.Index - 11)
 	if a == nil {
 		return res, nil, fmt.Errorf("no agent on %s", owner.Name)

@@ -3,8 +3,6 @@ package lab
 import (
 	"context"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -23,31 +21,7 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	idx := owner.Index - 11
-	stop := make(chan struct{})
-	var ok, failed atomic.Int64
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
-	c := l.HTTPClient(false, 3*time.Second)
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			deadline := time.Now().Add(60 * time.Second)
-			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := l.Get(ctx, c, "echo.lab", "/load"); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-				} else {
-					ok.Add(1)
-				}
-			}
-		}()
-	}
+	load := l.StartLoad(ctx, "echo.lab", 4)
 	time.Sleep(time.Second)
 	if err := l.Agent(idx).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -62,14 +36,13 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 		t.Fatalf("restarted agent not ready: %v\n%s", err, a.Log())
 	}
 	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
-	t.Logf("%d requests succeeded, %d failed across the restart", ok.Load(), failed.Load())
-	if failed.Load() != 0 {
-		t.Errorf("%d requests failed (first: %v)", failed.Load(), firstErr.Load())
+	ok, failed, first := load.Stop()
+	t.Logf("%d requests succeeded, %d failed across the restart", ok, failed)
+	if failed != 0 {
+		t.Errorf("%d requests failed (first: %v)", failed, first)
 	}
-	if ok.Load() < 100 {
-		t.Errorf("only %d requests ran", ok.Load())
+	if ok < 100 {
+		t.Errorf("only %d requests ran", ok)
 	}
 }
 
@@ -85,31 +58,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	idx := owner.Index - 11
-	stop := make(chan struct{})
-	var ok, failed atomic.Int64
-	var firstErr atomic.Value
-	var wg sync.WaitGroup
-	c := l.HTTPClient(false, 3*time.Second)
-	for range 4 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			deadline := time.Now().Add(60 * time.Second)
-			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := l.Get(ctx, c, "echo.lab", "/load"); err != nil {
-					failed.Add(1)
-					firstErr.CompareAndSwap(nil, err.Error())
-				} else {
-					ok.Add(1)
-				}
-			}
-		}()
-	}
+	load := l.StartLoad(ctx, "echo.lab", 4)
 	time.Sleep(time.Second)
 	if err := l.SetGroupEndpoints(ctx, map[int]string{owner.Index: "terminating"}); err != nil {
 		t.Fatal(err)
@@ -146,12 +95,11 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("no new owner after the graceful stop: %v", err)
 	}
 	time.Sleep(time.Second)
-	close(stop)
-	wg.Wait()
+	ok, failed, first := load.Stop()
 	t.Logf("agent on %s exited %v after SIGTERM; %s owns the VIP; %d requests ok, %d failed",
-		owner.Name, exited.Round(time.Millisecond), newOwner.Name, ok.Load(), failed.Load())
-	if failed.Load() != 0 {
-		t.Errorf("%d requests failed (first: %v)", failed.Load(), firstErr.Load())
+		owner.Name, exited.Round(time.Millisecond), newOwner.Name, ok, failed)
+	if failed != 0 {
+		t.Errorf("%d requests failed (first: %v)", failed, first)
 	}
 	// The released VIP was taken over without waiting for the master-down
 	// interval: the old owner no longer holds it on eth0.

@@ -6,6 +6,8 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/portico-edge/portico/test/netlab"
@@ -98,4 +100,47 @@ func (l *Lab) Get(ctx context.Context, c *http.Client, host, path string) (Reply
 		return Reply{}, fmt.Errorf("%s%s: %s: %q", host, path, resp.Status, buf[:n])
 	}
 	return ParseReply(string(buf[:n]))
+}
+
+// Load is a bounded client load: workers sending one request per new connection
+// until stopped, at most 20,000 requests each and 60 s.
+type Load struct {
+	stop         chan struct{}
+	wg           sync.WaitGroup
+	ok, failed   atomic.Int64
+	firstFailure atomic.Value
+}
+
+// StartLoad starts workers requesting host through the VIP.
+func (l *Lab) StartLoad(ctx context.Context, host string, workers int) *Load {
+	ld := &Load{stop: make(chan struct{})}
+	c := l.HTTPClient(false, 3*time.Second)
+	for range workers {
+		ld.wg.Add(1)
+		go func() {
+			defer ld.wg.Done()
+			deadline := time.Now().Add(60 * time.Second)
+			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
+				select {
+				case <-ld.stop:
+					return
+				default:
+				}
+				if _, err := l.Get(ctx, c, host, "/load"); err != nil {
+					ld.failed.Add(1)
+					ld.firstFailure.CompareAndSwap(nil, err.Error())
+				} else {
+					ld.ok.Add(1)
+				}
+			}
+		}()
+	}
+	return ld
+}
+
+// Stop ends the load and returns its counts and first failure.
+func (ld *Load) Stop() (ok, failed int64, first any) {
+	close(ld.stop)
+	ld.wg.Wait()
+	return ld.ok.Load(), ld.failed.Load(), ld.firstFailure.Load()
 }
