@@ -48,6 +48,7 @@ type agentConfig struct {
 	vrrpInterval                                            time.Duration
 	logLevel                                                string
 	stateDir                                                string
+	shutdownDelay                                           time.Duration
 }
 
 const defaultStateDir = "/run/portico"
@@ -79,6 +80,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentConfig, er
 	fs.UintVar(&c.vrrpVersion, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
 	fs.DurationVar(&c.vrrpInterval, "vrrp-interval", 100*time.Millisecond, "VRRP advert interval")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.stateDir, "state-dir", defaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -276,13 +278,21 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	var runErr error
 	select {
 	case <-ctx.Done():
-		log.Info("agent stopping: releasing VIPs")
+		// Unready first, still serving: Kubernetes marks the endpoint terminating,
+		// every edge stops giving this replica new flows, its flows finish.
+		h.stopping.Store(true)
+		log.Info("agent stopping: unready, still serving", zap.Duration("delay", cfg.shutdownDelay))
+		select {
+		case <-time.After(cfg.shutdownDelay):
+		case runErr = <-errc:
+		}
 	case runErr = <-errc:
 		log.Error("agent stopping", zap.Error(runErr))
 	}
-	// Graceful order: priority-0 release (a Backup takes over after its skew
-	// time), then let nginx finish in-flight requests, then the rest.
+	// Then priority-0 release (a Backup takes over after its skew time), then
+	// nginx finishes in-flight requests, then the rest.
 	h.stopping.Store(true)
+	log.Info("releasing VIPs")
 	vs.stop()
 	cancel()
 	wg.Wait()

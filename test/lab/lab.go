@@ -376,7 +376,7 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 		"-group", GroupNamespace+"/"+GroupName, "-iface", "eth0", "-node-name", e.Name,
 		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
 		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug",
-		"-state-dir", filepath.Join(a.Dir, "state"))
+		"-state-dir", filepath.Join(a.Dir, "state"), "-shutdown-delay", "1500ms")
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {
