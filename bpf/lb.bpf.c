@@ -96,9 +96,9 @@ static __always_inline int flow_key_eq(const struct flow_key *a, const struct fl
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
 }
 
-/* touch_flow keeps a cached flow alive in the authoritative table, at most once a
- * second: it refreshes last_seen (and the LRU's reference bit), or puts the flow
- * back if the LRU evicted it. */
+/* touch_flow keeps a cached flow alive in the authoritative table (the fast path
+ * calls it every 64th packet): it refreshes last_seen (and the LRU's reference
+ * bit), or puts the flow back if the LRU evicted it. */
 static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, __u64 now)
 {
 	struct flow_val *fv = bpf_map_lookup_elem(&flows, flow);

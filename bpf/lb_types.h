@@ -15,7 +15,6 @@ enum lb_limits {
 	LB_MAX_VIPS = 256,       /* VIP addresses: entries of rings and vip_stats */
 	LB_MAX_VIP_KEYS = 1024,  /* (address, port, protocol) entries in vips */
 	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
-	LB_BACKEND_STATS = 65536, /* backend ids are taken modulo this for stats */
 	LB_DEFAULT_FLOWS = 262144,
 	LB_DEFAULT_RING = 65537,
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */

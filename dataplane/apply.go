@@ -74,21 +74,15 @@ func (d *Dataplane) recover() error {
 		digests:    map[uint32]string{},
 		nextID:     1,
 	}
-	var vk lbVipKey
-	var vv lbVipVal
-	it := d.objs.Vips.Iterate()
-	for it.Next(&vk, &vv) {
-		st.vipKeys[vk] = vv
-		st.vipIDs[addrFrom16(vk.Addr)] = vv.VipId
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read map vips: %w", err)
-	}
-	backends, err := d.maps().activeBackends()
+	pinned, err := d.maps().read()
 	if err != nil {
 		return err
 	}
-	for id, be := range backends {
+	for vk, vv := range pinned.vips {
+		st.vipKeys[vk] = vv
+		st.vipIDs[addrFrom16(vk.Addr)] = vv.VipId
+	}
+	for id, be := range pinned.backends {
 		st.backends[id] = be
 		st.backendIDs[backendKey{be.VipId, addrFrom16(be.Addr)}] = id
 		st.nextID = max(st.nextID, id+1)

@@ -65,7 +65,13 @@ func (in *Inspector) Close() error {
 }
 
 // Counters reads every counter.
-func (in *Inspector) Counters() (Counters, error) { return in.m.counters() }
+func (in *Inspector) Counters() (Counters, error) {
+	st, err := in.m.read()
+	if err != nil {
+		return Counters{}, err
+	}
+	return in.m.counters(st)
+}
 
 // Collector returns a Prometheus collector over the pinned maps.
 func (in *Inspector) Collector() *Collector { return newCollector(in.m) }
@@ -99,15 +105,16 @@ func (in *Inspector) VIPs() ([]VIPView, error) { return in.m.vipViews() }
 func (d *Dataplane) VIPs() ([]VIPView, error) { return d.maps().vipViews() }
 
 func (m maps) vipViews() ([]VIPView, error) {
-	cnt, err := m.counters()
+	st, err := m.read()
+	if err != nil {
+		return nil, err
+	}
+	cnt, err := m.counters(st)
 	if err != nil {
 		return nil, err
 	}
 	byID := map[uint32]*VIPView{}
-	var vk lbVipKey
-	var vv lbVipVal
-	it := m.vips.Iterate()
-	for it.Next(&vk, &vv) {
+	for vk, vv := range st.vips {
 		v := byID[vv.VipId]
 		if v == nil {
 			v = &VIPView{Addr: addrFrom16(vk.Addr), ID: vv.VipId, Counters: cnt.VIPs[vv.VipId]}
@@ -119,13 +126,7 @@ func (m maps) vipViews() ([]VIPView, error) {
 		}
 		v.Ports = append(v.Ports, model.Port{Protocol: proto, Port: portFromMap(vk.Port)})
 	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map vips: %w", err)
-	}
-	backends, err := m.activeBackends()
-	if err != nil {
-		return nil, err
-	}
+	backends := st.backends
 	for id, be := range backends {
 		v := byID[be.VipId]
 		if v == nil {
@@ -211,12 +212,12 @@ type FlowView struct {
 
 // Flows returns up to limit flow table entries (all if limit <= 0), newest first.
 func (in *Inspector) Flows(limit int) ([]FlowView, error) {
-	active, err := in.m.activeBackends()
+	st, err := in.m.read()
 	if err != nil {
 		return nil, err
 	}
 	backends := map[uint32]netip.Addr{}
-	for id, be := range active {
+	for id, be := range st.backends {
 		backends[id] = addrFrom16(be.Addr)
 	}
 	var ts unix.Timespec

@@ -77,7 +77,6 @@ const (
 	lbLbLimitsLB_MAX_VIPS      lbLbLimits = 256
 	lbLbLimitsLB_MAX_VIP_KEYS  lbLbLimits = 1024
 	lbLbLimitsLB_MAX_BACKENDS  lbLbLimits = 4096
-	lbLbLimitsLB_BACKEND_STATS lbLbLimits = 65536
 	lbLbLimitsLB_DEFAULT_FLOWS lbLbLimits = 262144
 	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 65537
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -282,7 +284,6 @@ func TestNamespaceRestartLosesNothing(t *testing.T) {
 		}
 	}
 	must(t, <-restarted)
-	defer d.Close()
 	if newProg := linkProgram(t, d); newProg == oldProg {
 		t.Fatalf("the pinned link still runs program %d: the restart did not replace it", oldProg)
 	}
@@ -293,4 +294,16 @@ func TestNamespaceRestartLosesNothing(t *testing.T) {
 		t.Fatalf("lost %d of %d datagrams across the restart (%v)", want-n, want, per)
 	}
 	t.Logf("%d datagrams over %v across a loader restart, none lost (%v)", want, time.Since(start).Round(time.Millisecond), per)
+
+	// A clean uninstall leaves nothing: no XDP program on the interface, no pins.
+	must(t, d.Close())
+	must(t, Uninstall(l.pin))
+	out, err := netlab.Exec(l.edge.NS, "ip", "link", "show", "dev", "eth0")
+	must(t, err)
+	if strings.Contains(out, "xdp") {
+		t.Errorf("eth0 still has an XDP program after uninstall:\n%s", out)
+	}
+	if _, err := os.Stat(l.pin); !os.IsNotExist(err) {
+		t.Errorf("pin directory %s left after uninstall: %v", l.pin, err)
+	}
 }

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -73,9 +74,65 @@ func (d *Dataplane) maps() maps {
 }
 
 // Counters reads every counter.
-func (d *Dataplane) Counters() (Counters, error) { return d.maps().counters() }
+func (d *Dataplane) Counters() (Counters, error) {
+	m := d.maps()
+	st, err := m.read()
+	if err != nil {
+		return Counters{}, err
+	}
+	return m.counters(st)
+}
 
-func (m maps) counters() (Counters, error) {
+// mapState is what vips and backends hold, read once per scrape or view.
+type mapState struct {
+	vips     map[lbVipKey]lbVipVal
+	backends map[uint32]lbBackend // active entries only
+}
+
+// vipAddrs maps VIP ids to their addresses.
+func (st mapState) vipAddrs() map[uint32]netip.Addr {
+	out := map[uint32]netip.Addr{}
+	for k, v := range st.vips {
+		out[v.VipId] = addrFrom16(k.Addr)
+	}
+	return out
+}
+
+// read reads vips (a small hash) and backends (an array: one batch lookup).
+func (m maps) read() (mapState, error) {
+	st := mapState{vips: map[lbVipKey]lbVipVal{}, backends: map[uint32]lbBackend{}}
+	var vk lbVipKey
+	var vv lbVipVal
+	it := m.vips.Iterate()
+	for it.Next(&vk, &vv) {
+		st.vips[vk] = vv
+	}
+	if err := it.Err(); err != nil {
+		return st, fmt.Errorf("read map vips: %w", err)
+	}
+	n := int(m.backends.MaxEntries())
+	keys := make([]uint32, n)
+	vals := make([]lbBackend, n)
+	var cursor ebpf.MapBatchCursor
+	for got := 0; got < n; {
+		c, err := m.backends.BatchLookup(&cursor, keys[got:], vals[got:], nil)
+		for i := got; i < got+c; i++ {
+			if vals[i].Flags&uint16(lbBackendFlagsBACKEND_F_ACTIVE) != 0 {
+				st.backends[keys[i]] = vals[i]
+			}
+		}
+		got += c
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			break
+		}
+		if err != nil {
+			return st, fmt.Errorf("read map backends: %w", err)
+		}
+	}
+	return st, nil
+}
+
+func (m maps) counters(st mapState) (Counters, error) {
 	c := Counters{VIPs: map[uint32]VIPCounters{}, Backends: map[uint32]BackendCounters{}}
 	var perCPU []uint64
 	for r := range ReasonCount {
@@ -87,15 +144,10 @@ func (m maps) counters() (Counters, error) {
 		}
 	}
 	// Only ids in use are read: VIP ids from vips, backend ids from backends.
-	var vk lbVipKey
-	var vv lbVipVal
-	seen := map[uint32]bool{}
-	it := m.vips.Iterate()
-	for it.Next(&vk, &vv) {
-		if seen[vv.VipId] {
+	for _, vv := range st.vips {
+		if _, seen := c.VIPs[vv.VipId]; seen {
 			continue
 		}
-		seen[vv.VipId] = true
 		var vs []lbVipCounters
 		if err := m.vipStats.Lookup(vv.VipId, &vs); err != nil {
 			return c, fmt.Errorf("read map vip_stats: %w", err)
@@ -109,14 +161,7 @@ func (m maps) counters() (Counters, error) {
 		}
 		c.VIPs[vv.VipId] = sum
 	}
-	if err := it.Err(); err != nil {
-		return c, fmt.Errorf("read map vips: %w", err)
-	}
-	backends, err := m.activeBackends()
-	if err != nil {
-		return c, err
-	}
-	for id := range backends {
+	for id := range st.backends {
 		var bs []lbBackendCounters
 		if err := m.backendStats.Lookup(id, &bs); err != nil {
 			return c, fmt.Errorf("read map backend_stats: %w", err)
@@ -129,38 +174,6 @@ func (m maps) counters() (Counters, error) {
 		c.Backends[id] = sum
 	}
 	return c, nil
-}
-
-// activeBackends reads the backends in use, by id.
-func (m maps) activeBackends() (map[uint32]lbBackend, error) {
-	out := map[uint32]lbBackend{}
-	var id uint32
-	var be lbBackend
-	it := m.backends.Iterate()
-	for it.Next(&id, &be) {
-		if be.Flags&uint16(lbBackendFlagsBACKEND_F_ACTIVE) != 0 {
-			out[id] = be
-		}
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map backends: %w", err)
-	}
-	return out, nil
-}
-
-// vipAddrs maps VIP ids to their addresses.
-func (m maps) vipAddrs() (map[uint32]netip.Addr, error) {
-	out := map[uint32]netip.Addr{}
-	var vk lbVipKey
-	var vv lbVipVal
-	it := m.vips.Iterate()
-	for it.Next(&vk, &vv) {
-		out[vv.VipId] = addrFrom16(vk.Addr)
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read map vips: %w", err)
-	}
-	return out, nil
 }
 
 // Collector exports the BPF counters as Prometheus metrics, read from the maps on
@@ -203,16 +216,17 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	cnt, err := c.m.counters()
+	st, err := c.m.read()
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
 		return
 	}
-	addrs, err := c.m.vipAddrs()
+	cnt, err := c.m.counters(st)
 	if err != nil {
 		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
 		return
 	}
+	addrs := st.vipAddrs()
 	for r, v := range cnt.Reasons {
 		ch <- prometheus.MustNewConstMetric(c.reasons, prometheus.CounterValue, float64(v), ReasonName(Reason(r)))
 	}
@@ -223,12 +237,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.vipNewFlows, prometheus.CounterValue, float64(v.NewFlows), vip)
 		ch <- prometheus.MustNewConstMetric(c.vipFlowHits, prometheus.CounterValue, float64(v.FlowHits), vip)
 	}
-	backends, err := c.m.activeBackends()
-	if err != nil {
-		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
-		return
-	}
-	for id, be := range backends {
+	for id, be := range st.backends {
 		v := cnt.Backends[id]
 		vip, backend := addrs[be.VipId].String(), addrFrom16(be.Addr).String()
 		ch <- prometheus.MustNewConstMetric(c.bePackets, prometheus.CounterValue, float64(v.Packets), vip, backend)

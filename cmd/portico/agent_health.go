@@ -71,8 +71,13 @@ func (h *health) loop(ctx context.Context, vs *vrrpSink, log *zap.Logger) {
 		reason := h.check(ctx)
 		if reason == "" {
 			failures = 0
-		} else if failures++; failures < failuresToDegrade && h.current() == "" {
-			reason = "" // not yet: it may be a reload in progress
+		} else {
+			failures++
+			// A healthy node stays healthy until the failure persists: a single
+			// failed check may be a reload in progress.
+			if failures < failuresToDegrade && h.current() == "" {
+				reason = ""
+			}
 		}
 		h.mu.Lock()
 		changed := reason != h.reason

@@ -143,9 +143,10 @@ type l4Sink struct {
 	neigh *neighbors
 	log   *zap.Logger
 
-	mu   sync.Mutex
-	last model.Snapshot
-	ok   bool // the last Apply reached the maps in full
+	mu    sync.Mutex
+	last  model.Snapshot
+	given dataplane.Desired // what the maps were last given
+	ok    bool              // the last Apply reached the maps in full
 }
 
 func (s *l4Sink) Name() string { return "dataplane" }
@@ -175,6 +176,7 @@ func (s *l4Sink) applyLocked() error {
 	if _, err := s.dp.Apply(want); err != nil {
 		return err
 	}
+	s.given = want
 	if len(missing) > 0 {
 		return fmt.Errorf("%d replica MACs unresolved", len(missing))
 	}
@@ -209,43 +211,38 @@ func (s *l4Sink) watchNeighbours(ctx context.Context) error {
 				continue
 			}
 			ip, ok := netip.AddrFromSlice(u.IP)
-			if !ok || !s.isReplica(ip.Unmap()) || !s.macChanged(ip.Unmap(), u.HardwareAddr) {
+			if !ok {
 				continue
 			}
-			s.log.Info("replica MAC changed", zap.Stringer("backend", ip), zap.Stringer("to", u.HardwareAddr))
 			s.mu.Lock()
-			if err := s.applyLocked(); err != nil {
-				s.log.Warn("re-apply after neighbour change failed", zap.Error(err))
+			if s.macChanged(ip.Unmap(), u.HardwareAddr) {
+				s.log.Info("replica MAC changed", zap.Stringer("backend", ip), zap.Stringer("to", u.HardwareAddr))
+				if err := s.applyLocked(); err != nil {
+					s.log.Warn("re-apply after neighbour change failed", zap.Error(err))
+				}
 			}
 			s.mu.Unlock()
 		}
 	}
 }
 
-func (s *l4Sink) isReplica(a netip.Addr) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// macChanged reports whether a neighbour update concerns a replica of the group
+// whose MAC differs from what the maps were given (or that was left out for want
+// of a MAC). The caller holds s.mu.
+func (s *l4Sink) macChanged(a netip.Addr, m net.HardwareAddr) bool {
+	replica := false
 	for _, g := range s.last.Groups {
 		if g.Name == s.group {
 			for _, r := range g.Replicas {
-				if r.Addr == a {
-					return true
-				}
+				replica = replica || r.Addr == a
 			}
 		}
 	}
-	return false
-}
-
-// macChanged compares an update with what the maps hold for that replica; a
-// replica the maps lack (its MAC was unknown) counts as changed.
-func (s *l4Sink) macChanged(a netip.Addr, m net.HardwareAddr) bool {
-	vips, err := s.dp.VIPs()
-	if err != nil {
-		return true
+	if !replica {
+		return false
 	}
-	for _, v := range vips {
-		for _, b := range v.Backends {
+	for _, g := range s.given.Groups {
+		for _, b := range g.Backends {
 			if b.Addr == a {
 				return !b.Local && b.MAC.String() != m.String()
 			}

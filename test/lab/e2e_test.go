@@ -407,7 +407,7 @@ func TestReplicaDrain(t *testing.T) {
 		}
 	}
 	dIP := drained.Addr.Addr().String()
-	if err := l.SetGroupEndpoints(ctx, map[int]string{drained.Index: "terminating"}); err != nil {
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{drained: "terminating"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitFor(10*time.Second, func() error {
@@ -446,7 +446,7 @@ func TestReplicaDrain(t *testing.T) {
 	}
 
 	// Removed: connections to the other replicas keep working.
-	if err := l.SetGroupEndpoints(ctx, map[int]string{drained.Index: "gone"}); err != nil {
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{drained: "gone"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitFor(10*time.Second, func() error {

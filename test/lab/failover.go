@@ -37,7 +37,7 @@ func (l *Lab) Failover(ctx context.Context, host string, conns int) (FailoverRes
 		return res, nil, fmt.Errorf("open long-lived connections: %w", err)
 	}
 	defer held.Close()
-	a := l.Agent(owner.Index - 11)
+	a := l.Agent(l.EdgeNo(owner))
 	if a == nil {
 		return res, nil, fmt.Errorf("no agent on %s", owner.Name)
 	}
@@ -97,12 +97,12 @@ func (l *Lab) Restore(n *Node) error {
 	if err := netlab.IP("-n", n.NS, "link", "set", "eth0", "up"); err != nil {
 		return err
 	}
-	if _, err := l.StartAgent(n.Index - 11); err != nil {
+	if _, err := l.StartAgent(l.EdgeNo(n)); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		err := l.Ready(n.Index - 11)
+		err := l.Ready(l.EdgeNo(n))
 		if err == nil {
 			_, err = l.Owner()
 		}

@@ -38,12 +38,9 @@ import (
 	"github.com/portico-edge/portico/test/netlab"
 )
 
-// The lab's addresses: one /24 on the bridge for the nodes; the VIP is the one
+// The nodes share 10.216.0.0/24 on the bridge; the VIP is the one
 // deploy/examples/group.yaml gives its group (the client reaches it on-link).
-var (
-	Subnet = netip.MustParsePrefix("10.216.0.0/24")
-	VIP    = netip.MustParseAddr("192.0.2.80")
-)
+var VIP = netip.MustParseAddr("192.0.2.80")
 
 const (
 	// GroupNamespace and GroupName name the group Service the agents serve: the
@@ -62,7 +59,6 @@ const (
 // Node is one namespace of the lab.
 type Node struct {
 	*netlab.Node
-	Index int
 }
 
 // Agent is one `portico agent` process on an edge node.
@@ -151,7 +147,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 		if err != nil {
 			return nil, err
 		}
-		return &Node{Node: n, Index: host}, nil
+		return &Node{Node: n}, nil
 	}
 	if l.Client, err = add("cl", 2); err != nil {
 		return l, err
@@ -254,15 +250,15 @@ func (l *Lab) createObjects(ctx context.Context) error {
 }
 
 // SetGroupEndpoints writes the group's EndpointSlice: every edge node, ready,
-// except those in terminating (ready=false, terminating) and those left out.
-func (l *Lab) SetGroupEndpoints(ctx context.Context, state map[int]string) error {
+// except those marked "terminating" (not ready, terminating) or "gone" (left out).
+func (l *Lab) SetGroupEndpoints(ctx context.Context, state map[*Node]string) error {
 	es := &discoveryv1.EndpointSlice{
 		ObjectMeta:  metav1.ObjectMeta{Namespace: GroupNamespace, Name: GroupName + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: GroupName}},
 		AddressType: discoveryv1.AddressTypeIPv4,
 		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(80)), Protocol: ptr(corev1.ProtocolTCP)}},
 	}
 	for _, e := range l.Edges {
-		st := state[e.Index]
+		st := state[e]
 		if st == "gone" {
 			continue
 		}
@@ -446,6 +442,16 @@ func (a *Agent) LastLogLine() string {
 func (a *Agent) Log() string {
 	b, _ := os.ReadFile(filepath.Join(a.Dir, "agent.log"))
 	return string(b)
+}
+
+// EdgeNo returns n's position in Edges (the i of StartAgent, Agent and Ready).
+func (l *Lab) EdgeNo(n *Node) int {
+	for i, e := range l.Edges {
+		if e == n {
+			return i
+		}
+	}
+	panic("lab: " + n.Name + " is not an edge node")
 }
 
 // Agent returns the agent on edge i, if one was started.

@@ -19,7 +19,7 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx := owner.Index - 11
+	idx := l.EdgeNo(owner)
 	load := l.StartLoad(ctx, "echo.lab", 4)
 	time.Sleep(time.Second)
 	if err := l.Agent(idx).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
@@ -58,12 +58,12 @@ func TestGracefulShutdown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	idx := owner.Index - 11
+	idx := l.EdgeNo(owner)
 	load := l.StartLoad(ctx, "echo.lab", 4)
 	time.Sleep(time.Second)
 	// As Kubernetes stops a pod: the endpoint turns terminating and the agent
 	// gets SIGTERM at the same moment; its shutdown delay covers propagation.
-	if err := l.SetGroupEndpoints(ctx, map[int]string{owner.Index: "terminating"}); err != nil {
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{owner: "terminating"}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
