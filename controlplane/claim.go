@@ -288,11 +288,14 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 		cur, bound := ing.Annotations[AnnotationGroup]
 		switch {
 		case !bound:
-			if err := c.patchAnnotation(ctx, "Ingress", ing.Namespace, ing.Name, AnnotationGroup, group); err != nil {
+			applied, err := c.annotate(ctx, "Ingress", key(ing), AnnotationGroup, group, "Bound",
+				fmt.Sprintf("bound to group %s by IngressClaim %s", group, claim.Name))
+			if err != nil {
 				return err
 			}
-			c.recorder.Eventf(objRef("Ingress", ing.Namespace, ing.Name), corev1.EventTypeNormal, "Bound", "bound to group %s by IngressClaim %s", group, claim.Name)
-			status.BoundIngresses = append(status.BoundIngresses, name)
+			if applied {
+				status.BoundIngresses = append(status.BoundIngresses, name)
+			}
 		case groupRef(cur, ing.Namespace) == group:
 			status.BoundIngresses = append(status.BoundIngresses, name)
 		default:

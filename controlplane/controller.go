@@ -481,27 +481,19 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) e
 	// VRIDs.
 	vrids, problems := AllocateVRIDs(st.Services)
 	for g, id := range vrids {
-		ns, name, _ := strings.Cut(g, "/")
-		err := c.patchAnnotation(ctx, "Service", ns, name, AnnotationVRID, strconv.Itoa(int(id)))
-		if err == nil {
-			c.recorder.Eventf(objRef("Service", ns, name), corev1.EventTypeNormal, "VRIDAssigned", "VRRP id %d", id)
-		}
+		_, err := c.annotate(ctx, "Service", g, AnnotationVRID, strconv.Itoa(int(id)), "VRIDAssigned", fmt.Sprintf("VRRP id %d", id))
 		errs = append(errs, err)
 	}
 	// VIPs.
 	vips, vipProblems := AllocateVIPs(st.Services, c.cfg.Pools)
 	problems = append(problems, vipProblems...)
 	for g, as := range vips {
-		ns, name, _ := strings.Cut(g, "/")
-		var s []string
+		var v []string
 		for _, a := range as {
-			s = append(s, a.String())
+			v = append(v, a.String())
 		}
-		err := c.patchAnnotation(ctx, "Service", ns, name, AnnotationVIP, strings.Join(s, ","))
-		if err == nil {
-			c.recorder.Eventf(objRef("Service", ns, name), corev1.EventTypeNormal, "VIPAllocated", "VIP %s from the pools", strings.Join(s, ","))
-			c.log.Info("vip allocated", zap.String("group", g), zap.Strings("vip", s))
-		}
+		vip := strings.Join(v, ",")
+		_, err := c.annotate(ctx, "Service", g, AnnotationVIP, vip, "VIPAllocated", "VIP "+vip+" from the pools")
 		errs = append(errs, err)
 	}
 	c.reportAllocation(st, problems)
@@ -527,12 +519,7 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) e
 	}
 	// Scheduling.
 	for ing, g := range Schedule(st.Ingresses, st.IngressClasses, st.Services) {
-		ns, name, _ := strings.Cut(ing, "/")
-		err := c.patchAnnotation(ctx, "Ingress", ns, name, AnnotationGroup, g)
-		if err == nil {
-			c.recorder.Eventf(objRef("Ingress", ns, name), corev1.EventTypeNormal, "Scheduled", "bound to group %s (fewest bound Ingresses among the matches)", g)
-			c.log.Info("ingress scheduled", zap.String("ingress", ing), zap.String("group", g))
-		}
+		_, err := c.annotate(ctx, "Ingress", ing, AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
 		errs = append(errs, err)
 	}
 	// Ingress status: the bound group's VIPs, nothing when unbound.
@@ -622,11 +609,28 @@ func ignoreGone(err error) error {
 	return err
 }
 
-// patchAnnotation sets one annotation with a merge patch (the cached object is not touched).
-func (c *Controller) patchAnnotation(ctx context.Context, kind, ns, name, k, v string) error {
+// annotate sets one annotation on a Service or Ingress ("namespace/name") and, only
+// when the patch applied (not on an object deleted since the cache saw it), records
+// reason as a Normal Event on the object and logs the decision. It reports whether the
+// patch applied.
+func (c *Controller) annotate(ctx context.Context, kind, object, ann, value, reason, message string) (bool, error) {
+	ns, name, _ := strings.Cut(object, "/")
+	applied, err := c.patchAnnotation(ctx, kind, ns, name, ann, value)
+	if applied {
+		c.recorder.Event(objRef(kind, ns, name), corev1.EventTypeNormal, reason, message)
+		c.log.Info(message, zap.String("reason", reason), zap.String("object", kind+" "+object),
+			zap.String("annotation", ann), zap.String("value", value))
+	}
+	return applied, err
+}
+
+// patchAnnotation sets one annotation with a merge patch (the cached object is not
+// touched). It reports whether the patch applied: an object deleted meanwhile is
+// neither an error nor a change.
+func (c *Controller) patchAnnotation(ctx context.Context, kind, ns, name, k, v string) (bool, error) {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{k: v}}})
 	if err != nil {
-		return fmt.Errorf("encode patch: %w", err)
+		return false, fmt.Errorf("encode patch: %w", err)
 	}
 	switch kind {
 	case "Service":
@@ -634,18 +638,19 @@ func (c *Controller) patchAnnotation(ctx context.Context, kind, ns, name, k, v s
 	case "Ingress":
 		_, err = c.cfg.Client.NetworkingV1().Ingresses(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
 	default:
-		return fmt.Errorf("patch %s: unsupported kind", kind)
+		return false, fmt.Errorf("patch %s: unsupported kind", kind)
 	}
 	c.countWrite("annotate-"+strings.ToLower(kind), err)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("annotate %s %s/%s %s: %w", kind, ns, name, k, err)
+	switch {
+	case apierrors.IsNotFound(err):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("annotate %s %s/%s %s: %w", kind, ns, name, k, err)
 	}
-	if err == nil {
-		c.mu.Lock()
-		c.written[writtenKey{kind, ns + "/" + name, k}] = written{v, time.Now()}
-		c.mu.Unlock()
-	}
-	return nil
+	c.mu.Lock()
+	c.written[writtenKey{kind, ns + "/" + name, k}] = written{v, time.Now()}
+	c.mu.Unlock()
+	return true, nil
 }
 
 type writtenKey struct{ kind, object, annotation string }
@@ -686,27 +691,31 @@ func (c *Controller) withWritten(st State) State {
 		return add
 	}
 	out := st
-	out.Services = slices.Clone(st.Services)
-	for i, s := range out.Services {
-		if add := overlay("Service", s); add != nil {
-			cp := s.DeepCopy()
-			if cp.Annotations == nil {
-				cp.Annotations = map[string]string{}
-			}
-			maps.Copy(cp.Annotations, add)
-			out.Services[i] = cp
+	out.Services = overlayWritten("Service", st.Services, overlay)
+	out.Ingresses = overlayWritten("Ingress", st.Ingresses, overlay)
+	return out
+}
+
+// overlayWritten returns objs with each object that overlay gives annotations for
+// replaced by a copy that has them (objs and its objects are left as they are).
+func overlayWritten[T interface {
+	metav1.Object
+	DeepCopy() T
+}](kind string, objs []T, overlay func(string, metav1.Object) map[string]string) []T {
+	out := slices.Clone(objs)
+	for i, o := range out {
+		add := overlay(kind, o)
+		if add == nil {
+			continue
 		}
-	}
-	out.Ingresses = slices.Clone(st.Ingresses)
-	for i, ing := range out.Ingresses {
-		if add := overlay("Ingress", ing); add != nil {
-			cp := ing.DeepCopy()
-			if cp.Annotations == nil {
-				cp.Annotations = map[string]string{}
-			}
-			maps.Copy(cp.Annotations, add)
-			out.Ingresses[i] = cp
+		cp := o.DeepCopy()
+		anns := cp.GetAnnotations()
+		if anns == nil {
+			anns = map[string]string{}
 		}
+		maps.Copy(anns, add)
+		cp.SetAnnotations(anns)
+		out[i] = cp
 	}
 	return out
 }
