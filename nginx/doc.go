@@ -54,8 +54,10 @@
 // Options.ControlSocket, a unix socket in a private directory, and every worker uses
 // it from its next request on: no nginx -t, no reload, no new workers. Any other
 // change is rendered, validated with nginx -t, swapped in and reloaded; reloads are
-// coalesced (Config.Debounce). While a refused configuration is the latest, the last
-// good one keeps running with its endpoints, as before.
+// coalesced (Config.Debounce). While nginx -t refuses the latest configuration, the
+// last good one keeps running and endpoint changes still reach it: its upstreams get
+// the endpoints of the latest snapshot (none for an upstream the snapshot no longer
+// has), pushed as above, so one bad object does not freeze every host's endpoints.
 //
 // The price is paid by full reloads: Debian 12's Lua module (0.10.23) creates an
 // OpenSSL context for every location and server block it merges, used or not (for

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // endpointTable is the endpoints of every upstream a configuration uses, by upstream
@@ -61,6 +63,22 @@ func (t endpointTable) with(old endpointTable) endpointTable {
 	}
 	for n, eps := range t {
 		out[n] = eps
+	}
+	return out
+}
+
+// refresh returns t's upstreams with the endpoints s gives them now (the valid ones;
+// none for an upstream s no longer has): the table of a configuration that keeps
+// running while nginx -t refuses the one s renders.
+func (t endpointTable) refresh(s model.Snapshot) endpointTable {
+	out := make(endpointTable, len(t))
+	for n := range t {
+		out[n] = nil
+	}
+	for _, u := range s.Upstreams { // the last of a name wins, as in render
+		if _, ok := out[u.Name]; ok {
+			out[u.Name] = validEndpoints(u.Endpoints, nil)
+		}
 	}
 	return out
 }

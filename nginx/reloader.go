@@ -47,13 +47,17 @@ const DefaultDebounce = 500 * time.Millisecond
 
 // ApplyResult says what Apply did.
 type ApplyResult struct {
-	// Result is one of the Result* constants, or "unchanged" when the rendered
-	// configuration equals the running (or last rejected) one.
+	// Result is one of the Result* constants: ResultUnchanged when the rendered
+	// configuration and endpoints equal the running ones (or the configuration is
+	// the last refused one and the running one's endpoints did not change),
+	// ResultEndpoints when only the endpoint table went to nginx.
 	Result   string
 	Checksum string
 	Problems []model.Problem
 	// EndpointsVersion is the version of the snapshot's endpoint table
-	// (Config.EndpointsVersion).
+	// (Config.EndpointsVersion); when nginx -t refused the configuration, of the
+	// table for the running configuration's upstreams, with the snapshot's
+	// endpoints.
 	EndpointsVersion string
 	// Render is the time to render. Serve is the time from the reload signal until
 	// workers with the new configuration answered, Switch until workers with the
@@ -340,8 +344,10 @@ func (r *Reloader) Apply(_ context.Context, s model.Snapshot) error {
 // writes its certificates and a candidate, validates it with nginx -t, writes the
 // endpoint table, swaps the candidate in and signals the master (if one runs). When
 // only endpoints changed, it writes the endpoint table and hands it to the running
-// nginx instead: no nginx -t, no reload. Run calls it after each debounce window; it
-// is exported for callers that need a synchronous apply.
+// nginx instead: no nginx -t, no reload. When nginx -t refuses the configuration,
+// the running one stays and gets the snapshot's endpoints for its upstreams. Run
+// calls it after each debounce window; it is exported for callers that need a
+// synchronous apply.
 func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult, error) {
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
@@ -357,13 +363,12 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
 	r.setProblems(cfg.Problems)
 	if bytes.Equal(cfg.Text, r.rejected) {
-		// The last good configuration keeps running, with the endpoint table
-		// that goes with it.
-		res.Result = ResultUnchanged
-		return res, nil
+		// nginx -t refused this text already: the last good configuration keeps
+		// running, with the snapshot's endpoints for its upstreams.
+		return r.keepRunning(ctx, s, res)
 	}
 	if bytes.Equal(cfg.Text, r.applied) {
-		return r.updateEndpoints(ctx, cfg, res)
+		return r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
 	}
 
 	fail := func(result string, err error) (ApplyResult, error) {
@@ -392,7 +397,12 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		file := blamedCertificate(cfg, err.Error())
 		if file == "" || r.refused[file] != "" {
 			r.rejected = cfg.Text
-			return fail(ResultInvalid, err)
+			res, _ = fail(ResultInvalid, err)
+			// Endpoint changes must not wait for a configuration nginx accepts.
+			// A failed push is logged and counted; Run tries again.
+			res, _ = r.keepRunning(ctx, s, res)
+			res.Result = ResultInvalid
+			return res, err
 		}
 		if r.refused == nil {
 			r.refused = map[string]string{}
@@ -404,7 +414,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
 		r.setProblems(cfg.Problems)
 		if bytes.Equal(cfg.Text, r.applied) {
-			return r.updateEndpoints(ctx, cfg, res)
+			return r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
 		}
 		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
 			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
@@ -475,11 +485,28 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	return res, nil
 }
 
-// updateEndpoints applies cfg, whose text nginx already runs: unless its endpoint
-// table is the one nginx has too, it writes the table (for the next start or
-// reload) and hands it to the running nginx through the control socket.
-func (r *Reloader) updateEndpoints(ctx context.Context, cfg *Config, res ApplyResult) (ApplyResult, error) {
-	if bytes.Equal(cfg.Endpoints, r.appliedEndpoints) {
+// keepRunning applies s while nginx -t refuses its configuration: the last good
+// configuration keeps running, and its upstreams get the endpoints s gives them now
+// (none for an upstream s no longer has). One refused object must not freeze the
+// endpoints of every host. res.EndpointsVersion becomes that table's version.
+func (r *Reloader) keepRunning(ctx context.Context, s model.Snapshot, res ApplyResult) (ApplyResult, error) {
+	if r.applied == nil {
+		// Nothing runs yet: the table of whatever starts is written with it.
+		res.Result = ResultUnchanged
+		return res, nil
+	}
+	table := r.appliedTable.refresh(s)
+	text, version := table.encode()
+	res.EndpointsVersion = version
+	return r.updateEndpoints(ctx, text, version, table, res)
+}
+
+// updateEndpoints applies an endpoint table (text, its version and table decoded)
+// for the configuration nginx already runs: unless nginx has that table too, it
+// writes it (for the next start or reload) and hands it to the running nginx
+// through the control socket.
+func (r *Reloader) updateEndpoints(ctx context.Context, text []byte, version string, table endpointTable, res ApplyResult) (ApplyResult, error) {
+	if bytes.Equal(text, r.appliedEndpoints) {
 		res.Result = ResultUnchanged
 		return res, nil
 	}
@@ -490,7 +517,7 @@ func (r *Reloader) updateEndpoints(ctx context.Context, cfg *Config, res ApplyRe
 		r.log.Error("nginx endpoints not updated", zap.Error(err))
 		return res, err
 	}
-	if err := writeFileAtomic(r.endpointsPath(), cfg.Endpoints, 0o644); err != nil {
+	if err := writeFileAtomic(r.endpointsPath(), text, 0o644); err != nil {
 		return fail(fmt.Errorf("write endpoint table: %w", err))
 	}
 	r.mu.Lock()
@@ -498,17 +525,17 @@ func (r *Reloader) updateEndpoints(ctx context.Context, cfg *Config, res ApplyRe
 	r.mu.Unlock()
 	// Without a master, the next one loads the file.
 	if master != nil {
-		if err := pushEndpoints(ctx, r.ctl, cfg.Endpoints, cfg.EndpointsVersion); err != nil {
+		if err := pushEndpoints(ctx, r.ctl, text, version); err != nil {
 			return fail(err)
 		}
 	}
-	r.appliedEndpoints, r.appliedTable = cfg.Endpoints, cfg.table
+	r.appliedEndpoints, r.appliedTable = text, table
 	res.Result = ResultEndpoints
 	res.Serve = time.Since(t0)
 	res.Switch = res.Serve
 	r.m.endpointUpdates.WithLabelValues(ResultSuccess).Inc()
 	r.m.endpointUpdateDuration.Observe(res.Serve.Seconds())
-	r.log.Info("nginx endpoints updated", zap.String("to", cfg.EndpointsVersion), zap.Int("upstreams", len(cfg.table)),
+	r.log.Info("nginx endpoints updated", zap.String("to", version), zap.Int("upstreams", len(table)),
 		zap.Duration("serve", res.Serve))
 	return res, nil
 }

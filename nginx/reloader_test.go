@@ -428,3 +428,106 @@ func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
 		t.Errorf("reloads_total{result=success} = %v, want 1", got)
 	}
 }
+
+// fakeControl serves the Reloader's control socket as nginx does, and records the
+// tables pushed to it.
+func fakeControl(t *testing.T, r *Reloader) func() []string {
+	t.Helper()
+	var mu sync.Mutex
+	var pushes []string
+	l, err := net.Listen("unix", resolve(r.cfg.Dir, r.cfg.Render.ControlSocket))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		mu.Lock()
+		pushes = append(pushes, string(body))
+		mu.Unlock()
+		version, _, _ := strings.Cut(strings.TrimPrefix(string(body), endpointsHeader), "\n")
+		fmt.Fprintln(w, version)
+	})}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), pushes...)
+	}
+}
+
+// While nginx -t refuses the latest configuration, endpoint changes still reach the
+// running one: its upstreams get the new endpoints, pushed without nginx -t or a
+// reload.
+func TestRefusedConfigDoesNotFreezeEndpoints(t *testing.T) {
+	runner := &fakeRunner{reject: "bad.example.com"}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{})
+	ctx := context.Background()
+	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
+	r.master = m
+	fm := m.(*fakeMaster)
+	pushes := fakeControl(t, r)
+	with := func(eps []netip.AddrPort, hosts ...string) model.Snapshot {
+		s := hostSnapshot(hosts...)
+		s.Upstreams[0].Endpoints = eps
+		return s
+	}
+	// The table nginx should get: the running configuration's, with eps.
+	table := func(eps ...netip.AddrPort) string {
+		cfg, err := Render(with(eps, "a.example.com"), r.cfg.Render)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(cfg.Endpoints)
+	}
+
+	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com")); err != nil || res.Result != ResultSuccess {
+		t.Fatalf("first apply: %+v, %v", res, err)
+	}
+	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com", "bad.example.com")); err == nil || res.Result != ResultInvalid {
+		t.Fatalf("refused apply: %+v, %v, want invalid", res, err)
+	}
+	if got := pushes(); len(got) != 0 {
+		t.Fatalf("pushed %d tables for a refused configuration with the same endpoints, want none", len(got))
+	}
+
+	// The refused text again, with other endpoints.
+	res, err := r.ApplyNow(ctx, with([]netip.AddrPort{ap("10.0.0.2:80")}, "a.example.com", "bad.example.com"))
+	if err != nil || res.Result != ResultEndpoints {
+		t.Fatalf("endpoint change while refused: %+v, %v, want %s", res, err, ResultEndpoints)
+	}
+	want := table(ap("10.0.0.2:80"))
+	if got := pushes(); len(got) != 1 || got[0] != want {
+		t.Fatalf("pushed tables %q, want [%q]", got, want)
+	}
+	if file, err := os.ReadFile(r.endpointsPath()); err != nil || string(file) != want {
+		t.Errorf("endpoint file %q (%v), want %q", file, err, want)
+	}
+
+	// A newly refused configuration that also changes endpoints pushes them too.
+	res, err = r.ApplyNow(ctx, with([]netip.AddrPort{ap("10.0.0.3:80")}, "a.example.com", "bad.example.com", "c.example.com"))
+	if err == nil || res.Result != ResultInvalid {
+		t.Fatalf("second refused apply: %+v, %v, want invalid", res, err)
+	}
+	if got := pushes(); len(got) != 2 || got[1] != table(ap("10.0.0.3:80")) {
+		t.Fatalf("pushed tables %q, want the last with 10.0.0.3:80", got)
+	}
+
+	// An upstream the snapshot no longer has loses its endpoints (503).
+	gone := hostSnapshot("a.example.com", "bad.example.com", "c.example.com")
+	gone.Upstreams = nil
+	if res, err := r.ApplyNow(ctx, gone); err == nil || res.Result != ResultInvalid {
+		t.Fatalf("refused apply without the upstream: %+v, %v", res, err)
+	}
+	if got := pushes(); len(got) != 3 || got[2] != table() {
+		t.Fatalf("pushed tables %q, want the last with no endpoints", got)
+	}
+
+	tests, _ := runner.snapshot()
+	if reloads, _ := fm.state(); reloads != 1 || tests != 4 {
+		t.Errorf("%d reloads and %d nginx -t runs, want 1 and 4", reloads, tests)
+	}
+	if got := testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultSuccess)); got != 3 {
+		t.Errorf("endpoint_updates_total{result=success} = %v, want 3", got)
+	}
+}

@@ -584,18 +584,29 @@ func (r *renderer) upstream(name, obj string) (string, int) {
 		r.usedUpstreams = map[string]bool{}
 	}
 	if !r.usedUpstreams[name] {
-		var valid []netip.AddrPort
-		for _, ep := range u.Endpoints {
-			if err := validateEndpoint(ep); err != nil {
-				r.problem("Upstream "+name, "endpoints", ReasonInvalidEndpoint, err.Error())
-				continue
-			}
-			valid = append(valid, ep)
-		}
+		valid := validEndpoints(u.Endpoints, func(err error) {
+			r.problem("Upstream "+name, "endpoints", ReasonInvalidEndpoint, err.Error())
+		})
 		r.upstreams[name] = model.Upstream{Name: name, Endpoints: valid}
 		r.usedUpstreams[name] = true
 	}
 	return name, 0
+}
+
+// validEndpoints returns the endpoints that pass validateEndpoint, and reports each
+// other one to bad (unless nil).
+func validEndpoints(eps []netip.AddrPort, bad func(error)) []netip.AddrPort {
+	var valid []netip.AddrPort
+	for _, ep := range eps {
+		if err := validateEndpoint(ep); err != nil {
+			if bad != nil {
+				bad(err)
+			}
+			continue
+		}
+		valid = append(valid, ep)
+	}
+	return valid
 }
 
 // commentSafe returns s when it can go into a comment ("namespace/name" of a
