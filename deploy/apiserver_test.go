@@ -16,7 +16,6 @@ import (
 	"go.uber.org/zap/zaptest"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
-	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -559,31 +558,23 @@ func asAgent(admin *rest.Config, reqs *requestLog) *rest.Config {
 	return cfg
 }
 
-// testStatusLease makes, as the agent's ServiceAccount, the calls the agent makes for
-// its status Lease (cmd/portico agent_status.go writeState: Get, Create when missing;
-// Get and Update on every renewal). A replica of those calls, as package main cannot be
-// imported: a change there must be mirrored here.
+// testStatusLease runs the agent's status-Lease writer (controlplane.WriteAgentLease:
+// create, then renew) as the agent's ServiceAccount, and reads the result as an
+// operator would (portico status); the agent itself never lists Leases.
 func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
 	var reqs requestLog
-	leases := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs)).CoordinationV1().Leases(namespace)
-	name, node := "portico-agent-node-1", "node-1"
-	if _, err := leases.Get(ctx, name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("get a missing status Lease: %v, want NotFound", err)
+	cs := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs))
+	for _, state := range []string{`{"node":"node-1"}`, `{"node":"node-1","healthy":true}`} {
+		if err := controlplane.WriteAgentLease(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
+			t.Fatalf("write the status Lease: %v", err)
+		}
 	}
-	l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"portico.io/agent": "true"},
-		Annotations: map[string]string{"portico.io/agent-state": `{"node":"node-1"}`}},
-		Spec: coordinationv1.LeaseSpec{HolderIdentity: &node}}
-	if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create the status Lease: %v", err)
-	}
-	l, err := leases.Get(ctx, name, metav1.GetOptions{})
+	leases, err := controlplane.ListAgentLeases(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
 	if err != nil {
-		t.Fatalf("get the status Lease: %v", err)
+		t.Fatalf("list status Leases: %v", err)
 	}
-	now := metav1.NewMicroTime(time.Now())
-	l.Spec.RenewTime = &now
-	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
-		t.Fatalf("renew the status Lease: %v", err)
+	if len(leases) != 1 || leases[0].Node != "node-1" || leases[0].Stale || string(leases[0].State) != `{"node":"node-1","healthy":true}` {
+		t.Errorf("status Leases = %+v, want node-1's renewed state", leases)
 	}
 	if bad := reqs.list(); len(bad) > 0 {
 		t.Errorf("the API server refused the agent: %v", bad)

@@ -3,18 +3,14 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/netip"
-	"sort"
 	"time"
 
 	"go.uber.org/zap"
-	coordinationv1 "k8s.io/api/coordination/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/vrrp"
 )
@@ -25,11 +21,7 @@ import (
 // `portico status` reads them, so an operator sees every node side by side and
 // can check that all digests agree.
 
-const (
-	labelAgent      = "portico.io/agent"
-	annotationState = "portico.io/agent-state"
-	statusInterval  = 3 * time.Second
-)
+const statusInterval = 3 * time.Second
 
 // agentState is the JSON an agent publishes.
 type agentState struct {
@@ -57,8 +49,6 @@ type replicaState struct {
 	Packets  uint64  `json:"packets"`
 	MACKnown bool    `json:"macKnown"`
 }
-
-func leaseName(node string) string { return "portico-agent-" + node }
 
 // collectState reads this node's view.
 func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health, vs *vrrpSink) agentState {
@@ -100,12 +90,18 @@ func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health,
 	return st
 }
 
-// publishStatus renews this agent's Lease with its state until ctx ends.
+// publishStatus renews this agent's Lease with its state until ctx ends. Two
+// missed renewals and the report counts as stale.
 func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, collect func() agentState, log *zap.Logger) {
 	t := time.NewTicker(statusInterval)
 	defer t.Stop()
 	for {
-		if err := writeState(ctx, client, ns, collect()); err != nil && ctx.Err() == nil {
+		st := collect()
+		b, err := json.Marshal(st)
+		if err == nil {
+			err = controlplane.WriteAgentLease(ctx, client, ns, st.Node, b, 2*statusInterval+time.Second)
+		}
+		if err != nil && ctx.Err() == nil {
 			log.Warn("publish agent state", zap.Error(err))
 		}
 		select {
@@ -116,56 +112,22 @@ func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, 
 	}
 }
 
-func writeState(ctx context.Context, client kubernetes.Interface, ns string, st agentState) error {
-	b, err := json.Marshal(st)
-	if err != nil {
-		return err
-	}
-	leases := client.CoordinationV1().Leases(ns)
-	now := metav1.NewMicroTime(time.Now())
-	// Two missed renewals and the report counts as stale.
-	dur := int32((2*statusInterval + time.Second) / time.Second)
-	l, err := leases.Get(ctx, leaseName(st.Node), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leaseName(st.Node),
-			Labels: map[string]string{labelAgent: "true"}, Annotations: map[string]string{annotationState: string(b)}},
-			Spec: coordinationv1.LeaseSpec{HolderIdentity: &st.Node, LeaseDurationSeconds: &dur, RenewTime: &now}}
-		_, err = leases.Create(ctx, l, metav1.CreateOptions{})
-		return err
-	}
-	if err != nil {
-		return err
-	}
-	l = l.DeepCopy()
-	if l.Annotations == nil {
-		l.Annotations = map[string]string{}
-	}
-	l.Annotations[annotationState] = string(b)
-	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &st.Node, &dur, &now
-	_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
-	return err
-}
-
-// readStates lists every agent's published state, oldest renewals marked stale.
+// readStates reads every agent's published state and which reports are stale.
 func readStates(ctx context.Context, client kubernetes.Interface, ns string) ([]agentState, map[string]bool, error) {
-	list, err := client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: labelAgent + "=true"})
+	leases, err := controlplane.ListAgentLeases(ctx, client, ns)
 	if err != nil {
-		return nil, nil, fmt.Errorf("list agent leases in %s: %w", ns, err)
+		return nil, nil, err
 	}
 	var out []agentState
 	stale := map[string]bool{}
-	for _, l := range list.Items {
+	for _, l := range leases {
 		var st agentState
-		if err := json.Unmarshal([]byte(l.Annotations[annotationState]), &st); err != nil {
-			continue
+		if err := json.Unmarshal(l.State, &st); err != nil {
+			continue // not ours to judge: an unreadable report is left out
 		}
-		if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil ||
-			time.Since(l.Spec.RenewTime.Time) > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second {
-			stale[st.Node] = true
-		}
+		stale[st.Node] = l.Stale
 		out = append(out, st)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
 	return out, stale, nil
 }
 
