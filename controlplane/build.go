@@ -70,6 +70,7 @@ const (
 	ReasonDefaultConflict    = "DefaultBackendConflict"
 	ReasonUnsupportedPort    = "UnsupportedProtocol"
 	ReasonAlreadyBound       = "AlreadyBound"
+	ReasonNameTaken          = "NameTaken"
 )
 
 // State is the cluster as Build sees it: the informers' listed objects. Build never

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 
@@ -187,12 +188,14 @@ func claimDaemonSet(c *IngressClaim, image, leaseNS string) *appsv1.DaemonSet {
 	}
 }
 
-// reconcileClaims provisions, binds, reports and reclaims every IngressClaim. Leader only.
-func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.Snapshot) error {
+// reconcileClaims provisions, binds, reports and reclaims every IngressClaim, and
+// returns the claims' problems for report. Leader only.
+func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.Snapshot) ([]model.Problem, error) {
 	if c.claimInformer == nil {
-		return nil
+		return nil, nil
 	}
 	var errs []error
+	var problems []model.Problem
 	objs := c.claimInformer.GetStore().List()
 	// In name order, so the groups they create are allocated in a predictable order.
 	slices.SortFunc(objs, func(x, y any) int {
@@ -211,14 +214,18 @@ func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.S
 		if claim.DeletionTimestamp != nil {
 			continue
 		}
-		if err := c.reconcileClaim(ctx, claim, st, snap); err != nil {
+		if err := c.reconcileClaim(ctx, claim, st, snap, &problems); err != nil {
 			errs = append(errs, fmt.Errorf("reconcile IngressClaim %s/%s: %w", claim.Namespace, claim.Name, err))
 		}
 	}
-	return joinErrs(errs)
+	return problems, errors.Join(errs...)
 }
 
-func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st State, snap model.Snapshot) error {
+func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st State, snap model.Snapshot, problems *[]model.Problem) error {
+	warn := func(field, reason, detail string) {
+		*problems = append(*problems, model.Problem{Object: "IngressClaim " + claim.Namespace + "/" + claim.Name,
+			Field: field, Reason: reason, Detail: detail})
+	}
 	group := claim.Namespace + "/" + claim.Name
 	status := IngressClaimStatus{Group: group}
 
@@ -261,7 +268,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 	case !ownedBy(svc, claim):
 		status.Phase = ClaimPending
 		status.Message = fmt.Sprintf("Service %s exists and is not owned by this claim", group)
-		c.recorder.Event(claim.ref(), corev1.EventTypeWarning, "NameTaken", status.Message)
+		warn("metadata.name", ReasonNameTaken, status.Message)
 		return c.writeClaimStatus(ctx, claim, status)
 	}
 	// The agents' DaemonSet.
@@ -299,7 +306,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 		case groupRef(cur, ing.Namespace) == group:
 			status.BoundIngresses = append(status.BoundIngresses, name)
 		default:
-			c.recorder.Eventf(claim.ref(), corev1.EventTypeWarning, ReasonAlreadyBound, "Ingress %s is bound to group %s; not moved", name, cur)
+			warn("spec.ingresses", ReasonAlreadyBound, fmt.Sprintf("Ingress %s is bound to group %s; not moved", name, cur))
 		}
 	}
 	status.Phase = ClaimBound

@@ -102,7 +102,6 @@ type Controller struct {
 	published    bool
 	lastProblems []model.Problem
 	reported     map[string]bool // problems already sent as Events (leader)
-	allocated    map[string]bool // allocation problems already sent as Events
 
 	// written remembers the annotations this leader wrote until the cache shows them,
 	// so a sync on a cache that lags its own writes does not allocate or schedule again.
@@ -294,7 +293,6 @@ func (c *Controller) elect(ctx context.Context) {
 					c.log.Info("became leader", zap.String("identity", c.cfg.Identity))
 					c.mu.Lock()
 					c.reported = map[string]bool{}
-					c.allocated = map[string]bool{}
 					c.mu.Unlock()
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
@@ -379,7 +377,11 @@ func (c *Controller) sync(ctx context.Context) error {
 	defer func() { c.metrics.syncDuration.Observe(time.Since(start).Seconds()) }()
 	st := c.state()
 	snap, problems := Build(st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
-	c.observe(st, problems)
+	// Allocation is pure too: every instance computes it, so its problems show in
+	// Problems() and the metrics everywhere; only the leader writes the result.
+	wst := c.withWritten(st)
+	alloc := c.allocate(wst)
+	problems = append(problems, alloc.problems...)
 
 	c.mu.Lock()
 	// The first snapshot always goes out, even an empty one: sinks start from it.
@@ -387,7 +389,6 @@ func (c *Controller) sync(ctx context.Context) error {
 	if changed {
 		c.last, c.published = snap, true
 	}
-	c.lastProblems = problems
 	c.mu.Unlock()
 	if changed {
 		c.fanout.publish(snap)
@@ -396,15 +397,34 @@ func (c *Controller) sync(ctx context.Context) error {
 	} else {
 		c.metrics.syncs.WithLabelValues("unchanged").Inc()
 	}
-	if !c.IsLeader() {
-		return nil
+	var err error
+	if c.IsLeader() {
+		var claimProblems []model.Problem
+		claimProblems, err = c.write(ctx, wst, snap, alloc)
+		problems = append(problems, claimProblems...)
+		c.report(problems)
+		if err != nil {
+			c.metrics.syncs.WithLabelValues("error").Inc()
+		}
 	}
-	c.report(problems)
-	if err := c.write(ctx, st, snap); err != nil {
-		c.metrics.syncs.WithLabelValues("error").Inc()
-		return err
-	}
-	return nil
+	c.observe(st, problems)
+	c.mu.Lock()
+	c.lastProblems = problems
+	c.mu.Unlock()
+	return err
+}
+
+// allocation is what the leader would allocate on this sync.
+type allocation struct {
+	vrids    map[string]uint8
+	vips     map[string][]netip.Addr
+	problems []model.Problem
+}
+
+func (c *Controller) allocate(st State) allocation {
+	vrids, problems := AllocateVRIDs(st.Services)
+	vips, vipProblems := AllocateVIPs(st.Services, c.cfg.Pools)
+	return allocation{vrids: vrids, vips: vips, problems: append(problems, vipProblems...)}
 }
 
 func (c *Controller) observe(st State, problems []model.Problem) {
@@ -423,8 +443,9 @@ func (c *Controller) observe(st State, problems []model.Problem) {
 	}
 }
 
-// report sends each new problem as a Warning Event on its object (leader only, so
-// the agents do not repeat each other).
+// report sends each new problem as a Warning Event on its object, once while it
+// lasts (leader only, so the agents do not repeat each other). Every problem goes
+// through it: Build's, allocation's and the claims'.
 func (c *Controller) report(problems []model.Problem) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -459,7 +480,8 @@ func problemRef(p model.Problem) *corev1.ObjectReference {
 // objRef references an object for an Event; nil for kinds Portico does not report on.
 func objRef(kind, ns, name string) *corev1.ObjectReference {
 	api := map[string]string{"Ingress": "networking.k8s.io/v1", "IngressClass": "networking.k8s.io/v1",
-		"Service": "v1", "Pod": "v1", "Secret": "v1", "Node": "v1"}[kind]
+		"Service": "v1", "Pod": "v1", "Secret": "v1", "Node": "v1",
+		"IngressClaim": ClaimResource.GroupVersion().String()}[kind]
 	if api == "" {
 		return nil
 	}
@@ -470,24 +492,19 @@ func (c *Controller) countWrite(what string, err error) {
 	c.metrics.writes.WithLabelValues(what, result(err)).Inc()
 }
 
-func joinErrs(errs []error) error { return errors.Join(errs...) }
-
-// write makes the leader's cluster-wide writes. Each reads the cached objects and
-// changes the API server (never the cache); the resulting informer events trigger the
-// next sync, which sees the new state.
-func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) error {
+// write makes the leader's cluster-wide writes on st (the cache with this leader's
+// unseen writes overlaid) and returns the claims' problems. Each write changes the
+// API server (never the cache); the resulting informer events trigger the next sync,
+// which sees the new state.
+func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, alloc allocation) ([]model.Problem, error) {
 	var errs []error
-	st = c.withWritten(st)
 	// VRIDs.
-	vrids, problems := AllocateVRIDs(st.Services)
-	for g, id := range vrids {
+	for g, id := range alloc.vrids {
 		_, err := c.annotate(ctx, "Service", g, AnnotationVRID, strconv.Itoa(int(id)), "VRIDAssigned", fmt.Sprintf("VRRP id %d", id))
 		errs = append(errs, err)
 	}
 	// VIPs.
-	vips, vipProblems := AllocateVIPs(st.Services, c.cfg.Pools)
-	problems = append(problems, vipProblems...)
-	for g, as := range vips {
+	for g, as := range alloc.vips {
 		var v []string
 		for _, a := range as {
 			v = append(v, a.String())
@@ -496,7 +513,6 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) e
 		_, err := c.annotate(ctx, "Service", g, AnnotationVIP, vip, "VIPAllocated", "VIP "+vip+" from the pools")
 		errs = append(errs, err)
 	}
-	c.reportAllocation(st, problems)
 	// Group Service status (LoadBalancer Services only: the API server refuses
 	// status.loadBalancer.ingress on other types).
 	groupVIPs := map[string][]netip.Addr{}
@@ -548,28 +564,9 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot) e
 		c.countWrite("ingress-status", err)
 		errs = append(errs, ignoreGone(err))
 	}
-	errs = append(errs, c.reconcileClaims(ctx, st, snap))
-	return errors.Join(errs...)
-}
-
-// reportAllocation sends allocation problems as Events once.
-func (c *Controller) reportAllocation(st State, problems []model.Problem) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := map[string]bool{}
-	for _, p := range problems {
-		k := p.String()
-		now[k] = true
-		c.metrics.problems.WithLabelValues(p.Reason).Inc()
-		if c.allocated[k] {
-			continue
-		}
-		if ref := problemRef(p); ref != nil {
-			c.recorder.Event(ref, corev1.EventTypeWarning, p.Reason, p.Detail)
-		}
-		c.log.Warn("allocation problem", zap.String("object", p.Object), zap.String("reason", p.Reason), zap.String("detail", p.Detail))
-	}
-	c.allocated = now
+	problems, err := c.reconcileClaims(ctx, st, snap)
+	errs = append(errs, err)
+	return problems, errors.Join(errs...)
 }
 
 // onlyOurVIPs reports whether an Ingress status lists addresses and all are Portico

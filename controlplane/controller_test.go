@@ -2,16 +2,25 @@ package controlplane
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // fakeController is a Controller on a fake clientset whose Events land in a
@@ -98,5 +107,103 @@ func TestWithWrittenCopies(t *testing.T) {
 	}
 	if svc.Annotations != nil || len(ing.Annotations) != 1 || st.Services[0] != svc || st.Ingresses[0] != ing {
 		t.Errorf("cached objects changed: %v %v", svc.Annotations, ing.Annotations)
+	}
+}
+
+// TestAllocationProblems: allocation problems show in Problems() and the metric on
+// every instance, and the leader sends each as one Warning Event while it lasts.
+func TestAllocationProblems(t *testing.T) {
+	c, rec := fakeController(t)
+	pool, err := ParsePool("192.0.2.1/32")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cfg.Pools = []Pool{pool}
+	// a holds the pool's only address; b asks for one.
+	for name, anns := range map[string]map[string]string{
+		"a": {AnnotationVIP: "192.0.2.1", AnnotationVRID: "7"},
+		"b": {AnnotationVRID: "8"},
+	} {
+		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name,
+			Labels: map[string]string{LabelGroup: "true"}, Annotations: anns}}
+		if err := c.services.Add(s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exhausted := func() bool {
+		return slices.ContainsFunc(c.Problems(), func(p model.Problem) bool {
+			return p.Reason == ReasonVIPPoolExhausted && p.Object == "Service ns/b"
+		})
+	}
+	ctx := context.Background()
+	if err := c.sync(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !exhausted() {
+		t.Fatalf("follower: no VIPPoolExhausted for ns/b in Problems() %v", c.Problems())
+	}
+	if n := testutil.ToFloat64(c.metrics.problems.WithLabelValues(ReasonVIPPoolExhausted)); n != 1 {
+		t.Errorf("follower: problems metric %v, want 1", n)
+	}
+	if ev := drain(rec); len(ev) != 0 {
+		t.Errorf("follower sent Events: %q", ev)
+	}
+
+	c.leader.Store(true)
+	for range 3 {
+		if err := c.sync(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !exhausted() {
+		t.Fatalf("leader: no VIPPoolExhausted in Problems() %v", c.Problems())
+	}
+	var warnings []string
+	for _, e := range drain(rec) {
+		if strings.HasPrefix(e, "Warning "+ReasonVIPPoolExhausted) {
+			warnings = append(warnings, e)
+		}
+	}
+	if len(warnings) != 1 {
+		t.Errorf("leader, three syncs: %d VIPPoolExhausted Events, want 1: %q", len(warnings), warnings)
+	}
+}
+
+// TestClaimWarningsReported: a claim's warnings are problems for report (deduplicated),
+// not Events sent on every sync.
+func TestClaimWarningsReported(t *testing.T) {
+	taken := corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "edge"}}
+	c, rec := fakeController(t, taken)
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"metadata": map[string]any{"name": "edge", "namespace": "ns", "uid": "claim-uid"},
+		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
+	}}
+	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+	claim, err := claimFromUnstructured(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := State{Services: []*corev1.Service{&taken},
+		Ingresses: []*networkingv1.Ingress{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "shop"}}}}
+	c.leader.Store(true)
+	var sent int
+	for range 3 {
+		var problems []model.Problem
+		if err := c.reconcileClaim(context.Background(), claim, st, model.Snapshot{}, &problems); err != nil {
+			t.Fatal(err)
+		}
+		if len(problems) != 1 || problems[0].Reason != ReasonNameTaken || problems[0].Object != "IngressClaim ns/edge" {
+			t.Fatalf("problems %v, want one NameTaken on the claim", problems)
+		}
+		if ev := drain(rec); len(ev) != 0 {
+			t.Fatalf("reconcileClaim sent Events itself: %q", ev)
+		}
+		c.report(problems)
+		sent += len(drain(rec))
+	}
+	if sent != 1 {
+		t.Errorf("three syncs sent %d NameTaken Events, want 1", sent)
 	}
 }
