@@ -293,10 +293,7 @@ func (a *Announcer) readClaims(ctx context.Context, read func(time.Time) (claim,
 			continue
 		}
 		if in := a.byVIP[c.vip]; in != nil {
-			select {
-			case in.events <- claimEvent{c}:
-			case <-ctx.Done():
-			}
+			in.claimed(c, time.Now())
 		}
 	}
 }

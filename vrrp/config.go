@@ -43,7 +43,10 @@ type InstanceConfig struct {
 	AcceptAnySource bool `json:"accept_any_source,omitempty"`
 	// GARPCount is how many announcements are sent at takeover (default 3),
 	// GARPSpacing the gap between them (default 50ms), and GARPRefresh the
-	// period of the refresh while Master (default 10s, negative: none).
+	// period of the refresh while Master (default 10s, negative: none). A
+	// claim on a VIP by another station is answered with a new burst, but not
+	// while one runs nor within GARPSpacing (at least 10ms) of the last
+	// announcement, so two Masters do not answer each other without end.
 	GARPCount   int      `json:"garp_count,omitempty"`
 	GARPSpacing Duration `json:"garp_spacing,omitempty"`
 	GARPRefresh Duration `json:"garp_refresh,omitempty"`

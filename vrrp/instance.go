@@ -2,6 +2,7 @@ package vrrp
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"runtime"
@@ -19,8 +20,6 @@ type advertEvent struct {
 
 type priorityEvent struct{ p uint8 }
 
-type claimEvent struct{ c claim }
-
 // instance is one virtual router: its state machine and the goroutine that feeds
 // it events and real time, and carries out its outputs.
 type instance struct {
@@ -34,15 +33,39 @@ type instance struct {
 	events  chan any
 	state   atomic.Uint32
 
+	// claims holds at most one pending claim on our VIPs: a flood of them
+	// coalesces here instead of filling events and holding up adverts.
+	claims   chan claim
+	claimLog *limiter
+	// garp sends one announcement of a VIP (ARP or NDP); a field so tests can
+	// count announcements without sockets.
+	garp func(vip netip.Addr, count func(kind string)) error
+
 	garpLeft int       // announcements left in the current burst
 	garpNext time.Time // when the next announcement is due; zero: none
+	garpLast time.Time // when the last announcement went out
 }
+
+// minClaimHoldoff is the least time after an announcement during which a claim
+// is not answered with another, whatever GARPSpacing says: with no hold-off, two
+// Masters of a split brain would answer each other's announcements without end.
+const minClaimHoldoff = 10 * time.Millisecond
 
 func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) *instance {
 	in := &instance{
 		a: a, cfg: ic, is4: is4, primary: primary,
-		log:    a.log.With(zap.String("instance", ic.Name), zap.Uint8("vrid", ic.VRID), zap.String("iface", a.cfg.Interface)),
-		events: make(chan any, 64),
+		log:      a.log.With(zap.String("instance", ic.Name), zap.Uint8("vrid", ic.VRID), zap.String("iface", a.cfg.Interface)),
+		events:   make(chan any, 64),
+		claims:   make(chan claim, 1),
+		claimLog: newLimiter(10 * time.Second),
+	}
+	switch {
+	case is4 && a.arp != nil:
+		in.garp = a.arp.announce
+	case !is4 && a.ndp != nil:
+		in.garp = a.ndp.announce
+	default:
+		in.garp = func(netip.Addr, func(string)) error { return errors.New("no arp/ndp socket") }
 	}
 	for _, v := range ic.VIPs {
 		in.vips = append(in.vips, v.Unmap())
@@ -116,6 +139,8 @@ func (in *instance) run(ctx context.Context) {
 			return
 		case ev := <-in.events:
 			in.handle(ev)
+		case c := <-in.claims:
+			in.reannounce(c, time.Now())
 		case <-timer.C:
 			if in.m.State() == StateBackup {
 				// Wait out the lead, unless an advert comes in meanwhile;
@@ -127,9 +152,7 @@ func (in *instance) run(ctx context.Context) {
 			}
 			now := time.Now()
 			in.apply(in.m.Tick(now))
-			if !in.garpNext.IsZero() && !now.Before(in.garpNext) {
-				in.announce(now)
-			}
+			in.garpDue(now)
 		}
 	}
 }
@@ -156,13 +179,47 @@ func (in *instance) handle(ev any) {
 		in.log.Info("vrrp priority changed", zap.Uint8("from", in.m.Priority()), zap.Uint8("to", max(ev.p, 1)))
 		in.apply(in.m.SetPriority(now, ev.p))
 		in.a.met.priority.WithLabelValues(in.cfg.Name).Set(float64(in.m.Priority()))
-	case claimEvent:
-		if in.m.State() == StateMaster {
-			in.a.met.conflicts.WithLabelValues(in.cfg.Name).Inc()
-			in.log.Warn("vip claimed by another station, re-announcing",
-				zap.Stringer("vip", ev.c.vip), zap.Stringer("mac", ev.c.mac))
-			in.startBurst(now)
-		}
+	}
+}
+
+// claimed is called by the ARP / NDP reader for each claim on one of our VIPs by
+// a foreign MAC. While Master, every claim is counted and logged (rate-limited),
+// and handed on for re-announcement; one pending claim is enough, so the rest
+// are dropped rather than queued.
+func (in *instance) claimed(c claim, now time.Time) {
+	if State(in.state.Load()) != StateMaster {
+		return
+	}
+	in.a.met.conflicts.WithLabelValues(in.cfg.Name).Inc()
+	if n, ok := in.claimLog.allow(c.vip.String(), now); ok {
+		in.log.Warn("vip claimed by another station",
+			zap.Stringer("vip", c.vip), zap.Stringer("mac", c.mac), zap.Int("suppressed", n))
+	}
+	select {
+	case in.claims <- c:
+	default:
+	}
+}
+
+// reannounce answers a claim with a fresh burst of announcements, unless one is
+// running or the last announcement went out within the hold-off: our own
+// announcement is a claim for another Master, and answering every claim at
+// once would have two Masters of a split brain flood the segment.
+func (in *instance) reannounce(c claim, now time.Time) {
+	if in.m.State() != StateMaster || in.garpLeft > 0 {
+		return
+	}
+	if holdoff := max(in.cfg.GARPSpacing.Duration, minClaimHoldoff); now.Sub(in.garpLast) < holdoff {
+		return
+	}
+	in.log.Debug("re-announcing after a claim", zap.Stringer("vip", c.vip), zap.Stringer("mac", c.mac))
+	in.startBurst(now)
+}
+
+// garpDue sends the next announcement of a burst or refresh if it is due.
+func (in *instance) garpDue(now time.Time) {
+	if !in.garpNext.IsZero() && !now.Before(in.garpNext) {
+		in.announce(now)
 	}
 }
 
@@ -188,7 +245,7 @@ func (in *instance) apply(out Output) {
 		}
 		in.startBurst(time.Now())
 	case t.From == StateMaster:
-		in.garpNext = time.Time{}
+		in.garpNext, in.garpLeft = time.Time{}, 0
 		for _, v := range in.vips {
 			if err := delVIP(in.a.nl, in.a.link, v); err != nil {
 				in.log.Error("remove vip", zap.Stringer("vip", v), zap.Error(err))
@@ -234,16 +291,11 @@ func (in *instance) startBurst(now time.Time) {
 func (in *instance) announce(now time.Time) {
 	count := func(kind string) { in.a.met.garpSent.WithLabelValues(in.cfg.Name, kind).Inc() }
 	for _, v := range in.vips {
-		var err error
-		if in.is4 {
-			err = in.a.arp.announce(v, count)
-		} else {
-			err = in.a.ndp.announce(v, count)
-		}
-		if err != nil {
+		if err := in.garp(v, count); err != nil {
 			in.log.Error("announce vip", zap.Stringer("vip", v), zap.Error(err))
 		}
 	}
+	in.garpLast = now
 	if in.garpLeft > 0 {
 		in.garpLeft--
 	}
