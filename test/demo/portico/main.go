@@ -32,25 +32,23 @@ func main() {
 	kubectl := flag.String("kubectl", "", "a kubectl binary (test/kapi/build.sh builds one)")
 	hold := flag.Bool("lab", false, "bring the lab up, print how to use it and keep it until interrupted (make lab)")
 	flag.Parse()
-	run := run
+	mode := run
 	if *hold {
-		run = runLab
+		mode = runLab
 	}
-	if err := run(*portico, *kubectl); err != nil {
+	if err := withLab(*portico, func(ctx context.Context, l *lab.Lab) error { return mode(ctx, l, *portico, *kubectl) }); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
 }
 
-func step(format string, args ...any) { fmt.Printf("\n==> "+format+"\n", args...) }
-
-func run(portico, kubectl string) (err error) {
+// withLab starts the lab, runs f, and tears the lab down, also on Ctrl-C.
+func withLab(portico string, f func(context.Context, *lab.Lab) error) (err error) {
 	if os.Geteuid() != 0 {
-		return fmt.Errorf("the demo needs root (network namespaces, XDP, VRRP)")
+		return fmt.Errorf("needs root (network namespaces, XDP, VRRP)")
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-
 	step("starting a kube-apiserver and the lab: 3 edge nodes, a client, 2 backend pods on one bridge")
 	l, err := lab.Start(ctx, lab.Options{Portico: portico})
 	if err != nil {
@@ -61,8 +59,15 @@ func run(portico, kubectl string) (err error) {
 		if cerr := l.Close(); cerr != nil && err == nil {
 			err = cerr
 		}
-		fmt.Println("  agents stopped, namespaces, pins and the API server removed")
+		fmt.Println("  agents stopped; namespaces, pins, nginx and the API server removed")
 	}()
+	return f(ctx, l)
+}
+
+func step(format string, args ...any) { fmt.Printf("\n==> "+format+"\n", args...) }
+
+// run is the demo: the whole system shown once.
+func run(ctx context.Context, l *lab.Lab, portico, kubectl string) error {
 	for _, n := range append(append([]*lab.Node{l.Client}, l.Edges...), l.Pods...) {
 		fmt.Printf("  %-3s %-15s namespace %s\n", n.Name, n.Addr, n.NS)
 	}
@@ -202,26 +207,14 @@ func indent(s string) string {
 }
 
 // runLab brings the lab up and keeps it, for exploring by hand.
-func runLab(portico, kubectl string) (err error) {
-	if os.Geteuid() != 0 {
-		return fmt.Errorf("the lab needs root (network namespaces, XDP, VRRP)")
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	l, err := lab.Start(ctx, lab.Options{Portico: portico})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		step("tearing down")
-		if cerr := l.Close(); cerr != nil && err == nil {
-			err = cerr
-		}
-	}()
+func runLab(ctx context.Context, l *lab.Lab, portico, kubectl string) error {
 	if err := l.Up(ctx, 2*time.Minute); err != nil {
 		return err
 	}
-	owner, _ := l.Owner()
+	owner, err := l.Owner()
+	if err != nil {
+		return err
+	}
 	step("the lab is up: %s owns VIP %s", owner.Name, lab.VIP)
 	for _, n := range append(append([]*lab.Node{l.Client}, l.Edges...), l.Pods...) {
 		fmt.Printf("  %-3s %-15s ip netns exec %s ...\n", n.Name, n.Addr, n.NS)
