@@ -6,11 +6,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"time"
 
 	"go.uber.org/zap"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -196,11 +200,13 @@ func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.S
 	}
 	var errs []error
 	var problems []model.Problem
+	ix := newClaimIndex(st, snap)
 	objs := c.claimInformer.GetStore().List()
 	// In name order, so the groups they create are allocated in a predictable order.
 	slices.SortFunc(objs, func(x, y any) int {
 		return cmp.Compare(cache.MetaObjectToName(x.(metav1.Object)).String(), cache.MetaObjectToName(y.(metav1.Object)).String())
 	})
+	seen := map[types.UID]bool{}
 	for _, obj := range objs {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
@@ -211,17 +217,43 @@ func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.S
 			errs = append(errs, err)
 			continue
 		}
+		seen[claim.UID] = true
 		if claim.DeletionTimestamp != nil {
 			continue
 		}
-		if err := c.reconcileClaim(ctx, claim, st, snap, &problems); err != nil {
+		if err := c.reconcileClaim(ctx, claim, ix, &problems); err != nil {
 			errs = append(errs, fmt.Errorf("reconcile IngressClaim %s/%s: %w", claim.Namespace, claim.Name, err))
 		}
 	}
+	c.mu.Lock()
+	maps.DeleteFunc(c.provisioned, func(uid types.UID, _ time.Time) bool { return !seen[uid] })
+	c.mu.Unlock()
 	return problems, errors.Join(errs...)
 }
 
-func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st State, snap model.Snapshot, problems *[]model.Problem) error {
+// claimIndex looks up, once per sync, what the claims read.
+type claimIndex struct {
+	services  map[string]*corev1.Service       // by namespace/name
+	ingresses map[string]*networkingv1.Ingress // by namespace/name
+	groups    map[string]*model.Group          // by name
+}
+
+func newClaimIndex(st State, snap model.Snapshot) *claimIndex {
+	ix := &claimIndex{services: make(map[string]*corev1.Service, len(st.Services)),
+		ingresses: make(map[string]*networkingv1.Ingress, len(st.Ingresses)), groups: make(map[string]*model.Group, len(snap.Groups))}
+	for _, s := range st.Services {
+		ix.services[key(s)] = s
+	}
+	for _, i := range st.Ingresses {
+		ix.ingresses[key(i)] = i
+	}
+	for i := range snap.Groups {
+		ix.groups[snap.Groups[i].Name] = &snap.Groups[i]
+	}
+	return ix
+}
+
+func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix *claimIndex, problems *[]model.Problem) error {
 	warn := func(field, reason, detail string) {
 		*problems = append(*problems, model.Problem{Object: "IngressClaim " + claim.Namespace + "/" + claim.Name,
 			Field: field, Reason: reason, Detail: detail})
@@ -230,15 +262,9 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 	status := IngressClaimStatus{Group: group}
 
 	// Which listed Ingresses exist, and which are bound here.
-	ings := map[string]bool{}
-	for _, i := range st.Ingresses {
-		if i.Namespace == claim.Namespace {
-			ings[i.Name] = true
-		}
-	}
 	var existing []string
 	for _, r := range claim.Spec.Ingresses {
-		if ings[r.Name] && !slices.Contains(existing, r.Name) {
+		if ix.ingresses[claim.Namespace+"/"+r.Name] != nil && !slices.Contains(existing, r.Name) {
 			existing = append(existing, r.Name)
 		}
 	}
@@ -254,7 +280,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 	}
 
 	// The group Service.
-	svc := c.findService(st, claim.Namespace, claim.Name)
+	svc := ix.services[group]
 	switch {
 	case svc == nil:
 		_, err := c.cfg.Client.CoreV1().Services(claim.Namespace).Create(ctx, claimService(claim), metav1.CreateOptions{})
@@ -271,24 +297,34 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 		warn("metadata.name", ReasonNameTaken, status.Message)
 		return c.writeClaimStatus(ctx, claim, status)
 	}
-	// The agents' DaemonSet.
-	dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
-	if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-		_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.LeaseNamespace), metav1.CreateOptions{})
-		c.countWrite("claim-daemonset", err)
-		switch {
-		case err == nil:
-			c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
-		case !apierrors.IsAlreadyExists(err):
-			return fmt.Errorf("create DaemonSet: %w", err)
+	// The agents' DaemonSet: the API server is asked (no DaemonSet informer) when
+	// this leader has not seen it for the claim yet, and again once per resync
+	// period, so one deleted by hand comes back.
+	c.mu.Lock()
+	at, seen := c.provisioned[claim.UID]
+	c.mu.Unlock()
+	if !seen || time.Since(at) > c.cfg.ResyncPeriod {
+		dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
+		if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+			_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.LeaseNamespace), metav1.CreateOptions{})
+			c.countWrite("claim-daemonset", err)
+			switch {
+			case err == nil:
+				c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
+			case !apierrors.IsAlreadyExists(err):
+				return fmt.Errorf("create DaemonSet: %w", err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("get DaemonSet: %w", err)
 		}
-	} else if err != nil {
-		return fmt.Errorf("get DaemonSet: %w", err)
+		c.mu.Lock()
+		c.provisioned[claim.UID] = time.Now()
+		c.mu.Unlock()
 	}
 
 	// Bind the listed Ingresses (sticky: one bound elsewhere is reported, not moved).
 	for _, name := range existing {
-		ing := c.findIngress(st, claim.Namespace, name)
+		ing := ix.ingresses[claim.Namespace+"/"+name]
 		if ing == nil {
 			continue
 		}
@@ -310,15 +346,13 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, st
 		}
 	}
 	status.Phase = ClaimBound
-	for _, g := range snap.Groups {
-		if g.Name == group {
-			for _, a := range g.VIPs {
-				status.VIPs = append(status.VIPs, a.String())
-			}
-			for _, r := range g.Replicas {
-				if r.State == model.Ready {
-					status.ReadyReplicas++
-				}
+	if g := ix.groups[group]; g != nil {
+		for _, a := range g.VIPs {
+			status.VIPs = append(status.VIPs, a.String())
+		}
+		for _, r := range g.Replicas {
+			if r.State == model.Ready {
+				status.ReadyReplicas++
 			}
 		}
 	}
@@ -376,7 +410,7 @@ func (c *Controller) reclaim(ctx context.Context, claim *IngressClaim) error {
 }
 
 func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, st IngressClaimStatus) error {
-	if equalJSON(claim.Status, st) {
+	if equality.Semantic.DeepEqual(claim.Status, st) {
 		return nil
 	}
 	// A merge patch only removes fields it sets to null: spell every field out.
@@ -398,10 +432,4 @@ func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, 
 		return fmt.Errorf("write claim status: %w", err)
 	}
 	return nil
-}
-
-func equalJSON(a, b any) bool {
-	x, err1 := json.Marshal(a)
-	y, err2 := json.Marshal(b)
-	return err1 == nil && err2 == nil && string(x) == string(y)
 }

@@ -19,6 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -102,6 +103,8 @@ type Controller struct {
 	published    bool
 	lastProblems []model.Problem
 	reported     map[string]bool // problems already sent as Events (leader)
+	// provisioned: when this leader last saw each claim's DaemonSet (by claim UID).
+	provisioned map[types.UID]time.Time
 
 	// written remembers the annotations this leader wrote until the cache shows them,
 	// so a sync on a cache that lags its own writes does not allocate or schedule again.
@@ -143,8 +146,9 @@ func New(cfg Config) (*Controller, error) {
 		log: cfg.Logger,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "portico-controlplane"}),
-		reported: map[string]bool{},
-		written:  map[writtenKey]written{},
+		reported:    map[string]bool{},
+		provisioned: map[types.UID]time.Time{},
+		written:     map[writtenKey]written{},
 	}
 	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(c.queue.Len()) })
 	if err != nil {
@@ -293,6 +297,7 @@ func (c *Controller) elect(ctx context.Context) {
 					c.log.Info("became leader", zap.String("identity", c.cfg.Identity))
 					c.mu.Lock()
 					c.reported = map[string]bool{}
+					c.provisioned = map[types.UID]time.Time{}
 					c.mu.Unlock()
 					c.leader.Store(true)
 					c.metrics.leader.Set(1)
@@ -524,7 +529,7 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, a
 			continue
 		}
 		want := lbIngress(groupVIPs[key(s)])
-		if equalJSON(s.Status.LoadBalancer.Ingress, want) {
+		if equality.Semantic.DeepEqual(s.Status.LoadBalancer.Ingress, want) {
 			continue
 		}
 		cp := s.DeepCopy()
@@ -555,7 +560,7 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, a
 			continue // another controller's Ingress (one Portico served before is cleared)
 		}
 		want := ingressLB(groupVIPs[bd.Group])
-		if equalJSON(ing.Status.LoadBalancer.Ingress, want) {
+		if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
 			continue
 		}
 		cp := ing.DeepCopy()
@@ -715,22 +720,4 @@ func overlayWritten[T interface {
 		out[i] = cp
 	}
 	return out
-}
-
-func (c *Controller) findService(st State, ns, name string) *corev1.Service {
-	for _, s := range st.Services {
-		if s.Namespace == ns && s.Name == name {
-			return s
-		}
-	}
-	return nil
-}
-
-func (c *Controller) findIngress(st State, ns, name string) *networkingv1.Ingress {
-	for _, i := range st.Ingresses {
-		if i.Namespace == ns && i.Name == name {
-			return i
-		}
-	}
-	return nil
 }

@@ -191,7 +191,7 @@ func TestClaimWarningsReported(t *testing.T) {
 	var sent int
 	for range 3 {
 		var problems []model.Problem
-		if err := c.reconcileClaim(context.Background(), claim, st, model.Snapshot{}, &problems); err != nil {
+		if err := c.reconcileClaim(context.Background(), claim, newClaimIndex(st, model.Snapshot{}), &problems); err != nil {
 			t.Fatal(err)
 		}
 		if len(problems) != 1 || problems[0].Reason != ReasonNameTaken || problems[0].Object != "IngressClaim ns/edge" {
@@ -205,5 +205,53 @@ func TestClaimWarningsReported(t *testing.T) {
 	}
 	if sent != 1 {
 		t.Errorf("three syncs sent %d NameTaken Events, want 1", sent)
+	}
+}
+
+// TestClaimDaemonSetLookups: the claim's DaemonSet is looked up on the API server
+// once, not on every sync, and again after a resync period.
+func TestClaimDaemonSetLookups(t *testing.T) {
+	c, _ := fakeController(t)
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"metadata": map[string]any{"name": "edge", "namespace": "ns", "uid": "claim-uid"},
+		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
+	}}
+	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+	claim, err := claimFromUnstructured(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := State{Services: []*corev1.Service{claimService(claim)},
+		Ingresses: []*networkingv1.Ingress{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "shop",
+			Annotations: map[string]string{AnnotationGroup: "ns/edge"}}}}}
+	cs := c.cfg.Client.(*fake.Clientset)
+	dsCalls := func() []string {
+		var out []string
+		for _, a := range cs.Actions() {
+			if a.GetResource().Resource == "daemonsets" {
+				out = append(out, a.GetVerb())
+			}
+		}
+		return out
+	}
+	sync := func() {
+		t.Helper()
+		var problems []model.Problem
+		if err := c.reconcileClaim(context.Background(), claim, newClaimIndex(st, model.Snapshot{}), &problems); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		sync()
+	}
+	if got := dsCalls(); !slices.Equal(got, []string{"get", "create"}) {
+		t.Fatalf("three syncs: DaemonSet calls %v, want one get and one create", got)
+	}
+	c.provisioned[claim.UID] = time.Now().Add(-2 * c.cfg.ResyncPeriod)
+	sync()
+	if got := dsCalls(); !slices.Equal(got, []string{"get", "create", "get"}) {
+		t.Fatalf("after a resync period: DaemonSet calls %v, want one more get", got)
 	}
 }
