@@ -235,7 +235,7 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	}
 
 	h := &health{attached: dp.Attached, l4: l4, reloader: reloader, reason: "starting", statusURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", cfg.statusPort)}
-	srv := &http.Server{Addr: cfg.metricsAddr, Handler: h.mux(reg), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h.mux(reg), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.metricsAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.metricsAddr, err)
@@ -245,13 +245,19 @@ func agentMain(ctx context.Context, cfg agentConfig, log *zap.Logger) error {
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	// The first failure stops the agent; later ones (during shutdown) are only
+	// logged, so no goroutine ever blocks on errc.
+	errc := make(chan error, 1)
 	goRun := func(name string, f func(context.Context) error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := f(runCtx); err != nil && !errors.Is(err, context.Canceled) {
-				errc <- fmt.Errorf("%s: %w", name, err)
+				select {
+				case errc <- fmt.Errorf("%s: %w", name, err):
+				default:
+					log.Error("agent part failed", zap.String("part", name), zap.Error(err))
+				}
 			}
 		}()
 	}
