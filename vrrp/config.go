@@ -36,7 +36,12 @@ type InstanceConfig struct {
 	PreemptDelay Duration `json:"preempt_delay,omitempty"`
 	// VIPs are the virtual addresses, all of one family.
 	VIPs []netip.Addr `json:"vips"`
-	// Peers, if set, are sent adverts by unicast instead of multicast.
+	// Peers, if set, are sent adverts by unicast instead of multicast. IPv6
+	// peers must be given by their link-local address (fe80::/10) on the
+	// interface: VRRP v3 adverts are sent from the link-local address (RFC 5798
+	// §5.1.2.1), so a peer listed by a global address would never be recognised
+	// as the source of its adverts, and each side would become Master. A zone
+	// ("%eth0") is allowed and dropped: the interface is Config.Interface.
 	Peers []netip.Addr `json:"peers,omitempty"`
 	// AcceptAnySource accepts adverts from sources outside Peers; by default,
 	// when Peers is set, they are rejected so a stray host cannot take the VIP.
@@ -99,7 +104,7 @@ func (c *Config) SetDefaults() {
 			in.VIPs[j] = v.Unmap()
 		}
 		for j, v := range in.Peers {
-			in.Peers[j] = v.Unmap()
+			in.Peers[j] = v.Unmap().WithZone("")
 		}
 		if in.Version == 0 {
 			in.Version = 3
@@ -163,8 +168,11 @@ func (c *Config) Validate() error {
 			}
 		}
 		for _, p := range in.Peers {
-			if !p.IsValid() || p.Unmap().Is4() != is4 {
+			switch {
+			case !p.IsValid() || p.Unmap().Is4() != is4:
 				bad("peer %v is not of the vips' family", p)
+			case !is4 && !p.IsLinkLocalUnicast():
+				bad("peer %v is not a link-local address: IPv6 adverts come from the sender's link-local address (RFC 5798 §5.1.2.1), so list each IPv6 peer by its fe80:: address on the interface", p)
 			}
 		}
 		k := key{is4, in.VRID}

@@ -63,6 +63,11 @@ func TestConfigValidate(t *testing.T) {
 			return c
 		}()}}, "one family"},
 		{"peer family", Config{Interface: "eth0", Instances: []InstanceConfig{func() InstanceConfig { c := base(); c.Peers = []netip.Addr{a4("fe80::1")}; return c }()}}, "not of the vips' family"},
+		{"global ipv6 peer", Config{Interface: "eth0", Instances: []InstanceConfig{func() InstanceConfig {
+			c := base()
+			c.VIPs, c.Peers = []netip.Addr{a4("2001:db8::100")}, []netip.Addr{a4("fe80::2"), a4("2001:db8::2")}
+			return c
+		}()}}, "peer 2001:db8::2 is not a link-local address"},
 		{"duplicate vrid", Config{Interface: "eth0", Instances: []InstanceConfig{base(), func() InstanceConfig { c := base(); c.Name = "other"; return c }()}}, "already used"},
 		{"v2 fraction", Config{Interface: "eth0", Instances: []InstanceConfig{func() InstanceConfig {
 			c := base()
@@ -90,6 +95,15 @@ func TestConfigValidate(t *testing.T) {
 	ok.SetDefaults()
 	if err := ok.Validate(); err != nil {
 		t.Errorf("Validate of a good config = %v", err)
+	}
+	v6 := Config{Interface: "eth0", Instances: []InstanceConfig{{VRID: 1, VIPs: []netip.Addr{a4("2001:db8::100")},
+		Peers: []netip.Addr{a4("fe80::2"), netip.MustParseAddr("fe80::3%eth0")}}}}
+	v6.SetDefaults()
+	if err := v6.Validate(); err != nil {
+		t.Errorf("Validate with link-local IPv6 peers = %v", err)
+	}
+	if got := v6.Instances[0].Peers[1]; got != a4("fe80::3") {
+		t.Errorf("peer = %v, want fe80::3 without its zone (sources are compared without one)", got)
 	}
 }
 

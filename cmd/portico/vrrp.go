@@ -41,7 +41,7 @@ func parseVRRPFlags(args []string) (vrrp.Config, vrrpFlags, error) {
 		priority     = fs.Uint("priority", 0, "priority, 1 to 255 (default 100; 255: address owner)")
 		interval     = fs.Duration("advert-interval", 0, "advertisement interval, default 1s (centiseconds in v3, whole seconds in v2)")
 		vips         = fs.String("vip", "", "comma-separated virtual IPs (one family)")
-		peers        = fs.String("peers", "", "comma-separated unicast peers; adverts go to them instead of the multicast group")
+		peers        = fs.String("peers", "", "comma-separated unicast peers (IPv6: their fe80:: link-local addresses); adverts go to them instead of the multicast group")
 		anySource    = fs.Bool("accept-any-source", false, "with -peers, also accept adverts from sources that are not peers")
 		noPreempt    = fs.Bool("no-preempt", false, "do not take over from a lower-priority Master")
 		preemptDelay = fs.Duration("preempt-delay", 0, "hold preemption back this long after entering Backup")
