@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -81,8 +82,12 @@ type IngressClaimStatus struct {
 	Group          string   `json:"group,omitempty"`
 	VIPs           []string `json:"vips,omitempty"`
 	BoundIngresses []string `json:"boundIngresses,omitempty"`
-	ReadyReplicas  int32    `json:"readyReplicas,omitempty"`
-	Message        string   `json:"message,omitempty"`
+	// Replicas is the template's replicas (default 2): the agents the group should
+	// have. ReadyReplicas counts the ready ones in the group's EndpointSlices; while
+	// it is below Replicas, Message says so ("1/3 replicas ready").
+	Replicas      int32  `json:"replicas,omitempty"`
+	ReadyReplicas int32  `json:"readyReplicas,omitempty"`
+	Message       string `json:"message,omitempty"`
 }
 
 // claimFromUnstructured decodes an informer object.
@@ -92,6 +97,15 @@ func claimFromUnstructured(u *unstructured.Unstructured) (*IngressClaim, error) 
 		return nil, fmt.Errorf("decode IngressClaim %s/%s: %w", u.GetNamespace(), u.GetName(), err)
 	}
 	return &c, nil
+}
+
+// replicas is the agents the claim's group should have (the CRD's default 2 when
+// the template does not say).
+func (c *IngressClaim) replicas() int32 {
+	if c.Spec.Template.Replicas > 0 {
+		return c.Spec.Template.Replicas
+	}
+	return 2
 }
 
 func (c *IngressClaim) ownerRef() metav1.OwnerReference {
@@ -132,16 +146,11 @@ func claimService(c *IngressClaim) *corev1.Service {
 	}
 }
 
-// claimDaemonSet runs the group's agents: hostNetwork, so each endpoint is a node.
 // claimDaemonSet is the agent DaemonSet of a claim's group: the same pod as
 // deploy/agent.yaml's (privileged, host network, the node's bpffs, the downward
 // API), serving the claim's group; its agents keep their Leases in leaseNS.
 func claimDaemonSet(c *IngressClaim, image, leaseNS string) *appsv1.DaemonSet {
 	labels := map[string]string{LabelClaim: c.Name}
-	replicas := c.Spec.Template.Replicas
-	if replicas == 0 {
-		replicas = 2
-	}
 	iface := c.Spec.Template.Interface
 	if iface == "" {
 		iface = "eth0"
@@ -157,7 +166,6 @@ func claimDaemonSet(c *IngressClaim, image, leaseNS string) *appsv1.DaemonSet {
 	dirOrCreate := corev1.HostPathDirectoryOrCreate
 	return &appsv1.DaemonSet{
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, Labels: labels,
-			Annotations:     map[string]string{"portico.io/replicas": fmt.Sprint(replicas)},
 			OwnerReferences: []metav1.OwnerReference{c.ownerRef()}},
 		Spec: appsv1.DaemonSetSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
@@ -346,6 +354,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 		}
 	}
 	status.Phase = ClaimBound
+	status.Replicas = claim.replicas()
 	if g := ix.groups[group]; g != nil {
 		for _, a := range g.VIPs {
 			status.VIPs = append(status.VIPs, a.String())
@@ -356,9 +365,14 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 			}
 		}
 	}
+	var waiting []string
 	if len(status.VIPs) == 0 {
-		status.Message = "waiting for a VIP"
+		waiting = append(waiting, "waiting for a VIP")
 	}
+	if status.ReadyReplicas < status.Replicas {
+		waiting = append(waiting, fmt.Sprintf("%d/%d replicas ready", status.ReadyReplicas, status.Replicas))
+	}
+	status.Message = strings.Join(waiting, "; ")
 	return c.writeClaimStatus(ctx, claim, status)
 }
 
@@ -414,7 +428,7 @@ func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, 
 		return nil
 	}
 	// A merge patch only removes fields it sets to null: spell every field out.
-	fields := map[string]any{"phase": nil, "group": nil, "vips": nil, "boundIngresses": nil, "readyReplicas": nil, "message": nil}
+	fields := map[string]any{"phase": nil, "group": nil, "vips": nil, "boundIngresses": nil, "replicas": nil, "readyReplicas": nil, "message": nil}
 	raw, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("encode claim status: %w", err)

@@ -556,7 +556,8 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			want := IngressClaimStatus{Phase: ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"}}
+			want := IngressClaimStatus{Phase: ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"},
+				Replicas: 3, Message: "0/3 replicas ready"}
 			if d := cmp.Diff(want, c.Status); d != "" {
 				return "claim status (-want +got):\n" + d
 			}
@@ -602,20 +603,29 @@ func TestIntegrationIngressClaim(t *testing.T) {
 		})
 	})
 	t.Run("ready replicas from the group's EndpointSlices", func(t *testing.T) {
+		readiness := func(ready int32, message string) func() string {
+			return func() string {
+				c, err := e.claim("edge")
+				if err != nil {
+					return err.Error()
+				}
+				if c.Status.ReadyReplicas != ready || c.Status.Replicas != 3 || c.Status.Message != message || c.Status.Phase != ClaimBound {
+					return fmt.Sprintf("status %+v, want Bound, %d/3 ready, message %q", c.Status, ready, message)
+				}
+				return ""
+			}
+		}
 		e.slice(slice("", "edge", "edge-1", "http", 80, ep{addr: "10.9.0.1", ready: true}, ep{addr: "10.9.0.2", ready: false}))
+		eventually(t, converge, readiness(1, "1/3 replicas ready"))
 		eventually(t, converge, func() string {
-			c, err := e.claim("edge")
-			if err != nil {
-				return err.Error()
-			}
-			if c.Status.ReadyReplicas != 1 {
-				return fmt.Sprintf("readyReplicas %d, want 1", c.Status.ReadyReplicas)
-			}
 			if !hasEvent(e, "edge", "Provisioned") {
 				return "no Provisioned event on the claim"
 			}
 			return ""
 		})
+		// As many ready agents as the template asks for: nothing left to wait for.
+		e.slice(slice("", "edge", "edge-2", "http", 80, ep{addr: "10.9.0.3", ready: true}, ep{addr: "10.9.0.4", ready: true}))
+		eventually(t, converge, readiness(3, ""))
 	})
 	t.Run("reclaim Delete", func(t *testing.T) {
 		for _, n := range []string{"shop", "blog"} {
