@@ -2,6 +2,7 @@ package vrrp
 
 import (
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -102,5 +103,27 @@ func TestAcceptCountsEveryRejection(t *testing.T) {
 	}
 	if got := counterValue(t, met.advertsReceived, "open"); got != 1 {
 		t.Errorf("received{open} = %v, want 1", got)
+	}
+}
+
+// TestAdvertDestinations: a peer list shared by every node names this node too;
+// adverts go to the other peers only. Without peers, to the group.
+func TestAdvertDestinations(t *testing.T) {
+	met, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Announcer{cfg: Config{Interface: "eth0"}, log: zap.NewNop(), met: met}
+	ic := InstanceConfig{Name: "x", VRID: 1, Version: 3, Priority: 100, AdvertInterval: Duration{time.Second}, VIPs: []netip.Addr{a4("10.0.0.100")}}
+	if got := newInstance(a, ic, true, a4("10.0.0.1")).dsts; !slices.Equal(got, []netip.Addr{GroupIPv4}) {
+		t.Errorf("destinations without peers = %v, want the group", got)
+	}
+	ic.Peers = []netip.Addr{a4("10.0.0.3"), a4("10.0.0.1"), a4("10.0.0.2")}
+	if got, want := newInstance(a, ic, true, a4("10.0.0.1")).dsts, []netip.Addr{a4("10.0.0.3"), a4("10.0.0.2")}; !slices.Equal(got, want) {
+		t.Errorf("destinations = %v, want %v (the peers but our own address)", got, want)
+	}
+	ic6 := InstanceConfig{Name: "y", VRID: 1, Version: 3, Priority: 100, AdvertInterval: Duration{time.Second}, VIPs: []netip.Addr{a4("2001:db8::100")}}
+	if got := newInstance(a, ic6, false, a4("fe80::1")).dsts; !slices.Equal(got, []netip.Addr{GroupIPv6}) {
+		t.Errorf("IPv6 destinations without peers = %v, want the group", got)
 	}
 }

@@ -28,6 +28,7 @@ type instance struct {
 	is4     bool
 	primary netip.Addr
 	vips    []netip.Addr
+	dsts    []netip.Addr // where adverts go: the group, or the peers but us
 	m       *Machine
 	log     *zap.Logger
 	events  chan any
@@ -69,6 +70,22 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 	}
 	for _, v := range ic.VIPs {
 		in.vips = append(in.vips, v.Unmap())
+	}
+	switch {
+	case len(ic.Peers) == 0 && is4:
+		in.dsts = []netip.Addr{GroupIPv4}
+	case len(ic.Peers) == 0:
+		in.dsts = []netip.Addr{GroupIPv6}
+	default:
+		// A shared peer list names this node too: no advert to ourselves.
+		for _, p := range ic.Peers {
+			if p != primary {
+				in.dsts = append(in.dsts, p)
+			}
+		}
+		if len(in.dsts) == 0 {
+			in.log.Warn("the only unicast peer is this node's own address: no adverts will be sent", zap.Stringer("primary", primary))
+		}
 	}
 	in.m = NewMachine(MachineConfig{
 		Version:      ic.Version,
@@ -259,15 +276,8 @@ func (in *instance) apply(out Output) {
 
 func (in *instance) sendAdvert(prio uint8) {
 	adv := Advert{Version: in.cfg.Version, VRID: in.cfg.VRID, Priority: prio, Interval: in.cfg.AdvertInterval.Duration, Addrs: in.vips}
-	dsts := in.cfg.Peers
-	if len(dsts) == 0 {
-		dsts = []netip.Addr{GroupIPv6}
-		if in.is4 {
-			dsts = []netip.Addr{GroupIPv4}
-		}
-	}
 	conn := in.a.conns[in.is4]
-	for _, dst := range dsts {
+	for _, dst := range in.dsts {
 		b, err := Encode(adv, in.primary, dst)
 		if err == nil {
 			err = conn.send(b, in.primary, dst)
