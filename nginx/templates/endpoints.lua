@@ -12,9 +12,8 @@
         local M = {}
         local dict = ngx.shared.portico_endpoints
         local max_tries = 3 -- proxy_next_upstream_tries
-        local text -- this worker's copy of the table
-        local version -- its version
-        local by_name = {} -- the upstreams of text parsed so far (false: not in it)
+        local version -- the version of this worker's table
+        local by_name = {} -- that table: endpoint lists by upstream name
         local next_index = {} -- round-robin position by upstream name
 
         -- The parser scans bytes with plain finds, which LuaJIT compiles; the
@@ -103,8 +102,9 @@
             return sub(s, i, name_end), list
         end
 
-        -- check reads a whole table and returns its version.
-        local function check(s)
+        -- check reads a whole table and returns its version; with into, it also
+        -- fills into with every upstream's endpoint list, by name.
+        local function check(s, into)
             local nl = find(s, "\n", 1, true)
             local ver = nl and match(sub(s, 1, nl - 1), "^# portico endpoints (%x+)$")
             if not ver then
@@ -116,9 +116,12 @@
                 if not e then
                     return nil, "the last line does not end"
                 end
-                local name, err = parse_line(s, p, e - 1)
+                local name, list = parse_line(s, p, e - 1)
                 if not name then
-                    return nil, err
+                    return nil, list
+                end
+                if into then
+                    into[name] = list
                 end
                 p = e + 1
             end
@@ -161,9 +164,9 @@
             end
         end
 
-        -- endpoints returns an upstream's endpoints from the current table. A
-        -- worker copies the table when its version changes and parses only the
-        -- lines its requests need, once per version.
+        -- endpoints returns an upstream's endpoints from the current table (nil
+        -- for a name it does not have). When the version changes, a worker
+        -- parses the whole table once, in one pass, into its own map.
         local function endpoints(name)
             local ver = dict:get("version")
             if ver ~= version then
@@ -171,20 +174,16 @@
                 if not s then
                     return nil
                 end
-                text, version, by_name = s, ver, {}
-            end
-            local list = by_name[name]
-            if list == nil then
-                list = false
-                local p = find(text, "\n" .. name .. " ", 1, true) or find(text, "\n" .. name .. "\n", 1, true)
-                if p then
-                    local e = find(text, "\n", p + 1, true)
-                    local _, l = parse_line(text, p + 1, e - 1)
-                    list = l or false -- store checked every line
+                -- The table may be newer than ver (store sets it first): its
+                -- own version is the one to compare with from now on.
+                local m = {}
+                local v, err = check(s, m)
+                if not v then -- store checked it: not expected
+                    ngx.log(ngx.ERR, "portico: endpoint table ", ver, ": ", err)
                 end
-                by_name[name] = list
+                version, by_name = v or ver, m
             end
-            return list
+            return by_name[name]
         end
 
         -- route runs at the end of every request's rewrite phase: a location that
