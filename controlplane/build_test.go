@@ -1,7 +1,9 @@
 package controlplane
 
 import (
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -390,10 +392,23 @@ func TestBuild(t *testing.T) {
 			if diff := cmp.Diff(tc.problems, problems, ignoreDetail, cmpopts.EquateEmpty()); diff != "" {
 				t.Errorf("problems (-want +got):\n%s", diff)
 			}
-			// Pure and deterministic: the same state again gives an Equal snapshot.
-			again, _ := Build(tc.st, tc.opts)
-			if !got.Equal(again) {
-				t.Errorf("second Build differs")
+			// Pure and deterministic: the same objects again, in any list order, give
+			// an Equal snapshot.
+			rng := rand.New(rand.NewPCG(1, uint64(len(tc.name))))
+			for i, order := range []string{"same", "reversed", "shuffled", "shuffled again"} {
+				st := reorder(tc.st, func(n int, swap func(i, j int)) {
+					switch i {
+					case 1:
+						for a, b := 0, n-1; a < b; a, b = a+1, b-1 {
+							swap(a, b)
+						}
+					case 2, 3:
+						rng.Shuffle(n, swap)
+					}
+				})
+				if again, _ := Build(st, tc.opts); !got.Equal(again) {
+					t.Errorf("Build on the %s lists differs (-first +again):\n%s", order, cmp.Diff(got, again, cmpAddrs))
+				}
 			}
 		})
 	}
@@ -410,20 +425,70 @@ func sortedUpstreams(us ...model.Upstream) []model.Upstream {
 	return us
 }
 
-// TestBuildDoesNotMutate checks that Build leaves the (informer-cached) objects alone.
+// reorder returns a State with copies of st's lists, each permuted by perm.
+func reorder(st State, perm func(n int, swap func(i, j int))) State {
+	var out State
+	out.IngressClasses = permuted(st.IngressClasses, perm)
+	out.Ingresses = permuted(st.Ingresses, perm)
+	out.Services = permuted(st.Services, perm)
+	out.EndpointSlices = permuted(st.EndpointSlices, perm)
+	out.Secrets = permuted(st.Secrets, perm)
+	out.Pods = permuted(st.Pods, perm)
+	out.Nodes = permuted(st.Nodes, perm)
+	return out
+}
+
+func permuted[T any](s []T, perm func(n int, swap func(i, j int))) []T {
+	s = slices.Clone(s)
+	perm(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] })
+	return s
+}
+
+// deepCopyState copies every object of st.
+func deepCopyState(st State) State {
+	return State{
+		IngressClasses: deepCopies(st.IngressClasses), Ingresses: deepCopies(st.Ingresses),
+		Services: deepCopies(st.Services), EndpointSlices: deepCopies(st.EndpointSlices),
+		Secrets: deepCopies(st.Secrets), Pods: deepCopies(st.Pods), Nodes: deepCopies(st.Nodes),
+	}
+}
+
+func deepCopies[T interface{ DeepCopy() T }](s []T) []T {
+	var out []T
+	for _, o := range s {
+		out = append(out, o.DeepCopy())
+	}
+	return out
+}
+
+// TestBuildDoesNotMutate checks that Build leaves the (informer-cached) objects
+// alone, on a state where every kind of object is read: a bound Ingress with TLS,
+// its class, backend and group Services and slices, a pod route and a node.
 func TestBuildDoesNotMutate(t *testing.T) {
 	gs, gsl := g1Objects()
 	ws, wsl := webObjects()
-	ing := ingress("app", "site", 0, "Example.COM", []path{{"", "", "web", "http"}}, AnnotationGroup, "g1")
-	ing.Namespace = "edge"
-	st := state(gs, gsl, ws, wsl, ing, tlsSecret("app", "c"))
-	before := ing.DeepCopy()
-	gBefore := gs[0].DeepCopy()
-	Build(st, Options{})
-	if diff := cmp.Diff(before, ing); diff != "" {
-		t.Errorf("Ingress mutated (-before +after):\n%s", diff)
+	ing := ingress("app", "site", 0, "Example.COM", []path{{"", "", "web", "http"}}, AnnotationGroup, "edge/g1")
+	ing.Spec.IngressClassName = ptr("portico")
+	ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"Example.COM"}, SecretName: "c"}}
+	class := &networkingv1.IngressClass{ObjectMeta: meta("", "portico", 0), Spec: networkingv1.IngressClassSpec{Controller: ControllerName}}
+	pod := microservice("app", "ms", 0, "10.3.0.1", "pods.example", "3000:/api", AnnotationGroup, "edge/g1")
+	node := &corev1.Node{ObjectMeta: meta("", "n2", 0), Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.1.0.2"}}}}
+	st := state(gs, gsl, ws, wsl, ing, class, tlsSecret("app", "c"), pod, node)
+	before := deepCopyState(st)
+
+	snap, problems := Build(st, Options{})
+
+	if len(problems) != 0 {
+		t.Errorf("problems: %v", problems)
 	}
-	if diff := cmp.Diff(gBefore, gs[0]); diff != "" {
-		t.Errorf("Service mutated (-before +after):\n%s", diff)
+	i := slices.IndexFunc(snap.Servers, func(s model.Server) bool { return s.Host == "example.com" })
+	if i < 0 || snap.Servers[i].Group != "edge/g1" || snap.Servers[i].TLSCertificate != "app/c" {
+		t.Fatalf("the Ingress is not served by edge/g1 with its TLS secret: %+v", snap.Servers)
+	}
+	if !slices.ContainsFunc(snap.Servers, func(s model.Server) bool { return s.Host == "pods.example" }) {
+		t.Fatalf("the pod route is not served: %+v", snap.Servers)
+	}
+	if diff := cmp.Diff(before, st); diff != "" {
+		t.Errorf("state mutated (-before +after):\n%s", diff)
 	}
 }
