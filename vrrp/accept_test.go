@@ -127,3 +127,21 @@ func TestAdvertDestinations(t *testing.T) {
 		t.Errorf("IPv6 destinations without peers = %v, want the group", got)
 	}
 }
+
+func TestSameAddrs(t *testing.T) {
+	sorted := []netip.Addr{a4("10.0.0.100"), a4("10.0.0.101")}
+	for _, tc := range []struct {
+		got  []netip.Addr
+		want bool
+	}{
+		{[]netip.Addr{a4("10.0.0.101"), a4("10.0.0.100")}, true},
+		{[]netip.Addr{a4("10.0.0.100"), a4("10.0.0.101")}, true},
+		{[]netip.Addr{a4("10.0.0.100"), a4("10.0.0.100")}, false},
+		{[]netip.Addr{a4("10.0.0.100")}, false},
+		{[]netip.Addr{a4("10.0.0.100"), a4("10.0.0.102")}, false},
+	} {
+		if got := sameAddrs(slices.Clone(tc.got), sorted); got != tc.want {
+			t.Errorf("sameAddrs(%v, %v) = %v, want %v", tc.got, sorted, got, tc.want)
+		}
+	}
+}

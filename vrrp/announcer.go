@@ -273,7 +273,7 @@ func (a *Announcer) accept(r received, is4 bool) (*instance, advertEvent, bool) 
 		a.reject(reason, err, r.src)
 		return nil, advertEvent{}, false
 	}
-	a.met.advertsReceived.WithLabelValues(in.cfg.Name).Inc()
+	in.mReceived.Inc()
 	return in, advertEvent{adv, r.src}, true
 }
 

@@ -174,7 +174,8 @@ func TestMasterAdverts(t *testing.T) {
 				t.Errorf("state = %v, want %v", m.State(), tc.wantState)
 			}
 			if tc.wantState == StateBackup {
-				if got, want := deadline(t, m), at(4500*time.Millisecond).Add(m.MasterDownInterval()); !got.Equal(want) {
+				// 4.5s + Master_Down_Interval (3 × 1s + skew (256-100)/256 s = 609.375ms).
+				if got, want := deadline(t, m), at(8109375*time.Microsecond); !got.Equal(want) {
 					t.Errorf("master down = %v, want %v", got.Sub(t0), want.Sub(t0))
 				}
 			}

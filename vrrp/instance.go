@@ -10,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 )
 
@@ -27,7 +28,8 @@ type instance struct {
 	cfg     InstanceConfig
 	is4     bool
 	primary netip.Addr
-	vips    []netip.Addr
+	vips    []netip.Addr // in configured order, as adverts carry them
+	sorted  []netip.Addr // vips sorted, to compare adverts' lists with
 	dsts    []netip.Addr // where adverts go: the group, or the peers but us
 	m       *Machine
 	log     *zap.Logger
@@ -45,6 +47,12 @@ type instance struct {
 	garpLeft int       // announcements left in the current burst
 	garpNext time.Time // when the next announcement is due; zero: none
 	garpLast time.Time // when the last announcement went out
+
+	// This instance's series, resolved once rather than per packet.
+	mState, mPriority        prometheus.Gauge
+	mSent, mReceived, mConfl prometheus.Counter
+	mGARP                    map[string]prometheus.Counter // by kind
+	countGARP                func(kind string)
 }
 
 // minClaimHoldoff is the least time after an announcement during which a claim
@@ -71,6 +79,26 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 	for _, v := range ic.VIPs {
 		in.vips = append(in.vips, v.Unmap())
 	}
+	in.sorted = slices.SortedFunc(slices.Values(in.vips), netip.Addr.Compare)
+	met := a.met
+	in.mState, in.mPriority = met.state.WithLabelValues(ic.Name), met.priority.WithLabelValues(ic.Name)
+	in.mSent, in.mReceived = met.advertsSent.WithLabelValues(ic.Name), met.advertsReceived.WithLabelValues(ic.Name)
+	in.mConfl = met.conflicts.WithLabelValues(ic.Name)
+	in.mGARP = map[string]prometheus.Counter{}
+	kinds := []string{kindNA}
+	if is4 {
+		kinds = []string{kindARPRequest, kindARPReply}
+	}
+	for _, k := range kinds {
+		in.mGARP[k] = met.garpSent.WithLabelValues(ic.Name, k)
+	}
+	in.countGARP = func(kind string) {
+		c := in.mGARP[kind]
+		if c == nil {
+			c = met.garpSent.WithLabelValues(ic.Name, kind)
+		}
+		c.Inc()
+	}
 	switch {
 	case len(ic.Peers) == 0 && is4:
 		in.dsts = []netip.Addr{GroupIPv4}
@@ -95,8 +123,8 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 		PreemptDelay: ic.PreemptDelay.Duration,
 		Primary:      primary,
 	})
-	a.met.state.WithLabelValues(ic.Name).Set(float64(StateInit))
-	a.met.priority.WithLabelValues(ic.Name).Set(float64(ic.Priority))
+	in.mState.Set(float64(StateInit))
+	in.mPriority.Set(float64(ic.Priority))
 	return in
 }
 
@@ -112,20 +140,20 @@ func (in *instance) check(adv Advert, src netip.Addr) (Reason, error) {
 		// RFC 3768 §7.1: the interval must match ours.
 		return ReasonMismatch, fmt.Errorf("interval %v, configured %v", adv.Interval, in.cfg.AdvertInterval.Duration)
 	}
-	if !sameAddrs(adv.Addrs, in.vips) {
+	if !sameAddrs(adv.Addrs, in.sorted) {
 		return ReasonAddrs, fmt.Errorf("addresses %v, configured %v", adv.Addrs, in.vips)
 	}
 	return "", nil
 }
 
-func sameAddrs(a, b []netip.Addr) bool {
-	if len(a) != len(b) {
+// sameAddrs reports whether got (a decoded advert's own list, sorted here in
+// place) holds the addresses of sorted.
+func sameAddrs(got, sorted []netip.Addr) bool {
+	if len(got) != len(sorted) {
 		return false
 	}
-	x, y := slices.Clone(a), slices.Clone(b)
-	slices.SortFunc(x, netip.Addr.Compare)
-	slices.SortFunc(y, netip.Addr.Compare)
-	return slices.Equal(x, y)
+	slices.SortFunc(got, netip.Addr.Compare)
+	return slices.Equal(got, sorted)
 }
 
 // takeoverLead is how early the Backup's timer wakes before Master_Down_Timer
@@ -195,7 +223,7 @@ func (in *instance) handle(ev any) {
 	case priorityEvent:
 		in.log.Info("vrrp priority changed", zap.Uint8("from", in.m.Priority()), zap.Uint8("to", max(ev.p, 1)))
 		in.apply(in.m.SetPriority(now, ev.p))
-		in.a.met.priority.WithLabelValues(in.cfg.Name).Set(float64(in.m.Priority()))
+		in.mPriority.Set(float64(in.m.Priority()))
 	}
 }
 
@@ -207,7 +235,7 @@ func (in *instance) claimed(c claim, now time.Time) {
 	if State(in.state.Load()) != StateMaster {
 		return
 	}
-	in.a.met.conflicts.WithLabelValues(in.cfg.Name).Inc()
+	in.mConfl.Inc()
 	if n, ok := in.claimLog.allow(c.vip.String(), now); ok {
 		in.log.Warn("vip claimed by another station",
 			zap.Stringer("vip", c.vip), zap.Stringer("mac", c.mac), zap.Int("suppressed", n))
@@ -269,7 +297,7 @@ func (in *instance) apply(out Output) {
 			}
 		}
 	}
-	in.a.met.state.WithLabelValues(in.cfg.Name).Set(float64(t.To))
+	in.mState.Set(float64(t.To))
 	in.a.met.transitions.WithLabelValues(in.cfg.Name, t.From.String(), t.To.String()).Inc()
 	in.log.Info("vrrp state changed", zap.Stringer("from", t.From), zap.Stringer("to", t.To), zap.String("reason", t.Reason))
 }
@@ -286,7 +314,7 @@ func (in *instance) sendAdvert(prio uint8) {
 			in.log.Error("send advert", zap.Stringer("dst", dst), zap.Error(err))
 			continue
 		}
-		in.a.met.advertsSent.WithLabelValues(in.cfg.Name).Inc()
+		in.mSent.Inc()
 	}
 }
 
@@ -299,9 +327,8 @@ func (in *instance) startBurst(now time.Time) {
 // announce sends one round of gratuitous ARP / NA for every VIP and schedules the
 // next: the rest of the burst, then the periodic refresh.
 func (in *instance) announce(now time.Time) {
-	count := func(kind string) { in.a.met.garpSent.WithLabelValues(in.cfg.Name, kind).Inc() }
 	for _, v := range in.vips {
-		if err := in.garp(v, count); err != nil {
+		if err := in.garp(v, in.countGARP); err != nil {
 			in.log.Error("announce vip", zap.Stringer("vip", v), zap.Error(err))
 		}
 	}
