@@ -65,6 +65,28 @@ func BenchmarkRender5000Ingresses(b *testing.B) {
 	b.ReportMetric(float64(size)/5000, "bytes/ingress")
 }
 
+// BenchmarkRender5000IngressesCached is BenchmarkRender5000Ingresses as the Reloader
+// renders: with the certificate checks of the previous render (only changed
+// certificates are parsed again), as for an endpoint-only change.
+func BenchmarkRender5000IngressesCached(b *testing.B) {
+	snap := ingressSnapshot(b, 5000)
+	opt := DefaultOptions("/run/portico/nginx")
+	var cache certCache
+	if _, err := render(snap, opt, nil, &cache); err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		cfg, err := render(snap, opt, nil, &cache)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(cfg.Problems) != 0 {
+			b.Fatalf("problems: %v", cfg.Problems[0])
+		}
+	}
+}
+
 // BenchmarkReload measures a configuration change on a real nginx with 100 and
 // 5,000 hosts, one in ten with its own certificate (and 5,000 without TLS, to show
 // what certificates cost: OpenSSL 3 builds a context per TLS server): each iteration

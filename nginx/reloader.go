@@ -100,6 +100,8 @@ type Reloader struct {
 	rejected []byte            // text of the last candidate nginx -t refused
 	certs    []string          // certificate files nginx.conf uses
 	refused  map[string]string // certificate files nginx -t refused, and why
+	// certCache keeps certificate checks from one render to the next.
+	certCache certCache
 	// appliedEndpoints is the endpoint table for applied (what the snapshot asked
 	// for; the file may hold more, see endpointTable.with), appliedTable decoded.
 	appliedEndpoints []byte
@@ -353,7 +355,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	defer r.applyMu.Unlock()
 
 	t0 := time.Now()
-	cfg, err := render(s, r.cfg.Render, r.refused)
+	cfg, err := render(s, r.cfg.Render, r.refused, &r.certCache)
 	res := ApplyResult{Render: time.Since(t0)}
 	r.m.renderDuration.Observe(res.Render.Seconds())
 	if err != nil {
@@ -408,7 +410,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 			r.refused = map[string]string{}
 		}
 		r.refused[file] = nginxReason(err.Error())
-		if cfg, err = render(s, r.cfg.Render, r.refused); err != nil {
+		if cfg, err = render(s, r.cfg.Render, r.refused, &r.certCache); err != nil {
 			return fail(ResultError, err)
 		}
 		res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion

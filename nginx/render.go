@@ -255,16 +255,17 @@ type (
 // safely are left out and reported in Config.Problems; only invalid options are an
 // error.
 func Render(snap model.Snapshot, opt Options) (*Config, error) {
-	return render(snap, opt, nil)
+	return render(snap, opt, nil, nil)
 }
 
 // render is Render that also leaves out the certificate files in refused (file
-// name → why nginx refused to load it).
-func render(snap model.Snapshot, opt Options, refused map[string]string) (*Config, error) {
+// name → why nginx refused to load it) and, with a cache, checks only the
+// certificates that changed since the last render with it.
+func render(snap model.Snapshot, opt Options, refused map[string]string, cache *certCache) (*Config, error) {
 	if err := opt.validate(); err != nil {
 		return nil, fmt.Errorf("render nginx config: %w", err)
 	}
-	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}, refused: refused}
+	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}, refused: refused, cache: cache}
 	for _, u := range snap.Upstreams {
 		r.upstreams[u.Name] = u
 	}
@@ -344,7 +345,51 @@ func render(snap model.Snapshot, opt Options, refused map[string]string) (*Confi
 	slices.SortFunc(cfg.Certificates, func(a, b CertFile) int { return strings.Compare(a.Name, b.Name) })
 	cfg.Problems = r.problems
 	cfg.refusedSeen = r.refusedSeen
+	cache.keep(r.certs)
 	return cfg, nil
+}
+
+// certCache keeps the checks of the certificates the last render used (parsing a
+// certificate and its key is most of the cost of rendering many TLS hosts, and
+// endpoint-only changes render too). An entry is reused only when the Secret's
+// certificate and key are byte for byte the ones it was made from. Not safe for
+// concurrent renders.
+type certCache struct {
+	entries map[string]certEntry // by Secret name
+}
+
+type certEntry struct {
+	cert, key []byte // copies of model.Certificate's CertPEM and KeyPEM
+	res       certResult
+}
+
+// check returns checkCertificate(c), from the cache when c is unchanged.
+func (cc *certCache) check(c model.Certificate) certResult {
+	if cc == nil {
+		return checkCertificate(c)
+	}
+	if e, ok := cc.entries[c.Name]; ok && bytes.Equal(e.cert, c.CertPEM) && bytes.Equal(e.key, c.KeyPEM) {
+		return e.res
+	}
+	res := checkCertificate(c)
+	if cc.entries == nil {
+		cc.entries = map[string]certEntry{}
+	}
+	cc.entries[c.Name] = certEntry{cert: bytes.Clone(c.CertPEM), key: bytes.Clone(c.KeyPEM), res: res}
+	return res
+}
+
+// keep drops the entries of certificates a render did not use (used: the names it
+// checked), so the cache holds no more than the current configuration needs.
+func (cc *certCache) keep(used map[string]certResult) {
+	if cc == nil {
+		return
+	}
+	for name := range cc.entries {
+		if _, ok := used[name]; !ok {
+			delete(cc.entries, name)
+		}
+	}
 }
 
 type certResult struct {
@@ -359,6 +404,7 @@ type renderer struct {
 	usedUpstreams map[string]bool // validated upstreams a location uses
 	certsIn       []model.Certificate
 	certs         map[string]certResult // checked certificates by name
+	cache         *certCache            // checks of earlier renders, or nil
 	refused       map[string]string     // certificate files nginx refused, and why
 	refusedSeen   []string
 	problems      []model.Problem
@@ -406,7 +452,7 @@ func (r *renderer) cert(s *model.Server) (string, bool) {
 			r.problem(obj, "", ReasonCertificateNotFound, fmt.Sprintf("host %s: TLS server skipped: no such certificate", hostOrDefault(s.Host)))
 			return "", false
 		}
-		res = checkCertificate(r.certsIn[idx])
+		res = r.cache.check(r.certsIn[idx])
 		r.certs[s.TLSCertificate] = res
 	}
 	if res.err != nil {
@@ -441,6 +487,9 @@ func hostOrDefault(h string) string {
 	return h
 }
 
+// x509KeyPair is tls.X509KeyPair; tests count its calls.
+var x509KeyPair = tls.X509KeyPair
+
 // checkCertificate parses a certificate and key pair and names its file after the
 // Secret and a digest of the content, so a changed certificate changes the
 // configuration text and forces a reload.
@@ -449,7 +498,7 @@ func checkCertificate(c model.Certificate) certResult {
 	if !ok || validateLabel(ns) != nil || validateHost(name) != nil {
 		return certResult{err: fmt.Errorf("certificate name %q is not namespace/name", c.Name)}
 	}
-	pair, err := tls.X509KeyPair(c.CertPEM, c.KeyPEM)
+	pair, err := x509KeyPair(c.CertPEM, c.KeyPEM)
 	if err != nil {
 		return certResult{err: fmt.Errorf("parse certificate and key: %w", err)}
 	}

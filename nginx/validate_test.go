@@ -1,8 +1,14 @@
 package nginx
 
 import (
+	"bytes"
+	"crypto/tls"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -106,5 +112,90 @@ func TestRenderWritesOnlyReferencedValidCertificates(t *testing.T) {
 	}
 	if cfg2.Certificates[0].Name == cfg.Certificates[0].Name || cfg2.Checksum == cfg.Checksum {
 		t.Error("a changed certificate kept its file name and config checksum")
+	}
+}
+
+// A render with a certificate cache parses only certificates that changed, gives
+// the same result as one without, and keeps only what the last render used.
+func TestRenderCachesCertificateChecks(t *testing.T) {
+	var parses int
+	orig := x509KeyPair
+	x509KeyPair = func(cert, key []byte) (tls.Certificate, error) {
+		parses++
+		return orig(cert, key)
+	}
+	defer func() { x509KeyPair = orig }()
+	opt := goldenOptions()
+	same := func(what string, got, want *Config) {
+		t.Helper()
+		if !bytes.Equal(got.Text, want.Text) {
+			t.Errorf("%s: text differs from an uncached render", what)
+		}
+		if diff := cmp.Diff(want.Certificates, got.Certificates); diff != "" {
+			t.Errorf("%s: certificates (-uncached +cached):\n%s", what, diff)
+		}
+		if diff := cmp.Diff(want.Problems, got.Problems); diff != "" {
+			t.Errorf("%s: problems (-uncached +cached):\n%s", what, diff)
+		}
+	}
+
+	snap := goldenCases(t)["tls-redirect"]
+	want, err := Render(snap, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := parses
+	if n == 0 || len(want.Certificates) == 0 {
+		t.Fatalf("the case parses %d certificates and uses %d: nothing to cache", n, len(want.Certificates))
+	}
+	var cache certCache
+	for i, wantParses := range []int{n, 0, 0} {
+		parses = 0
+		got, err := render(snap, opt, nil, &cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if parses != wantParses {
+			t.Errorf("render %d parsed %d certificates, want %d", i, parses, wantParses)
+		}
+		same(fmt.Sprintf("render %d", i), got, want)
+	}
+
+	// A changed Secret is parsed again, and only it.
+	changed := snap
+	changed.Certificates = slices.Clone(snap.Certificates)
+	for i, c := range changed.Certificates {
+		if c.Name == "shop/secure-tls" {
+			changed.Certificates[i].CertPEM = append(slices.Clone(c.CertPEM), "\n# comment outside the PEM blocks\n"...)
+		}
+	}
+	want2, err := Render(changed, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parses = 0
+	got, err := render(changed, opt, nil, &cache)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if parses != 1 {
+		t.Errorf("render after one certificate changed parsed %d, want 1", parses)
+	}
+	same("changed certificate", got, want2)
+	if got.Certificates[0].Name == want.Certificates[0].Name {
+		t.Error("a changed certificate kept its file name")
+	}
+
+	// Certificates no render uses any more are dropped.
+	if len(cache.entries) != n {
+		t.Errorf("cache holds %d entries, want %d", len(cache.entries), n)
+	}
+	noTLS := changed
+	noTLS.Servers = nil
+	if _, err := render(noTLS, opt, nil, &cache); err != nil {
+		t.Fatal(err)
+	}
+	if len(cache.entries) != 0 {
+		t.Errorf("cache holds %d entries after a render without certificates, want 0", len(cache.entries))
 	}
 }
