@@ -64,11 +64,10 @@ func (p Pool) usable(a netip.Addr) bool {
 	return true
 }
 
-// next returns the first usable address of the pool after `from` (or from its start)
-// that is not used.
+// next returns the pool's lowest usable address that is not used.
 func (p Pool) next(used map[netip.Addr]bool) (netip.Addr, bool) {
-	// Bounded: at most every used or excluded address is skipped once per pass, and
-	// a pool is walked at most to its end.
+	// Bounded: the pool is walked once, at most to its end, and each excluded
+	// prefix is skipped at once.
 	for a := p.CIDR.Addr(); a.IsValid() && p.CIDR.Contains(a); a = a.Next() {
 		if p.usable(a) && !used[a] {
 			return a, true

@@ -136,9 +136,7 @@ type locKey struct {
 
 type upstreamAcc struct {
 	base      string           // "namespace-service-port" before collision handling
-	key       string           // identity, unique
 	endpoints []netip.AddrPort // may repeat; sorted and compacted at the end
-	name      string
 }
 
 func newBuilder(st State) *builder {
@@ -764,7 +762,7 @@ func (b *builder) serviceEndpoints(svcKey string, sp *corev1.ServicePort) []neti
 func (b *builder) upstream(base, id string, eps []netip.AddrPort) string {
 	u := b.upstreams[id]
 	if u == nil {
-		u = &upstreamAcc{base: base, key: id}
+		u = &upstreamAcc{base: base}
 		b.upstreams[id] = u
 	}
 	u.endpoints = append(u.endpoints, eps...)
@@ -882,7 +880,6 @@ func (b *builder) snapshot() model.Snapshot {
 		if byBase[n] > 1 {
 			n += "-" + shortHash(id)
 		}
-		u.name = n
 		names[id] = n
 		up := model.Upstream{Name: n}
 		if len(u.endpoints) > 0 {

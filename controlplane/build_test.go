@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -414,14 +415,9 @@ func TestBuild(t *testing.T) {
 	}
 }
 
+// sortedUpstreams lists upstreams in the snapshot's order (by name).
 func sortedUpstreams(us ...model.Upstream) []model.Upstream {
-	for i := range us {
-		for j := i + 1; j < len(us); j++ {
-			if us[j].Name < us[i].Name {
-				us[i], us[j] = us[j], us[i]
-			}
-		}
-	}
+	slices.SortFunc(us, func(x, y model.Upstream) int { return strings.Compare(x.Name, y.Name) })
 	return us
 }
 

@@ -321,13 +321,6 @@ func (c *Controller) elect(ctx context.Context) {
 // IsLeader reports whether this instance currently makes the cluster-wide writes.
 func (c *Controller) IsLeader() bool { return c.leader.Load() }
 
-// Snapshot returns the last snapshot built.
-func (c *Controller) Snapshot() model.Snapshot {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.last
-}
-
 // Problems returns the problems of the last build.
 func (c *Controller) Problems() []model.Problem {
 	c.mu.Lock()

@@ -37,8 +37,7 @@ func groupSvc(ns, name string, age int, kv ...string) *corev1.Service {
 	return s
 }
 
-// backendSvc is a plain Service with named ports ("name=port" pairs become Service
-// ports whose targetPort is port+8000).
+// backendSvc is a plain (not group) Service with the given ports (see sport).
 func backendSvc(ns, name string, ports ...corev1.ServicePort) *corev1.Service {
 	s := &corev1.Service{ObjectMeta: meta(ns, name, 0)}
 	s.Spec.Ports = ports

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -70,7 +71,7 @@ func TestFanout(t *testing.T) {
 	// The fast sink is not held up by the blocked one.
 	eventually(t, 5*time.Second, func() string {
 		if got := fast.applied(); len(got) != 1 || got[0] != "v1" {
-			return "fast sink has " + join(got)
+			return "fast sink has " + strings.Join(got, ",")
 		}
 		return ""
 	})
@@ -79,8 +80,8 @@ func TestFanout(t *testing.T) {
 	f.publish(snapNamed("v3"))
 	close(slow.gate)
 	eventually(t, 5*time.Second, func() string {
-		if got := slow.applied(); join(got) != "v1,v3" {
-			return "slow sink has " + join(got)
+		if got := slow.applied(); strings.Join(got, ",") != "v1,v3" {
+			return "slow sink has " + strings.Join(got, ",")
 		}
 		return ""
 	})
@@ -96,22 +97,11 @@ func TestFanout(t *testing.T) {
 	})
 	eventually(t, 5*time.Second, func() string {
 		if got := flaky.applied(); len(got) != 1 || got[0] != "v3" {
-			return "flaky sink has " + join(got)
+			return "flaky sink has " + strings.Join(got, ",")
 		}
 		return ""
 	})
 	if n := testutil.ToFloat64(m.sinkApplies.WithLabelValues("flaky", "error")); n < 3 {
 		t.Errorf("flaky errors counted %v, want >= 3", n)
 	}
-}
-
-func join(s []string) string {
-	out := ""
-	for i, x := range s {
-		if i > 0 {
-			out += ","
-		}
-		out += x
-	}
-	return out
 }
