@@ -354,25 +354,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
 
-	t0 := time.Now()
-	cfg, err := render(s, r.cfg.Render, r.refused, &r.certCache)
-	res := ApplyResult{Render: time.Since(t0)}
-	r.m.renderDuration.Observe(res.Render.Seconds())
-	if err != nil {
-		r.m.reloads.WithLabelValues(ResultError).Inc()
-		return res, err
-	}
-	res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
-	r.setProblems(cfg.Problems)
-	if bytes.Equal(cfg.Text, r.rejected) {
-		// nginx -t refused this text already: the last good configuration keeps
-		// running, with the snapshot's endpoints for its upstreams.
-		return r.keepRunning(ctx, s, res)
-	}
-	if bytes.Equal(cfg.Text, r.applied) {
-		return r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
-	}
-
+	var res ApplyResult
 	fail := func(result string, err error) (ApplyResult, error) {
 		res.Result = result
 		r.m.reloads.WithLabelValues(result).Inc()
@@ -380,22 +362,43 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		return res, err
 	}
 	certDir := resolve(r.cfg.Dir, r.cfg.Render.CertDir)
-	// Keep the running configuration's files until the new one has replaced it.
-	if err := addCertificates(certDir, cfg.Certificates); err != nil {
-		return fail(ResultError, err)
-	}
 	candidate := r.confPath() + ".candidate"
-	if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
-		return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
-	}
+	var cfg *Config
+	var err error
+	// Render, and test what nginx does not run yet. OpenSSL can refuse what Go
+	// parsed (a key too small for its security level, say): then that certificate
+	// is left out, as if it had not parsed, and the snapshot rendered again, so
+	// that one bad Secret does not hold back every other change.
 	for {
-		err := r.runner.Test(ctx, r.cfg.Dir, candidate)
+		t0 := time.Now()
+		cfg, err = render(s, r.cfg.Render, r.refused, &r.certCache)
+		took := time.Since(t0)
+		res.Render += took
+		r.m.renderDuration.Observe(took.Seconds())
+		if err != nil {
+			return fail(ResultError, err)
+		}
+		res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
+		r.setProblems(cfg.Problems)
+		if bytes.Equal(cfg.Text, r.rejected) {
+			// nginx -t refused this text already: the last good configuration keeps
+			// running, with the snapshot's endpoints for its upstreams.
+			return r.keepRunning(ctx, s, res)
+		}
+		if bytes.Equal(cfg.Text, r.applied) {
+			return r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
+		}
+		// Keep the running configuration's files until the new one has replaced it.
+		if err := addCertificates(certDir, cfg.Certificates); err != nil {
+			return fail(ResultError, err)
+		}
+		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
+			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
+		}
+		err = r.runner.Test(ctx, r.cfg.Dir, candidate)
 		if err == nil {
 			break
 		}
-		// OpenSSL can refuse what Go parsed (a key too small for its security
-		// level, say). Leave that certificate out, as if it had not parsed, and try
-		// again: one bad Secret must not hold back every other change.
 		file := blamedCertificate(cfg, err.Error())
 		if file == "" || r.refused[file] != "" {
 			r.rejected = cfg.Text
@@ -410,17 +413,6 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 			r.refused = map[string]string{}
 		}
 		r.refused[file] = nginxReason(err.Error())
-		if cfg, err = render(s, r.cfg.Render, r.refused, &r.certCache); err != nil {
-			return fail(ResultError, err)
-		}
-		res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
-		r.setProblems(cfg.Problems)
-		if bytes.Equal(cfg.Text, r.applied) {
-			return r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
-		}
-		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
-			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
-		}
 	}
 	// The new configuration loads the table at its reload (or start); the old
 	// workers, which accept for a moment after the reload, read it too.
