@@ -46,7 +46,7 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	const (
 		changes     = 100 // half of them reloads
 		clients     = 4
-		maxRequests = 20000 // per client
+		maxRequests = 200000 // per client: more than the changes take, so the load outlasts them
 		maxDuration = 90 * time.Second
 	)
 	_, epA := backend(t, "A")
@@ -101,8 +101,10 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 
 	ctx := context.Background()
 	var serve, update []time.Duration
+	stalled := 0 // changes during which no request completed
 	gen := 1
 	for ; gen <= changes && time.Now().Before(deadline); gen++ {
+		before := requests.Load()
 		res, err := n.r.ApplyNow(ctx, loadSnapshot(gen, epA, epB))
 		want := ResultSuccess
 		if gen%2 == 1 {
@@ -117,6 +119,9 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 			update = append(update, res.Switch)
 		}
 		time.Sleep(20 * time.Millisecond) // let requests cross the change
+		if requests.Load() == before {
+			stalled++
+		}
 	}
 	gen--
 	stop.Store(true)
@@ -125,8 +130,10 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	if len(serve) < 50 {
 		t.Fatalf("only %d reloads within %v", len(serve), maxDuration)
 	}
-	if requests.Load() < int64(gen) {
-		t.Errorf("only %d requests during %d changes: the load did not overlap them", requests.Load(), gen)
+	// The load must overlap the changes: requests complete across nearly every one
+	// (a scheduler hiccup may leave a few without).
+	if stalled > gen/20 {
+		t.Errorf("no request completed across %d of %d changes: the load did not overlap them", stalled, gen)
 	}
 	if f := failures.Load(); f != 0 {
 		t.Errorf("%d of %d requests failed during %d reloads and %d endpoint updates", f, requests.Load(), len(serve), len(update))
@@ -160,6 +167,6 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 		}
 		return total / time.Duration(max(len(ds), 1))
 	}
-	t.Logf("%d reloads and %d endpoint updates, %d requests, 0 failed; mean reload (signal to only new workers accepting) %v, mean endpoint update %v",
-		len(serve), len(update), requests.Load(), mean(serve), mean(update))
+	t.Logf("%d reloads and %d endpoint updates (%d without a completed request), %d requests, 0 failed; mean reload (signal to only new workers accepting) %v, mean endpoint update %v",
+		len(serve), len(update), stalled, requests.Load(), mean(serve), mean(update))
 }
