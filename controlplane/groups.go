@@ -1,0 +1,212 @@
+package controlplane
+
+import (
+	"cmp"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// IsGroup reports whether a Service is a Portico group.
+func IsGroup(s *corev1.Service) bool {
+	if s.Labels[LabelGroup] == "true" {
+		return true
+	}
+	return s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerClass != nil &&
+		*s.Spec.LoadBalancerClass == LoadBalancerClass
+}
+
+// sortedGroups returns the group Services oldest first.
+func sortedGroups(services []*corev1.Service) []*corev1.Service {
+	var gs []*corev1.Service
+	for _, s := range services {
+		if IsGroup(s) {
+			gs = append(gs, s)
+		}
+	}
+	slices.SortFunc(gs, func(x, y *corev1.Service) int { return older(x, y) })
+	return gs
+}
+
+// vipAnnotation returns a Service's VIP annotation (portico.io/vip, else the alias).
+func vipAnnotation(s *corev1.Service) (string, string, bool) {
+	if v, ok := s.Annotations[AnnotationVIP]; ok {
+		return v, AnnotationVIP, true
+	}
+	v, ok := s.Annotations[AnnotationVIPAlias]
+	return v, AnnotationVIPAlias, ok
+}
+
+// parseVIPs parses a comma-separated VIP list: at most one address per family.
+func parseVIPs(v string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for f := range strings.SplitSeq(v, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		a, err := netip.ParseAddr(f)
+		if err != nil {
+			return nil, fmt.Errorf("%q is not an IP address", f)
+		}
+		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
+			return nil, fmt.Errorf("%s is not a usable unicast address", a)
+		}
+		a = a.Unmap()
+		for _, o := range out {
+			if o.Is4() == a.Is4() {
+				return nil, fmt.Errorf("more than one %s address", family(a))
+			}
+		}
+		out = append(out, a)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no address in %q", v)
+	}
+	slices.SortFunc(out, func(x, y netip.Addr) int { return x.Compare(y) })
+	return out, nil
+}
+
+func family(a netip.Addr) string {
+	if a.Is4() {
+		return "IPv4"
+	}
+	return "IPv6"
+}
+
+// groupVIPs is a group's valid VIP annotation, reporting anything wrong with it.
+func (b *builder) groupVIPs(s *corev1.Service) []netip.Addr {
+	v, name, ok := vipAnnotation(s)
+	if !ok {
+		return nil
+	}
+	if alias, aok := s.Annotations[AnnotationVIPAlias]; aok && name == AnnotationVIP && alias != v {
+		b.problem("Service", s, "metadata.annotations["+AnnotationVIPAlias+"]", ReasonInvalidVIP,
+			"differs from %s (%q); %s is used", AnnotationVIP, v, AnnotationVIP)
+	}
+	vips, err := parseVIPs(v)
+	if err != nil {
+		b.problem("Service", s, "metadata.annotations["+name+"]", ReasonInvalidVIP, "%v", err)
+		return nil
+	}
+	return vips
+}
+
+// parseVRID parses a VRRP virtual router id.
+func parseVRID(v string) (uint8, error) {
+	n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 8)
+	if err != nil || n == 0 {
+		return 0, fmt.Errorf("%q is not a VRRP id in 1..255", v)
+	}
+	return uint8(n), nil
+}
+
+func (b *builder) groups() {
+	b.groupList = sortedGroups(b.st.Services)
+	vipOwner := map[netip.Addr]string{}
+	vridOwner := map[uint8]string{}
+	for _, s := range b.groupList {
+		g := &model.Group{Name: key(s)}
+		for _, a := range b.groupVIPs(s) {
+			if o, taken := vipOwner[a]; taken {
+				b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", ReasonVIPConflict,
+					"VIP %s already belongs to group %s; not applied", a, o)
+				continue
+			}
+			vipOwner[a] = g.Name
+			g.VIPs = append(g.VIPs, a)
+		}
+		if v, ok := s.Annotations[AnnotationVRID]; ok {
+			id, err := parseVRID(v)
+			switch {
+			case err != nil:
+				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", ReasonInvalidAnnotation, "%v", err)
+			case vridOwner[id] != "":
+				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", ReasonVRIDConflict,
+					"VRID %d already belongs to group %s; not applied", id, vridOwner[id])
+			default:
+				vridOwner[id] = g.Name
+				g.VRID = id
+			}
+		}
+		for i, p := range s.Spec.Ports {
+			proto := model.Protocol(p.Protocol)
+			if p.Protocol == "" {
+				proto = model.TCP
+			}
+			if proto != model.TCP && proto != model.UDP {
+				b.problem("Service", s, fmt.Sprintf("spec.ports[%d].protocol", i), ReasonUnsupportedPort,
+					"protocol %s is not served", p.Protocol)
+				continue
+			}
+			mp := model.Port{Protocol: proto, Port: uint16(p.Port)}
+			if !slices.Contains(g.Ports, mp) {
+				g.Ports = append(g.Ports, mp)
+			}
+		}
+		slices.SortFunc(g.Ports, func(x, y model.Port) int {
+			return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
+		})
+		g.Replicas = b.replicas(s)
+		b.groupsOut[g.Name] = g
+	}
+}
+
+// replicas lists a group's agents from its EndpointSlices: ready endpoints are Ready,
+// terminating ones that still serve (or do not say) are Draining, the rest are left out.
+func (b *builder) replicas(s *corev1.Service) []model.Replica {
+	byAddr := map[netip.Addr]model.Replica{}
+	for _, es := range b.slices[key(s)] {
+		if es.AddressType == discoveryv1.AddressTypeFQDN {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			var st model.ReplicaState
+			switch {
+			case ep.Conditions.Terminating != nil && *ep.Conditions.Terminating:
+				if ep.Conditions.Serving != nil && !*ep.Conditions.Serving {
+					continue
+				}
+				st = model.Draining
+			case ep.Conditions.Ready == nil || *ep.Conditions.Ready:
+				st = model.Ready
+			default:
+				continue
+			}
+			for _, a := range ep.Addresses {
+				ip, err := netip.ParseAddr(a)
+				if err != nil {
+					continue
+				}
+				ip = ip.Unmap()
+				node := ""
+				if ep.NodeName != nil {
+					node = *ep.NodeName
+				} else {
+					node = b.nodeByIP[ip]
+				}
+				r := model.Replica{Node: node, Addr: ip, Weight: 1, State: st}
+				if old, ok := byAddr[ip]; ok && old.State == model.Ready {
+					continue // listed twice (slices overlap during updates): Ready wins
+				}
+				byAddr[ip] = r
+			}
+		}
+	}
+	out := make([]model.Replica, 0, len(byAddr))
+	for _, r := range byAddr {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(x, y model.Replica) int { return x.Addr.Compare(y.Addr) })
+	if len(out) == 0 {
+		return nil
+	}
+	return out
+}

@@ -1,0 +1,226 @@
+package controlplane
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+func (b *builder) ingresses() {
+	for _, ing := range b.boundIngresses() {
+		group := BindingOf(ing, b.classes).Group
+		src := key(ing)
+		redirect := false
+		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
+			r, err := strconv.ParseBool(v)
+			if err != nil {
+				b.problem("Ingress", ing, "metadata.annotations["+AnnotationSSLRedirect+"]", ReasonInvalidAnnotation,
+					"%q is not true or false", v)
+			}
+			redirect = r
+		}
+		// TLS: host -> certificate name.
+		tlsFor := map[string]string{}
+		for i, t := range ing.Spec.TLS {
+			cert, ok := b.certificate(ing, i, t.SecretName)
+			if !ok {
+				continue
+			}
+			hosts := t.Hosts
+			if len(hosts) == 0 {
+				hosts = []string{""}
+			}
+			for _, h := range hosts {
+				h = strings.ToLower(h)
+				if _, dup := tlsFor[h]; !dup {
+					tlsFor[h] = cert
+				}
+			}
+		}
+		// touch applies the Ingress's host-wide settings to a server it contributes to.
+		touched := map[string]bool{}
+		touch := func(s *serverAcc) {
+			host := s.srv.Host
+			if !touched[host] {
+				touched[host] = true
+				s.srv.SSLRedirect = s.srv.SSLRedirect || redirect
+				if c, ok := tlsFor[host]; ok {
+					switch {
+					case s.srv.TLSCertificate == "":
+						s.srv.TLSCertificate, s.certFrom = c, src
+					case s.srv.TLSCertificate != c:
+						b.problem("Ingress", ing, "spec.tls", ReasonTLSConflict,
+							"host %q already uses certificate %s from Ingress %s", host, s.srv.TLSCertificate, s.certFrom)
+					}
+				}
+			}
+		}
+		if db := ing.Spec.DefaultBackend; db != nil {
+			if up, ok := b.backend(ing, "spec.defaultBackend", *db); ok {
+				s := b.server(group, "")
+				if s.srv.DefaultUpstream == "" {
+					s.srv.DefaultUpstream, s.defFrom = up, src
+					touch(s)
+				} else {
+					b.problem("Ingress", ing, "spec.defaultBackend", ReasonDefaultConflict,
+						"group %s already has the default backend of Ingress %s", group, s.defFrom)
+				}
+			}
+		}
+		for ri, rule := range ing.Spec.Rules {
+			host := strings.ToLower(rule.Host)
+			if rule.HTTP == nil {
+				if _, ok := tlsFor[host]; ok {
+					touch(b.server(group, host))
+				}
+				continue
+			}
+			for pi, p := range rule.HTTP.Paths {
+				field := fmt.Sprintf("spec.rules[%d].http.paths[%d]", ri, pi)
+				typ := model.PathImplementationSpecific
+				if p.PathType != nil {
+					typ = model.PathType(*p.PathType)
+				}
+				path := p.Path
+				if path == "" && typ == model.PathImplementationSpecific {
+					path = "/"
+				}
+				if !strings.HasPrefix(path, "/") || (typ != model.PathExact && typ != model.PathPrefix && typ != model.PathImplementationSpecific) {
+					b.problem("Ingress", ing, field+".path", ReasonInvalidPath, "path %q of type %s is not served", p.Path, typ)
+					continue
+				}
+				up, ok := b.backend(ing, field+".backend", p.Backend)
+				if !ok {
+					continue
+				}
+				s := b.server(group, host)
+				lk := locKey{path, typ}
+				if owner, taken := s.locs[lk]; taken {
+					b.problem("Ingress", ing, field, ReasonPathConflict,
+						"%s path %q of host %q is already routed by %s", typ, path, host, owner)
+					continue
+				}
+				touch(s)
+				s.locs[lk] = src
+				s.locations = append(s.locations, model.Location{Path: path, Type: typ, Upstream: up, Source: src})
+			}
+		}
+	}
+}
+
+// certificate returns the Certificate name of an Ingress TLS entry's Secret.
+func (b *builder) certificate(ing *networkingv1.Ingress, i int, name string) (string, bool) {
+	field := fmt.Sprintf("spec.tls[%d].secretName", i)
+	if name == "" {
+		b.problem("Ingress", ing, field, ReasonSecretNotFound, "no secret named")
+		return "", false
+	}
+	k := ing.Namespace + "/" + name
+	sec := b.secrets[k]
+	if sec == nil {
+		b.problem("Ingress", ing, field, ReasonSecretNotFound, "TLS secret %s does not exist; hosts served without TLS", k)
+		return "", false
+	}
+	crt, key := sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+	if sec.Type != corev1.SecretTypeTLS || len(crt) == 0 || len(key) == 0 {
+		b.problem("Ingress", ing, field, ReasonInvalidSecret, "secret %s is not a kubernetes.io/tls secret with %s and %s", k, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+		return "", false
+	}
+	if _, ok := b.certs[k]; !ok {
+		b.certs[k] = model.Certificate{Name: k, CertPEM: slices.Clone(crt), KeyPEM: slices.Clone(key)}
+	}
+	return k, true
+}
+
+// backend resolves an Ingress backend to an upstream name. A missing Service still
+// gets an (empty, so 503) upstream, so the path does not fall through to another route.
+func (b *builder) backend(ing *networkingv1.Ingress, field string, be networkingv1.IngressBackend) (string, bool) {
+	if be.Service == nil {
+		b.problem("Ingress", ing, field, ReasonUnsupportedBackend, "only Service backends are served")
+		return "", false
+	}
+	svcKey := ing.Namespace + "/" + be.Service.Name
+	svc := b.services[svcKey]
+	portLabel := be.Service.Port.Name
+	if be.Service.Port.Name == "" {
+		portLabel = strconv.Itoa(int(be.Service.Port.Number))
+	}
+	if svc == nil {
+		b.problem("Ingress", ing, field+".service.name", ReasonServiceNotFound, "Service %s does not exist; answering 503", svcKey)
+		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
+	}
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		b.problem("Ingress", ing, field+".service.name", ReasonUnsupportedBackend, "ExternalName Service %s is not served", svcKey)
+		return "", false
+	}
+	var sp *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		p := &svc.Spec.Ports[i]
+		if (be.Service.Port.Name != "" && p.Name == be.Service.Port.Name) ||
+			(be.Service.Port.Name == "" && p.Port == be.Service.Port.Number) {
+			sp = p
+			break
+		}
+	}
+	if sp == nil {
+		b.problem("Ingress", ing, field+".service.port", ReasonPortNotFound, "Service %s has no port %s; answering 503", svcKey, portLabel)
+		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
+	}
+	port := strconv.Itoa(int(sp.Port))
+	if id := "svc|" + svcKey + "|" + port; b.upstreams[id] != nil {
+		return id, true // another path of the same Service port: endpoints known
+	}
+	return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+port, "svc|"+svcKey+"|"+port, b.serviceEndpoints(svcKey, sp)), true
+}
+
+// serviceEndpoints lists the ready endpoints of one Service port from its
+// EndpointSlices (slice ports carry the Service port's name).
+func (b *builder) serviceEndpoints(svcKey string, sp *corev1.ServicePort) []netip.AddrPort {
+	var out []netip.AddrPort
+	proto := sp.Protocol
+	if proto == "" {
+		proto = corev1.ProtocolTCP
+	}
+	for _, es := range b.slices[svcKey] {
+		if es.AddressType == discoveryv1.AddressTypeFQDN {
+			continue
+		}
+		var port int32
+		for _, p := range es.Ports {
+			pp := corev1.ProtocolTCP
+			if p.Protocol != nil {
+				pp = *p.Protocol
+			}
+			name := ""
+			if p.Name != nil {
+				name = *p.Name
+			}
+			if name == sp.Name && pp == proto && p.Port != nil {
+				port = *p.Port
+				break
+			}
+		}
+		if port == 0 {
+			continue
+		}
+		for _, ep := range es.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					out = append(out, netip.AddrPortFrom(ip.Unmap(), uint16(port)))
+				}
+			}
+		}
+	}
+	return out
+}

@@ -1,0 +1,56 @@
+package controlplane
+
+// Names Portico reads and writes on Kubernetes objects.
+const (
+	// ControllerName is the IngressClass spec.controller Portico serves.
+	ControllerName = "portico.io/ingress-controller"
+	// LoadBalancerClass marks a LoadBalancer Service as a Portico group.
+	LoadBalancerClass = "portico.io/vip"
+	// LabelGroup ("true") marks a Service as a Portico group.
+	LabelGroup = "portico.io/group"
+	// AnnotationGroup binds an Ingress, Pod or IngressClass to a group.
+	AnnotationGroup = "portico.io/group"
+	// AnnotationGroupSelector asks the scheduler for a group matching a label selector.
+	AnnotationGroupSelector = "portico.io/group-selector"
+	// AnnotationVIP holds a group's VIPs (comma-separated).
+	AnnotationVIP = "portico.io/vip"
+	// AnnotationVIPAlias is seed 000's name for AnnotationVIP.
+	AnnotationVIPAlias = "ingress.alpha.k8s.io/ingress-vip"
+	// AnnotationVRID holds a group's VRRP virtual router id (1..255).
+	AnnotationVRID = "portico.io/vrid"
+	// AnnotationSSLRedirect ("true"/"false") redirects HTTP to HTTPS for an Ingress's hosts.
+	AnnotationSSLRedirect = "portico.io/ssl-redirect"
+	// LabelMicroservice ("true") marks a pod route (seed 004).
+	LabelMicroservice = "microservice"
+	// AnnotationTrafficHosts lists a pod route's hosts.
+	AnnotationTrafficHosts = "trafficHosts"
+	// AnnotationPublicPaths lists a pod route's PORT:PATH entries.
+	AnnotationPublicPaths = "publicPaths"
+
+	annotationIngressClass = "kubernetes.io/ingress.class"
+	annotationDefaultClass = "ingressclass.kubernetes.io/is-default-class"
+)
+
+// Problem reasons (the bounded vocabulary of model.Problem.Reason and its metric label).
+const (
+	ReasonInvalidAnnotation  = "InvalidAnnotation"
+	ReasonInvalidVIP         = "InvalidVIP"
+	ReasonVIPConflict        = "VIPConflict"
+	ReasonVIPPoolExhausted   = "VIPPoolExhausted"
+	ReasonVRIDConflict       = "VRIDConflict"
+	ReasonVRIDExhausted      = "VRIDExhausted"
+	ReasonGroupNotFound      = "GroupNotFound"
+	ReasonNoMatchingGroup    = "NoMatchingGroup"
+	ReasonServiceNotFound    = "ServiceNotFound"
+	ReasonPortNotFound       = "PortNotFound"
+	ReasonUnsupportedBackend = "UnsupportedBackend"
+	ReasonSecretNotFound     = "SecretNotFound"
+	ReasonInvalidSecret      = "InvalidSecret"
+	ReasonTLSConflict        = "TLSConflict"
+	ReasonPathConflict       = "PathConflict"
+	ReasonInvalidPath        = "InvalidPath"
+	ReasonDefaultConflict    = "DefaultBackendConflict"
+	ReasonUnsupportedPort    = "UnsupportedProtocol"
+	ReasonAlreadyBound       = "AlreadyBound"
+	ReasonNameTaken          = "NameTaken"
+)

@@ -1,0 +1,99 @@
+package controlplane
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// splitList splits an annotation list on commas and white space (the seed uses
+// spaces, Portico's examples commas).
+func splitList(v string) []string {
+	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' })
+}
+
+func (b *builder) podRoutes(defaultGroup string) {
+	pods := slices.Clone(b.st.Pods)
+	slices.SortFunc(pods, func(x, y *corev1.Pod) int { return older(x, y) })
+	for _, pod := range pods {
+		if pod.Labels[LabelMicroservice] != "true" || pod.DeletionTimestamp != nil ||
+			pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		hostsV, okH := pod.Annotations[AnnotationTrafficHosts]
+		pathsV, okP := pod.Annotations[AnnotationPublicPaths]
+		if !okH || !okP {
+			missing := AnnotationTrafficHosts
+			if okH {
+				missing = AnnotationPublicPaths
+			}
+			b.problem("Pod", pod, "metadata.annotations["+missing+"]", ReasonInvalidAnnotation, "a microservice pod needs %s and %s", AnnotationTrafficHosts, AnnotationPublicPaths)
+			continue
+		}
+		group := defaultGroup
+		if g, ok := pod.Annotations[AnnotationGroup]; ok {
+			group = groupRef(g, pod.Namespace)
+		}
+		if group == "" || b.groupsOut[group] == nil {
+			b.problem("Pod", pod, "metadata.annotations["+AnnotationGroup+"]", ReasonGroupNotFound, "pod route has no group (group %q)", group)
+			continue
+		}
+		hosts := splitList(hostsV)
+		if len(hosts) == 0 {
+			b.problem("Pod", pod, "metadata.annotations["+AnnotationTrafficHosts+"]", ReasonInvalidAnnotation, "no host in %q", hostsV)
+			continue
+		}
+		type pp struct {
+			port uint16
+			path string
+		}
+		var paths []pp
+		bad := false
+		for _, e := range splitList(pathsV) {
+			ps, path, ok := strings.Cut(e, ":")
+			port, err := strconv.ParseUint(ps, 10, 16)
+			if !ok || err != nil || port == 0 || !strings.HasPrefix(path, "/") {
+				b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", ReasonInvalidAnnotation, "entry %q is not PORT:PATH", e)
+				bad = true
+				continue
+			}
+			paths = append(paths, pp{uint16(port), path})
+		}
+		if len(paths) == 0 && !bad {
+			b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", ReasonInvalidAnnotation, "no path in %q", pathsV)
+		}
+		ip, err := netip.ParseAddr(pod.Status.PodIP)
+		if err != nil {
+			continue // not running yet: nothing to route to
+		}
+		ip = ip.Unmap()
+		src := key(pod)
+		for _, h := range hosts {
+			h = strings.ToLower(h)
+			for _, p := range paths {
+				id := fmt.Sprintf("pod|%s|%s|%s|%d", pod.Namespace, h, p.path, p.port)
+				base := fmt.Sprintf("%s-pod-%s-%d", pod.Namespace, shortHash(h+"|"+p.path), p.port)
+				up := b.upstream(base, id, []netip.AddrPort{netip.AddrPortFrom(ip, p.port)})
+				s := b.server(group, h)
+				lk := locKey{p.path, model.PathPrefix}
+				if owner, taken := s.locs[lk]; taken {
+					// Replicas of one pod route share the location and its upstream.
+					if owner == "pods:"+up {
+						continue
+					}
+					b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", ReasonPathConflict,
+						"path %q of host %q is already routed by %s", p.path, h, strings.TrimPrefix(owner, "pods:"))
+					continue
+				}
+				s.locs[lk] = "pods:" + up
+				s.locations = append(s.locations, model.Location{Path: p.path, Type: model.PathPrefix, Upstream: up, Source: src})
+			}
+		}
+	}
+}
