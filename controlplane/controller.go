@@ -2,14 +2,11 @@ package controlplane
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -30,8 +26,6 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/leaderelection"
-	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
@@ -281,46 +275,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	return nil
 }
 
-// elect campaigns for the Lease until ctx ends; leadership only gates the writes.
-func (c *Controller) elect(ctx context.Context) {
-	lock := &resourcelock.LeaseLock{
-		LeaseMeta:  metav1.ObjectMeta{Namespace: c.cfg.LeaseNamespace, Name: c.cfg.LeaseName},
-		Client:     c.cfg.Client.CoordinationV1(),
-		LockConfig: resourcelock.ResourceLockConfig{Identity: c.cfg.Identity},
-	}
-	for ctx.Err() == nil {
-		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
-			Lock: lock, LeaseDuration: c.cfg.LeaseDuration, RenewDeadline: c.cfg.RenewDeadline, RetryPeriod: c.cfg.RetryPeriod,
-			ReleaseOnCancel: c.cfg.ReleaseOnCancel, Name: c.cfg.LeaseName,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(context.Context) {
-					c.log.Info("became leader", zap.String("identity", c.cfg.Identity))
-					c.mu.Lock()
-					c.reported = map[string]bool{}
-					c.provisioned = map[types.UID]time.Time{}
-					c.mu.Unlock()
-					c.leader.Store(true)
-					c.metrics.leader.Set(1)
-					c.queue.Add(syncKey)
-				},
-				OnStoppedLeading: func() {
-					c.leader.Store(false)
-					c.metrics.leader.Set(0)
-					c.log.Info("stopped leading", zap.String("identity", c.cfg.Identity))
-				},
-			},
-		})
-		if err != nil {
-			c.log.Error("leader election config", zap.Error(err))
-			return
-		}
-		le.Run(ctx)
-	}
-}
-
-// IsLeader reports whether this instance currently makes the cluster-wide writes.
-func (c *Controller) IsLeader() bool { return c.leader.Load() }
-
 // Problems returns the problems of the last build.
 func (c *Controller) Problems() []model.Problem {
 	c.mu.Lock()
@@ -439,278 +393,4 @@ func (c *Controller) observe(st State, problems []model.Problem) {
 	for _, p := range problems {
 		c.metrics.problems.WithLabelValues(p.Reason).Inc()
 	}
-}
-
-// report sends each new problem as a Warning Event on its object, once while it
-// lasts (leader only, so the agents do not repeat each other). Every problem goes
-// through it: Build's, allocation's and the claims'.
-func (c *Controller) report(problems []model.Problem) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	now := map[string]bool{}
-	for _, p := range problems {
-		k := p.String()
-		now[k] = true
-		if c.reported[k] {
-			continue
-		}
-		if ref := problemRef(p); ref != nil {
-			c.recorder.Event(ref, corev1.EventTypeWarning, p.Reason, strings.TrimSpace(p.Field+": "+p.Detail))
-		}
-		c.log.Warn("problem", zap.String("object", p.Object), zap.String("field", p.Field), zap.String("reason", p.Reason), zap.String("detail", p.Detail))
-	}
-	c.reported = now
-}
-
-// problemRef turns a Problem's "Kind namespace/name" into an object reference.
-func problemRef(p model.Problem) *corev1.ObjectReference {
-	kind, obj, ok := strings.Cut(p.Object, " ")
-	if !ok {
-		return nil
-	}
-	ns, name, ok := strings.Cut(obj, "/")
-	if !ok {
-		ns, name = "", obj
-	}
-	return objRef(kind, ns, name)
-}
-
-// objRef references an object for an Event; nil for kinds Portico does not report on.
-func objRef(kind, ns, name string) *corev1.ObjectReference {
-	api := map[string]string{"Ingress": "networking.k8s.io/v1", "IngressClass": "networking.k8s.io/v1",
-		"Service": "v1", "Pod": "v1", "Secret": "v1", "Node": "v1",
-		"IngressClaim": ClaimResource.GroupVersion().String()}[kind]
-	if api == "" {
-		return nil
-	}
-	return &corev1.ObjectReference{APIVersion: api, Kind: kind, Namespace: ns, Name: name}
-}
-
-func (c *Controller) countWrite(what string, err error) {
-	c.metrics.writes.WithLabelValues(what, result(err)).Inc()
-}
-
-// write makes the leader's cluster-wide writes on st (the cache with this leader's
-// unseen writes overlaid) and returns the claims' problems. Each write changes the
-// API server (never the cache); the resulting informer events trigger the next sync,
-// which sees the new state.
-func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, alloc allocation) ([]model.Problem, error) {
-	var errs []error
-	// VRIDs.
-	for g, id := range alloc.vrids {
-		_, err := c.annotate(ctx, "Service", g, AnnotationVRID, strconv.Itoa(int(id)), "VRIDAssigned", fmt.Sprintf("VRRP id %d", id))
-		errs = append(errs, err)
-	}
-	// VIPs.
-	for g, as := range alloc.vips {
-		var v []string
-		for _, a := range as {
-			v = append(v, a.String())
-		}
-		vip := strings.Join(v, ",")
-		_, err := c.annotate(ctx, "Service", g, AnnotationVIP, vip, "VIPAllocated", "VIP "+vip+" from the pools")
-		errs = append(errs, err)
-	}
-	// Group Service status (LoadBalancer Services only: the API server refuses
-	// status.loadBalancer.ingress on other types).
-	groupVIPs := map[string][]netip.Addr{}
-	for _, g := range snap.Groups {
-		groupVIPs[g.Name] = g.VIPs
-	}
-	for _, s := range st.Services {
-		if !IsGroup(s) || s.Spec.Type != corev1.ServiceTypeLoadBalancer {
-			continue
-		}
-		want := lbIngress(groupVIPs[key(s)])
-		if equality.Semantic.DeepEqual(s.Status.LoadBalancer.Ingress, want) {
-			continue
-		}
-		cp := s.DeepCopy()
-		cp.Status.LoadBalancer.Ingress = want
-		_, err := c.cfg.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{})
-		c.countWrite("service-status", err)
-		errs = append(errs, ignoreGone(err))
-	}
-	// Scheduling.
-	for ing, g := range Schedule(st.Ingresses, st.IngressClasses, st.Services) {
-		_, err := c.annotate(ctx, "Ingress", ing, AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
-		errs = append(errs, err)
-	}
-	// Ingress status: the bound group's VIPs, nothing when unbound.
-	classes := map[string]*networkingv1.IngressClass{}
-	for _, cl := range st.IngressClasses {
-		classes[cl.Name] = cl
-	}
-	allVIPs := map[string]bool{}
-	for _, g := range snap.Groups {
-		for _, a := range g.VIPs {
-			allVIPs[a.String()] = true
-		}
-	}
-	for _, ing := range st.Ingresses {
-		bd := BindingOf(ing, classes)
-		if !bd.Ours && !onlyOurVIPs(ing.Status.LoadBalancer.Ingress, allVIPs) {
-			continue // another controller's Ingress (one Portico served before is cleared)
-		}
-		want := ingressLB(groupVIPs[bd.Group])
-		if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
-			continue
-		}
-		cp := ing.DeepCopy()
-		cp.Status.LoadBalancer.Ingress = want
-		_, err := c.cfg.Client.NetworkingV1().Ingresses(ing.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{})
-		c.countWrite("ingress-status", err)
-		errs = append(errs, ignoreGone(err))
-	}
-	problems, err := c.reconcileClaims(ctx, st, snap)
-	errs = append(errs, err)
-	return problems, errors.Join(errs...)
-}
-
-// onlyOurVIPs reports whether an Ingress status lists addresses and all are Portico
-// VIPs: what Portico wrote for an Ingress that has since moved to another class.
-func onlyOurVIPs(lb []networkingv1.IngressLoadBalancerIngress, vips map[string]bool) bool {
-	for _, e := range lb {
-		if e.Hostname != "" || !vips[e.IP] {
-			return false
-		}
-	}
-	return len(lb) > 0
-}
-
-func lbIngress(vips []netip.Addr) []corev1.LoadBalancerIngress {
-	var out []corev1.LoadBalancerIngress
-	for _, a := range vips {
-		// The API server defaults ipMode to VIP; say so, or every sync would differ.
-		out = append(out, corev1.LoadBalancerIngress{IP: a.String(), IPMode: ptrTo(corev1.LoadBalancerIPModeVIP)})
-	}
-	return out
-}
-
-func ingressLB(vips []netip.Addr) []networkingv1.IngressLoadBalancerIngress {
-	var out []networkingv1.IngressLoadBalancerIngress
-	for _, a := range vips {
-		out = append(out, networkingv1.IngressLoadBalancerIngress{IP: a.String()})
-	}
-	return out
-}
-
-func ignoreGone(err error) error {
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		// Deleted or changed since the cache saw it: the informer event brings the
-		// next sync, which retries with the new object.
-		return nil
-	}
-	return err
-}
-
-// annotate sets one annotation on a Service or Ingress ("namespace/name") and, only
-// when the patch applied (not on an object deleted since the cache saw it), records
-// reason as a Normal Event on the object and logs the decision. It reports whether the
-// patch applied.
-func (c *Controller) annotate(ctx context.Context, kind, object, ann, value, reason, message string) (bool, error) {
-	ns, name, _ := strings.Cut(object, "/")
-	applied, err := c.patchAnnotation(ctx, kind, ns, name, ann, value)
-	if applied {
-		c.recorder.Event(objRef(kind, ns, name), corev1.EventTypeNormal, reason, message)
-		c.log.Info(message, zap.String("reason", reason), zap.String("object", kind+" "+object),
-			zap.String("annotation", ann), zap.String("value", value))
-	}
-	return applied, err
-}
-
-// patchAnnotation sets one annotation with a merge patch (the cached object is not
-// touched). It reports whether the patch applied: an object deleted meanwhile is
-// neither an error nor a change.
-func (c *Controller) patchAnnotation(ctx context.Context, kind, ns, name, k, v string) (bool, error) {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{k: v}}})
-	if err != nil {
-		return false, fmt.Errorf("encode patch: %w", err)
-	}
-	switch kind {
-	case "Service":
-		_, err = c.cfg.Client.CoreV1().Services(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-	case "Ingress":
-		_, err = c.cfg.Client.NetworkingV1().Ingresses(ns).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
-	default:
-		return false, fmt.Errorf("patch %s: unsupported kind", kind)
-	}
-	c.countWrite("annotate-"+strings.ToLower(kind), err)
-	switch {
-	case apierrors.IsNotFound(err):
-		return false, nil
-	case err != nil:
-		return false, fmt.Errorf("annotate %s %s/%s %s: %w", kind, ns, name, k, err)
-	}
-	c.mu.Lock()
-	c.written[writtenKey{kind, ns + "/" + name, k}] = written{v, time.Now()}
-	c.mu.Unlock()
-	return true, nil
-}
-
-type writtenKey struct{ kind, object, annotation string }
-
-type written struct {
-	value string
-	at    time.Time
-}
-
-// writtenTTL bounds how long a write the cache has not shown yet is assumed to hold.
-const writtenTTL = 30 * time.Second
-
-// withWritten overlays the annotations this leader wrote and the cache does not show
-// yet onto copies of the affected objects (the cached ones are never changed).
-func (c *Controller) withWritten(st State) State {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if len(c.written) == 0 {
-		return st
-	}
-	overlay := func(kind string, o metav1.Object) map[string]string {
-		var add map[string]string
-		for _, ann := range []string{AnnotationVIP, AnnotationVRID, AnnotationGroup} {
-			k := writtenKey{kind, key(o), ann}
-			w, ok := c.written[k]
-			if !ok {
-				continue
-			}
-			if cur, has := o.GetAnnotations()[ann]; (has && cur == w.value) || time.Since(w.at) > writtenTTL {
-				delete(c.written, k) // the cache caught up (or never will)
-				continue
-			}
-			if add == nil {
-				add = map[string]string{}
-			}
-			add[ann] = w.value
-		}
-		return add
-	}
-	out := st
-	out.Services = overlayWritten("Service", st.Services, overlay)
-	out.Ingresses = overlayWritten("Ingress", st.Ingresses, overlay)
-	return out
-}
-
-// overlayWritten returns objs with each object that overlay gives annotations for
-// replaced by a copy that has them (objs and its objects are left as they are).
-func overlayWritten[T interface {
-	metav1.Object
-	DeepCopy() T
-}](kind string, objs []T, overlay func(string, metav1.Object) map[string]string) []T {
-	out := slices.Clone(objs)
-	for i, o := range out {
-		add := overlay(kind, o)
-		if add == nil {
-			continue
-		}
-		cp := o.DeepCopy()
-		anns := cp.GetAnnotations()
-		if anns == nil {
-			anns = map[string]string{}
-		}
-		maps.Copy(anns, add)
-		cp.SetAnnotations(anns)
-		out[i] = cp
-	}
-	return out
 }
