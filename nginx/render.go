@@ -3,14 +3,10 @@ package nginx
 import (
 	"bytes"
 	"crypto/sha256"
-	"crypto/tls"
-	"crypto/x509"
 	"embed"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path"
 	"slices"
 	"strconv"
@@ -55,127 +51,6 @@ const (
 	ReasonRedirectWithoutTLS  = "RedirectWithoutTLS"
 )
 
-// Options are the deployment-specific parts of a rendered configuration: where nginx
-// listens and where it keeps its files. Relative paths are relative to nginx's prefix
-// (the -p flag), which the Reloader sets to the directory holding the configuration,
-// so the same renderer produces production configurations and test configurations in
-// a temporary directory.
-type Options struct {
-	// Group selects the model.Servers to render (model.Server.Group). Empty renders
-	// every server.
-	Group string
-
-	// ListenAddrs are the addresses the HTTP and HTTPS servers listen on. Empty means
-	// the IPv4 wildcard, plus the IPv6 wildcard when ListenIPv6 is set (nginx does
-	// not start when IPv6 is disabled on the node and ListenIPv6 is set).
-	ListenAddrs []netip.Addr
-	ListenIPv6  bool
-	HTTPPort    uint16
-	HTTPSPort   uint16
-	// StatusPort serves /healthz and /nginx_status (stub_status) on 127.0.0.1 only.
-	StatusPort uint16
-
-	PIDFile   string // nginx's pid file
-	ErrorLog  string // a file or "stderr"
-	AccessLog string // a file, "" for none
-	TempDir   string // parent of nginx's body and proxy temporary directories
-	CertDir   string // where WriteCertificates puts the TLS files
-
-	// ModulesDir holds Debian's dynamic modules: the Lua module
-	// (libnginx-mod-http-lua) and the development kit it needs.
-	ModulesDir string
-	// EndpointsFile is the endpoint table (Config.Endpoints) that nginx loads at
-	// every start and reload.
-	EndpointsFile string
-	// ControlSocket is the unix socket nginx takes endpoint tables on. Its
-	// directory must be private: whoever can connect can reroute traffic. A
-	// relative path is relative to the prefix (Exec runs nginx there).
-	ControlSocket string
-
-	User              string // worker user; "" keeps nginx's default
-	WorkerProcesses   int    // 0 means one per core ("auto")
-	WorkerConnections int    // 0 means 16384
-}
-
-// DefaultOptions are the production options: standard ports on every address (IPv6
-// too when the node has it), files under dir (for example /run/portico/nginx, so
-// private keys stay on tmpfs).
-func DefaultOptions(dir string) Options {
-	return Options{
-		ListenIPv6: ipv6Available(),
-		HTTPPort:   80,
-		HTTPSPort:  443,
-		StatusPort: 10246,
-		PIDFile:    path.Join(dir, "nginx.pid"),
-		ErrorLog:   "stderr",
-		TempDir:    path.Join(dir, "tmp"),
-		CertDir:    path.Join(dir, "certs"),
-
-		ModulesDir:    "/usr/lib/nginx/modules",
-		EndpointsFile: path.Join(dir, "endpoints.txt"),
-		ControlSocket: path.Join(dir, "control", "nginx.sock"),
-	}
-}
-
-// fileNameChar reports whether c may appear in a path written into the configuration.
-func fileNameChar(c byte) bool {
-	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._/", c) >= 0
-}
-
-func validateFilePath(name, p string, optional bool) error {
-	if p == "" {
-		if optional {
-			return nil
-		}
-		return fmt.Errorf("option %s is empty", name)
-	}
-	for i := 0; i < len(p); i++ {
-		if !fileNameChar(p[i]) {
-			return fmt.Errorf("option %s %q has character %q outside [A-Za-z0-9-._/]", name, p, p[i])
-		}
-	}
-	return nil
-}
-
-func (o Options) validate() error {
-	var errs []error
-	for _, f := range []struct {
-		name, val string
-		optional  bool
-	}{
-		{"PIDFile", o.PIDFile, false},
-		{"ErrorLog", o.ErrorLog, false},
-		{"AccessLog", o.AccessLog, true},
-		{"TempDir", o.TempDir, false},
-		{"CertDir", o.CertDir, false},
-		{"ModulesDir", o.ModulesDir, false},
-		{"EndpointsFile", o.EndpointsFile, false},
-		{"ControlSocket", o.ControlSocket, false},
-	} {
-		errs = append(errs, validateFilePath(f.name, f.val, f.optional))
-	}
-	if o.HTTPPort == 0 || o.HTTPSPort == 0 || o.StatusPort == 0 {
-		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must be set"))
-	}
-	if o.HTTPPort == o.HTTPSPort || o.HTTPPort == o.StatusPort || o.HTTPSPort == o.StatusPort {
-		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must differ"))
-	}
-	if o.User != "" {
-		if err := validateLabel(o.User); err != nil {
-			errs = append(errs, fmt.Errorf("option User: %w", err))
-		}
-	}
-	for _, a := range o.ListenAddrs {
-		if !a.IsValid() || a.Zone() != "" {
-			errs = append(errs, fmt.Errorf("option ListenAddrs: %q is not an address without zone", a))
-		}
-	}
-	if o.WorkerProcesses < 0 || o.WorkerConnections < 0 {
-		errs = append(errs, errors.New("options WorkerProcesses and WorkerConnections must not be negative"))
-	}
-	return errors.Join(errs...)
-}
-
 // Config is one rendered configuration and what it needs on disk.
 type Config struct {
 	// Text is the nginx.conf. It holds no endpoint addresses: two snapshots that
@@ -203,17 +78,6 @@ type Config struct {
 type CertFile struct {
 	Name string // file name inside Options.CertDir
 	PEM  []byte
-}
-
-// blamedCertificate returns the file of cfg.Certificates that an nginx error names
-// ("cannot load certificate .../certs/<file>" and the like), or "".
-func blamedCertificate(cfg *Config, nginxErr string) string {
-	for _, c := range cfg.Certificates {
-		if strings.Contains(nginxErr, "/"+c.Name+"\"") || strings.Contains(nginxErr, "\""+c.Name+"\"") {
-			return c.Name
-		}
-	}
-	return ""
 }
 
 // Template data: every string is already validated or built from validated parts.
@@ -349,55 +213,6 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	return cfg, nil
 }
 
-// certCache keeps the checks of the certificates the last render used (parsing a
-// certificate and its key is most of the cost of rendering many TLS hosts, and
-// endpoint-only changes render too). An entry is reused only when the Secret's
-// certificate and key are byte for byte the ones it was made from. Not safe for
-// concurrent renders.
-type certCache struct {
-	entries map[string]certEntry // by Secret name
-}
-
-type certEntry struct {
-	cert, key []byte // copies of model.Certificate's CertPEM and KeyPEM
-	res       certResult
-}
-
-// check returns checkCertificate(c), from the cache when c is unchanged.
-func (cc *certCache) check(c model.Certificate) certResult {
-	if cc == nil {
-		return checkCertificate(c)
-	}
-	if e, ok := cc.entries[c.Name]; ok && bytes.Equal(e.cert, c.CertPEM) && bytes.Equal(e.key, c.KeyPEM) {
-		return e.res
-	}
-	res := checkCertificate(c)
-	if cc.entries == nil {
-		cc.entries = map[string]certEntry{}
-	}
-	cc.entries[c.Name] = certEntry{cert: bytes.Clone(c.CertPEM), key: bytes.Clone(c.KeyPEM), res: res}
-	return res
-}
-
-// keep drops the entries of certificates a render did not use (used: the names it
-// checked), so the cache holds no more than the current configuration needs.
-func (cc *certCache) keep(used map[string]certResult) {
-	if cc == nil {
-		return
-	}
-	for name := range cc.entries {
-		if _, ok := used[name]; !ok {
-			delete(cc.entries, name)
-		}
-	}
-}
-
-type certResult struct {
-	file CertFile
-	leaf *x509.Certificate
-	err  error
-}
-
 type renderer struct {
 	opt           Options
 	upstreams     map[string]model.Upstream
@@ -442,220 +257,11 @@ func (r *renderer) server(s *model.Server) tmplServer {
 	return ts
 }
 
-// cert checks the certificate a server references and returns its file name.
-func (r *renderer) cert(s *model.Server) (string, bool) {
-	obj := "Secret " + s.TLSCertificate
-	res, ok := r.certs[s.TLSCertificate]
-	if !ok {
-		idx := slices.IndexFunc(r.certsIn, func(c model.Certificate) bool { return c.Name == s.TLSCertificate })
-		if idx < 0 {
-			r.problem(obj, "", ReasonCertificateNotFound, fmt.Sprintf("host %s: TLS server skipped: no such certificate", hostOrDefault(s.Host)))
-			return "", false
-		}
-		res = r.cache.check(r.certsIn[idx])
-		r.certs[s.TLSCertificate] = res
-	}
-	if res.err != nil {
-		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: %v", hostOrDefault(s.Host), res.err))
-		return "", false
-	}
-	if why, ok := r.refused[res.file.Name]; ok {
-		if !slices.Contains(r.refusedSeen, res.file.Name) {
-			r.refusedSeen = append(r.refusedSeen, res.file.Name)
-		}
-		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: nginx refused the certificate: %s", hostOrDefault(s.Host), why))
-		return "", false
-	}
-	if s.Host != "" {
-		probe := s.Host
-		if strings.HasPrefix(probe, "*.") {
-			probe = "wildcard-probe" + probe[1:]
-		}
-		if err := res.leaf.VerifyHostname(probe); err != nil {
-			// Served anyway: clients decide, and a mismatch is often a deliberate
-			// catch-all certificate.
-			r.problem(obj, "", ReasonCertificateHost, fmt.Sprintf("host %s: served with a certificate that does not cover it: %v", s.Host, err))
-		}
-	}
-	return res.file.Name, true
-}
-
 func hostOrDefault(h string) string {
 	if h == "" {
 		return "(default)"
 	}
 	return h
-}
-
-// x509KeyPair is tls.X509KeyPair; tests count its calls.
-var x509KeyPair = tls.X509KeyPair
-
-// checkCertificate parses a certificate and key pair and names its file after the
-// Secret and a digest of the content, so a changed certificate changes the
-// configuration text and forces a reload.
-func checkCertificate(c model.Certificate) certResult {
-	ns, name, ok := strings.Cut(c.Name, "/")
-	if !ok || validateLabel(ns) != nil || validateHost(name) != nil {
-		return certResult{err: fmt.Errorf("certificate name %q is not namespace/name", c.Name)}
-	}
-	pair, err := x509KeyPair(c.CertPEM, c.KeyPEM)
-	if err != nil {
-		return certResult{err: fmt.Errorf("parse certificate and key: %w", err)}
-	}
-	leaf := pair.Leaf
-	if leaf == nil {
-		if leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return certResult{err: fmt.Errorf("parse leaf certificate: %w", err)}
-		}
-	}
-	var pem bytes.Buffer
-	pem.Write(bytes.TrimSpace(c.CertPEM))
-	pem.WriteString("\n")
-	pem.Write(bytes.TrimSpace(c.KeyPEM))
-	pem.WriteString("\n")
-	sum := sha256.Sum256(pem.Bytes())
-	file := fmt.Sprintf("%s_%s-%s.pem", ns, name, hex.EncodeToString(sum[:8]))
-	return certResult{file: CertFile{Name: file, PEM: pem.Bytes()}, leaf: leaf}
-}
-
-// pathRank orders path types for the same rendered location: Exact owns it over
-// Prefix, and Prefix over ImplementationSpecific.
-func pathRank(t model.PathType) int {
-	switch t {
-	case model.PathExact:
-		return 0
-	case model.PathPrefix:
-		return 1
-	default:
-		return 2
-	}
-}
-
-// locations renders a server's paths. Each Ingress path becomes one or two nginx
-// locations; when two paths want the same location, the stronger type wins (Exact,
-// Prefix, ImplementationSpecific), then the first in model order.
-func (r *renderer) locations(s *model.Server) []tmplLocation {
-	type cand struct {
-		loc  tmplLocation
-		rank int
-		src  string
-	}
-	byMatch := map[string]cand{}
-	var order []string
-	add := func(match string, rank int, l model.Location, obj string) {
-		tl := tmplLocation{Match: match, Source: commentSafe(l.Source)}
-		tl.Upstream, tl.Status = r.upstream(l.Upstream, obj)
-		c, ok := byMatch[match]
-		if ok {
-			// Exact over Prefix is the Ingress rule, not a conflict; two paths of the
-			// same kind (or Prefix against ImplementationSpecific) are.
-			conflict := c.rank == rank || (c.rank != 0 && rank != 0)
-			winner, loser := c.src, obj
-			if rank < c.rank {
-				winner, loser = obj, c.src
-			}
-			if conflict {
-				r.problem(loser, "path", ReasonPathConflict, fmt.Sprintf("location %q of host %s is taken by %s", match, hostOrDefault(s.Host), winner))
-			}
-			if rank >= c.rank {
-				return
-			}
-		} else {
-			order = append(order, match)
-		}
-		byMatch[match] = cand{loc: tl, rank: rank, src: obj}
-	}
-	for _, l := range s.Locations {
-		obj := l.Source
-		if obj == "" {
-			obj = "Server " + hostOrDefault(s.Host)
-		}
-		if err := validatePath(l.Path); err != nil {
-			r.problem(obj, "path", ReasonInvalidPath, fmt.Sprintf("host %s path %q: %v", hostOrDefault(s.Host), l.Path, err))
-			continue
-		}
-		rank := pathRank(l.Type)
-		switch l.Type {
-		case model.PathExact:
-			add("= "+l.Path, rank, l, obj)
-		case model.PathPrefix, model.PathImplementationSpecific:
-			p := strings.TrimRight(l.Path, "/")
-			if p == "" {
-				add("/", rank, l, obj)
-				continue
-			}
-			add("= "+p, rank, l, obj)
-			add(p+"/", rank, l, obj)
-		default:
-			r.problem(obj, "pathType", ReasonInvalidPathType, fmt.Sprintf("host %s path %q: unknown path type %q", hostOrDefault(s.Host), l.Path, l.Type))
-		}
-	}
-	if _, ok := byMatch["/"]; !ok {
-		// Paths no rule matches go to the default backend, or get a 404 (never to
-		// nginx's own document root).
-		tl := tmplLocation{Match: "/", Status: 404}
-		if s.DefaultUpstream != "" {
-			tl.Upstream, tl.Status = r.upstream(s.DefaultUpstream, "Server "+hostOrDefault(s.Host))
-		}
-		byMatch["/"] = cand{loc: tl}
-		order = append(order, "/")
-	}
-	// Sorted by the path, then exact before prefix, for a stable and readable file.
-	slices.SortFunc(order, func(a, b string) int {
-		pa, pb := strings.TrimPrefix(a, "= "), strings.TrimPrefix(b, "= ")
-		if c := strings.Compare(pa, pb); c != 0 {
-			return c
-		}
-		return strings.Compare(a, b)
-	})
-	out := make([]tmplLocation, 0, len(order))
-	for _, m := range order {
-		out = append(out, byMatch[m].loc)
-	}
-	return out
-}
-
-// upstream resolves an upstream reference: its name, or a status to return instead
-// (503 when it does not exist or has an invalid name). An upstream without usable
-// endpoints is proxied to all the same: nginx answers 503 until the endpoint table
-// gives it some, which needs no reload.
-func (r *renderer) upstream(name, obj string) (string, int) {
-	u, ok := r.upstreams[name]
-	if !ok {
-		r.problem(obj, "backend", ReasonUpstreamNotFound, fmt.Sprintf("upstream %q does not exist; answering 503", name))
-		return "", 503
-	}
-	if err := validateUpstreamName(name); err != nil {
-		r.problem("Upstream "+strconv.Quote(name), "name", ReasonInvalidUpstream, err.Error()+"; answering 503")
-		return "", 503
-	}
-	if r.usedUpstreams == nil {
-		r.usedUpstreams = map[string]bool{}
-	}
-	if !r.usedUpstreams[name] {
-		valid := validEndpoints(u.Endpoints, func(err error) {
-			r.problem("Upstream "+name, "endpoints", ReasonInvalidEndpoint, err.Error())
-		})
-		r.upstreams[name] = model.Upstream{Name: name, Endpoints: valid}
-		r.usedUpstreams[name] = true
-	}
-	return name, 0
-}
-
-// validEndpoints returns the endpoints that pass validateEndpoint, and reports each
-// other one to bad (unless nil).
-func validEndpoints(eps []netip.AddrPort, bad func(error)) []netip.AddrPort {
-	var valid []netip.AddrPort
-	for _, ep := range eps {
-		if err := validateEndpoint(ep); err != nil {
-			if bad != nil {
-				bad(err)
-			}
-			continue
-		}
-		valid = append(valid, ep)
-	}
-	return valid
 }
 
 // commentSafe returns s when it can go into a comment ("namespace/name" of a
@@ -696,29 +302,4 @@ func serverNamesHash(n, longest int) (bucket, maxSize int) {
 		maxSize *= 2
 	}
 	return bucket, maxSize
-}
-
-func listenAddrs(o Options) (plain, secure []string) {
-	addrs := func(port uint16) []string {
-		if len(o.ListenAddrs) == 0 {
-			l := []string{strconv.Itoa(int(port))}
-			if o.ListenIPv6 {
-				l = append(l, "[::]:"+strconv.Itoa(int(port)))
-			}
-			return l
-		}
-		var l []string
-		for _, a := range o.ListenAddrs {
-			l = append(l, netip.AddrPortFrom(a, port).String())
-		}
-		return l
-	}
-	return addrs(o.HTTPPort), addrs(o.HTTPSPort)
-}
-
-// ipv6Available reports whether the node has IPv6 (an interface address in
-// /proc/net/if_inet6, which is empty or missing when IPv6 is off).
-func ipv6Available() bool {
-	b, err := os.ReadFile("/proc/net/if_inet6")
-	return err == nil && len(bytes.TrimSpace(b)) > 0
 }

@@ -1,0 +1,143 @@
+package nginx
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// blamedCertificate returns the file of cfg.Certificates that an nginx error names
+// ("cannot load certificate .../certs/<file>" and the like), or "".
+func blamedCertificate(cfg *Config, nginxErr string) string {
+	for _, c := range cfg.Certificates {
+		if strings.Contains(nginxErr, "/"+c.Name+"\"") || strings.Contains(nginxErr, "\""+c.Name+"\"") {
+			return c.Name
+		}
+	}
+	return ""
+}
+
+// certCache keeps the checks of the certificates the last render used (parsing a
+// certificate and its key is most of the cost of rendering many TLS hosts, and
+// endpoint-only changes render too). An entry is reused only when the Secret's
+// certificate and key are byte for byte the ones it was made from. Not safe for
+// concurrent renders.
+type certCache struct {
+	entries map[string]certEntry // by Secret name
+}
+
+type certEntry struct {
+	cert, key []byte // copies of model.Certificate's CertPEM and KeyPEM
+	res       certResult
+}
+
+// check returns checkCertificate(c), from the cache when c is unchanged.
+func (cc *certCache) check(c model.Certificate) certResult {
+	if cc == nil {
+		return checkCertificate(c)
+	}
+	if e, ok := cc.entries[c.Name]; ok && bytes.Equal(e.cert, c.CertPEM) && bytes.Equal(e.key, c.KeyPEM) {
+		return e.res
+	}
+	res := checkCertificate(c)
+	if cc.entries == nil {
+		cc.entries = map[string]certEntry{}
+	}
+	cc.entries[c.Name] = certEntry{cert: bytes.Clone(c.CertPEM), key: bytes.Clone(c.KeyPEM), res: res}
+	return res
+}
+
+// keep drops the entries of certificates a render did not use (used: the names it
+// checked), so the cache holds no more than the current configuration needs.
+func (cc *certCache) keep(used map[string]certResult) {
+	if cc == nil {
+		return
+	}
+	for name := range cc.entries {
+		if _, ok := used[name]; !ok {
+			delete(cc.entries, name)
+		}
+	}
+}
+
+type certResult struct {
+	file CertFile
+	leaf *x509.Certificate
+	err  error
+}
+
+// cert checks the certificate a server references and returns its file name.
+func (r *renderer) cert(s *model.Server) (string, bool) {
+	obj := "Secret " + s.TLSCertificate
+	res, ok := r.certs[s.TLSCertificate]
+	if !ok {
+		idx := slices.IndexFunc(r.certsIn, func(c model.Certificate) bool { return c.Name == s.TLSCertificate })
+		if idx < 0 {
+			r.problem(obj, "", ReasonCertificateNotFound, fmt.Sprintf("host %s: TLS server skipped: no such certificate", hostOrDefault(s.Host)))
+			return "", false
+		}
+		res = r.cache.check(r.certsIn[idx])
+		r.certs[s.TLSCertificate] = res
+	}
+	if res.err != nil {
+		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: %v", hostOrDefault(s.Host), res.err))
+		return "", false
+	}
+	if why, ok := r.refused[res.file.Name]; ok {
+		if !slices.Contains(r.refusedSeen, res.file.Name) {
+			r.refusedSeen = append(r.refusedSeen, res.file.Name)
+		}
+		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: nginx refused the certificate: %s", hostOrDefault(s.Host), why))
+		return "", false
+	}
+	if s.Host != "" {
+		probe := s.Host
+		if strings.HasPrefix(probe, "*.") {
+			probe = "wildcard-probe" + probe[1:]
+		}
+		if err := res.leaf.VerifyHostname(probe); err != nil {
+			// Served anyway: clients decide, and a mismatch is often a deliberate
+			// catch-all certificate.
+			r.problem(obj, "", ReasonCertificateHost, fmt.Sprintf("host %s: served with a certificate that does not cover it: %v", s.Host, err))
+		}
+	}
+	return res.file.Name, true
+}
+
+// x509KeyPair is tls.X509KeyPair; tests count its calls.
+var x509KeyPair = tls.X509KeyPair
+
+// checkCertificate parses a certificate and key pair and names its file after the
+// Secret and a digest of the content, so a changed certificate changes the
+// configuration text and forces a reload.
+func checkCertificate(c model.Certificate) certResult {
+	ns, name, ok := strings.Cut(c.Name, "/")
+	if !ok || validateLabel(ns) != nil || validateHost(name) != nil {
+		return certResult{err: fmt.Errorf("certificate name %q is not namespace/name", c.Name)}
+	}
+	pair, err := x509KeyPair(c.CertPEM, c.KeyPEM)
+	if err != nil {
+		return certResult{err: fmt.Errorf("parse certificate and key: %w", err)}
+	}
+	leaf := pair.Leaf
+	if leaf == nil {
+		if leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
+			return certResult{err: fmt.Errorf("parse leaf certificate: %w", err)}
+		}
+	}
+	var pem bytes.Buffer
+	pem.Write(bytes.TrimSpace(c.CertPEM))
+	pem.WriteString("\n")
+	pem.Write(bytes.TrimSpace(c.KeyPEM))
+	pem.WriteString("\n")
+	sum := sha256.Sum256(pem.Bytes())
+	file := fmt.Sprintf("%s_%s-%s.pem", ns, name, hex.EncodeToString(sum[:8]))
+	return certResult{file: CertFile{Name: file, PEM: pem.Bytes()}, leaf: leaf}
+}

@@ -1,0 +1,151 @@
+package nginx
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// pathRank orders path types for the same rendered location: Exact owns it over
+// Prefix, and Prefix over ImplementationSpecific.
+func pathRank(t model.PathType) int {
+	switch t {
+	case model.PathExact:
+		return 0
+	case model.PathPrefix:
+		return 1
+	default:
+		return 2
+	}
+}
+
+// locations renders a server's paths. Each Ingress path becomes one or two nginx
+// locations; when two paths want the same location, the stronger type wins (Exact,
+// Prefix, ImplementationSpecific), then the first in model order.
+func (r *renderer) locations(s *model.Server) []tmplLocation {
+	type cand struct {
+		loc  tmplLocation
+		rank int
+		src  string
+	}
+	byMatch := map[string]cand{}
+	var order []string
+	add := func(match string, rank int, l model.Location, obj string) {
+		tl := tmplLocation{Match: match, Source: commentSafe(l.Source)}
+		tl.Upstream, tl.Status = r.upstream(l.Upstream, obj)
+		c, ok := byMatch[match]
+		if ok {
+			// Exact over Prefix is the Ingress rule, not a conflict; two paths of the
+			// same kind (or Prefix against ImplementationSpecific) are.
+			conflict := c.rank == rank || (c.rank != 0 && rank != 0)
+			winner, loser := c.src, obj
+			if rank < c.rank {
+				winner, loser = obj, c.src
+			}
+			if conflict {
+				r.problem(loser, "path", ReasonPathConflict, fmt.Sprintf("location %q of host %s is taken by %s", match, hostOrDefault(s.Host), winner))
+			}
+			if rank >= c.rank {
+				return
+			}
+		} else {
+			order = append(order, match)
+		}
+		byMatch[match] = cand{loc: tl, rank: rank, src: obj}
+	}
+	for _, l := range s.Locations {
+		obj := l.Source
+		if obj == "" {
+			obj = "Server " + hostOrDefault(s.Host)
+		}
+		if err := validatePath(l.Path); err != nil {
+			r.problem(obj, "path", ReasonInvalidPath, fmt.Sprintf("host %s path %q: %v", hostOrDefault(s.Host), l.Path, err))
+			continue
+		}
+		rank := pathRank(l.Type)
+		switch l.Type {
+		case model.PathExact:
+			add("= "+l.Path, rank, l, obj)
+		case model.PathPrefix, model.PathImplementationSpecific:
+			p := strings.TrimRight(l.Path, "/")
+			if p == "" {
+				add("/", rank, l, obj)
+				continue
+			}
+			add("= "+p, rank, l, obj)
+			add(p+"/", rank, l, obj)
+		default:
+			r.problem(obj, "pathType", ReasonInvalidPathType, fmt.Sprintf("host %s path %q: unknown path type %q", hostOrDefault(s.Host), l.Path, l.Type))
+		}
+	}
+	if _, ok := byMatch["/"]; !ok {
+		// Paths no rule matches go to the default backend, or get a 404 (never to
+		// nginx's own document root).
+		tl := tmplLocation{Match: "/", Status: 404}
+		if s.DefaultUpstream != "" {
+			tl.Upstream, tl.Status = r.upstream(s.DefaultUpstream, "Server "+hostOrDefault(s.Host))
+		}
+		byMatch["/"] = cand{loc: tl}
+		order = append(order, "/")
+	}
+	// Sorted by the path, then exact before prefix, for a stable and readable file.
+	slices.SortFunc(order, func(a, b string) int {
+		pa, pb := strings.TrimPrefix(a, "= "), strings.TrimPrefix(b, "= ")
+		if c := strings.Compare(pa, pb); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]tmplLocation, 0, len(order))
+	for _, m := range order {
+		out = append(out, byMatch[m].loc)
+	}
+	return out
+}
+
+// upstream resolves an upstream reference: its name, or a status to return instead
+// (503 when it does not exist or has an invalid name). An upstream without usable
+// endpoints is proxied to all the same: nginx answers 503 until the endpoint table
+// gives it some, which needs no reload.
+func (r *renderer) upstream(name, obj string) (string, int) {
+	u, ok := r.upstreams[name]
+	if !ok {
+		r.problem(obj, "backend", ReasonUpstreamNotFound, fmt.Sprintf("upstream %q does not exist; answering 503", name))
+		return "", 503
+	}
+	if err := validateUpstreamName(name); err != nil {
+		r.problem("Upstream "+strconv.Quote(name), "name", ReasonInvalidUpstream, err.Error()+"; answering 503")
+		return "", 503
+	}
+	if r.usedUpstreams == nil {
+		r.usedUpstreams = map[string]bool{}
+	}
+	if !r.usedUpstreams[name] {
+		valid := validEndpoints(u.Endpoints, func(err error) {
+			r.problem("Upstream "+name, "endpoints", ReasonInvalidEndpoint, err.Error())
+		})
+		r.upstreams[name] = model.Upstream{Name: name, Endpoints: valid}
+		r.usedUpstreams[name] = true
+	}
+	return name, 0
+}
+
+// validEndpoints returns the endpoints that pass validateEndpoint, and reports each
+// other one to bad (unless nil).
+func validEndpoints(eps []netip.AddrPort, bad func(error)) []netip.AddrPort {
+	var valid []netip.AddrPort
+	for _, ep := range eps {
+		if err := validateEndpoint(ep); err != nil {
+			if bad != nil {
+				bad(err)
+			}
+			continue
+		}
+		valid = append(valid, ep)
+	}
+	return valid
+}

@@ -1,0 +1,158 @@
+package nginx
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path"
+	"strconv"
+	"strings"
+)
+
+// Options are the deployment-specific parts of a rendered configuration: where nginx
+// listens and where it keeps its files. Relative paths are relative to nginx's prefix
+// (the -p flag), which the Reloader sets to the directory holding the configuration,
+// so the same renderer produces production configurations and test configurations in
+// a temporary directory.
+type Options struct {
+	// Group selects the model.Servers to render (model.Server.Group). Empty renders
+	// every server.
+	Group string
+
+	// ListenAddrs are the addresses the HTTP and HTTPS servers listen on. Empty means
+	// the IPv4 wildcard, plus the IPv6 wildcard when ListenIPv6 is set (nginx does
+	// not start when IPv6 is disabled on the node and ListenIPv6 is set).
+	ListenAddrs []netip.Addr
+	ListenIPv6  bool
+	HTTPPort    uint16
+	HTTPSPort   uint16
+	// StatusPort serves /healthz and /nginx_status (stub_status) on 127.0.0.1 only.
+	StatusPort uint16
+
+	PIDFile   string // nginx's pid file
+	ErrorLog  string // a file or "stderr"
+	AccessLog string // a file, "" for none
+	TempDir   string // parent of nginx's body and proxy temporary directories
+	CertDir   string // where WriteCertificates puts the TLS files
+
+	// ModulesDir holds Debian's dynamic modules: the Lua module
+	// (libnginx-mod-http-lua) and the development kit it needs.
+	ModulesDir string
+	// EndpointsFile is the endpoint table (Config.Endpoints) that nginx loads at
+	// every start and reload.
+	EndpointsFile string
+	// ControlSocket is the unix socket nginx takes endpoint tables on. Its
+	// directory must be private: whoever can connect can reroute traffic. A
+	// relative path is relative to the prefix (Exec runs nginx there).
+	ControlSocket string
+
+	User              string // worker user; "" keeps nginx's default
+	WorkerProcesses   int    // 0 means one per core ("auto")
+	WorkerConnections int    // 0 means 16384
+}
+
+// DefaultOptions are the production options: standard ports on every address (IPv6
+// too when the node has it), files under dir (for example /run/portico/nginx, so
+// private keys stay on tmpfs).
+func DefaultOptions(dir string) Options {
+	return Options{
+		ListenIPv6: ipv6Available(),
+		HTTPPort:   80,
+		HTTPSPort:  443,
+		StatusPort: 10246,
+		PIDFile:    path.Join(dir, "nginx.pid"),
+		ErrorLog:   "stderr",
+		TempDir:    path.Join(dir, "tmp"),
+		CertDir:    path.Join(dir, "certs"),
+
+		ModulesDir:    "/usr/lib/nginx/modules",
+		EndpointsFile: path.Join(dir, "endpoints.txt"),
+		ControlSocket: path.Join(dir, "control", "nginx.sock"),
+	}
+}
+
+// fileNameChar reports whether c may appear in a path written into the configuration.
+func fileNameChar(c byte) bool {
+	return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("-._/", c) >= 0
+}
+
+func validateFilePath(name, p string, optional bool) error {
+	if p == "" {
+		if optional {
+			return nil
+		}
+		return fmt.Errorf("option %s is empty", name)
+	}
+	for i := 0; i < len(p); i++ {
+		if !fileNameChar(p[i]) {
+			return fmt.Errorf("option %s %q has character %q outside [A-Za-z0-9-._/]", name, p, p[i])
+		}
+	}
+	return nil
+}
+
+func (o Options) validate() error {
+	var errs []error
+	for _, f := range []struct {
+		name, val string
+		optional  bool
+	}{
+		{"PIDFile", o.PIDFile, false},
+		{"ErrorLog", o.ErrorLog, false},
+		{"AccessLog", o.AccessLog, true},
+		{"TempDir", o.TempDir, false},
+		{"CertDir", o.CertDir, false},
+		{"ModulesDir", o.ModulesDir, false},
+		{"EndpointsFile", o.EndpointsFile, false},
+		{"ControlSocket", o.ControlSocket, false},
+	} {
+		errs = append(errs, validateFilePath(f.name, f.val, f.optional))
+	}
+	if o.HTTPPort == 0 || o.HTTPSPort == 0 || o.StatusPort == 0 {
+		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must be set"))
+	}
+	if o.HTTPPort == o.HTTPSPort || o.HTTPPort == o.StatusPort || o.HTTPSPort == o.StatusPort {
+		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must differ"))
+	}
+	if o.User != "" {
+		if err := validateLabel(o.User); err != nil {
+			errs = append(errs, fmt.Errorf("option User: %w", err))
+		}
+	}
+	for _, a := range o.ListenAddrs {
+		if !a.IsValid() || a.Zone() != "" {
+			errs = append(errs, fmt.Errorf("option ListenAddrs: %q is not an address without zone", a))
+		}
+	}
+	if o.WorkerProcesses < 0 || o.WorkerConnections < 0 {
+		errs = append(errs, errors.New("options WorkerProcesses and WorkerConnections must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+func listenAddrs(o Options) (plain, secure []string) {
+	addrs := func(port uint16) []string {
+		if len(o.ListenAddrs) == 0 {
+			l := []string{strconv.Itoa(int(port))}
+			if o.ListenIPv6 {
+				l = append(l, "[::]:"+strconv.Itoa(int(port)))
+			}
+			return l
+		}
+		var l []string
+		for _, a := range o.ListenAddrs {
+			l = append(l, netip.AddrPortFrom(a, port).String())
+		}
+		return l
+	}
+	return addrs(o.HTTPPort), addrs(o.HTTPSPort)
+}
+
+// ipv6Available reports whether the node has IPv6 (an interface address in
+// /proc/net/if_inet6, which is empty or missing when IPv6 is off).
+func ipv6Available() bool {
+	b, err := os.ReadFile("/proc/net/if_inet6")
+	return err == nil && len(bytes.TrimSpace(b)) > 0
+}
