@@ -1,0 +1,156 @@
+package nginx
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// Run starts nginx with the pending snapshot (or an empty one), applies updates
+// until ctx ends, restarts the master whenever it dies, and stops it on return.
+func (r *Reloader) Run(ctx context.Context) error {
+	if err := prepareDirs(r.cfg.Dir, r.cfg.Render); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	first := r.pending
+	r.pending = nil
+	r.mu.Unlock()
+	if first == nil {
+		first = &model.Snapshot{}
+	}
+	defer r.stop() // whichever master runs by then, started or adopted
+
+	// A master an earlier agent left behind keeps its listening sockets: take it
+	// over and reload it rather than start a second one that cannot bind.
+	if m, err := r.runner.Find(r.confPath(), resolve(r.cfg.Dir, r.cfg.Render.PIDFile)); err != nil {
+		r.log.Warn("look for a running nginx master", zap.Error(err))
+	} else if m != nil {
+		r.mu.Lock()
+		r.master = m
+		r.mu.Unlock()
+		r.log.Info("adopted running nginx master", zap.Int("pid", m.PID()))
+	}
+	_, err := r.ApplyNow(ctx, *first)
+	if ctx.Err() != nil {
+		return nil
+	}
+	if _, statErr := os.Stat(r.confPath()); err != nil && statErr != nil {
+		// Nothing valid on disk yet: start with no routes (every host closed)
+		// rather than not at all; the next snapshot may be fine.
+		if _, err := r.ApplyNow(ctx, model.Snapshot{}); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("write first nginx config: %w", err)
+		}
+	}
+	if r.MasterPID() == 0 {
+		if err := r.start(ctx); err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+	}
+
+	var debounce <-chan time.Time
+	var restart <-chan time.Time
+	for {
+		r.mu.Lock()
+		master := r.master
+		r.mu.Unlock()
+		var died <-chan struct{}
+		if master != nil {
+			died = master.Done()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-r.kick:
+			if debounce == nil {
+				debounce = time.After(r.cfg.Debounce)
+			}
+		case <-debounce:
+			debounce = nil
+			r.mu.Lock()
+			s := r.pending
+			r.pending = nil
+			r.mu.Unlock()
+			if s != nil {
+				// Apply logs and counts its own failures. A failed one is tried
+				// again (unless a newer snapshot came): a refused configuration is
+				// remembered and cheap to skip, and an endpoint table that did not
+				// reach nginx must not wait for the next change.
+				if _, err := r.ApplyNow(ctx, *s); err != nil && ctx.Err() == nil {
+					r.mu.Lock()
+					if r.pending == nil {
+						r.pending = s
+					}
+					r.mu.Unlock()
+					debounce = time.After(r.cfg.RestartBackoff)
+				}
+			}
+		case <-died:
+			r.log.Error("nginx master exited; restarting", zap.Int("pid", master.PID()), zap.Duration("backoff", r.cfg.RestartBackoff))
+			r.m.restarts.Inc()
+			r.mu.Lock()
+			r.master = nil
+			r.mu.Unlock()
+			restart = time.After(r.cfg.RestartBackoff)
+		case <-restart:
+			restart = nil
+			if err := r.start(ctx); err != nil {
+				r.log.Error("restart nginx", zap.Error(err))
+				restart = time.After(r.cfg.RestartBackoff)
+			}
+		}
+	}
+}
+
+func (r *Reloader) start(ctx context.Context) error {
+	// A master that was killed leaves its control socket behind, and nginx does
+	// not bind over an existing one.
+	if err := os.Remove(resolve(r.cfg.Dir, r.cfg.Render.ControlSocket)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("start nginx: remove stale control socket: %w", err)
+	}
+	m, err := r.runner.Start(r.cfg.Dir, r.confPath())
+	if err != nil {
+		return fmt.Errorf("start nginx: %w", err)
+	}
+	r.mu.Lock()
+	r.master = m
+	sum := r.checksum
+	r.mu.Unlock()
+	r.log.Info("nginx master started", zap.Int("pid", m.PID()))
+	if r.cfg.ConfirmTimeout > 0 {
+		if _, err := r.waitServing(ctx, sum, m); err != nil {
+			r.stop()
+			return fmt.Errorf("start nginx: %w", err)
+		}
+	}
+	return nil
+}
+
+func (r *Reloader) stop() {
+	r.mu.Lock()
+	m := r.master
+	r.master = nil
+	r.mu.Unlock()
+	if m == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.StopTimeout)
+	defer cancel()
+	if err := m.Stop(ctx); err != nil {
+		r.log.Error("stop nginx", zap.Error(err))
+		return
+	}
+	r.log.Info("nginx master stopped", zap.Int("pid", m.PID()))
+}
