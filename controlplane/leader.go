@@ -4,15 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strconv"
 	"strings"
 	"time"
 
 	"go.uber.org/zap"
-	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/leaderelection"
@@ -86,57 +82,13 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, a
 		_, err := c.annotate(ctx, "Service", g, AnnotationVIP, vip, "VIPAllocated", "VIP "+vip+" from the pools")
 		errs = append(errs, err)
 	}
-	// Group Service status (LoadBalancer Services only: the API server refuses
-	// status.loadBalancer.ingress on other types).
-	groupVIPs := map[string][]netip.Addr{}
-	for _, g := range snap.Groups {
-		groupVIPs[g.Name] = g.VIPs
-	}
-	for _, s := range st.Services {
-		if !IsGroup(s) || s.Spec.Type != corev1.ServiceTypeLoadBalancer {
-			continue
-		}
-		want := lbIngress(groupVIPs[key(s)])
-		if equality.Semantic.DeepEqual(s.Status.LoadBalancer.Ingress, want) {
-			continue
-		}
-		cp := s.DeepCopy()
-		cp.Status.LoadBalancer.Ingress = want
-		_, err := c.cfg.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{})
-		c.countWrite("service-status", err)
-		errs = append(errs, ignoreGone(err))
-	}
+	errs = append(errs, c.writeServiceStatus(ctx, st.Services, snap))
 	// Scheduling.
 	for ing, g := range Schedule(st.Ingresses, st.IngressClasses, st.Services) {
 		_, err := c.annotate(ctx, "Ingress", ing, AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
 		errs = append(errs, err)
 	}
-	// Ingress status: the bound group's VIPs, nothing when unbound.
-	classes := map[string]*networkingv1.IngressClass{}
-	for _, cl := range st.IngressClasses {
-		classes[cl.Name] = cl
-	}
-	allVIPs := map[string]bool{}
-	for _, g := range snap.Groups {
-		for _, a := range g.VIPs {
-			allVIPs[a.String()] = true
-		}
-	}
-	for _, ing := range st.Ingresses {
-		bd := BindingOf(ing, classes)
-		if !bd.Ours && !onlyOurVIPs(ing.Status.LoadBalancer.Ingress, allVIPs) {
-			continue // another controller's Ingress (one Portico served before is cleared)
-		}
-		want := ingressLB(groupVIPs[bd.Group])
-		if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
-			continue
-		}
-		cp := ing.DeepCopy()
-		cp.Status.LoadBalancer.Ingress = want
-		_, err := c.cfg.Client.NetworkingV1().Ingresses(ing.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{})
-		c.countWrite("ingress-status", err)
-		errs = append(errs, ignoreGone(err))
-	}
+	errs = append(errs, c.writeIngressStatus(ctx, st, snap))
 	problems, err := c.reconcileClaims(ctx, st, snap)
 	errs = append(errs, err)
 	return problems, errors.Join(errs...)

@@ -1,12 +1,82 @@
 package controlplane
 
 import (
+	"context"
+	"errors"
 	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
 )
+
+// vipsByGroup returns each group's VIPs by name.
+func vipsByGroup(snap model.Snapshot) map[string][]netip.Addr {
+	out := make(map[string][]netip.Addr, len(snap.Groups))
+	for _, g := range snap.Groups {
+		out[g.Name] = g.VIPs
+	}
+	return out
+}
+
+// writeServiceStatus sets status.loadBalancer.ingress of every LoadBalancer group
+// Service to its VIPs (only those: the API server refuses the field on other types).
+func (c *Controller) writeServiceStatus(ctx context.Context, services []*corev1.Service, snap model.Snapshot) error {
+	vips := vipsByGroup(snap)
+	var errs []error
+	for _, s := range services {
+		if !IsGroup(s) || s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+			continue
+		}
+		want := lbIngress(vips[key(s)])
+		if equality.Semantic.DeepEqual(s.Status.LoadBalancer.Ingress, want) {
+			continue
+		}
+		cp := s.DeepCopy()
+		cp.Status.LoadBalancer.Ingress = want
+		_, err := c.cfg.Client.CoreV1().Services(s.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{})
+		c.countWrite("service-status", err)
+		errs = append(errs, ignoreGone(err))
+	}
+	return errors.Join(errs...)
+}
+
+// writeIngressStatus sets status.loadBalancer.ingress of every Portico Ingress to
+// its bound group's VIPs, nothing while it is unbound.
+func (c *Controller) writeIngressStatus(ctx context.Context, st State, snap model.Snapshot) error {
+	classes := map[string]*networkingv1.IngressClass{}
+	for _, cl := range st.IngressClasses {
+		classes[cl.Name] = cl
+	}
+	vips := vipsByGroup(snap)
+	allVIPs := map[string]bool{}
+	for _, g := range snap.Groups {
+		for _, a := range g.VIPs {
+			allVIPs[a.String()] = true
+		}
+	}
+	var errs []error
+	for _, ing := range st.Ingresses {
+		bd := BindingOf(ing, classes)
+		if !bd.Ours && !onlyOurVIPs(ing.Status.LoadBalancer.Ingress, allVIPs) {
+			continue // another controller's Ingress (one Portico served before is cleared)
+		}
+		want := ingressLB(vips[bd.Group])
+		if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
+			continue
+		}
+		cp := ing.DeepCopy()
+		cp.Status.LoadBalancer.Ingress = want
+		_, err := c.cfg.Client.NetworkingV1().Ingresses(ing.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{})
+		c.countWrite("ingress-status", err)
+		errs = append(errs, ignoreGone(err))
+	}
+	return errors.Join(errs...)
+}
 
 // onlyOurVIPs reports whether an Ingress status lists addresses and all are Portico
 // VIPs: what Portico wrote for an Ingress that has since moved to another class.
