@@ -86,7 +86,10 @@ func (c *Controller) withWritten(st State) State {
 			if !ok {
 				continue
 			}
-			if cur, has := o.GetAnnotations()[ann]; (has && cur == w.value) || time.Since(w.at) > writtenTTL {
+			// Every write sets an annotation the object did not have, so once the
+			// cache shows one at all it has caught up with the write (or a later
+			// change, which the overlay must not hide).
+			if _, has := o.GetAnnotations()[ann]; has || time.Since(w.at) > writtenTTL {
 				delete(c.written, k) // the cache caught up (or never will)
 				continue
 			}

@@ -110,6 +110,23 @@ func TestWithWrittenCopies(t *testing.T) {
 	}
 }
 
+// TestWithWrittenEndsOnceCached: an overlay entry ends as soon as the cache shows the
+// annotation, even with another value (a change made after this leader's write).
+func TestWithWrittenEndsOnceCached(t *testing.T) {
+	c, _ := fakeController(t)
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g",
+		Annotations: map[string]string{AnnotationVIP: "192.0.2.9"}}}
+	c.written[writtenKey{"Service", "ns/g", AnnotationVIP}] = written{"192.0.2.1", time.Now()}
+
+	out := c.withWritten(State{Services: []*corev1.Service{svc}})
+	if out.Services[0] != svc {
+		t.Errorf("Service with the annotation cached was overlaid: %v", out.Services[0].Annotations)
+	}
+	if len(c.written) != 0 {
+		t.Errorf("overlay entry kept after the cache showed the annotation: %v", c.written)
+	}
+}
+
 // TestAllocationProblems: allocation problems show in Problems() and the metric on
 // every instance, and the leader sends each as one Warning Event while it lasts.
 func TestAllocationProblems(t *testing.T) {
