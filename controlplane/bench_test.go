@@ -56,7 +56,7 @@ func BenchmarkBuild5000(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for b.Loop() {
-		snap, _ = Build(st, Options{})
+		snap, _, _ = Build(st, Options{})
 	}
 	b.StopTimer()
 	if len(snap.Servers) != 5000 || len(snap.Upstreams) != 15000 || len(snap.Upstreams[0].Endpoints) != 20 {

@@ -31,6 +31,11 @@ type Binding struct {
 	Err   error
 }
 
+// Bindings are the bindings of a build's Ingresses (every one, Portico's or not) by
+// "namespace/name". Build derives them once per sync; scheduling and the Ingress
+// status use them.
+type Bindings map[string]Binding
+
 // isPorticoClass reports whether an IngressClass is served by Portico.
 func isPorticoClass(c *networkingv1.IngressClass) bool {
 	return c != nil && c.Spec.Controller == ControllerName
@@ -51,8 +56,8 @@ func defaultClass(classes map[string]*networkingv1.IngressClass) *networkingv1.I
 	return classes[names[0]]
 }
 
-// BindingOf resolves an Ingress's binding (see the package documentation for the order).
-func BindingOf(ing *networkingv1.Ingress, classes map[string]*networkingv1.IngressClass) Binding {
+// bindingOf resolves an Ingress's binding (see the package documentation for the order).
+func bindingOf(ing *networkingv1.Ingress, classes map[string]*networkingv1.IngressClass) Binding {
 	var class *networkingv1.IngressClass
 	className := ""
 	switch {
@@ -113,14 +118,16 @@ func selectorBinding(sel, field string) Binding {
 	return Binding{Ours: true, Selector: s}
 }
 
-// boundIngresses lists the Ingresses bound to an existing group, oldest first,
-// reporting the ones whose binding is broken.
+// boundIngresses resolves the binding of every Ingress into b.bindings and lists the
+// Ingresses bound to an existing group, oldest first, reporting the ones whose
+// binding is broken.
 func (b *builder) boundIngresses() []*networkingv1.Ingress {
 	ings := slices.Clone(b.st.Ingresses)
 	slices.SortFunc(ings, func(x, y *networkingv1.Ingress) int { return older(x, y) })
 	var out []*networkingv1.Ingress
 	for _, ing := range ings {
-		bd := BindingOf(ing, b.classes)
+		bd := bindingOf(ing, b.classes)
+		b.bindings[key(ing)] = bd
 		switch {
 		case !bd.Ours:
 		case bd.Err != nil:

@@ -35,14 +35,15 @@ type Options struct {
 	PodRouteGroup string
 }
 
-// Build translates the cluster state into a snapshot. It is pure: the same state
-// gives an equal snapshot and the same problems, in the same order.
-func Build(st State, opts Options) (model.Snapshot, []model.Problem) {
+// Build translates the cluster state into a snapshot, and returns the binding of
+// every Ingress it read next to it. It is pure: the same state gives an equal
+// snapshot, the same bindings and the same problems, in the same order.
+func Build(st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
 	b := newBuilder(st)
 	b.groups()
 	b.ingresses()
 	b.podRoutes(opts.PodRouteGroup)
-	return b.snapshot(), b.problems
+	return b.snapshot(), b.bindings, b.problems
 }
 
 type builder struct {
@@ -56,6 +57,7 @@ type builder struct {
 	nodeByIP  map[netip.Addr]string
 	groupList []*corev1.Service // groups, oldest first
 	groupsOut map[string]*model.Group
+	bindings  Bindings
 
 	servers   map[serverKey]*serverAcc
 	upstreams map[string]*upstreamAcc // by identity key
@@ -91,6 +93,7 @@ func newBuilder(st State) *builder {
 		classes:   map[string]*networkingv1.IngressClass{},
 		nodeByIP:  map[netip.Addr]string{},
 		groupsOut: map[string]*model.Group{},
+		bindings:  Bindings{},
 		servers:   map[serverKey]*serverAcc{},
 		upstreams: map[string]*upstreamAcc{},
 		certs:     map[string]model.Certificate{},

@@ -386,7 +386,7 @@ func TestBuild(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, problems := Build(tc.st, tc.opts)
+			got, _, problems := Build(tc.st, tc.opts)
 			if diff := cmp.Diff(tc.want, got, cmpAddrs); diff != "" {
 				t.Errorf("snapshot (-want +got):\n%s", diff)
 			}
@@ -407,7 +407,7 @@ func TestBuild(t *testing.T) {
 						rng.Shuffle(n, swap)
 					}
 				})
-				if again, _ := Build(st, tc.opts); !got.Equal(again) {
+				if again, _, _ := Build(st, tc.opts); !got.Equal(again) {
 					t.Errorf("Build on the %s lists differs (-first +again):\n%s", order, cmp.Diff(got, again, cmpAddrs))
 				}
 			}
@@ -472,7 +472,7 @@ func TestBuildDoesNotMutate(t *testing.T) {
 	st := state(gs, gsl, ws, wsl, ing, class, tlsSecret("app", "c"), pod, node)
 	before := deepCopyState(st)
 
-	snap, problems := Build(st, Options{})
+	snap, _, problems := Build(st, Options{})
 
 	if len(problems) != 0 {
 		t.Errorf("problems: %v", problems)
@@ -486,5 +486,49 @@ func TestBuildDoesNotMutate(t *testing.T) {
 	}
 	if diff := cmp.Diff(before, st); diff != "" {
 		t.Errorf("state mutated (-before +after):\n%s", diff)
+	}
+}
+
+// TestBuildBindings: Build returns the binding of every Ingress it read, Portico's or
+// not, as the scheduler and the Ingress status use it.
+func TestBuildBindings(t *testing.T) {
+	gs, gsl := g1Objects()
+	ours := &networkingv1.IngressClass{ObjectMeta: meta("", "portico", 0, AnnotationGroup, "edge/g1"),
+		Spec: networkingv1.IngressClassSpec{Controller: ControllerName}}
+	theirs := &networkingv1.IngressClass{ObjectMeta: meta("", "other", 0), Spec: networkingv1.IngressClassSpec{Controller: "example.com/other"}}
+	byClass := func(name, class string) *networkingv1.Ingress {
+		i := ingress("app", name, 0, "", nil)
+		i.Spec.IngressClassName = ptr(class)
+		return i
+	}
+	st := state(gs, gsl, ours, theirs,
+		ingress("app", "annotated", 0, "", nil, AnnotationGroup, "g1"),
+		ingress("app", "selector", 0, "", nil, AnnotationGroupSelector, "tier=edge"),
+		ingress("app", "empty", 0, "", nil, AnnotationGroup, " "),
+		byClass("by-class", "portico"), byClass("foreign", "other"))
+
+	_, got, _ := Build(st, Options{})
+
+	type view struct {
+		Ours, Err              bool
+		Group, Selector, Field string
+	}
+	views := map[string]view{}
+	for k, b := range got {
+		v := view{Ours: b.Ours, Err: b.Err != nil, Group: b.Group, Field: b.Field}
+		if b.Selector != nil {
+			v.Selector = b.Selector.String()
+		}
+		views[k] = v
+	}
+	want := map[string]view{
+		"app/annotated": {Ours: true, Group: "app/g1"},
+		"app/selector":  {Ours: true, Selector: "tier=edge"},
+		"app/empty":     {Ours: true, Err: true, Field: "metadata.annotations[" + AnnotationGroup + "]"},
+		"app/by-class":  {Ours: true, Group: "edge/g1"},
+		"app/foreign":   {},
+	}
+	if diff := cmp.Diff(want, views); diff != "" {
+		t.Errorf("bindings (-want +got):\n%s", diff)
 	}
 }

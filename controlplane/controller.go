@@ -101,7 +101,8 @@ type Controller struct {
 	provisioned map[types.UID]time.Time
 
 	// written remembers the annotations this leader wrote until the cache shows them,
-	// so a sync on a cache that lags its own writes does not allocate or schedule again.
+	// so a sync on a cache that lags its own writes builds on them and does not
+	// allocate or schedule again.
 	written map[writtenKey]written
 }
 
@@ -327,12 +328,13 @@ func (c *Controller) state() State {
 func (c *Controller) sync(ctx context.Context) error {
 	start := time.Now()
 	defer func() { c.metrics.syncDuration.Observe(time.Since(start).Seconds()) }()
-	st := c.state()
-	snap, problems := Build(st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
+	// One state for the whole sync: the cache with this leader's writes that it
+	// does not show yet, so that nothing is allocated or scheduled twice.
+	st := c.withWritten(c.state())
+	snap, bindings, problems := Build(st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
 	// Allocation is pure too: every instance computes it, so its problems show in
 	// Problems() and the metrics everywhere; only the leader writes the result.
-	wst := c.withWritten(st)
-	alloc := c.allocate(wst)
+	alloc := c.allocate(st)
 	problems = append(problems, alloc.problems...)
 
 	c.mu.Lock()
@@ -352,7 +354,7 @@ func (c *Controller) sync(ctx context.Context) error {
 	var err error
 	if c.IsLeader() {
 		var claimProblems []model.Problem
-		claimProblems, err = c.write(ctx, wst, snap, alloc)
+		claimProblems, err = c.write(ctx, st, snap, bindings, alloc)
 		problems = append(problems, claimProblems...)
 		c.report(problems)
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 
 func (b *builder) ingresses() {
 	for _, ing := range b.boundIngresses() {
-		group := BindingOf(ing, b.classes).Group
+		group := b.bindings[key(ing)].Group
 		src := key(ing)
 		redirect := false
 		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {

@@ -62,10 +62,10 @@ func (c *Controller) countWrite(what string, err error) {
 }
 
 // write makes the leader's cluster-wide writes on st (the cache with this leader's
-// unseen writes overlaid) and returns the claims' problems. Each write changes the
-// API server (never the cache); the resulting informer events trigger the next sync,
-// which sees the new state.
-func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, alloc allocation) ([]model.Problem, error) {
+// unseen writes overlaid), from what Build made of it (snap, bindings), and returns
+// the claims' problems. Each write changes the API server (never the cache); the
+// resulting informer events trigger the next sync, which sees the new state.
+func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, bindings Bindings, alloc allocation) ([]model.Problem, error) {
 	var errs []error
 	// VRIDs.
 	for g, id := range alloc.vrids {
@@ -84,11 +84,11 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, a
 	}
 	errs = append(errs, c.writeServiceStatus(ctx, st.Services, snap))
 	// Scheduling.
-	for ing, g := range Schedule(st.Ingresses, st.IngressClasses, st.Services) {
+	for ing, g := range Schedule(st.Ingresses, bindings, st.Services) {
 		_, err := c.annotate(ctx, "Ingress", ing, AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
 		errs = append(errs, err)
 	}
-	errs = append(errs, c.writeIngressStatus(ctx, st, snap))
+	errs = append(errs, c.writeIngressStatus(ctx, st.Ingresses, bindings, snap))
 	problems, err := c.reconcileClaims(ctx, st, snap)
 	errs = append(errs, err)
 	return problems, errors.Join(errs...)

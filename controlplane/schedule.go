@@ -23,12 +23,9 @@ func matchingGroups(groups []*corev1.Service, sel labels.Selector) []*corev1.Ser
 // Schedule binds the Ingresses that ask for a group by label selector: each goes,
 // oldest first, to the matching group with the fewest bound Ingresses (ties by
 // namespace/name), counting the bindings made in the same pass. Bound Ingresses are
-// never moved. It returns the new bindings by Ingress ("ns/name" -> group).
-func Schedule(ingresses []*networkingv1.Ingress, classes []*networkingv1.IngressClass, services []*corev1.Service) map[string]string {
-	cls := map[string]*networkingv1.IngressClass{}
-	for _, c := range classes {
-		cls[c.Name] = c
-	}
+// never moved. bindings are Build's for the same objects. It returns the new
+// bindings by Ingress ("ns/name" -> group).
+func Schedule(ingresses []*networkingv1.Ingress, bindings Bindings, services []*corev1.Service) map[string]string {
 	groups := sortedGroups(services)
 	bound := map[string]int{}
 	for _, g := range groups {
@@ -38,7 +35,7 @@ func Schedule(ingresses []*networkingv1.Ingress, classes []*networkingv1.Ingress
 	slices.SortFunc(ings, func(x, y *networkingv1.Ingress) int { return older(x, y) })
 	var pending []*networkingv1.Ingress
 	for _, ing := range ings {
-		bd := BindingOf(ing, cls)
+		bd := bindings[key(ing)]
 		switch {
 		case !bd.Ours || bd.Err != nil:
 		case bd.Group != "":
@@ -51,7 +48,7 @@ func Schedule(ingresses []*networkingv1.Ingress, classes []*networkingv1.Ingress
 	}
 	out := map[string]string{}
 	for _, ing := range pending {
-		cands := matchingGroups(groups, BindingOf(ing, cls).Selector)
+		cands := matchingGroups(groups, bindings[key(ing)].Selector)
 		if len(cands) == 0 {
 			continue // reported by Build
 		}

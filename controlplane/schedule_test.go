@@ -59,7 +59,9 @@ func TestSchedule(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got := Schedule(tc.ingresses, tc.classes, groups)
+			st := State{Ingresses: tc.ingresses, IngressClasses: tc.classes, Services: groups}
+			_, bindings, _ := Build(st, Options{})
+			got := Schedule(tc.ingresses, bindings, groups)
 			if d := cmp.Diff(tc.want, got); d != "" {
 				t.Errorf("bindings (-want +got):\n%s", d)
 			}

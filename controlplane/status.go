@@ -46,12 +46,8 @@ func (c *Controller) writeServiceStatus(ctx context.Context, services []*corev1.
 }
 
 // writeIngressStatus sets status.loadBalancer.ingress of every Portico Ingress to
-// its bound group's VIPs, nothing while it is unbound.
-func (c *Controller) writeIngressStatus(ctx context.Context, st State, snap model.Snapshot) error {
-	classes := map[string]*networkingv1.IngressClass{}
-	for _, cl := range st.IngressClasses {
-		classes[cl.Name] = cl
-	}
+// its bound group's VIPs (bindings from Build), nothing while it is unbound.
+func (c *Controller) writeIngressStatus(ctx context.Context, ingresses []*networkingv1.Ingress, bindings Bindings, snap model.Snapshot) error {
 	vips := vipsByGroup(snap)
 	allVIPs := map[string]bool{}
 	for _, g := range snap.Groups {
@@ -60,8 +56,8 @@ func (c *Controller) writeIngressStatus(ctx context.Context, st State, snap mode
 		}
 	}
 	var errs []error
-	for _, ing := range st.Ingresses {
-		bd := BindingOf(ing, classes)
+	for _, ing := range ingresses {
+		bd := bindings[key(ing)]
 		if !bd.Ours && !onlyOurVIPs(ing.Status.LoadBalancer.Ingress, allVIPs) {
 			continue // another controller's Ingress (one Portico served before is cleared)
 		}
