@@ -139,7 +139,7 @@ func AllocateVIPs(services []*corev1.Service, pools []Pool) (map[string][]netip.
 				}
 				problems = append(problems, model.Problem{
 					Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVIP + "]",
-					Reason: ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools", fam),
+					Reason: model.ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools", fam),
 				})
 			}
 		}
@@ -175,7 +175,7 @@ func AllocateVRIDs(services []*corev1.Service) (map[string]uint8, []model.Proble
 		}
 		if id == 0 {
 			problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVRID + "]",
-				Reason: ReasonVRIDExhausted, Detail: "all 255 VRRP ids are taken"})
+				Reason: model.ReasonVRIDExhausted, Detail: "all 255 VRRP ids are taken"})
 			continue
 		}
 		used[uint8(id)] = true

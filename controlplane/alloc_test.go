@@ -69,7 +69,7 @@ func TestAllocateVIPs(t *testing.T) {
 			services: []*corev1.Service{groupSvc("e", "a", 1), groupSvc("e", "b", 2)},
 			pools:    []string{"192.0.2.0/30", "2001:db8::/127"},
 			want:     map[string][]netip.Addr{"e/a": addrs("192.0.2.1", "2001:db8::1"), "e/b": addrs("192.0.2.2")},
-			problems: []model.Problem{{Object: "Service e/b", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonVIPPoolExhausted}},
+			problems: []model.Problem{{Object: "Service e/b", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPPoolExhausted}},
 		},
 		{
 			name:     "second pool of a family when the first is full; /31 and /32 use every address",
@@ -134,7 +134,7 @@ func TestAllocateVRIDs(t *testing.T) {
 			name:     "exhausted",
 			services: full,
 			want:     map[string]uint8{},
-			problems: []model.Problem{{Object: "Service e/late", Field: "metadata.annotations[portico.io/vrid]", Reason: ReasonVRIDExhausted}},
+			problems: []model.Problem{{Object: "Service e/late", Field: "metadata.annotations[portico.io/vrid]", Reason: model.ReasonVRIDExhausted}},
 		},
 	}
 	for _, tc := range tests {

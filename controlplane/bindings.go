@@ -7,6 +7,8 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // groupRef resolves a group reference ("name" relative to ns, or "ns/name").
@@ -131,15 +133,15 @@ func (b *builder) boundIngresses() []*networkingv1.Ingress {
 		switch {
 		case !bd.Ours:
 		case bd.Err != nil:
-			b.problem("Ingress", ing, bd.Field, ReasonInvalidAnnotation, "%v", bd.Err)
+			b.problem("Ingress", ing, bd.Field, model.ReasonInvalidAnnotation, "%v", bd.Err)
 		case bd.Group == "":
 			// Waiting for the scheduler, which needs a matching group.
 			if len(matchingGroups(b.groupList, bd.Selector)) == 0 {
-				b.problem("Ingress", ing, "metadata.annotations["+AnnotationGroupSelector+"]", ReasonNoMatchingGroup,
+				b.problem("Ingress", ing, "metadata.annotations["+AnnotationGroupSelector+"]", model.ReasonNoMatchingGroup,
 					"no group matches selector %q", bd.Selector.String())
 			}
 		case b.groupsOut[bd.Group] == nil:
-			b.problem("Ingress", ing, "metadata.annotations["+AnnotationGroup+"]", ReasonGroupNotFound,
+			b.problem("Ingress", ing, "metadata.annotations["+AnnotationGroup+"]", model.ReasonGroupNotFound,
 				"group %s does not exist (bindings are sticky: recreate it or rebind by hand)", bd.Group)
 		default:
 			out = append(out, ing)

@@ -144,7 +144,7 @@ func older(x, y metav1.Object) int {
 	return cmp.Or(cmp.Compare(x.GetNamespace(), y.GetNamespace()), cmp.Compare(x.GetName(), y.GetName()))
 }
 
-func (b *builder) problem(kind string, o metav1.Object, field, reason, format string, args ...any) {
+func (b *builder) problem(kind string, o metav1.Object, field string, reason model.Reason, format string, args ...any) {
 	b.problems = append(b.problems, model.Problem{
 		Object: kind + " " + key(o),
 		Field:  field,

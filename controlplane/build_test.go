@@ -163,12 +163,12 @@ func TestBuild(t *testing.T) {
 				{Name: "edge/two4", Ports: g1Group.Ports},
 			}},
 			problems: []model.Problem{
-				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonVIPConflict},
-				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vrid]", Reason: ReasonVRIDConflict},
-				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonInvalidVIP},
-				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/vrid]", Reason: ReasonInvalidAnnotation},
-				{Object: "Service edge/two4", Field: "metadata.annotations[portico.io/vip]", Reason: ReasonInvalidVIP},
-				{Object: "Service edge/alias", Field: "metadata.annotations[ingress.alpha.k8s.io/ingress-vip]", Reason: ReasonInvalidVIP},
+				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPConflict},
+				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vrid]", Reason: model.ReasonVRIDConflict},
+				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonInvalidVIP},
+				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/vrid]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Service edge/two4", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonInvalidVIP},
+				{Object: "Service edge/alias", Field: "metadata.annotations[ingress.alpha.k8s.io/ingress-vip]", Reason: model.ReasonInvalidVIP},
 			},
 		},
 		{
@@ -219,9 +219,9 @@ func TestBuild(t *testing.T) {
 				Certificates: []model.Certificate{{Name: "app/a-cert", CertPEM: []byte("CERT a-cert"), KeyPEM: []byte("KEY a-cert")}},
 			},
 			problems: []model.Problem{
-				{Object: "Ingress app/b-newer", Field: "spec.defaultBackend", Reason: ReasonDefaultConflict},
-				{Object: "Ingress app/b-newer", Field: "spec.rules[0].http.paths[0]", Reason: ReasonPathConflict},
-				{Object: "Ingress app/b-newer", Field: "spec.tls", Reason: ReasonTLSConflict},
+				{Object: "Ingress app/b-newer", Field: "spec.defaultBackend", Reason: model.ReasonDefaultBackendConflict},
+				{Object: "Ingress app/b-newer", Field: "spec.rules[0].http.paths[0]", Reason: model.ReasonPathConflict},
+				{Object: "Ingress app/b-newer", Field: "spec.tls", Reason: model.ReasonTLSConflict},
 			},
 		},
 		{
@@ -242,10 +242,10 @@ func TestBuild(t *testing.T) {
 				Upstreams: []model.Upstream{{Name: "app-gone-80"}, webHTTP, {Name: "app-web-nope"}},
 			},
 			problems: []model.Problem{
-				{Object: "Ingress app/broken", Field: "spec.tls[0].secretName", Reason: ReasonSecretNotFound},
-				{Object: "Ingress app/broken", Field: "spec.tls[1].secretName", Reason: ReasonInvalidSecret},
-				{Object: "Ingress app/broken", Field: "spec.rules[0].http.paths[0].backend.service.name", Reason: ReasonServiceNotFound},
-				{Object: "Ingress app/broken", Field: "spec.rules[0].http.paths[1].backend.service.port", Reason: ReasonPortNotFound},
+				{Object: "Ingress app/broken", Field: "spec.tls[0].secretName", Reason: model.ReasonSecretNotFound},
+				{Object: "Ingress app/broken", Field: "spec.tls[1].secretName", Reason: model.ReasonInvalidSecret},
+				{Object: "Ingress app/broken", Field: "spec.rules[0].http.paths[0].backend.service.name", Reason: model.ReasonServiceNotFound},
+				{Object: "Ingress app/broken", Field: "spec.rules[0].http.paths[1].backend.service.port", Reason: model.ReasonPortNotFound},
 			},
 		},
 		{
@@ -264,11 +264,11 @@ func TestBuild(t *testing.T) {
 				Upstreams: []model.Upstream{webHTTP},
 			},
 			problems: []model.Problem{
-				{Object: "Ingress app/no-group", Field: "metadata.annotations[portico.io/group]", Reason: ReasonGroupNotFound},
-				{Object: "Ingress app/bad-selector", Field: "metadata.annotations[portico.io/group-selector]", Reason: ReasonInvalidAnnotation},
-				{Object: "Ingress app/no-match", Field: "metadata.annotations[portico.io/group-selector]", Reason: ReasonNoMatchingGroup},
-				{Object: "Ingress app/bad-redirect", Field: "metadata.annotations[portico.io/ssl-redirect]", Reason: ReasonInvalidAnnotation},
-				{Object: "Ingress app/relative-path", Field: "spec.rules[0].http.paths[0].path", Reason: ReasonInvalidPath},
+				{Object: "Ingress app/no-group", Field: "metadata.annotations[portico.io/group]", Reason: model.ReasonGroupNotFound},
+				{Object: "Ingress app/bad-selector", Field: "metadata.annotations[portico.io/group-selector]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Ingress app/no-match", Field: "metadata.annotations[portico.io/group-selector]", Reason: model.ReasonNoMatchingGroup},
+				{Object: "Ingress app/bad-redirect", Field: "metadata.annotations[portico.io/ssl-redirect]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Ingress app/relative-path", Field: "spec.rules[0].http.paths[0].path", Reason: model.ReasonInvalidPath},
 			},
 		},
 		{
@@ -369,10 +369,10 @@ func TestBuild(t *testing.T) {
 				}
 			}(),
 			problems: []model.Problem{
-				{Object: "Pod other/thief", Field: "metadata.annotations[publicPaths]", Reason: ReasonPathConflict},
-				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: ReasonInvalidAnnotation},
-				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: ReasonInvalidAnnotation},
-				{Object: "Pod shop/no-paths", Field: "metadata.annotations[publicPaths]", Reason: ReasonInvalidAnnotation},
+				{Object: "Pod other/thief", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonPathConflict},
+				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Pod shop/no-paths", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonInvalidAnnotation},
 			},
 		},
 		{
@@ -380,7 +380,7 @@ func TestBuild(t *testing.T) {
 			st:   state(gs, gsl, microservice("shop", "lost", 1, "10.3.0.1", "a.example", "80:/")),
 			want: model.Snapshot{Groups: []model.Group{g1Group}},
 			problems: []model.Problem{
-				{Object: "Pod shop/lost", Field: "metadata.annotations[portico.io/group]", Reason: ReasonGroupNotFound},
+				{Object: "Pod shop/lost", Field: "metadata.annotations[portico.io/group]", Reason: model.ReasonGroupNotFound},
 			},
 		},
 	}

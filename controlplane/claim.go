@@ -262,7 +262,7 @@ func newClaimIndex(st State, snap model.Snapshot) *claimIndex {
 }
 
 func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix *claimIndex, problems *[]model.Problem) error {
-	warn := func(field, reason, detail string) {
+	warn := func(field string, reason model.Reason, detail string) {
 		*problems = append(*problems, model.Problem{Object: "IngressClaim " + claim.Namespace + "/" + claim.Name,
 			Field: field, Reason: reason, Detail: detail})
 	}
@@ -302,7 +302,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	case !ownedBy(svc, claim):
 		status.Phase = ClaimPending
 		status.Message = fmt.Sprintf("Service %s exists and is not owned by this claim", group)
-		warn("metadata.name", ReasonNameTaken, status.Message)
+		warn("metadata.name", model.ReasonNameTaken, status.Message)
 		return c.writeClaimStatus(ctx, claim, status)
 	}
 	// The agents' DaemonSet: the API server is asked (no DaemonSet informer) when
@@ -350,7 +350,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 		case groupRef(cur, ing.Namespace) == group:
 			status.BoundIngresses = append(status.BoundIngresses, name)
 		default:
-			warn("spec.ingresses", ReasonAlreadyBound, fmt.Sprintf("Ingress %s is bound to group %s; not moved", name, cur))
+			warn("spec.ingresses", model.ReasonAlreadyBound, fmt.Sprintf("Ingress %s is bound to group %s; not moved", name, cur))
 		}
 	}
 	status.Phase = ClaimBound

@@ -393,6 +393,6 @@ func (c *Controller) observe(st State, problems []model.Problem) {
 	}
 	c.metrics.problems.Reset()
 	for _, p := range problems {
-		c.metrics.problems.WithLabelValues(p.Reason).Inc()
+		c.metrics.problems.WithLabelValues(string(p.Reason)).Inc()
 	}
 }

@@ -149,7 +149,7 @@ func TestAllocationProblems(t *testing.T) {
 	}
 	exhausted := func() bool {
 		return slices.ContainsFunc(c.Problems(), func(p model.Problem) bool {
-			return p.Reason == ReasonVIPPoolExhausted && p.Object == "Service ns/b"
+			return p.Reason == model.ReasonVIPPoolExhausted && p.Object == "Service ns/b"
 		})
 	}
 	ctx := context.Background()
@@ -159,7 +159,7 @@ func TestAllocationProblems(t *testing.T) {
 	if !exhausted() {
 		t.Fatalf("follower: no VIPPoolExhausted for ns/b in Problems() %v", c.Problems())
 	}
-	if n := testutil.ToFloat64(c.metrics.problems.WithLabelValues(ReasonVIPPoolExhausted)); n != 1 {
+	if n := testutil.ToFloat64(c.metrics.problems.WithLabelValues(string(model.ReasonVIPPoolExhausted))); n != 1 {
 		t.Errorf("follower: problems metric %v, want 1", n)
 	}
 	if ev := drain(rec); len(ev) != 0 {
@@ -177,7 +177,7 @@ func TestAllocationProblems(t *testing.T) {
 	}
 	var warnings []string
 	for _, e := range drain(rec) {
-		if strings.HasPrefix(e, "Warning "+ReasonVIPPoolExhausted) {
+		if strings.HasPrefix(e, "Warning "+string(model.ReasonVIPPoolExhausted)) {
 			warnings = append(warnings, e)
 		}
 	}
@@ -211,7 +211,7 @@ func TestClaimWarningsReported(t *testing.T) {
 		if err := c.reconcileClaim(context.Background(), claim, newClaimIndex(st, model.Snapshot{}), &problems); err != nil {
 			t.Fatal(err)
 		}
-		if len(problems) != 1 || problems[0].Reason != ReasonNameTaken || problems[0].Object != "IngressClaim ns/edge" {
+		if len(problems) != 1 || problems[0].Reason != model.ReasonNameTaken || problems[0].Object != "IngressClaim ns/edge" {
 			t.Fatalf("problems %v, want one NameTaken on the claim", problems)
 		}
 		if ev := drain(rec); len(ev) != 0 {

@@ -23,9 +23,9 @@ func (c *Controller) report(problems []model.Problem) {
 			continue
 		}
 		if ref := problemRef(p); ref != nil {
-			c.recorder.Event(ref, corev1.EventTypeWarning, p.Reason, strings.TrimSpace(p.Field+": "+p.Detail))
+			c.recorder.Event(ref, corev1.EventTypeWarning, string(p.Reason), strings.TrimSpace(p.Field+": "+p.Detail))
 		}
-		c.log.Warn("problem", zap.String("object", p.Object), zap.String("field", p.Field), zap.String("reason", p.Reason), zap.String("detail", p.Detail))
+		c.log.Warn("problem", zap.String("object", p.Object), zap.String("field", p.Field), zap.String("reason", string(p.Reason)), zap.String("detail", p.Detail))
 	}
 	c.reported = now
 }

@@ -88,12 +88,12 @@ func (b *builder) groupVIPs(s *corev1.Service) []netip.Addr {
 		return nil
 	}
 	if alias, aok := s.Annotations[AnnotationVIPAlias]; aok && name == AnnotationVIP && alias != v {
-		b.problem("Service", s, "metadata.annotations["+AnnotationVIPAlias+"]", ReasonInvalidVIP,
+		b.problem("Service", s, "metadata.annotations["+AnnotationVIPAlias+"]", model.ReasonInvalidVIP,
 			"differs from %s (%q); %s is used", AnnotationVIP, v, AnnotationVIP)
 	}
 	vips, err := parseVIPs(v)
 	if err != nil {
-		b.problem("Service", s, "metadata.annotations["+name+"]", ReasonInvalidVIP, "%v", err)
+		b.problem("Service", s, "metadata.annotations["+name+"]", model.ReasonInvalidVIP, "%v", err)
 		return nil
 	}
 	return vips
@@ -116,7 +116,7 @@ func (b *builder) groups() {
 		g := &model.Group{Name: key(s)}
 		for _, a := range b.groupVIPs(s) {
 			if o, taken := vipOwner[a]; taken {
-				b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", ReasonVIPConflict,
+				b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", model.ReasonVIPConflict,
 					"VIP %s already belongs to group %s; not applied", a, o)
 				continue
 			}
@@ -127,9 +127,9 @@ func (b *builder) groups() {
 			id, err := parseVRID(v)
 			switch {
 			case err != nil:
-				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", ReasonInvalidAnnotation, "%v", err)
+				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", model.ReasonInvalidAnnotation, "%v", err)
 			case vridOwner[id] != "":
-				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", ReasonVRIDConflict,
+				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", model.ReasonVRIDConflict,
 					"VRID %d already belongs to group %s; not applied", id, vridOwner[id])
 			default:
 				vridOwner[id] = g.Name
@@ -142,7 +142,7 @@ func (b *builder) groups() {
 				proto = model.TCP
 			}
 			if proto != model.TCP && proto != model.UDP {
-				b.problem("Service", s, fmt.Sprintf("spec.ports[%d].protocol", i), ReasonUnsupportedPort,
+				b.problem("Service", s, fmt.Sprintf("spec.ports[%d].protocol", i), model.ReasonUnsupportedProtocol,
 					"protocol %s is not served", p.Protocol)
 				continue
 			}

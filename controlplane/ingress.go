@@ -22,7 +22,7 @@ func (b *builder) ingresses() {
 		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
 			r, err := strconv.ParseBool(v)
 			if err != nil {
-				b.problem("Ingress", ing, "metadata.annotations["+AnnotationSSLRedirect+"]", ReasonInvalidAnnotation,
+				b.problem("Ingress", ing, "metadata.annotations["+AnnotationSSLRedirect+"]", model.ReasonInvalidAnnotation,
 					"%q is not true or false", v)
 			}
 			redirect = r
@@ -57,7 +57,7 @@ func (b *builder) ingresses() {
 					case s.srv.TLSCertificate == "":
 						s.srv.TLSCertificate, s.certFrom = c, src
 					case s.srv.TLSCertificate != c:
-						b.problem("Ingress", ing, "spec.tls", ReasonTLSConflict,
+						b.problem("Ingress", ing, "spec.tls", model.ReasonTLSConflict,
 							"host %q already uses certificate %s from Ingress %s", host, s.srv.TLSCertificate, s.certFrom)
 					}
 				}
@@ -70,7 +70,7 @@ func (b *builder) ingresses() {
 					s.srv.DefaultUpstream, s.defFrom = up, src
 					touch(s)
 				} else {
-					b.problem("Ingress", ing, "spec.defaultBackend", ReasonDefaultConflict,
+					b.problem("Ingress", ing, "spec.defaultBackend", model.ReasonDefaultBackendConflict,
 						"group %s already has the default backend of Ingress %s", group, s.defFrom)
 				}
 			}
@@ -94,7 +94,7 @@ func (b *builder) ingresses() {
 					path = "/"
 				}
 				if !strings.HasPrefix(path, "/") || (typ != model.PathExact && typ != model.PathPrefix && typ != model.PathImplementationSpecific) {
-					b.problem("Ingress", ing, field+".path", ReasonInvalidPath, "path %q of type %s is not served", p.Path, typ)
+					b.problem("Ingress", ing, field+".path", model.ReasonInvalidPath, "path %q of type %s is not served", p.Path, typ)
 					continue
 				}
 				up, ok := b.backend(ing, field+".backend", p.Backend)
@@ -104,7 +104,7 @@ func (b *builder) ingresses() {
 				s := b.server(group, host)
 				lk := locKey{path, typ}
 				if owner, taken := s.locs[lk]; taken {
-					b.problem("Ingress", ing, field, ReasonPathConflict,
+					b.problem("Ingress", ing, field, model.ReasonPathConflict,
 						"%s path %q of host %q is already routed by %s", typ, path, host, owner)
 					continue
 				}
@@ -120,18 +120,18 @@ func (b *builder) ingresses() {
 func (b *builder) certificate(ing *networkingv1.Ingress, i int, name string) (string, bool) {
 	field := fmt.Sprintf("spec.tls[%d].secretName", i)
 	if name == "" {
-		b.problem("Ingress", ing, field, ReasonSecretNotFound, "no secret named")
+		b.problem("Ingress", ing, field, model.ReasonSecretNotFound, "no secret named")
 		return "", false
 	}
 	k := ing.Namespace + "/" + name
 	sec := b.secrets[k]
 	if sec == nil {
-		b.problem("Ingress", ing, field, ReasonSecretNotFound, "TLS secret %s does not exist; hosts served without TLS", k)
+		b.problem("Ingress", ing, field, model.ReasonSecretNotFound, "TLS secret %s does not exist; hosts served without TLS", k)
 		return "", false
 	}
 	crt, key := sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
 	if sec.Type != corev1.SecretTypeTLS || len(crt) == 0 || len(key) == 0 {
-		b.problem("Ingress", ing, field, ReasonInvalidSecret, "secret %s is not a kubernetes.io/tls secret with %s and %s", k, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+		b.problem("Ingress", ing, field, model.ReasonInvalidSecret, "secret %s is not a kubernetes.io/tls secret with %s and %s", k, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
 		return "", false
 	}
 	if _, ok := b.certs[k]; !ok {
@@ -144,7 +144,7 @@ func (b *builder) certificate(ing *networkingv1.Ingress, i int, name string) (st
 // gets an (empty, so 503) upstream, so the path does not fall through to another route.
 func (b *builder) backend(ing *networkingv1.Ingress, field string, be networkingv1.IngressBackend) (string, bool) {
 	if be.Service == nil {
-		b.problem("Ingress", ing, field, ReasonUnsupportedBackend, "only Service backends are served")
+		b.problem("Ingress", ing, field, model.ReasonUnsupportedBackend, "only Service backends are served")
 		return "", false
 	}
 	svcKey := ing.Namespace + "/" + be.Service.Name
@@ -154,11 +154,11 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 		portLabel = strconv.Itoa(int(be.Service.Port.Number))
 	}
 	if svc == nil {
-		b.problem("Ingress", ing, field+".service.name", ReasonServiceNotFound, "Service %s does not exist; answering 503", svcKey)
+		b.problem("Ingress", ing, field+".service.name", model.ReasonServiceNotFound, "Service %s does not exist; answering 503", svcKey)
 		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		b.problem("Ingress", ing, field+".service.name", ReasonUnsupportedBackend, "ExternalName Service %s is not served", svcKey)
+		b.problem("Ingress", ing, field+".service.name", model.ReasonUnsupportedBackend, "ExternalName Service %s is not served", svcKey)
 		return "", false
 	}
 	var sp *corev1.ServicePort
@@ -171,7 +171,7 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 		}
 	}
 	if sp == nil {
-		b.problem("Ingress", ing, field+".service.port", ReasonPortNotFound, "Service %s has no port %s; answering 503", svcKey, portLabel)
+		b.problem("Ingress", ing, field+".service.port", model.ReasonPortNotFound, "Service %s has no port %s; answering 503", svcKey, portLabel)
 		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
 	}
 	port := strconv.Itoa(int(sp.Port))

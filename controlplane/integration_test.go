@@ -219,16 +219,16 @@ func TestIntegrationConverges(t *testing.T) {
 			}
 		})
 		problems := r.ctl.Problems()
-		for _, want := range []string{ReasonServiceNotFound, ReasonSecretNotFound} {
+		for _, want := range []model.Reason{model.ReasonServiceNotFound, model.ReasonSecretNotFound} {
 			if !slices.ContainsFunc(problems, func(p model.Problem) bool { return p.Reason == want }) {
 				t.Errorf("no %s problem in %v", want, problems)
 			}
-			if n := r.metric(t, "portico_controlplane_problems", map[string]string{"reason": want}); n < 1 {
+			if n := r.metric(t, "portico_controlplane_problems", map[string]string{"reason": string(want)}); n < 1 {
 				t.Errorf("problems metric for %s = %v", want, n)
 			}
 		}
 		eventually(t, converge, func() string {
-			if !hasEvent(e, "site", ReasonServiceNotFound) {
+			if !hasEvent(e, "site", string(model.ReasonServiceNotFound)) {
 				return "no ServiceNotFound event on the Ingress"
 			}
 			return ""
@@ -354,7 +354,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 		return cmp.Diff(want, got)
 	})
 	eventually(t, converge, func() string {
-		if !hasEvent(e, "e-exhausted", ReasonVIPPoolExhausted) {
+		if !hasEvent(e, "e-exhausted", string(model.ReasonVIPPoolExhausted)) {
 			return "no VIPPoolExhausted event on e-exhausted"
 		}
 		if !hasEvent(e, "c-auto", "VIPAllocated") {
@@ -390,7 +390,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 					if len(g.VIPs) != 0 {
 						return fmt.Sprintf("f-conflict has VIPs %v", g.VIPs)
 					}
-					if !hasEvent(e, "f-conflict", ReasonVIPConflict) {
+					if !hasEvent(e, "f-conflict", string(model.ReasonVIPConflict)) {
 						return "no VIPConflict event"
 					}
 					return ""
@@ -499,7 +499,7 @@ func TestIntegrationScheduling(t *testing.T) {
 			if ing.Annotations[AnnotationGroup] != e.ns+"/g-c" {
 				return "i2 was rebound silently"
 			}
-			if !hasEvent(e, "i2", ReasonGroupNotFound) {
+			if !hasEvent(e, "i2", string(model.ReasonGroupNotFound)) {
 				return "no GroupNotFound event on i2"
 			}
 			return ""

@@ -30,27 +30,3 @@ const (
 	annotationIngressClass = "kubernetes.io/ingress.class"
 	annotationDefaultClass = "ingressclass.kubernetes.io/is-default-class"
 )
-
-// Problem reasons (the bounded vocabulary of model.Problem.Reason and its metric label).
-const (
-	ReasonInvalidAnnotation  = "InvalidAnnotation"
-	ReasonInvalidVIP         = "InvalidVIP"
-	ReasonVIPConflict        = "VIPConflict"
-	ReasonVIPPoolExhausted   = "VIPPoolExhausted"
-	ReasonVRIDConflict       = "VRIDConflict"
-	ReasonVRIDExhausted      = "VRIDExhausted"
-	ReasonGroupNotFound      = "GroupNotFound"
-	ReasonNoMatchingGroup    = "NoMatchingGroup"
-	ReasonServiceNotFound    = "ServiceNotFound"
-	ReasonPortNotFound       = "PortNotFound"
-	ReasonUnsupportedBackend = "UnsupportedBackend"
-	ReasonSecretNotFound     = "SecretNotFound"
-	ReasonInvalidSecret      = "InvalidSecret"
-	ReasonTLSConflict        = "TLSConflict"
-	ReasonPathConflict       = "PathConflict"
-	ReasonInvalidPath        = "InvalidPath"
-	ReasonDefaultConflict    = "DefaultBackendConflict"
-	ReasonUnsupportedPort    = "UnsupportedProtocol"
-	ReasonAlreadyBound       = "AlreadyBound"
-	ReasonNameTaken          = "NameTaken"
-)

@@ -33,7 +33,7 @@ func (b *builder) podRoutes(defaultGroup string) {
 			if okH {
 				missing = AnnotationPublicPaths
 			}
-			b.problem("Pod", pod, "metadata.annotations["+missing+"]", ReasonInvalidAnnotation, "a microservice pod needs %s and %s", AnnotationTrafficHosts, AnnotationPublicPaths)
+			b.problem("Pod", pod, "metadata.annotations["+missing+"]", model.ReasonInvalidAnnotation, "a microservice pod needs %s and %s", AnnotationTrafficHosts, AnnotationPublicPaths)
 			continue
 		}
 		group := defaultGroup
@@ -41,12 +41,12 @@ func (b *builder) podRoutes(defaultGroup string) {
 			group = groupRef(g, pod.Namespace)
 		}
 		if group == "" || b.groupsOut[group] == nil {
-			b.problem("Pod", pod, "metadata.annotations["+AnnotationGroup+"]", ReasonGroupNotFound, "pod route has no group (group %q)", group)
+			b.problem("Pod", pod, "metadata.annotations["+AnnotationGroup+"]", model.ReasonGroupNotFound, "pod route has no group (group %q)", group)
 			continue
 		}
 		hosts := splitList(hostsV)
 		if len(hosts) == 0 {
-			b.problem("Pod", pod, "metadata.annotations["+AnnotationTrafficHosts+"]", ReasonInvalidAnnotation, "no host in %q", hostsV)
+			b.problem("Pod", pod, "metadata.annotations["+AnnotationTrafficHosts+"]", model.ReasonInvalidAnnotation, "no host in %q", hostsV)
 			continue
 		}
 		type pp struct {
@@ -59,14 +59,14 @@ func (b *builder) podRoutes(defaultGroup string) {
 			ps, path, ok := strings.Cut(e, ":")
 			port, err := strconv.ParseUint(ps, 10, 16)
 			if !ok || err != nil || port == 0 || !strings.HasPrefix(path, "/") {
-				b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", ReasonInvalidAnnotation, "entry %q is not PORT:PATH", e)
+				b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", model.ReasonInvalidAnnotation, "entry %q is not PORT:PATH", e)
 				bad = true
 				continue
 			}
 			paths = append(paths, pp{uint16(port), path})
 		}
 		if len(paths) == 0 && !bad {
-			b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", ReasonInvalidAnnotation, "no path in %q", pathsV)
+			b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", model.ReasonInvalidAnnotation, "no path in %q", pathsV)
 		}
 		ip, err := netip.ParseAddr(pod.Status.PodIP)
 		if err != nil {
@@ -87,7 +87,7 @@ func (b *builder) podRoutes(defaultGroup string) {
 					if owner == "pods:"+up {
 						continue
 					}
-					b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", ReasonPathConflict,
+					b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", model.ReasonPathConflict,
 						"path %q of host %q is already routed by %s", p.path, h, strings.TrimPrefix(owner, "pods:"))
 					continue
 				}

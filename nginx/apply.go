@@ -244,17 +244,17 @@ func (r *Reloader) setProblems(ps []model.Problem) {
 	if same {
 		return
 	}
-	counts := map[string]int{}
+	counts := map[model.Reason]int{}
 	for _, p := range ps {
 		counts[p.Reason]++
 	}
 	r.m.problems.Reset()
 	for reason, n := range counts {
-		r.m.problems.WithLabelValues(reason).Set(float64(n))
+		r.m.problems.WithLabelValues(string(reason)).Set(float64(n))
 	}
 	for _, p := range ps {
 		r.log.Warn("object left out of nginx config", zap.String("object", p.Object), zap.String("field", p.Field),
-			zap.String("reason", p.Reason), zap.String("detail", p.Detail))
+			zap.String("reason", string(p.Reason)), zap.String("detail", p.Detail))
 	}
 }
 

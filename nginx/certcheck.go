@@ -80,21 +80,21 @@ func (r *renderer) cert(s *model.Server) (string, bool) {
 	if !ok {
 		idx := slices.IndexFunc(r.certsIn, func(c model.Certificate) bool { return c.Name == s.TLSCertificate })
 		if idx < 0 {
-			r.problem(obj, "", ReasonCertificateNotFound, fmt.Sprintf("host %s: TLS server skipped: no such certificate", hostOrDefault(s.Host)))
+			r.problem(obj, "", model.ReasonCertificateNotFound, fmt.Sprintf("host %s: TLS server skipped: no such certificate", hostOrDefault(s.Host)))
 			return "", false
 		}
 		res = r.cache.check(r.certsIn[idx])
 		r.certs[s.TLSCertificate] = res
 	}
 	if res.err != nil {
-		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: %v", hostOrDefault(s.Host), res.err))
+		r.problem(obj, "", model.ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: %v", hostOrDefault(s.Host), res.err))
 		return "", false
 	}
 	if why, ok := r.refused[res.file.Name]; ok {
 		if !slices.Contains(r.refusedSeen, res.file.Name) {
 			r.refusedSeen = append(r.refusedSeen, res.file.Name)
 		}
-		r.problem(obj, "", ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: nginx refused the certificate: %s", hostOrDefault(s.Host), why))
+		r.problem(obj, "", model.ReasonInvalidCertificate, fmt.Sprintf("host %s: TLS server skipped: nginx refused the certificate: %s", hostOrDefault(s.Host), why))
 		return "", false
 	}
 	if s.Host != "" {
@@ -105,7 +105,7 @@ func (r *renderer) cert(s *model.Server) (string, bool) {
 		if err := res.leaf.VerifyHostname(probe); err != nil {
 			// Served anyway: clients decide, and a mismatch is often a deliberate
 			// catch-all certificate.
-			r.problem(obj, "", ReasonCertificateHost, fmt.Sprintf("host %s: served with a certificate that does not cover it: %v", s.Host, err))
+			r.problem(obj, "", model.ReasonCertificateHostMismatch, fmt.Sprintf("host %s: served with a certificate that does not cover it: %v", s.Host, err))
 		}
 	}
 	return res.file.Name, true

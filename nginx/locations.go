@@ -47,7 +47,7 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 				winner, loser = obj, c.src
 			}
 			if conflict {
-				r.problem(loser, "path", ReasonPathConflict, fmt.Sprintf("location %q of host %s is taken by %s", match, hostOrDefault(s.Host), winner))
+				r.problem(loser, "path", model.ReasonPathConflict, fmt.Sprintf("location %q of host %s is taken by %s", match, hostOrDefault(s.Host), winner))
 			}
 			if rank >= c.rank {
 				return
@@ -63,7 +63,7 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 			obj = "Server " + hostOrDefault(s.Host)
 		}
 		if err := validatePath(l.Path); err != nil {
-			r.problem(obj, "path", ReasonInvalidPath, fmt.Sprintf("host %s path %q: %v", hostOrDefault(s.Host), l.Path, err))
+			r.problem(obj, "path", model.ReasonInvalidPath, fmt.Sprintf("host %s path %q: %v", hostOrDefault(s.Host), l.Path, err))
 			continue
 		}
 		rank := pathRank(l.Type)
@@ -79,7 +79,7 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 			add("= "+p, rank, l, obj)
 			add(p+"/", rank, l, obj)
 		default:
-			r.problem(obj, "pathType", ReasonInvalidPathType, fmt.Sprintf("host %s path %q: unknown path type %q", hostOrDefault(s.Host), l.Path, l.Type))
+			r.problem(obj, "pathType", model.ReasonInvalidPathType, fmt.Sprintf("host %s path %q: unknown path type %q", hostOrDefault(s.Host), l.Path, l.Type))
 		}
 	}
 	if _, ok := byMatch["/"]; !ok {
@@ -114,11 +114,11 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 func (r *renderer) upstream(name, obj string) (string, int) {
 	u, ok := r.upstreams[name]
 	if !ok {
-		r.problem(obj, "backend", ReasonUpstreamNotFound, fmt.Sprintf("upstream %q does not exist; answering 503", name))
+		r.problem(obj, "backend", model.ReasonUpstreamNotFound, fmt.Sprintf("upstream %q does not exist; answering 503", name))
 		return "", 503
 	}
 	if err := validateUpstreamName(name); err != nil {
-		r.problem("Upstream "+strconv.Quote(name), "name", ReasonInvalidUpstream, err.Error()+"; answering 503")
+		r.problem("Upstream "+strconv.Quote(name), "name", model.ReasonInvalidUpstream, err.Error()+"; answering 503")
 		return "", 503
 	}
 	if r.usedUpstreams == nil {
@@ -126,7 +126,7 @@ func (r *renderer) upstream(name, obj string) (string, int) {
 	}
 	if !r.usedUpstreams[name] {
 		valid := validEndpoints(u.Endpoints, func(err error) {
-			r.problem("Upstream "+name, "endpoints", ReasonInvalidEndpoint, err.Error())
+			r.problem("Upstream "+name, "endpoints", model.ReasonInvalidEndpoint, err.Error())
 		})
 		r.upstreams[name] = model.Upstream{Name: name, Endpoints: valid}
 		r.usedUpstreams[name] = true

@@ -183,10 +183,10 @@ func TestApplyReportsProblemsAndKeepsTheRest(t *testing.T) {
 	if err != nil || res.Result != ResultSuccess {
 		t.Fatalf("apply: %+v, %v", res, err)
 	}
-	if len(r.Problems()) != 1 || r.Problems()[0].Reason != ReasonInvalidHost {
+	if len(r.Problems()) != 1 || r.Problems()[0].Reason != model.ReasonInvalidHost {
 		t.Fatalf("problems = %v, want one InvalidHost", r.Problems())
 	}
-	if got := testutil.ToFloat64(r.m.problems.WithLabelValues(ReasonInvalidHost)); got != 1 {
+	if got := testutil.ToFloat64(r.m.problems.WithLabelValues(string(model.ReasonInvalidHost))); got != 1 {
 		t.Errorf("problems{reason=InvalidHost} = %v, want 1", got)
 	}
 	conf, _ := os.ReadFile(r.confPath())

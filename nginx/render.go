@@ -35,22 +35,6 @@ var confTemplate = template.Must(template.New("nginx.conf.tmpl").ParseFS(templat
 // It contains '%', which no validated value can contain.
 const checksumPlaceholder = "%PORTICO-CHECKSUM%"
 
-// Problem reasons this package reports (model.Problem.Reason, a metric label).
-const (
-	ReasonInvalidHost         = "InvalidHost"
-	ReasonDuplicateHost       = "DuplicateHost"
-	ReasonInvalidPath         = "InvalidPath"
-	ReasonInvalidPathType     = "InvalidPathType"
-	ReasonPathConflict        = "PathConflict"
-	ReasonUpstreamNotFound    = "UpstreamNotFound"
-	ReasonInvalidUpstream     = "InvalidUpstream"
-	ReasonInvalidEndpoint     = "InvalidEndpoint"
-	ReasonCertificateNotFound = "CertificateNotFound"
-	ReasonInvalidCertificate  = "InvalidCertificate"
-	ReasonCertificateHost     = "CertificateHostMismatch"
-	ReasonRedirectWithoutTLS  = "RedirectWithoutTLS"
-)
-
 // Config is one rendered configuration and what it needs on disk.
 type Config struct {
 	// Text is the nginx.conf. It holds no endpoint addresses: two snapshots that
@@ -159,18 +143,18 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		}
 		if s.Host == "" {
 			if catchAll != nil {
-				r.problem(obj, "host", ReasonDuplicateHost, "more than one catch-all server; the first is used")
+				r.problem(obj, "host", model.ReasonDuplicateHost, "more than one catch-all server; the first is used")
 				continue
 			}
 			catchAll = s
 			continue
 		}
 		if err := validateHost(s.Host); err != nil {
-			r.problem(obj, "host", ReasonInvalidHost, err.Error())
+			r.problem(obj, "host", model.ReasonInvalidHost, err.Error())
 			continue
 		}
 		if seen[s.Host] {
-			r.problem(obj, "host", ReasonDuplicateHost, "host appears in more than one server; the first is used")
+			r.problem(obj, "host", model.ReasonDuplicateHost, "host appears in more than one server; the first is used")
 			continue
 		}
 		seen[s.Host] = true
@@ -225,7 +209,7 @@ type renderer struct {
 	problems      []model.Problem
 }
 
-func (r *renderer) problem(obj, field, reason, detail string) {
+func (r *renderer) problem(obj, field string, reason model.Reason, detail string) {
 	p := model.Problem{Object: obj, Field: field, Reason: reason, Detail: detail}
 	if slices.Contains(r.problems, p) {
 		return
@@ -243,7 +227,7 @@ func (r *renderer) server(s *model.Server) tmplServer {
 	}
 	if s.SSLRedirect && s.TLSCertificate == "" {
 		// Nothing would answer on the HTTPS side: serve plain HTTP, and say so.
-		r.problem("Server "+hostOrDefault(s.Host), "sslRedirect", ReasonRedirectWithoutTLS,
+		r.problem("Server "+hostOrDefault(s.Host), "sslRedirect", model.ReasonRedirectWithoutTLS,
 			"HTTPS redirect asked for a host without TLS; serving plain HTTP")
 	} else if s.SSLRedirect {
 		// The redirect stays even when the TLS server had to be skipped: the Ingress

@@ -537,7 +537,7 @@ func TestCertificateNginxRefusesSkipsOnlyItsHost(t *testing.T) {
 	}
 	var found bool
 	for _, p := range res.Problems {
-		if p.Object == "Secret "+weak.Name && p.Reason == ReasonInvalidCertificate && strings.Contains(p.Detail, "nginx refused") {
+		if p.Object == "Secret "+weak.Name && p.Reason == model.ReasonInvalidCertificate && strings.Contains(p.Detail, "nginx refused") {
 			found = true
 		}
 	}

@@ -108,7 +108,7 @@ type Certificate struct {
 type Problem struct {
 	Object string // "Kind namespace/name"
 	Field  string // the offending field path, e.g. "spec.rules[0].host"
-	Reason string // a short CamelCase reason, bounded vocabulary (metric label)
+	Reason Reason // why, from a bounded vocabulary (a metric label)
 	Detail string // human-readable explanation
 }
 
@@ -117,5 +117,5 @@ func (p Problem) String() string {
 	if p.Field != "" {
 		s += " " + p.Field
 	}
-	return s + ": " + p.Reason + ": " + p.Detail
+	return s + ": " + string(p.Reason) + ": " + p.Detail
 }

@@ -1,0 +1,50 @@
+package model
+
+// Reason says why part of the cluster is not served as asked: a short CamelCase word
+// from the bounded vocabulary below, so it can label metrics and name Events. The
+// control plane and nginx each report their own group; a fault both can find (an
+// invalid or conflicting path) has one name.
+type Reason string
+
+// Reasons of the control plane (translation, allocation, IngressClaims).
+const (
+	ReasonInvalidAnnotation      Reason = "InvalidAnnotation"
+	ReasonInvalidVIP             Reason = "InvalidVIP"
+	ReasonVIPConflict            Reason = "VIPConflict"
+	ReasonVIPPoolExhausted       Reason = "VIPPoolExhausted"
+	ReasonVRIDConflict           Reason = "VRIDConflict"
+	ReasonVRIDExhausted          Reason = "VRIDExhausted"
+	ReasonGroupNotFound          Reason = "GroupNotFound"
+	ReasonNoMatchingGroup        Reason = "NoMatchingGroup"
+	ReasonServiceNotFound        Reason = "ServiceNotFound"
+	ReasonPortNotFound           Reason = "PortNotFound"
+	ReasonUnsupportedBackend     Reason = "UnsupportedBackend"
+	ReasonUnsupportedProtocol    Reason = "UnsupportedProtocol"
+	ReasonSecretNotFound         Reason = "SecretNotFound"
+	ReasonInvalidSecret          Reason = "InvalidSecret"
+	ReasonTLSConflict            Reason = "TLSConflict"
+	ReasonDefaultBackendConflict Reason = "DefaultBackendConflict"
+	ReasonAlreadyBound           Reason = "AlreadyBound"
+	ReasonNameTaken              Reason = "NameTaken"
+)
+
+// Reasons of both: a path nginx cannot match as written, and two sources asking for
+// the same path of a host.
+const (
+	ReasonInvalidPath  Reason = "InvalidPath"
+	ReasonPathConflict Reason = "PathConflict"
+)
+
+// Reasons of nginx (parts of a snapshot it leaves out of its configuration).
+const (
+	ReasonInvalidHost             Reason = "InvalidHost"
+	ReasonDuplicateHost           Reason = "DuplicateHost"
+	ReasonInvalidPathType         Reason = "InvalidPathType"
+	ReasonUpstreamNotFound        Reason = "UpstreamNotFound"
+	ReasonInvalidUpstream         Reason = "InvalidUpstream"
+	ReasonInvalidEndpoint         Reason = "InvalidEndpoint"
+	ReasonCertificateNotFound     Reason = "CertificateNotFound"
+	ReasonInvalidCertificate      Reason = "InvalidCertificate"
+	ReasonCertificateHostMismatch Reason = "CertificateHostMismatch"
+	ReasonRedirectWithoutTLS      Reason = "RedirectWithoutTLS"
+)
