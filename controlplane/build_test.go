@@ -387,6 +387,9 @@ func TestBuild(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			got, _, problems := Build(tc.st, tc.opts)
+			if err := got.Validate(); err != nil {
+				t.Errorf("snapshot breaks the model's rules: %v", err)
+			}
 			if diff := cmp.Diff(tc.want, got, cmpAddrs); diff != "" {
 				t.Errorf("snapshot (-want +got):\n%s", diff)
 			}

@@ -332,6 +332,13 @@ func (c *Controller) sync(ctx context.Context) error {
 	// does not show yet, so that nothing is allocated or scheduled twice.
 	st := c.withWritten(c.state())
 	snap, bindings, problems := Build(st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
+	if err := snap.Validate(); err != nil {
+		// A bug in Build, not a bad object: the sinks keep the last snapshot, and
+		// nothing is written from this one.
+		c.metrics.syncs.WithLabelValues("invalid").Inc()
+		c.log.Error("built snapshot is invalid; not published", zap.Error(err))
+		return nil
+	}
 	// Allocation is pure too: every instance computes it, so its problems show in
 	// Problems() and the metrics everywhere; only the leader writes the result.
 	alloc := c.allocate(st)

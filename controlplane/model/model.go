@@ -1,7 +1,8 @@
 // Package model is the plain-data picture of what Portico should serve, built by the
 // control plane from Kubernetes objects and consumed by the data plane, nginx and the
 // status writers. It holds no Kubernetes types and no pointers: two snapshots built
-// from the same objects are Equal, field for field, on every node.
+// from the same objects are Equal, field for field, on every node, and Validate
+// checks the rules each type documents.
 package model
 
 import (
@@ -26,7 +27,7 @@ func (s Snapshot) Equal(o Snapshot) bool { return reflect.DeepEqual(s, o) }
 type Group struct {
 	Name     string       // "namespace/name" of the group Service
 	VIPs     []netip.Addr // sorted; at most one IPv4 and one IPv6 address
-	VRID     uint8        // VRRP virtual router id, 1..255
+	VRID     uint8        // VRRP virtual router id, 1..255; 0 until one is assigned
 	Ports    []Port       // sorted by (Protocol, Port); empty means every port
 	Replicas []Replica    // sorted by Addr
 }

@@ -1,0 +1,148 @@
+package model
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+)
+
+// Validate reports every way s breaks the rules the types of this package document:
+// each list sorted by its key with no key twice, addresses valid, at most one VIP per
+// address family, protocols, replica states and path types known, and every name a
+// Server refers to (its group, upstreams and certificate) present. Build's snapshots
+// pass; a snapshot that does not is a bug, not a bad object.
+func (s Snapshot) Validate() error {
+	var errs []error
+	add := func(err error) {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	groups := map[string]bool{}
+	add(ordered("groups", s.Groups, func(x, y Group) int { return cmp.Compare(x.Name, y.Name) }, func(g Group) string { return g.Name }))
+	for _, g := range s.Groups {
+		groups[g.Name] = true
+		add(g.validate())
+	}
+	upstreams := map[string]bool{}
+	add(ordered("upstreams", s.Upstreams, func(x, y Upstream) int { return cmp.Compare(x.Name, y.Name) }, func(u Upstream) string { return u.Name }))
+	for _, u := range s.Upstreams {
+		upstreams[u.Name] = true
+		add(u.validate())
+	}
+	certs := map[string]bool{}
+	add(ordered("certificates", s.Certificates, func(x, y Certificate) int { return cmp.Compare(x.Name, y.Name) }, func(c Certificate) string { return c.Name }))
+	for _, c := range s.Certificates {
+		certs[c.Name] = true
+	}
+	add(ordered("servers", s.Servers, func(x, y Server) int {
+		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.Host, y.Host))
+	}, func(v Server) string { return v.Group + " " + v.Host }))
+	for _, v := range s.Servers {
+		add(v.validate(groups, upstreams, certs))
+	}
+	return errors.Join(errs...)
+}
+
+func (g Group) validate() error {
+	var errs []error
+	if g.Name == "" {
+		errs = append(errs, errors.New("group without a name"))
+	}
+	errs = append(errs, ordered("vips", g.VIPs, netip.Addr.Compare, netip.Addr.String))
+	families := map[bool]int{}
+	for _, a := range g.VIPs {
+		if !a.IsValid() || a.Is4In6() || a.Zone() != "" {
+			errs = append(errs, fmt.Errorf("vip %q is not a plain IPv4 or IPv6 address", a))
+		}
+		families[a.Is4()]++
+	}
+	if families[true] > 1 || families[false] > 1 {
+		errs = append(errs, errors.New("more than one vip of an address family"))
+	}
+	errs = append(errs, ordered("ports", g.Ports, func(x, y Port) int {
+		return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
+	}, func(p Port) string { return string(p.Protocol) + "/" + strconv.Itoa(int(p.Port)) }))
+	for _, p := range g.Ports {
+		if p.Protocol != TCP && p.Protocol != UDP {
+			errs = append(errs, fmt.Errorf("port %d has protocol %q", p.Port, p.Protocol))
+		}
+	}
+	errs = append(errs, ordered("replicas", g.Replicas, func(x, y Replica) int { return x.Addr.Compare(y.Addr) },
+		func(r Replica) string { return r.Addr.String() }))
+	for _, r := range g.Replicas {
+		if !r.Addr.IsValid() {
+			errs = append(errs, fmt.Errorf("replica on node %q has no address", r.Node))
+		}
+		if r.State != Ready && r.State != Draining {
+			errs = append(errs, fmt.Errorf("replica %s has state %q", r.Addr, r.State))
+		}
+	}
+	return prefixed("group "+g.Name, errs)
+}
+
+func (u Upstream) validate() error {
+	var errs []error
+	if u.Name == "" {
+		errs = append(errs, errors.New("upstream without a name"))
+	}
+	errs = append(errs, ordered("endpoints", u.Endpoints, netip.AddrPort.Compare, netip.AddrPort.String))
+	for _, ep := range u.Endpoints {
+		if !ep.IsValid() {
+			errs = append(errs, fmt.Errorf("endpoint %q is not an address and port", ep))
+		}
+	}
+	return prefixed("upstream "+u.Name, errs)
+}
+
+func (v Server) validate(groups, upstreams, certs map[string]bool) error {
+	var errs []error
+	if !groups[v.Group] {
+		errs = append(errs, fmt.Errorf("group %q does not exist", v.Group))
+	}
+	if v.TLSCertificate != "" && !certs[v.TLSCertificate] {
+		errs = append(errs, fmt.Errorf("certificate %q does not exist", v.TLSCertificate))
+	}
+	if v.DefaultUpstream != "" && !upstreams[v.DefaultUpstream] {
+		errs = append(errs, fmt.Errorf("default upstream %q does not exist", v.DefaultUpstream))
+	}
+	errs = append(errs, ordered("locations", v.Locations, func(x, y Location) int {
+		return cmp.Or(cmp.Compare(x.Path, y.Path), cmp.Compare(x.Type, y.Type))
+	}, func(l Location) string { return string(l.Type) + " " + l.Path }))
+	for _, l := range v.Locations {
+		if l.Type != PathExact && l.Type != PathPrefix && l.Type != PathImplementationSpecific {
+			errs = append(errs, fmt.Errorf("path %q has type %q", l.Path, l.Type))
+		}
+		if !upstreams[l.Upstream] {
+			errs = append(errs, fmt.Errorf("path %q: upstream %q does not exist", l.Path, l.Upstream))
+		}
+	}
+	return prefixed("server "+v.Group+" "+strconv.Quote(v.Host), errs)
+}
+
+// ordered reports the first entry of xs that does not sort strictly after the one
+// before it (by compare, named by show): out of order, or a key given twice.
+func ordered[T any](what string, xs []T, compare func(x, y T) int, show func(T) string) error {
+	for i := 1; i < len(xs); i++ {
+		switch c := compare(xs[i-1], xs[i]); {
+		case c == 0:
+			return fmt.Errorf("%s: %q twice", what, show(xs[i]))
+		case c > 0:
+			return fmt.Errorf("%s: %q before %q, out of order", what, show(xs[i-1]), show(xs[i]))
+		}
+	}
+	return nil
+}
+
+// prefixed joins errs (nil ones are dropped), each prefixed with what.
+func prefixed(what string, errs []error) error {
+	var out []error
+	for _, err := range errs {
+		if err != nil {
+			out = append(out, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+	return errors.Join(out...)
+}

@@ -1,0 +1,79 @@
+package model
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// valid is a snapshot that follows every rule; each case of TestValidate breaks one.
+func valid() Snapshot {
+	return Snapshot{
+		Groups: []Group{
+			{Name: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}, VRID: 1,
+				Ports:    []Port{{TCP, 80}, {TCP, 443}, {UDP, 443}},
+				Replicas: []Replica{{Node: "n1", Addr: netip.MustParseAddr("10.0.0.1"), State: Ready}, {Addr: netip.MustParseAddr("10.0.0.2"), State: Draining}}},
+			{Name: "edge/b"},
+		},
+		Servers: []Server{
+			{Group: "edge/a", Host: "", DefaultUpstream: "app-web-80"},
+			{Group: "edge/a", Host: "example.com", TLSCertificate: "app/tls", Locations: []Location{
+				{Path: "/", Type: PathPrefix, Upstream: "app-web-80"},
+				{Path: "/api", Type: PathExact, Upstream: "app-api-80"},
+				{Path: "/api", Type: PathPrefix, Upstream: "app-api-80"},
+			}},
+			{Group: "edge/b", Host: "example.com"},
+		},
+		Upstreams: []Upstream{
+			{Name: "app-api-80"},
+			{Name: "app-web-80", Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.1.0.1:80"), netip.MustParseAddrPort("[fd00::1]:80")}},
+		},
+		Certificates: []Certificate{{Name: "app/tls"}},
+	}
+}
+
+func TestValidate(t *testing.T) {
+	if err := valid().Validate(); err != nil {
+		t.Fatalf("valid snapshot: %v", err)
+	}
+	if err := (Snapshot{}).Validate(); err != nil {
+		t.Fatalf("empty snapshot: %v", err)
+	}
+	tests := []struct {
+		name   string
+		breaks func(*Snapshot)
+		want   string
+	}{
+		{"groups out of order", func(s *Snapshot) { s.Groups[0], s.Groups[1] = s.Groups[1], s.Groups[0] }, `groups: "edge/b" before "edge/a", out of order`},
+		{"group twice", func(s *Snapshot) { s.Groups[1].Name = "edge/a" }, `groups: "edge/a" twice`},
+		{"two IPv4 VIPs", func(s *Snapshot) { s.Groups[0].VIPs[1] = netip.MustParseAddr("192.0.2.2") }, "group edge/a: more than one vip of an address family"},
+		{"mapped VIP", func(s *Snapshot) { s.Groups[0].VIPs[0] = netip.MustParseAddr("::ffff:192.0.2.1") }, `group edge/a: vip "::ffff:192.0.2.1" is not a plain`},
+		{"ports out of order", func(s *Snapshot) { s.Groups[0].Ports[0].Port = 8080 }, `group edge/a: ports: "TCP/8080" before "TCP/443", out of order`},
+		{"unknown protocol", func(s *Snapshot) { s.Groups[0].Ports[2].Protocol = "SCTP" }, `group edge/a: port 443 has protocol "SCTP"`},
+		{"replica twice", func(s *Snapshot) { s.Groups[0].Replicas[1].Addr = s.Groups[0].Replicas[0].Addr }, `group edge/a: replicas: "10.0.0.1" twice`},
+		{"replica state", func(s *Snapshot) { s.Groups[0].Replicas[0].State = "" }, `group edge/a: replica 10.0.0.1 has state ""`},
+		{"servers out of order", func(s *Snapshot) { s.Servers[0].Host = "z.example.com" }, `servers: "edge/a z.example.com" before "edge/a example.com", out of order`},
+		{"server of a missing group", func(s *Snapshot) { s.Servers[2].Group = "edge/c" }, `server edge/c "example.com": group "edge/c" does not exist`},
+		{"missing certificate", func(s *Snapshot) { s.Servers[1].TLSCertificate = "app/gone" }, `certificate "app/gone" does not exist`},
+		{"missing default upstream", func(s *Snapshot) { s.Servers[0].DefaultUpstream = "gone" }, `server edge/a "": default upstream "gone" does not exist`},
+		{"missing upstream", func(s *Snapshot) { s.Servers[1].Locations[0].Upstream = "gone" }, `path "/": upstream "gone" does not exist`},
+		{"location twice", func(s *Snapshot) { s.Servers[1].Locations[2].Type = PathExact }, `locations: "Exact /api" twice`},
+		{"unknown path type", func(s *Snapshot) { s.Servers[1].Locations[0].Type = "Regex" }, `path "/" has type "Regex"`},
+		{"endpoints out of order", func(s *Snapshot) {
+			e := s.Upstreams[1].Endpoints
+			e[0], e[1] = e[1], e[0]
+		}, `upstream app-web-80: endpoints: "[fd00::1]:80" before "10.1.0.1:80", out of order`},
+		{"invalid endpoint", func(s *Snapshot) { s.Upstreams[0].Endpoints = []netip.AddrPort{{}} }, "upstream app-api-80: endpoint"},
+		{"certificate twice", func(s *Snapshot) { s.Certificates = append(s.Certificates, s.Certificates[0]) }, `certificates: "app/tls" twice`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := valid()
+			tc.breaks(&s)
+			err := s.Validate()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("Validate = %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
