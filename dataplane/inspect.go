@@ -73,9 +73,6 @@ func (in *Inspector) Counters() (Counters, error) {
 	return in.m.counters(st)
 }
 
-// Collector returns a Prometheus collector over the pinned maps.
-func (in *Inspector) Collector() *Collector { return newCollector(in.m) }
-
 // VIPView is one VIP address as the maps describe it.
 type VIPView struct {
 	Addr     netip.Addr

@@ -41,7 +41,7 @@ import (
 // managed distributions set it, as kube-proxy and CNI pods need it), and the
 // OwnerReferencesPermissionEnforcement admission plugin on (off by default, on in some
 // distributions), so the RBAC a blockOwnerDeletion ownerReference needs is checked too.
-// It skips like kapi.Start.
+// It skips like kapi.Shared.Get.
 func startAPIServer(t *testing.T) *kapi.Server {
 	t.Helper()
 	if err := kapi.Available(); err != nil {

@@ -62,7 +62,6 @@ type Reloader struct {
 	applyMu  sync.Mutex        // serialises Apply
 	applied  []byte            // text of nginx.conf
 	rejected []byte            // text of the last candidate nginx -t refused
-	certs    []string          // certificate files nginx.conf uses
 	refused  map[string]string // certificate files nginx -t refused, and why
 	// certCache keeps certificate checks from one render to the next.
 	certCache certCache

@@ -8,8 +8,8 @@
 // garbage collector, no kubelet, so tests create EndpointSlices themselves and nothing is
 // ever cleaned up behind their back.
 //
-// Tests call Start (one server per test) or share one through Shared; when the binaries
-// are missing they skip, unless CI is set, when they fail.
+// Tests share one server through Shared, which skips them when the binaries are
+// missing (unless CI is set: then they fail), or Launch their own.
 package kapi
 
 import (
@@ -322,25 +322,6 @@ func (s *Server) tails() string {
 	return b.String()
 }
 
-// Start launches a server for one test and stops it when the test ends. It skips the
-// test when the binaries are missing, unless CI is set (then it fails).
-func Start(t testing.TB) *Server {
-	t.Helper()
-	requireBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	s, err := Launch(ctx, Options{})
-	if err != nil {
-		t.Fatalf("start kube-apiserver: %v", err)
-	}
-	t.Cleanup(func() {
-		if err := s.Stop(); err != nil {
-			t.Errorf("stop kube-apiserver: %v", err)
-		}
-	})
-	return s
-}
-
 // Shared is one server started on first use and shared by the tests of a package,
 // each in its own namespaces. Call Stop from TestMain after m.Run.
 type Shared struct {
@@ -349,8 +330,8 @@ type Shared struct {
 	err  error
 }
 
-// Get returns the shared server, starting it on first use; it skips or fails the test
-// like Start.
+// Get returns the shared server, starting it on first use. It skips the test when the
+// binaries are missing, unless CI is set (then it fails).
 func (sh *Shared) Get(t testing.TB) *Server {
 	t.Helper()
 	requireBinaries(t)
