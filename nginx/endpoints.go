@@ -118,20 +118,6 @@ func pushEndpoints(ctx context.Context, c *http.Client, text []byte, version str
 	return nil
 }
 
-// endpointsVersion asks nginx's control socket for the version of the endpoint table
-// its workers use.
-func endpointsVersion(ctx context.Context, c *http.Client) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, controlURL, nil)
-	if err != nil {
-		return "", fmt.Errorf("query endpoint table version: %w", err)
-	}
-	v, err := controlDo(c, req)
-	if err != nil {
-		return "", fmt.Errorf("query endpoint table version: %w", err)
-	}
-	return v, nil
-}
-
 func controlDo(c *http.Client, req *http.Request) (string, error) {
 	resp, err := c.Do(req)
 	if err != nil {

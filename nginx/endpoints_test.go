@@ -375,3 +375,17 @@ func TestMissingLuaModuleIsNamed(t *testing.T) {
 		t.Errorf("nginx -t without the module: %v; want it to name the module and its package", err)
 	}
 }
+
+// endpointsVersion asks nginx's control socket for the version of the endpoint table
+// its workers use.
+func endpointsVersion(ctx context.Context, c *http.Client) (string, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, controlURL, nil)
+	if err != nil {
+		return "", fmt.Errorf("query endpoint table version: %w", err)
+	}
+	v, err := controlDo(c, req)
+	if err != nil {
+		return "", fmt.Errorf("query endpoint table version: %w", err)
+	}
+	return v, nil
+}
