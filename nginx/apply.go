@@ -45,10 +45,10 @@ const ResultUnchanged = "unchanged"
 const ResultEndpoints = "endpoints"
 
 // ApplyNow renders s and, when the result differs from the running configuration,
-// writes its certificates and a candidate, validates it with nginx -t, writes the
-// endpoint table, swaps the candidate in and signals the master (if one runs). When
-// only endpoints changed, it writes the endpoint table and hands it to the running
-// nginx instead: no nginx -t, no reload. When nginx -t refuses the configuration,
+// writes its certificates, the Lua module and a candidate, validates it with nginx
+// -t, writes the endpoint table, swaps the candidate in and signals the master (if
+// one runs). When only endpoints changed, it writes the endpoint table and hands it
+// to the running nginx instead: no nginx -t, no reload. When nginx -t refuses the configuration,
 // the running one stays and gets the snapshot's endpoints for its upstreams. Run
 // calls it after each debounce window; it is exported for callers that need a
 // synchronous apply.
@@ -92,6 +92,9 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		}
 		// Keep the running configuration's files until the new one has replaced it.
 		if err := addCertificates(certDir, cfg.Certificates); err != nil {
+			return fail(ResultError, err)
+		}
+		if err := writeLuaModule(r.cfg.Dir); err != nil {
 			return fail(ResultError, err)
 		}
 		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {

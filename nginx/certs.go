@@ -1,6 +1,7 @@
 package nginx
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -49,15 +50,20 @@ func addCertificates(dir string, files []CertFile) error {
 		if f.Name == "" || strings.ContainsAny(f.Name, "/\\") || strings.HasPrefix(f.Name, ".") {
 			return fmt.Errorf("write certificate: bad file name %q", f.Name)
 		}
-		p := filepath.Join(dir, f.Name)
-		if old, err := os.ReadFile(p); err == nil && string(old) == string(f.PEM) {
-			continue
-		}
-		if err := writeFileAtomic(p, f.PEM, 0o600); err != nil {
+		if err := writeFileIfChanged(filepath.Join(dir, f.Name), f.PEM, 0o600); err != nil {
 			return fmt.Errorf("write certificate %s: %w", f.Name, err)
 		}
 	}
 	return nil
+}
+
+// writeFileIfChanged writes data to path as writeFileAtomic does, unless path holds
+// data already.
+func writeFileIfChanged(path string, data []byte, mode os.FileMode) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	return writeFileAtomic(path, data, mode)
 }
 
 // writeFileAtomic writes data to a temporary file beside path, syncs it and renames

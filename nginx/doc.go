@@ -47,6 +47,8 @@
 // mechanism ingress-nginx uses): round robin per worker, the next endpoint when a
 // connection fails (up to proxy_next_upstream_tries), and 503 for an upstream with
 // none. Two snapshots that differ only in endpoints therefore render the same text.
+// The Lua code is not in nginx.conf either: the Reloader writes it (lua/portico.lua)
+// beside nginx.conf, which loads it with require and names its digest.
 //
 // The Reloader writes the table (Config.Endpoints) to Options.EndpointsFile, which
 // the master loads into the dictionary at every start and reload (init_by_lua), so

@@ -40,8 +40,8 @@ func nginxBinary(t testing.TB) string {
 	return ""
 }
 
-// nginxTest writes cfg and its certificates into dir and runs `nginx -t` on them,
-// with dir as nginx's prefix, as the Reloader does.
+// nginxTest writes cfg, its certificates and the Lua module into dir and runs
+// `nginx -t` on them, with dir as nginx's prefix, as the Reloader does.
 func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 	t.Helper()
 	bin := nginxBinary(t)
@@ -49,6 +49,9 @@ func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 		t.Fatal(err)
 	}
 	if err := WriteCertificates(resolve(dir, opt.CertDir), cfg.Certificates); err != nil {
+		t.Fatal(err)
+	}
+	if err := writeLuaModule(dir); err != nil {
 		t.Fatal(err)
 	}
 	conf := filepath.Join(dir, "nginx.conf")

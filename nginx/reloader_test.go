@@ -1,6 +1,7 @@
 package nginx
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -136,6 +137,14 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 	good, err := os.ReadFile(r.confPath())
 	if err != nil {
 		t.Fatal(err)
+	}
+	// nginx -t does not run Lua: the module the configuration requires must be on
+	// disk beside it before the reload.
+	if lua, err := os.ReadFile(filepath.Join(r.cfg.Dir, luaModuleFile)); err != nil || !bytes.Equal(lua, luaModule) {
+		t.Errorf("Lua module beside nginx.conf: %v (equal to the embedded one: %v)", err, bytes.Equal(lua, luaModule))
+	}
+	if !bytes.Contains(good, []byte(`require "portico"`)) || luaModuleFile != "portico.lua" {
+		t.Errorf("nginx.conf does not require the module the Reloader writes (%s)", luaModuleFile)
 	}
 	if n, _ := fm.state(); n != 1 {
 		t.Fatalf("reloads after first apply = %d, want 1", n)

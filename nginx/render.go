@@ -16,18 +16,8 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-//go:embed templates/nginx.conf.tmpl templates/endpoints.lua
+//go:embed templates/nginx.conf.tmpl
 var templateFS embed.FS
-
-// endpointsLua is the Lua code nginx.conf embeds (init_by_lua_block): it keeps the
-// endpoint table and balances requests over it.
-var endpointsLua = func() string {
-	b, err := templateFS.ReadFile("templates/endpoints.lua")
-	if err != nil {
-		panic(err)
-	}
-	return strings.TrimRight(string(b), "\n")
-}()
 
 var confTemplate = template.Must(template.New("nginx.conf.tmpl").ParseFS(templateFS, "templates/nginx.conf.tmpl"))
 
@@ -73,7 +63,7 @@ type (
 		StatusListen   string
 		HashBucketSize int
 		HashMaxSize    int
-		Lua            string
+		LuaDigest      string // of the Lua module nginx.conf loads
 		Servers        []tmplServer
 		Default        tmplServer
 		Checksum       string
@@ -120,7 +110,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	for _, c := range snap.Certificates {
 		r.certsIn = append(r.certsIn, c)
 	}
-	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, Lua: endpointsLua, WorkerConnections: opt.WorkerConnections}
+	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, LuaDigest: luaDigest, WorkerConnections: opt.WorkerConnections}
 	if d.WorkerConnections == 0 {
 		d.WorkerConnections = 16384
 	}

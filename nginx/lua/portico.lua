@@ -1,0 +1,270 @@
+-- Portico's Lua module for nginx. The agent writes it beside nginx.conf, which
+-- loads it in init_by_lua (require "portico") and calls route, balance and
+-- control from its locations.
+--
+-- The endpoint table: the addresses behind every upstream name, kept
+-- out of nginx.conf so that an endpoint change needs no reload. The agent
+-- writes it to a file that load reads into the shared dictionary whenever
+-- a master starts or reloads, and PUTs it to the control socket for live
+-- changes.
+--
+-- Format: a header "# portico endpoints <version>", then one line per
+-- upstream: its name and its endpoints ("10.0.0.1:80", "[fd00::1]:80").
+local balancer = require "ngx.balancer"
+local byte, sub, find, match = string.byte, string.sub, string.find, string.match
+
+local M = {}
+local dict = ngx.shared.portico_endpoints
+local max_tries = 3 -- proxy_next_upstream_tries
+local version -- the version of this worker's table
+local by_name = {} -- that table: endpoint lists by upstream name
+local next_index = {} -- round-robin position by upstream name
+
+-- The parser scans bytes with plain finds, which LuaJIT compiles; the
+-- pattern functions would run interpreted. Each function reads s[i..j].
+
+-- An upstream name: [a-z0-9][a-z0-9.-]*.
+local function valid_name(s, i, j)
+    if j < i then
+        return false
+    end
+    for k = i, j do
+        local c = byte(s, k)
+        if not (c >= 97 and c <= 122 or c >= 48 and c <= 57 or k > i and (c == 45 or c == 46)) then
+            return false
+        end
+    end
+    return true
+end
+
+-- An endpoint: "10.0.0.1:80" or "[fd00::1]:80"; returns host and port.
+local function parse_endpoint(s, i, j)
+    local colon
+    for k = j, i, -1 do
+        if byte(s, k) == 58 then
+            colon = k
+            break
+        end
+    end
+    if not colon or colon == j or j - colon > 5 then
+        return nil
+    end
+    local port = 0
+    for k = colon + 1, j do
+        local c = byte(s, k)
+        if c < 48 or c > 57 then
+            return nil
+        end
+        port = port * 10 + c - 48
+    end
+    if port < 1 or port > 65535 then
+        return nil
+    end
+    if byte(s, i) == 91 then -- '[': IPv6 in brackets
+        if colon - i < 3 or byte(s, colon - 1) ~= 93 then
+            return nil
+        end
+        for k = i + 1, colon - 2 do
+            local c = byte(s, k)
+            if not (c >= 48 and c <= 58 or c >= 97 and c <= 102 or c >= 65 and c <= 70 or c == 46) then
+                return nil
+            end
+        end
+    else
+        if colon == i then
+            return nil
+        end
+        for k = i, colon - 1 do
+            local c = byte(s, k)
+            if not (c >= 48 and c <= 57 or c == 46) then
+                return nil
+            end
+        end
+    end
+    return sub(s, i, colon - 1), port
+end
+
+-- An upstream line: its name and its endpoints, separated by one space.
+local function parse_line(s, i, j)
+    local sp = find(s, " ", i, true)
+    local name_end = (sp and sp <= j) and sp - 1 or j
+    if not valid_name(s, i, name_end) then
+        return nil, "bad upstream line: " .. sub(s, i, math.min(j, i + 79))
+    end
+    local list = {}
+    local p = name_end + 1 -- at a space, or past the line
+    while p <= j do
+        local q = find(s, " ", p + 1, true)
+        local e = (q and q <= j) and q - 1 or j
+        local host, port = parse_endpoint(s, p + 1, e)
+        if not host then
+            return nil, "bad endpoint of " .. sub(s, i, name_end) .. ": " .. sub(s, p + 1, math.min(e, p + 80))
+        end
+        list[#list + 1] = { host, port }
+        p = e + 1
+    end
+    return sub(s, i, name_end), list
+end
+
+-- check reads a whole table and returns its version; with into, it also
+-- fills into with every upstream's endpoint list, by name.
+local function check(s, into)
+    local nl = find(s, "\n", 1, true)
+    local ver = nl and match(sub(s, 1, nl - 1), "^# portico endpoints (%x+)$")
+    if not ver then
+        return nil, "no endpoint table header"
+    end
+    local p, n = nl + 1, #s
+    while p <= n do
+        local e = find(s, "\n", p, true)
+        if not e then
+            return nil, "the last line does not end"
+        end
+        local name, list = parse_line(s, p, e - 1)
+        if not name then
+            return nil, list
+        end
+        if into then
+            into[name] = list
+        end
+        p = e + 1
+    end
+    return ver
+end
+
+-- store checks a table and makes it the current one. The version goes
+-- last: a worker that sees it finds this table or a newer one.
+local function store(s)
+    local ver, err = check(s)
+    if not ver then
+        return nil, err
+    end
+    local ok
+    ok, err = dict:safe_set("table", s)
+    if not ok then
+        return nil, "store endpoint table: " .. err
+    end
+    ok, err = dict:safe_set("version", ver)
+    if not ok then
+        return nil, "store endpoint table version: " .. err
+    end
+    return ver
+end
+
+-- load runs in the master (init_by_lua) at every start and reload.
+function M.load(path)
+    if byte(path, 1) ~= 47 then -- relative to the prefix, like nginx's paths
+        path = ngx.config.prefix() .. path
+    end
+    local f, err = io.open(path, "rb")
+    if not f then
+        error("portico: read endpoint table: " .. err)
+    end
+    local s = f:read("*a")
+    f:close()
+    local ver, serr = store(s)
+    if not ver then
+        error("portico: load endpoint table " .. path .. ": " .. serr)
+    end
+end
+
+-- endpoints returns an upstream's endpoints from the current table (nil
+-- for a name it does not have). When the version changes, a worker
+-- parses the whole table once, in one pass, into its own map.
+local function endpoints(name)
+    local ver = dict:get("version")
+    if ver ~= version then
+        local s = dict:get("table")
+        if not s then
+            return nil
+        end
+        -- The table may be newer than ver (store sets it first): its
+        -- own version is the one to compare with from now on.
+        local m = {}
+        local v, err = check(s, m)
+        if not v then -- store checked it: not expected
+            ngx.log(ngx.ERR, "portico: endpoint table ", ver, ": ", err)
+        end
+        version, by_name = v or ver, m
+    end
+    return by_name[name]
+end
+
+-- route runs at the end of every request's rewrite phase: a location that
+-- proxies names its upstream in $portico_upstream; one without endpoints
+-- answers 503.
+function M.route()
+    local name = ngx.var.portico_upstream
+    if not name or name == "" then
+        return
+    end
+    local list = endpoints(name)
+    if not list or #list == 0 then
+        return ngx.exit(ngx.HTTP_SERVICE_UNAVAILABLE)
+    end
+    local ctx = ngx.ctx
+    ctx.portico_name = name
+    ctx.portico_peers = list
+end
+
+-- balance picks the endpoint: round robin per worker, and the next
+-- endpoint when nginx retries after a failed connection.
+function M.balance()
+    local ctx = ngx.ctx
+    local list = ctx.portico_peers
+    if not list then
+        ngx.log(ngx.ERR, "portico: no endpoint list for this request")
+        return ngx.exit(ngx.ERROR)
+    end
+    local n = #list
+    local i = ctx.portico_index
+    if i then
+        i = i % n + 1
+    else
+        local name = ctx.portico_name
+        i = (next_index[name] or ngx.worker.pid()) % n + 1
+        next_index[name] = i
+        if n > 1 then
+            local ok, err = balancer.set_more_tries(math.min(n, max_tries) - 1)
+            if not ok then
+                ngx.log(ngx.ERR, "portico: set more tries: ", err)
+            end
+        end
+    end
+    ctx.portico_index = i
+    local peer = list[i]
+    local ok, err = balancer.set_current_peer(peer[1], peer[2])
+    if not ok then
+        ngx.log(ngx.ERR, "portico: set peer ", peer[1], ":", peer[2], ": ", err)
+        return ngx.exit(ngx.ERROR)
+    end
+end
+
+-- control serves the control socket: GET answers the version in use, PUT
+-- replaces the table.
+function M.control()
+    local method = ngx.req.get_method()
+    if method == "GET" then
+        ngx.say(dict:get("version") or "")
+        return
+    end
+    if method ~= "PUT" then
+        return ngx.exit(ngx.HTTP_NOT_ALLOWED)
+    end
+    ngx.req.read_body()
+    local text = ngx.req.get_body_data()
+    if not text then
+        ngx.status = ngx.HTTP_BAD_REQUEST
+        ngx.say("no body")
+        return
+    end
+    local ver, err = store(text)
+    if not ver then
+        ngx.status = ngx.HTTP_BAD_REQUEST
+        ngx.say(err)
+        return
+    end
+    ngx.say(ver)
+end
+
+return M
