@@ -3,11 +3,12 @@
 // plane, nginx and the status writers consume.
 //
 // The translation is a pure function, Build, over listed objects; everything invalid
-// becomes a model.Problem and the rest still translates. The Controller around it runs
-// informers and one rate-limited, coalescing workqueue, fans each new snapshot out to
-// Sinks (with retries), and, only while it holds the leader Lease, makes the
-// cluster-wide writes: VIP and VRID allocation, Ingress scheduling, Ingress and
-// Service status, and IngressClaim provisioning.
+// becomes a model.Problem and the rest still translates. Build also returns each
+// Ingress's binding, which scheduling and the Ingress status use. The Controller
+// around it runs informers and one rate-limited, coalescing workqueue, fans each new
+// snapshot that passes model's Validate out to Sinks (with retries), and, only while
+// it holds the leader Lease, makes the cluster-wide writes: VIP and VRID allocation,
+// Ingress scheduling, Ingress and Service status, and IngressClaim provisioning.
 //
 // # Objects and annotations
 //
