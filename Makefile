@@ -32,8 +32,9 @@ fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions 
 	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./vrrp/
 
-verify: generate ## regenerate the BPF objects and fail if they differ from the committed ones
+verify: generate ## regenerate the BPF objects and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
 	@git diff --exit-code --stat -- dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
+	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
 
 test: deps vet unit fuzz verify ## everything CI runs
 
