@@ -16,7 +16,7 @@ help: ## list the targets
 deps: ## install the Debian packages the build and tests use (idempotent)
 	@test/setup/deps.sh
 
-generate: deps ## rebuild the BPF objects and their Go bindings with clang + bpf2go
+generate: deps ## rebuild the BPF objects and their Go bindings with clang-14 + bpf2go
 	$(GO) generate ./dataplane/...
 
 build: ## build the portico binary into bin/

@@ -1,4 +1,9 @@
 package dataplane
 
-//go:generate go tool bpf2go -tags linux -cc clang -target bpfel -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -I../bpf/include" -type vip_key -type vip_val -type backend -type flow_key -type flow_val -type flow_cache_entry -type lb_config -type vip_counters -type backend_counters -type reason -type lb_limits -type backend_flags lb ../bpf/lb.bpf.c
-//go:generate go tool bpf2go -tags linux -cc clang -target bpfel -cflags "-O2 -g -Wall -Werror -I/usr/include/x86_64-linux-gnu -I../bpf/include" aux ../bpf/aux.bpf.c
+// The committed objects are what clang 14 (Debian's clang-14, which
+// test/setup/deps.sh installs) makes of bpf/: another clang emits other bytes, and
+// make verify would fail, so the compiler is named with its version. linux/types.h
+// includes asm/types.h from the host's multiarch include directory, which that
+// clang names (x86_64-linux-gnu, aarch64-linux-gnu, ...).
+//go:generate sh -c "go tool bpf2go -tags linux -cc clang-14 -target bpfel -cflags \"-O2 -g -Wall -Werror -I/usr/include/$(clang-14 -print-multiarch) -I../bpf/include\" -type vip_key -type vip_val -type backend -type flow_key -type flow_val -type flow_cache_entry -type lb_config -type vip_counters -type backend_counters -type reason -type lb_limits -type backend_flags lb ../bpf/lb.bpf.c"
+//go:generate sh -c "go tool bpf2go -tags linux -cc clang-14 -target bpfel -cflags \"-O2 -g -Wall -Werror -I/usr/include/$(clang-14 -print-multiarch) -I../bpf/include\" aux ../bpf/aux.bpf.c"

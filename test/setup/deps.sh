@@ -5,7 +5,7 @@
 set -euo pipefail
 
 pkgs=(
-  clang llvm libbpf-dev bpftool          # compile the XDP program (make generate / verify)
+  clang-14 llvm-14 libbpf-dev bpftool    # compile the XDP program (make generate / verify): the clang dataplane/gen.go names
   iproute2 ethtool tcpdump arping iputils-ping netcat-openbsd  # namespace lab
   nginx-light                            # L7 layer: nginx -t on rendered configs, real serving
   libnginx-mod-http-lua                  # L7 layer: endpoint changes without a reload (balancer_by_lua; pulls NDK, lua-resty-core)
