@@ -16,7 +16,7 @@ enum lb_limits {
 	LB_MAX_VIP_KEYS = 1024,  /* (address, port, protocol) entries in vips */
 	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
 	LB_DEFAULT_FLOWS = 262144,
-	LB_DEFAULT_RING = 65537,
+	LB_DEFAULT_RING = 65537,  /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 };
 

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"encoding/binary"
+	"fmt"
 	"net"
 	"net/netip"
 )
@@ -42,17 +43,15 @@ func mac6(m net.HardwareAddr) [6]byte {
 	return out
 }
 
-// flowKeyWords returns the flow key as the ten little-endian words the BPF hash
-// reads.
-func flowKeyWords(k lbFlowKey) [10]uint32 {
-	var b [40]byte
-	copy(b[0:16], k.Src[:])
-	copy(b[16:32], k.Dst[:])
-	binary.LittleEndian.PutUint16(b[32:], k.Sport)
-	binary.LittleEndian.PutUint16(b[34:], k.Dport)
-	b[36] = k.Proto
-	copy(b[37:40], k.Pad[:])
-	var w [10]uint32
+// flowKeyWords returns the flow key as the little-endian words the BPF hash reads:
+// the key's bytes in memory, laid out as the generated struct (and so struct
+// flow_key) lays them out.
+func flowKeyWords(k lbFlowKey) []uint32 {
+	b, err := binary.Append(nil, binary.LittleEndian, k)
+	if err != nil {
+		panic(fmt.Sprintf("encode flow key: %v", err)) // a fixed-size struct always encodes
+	}
+	w := make([]uint32, len(b)/4)
 	for i := range w {
 		w[i] = binary.LittleEndian.Uint32(b[i*4:])
 	}

@@ -36,8 +36,9 @@ func flowFromKey(k lbFlowKey) Flow {
 // 32-bit mixing over the flow key, seeded with the cluster-wide seed. The ring slot
 // of a flow is FlowHash(f, seed) % ring size.
 func FlowHash(f Flow, seed uint32) uint32 {
+	words := flowKeyWords(f.key())
 	h := seed
-	for _, k := range flowKeyWords(f.key()) {
+	for _, k := range words {
 		k *= 0xcc9e2d51
 		k = bits.RotateLeft32(k, 15)
 		k *= 0x1b873593
@@ -45,7 +46,7 @@ func FlowHash(f Flow, seed uint32) uint32 {
 		h = bits.RotateLeft32(h, 13)
 		h = h*5 + 0xe6546b64
 	}
-	h ^= 40
+	h ^= uint32(4 * len(words)) // the key's size in bytes
 	h ^= h >> 16
 	h *= 0x85ebca6b
 	h ^= h >> 13

@@ -13,7 +13,8 @@ import (
 
 // DefaultRingSize is the number of slots in a Maglev table: a prime, as the
 // population algorithm needs, large enough that 100 backends differ by under 1%.
-const DefaultRingSize = 65537
+// It is the size the rings map is compiled with (LB_DEFAULT_RING).
+const DefaultRingSize = uint32(lbLbLimitsLB_DEFAULT_RING)
 
 // MaglevBackend is one entry of a Maglev table's input.
 type MaglevBackend struct {

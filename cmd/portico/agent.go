@@ -69,7 +69,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentConfig, er
 	fs.StringVar(&pools, "vip-pool", "", "VIP pools the leader allocates from: CIDR[!excluded,...] separated by ';'")
 	fs.UintVar(&c.seed, "hash-seed", 0x706f7274, "cluster-wide flow hash seed: must be equal on every node")
 	fs.StringVar(&c.pinPath, "pin-path", dataplane.DefaultPinPath, "bpffs directory for xdp_lb's maps, program and link")
-	fs.UintVar(&c.ringSize, "ring-size", dataplane.DefaultRingSize, "Maglev table size (a prime), equal on every node")
+	fs.UintVar(&c.ringSize, "ring-size", uint(dataplane.DefaultRingSize), "Maglev table size (a prime), equal on every node")
 	fs.StringVar(&c.nginxDir, "nginx-dir", "/var/lib/portico/nginx", "nginx prefix: configuration, certificates, pid file")
 	fs.UintVar(&c.httpPort, "http-port", 80, "nginx HTTP port")
 	fs.UintVar(&c.httpsPort, "https-port", 443, "nginx HTTPS port")

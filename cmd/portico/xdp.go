@@ -147,7 +147,7 @@ func runCounters(args []string) error {
 
 func runMaglev(args []string) error {
 	fs := flag.NewFlagSet("maglev", flag.ContinueOnError)
-	size := fs.Uint("m", dataplane.DefaultRingSize, "table size (a prime)")
+	size := fs.Uint("m", uint(dataplane.DefaultRingSize), "table size (a prime)")
 	fs.Usage = func() {
 		fmt.Fprintln(fs.Output(), "usage: portico maglev [-m size] ADDR[=WEIGHT]...\n\nBuilds the Maglev table every node builds for these replicas and prints each one's share and the table digest.")
 		fs.PrintDefaults()
