@@ -41,6 +41,18 @@ func ParsePool(s string) (Pool, error) {
 	return p, nil
 }
 
+// String is the pool as ParsePool reads it: "CIDR" or "CIDR!excluded,...".
+func (p Pool) String() string {
+	if len(p.Exclude) == 0 {
+		return p.CIDR.String()
+	}
+	ex := make([]string, len(p.Exclude))
+	for i, x := range p.Exclude {
+		ex[i] = x.String()
+	}
+	return p.CIDR.String() + "!" + strings.Join(ex, ",")
+}
+
 // usable reports whether an address of the pool may be handed out: not excluded, and
 // not an IPv4 network or broadcast address, nor an IPv6 subnet-router anycast address.
 func (p Pool) usable(a netip.Addr) bool {

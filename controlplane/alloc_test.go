@@ -36,6 +36,14 @@ func TestParsePool(t *testing.T) {
 				if d := cmp.Diff(tc.want, got, cmpAddrs); d != "" {
 					t.Errorf("(-want +got):\n%s", d)
 				}
+				// String gives what the agent's -vip-pool reads back as the same pool.
+				again, err := ParsePool(got.String())
+				if err != nil {
+					t.Fatalf("ParsePool(%q): %v", got.String(), err)
+				}
+				if d := cmp.Diff(got, again, cmpAddrs); d != "" {
+					t.Errorf("ParsePool(%q) (-parsed +reparsed):\n%s", got.String(), d)
+				}
 			}
 		})
 	}

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/deploy"
 )
 
 // ClaimResource is the IngressClaim CRD (deploy/crds/ingressclaims.portico.io.yaml).
@@ -146,57 +147,62 @@ func claimService(c *IngressClaim) *corev1.Service {
 	}
 }
 
-// claimDaemonSet is the agent DaemonSet of a claim's group: the same pod as
-// deploy/agent.yaml's (privileged, host network, the node's bpffs, the downward
-// API), serving the claim's group; its agents keep their Leases in leaseNS.
-func claimDaemonSet(c *IngressClaim, image, leaseNS string) *appsv1.DaemonSet {
+// claimDaemonSet is the agent DaemonSet of a claim's group: deploy/agent.yaml's
+// (deploy.AgentDaemonSet, so the same pod, tolerations, priority class, grace period
+// and update strategy) with only what a claim changes: its name, namespace, labels,
+// selector and owner; the template's nodes, interface and ServiceAccount; the group;
+// the Lease namespace leaseNS; the image; and the VIP pools, the provisioning
+// leader's own, so an agent of the claim that becomes leader allocates as it did.
+func claimDaemonSet(c *IngressClaim, image, leaseNS string, pools []Pool) (*appsv1.DaemonSet, error) {
+	ds, err := deploy.AgentDaemonSet()
+	if err != nil {
+		return nil, err
+	}
+	pod := &ds.Spec.Template.Spec
+	i := slices.IndexFunc(pod.Containers, func(c corev1.Container) bool { return c.Name == "agent" })
+	if i < 0 {
+		return nil, errors.New("deploy/agent.yaml: no container named agent")
+	}
+	agent := &pod.Containers[i]
 	labels := map[string]string{LabelClaim: c.Name}
-	iface := c.Spec.Template.Interface
-	if iface == "" {
-		iface = "eth0"
+	ds.ObjectMeta = metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, Labels: labels,
+		OwnerReferences: []metav1.OwnerReference{c.ownerRef()}}
+	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+	ds.Spec.Template.Labels = maps.Clone(labels)
+	pod.NodeSelector = c.Spec.Template.NodeSelector
+	if sa := c.Spec.Template.ServiceAccountName; sa != "" {
+		pod.ServiceAccountName = sa
 	}
-	sa := c.Spec.Template.ServiceAccountName
-	if sa == "" {
-		sa = "portico-agent"
+	agent.Image = image
+	agent.Args = setFlag(agent.Args, "group", c.Namespace+"/"+c.Name)
+	if iface := c.Spec.Template.Interface; iface != "" {
+		agent.Args = setFlag(agent.Args, "iface", iface)
 	}
-	field := func(path string) *corev1.EnvVarSource {
-		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: path}}
+	agent.Args = setFlag(agent.Args, "pod-namespace", leaseNS)
+	var ps []string
+	for _, p := range pools {
+		ps = append(ps, p.String())
 	}
-	bidirectional := corev1.MountPropagationBidirectional
-	dirOrCreate := corev1.HostPathDirectoryOrCreate
-	return &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, Labels: labels,
-			OwnerReferences: []metav1.OwnerReference{c.ownerRef()}},
-		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					ServiceAccountName: sa,
-					HostNetwork:        true,
-					DNSPolicy:          corev1.DNSClusterFirstWithHostNet,
-					NodeSelector:       c.Spec.Template.NodeSelector,
-					Containers: []corev1.Container{{
-						Name:  "agent",
-						Image: image,
-						Args: []string{"agent", "--group=" + c.Namespace + "/" + c.Name, "--iface=" + iface,
-							"--node-name=$(NODE_NAME)", "--pod-namespace=" + leaseNS, "--metrics-addr=:9101"},
-						Env: []corev1.EnvVar{{Name: "NODE_NAME", ValueFrom: field("spec.nodeName")},
-							{Name: "POD_NAMESPACE", ValueFrom: field("metadata.namespace")}},
-						Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 80}, {Name: "https", ContainerPort: 443},
-							{Name: "metrics", ContainerPort: 9101}},
-						LivenessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-							Path: "/healthz", Port: intstr.FromString("metrics")}}, InitialDelaySeconds: 10, PeriodSeconds: 10},
-						ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{
-							Path: "/readyz", Port: intstr.FromString("metrics")}}, PeriodSeconds: 2},
-						SecurityContext: &corev1.SecurityContext{Privileged: ptrTo(true)},
-						VolumeMounts:    []corev1.VolumeMount{{Name: "bpffs", MountPath: "/sys/fs/bpf", MountPropagation: &bidirectional}},
-					}},
-					Volumes: []corev1.Volume{{Name: "bpffs", VolumeSource: corev1.VolumeSource{
-						HostPath: &corev1.HostPathVolumeSource{Path: "/sys/fs/bpf", Type: &dirOrCreate}}}},
-				},
-			},
-		},
+	agent.Args = setFlag(agent.Args, "vip-pool", strings.Join(ps, ";"))
+	return ds, nil
+}
+
+// setFlag returns a copy of args with --name=value in place of the first
+// --name=..., or appended when there is none; an empty value removes the flag.
+func setFlag(args []string, name, value string) []string {
+	prefix := "--" + name + "="
+	out := slices.Clone(args)
+	i := slices.IndexFunc(out, func(a string) bool { return strings.HasPrefix(a, prefix) })
+	switch {
+	case value == "" && i >= 0:
+		return slices.Delete(out, i, i+1)
+	case value == "":
+		return out
+	case i >= 0:
+		out[i] = prefix + value
+		return out
+	default:
+		return append(out, prefix+value)
 	}
 }
 
@@ -314,7 +320,11 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	if !seen || time.Since(at) > c.cfg.ResyncPeriod {
 		dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
 		if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			_, err := dsc.Create(ctx, claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.LeaseNamespace), metav1.CreateOptions{})
+			ds, err := claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.LeaseNamespace, c.cfg.Pools)
+			if err != nil {
+				return fmt.Errorf("derive DaemonSet: %w", err)
+			}
+			_, err = dsc.Create(ctx, ds, metav1.CreateOptions{})
 			c.countWrite("claim-daemonset", err)
 			switch {
 			case err == nil:

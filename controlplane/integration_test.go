@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/deploy"
 )
 
 const converge = 20 * time.Second
@@ -572,20 +573,32 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			if !ownedBy(ds, c) || ds.Spec.Template.Spec.NodeSelector["portico.io/edge"] != "true" || !ds.Spec.Template.Spec.HostNetwork ||
-				ds.Spec.Template.Spec.Containers[0].Image != "example/portico:test" {
-				return fmt.Sprintf("DaemonSet not as asked: %+v", ds.Spec.Template.Spec)
+			// deploy/agent.yaml's DaemonSet with the claim's group, nodes, image,
+			// Lease namespace and the leader's pools: the agents run, and schedule
+			// on tainted edge nodes, as the installed ones do.
+			manifest, err := deploy.AgentDaemonSet()
+			if err != nil {
+				t.Fatal(err)
 			}
-			// The pod an agent needs (deploy/agent.yaml): its ServiceAccount,
-			// privileged, the node's bpffs, and the flags the agent requires.
-			pod := ds.Spec.Template.Spec
-			args := strings.Join(pod.Containers[0].Args, " ")
-			if pod.ServiceAccountName != "portico-agent" || pod.Containers[0].SecurityContext == nil ||
-				pod.Containers[0].SecurityContext.Privileged == nil || !*pod.Containers[0].SecurityContext.Privileged ||
-				len(pod.Volumes) != 1 || pod.Volumes[0].HostPath == nil || pod.Volumes[0].HostPath.Path != "/sys/fs/bpf" ||
-				!strings.Contains(args, "--group="+e.ns+"/edge") || !strings.Contains(args, "--iface=eth0") ||
-				!strings.Contains(args, "--node-name=$(NODE_NAME)") {
-				return fmt.Sprintf("agent pod cannot run: sa %q args %q volumes %+v", pod.ServiceAccountName, args, pod.Volumes)
+			pod, agentPod := ds.Spec.Template.Spec, manifest.Spec.Template.Spec
+			flags := agentFlags(pod.Containers[0].Args)
+			switch {
+			case !ownedBy(ds, c) || ds.Spec.Template.Labels[LabelClaim] != "edge" || ds.Spec.Template.Labels["app.kubernetes.io/name"] != "":
+				return fmt.Sprintf("DaemonSet not the claim's: owners %v, pod labels %v", ds.OwnerReferences, ds.Spec.Template.Labels)
+			case pod.NodeSelector["portico.io/edge"] != "true" || pod.Containers[0].Image != "example/portico:test":
+				return fmt.Sprintf("DaemonSet not as asked: node selector %v, image %q", pod.NodeSelector, pod.Containers[0].Image)
+			case len(pod.Tolerations) == 0 || !cmp.Equal(agentPod.Tolerations, pod.Tolerations) ||
+				pod.PriorityClassName == "" || pod.PriorityClassName != agentPod.PriorityClassName ||
+				pod.TerminationGracePeriodSeconds == nil || !cmp.Equal(agentPod.TerminationGracePeriodSeconds, pod.TerminationGracePeriodSeconds) ||
+				ds.Spec.UpdateStrategy.RollingUpdate == nil || ds.Spec.UpdateStrategy.Type != manifest.Spec.UpdateStrategy.Type ||
+				!cmp.Equal(manifest.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable, ds.Spec.UpdateStrategy.RollingUpdate.MaxUnavailable):
+				return fmt.Sprintf("DaemonSet not derived from deploy/agent.yaml: tolerations %v, priority class %q, grace period %v, update strategy %+v",
+					pod.Tolerations, pod.PriorityClassName, pod.TerminationGracePeriodSeconds, ds.Spec.UpdateStrategy)
+			case pod.ServiceAccountName != agentPod.ServiceAccountName || !pod.HostNetwork ||
+				!cmp.Equal(agentPod.Containers[0].SecurityContext, pod.Containers[0].SecurityContext) || !cmp.Equal(agentPod.Volumes, pod.Volumes) ||
+				flags["group"] != e.ns+"/edge" || flags["iface"] != "eth0" || flags["node-name"] != "$(NODE_NAME)" ||
+				flags["pod-namespace"] != e.ns || flags["vip-pool"] != "203.0.113.0/30":
+				return fmt.Sprintf("agent pod cannot run as the claim's: sa %q, flags %v, volumes %+v", pod.ServiceAccountName, flags, pod.Volumes)
 			}
 			for _, n := range []string{"shop", "blog"} {
 				ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, n, metav1.GetOptions{})

@@ -1,0 +1,109 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/deploy"
+)
+
+// agentFlags reads --name=value arguments after the subcommand into a map.
+func agentFlags(args []string) map[string]string {
+	flags := map[string]string{}
+	for _, a := range args[1:] {
+		k, v, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		flags[k] = v
+	}
+	return flags
+}
+
+// TestClaimDaemonSetDerivesFromAgentManifest: a claim's DaemonSet is the one of
+// deploy/agent.yaml (update strategy, tolerations, priority, grace period, the whole
+// pod) with only what a claim changes: its name, namespace, labels, selector and
+// owner, the template's node selector, interface and ServiceAccount, the group, the
+// Lease namespace, the image and the leader's pools.
+func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
+	pool4, err := ParsePool("203.0.113.0/28!203.0.113.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool6, err := ParsePool("2001:db8::/120")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name     string
+		template ReplicaTemplate
+		pools    []Pool
+		// sa and flags are what the claim changes in the manifest's pod.
+		sa    string
+		flags map[string]string
+	}{
+		{
+			name:     "template and pools",
+			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true"}, Interface: "bond0", ServiceAccountName: "shop-agent"},
+			pools:    []Pool{pool4, pool6},
+			sa:       "shop-agent",
+			flags: map[string]string{"group": "shop/edge", "iface": "bond0", "pod-namespace": "portico-system",
+				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120"},
+		},
+		{
+			name: "manifest defaults, no pools",
+			flags: map[string]string{"group": "shop/edge", "pod-namespace": "portico-system",
+				"vip-pool": ""}, // "" = removed
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			claim := &IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
+				Spec: IngressClaimSpec{Template: tc.template}}
+			got, err := claimDaemonSet(claim, "example/portico:test", "portico-system", tc.pools)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := deploy.AgentDaemonSet()
+			if err != nil {
+				t.Fatal(err)
+			}
+			labels := map[string]string{LabelClaim: "edge"}
+			want.ObjectMeta = metav1.ObjectMeta{Namespace: "shop", Name: "edge", Labels: labels,
+				OwnerReferences: []metav1.OwnerReference{claim.ownerRef()}}
+			want.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
+			want.Spec.Template.Labels = labels
+			pod := &want.Spec.Template.Spec
+			pod.NodeSelector = tc.template.NodeSelector
+			if tc.sa != "" {
+				pod.ServiceAccountName = tc.sa
+			}
+			agent := &pod.Containers[0]
+			agent.Image = "example/portico:test"
+			wantFlags := agentFlags(agent.Args)
+			for k, v := range tc.flags {
+				wantFlags[k] = v
+				if v == "" {
+					delete(wantFlags, k)
+				}
+			}
+			gotArgs := got.Spec.Template.Spec.Containers[0].Args
+			if gotArgs[0] != agent.Args[0] {
+				t.Errorf("subcommand %q, want %q", gotArgs[0], agent.Args[0])
+			}
+			if d := cmp.Diff(wantFlags, agentFlags(gotArgs)); d != "" {
+				t.Errorf("agent flags (-want +got):\n%s", d)
+			}
+			agent.Args = gotArgs // compared above, as flags
+			if d := cmp.Diff(want, got, cmp.Comparer(func(a, b resource.Quantity) bool { return a.Cmp(b) == 0 })); d != "" {
+				t.Errorf("DaemonSet beyond what the claim changes (-manifest +claim):\n%s", d)
+			}
+			// What claim agents lacked while the DaemonSet was a hand copy.
+			spec := got.Spec.Template.Spec
+			if len(spec.Tolerations) == 0 || spec.PriorityClassName == "" || spec.TerminationGracePeriodSeconds == nil ||
+				got.Spec.UpdateStrategy.RollingUpdate == nil {
+				t.Errorf("no tolerations, priority class, grace period or rolling update: %+v", got.Spec)
+			}
+		})
+	}
+}
