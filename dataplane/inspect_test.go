@@ -207,3 +207,26 @@ portico_xdp_vip_new_flows_total{vip="2001:db8::10"} 0
 		}
 	}
 }
+
+// TestCollectorScrapeErrorsByMap: a failed read is reported under the name of the
+// map that failed (a bounded label), not under the error's text.
+func TestCollectorScrapeErrorsByMap(t *testing.T) {
+	d := loadForTest(t)
+	if _, err := d.Apply(desired(r1)); err != nil {
+		t.Fatal(err)
+	}
+	m := d.maps()
+	m.vipStats = m.flows // other key and value types: every lookup fails
+	reg := prometheus.NewPedanticRegistry()
+	if err := reg.Register(newCollector(m)); err != nil {
+		t.Fatal(err)
+	}
+	want := `
+# HELP portico_xdp_scrape_errors 1 if reading a BPF map failed on this scrape, by map.
+# TYPE portico_xdp_scrape_errors gauge
+portico_xdp_scrape_errors{map="vip_stats"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "portico_xdp_scrape_errors"); err != nil {
+		t.Error(err)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 )
 
 // Reason is why xdp_lb gave a packet its verdict (bpf/lb_types.h, enum reason).
@@ -83,6 +84,16 @@ func (d *Dataplane) Counters() (Counters, error) {
 	return m.counters(st)
 }
 
+// mapReadError is a failed read of one map. Its map name is the label of
+// portico_xdp_scrape_errors, bounded by the maps a scrape reads.
+type mapReadError struct {
+	name string
+	err  error
+}
+
+func (e *mapReadError) Error() string { return fmt.Sprintf("read map %s: %v", e.name, e.err) }
+func (e *mapReadError) Unwrap() error { return e.err }
+
 // mapState is what vips and backends hold, read once per scrape or view.
 type mapState struct {
 	vips     map[lbVipKey]lbVipVal
@@ -108,7 +119,7 @@ func (m maps) read() (mapState, error) {
 		st.vips[vk] = vv
 	}
 	if err := it.Err(); err != nil {
-		return st, fmt.Errorf("read map vips: %w", err)
+		return st, &mapReadError{lbMapVips, err}
 	}
 	n := int(m.backends.MaxEntries())
 	keys := make([]uint32, n)
@@ -126,7 +137,7 @@ func (m maps) read() (mapState, error) {
 			break
 		}
 		if err != nil {
-			return st, fmt.Errorf("read map backends: %w", err)
+			return st, &mapReadError{lbMapBackends, err}
 		}
 	}
 	return st, nil
@@ -137,7 +148,7 @@ func (m maps) counters(st mapState) (Counters, error) {
 	var perCPU []uint64
 	for r := range ReasonCount {
 		if err := m.reasonStats.Lookup(uint32(r), &perCPU); err != nil {
-			return c, fmt.Errorf("read map reason_stats: %w", err)
+			return c, &mapReadError{lbMapReasonStats, err}
 		}
 		for _, v := range perCPU {
 			c.Reasons[r] += v
@@ -150,7 +161,7 @@ func (m maps) counters(st mapState) (Counters, error) {
 		}
 		var vs []lbVipCounters
 		if err := m.vipStats.Lookup(vv.VipId, &vs); err != nil {
-			return c, fmt.Errorf("read map vip_stats: %w", err)
+			return c, &mapReadError{lbMapVipStats, err}
 		}
 		var sum VIPCounters
 		for _, v := range vs {
@@ -164,7 +175,7 @@ func (m maps) counters(st mapState) (Counters, error) {
 	for id := range st.backends {
 		var bs []lbBackendCounters
 		if err := m.backendStats.Lookup(id, &bs); err != nil {
-			return c, fmt.Errorf("read map backend_stats: %w", err)
+			return c, &mapReadError{lbMapBackendStats, err}
 		}
 		var sum BackendCounters
 		for _, v := range bs {
@@ -178,9 +189,10 @@ func (m maps) counters(st mapState) (Counters, error) {
 
 // Collector exports the BPF counters as Prometheus metrics, read from the maps on
 // every scrape. Labels are bounded: reasons are a fixed enum, VIPs and backends
-// are bounded by the map sizes.
+// are bounded by the map sizes, failed reads are labelled by map name.
 type Collector struct {
 	m                                   maps
+	log                                 *zap.Logger
 	reasons, vipPackets, vipBytes       *prometheus.Desc
 	vipNewFlows, vipFlowHits, bePackets *prometheus.Desc
 	beBytes, scrapeErrors               *prometheus.Desc
@@ -188,7 +200,12 @@ type Collector struct {
 
 // NewCollector returns a collector over d's maps. Register it with a
 // prometheus.Registerer.
-func NewCollector(d *Dataplane) *Collector { return newCollector(d.maps()) }
+// A failed read is logged to d's logger.
+func NewCollector(d *Dataplane) *Collector {
+	c := newCollector(d.maps())
+	c.log = d.log
+	return c
+}
 
 func newCollector(m maps) *Collector {
 	desc := func(name, help string, labels ...string) *prometheus.Desc {
@@ -196,6 +213,7 @@ func newCollector(m maps) *Collector {
 	}
 	return &Collector{
 		m:            m,
+		log:          zap.NewNop(),
 		reasons:      desc("packets_total", "Packets seen by xdp_lb, by the reason for their verdict.", "reason"),
 		vipPackets:   desc("vip_packets_total", "Packets steered for a VIP.", "vip"),
 		vipBytes:     desc("vip_bytes_total", "Bytes steered for a VIP (whole frames).", "vip"),
@@ -203,7 +221,7 @@ func newCollector(m maps) *Collector {
 		vipFlowHits:  desc("vip_flow_hits_total", "Packets of a VIP that found their flow in the flow table.", "vip"),
 		bePackets:    desc("backend_packets_total", "Packets sent to a backend.", "vip", "backend"),
 		beBytes:      desc("backend_bytes_total", "Bytes sent to a backend.", "vip", "backend"),
-		scrapeErrors: desc("scrape_errors", "1 if reading the BPF maps failed on this scrape.", "error"),
+		scrapeErrors: desc("scrape_errors", "1 if reading a BPF map failed on this scrape, by map.", "map"),
 	}
 }
 
@@ -218,12 +236,12 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	st, err := c.m.read()
 	if err != nil {
-		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
+		c.scrapeError(ch, err)
 		return
 	}
 	cnt, err := c.m.counters(st)
 	if err != nil {
-		ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, err.Error())
+		c.scrapeError(ch, err)
 		return
 	}
 	addrs := st.vipAddrs()
@@ -243,6 +261,16 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.bePackets, prometheus.CounterValue, float64(v.Packets), vip, backend)
 		ch <- prometheus.MustNewConstMetric(c.beBytes, prometheus.CounterValue, float64(v.Bytes), vip, backend)
 	}
+}
+
+// scrapeError reports a failed read: logged, and counted under the map's name.
+func (c *Collector) scrapeError(ch chan<- prometheus.Metric, err error) {
+	c.log.Warn("read bpf maps for metrics failed", zap.Error(err))
+	name := "unknown"
+	if me, ok := errors.AsType[*mapReadError](err); ok {
+		name = me.name
+	}
+	ch <- prometheus.MustNewConstMetric(c.scrapeErrors, prometheus.GaugeValue, 1, name)
 }
 
 // reasonSummary renders the non-zero reason counters as "name=n ...".
