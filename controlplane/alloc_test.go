@@ -86,7 +86,7 @@ func TestAllocateVIPs(t *testing.T) {
 			want:     map[string][]netip.Addr{"e/a": addrs("192.0.2.8"), "e/b": addrs("192.0.2.9"), "e/c": addrs("198.51.100.7")},
 		},
 		{
-			name: "groups with any VIP annotation (even invalid or the seed alias) and non-groups are left alone",
+			name: "groups with any VIP annotation (even invalid, or the ingress-vip alias) and non-groups are left alone",
 			services: []*corev1.Service{groupSvc("e", "bad", 1, AnnotationVIP, "nope"), groupSvc("e", "alias", 2, AnnotationVIPAlias, "192.0.2.1"),
 				backendSvc("e", "plain", sport("http", 80)), groupSvc("e", "new", 3)},
 			pools: []string{"192.0.2.0/29"},

@@ -17,7 +17,7 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-// bigState is the benchmark cluster: n Ingresses, each with 3 paths to the
+// bigState is the benchmark cluster: n Ingresses, each with 3 paths to the
 // 3 ports of its own Service, whose EndpointSlice lists 20 ready endpoints.
 func bigState(n int) State {
 	st := State{}

@@ -128,7 +128,7 @@ func TestBuild(t *testing.T) {
 			want: model.Snapshot{Groups: []model.Group{g1Group}},
 		},
 		{
-			name: "group: LoadBalancer class, seed alias annotation, dual stack, node from Node addresses",
+			name: "group: LoadBalancer class, ingress-vip alias annotation, dual stack, node from Node addresses",
 			st: state(func() *corev1.Service {
 				s := groupSvc("edge", "lb", 0, AnnotationVIPAlias, "2001:db8::10, 192.0.2.20")
 				s.Labels = nil

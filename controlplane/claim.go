@@ -50,7 +50,7 @@ const (
 	ClaimReleased = "Released"
 )
 
-// IngressClaim asks for a group on demand (seed 000).
+// IngressClaim asks for a group on demand.
 type IngressClaim struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

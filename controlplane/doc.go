@@ -12,16 +12,17 @@
 //
 // # Objects and annotations
 //
-// A group (the seeds' "Ingress ReplicaSet") is a Service labelled portico.io/group=true,
-// or a LoadBalancer Service with loadBalancerClass portico.io/vip. Its EndpointSlices
-// list the Portico agents (hostNetwork, so endpoint address = node address): ready
-// endpoints are Ready replicas, terminating ones Draining. Its VIPs come from the
-// annotation portico.io/vip (comma-separated, at most one IPv4 and one IPv6; the seed's
-// ingress.alpha.k8s.io/ingress-vip is an alias) or are allocated from the configured
-// pools by the leader, which writes the annotation and, for LoadBalancer Services,
-// status.loadBalancer.ingress. Its VRRP id is the annotation portico.io/vrid, set by
-// hand or allocated by the leader (lowest free id, oldest group first); a duplicate is
-// reported and not applied, so no two groups share a VRID.
+// A group (a set of ingress replicas sharing VIPs) is a Service labelled
+// portico.io/group=true, or a LoadBalancer Service with loadBalancerClass
+// portico.io/vip. Its EndpointSlices list the Portico agents (hostNetwork, so endpoint
+// address = node address): ready endpoints are Ready replicas, terminating ones
+// Draining. Its VIPs come from the annotation portico.io/vip (comma-separated, at most
+// one IPv4 and one IPv6; ingress.alpha.k8s.io/ingress-vip is read as an alias) or are
+// allocated from the configured pools by the leader, which writes the annotation and,
+// for LoadBalancer Services, status.loadBalancer.ingress. Its VRRP id is the
+// annotation portico.io/vrid, set by hand or allocated by the leader (lowest free id,
+// oldest group first); a duplicate is reported and not applied, so no two groups share
+// a VRID.
 //
 // An Ingress is bound to a group by, in order: its annotation portico.io/group ("name"
 // in the Ingress's namespace, or "namespace/name"); its IngressClass, when the class's
@@ -33,7 +34,7 @@
 // replaced, and a missing one is reported.
 //
 // Pods labelled microservice=true with the annotations trafficHosts and publicPaths
-// (seed 004; entries separated by commas or spaces, paths as PORT:PATH) are routed
+// (entries separated by commas or spaces, paths as PORT:PATH) are routed
 // directly: every path on every host, Prefix semantics, upstream = pod IP:PORT. They are
 // served by the group in their portico.io/group annotation, or the configured default.
 package controlplane

@@ -14,13 +14,13 @@ const (
 	AnnotationGroupSelector = "portico.io/group-selector"
 	// AnnotationVIP holds a group's VIPs (comma-separated).
 	AnnotationVIP = "portico.io/vip"
-	// AnnotationVIPAlias is seed 000's name for AnnotationVIP.
+	// AnnotationVIPAlias is another name for AnnotationVIP, read the same way.
 	AnnotationVIPAlias = "ingress.alpha.k8s.io/ingress-vip"
 	// AnnotationVRID holds a group's VRRP virtual router id (1..255).
 	AnnotationVRID = "portico.io/vrid"
 	// AnnotationSSLRedirect ("true"/"false") redirects HTTP to HTTPS for an Ingress's hosts.
 	AnnotationSSLRedirect = "portico.io/ssl-redirect"
-	// LabelMicroservice ("true") marks a pod route (seed 004).
+	// LabelMicroservice ("true") marks a pod route.
 	LabelMicroservice = "microservice"
 	// AnnotationTrafficHosts lists a pod route's hosts.
 	AnnotationTrafficHosts = "trafficHosts"

@@ -12,8 +12,8 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-// splitList splits an annotation list on commas and white space (the seed uses
-// spaces, Portico's examples commas).
+// splitList splits an annotation list on commas and white space (pod route
+// annotations are often space-separated, Portico's examples use commas).
 func splitList(v string) []string {
 	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' })
 }

@@ -22,8 +22,8 @@ type ReloaderConfig struct {
 	Dir string
 	// Render are the render options; relative paths are relative to Dir.
 	Render Options
-	// Debounce is how long changes are collected before one reload (seed 004 used
-	// 2 s chunks). Zero means DefaultDebounce.
+	// Debounce is how long changes are collected before one reload. Zero means
+	// DefaultDebounce.
 	Debounce time.Duration
 	// ConfirmTimeout bounds the wait, after a start or reload, for workers with the
 	// new configuration to answer on the status port and for the old ones to stop

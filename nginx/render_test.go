@@ -109,9 +109,9 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 			},
 			Upstreams: []model.Upstream{api, web},
 		},
-		// Seed 004: trafficHosts "host1 host2", publicPaths "80:/ 3000:/nodejs", and the
-		// README's test.k8s.local example scaled to three pods.
-		"seed-004-pod-routes": {
+		// Pod routes: trafficHosts "host1 host2", publicPaths "80:/ 3000:/nodejs", and a
+		// test.k8s.local route served by three pods.
+		"pod-routes": {
 			Servers: []model.Server{
 				{Group: "edge/a", Host: "host1", Locations: []model.Location{
 					{Path: "/", Type: model.PathPrefix, Upstream: "default-nodejs-k8s-env-80", Source: "default/nodejs-k8s-env-eq7mh"},

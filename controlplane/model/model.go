@@ -22,8 +22,8 @@ type Snapshot struct {
 // Equal reports whether two snapshots describe the same desired state.
 func (s Snapshot) Equal(o Snapshot) bool { return reflect.DeepEqual(s, o) }
 
-// Group is a set of ingress replicas (the seeds' "Ingress ReplicaSet") behind shared
-// VIPs: a Service whose endpoints are Portico agents.
+// Group is a set of ingress replicas behind shared VIPs: a Service whose endpoints
+// are Portico agents.
 type Group struct {
 	Name     string       // "namespace/name" of the group Service
 	VIPs     []netip.Addr // sorted; at most one IPv4 and one IPv6 address
