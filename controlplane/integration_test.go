@@ -110,18 +110,23 @@ func TestIntegrationConverges(t *testing.T) {
 		})
 	})
 
+	// The sync that published the snapshot sets its metrics after the sinks have
+	// it, and after its writes: they are waited for, not read at once.
 	t.Run("metrics", func(t *testing.T) {
-		for kind, want := range map[string]float64{"Ingress": 1, "Service": 2, "EndpointSlice": 2, "Secret": 1, "Pod": 1} {
-			if got := r.metric(t, "portico_controlplane_objects", map[string]string{"kind": kind}); got != want {
-				t.Errorf("objects{kind=%q} = %v, want %v (the informers watch only what they need)", kind, got, want)
+		eventually(t, converge, func() string {
+			for kind, want := range map[string]float64{"Ingress": 1, "Service": 2, "EndpointSlice": 2, "Secret": 1, "Pod": 1} {
+				if got := r.metric(t, "portico_controlplane_objects", map[string]string{"kind": kind}); got != want {
+					return fmt.Sprintf("objects{kind=%q} = %v, want %v (the informers watch only what they need)", kind, got, want)
+				}
 			}
-		}
-		if n := r.metric(t, "portico_controlplane_sync_duration_seconds", nil); n < 1 {
-			t.Errorf("sync duration observed %v times", n)
-		}
-		if n := r.metric(t, "portico_controlplane_syncs_total", map[string]string{"result": "changed"}); n < 1 {
-			t.Errorf("changed syncs = %v", n)
-		}
+			if n := r.metric(t, "portico_controlplane_sync_duration_seconds", nil); n < 1 {
+				return fmt.Sprintf("sync duration observed %v times", n)
+			}
+			if n := r.metric(t, "portico_controlplane_syncs_total", map[string]string{"result": "changed"}); n < 1 {
+				return fmt.Sprintf("changed syncs = %v", n)
+			}
+			return ""
+		})
 		if n := r.metric(t, "portico_controlplane_queue_depth", nil); n < 0 {
 			t.Errorf("queue depth metric not registered")
 		}
@@ -219,15 +224,19 @@ func TestIntegrationConverges(t *testing.T) {
 				Upstreams: []model.Upstream{{Name: ns + "-web-80"}, {Name: ns + "-web-http"}},
 			}
 		})
-		problems := r.ctl.Problems()
-		for _, want := range []model.Reason{model.ReasonServiceNotFound, model.ReasonSecretNotFound} {
-			if !slices.ContainsFunc(problems, func(p model.Problem) bool { return p.Reason == want }) {
-				t.Errorf("no %s problem in %v", want, problems)
+		// Problems and their metric are set once the sync has published.
+		eventually(t, converge, func() string {
+			problems := r.ctl.Problems()
+			for _, want := range []model.Reason{model.ReasonServiceNotFound, model.ReasonSecretNotFound} {
+				if !slices.ContainsFunc(problems, func(p model.Problem) bool { return p.Reason == want }) {
+					return fmt.Sprintf("no %s problem in %v", want, problems)
+				}
+				if n := r.metric(t, "portico_controlplane_problems", map[string]string{"reason": string(want)}); n < 1 {
+					return fmt.Sprintf("problems metric for %s = %v", want, n)
+				}
 			}
-			if n := r.metric(t, "portico_controlplane_problems", map[string]string{"reason": string(want)}); n < 1 {
-				t.Errorf("problems metric for %s = %v", want, n)
-			}
-		}
+			return ""
+		})
 		eventually(t, converge, func() string {
 			if !hasEvent(e, "site", string(model.ReasonServiceNotFound)) {
 				return "no ServiceNotFound event on the Ingress"
@@ -723,11 +732,16 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}}}}
 	})
 
+	// A write is counted once its request returns, which can be after the informers
+	// have shown the annotation: the leader's count is waited for.
+	eventually(t, converge, func() string {
+		if n := leader.metric(t, "portico_controlplane_writes_total", map[string]string{"write": "annotate-service", "result": "ok"}); n < 2 {
+			return fmt.Sprintf("the leader made %v annotation writes, want VRID and VIP", n)
+		}
+		return ""
+	})
 	if n := follower.metric(t, "portico_controlplane_writes_total", nil); n > 0 {
 		t.Errorf("the follower made %v writes", n)
-	}
-	if n := leader.metric(t, "portico_controlplane_writes_total", map[string]string{"write": "annotate-service", "result": "ok"}); n < 2 {
-		t.Errorf("the leader made %v annotation writes, want VRID and VIP", n)
 	}
 	leader.stop()
 	killed := time.Now()
