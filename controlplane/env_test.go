@@ -22,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
 
@@ -149,21 +150,10 @@ func (e *env) start(mod func(*Config)) *running {
 	return r
 }
 
-// eventually polls check until it returns "" or the time is up, then fails with the
-// last explanation.
+// eventually is testenv.Eventually: check polled until it returns "".
 func eventually(t testing.TB, timeout time.Duration, check func() string) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msg := check()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not reached after %s: %s", timeout, msg)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	testenv.Eventually(t, timeout, check)
 }
 
 func (e *env) must(_ any, err error) {
@@ -221,14 +211,13 @@ func (e *env) installCRD() {
 			crdErr = fmt.Errorf("create CRD: %w", err)
 			return
 		}
-		deadline := time.Now().Add(30 * time.Second)
-		for time.Now().Before(deadline) {
-			if _, err := e.dyn.Resource(ClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{}); err == nil {
-				return
-			}
-			time.Sleep(100 * time.Millisecond)
+		served := func() bool {
+			_, err := e.dyn.Resource(ClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
+			return err == nil
 		}
-		crdErr = fmt.Errorf("CRD not served after 30s")
+		if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, served); !ok {
+			crdErr = fmt.Errorf("CRD not served after 30s")
+		}
 	})
 	if crdErr != nil {
 		e.t.Fatal(crdErr)

@@ -171,18 +171,6 @@ func (s *udpSink) total() (int, map[string]int) {
 	return len(s.seqs), per
 }
 
-// waitFor polls until cond holds or the deadline passes.
-func waitFor(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
-		if cond() {
-			return true
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return cond()
-}
-
 // clientConns opens n UDP sockets in the client namespace, connected to the VIP.
 func (l *nsLab) clientConns(t *testing.T, n int) []*net.UDPConn {
 	t.Helper()

@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
 
@@ -144,7 +145,7 @@ func (a *applier) waitEstablished(t *testing.T, ctx context.Context, objs []*uns
 		if u.GetKind() != "CustomResourceDefinition" {
 			continue
 		}
-		eventually(t, 20*time.Second, func() string {
+		testenv.Eventually(t, 20*time.Second, func() string {
 			crd, err := a.dyn.Resource(crdResource).Get(ctx, u.GetName(), metav1.GetOptions{})
 			if err != nil {
 				return err.Error()
@@ -157,23 +158,6 @@ func (a *applier) waitEstablished(t *testing.T, ctx context.Context, objs []*uns
 			}
 			return "CRD " + u.GetName() + " not established"
 		})
-	}
-}
-
-// eventually polls check until it returns "" or the time is up, then fails with the
-// last explanation.
-func eventually(t testing.TB, timeout time.Duration, check func() string) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		msg := check()
-		if msg == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not reached after %s: %s", timeout, msg)
-		}
-		time.Sleep(100 * time.Millisecond)
 	}
 }
 
@@ -625,7 +609,7 @@ func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config
 	dyn := dynamic.NewForConfigOrDie(admin)
 	claims := dyn.Resource(controlplane.ClaimResource).Namespace(namespace)
 	annotation := func(obj metav1.Object, k string) string { return obj.GetAnnotations()[k] }
-	eventually(t, 30*time.Second, func() string {
+	testenv.Eventually(t, 30*time.Second, func() string {
 		if bad := reqs.list(); len(bad) > 0 {
 			t.Fatalf("the API server refused the agent: %v", bad)
 		}
@@ -683,7 +667,7 @@ func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config
 	if err := cs.NetworkingV1().Ingresses(namespace).Delete(ctx, "shop", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, 20*time.Second, func() string {
+	testenv.Eventually(t, 20*time.Second, func() string {
 		if bad := reqs.list(); len(bad) > 0 {
 			t.Fatalf("the API server refused the agent: %v", bad)
 		}

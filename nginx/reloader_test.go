@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 type fakeRunner struct {
@@ -216,12 +217,8 @@ func containsLine(text, line string) bool {
 // waitFor polls cond every 5ms for at most 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if _, ok := testenv.Until(10*time.Second, 5*time.Millisecond, cond); !ok {
+		t.Fatalf("timed out waiting for %s", what)
 	}
 }
 

@@ -31,6 +31,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // backend is a loopback HTTP server that names itself and echoes what nginx sent.
@@ -212,33 +213,25 @@ func (n *liveNginx) healthURL() string {
 func (n *liveNginx) waitChecksum(t testing.TB, sum string) {
 	t.Helper()
 	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second}
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.Eventually(t, 15*time.Second, func() string {
 		got, err := Health(context.Background(), c, n.healthURL())
 		if err == nil && got == sum {
-			return
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nginx does not serve config %.12s: got %.12q, %v", sum, got, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Sprintf("nginx does not serve config %.12s: got %.12q, %v", sum, got, err)
+	})
 }
 
 // waitEndpoints waits until nginx's workers use the endpoint table of that version.
 func (n *liveNginx) waitEndpoints(t testing.TB, version string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	testenv.Eventually(t, 15*time.Second, func() string {
 		got, err := endpointsVersion(context.Background(), n.r.ctl)
 		if err == nil && got == version {
-			return
+			return ""
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("nginx does not use endpoint table %s: got %q, %v", version, got, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return fmt.Sprintf("nginx does not use endpoint table %s: got %q, %v", version, got, err)
+	})
 }
 
 // client sends every request to nginx's HTTP port, whatever the URL's host.
@@ -441,16 +434,12 @@ func TestServeRoutesByHostAndPath(t *testing.T) {
 		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			if p := n.r.MasterPID(); p != 0 && p != pid {
-				break
+		testenv.Eventually(t, 20*time.Second, func() string {
+			if p := n.r.MasterPID(); p == 0 || p == pid {
+				return "no new master"
 			}
-			if time.Now().After(deadline) {
-				t.Fatal("no new master within 20s")
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return ""
+		})
 		n.waitChecksum(t, n.r.Checksum())
 		if resp, body := get(t, c, "http://a.test/after"); resp.StatusCode != 200 || body != "A /after" {
 			t.Errorf("after restart: %d %q", resp.StatusCode, body)

@@ -26,6 +26,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 const (
@@ -250,17 +252,10 @@ func (l *lab) owners(among ...*labNode) []string {
 	return out
 }
 
-// waitFor polls cond every 2ms until it holds or limit passes; it returns how
-// long that took.
+// waitFor polls cond every 2ms (the resolution of the failover times the tests
+// report) until it holds or limit passes; it returns how long that took.
 func waitFor(limit time.Duration, cond func() bool) (time.Duration, bool) {
-	start := time.Now()
-	for time.Since(start) < limit {
-		if cond() {
-			return time.Since(start), true
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return time.Since(start), cond()
+	return testenv.Until(limit, 2*time.Millisecond, cond)
 }
 
 // proc is a process the test started; it is killed by PID at cleanup.

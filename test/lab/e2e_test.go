@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
 )
@@ -93,16 +94,12 @@ func startLab(t *testing.T) *Lab {
 	return l
 }
 
-// waitFor polls cond until it returns nil or d passes, and returns its last error.
+// waitFor polls cond every 100 ms until it returns nil or d passes, and returns
+// its last error.
 func waitFor(d time.Duration, cond func() error) error {
-	deadline := time.Now().Add(d)
-	for {
-		err := cond()
-		if err == nil || time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	var err error
+	testenv.Until(d, 100*time.Millisecond, func() bool { err = cond(); return err == nil })
+	return err
 }
 
 // waitServed waits until host+path is served through every edge node: 30

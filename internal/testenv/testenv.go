@@ -1,0 +1,76 @@
+// Package testenv is what Portico's tests share about where they run: a test that
+// needs root, a program or a server the machine lacks skips, except in CI, where
+// test/setup/deps.sh has installed everything and the tests run as root, so a
+// missing requirement fails it instead; and tests wait for what happens
+// asynchronously by polling for it, never by reading it once.
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+)
+
+// CI reports whether the tests run in CI: the environment variable CI is set, and
+// not to "false".
+func CI() bool {
+	ci := os.Getenv("CI")
+	return ci != "" && ci != "false"
+}
+
+// Unavailable skips t because something it needs is missing, or fails it in CI.
+func Unavailable(t testing.TB, format string, args ...any) {
+	t.Helper()
+	msg := fmt.Sprintf(format, args...)
+	if CI() {
+		t.Fatalf("%s (CI is set: test/setup/deps.sh installs everything, and CI runs as root)", msg)
+	}
+	t.Skip(msg)
+}
+
+// RequireRoot skips t (fails it in CI) unless the process runs as root; needs says
+// what for.
+func RequireRoot(t testing.TB, needs string) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		Unavailable(t, "needs root: %s", needs)
+	}
+}
+
+// RequireProgram returns the path of program, or skips t (fails it in CI) when it
+// is not installed.
+func RequireProgram(t testing.TB, program string) string {
+	t.Helper()
+	p, err := exec.LookPath(program)
+	if err != nil {
+		Unavailable(t, "%s is not installed", program)
+	}
+	return p
+}
+
+// Until calls cond every interval until it holds or timeout has passed. It
+// returns how long that took and whether cond held.
+func Until(timeout, interval time.Duration, cond func() bool) (time.Duration, bool) {
+	start := time.Now()
+	for {
+		if cond() {
+			return time.Since(start), true
+		}
+		if time.Since(start) >= timeout {
+			return time.Since(start), false
+		}
+		time.Sleep(interval)
+	}
+}
+
+// Eventually calls check every 25 ms until it returns "", and fails t with check's
+// last message once timeout has passed.
+func Eventually(t testing.TB, timeout time.Duration, check func() string) {
+	t.Helper()
+	var msg string
+	if _, ok := Until(timeout, 25*time.Millisecond, func() bool { msg = check(); return msg == "" }); !ok {
+		t.Fatalf("not reached after %s: %s", timeout, msg)
+	}
+}
