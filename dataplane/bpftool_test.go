@@ -2,22 +2,18 @@ package dataplane
 
 import (
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // TestBpftoolShowsNamedFields: an operator's `bpftool map dump pinned ...` prints
 // the maps with their C field names (BTF travels with the pinned maps).
 func TestBpftoolShowsNamedFields(t *testing.T) {
 	d := loadForTest(t)
-	if _, err := exec.LookPath("bpftool"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("bpftool missing: test/setup/deps.sh installs it")
-		}
-		t.Skip("bpftool not installed")
-	}
+	testenv.RequireProgram(t, "bpftool")
 	if _, err := d.Apply(desired(r1, r3)); err != nil {
 		t.Fatal(err)
 	}

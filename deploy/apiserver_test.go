@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -45,12 +44,7 @@ import (
 // It skips like kapi.Shared.Get.
 func startAPIServer(t *testing.T) *kapi.Server {
 	t.Helper()
-	if err := kapi.Available(); err != nil {
-		if ci := os.Getenv("CI"); ci != "" && ci != "false" {
-			t.Fatalf("CI is set and the API server is missing: %v", err)
-		}
-		t.Skipf("skipping: %v", err)
-	}
+	kapi.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	srv, err := kapi.Launch(ctx, kapi.Options{ExtraArgs: []string{

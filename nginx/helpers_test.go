@@ -9,23 +9,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // nginxBinary finds nginx and checks that the Lua module rendered configurations load
-// is installed. Without them the test is skipped, except in CI (CI=true), where the
-// deps script installs them and a missing one is a failure.
+// is installed. Without them the test is skipped, except in CI, where the deps script
+// installs them and a missing one is a failure.
 func nginxBinary(t testing.TB) string {
 	t.Helper()
-	missing := func(what string) {
-		t.Helper()
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("%s is not installed (run test/setup/deps.sh)", what)
-		}
-		t.Skipf("%s is not installed; set CI=true to make this a failure", what)
-	}
 	for _, m := range []string{"ndk_http_module.so", "ngx_http_lua_module.so"} {
 		if _, err := os.Stat(filepath.Join(DefaultOptions("").ModulesDir, m)); err != nil {
-			missing("the nginx Lua module (libnginx-mod-http-lua)")
+			testenv.Unavailable(t, "the nginx Lua module (libnginx-mod-http-lua) is not installed")
 		}
 	}
 	if p, err := exec.LookPath("nginx"); err == nil {
@@ -36,7 +31,7 @@ func nginxBinary(t testing.TB) string {
 			return p
 		}
 	}
-	missing("nginx")
+	testenv.Unavailable(t, "nginx is not installed")
 	return ""
 }
 

@@ -18,6 +18,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // TestFailoverBench measures the client-visible outage when the Master dies:
@@ -33,7 +35,7 @@ func TestFailoverBench(t *testing.T) {
 		t.Skip("benchmark: run with make bench-failover")
 	}
 	requireLab(t)
-	requireKeepalived(t)
+	testenv.RequireProgram(t, "keepalived")
 	trials := 10
 	if s := os.Getenv("PORTICO_BENCH_TRIALS"); s != "" {
 		n, err := strconv.Atoi(s)

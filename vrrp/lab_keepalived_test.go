@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // keepalived is a keepalived daemon the test started: the parent process and the
@@ -23,7 +25,7 @@ type keepalived struct {
 // respawn, logging to the console.
 func (l *lab) startKeepalived(n *labNode, version int, prio uint8, interval time.Duration) *keepalived {
 	l.t.Helper()
-	bin := requireKeepalived(l.t)
+	bin := testenv.RequireProgram(l.t, "keepalived")
 	dir := filepath.Join(l.dir, n.name+"-keepalived")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		l.t.Fatal(err)
@@ -76,7 +78,7 @@ func (k *keepalived) kill() {
 // must take the VIP back.
 func TestLabKeepalivedInterop(t *testing.T) {
 	requireLab(t)
-	requireKeepalived(t)
+	testenv.RequireProgram(t, "keepalived")
 	for _, variant := range []struct {
 		version int
 		ipv6    bool

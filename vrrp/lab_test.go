@@ -95,29 +95,8 @@ func helperMain(path string) int {
 // requireLab skips unless the test can build namespaces: root and iproute2.
 func requireLab(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces and raw sockets")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("ip (iproute2) not found; test/setup/deps.sh installs it")
-		}
-		t.Skip("ip (iproute2) not found")
-	}
-}
-
-// requireKeepalived skips without keepalived, except in CI where deps.sh
-// guarantees it.
-func requireKeepalived(t *testing.T) string {
-	t.Helper()
-	p, err := exec.LookPath("keepalived")
-	if err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal("keepalived not found; test/setup/deps.sh installs it")
-		}
-		t.Skip("keepalived not found")
-	}
-	return p
+	testenv.RequireRoot(t, "network namespaces and raw sockets")
+	testenv.RequireProgram(t, "ip")
 }
 
 type labNode struct {

@@ -34,6 +34,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // The versions build.sh builds; TestVersionsMatchWrappers keeps them equal to the
@@ -334,7 +336,7 @@ type Shared struct {
 // binaries are missing, unless CI is set (then it fails).
 func (sh *Shared) Get(t testing.TB) *Server {
 	t.Helper()
-	requireBinaries(t)
+	Require(t)
 	sh.once.Do(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -355,13 +357,11 @@ func (sh *Shared) Stop() error {
 	return sh.s.Stop()
 }
 
-func requireBinaries(t testing.TB) {
+// Require skips t when the binaries are missing, unless CI is set (then it fails).
+func Require(t testing.TB) {
 	t.Helper()
 	if err := Available(); err != nil {
-		if os.Getenv("CI") != "" && os.Getenv("CI") != "false" {
-			t.Fatalf("CI is set and the API server is missing: %v", err)
-		}
-		t.Skipf("skipping: %v", err)
+		testenv.Unavailable(t, "the API server is missing: %v", err)
 	}
 }
 

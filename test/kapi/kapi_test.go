@@ -50,7 +50,7 @@ func TestVersionsMatchWrappers(t *testing.T) {
 }
 
 func TestStartServesAndStops(t *testing.T) {
-	requireBinaries(t)
+	Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	s, err := Launch(ctx, Options{})

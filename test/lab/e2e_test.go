@@ -54,18 +54,8 @@ func TestMain(m *testing.M) {
 // waits until HTTP through the VIP works.
 func startLab(t *testing.T) *Lab {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("end-to-end tests must run as root in CI")
-		}
-		t.Skip("needs root: network namespaces, XDP, VRRP")
-	}
-	if err := kapi.Available(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	testenv.RequireRoot(t, "network namespaces, XDP, VRRP")
+	kapi.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	l, err := Start(ctx, Options{Portico: porticoBin})
