@@ -3,18 +3,10 @@ package nginx
 import (
 	"bufio"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
-	"crypto/rsa"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -31,6 +23,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/internal/testcert"
 	"github.com/portico-edge/portico/internal/testenv"
 )
 
@@ -79,30 +72,11 @@ func echoUpgrade(w http.ResponseWriter) {
 // selfSigned returns a certificate and key for host.
 func selfSigned(t testing.TB, host string) model.Certificate {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, keyPEM, err := testcert.ECDSA(host)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: host},
-		DNSNames:     []string{host},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return model.Certificate{
-		Name:    "test/" + strings.ReplaceAll(host, ".", "-"),
-		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder}),
-	}
+	return model.Certificate{Name: "test/" + strings.ReplaceAll(host, ".", "-"), CertPEM: certPEM, KeyPEM: keyPEM}
 }
 
 // liveNginx is a Reloader running a real nginx on loopback.
@@ -482,26 +456,11 @@ func expectClosed(t *testing.T, n *liveNginx, host string) {
 // selfSignedRSA returns an RSA certificate and key of the given size for host.
 func selfSignedRSA(t testing.TB, host string, bits int) model.Certificate {
 	t.Helper()
-	key, err := rsa.GenerateKey(rand.Reader, bits)
+	certPEM, keyPEM, err := testcert.RSA(host, bits)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()),
-		Subject:      pkix.Name{CommonName: host},
-		DNSNames:     []string{host},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(24 * time.Hour),
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return model.Certificate{
-		Name:    "test/" + strings.ReplaceAll(host, ".", "-"),
-		CertPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		KeyPEM:  pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(key)}),
-	}
+	return model.Certificate{Name: "test/" + strings.ReplaceAll(host, ".", "-"), CertPEM: certPEM, KeyPEM: keyPEM}
 }
 
 // A certificate Go parses but OpenSSL refuses (a 1024-bit RSA key is below the

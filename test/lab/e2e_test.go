@@ -22,6 +22,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/internal/testcert"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
@@ -127,7 +128,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	if err := l.IngressRoutes(ctx, "shop", "shop.lab", "", Route{"/", "echo"}, Route{"/api", "api"}); err != nil {
 		t.Fatal(err)
 	}
-	cert, key, err := SelfSigned("secure.lab")
+	cert, key, err := testcert.ECDSA("secure.lab")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/portico-edge/portico/internal/testcert"
 	"github.com/portico-edge/portico/test/lab"
 )
 
@@ -74,7 +75,7 @@ func run(ctx context.Context, l *lab.Lab, portico, kubectl string) error {
 
 	step("applied deploy/namespace.yaml and deploy/examples/group.yaml (group %s/%s, VIP %s, IngressClass portico, Ingress %s);\n    adding Service apps/echo and Ingresses echo.lab and secure.lab (TLS); starting 3 agents",
 		lab.GroupNamespace, lab.GroupName, lab.VIP, lab.ExampleHost)
-	cert, key, err := lab.SelfSigned("secure.lab")
+	cert, key, err := testcert.ECDSA("secure.lab")
 	if err != nil {
 		return err
 	}
