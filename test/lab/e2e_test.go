@@ -85,6 +85,38 @@ func startLab(t *testing.T) *Lab {
 	return l
 }
 
+// vipOwner returns the edge that owns the VIP, alone, or fails t.
+func vipOwner(t *testing.T, l *Lab) *Node {
+	t.Helper()
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return owner
+}
+
+// waitNewOwner waits up to d for an edge other than old to own the VIP, alone, and
+// returns it, or fails t.
+func waitNewOwner(t *testing.T, l *Lab, old *Node, d time.Duration) *Node {
+	t.Helper()
+	var n *Node
+	if err := waitFor(d, func() (err error) { n, err = l.newOwner(old); return err }); err != nil {
+		t.Fatalf("no new owner within %v: %v", d, err)
+	}
+	return n
+}
+
+// ownerUnderLoad brings the lab up, starts requests to echo.lab and lets them run
+// for a second; it returns the lab, the load and the edge that owns the VIP.
+func ownerUnderLoad(t *testing.T) (*Lab, *Load, *Node) {
+	t.Helper()
+	l := startLab(t)
+	owner := vipOwner(t, l)
+	load := l.StartLoad(context.Background(), "echo.lab", 4)
+	time.Sleep(time.Second)
+	return l, load, owner
+}
+
 // waitFor polls cond every 100 ms until it returns nil or d passes, and returns
 // its last error.
 func waitFor(d time.Duration, cond func() error) error {
@@ -251,10 +283,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	}
 
 	// portico status: every node reports, one owner, equal table digests.
-	owner, err := l.Owner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	owner := vipOwner(t, l)
 	var out string
 	if err := waitFor(15*time.Second, func() error {
 		b, err := exec.Command(porticoBin, "status", "-kubeconfig", l.API.Kubeconfig).CombinedOutput()
@@ -286,10 +315,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 func TestDirectorFailover(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
-	owner, err := l.Owner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	owner := vipOwner(t, l)
 	conns, err := l.OpenKeepConns(ctx, "echo.lab", 240)
 	if err != nil {
 		t.Fatal(err)
@@ -302,27 +328,14 @@ func TestDirectorFailover(t *testing.T) {
 	}
 	t.Logf("owner %s; connections per edge: %v", owner.Name, byEdge)
 
-	var idx int
-	for i, e := range l.Edges {
-		if e == owner {
-			idx = i
-		}
-	}
 	start := time.Now()
-	if err := l.Agent(idx).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+	if err := l.Agent(l.EdgeNo(owner)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
 		t.Fatal(err)
 	}
-	var newOwner *Node
-	if err := waitFor(5*time.Second, func() error {
-		n, err := l.newOwner(owner)
-		newOwner = n
-		return err
-	}); err != nil {
-		t.Fatalf("no new owner: %v", err)
-	}
+	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
 	takeover := time.Since(start)
 	// Master down interval at 100 ms adverts: 3 × 100 ms + skew (< 100 ms).
 	if takeover > 2*time.Second {
@@ -377,10 +390,7 @@ func (l *Lab) ownerBackends(owner *Node) (map[string]dataplane.BackendView, erro
 func TestReplicaDrain(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
-	owner, err := l.Owner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	owner := vipOwner(t, l)
 	conns, err := l.OpenKeepConns(ctx, "echo.lab", 90)
 	if err != nil {
 		t.Fatal(err)

@@ -115,24 +115,3 @@ func (l *Lab) Restore(n *Node) error {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
-
-// newOwner is Owner among the edges other than old.
-func (l *Lab) newOwner(old *Node) (*Node, error) {
-	var owners []*Node
-	for _, e := range l.Edges {
-		if e == old {
-			continue
-		}
-		out, err := netlab.Exec(e.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
-		if err != nil {
-			return nil, err
-		}
-		if containsAddr(out, VIP) {
-			owners = append(owners, e)
-		}
-	}
-	if len(owners) != 1 {
-		return nil, fmt.Errorf("%d surviving edges own the VIP", len(owners))
-	}
-	return owners[0], nil
-}

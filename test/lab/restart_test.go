@@ -5,23 +5,14 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/portico-edge/portico/test/netlab"
 )
 
 // TestAgentRestartUnderLoad: the owner's agent dies (kill -9) and starts again
 // while clients keep sending requests: the pinned XDP program keeps forwarding,
 // nginx keeps serving, and no request fails.
 func TestAgentRestartUnderLoad(t *testing.T) {
-	l := startLab(t)
-	ctx := context.Background()
-	owner, err := l.Owner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, load, owner := ownerUnderLoad(t)
 	idx := l.EdgeNo(owner)
-	load := l.StartLoad(ctx, "echo.lab", 4)
-	time.Sleep(time.Second)
 	if err := l.Agent(idx).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -52,18 +43,11 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 // not the master-down interval) and nginx drains: requests keep succeeding (see
 // the tolerance below for the rare one in flight at the handover).
 func TestGracefulShutdown(t *testing.T) {
-	l := startLab(t)
-	ctx := context.Background()
-	owner, err := l.Owner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, load, owner := ownerUnderLoad(t)
 	idx := l.EdgeNo(owner)
-	load := l.StartLoad(ctx, "echo.lab", 4)
-	time.Sleep(time.Second)
 	// As Kubernetes stops a pod: the endpoint turns terminating and the agent
 	// gets SIGTERM at the same moment; its shutdown delay covers propagation.
-	if err := l.SetGroupEndpoints(ctx, map[*Node]string{owner: "terminating"}); err != nil {
+	if err := l.SetGroupEndpoints(context.Background(), map[*Node]string{owner: "terminating"}); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
@@ -71,14 +55,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 	exited := time.Since(start)
-	var newOwner *Node
-	if err := waitFor(5*time.Second, func() error {
-		n, err := l.newOwner(owner)
-		newOwner = n
-		return err
-	}); err != nil {
-		t.Fatalf("no new owner after the graceful stop: %v", err)
-	}
+	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
 	time.Sleep(time.Second)
 	ok, failed, first := load.Stop()
 	t.Logf("agent on %s exited %v after SIGTERM; %s owns the VIP; %d requests ok, %d failed (first: %v)",
@@ -91,11 +68,9 @@ func TestGracefulShutdown(t *testing.T) {
 	}
 	// The released VIP was taken over without waiting for the master-down
 	// interval: the old owner no longer holds it on eth0.
-	out, err := netlab.Exec(owner.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
-	if err != nil {
+	if held, err := owner.holdsVIP(); err != nil {
 		t.Fatal(err)
-	}
-	if containsAddr(out, VIP) {
+	} else if held {
 		t.Errorf("%s still holds the VIP after a graceful stop", owner.Name)
 	}
 }
