@@ -1,0 +1,164 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+// Agent is one `portico agent` process on an edge node.
+type Agent struct {
+	Edge    *Node
+	PinPath string
+	Dir     string // nginx prefix and log
+	cmd     *exec.Cmd
+	done    chan struct{}
+}
+
+// StartAgent starts `portico agent` on edge i (0-based) and returns once the
+// process runs; use WaitReady for readiness.
+func (l *Lab) StartAgent(i int) (*Agent, error) {
+	e := l.Edges[i]
+	a := &Agent{Edge: e, PinPath: "/sys/fs/bpf/" + l.Net.Prefix + e.Name, Dir: filepath.Join(l.Dir, e.Name), done: make(chan struct{})}
+	if err := os.MkdirAll(a.Dir, 0o755); err != nil {
+		return nil, err
+	}
+	logf, err := os.OpenFile(filepath.Join(a.Dir, "agent.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	// nsenter --net, not `ip netns exec`: the latter gives the agent a private
+	// mount namespace with a fresh /sys, hiding the node's bpffs, where pins must
+	// outlive the agent (as the DaemonSet's /sys/fs/bpf hostPath does).
+	a.cmd = exec.Command("nsenter", "--net=/run/netns/"+e.NS, l.Portico, "agent",
+		"-group", GroupNamespace+"/"+GroupName, "-iface", "eth0", "-node-name", e.Name,
+		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
+		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug",
+		"-state-dir", filepath.Join(a.Dir, "state"), "-shutdown-delay", "1500ms")
+	a.cmd.Stdout, a.cmd.Stderr = logf, logf
+	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := a.cmd.Start(); err != nil {
+		logf.Close()
+		return nil, fmt.Errorf("start agent on %s: %w", e.Name, err)
+	}
+	go func() { a.cmd.Wait(); logf.Close(); close(a.done) }()
+	l.mu.Lock()
+	l.agents[i] = a
+	l.mu.Unlock()
+	return a, nil
+}
+
+// Kill sends sig to the agent and waits for it to exit.
+func (a *Agent) Kill(sig syscall.Signal, timeout time.Duration) error {
+	if err := a.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return err
+	}
+	select {
+	case <-a.done:
+		return nil
+	case <-time.After(timeout):
+		a.cmd.Process.Kill()
+		<-a.done
+		return fmt.Errorf("agent on %s did not exit within %v of %v", a.Edge.Name, timeout, sig)
+	}
+}
+
+// Ready asks edge i's agent for /readyz from inside its namespace.
+func (l *Lab) Ready(i int) error {
+	ns := l.Edges[i].NS
+	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+		var d net.Dialer
+		err = netlab.Do(ns, func() error { c, err = d.DialContext(ctx, network, addr); return err })
+		return c, err
+	}
+	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
+	resp, err := c.Get("http://127.0.0.1:9101/readyz")
+	if err != nil {
+		return fmt.Errorf("agent on %s: %w", l.Edges[i].Name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("agent on %s not ready: %s", l.Edges[i].Name, strings.TrimSpace(string(body)))
+	}
+	return nil
+}
+
+// Exited reports whether the agent process has ended.
+func (a *Agent) Exited() bool {
+	select {
+	case <-a.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// LastLogLine returns the last non-empty line of the agent's log.
+func (a *Agent) LastLogLine() string {
+	lines := strings.Split(strings.TrimSpace(a.Log()), "\n")
+	return lines[len(lines)-1]
+}
+
+// Log returns the agent's log.
+func (a *Agent) Log() string {
+	b, _ := os.ReadFile(filepath.Join(a.Dir, "agent.log"))
+	return string(b)
+}
+
+// EdgeNo returns n's position in Edges (the i of StartAgent, Agent and Ready).
+func (l *Lab) EdgeNo(n *Node) int {
+	for i, e := range l.Edges {
+		if e == n {
+			return i
+		}
+	}
+	panic("lab: " + n.Name + " is not an edge node")
+}
+
+// Agent returns the agent on edge i, if one was started.
+func (l *Lab) Agent(i int) *Agent {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.agents[i]
+}
+
+// stopNginx stops the nginx master whose pid file is in dir, if it is still
+// running and is this lab's (its command line names dir).
+func (l *Lab) stopNginx(dir string) error {
+	b, err := os.ReadFile(filepath.Join(dir, "nginx.pid"))
+	if err != nil {
+		return nil
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pid <= 1 {
+		return nil
+	}
+	running := func() bool {
+		cmd, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && strings.Contains(string(cmd), dir)
+	}
+	if !running() {
+		return nil
+	}
+	syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !running() {
+			return nil
+		}
+	}
+	syscall.Kill(pid, syscall.SIGKILL)
+	return fmt.Errorf("nginx %d in %s did not stop on SIGTERM; killed", pid, dir)
+}

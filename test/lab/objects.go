@@ -1,0 +1,142 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+func ptr[T any](v T) *T { return &v }
+
+// createObjects writes the cluster state the lab starts from: the group Service
+// and its EndpointSlice (every edge node, ready), and the Lease namespace.
+func (l *Lab) createObjects(ctx context.Context) error {
+	for _, f := range []string{"namespace.yaml", "examples/group.yaml"} {
+		if err := l.ApplyFile(ctx, f); err != nil {
+			return err
+		}
+	}
+	svc, err := l.Kube.CoreV1().Services(GroupNamespace).Get(ctx, GroupName, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("example group: %w", err)
+	}
+	if v := svc.Annotations["portico.io/vip"]; v != VIP.String() {
+		return fmt.Errorf("deploy/examples/group.yaml gives the group VIP %q, the lab expects %s: update lab.VIP", v, VIP)
+	}
+	if _, err := l.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: AppNamespace}}, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create namespace %s: %w", AppNamespace, err)
+	}
+	// No kubelet runs: the lab writes the endpoints of the example's Services.
+	if err := l.writeSlice(ctx, GroupNamespace, "web", l.Pods...); err != nil {
+		return err
+	}
+	return l.SetGroupEndpoints(ctx, nil)
+}
+
+// SetGroupEndpoints writes the group's EndpointSlice: every edge node, ready,
+// except those marked "terminating" (not ready, terminating) or "gone" (left out).
+func (l *Lab) SetGroupEndpoints(ctx context.Context, state map[*Node]string) error {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: GroupNamespace, Name: GroupName + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: GroupName}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(80)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for _, e := range l.Edges {
+		st := state[e]
+		if st == "gone" {
+			continue
+		}
+		ready, term := st != "terminating", st == "terminating"
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{
+			Addresses:  []string{e.Addr.Addr().String()},
+			NodeName:   ptr(e.Name),
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(ready), Serving: ptr(true), Terminating: ptr(term)},
+		})
+	}
+	c := l.Kube.DiscoveryV1().EndpointSlices(GroupNamespace)
+	old, err := c.Get(ctx, es.Name, metav1.GetOptions{})
+	if err == nil {
+		es.ResourceVersion = old.ResourceVersion
+		_, err = c.Update(ctx, es, metav1.UpdateOptions{})
+	} else {
+		_, err = c.Create(ctx, es, metav1.CreateOptions{})
+	}
+	if err != nil {
+		return fmt.Errorf("write group endpoints: %w", err)
+	}
+	return nil
+}
+
+// Backend is an app Service whose endpoints are lab pods listening on BackendPort.
+func (l *Lab) Backend(ctx context.Context, name string, pods ...*Node) error {
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}}}}
+	if _, err := l.Kube.CoreV1().Services(AppNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create service %s: %w", name, err)
+	}
+	return l.writeSlice(ctx, AppNamespace, name, pods...)
+}
+
+// writeSlice creates the EndpointSlice of a Service whose port "http" the given
+// pods serve on BackendPort.
+func (l *Lab) writeSlice(ctx context.Context, ns, name string, pods ...*Node) error {
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("http"), Port: ptr(int32(BackendPort)), Protocol: ptr(corev1.ProtocolTCP)}},
+	}
+	for _, p := range pods {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.Addr.Addr().String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+	}
+	if _, err := l.Kube.DiscoveryV1().EndpointSlices(ns).Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create endpoints of %s/%s: %w", ns, name, err)
+	}
+	return nil
+}
+
+// Route sends a Prefix path to a backend Service's "http" port.
+type Route struct{ Path, Service string }
+
+// Ingress routes host (all paths, Prefix "/") to a backend Service, bound to the
+// lab's group.
+func (l *Lab) Ingress(ctx context.Context, name, host, service string) error {
+	return l.IngressRoutes(ctx, name, host, "", Route{Path: "/", Service: service})
+}
+
+// IngressRoutes creates an Ingress for host with the given routes, bound to the
+// lab's group, with TLS from tlsSecret when it is not "".
+func (l *Lab) IngressRoutes(ctx context.Context, name, host, tlsSecret string, routes ...Route) error {
+	pt := networkingv1.PathTypePrefix
+	rule := networkingv1.IngressRule{Host: host, IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{}}}
+	for _, r := range routes {
+		rule.HTTP.Paths = append(rule.HTTP.Paths, networkingv1.HTTPIngressPath{Path: r.Path, PathType: &pt,
+			Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: r.Service, Port: networkingv1.ServiceBackendPort{Name: "http"}}}})
+	}
+	ing := &networkingv1.Ingress{
+		ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name,
+			Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName}},
+		Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{rule}},
+	}
+	if tlsSecret != "" {
+		ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{host}, SecretName: tlsSecret}}
+	}
+	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Create(ctx, ing, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create ingress %s: %w", name, err)
+	}
+	return nil
+}
+
+// TLSSecret stores a certificate and key as a kubernetes.io/tls Secret.
+func (l *Lab) TLSSecret(ctx context.Context, name string, certPEM, keyPEM []byte) error {
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name}, Type: corev1.SecretTypeTLS,
+		Data: map[string][]byte{corev1.TLSCertKey: certPEM, corev1.TLSPrivateKeyKey: keyPEM}}
+	if _, err := l.Kube.CoreV1().Secrets(AppNamespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		return fmt.Errorf("create secret %s: %w", name, err)
+	}
+	return nil
+}
