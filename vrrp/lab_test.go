@@ -6,6 +6,7 @@ package vrrp
 // can be killed with SIGKILL. Nothing here touches the root namespace's network.
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -326,6 +327,19 @@ func (l *lab) ping() error {
 		return fmt.Errorf("ping %v: %w: %s", l.vip, err, out)
 	}
 	return nil
+}
+
+// clientReachesVia checks that the client's neighbour entry for the VIP is n's MAC
+// within wait (after a takeover, n's unsolicited announcement overrides the old
+// one) and that the VIP answers the client's ping.
+func (l *lab) clientReachesVia(n *labNode, wait time.Duration) {
+	l.t.Helper()
+	if _, ok := waitFor(wait, func() bool { return bytes.Equal(l.clientMAC(), n.mac) }); !ok {
+		l.t.Fatalf("client's entry for the VIP = %v, want %s's %v", l.clientMAC(), n.name, n.mac)
+	}
+	if err := l.ping(); err != nil {
+		l.t.Fatalf("VIP unreachable via %s: %v", n.name, err)
+	}
 }
 
 // clientMAC is the client's neighbour entry for the VIP, or nil.
