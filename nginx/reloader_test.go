@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -385,26 +386,7 @@ func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
 
 	// The control socket, after the start (which removes a stale one): the first
 	// push fails, the next ones are taken.
-	var mu sync.Mutex
-	var pushes []string
-	l, err := net.Listen("unix", resolve(r.cfg.Dir, r.cfg.Render.ControlSocket))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		body, _ := io.ReadAll(req.Body)
-		mu.Lock()
-		defer mu.Unlock()
-		pushes = append(pushes, req.Method+" "+req.URL.Path)
-		if len(pushes) == 1 {
-			http.Error(w, "dictionary full", http.StatusInternalServerError)
-			return
-		}
-		version, _, _ := strings.Cut(strings.TrimPrefix(string(body), endpointsHeader), "\n")
-		fmt.Fprintln(w, version)
-	})}
-	go srv.Serve(l)
-	defer srv.Close()
+	ctl := fakeControl(t, r, 1)
 
 	moved := hostSnapshot("a.example.com")
 	moved.Upstreams[0].Endpoints = []netip.AddrPort{ap("10.0.0.2:80")}
@@ -417,11 +399,9 @@ func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
 	if got := testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultError)); got != 1 {
 		t.Errorf("endpoint_updates_total{result=error} = %v, want 1", got)
 	}
-	mu.Lock()
-	if diff := cmp.Diff([]string{"PUT /endpoints", "PUT /endpoints"}, pushes); diff != "" {
+	if diff := cmp.Diff([]string{"PUT /endpoints", "PUT /endpoints"}, ctl.requests()); diff != "" {
 		t.Errorf("requests to the control socket (-want +got):\n%s", diff)
 	}
-	mu.Unlock()
 	file, err := os.ReadFile(r.endpointsPath())
 	if err != nil || string(file) != string(want.Endpoints) {
 		t.Errorf("endpoint file %q (%v), want %q", file, err, want.Endpoints)
@@ -435,31 +415,53 @@ func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
 	}
 }
 
-// fakeControl serves the Reloader's control socket as nginx does, and records the
-// tables pushed to it.
-func fakeControl(t *testing.T, r *Reloader) func() []string {
+// controlSocket is a fake of the Reloader's control socket: it answers as nginx
+// does, except to the first requests it is told to fail, and records them all.
+type controlSocket struct {
+	mu     sync.Mutex
+	fail   int
+	reqs   []string // "METHOD PATH"
+	tables []string // the bodies
+}
+
+// fakeControl serves r's control socket until the test ends, failing the first
+// fail requests (500).
+func fakeControl(t *testing.T, r *Reloader, fail int) *controlSocket {
 	t.Helper()
-	var mu sync.Mutex
-	var pushes []string
+	c := &controlSocket{fail: fail}
 	l, err := net.Listen("unix", resolve(r.cfg.Dir, r.cfg.Render.ControlSocket))
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		body, _ := io.ReadAll(req.Body)
-		mu.Lock()
-		pushes = append(pushes, string(body))
-		mu.Unlock()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.reqs = append(c.reqs, req.Method+" "+req.URL.Path)
+		c.tables = append(c.tables, string(body))
+		if len(c.reqs) <= c.fail {
+			http.Error(w, "dictionary full", http.StatusInternalServerError)
+			return
+		}
 		version, _, _ := strings.Cut(strings.TrimPrefix(string(body), endpointsHeader), "\n")
 		fmt.Fprintln(w, version)
 	})}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
-	return func() []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), pushes...)
-	}
+	return c
+}
+
+func (c *controlSocket) requests() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.reqs)
+}
+
+// pushes returns the tables pushed, in order.
+func (c *controlSocket) pushes() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.tables)
 }
 
 // While nginx -t refuses the latest configuration, endpoint changes still reach the
@@ -472,7 +474,7 @@ func TestRefusedConfigDoesNotFreezeEndpoints(t *testing.T) {
 	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
 	r.master = m
 	fm := m.(*fakeMaster)
-	pushes := fakeControl(t, r)
+	pushes := fakeControl(t, r, 0).pushes
 	with := func(eps []netip.AddrPort, hosts ...string) model.Snapshot {
 		s := hostSnapshot(hosts...)
 		s.Upstreams[0].Endpoints = eps
