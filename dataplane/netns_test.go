@@ -143,22 +143,15 @@ func (l *nsLab) listen(t *testing.T, s *udpSink, r *netlab.Node) {
 	}))
 	must(t, serr)
 	t.Cleanup(func() { conn.Close() })
-	go func() {
-		buf := make([]byte, 64)
-		for {
-			n, from, err := conn.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			if n < 8 {
-				continue
-			}
-			s.mu.Lock()
-			s.got[r.Name]++
-			s.seqs[uint64(from.Port)<<32|uint64(binary.BigEndian.Uint32(buf[4:8]))] = true
-			s.mu.Unlock()
+	netlab.ReadPackets(conn, 64, func(p []byte, from net.Addr) {
+		if len(p) < 8 {
+			return
 		}
-	}()
+		s.mu.Lock()
+		s.got[r.Name]++
+		s.seqs[uint64(from.(*net.UDPAddr).Port)<<32|uint64(binary.BigEndian.Uint32(p[4:8]))] = true
+		s.mu.Unlock()
+	})
 }
 
 func (s *udpSink) total() (int, map[string]int) {

@@ -17,6 +17,8 @@ import (
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
 	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/test/netlab"
 )
 
 // probeResult is what the prober writes: when each echo request went out and
@@ -70,30 +72,23 @@ func probeMain(spec string) int {
 		mu  sync.Mutex
 		res probeResult
 	)
-	go func() {
-		buf := make([]byte, 1500)
-		for {
-			n, _, err := c.ReadFrom(buf)
-			if err != nil {
-				return
-			}
-			now := time.Now().UnixNano()
-			m, err := icmp.ParseMessage(1, buf[:n])
-			if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
-				continue
-			}
-			e, ok := m.Body.(*icmp.Echo)
-			if !ok || e.ID != id || len(e.Data) < 8 {
-				continue
-			}
-			seq := int(binary.BigEndian.Uint64(e.Data))
-			mu.Lock()
-			if seq < len(res.Recv) && res.Recv[seq] == 0 {
-				res.Recv[seq] = now
-			}
-			mu.Unlock()
+	netlab.ReadPackets(c, 1500, func(p []byte, _ net.Addr) {
+		now := time.Now().UnixNano()
+		m, err := icmp.ParseMessage(1, p)
+		if err != nil || m.Type != ipv4.ICMPTypeEchoReply {
+			return
 		}
-	}()
+		e, ok := m.Body.(*icmp.Echo)
+		if !ok || e.ID != id || len(e.Data) < 8 {
+			return
+		}
+		seq := int(binary.BigEndian.Uint64(e.Data))
+		mu.Lock()
+		if seq < len(res.Recv) && res.Recv[seq] == 0 {
+			res.Recv[seq] = now
+		}
+		mu.Unlock()
+	})
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, syscall.SIGTERM, os.Interrupt)
 	tick := time.NewTicker(time.Millisecond)

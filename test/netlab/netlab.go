@@ -140,6 +140,22 @@ func Sysctl(ns, key, value string) error {
 	return err
 }
 
+// ReadPackets calls handle with each packet c receives, from a goroutine of its
+// own, until a read fails (c is closed). handle must not keep p: its buffer, of
+// size bytes, is reused.
+func ReadPackets(c net.PacketConn, size int, handle func(p []byte, from net.Addr)) {
+	go func() {
+		buf := make([]byte, size)
+		for {
+			n, from, err := c.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			handle(buf[:n], from)
+		}
+	}()
+}
+
 // Do runs fn on an OS thread that is inside namespace ns. Sockets fn opens stay
 // in ns after Do returns, so servers and clients can be created this way and
 // used from any goroutine.

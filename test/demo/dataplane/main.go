@@ -210,16 +210,7 @@ func serve(lab *netlab.Lab, n *netlab.Node, vip netip.Addr) error {
 	}
 	lab.OnClose(uc.Close)
 	lab.OnClose(tl.Close)
-	go func() {
-		buf := make([]byte, 512)
-		for {
-			_, from, err := uc.ReadFromUDP(buf)
-			if err != nil {
-				return
-			}
-			uc.WriteToUDP([]byte(n.Name), from)
-		}
-	}()
+	netlab.ReadPackets(uc, 512, func(_ []byte, from net.Addr) { uc.WriteTo([]byte(n.Name), from) })
 	srv := &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		host, _, _ := net.SplitHostPort(r.RemoteAddr)
 		fmt.Fprintf(w, "%s %s\n", n.Name, host)
