@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -558,18 +559,18 @@ func asAgent(admin *rest.Config, reqs *requestLog) *rest.Config {
 	return cfg
 }
 
-// testStatusLease runs the agent's status-Lease writer (controlplane.WriteAgentLease:
+// testStatusLease runs the agent's status-Lease writer (agent.WriteLease:
 // create, then renew) as the agent's ServiceAccount, and reads the result as an
 // operator would (portico status); the agent itself never lists Leases.
 func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
 	var reqs requestLog
 	cs := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs))
 	for _, state := range []string{`{"node":"node-1"}`, `{"node":"node-1","healthy":true}`} {
-		if err := controlplane.WriteAgentLease(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
+		if err := agent.WriteLease(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
 			t.Fatalf("write the status Lease: %v", err)
 		}
 	}
-	leases, err := controlplane.ListAgentLeases(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
+	leases, err := agent.ListLeases(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
 	if err != nil {
 		t.Fatalf("list status Leases: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/vrrp"
 )
@@ -99,7 +99,7 @@ func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, 
 		st := collect()
 		b, err := json.Marshal(st)
 		if err == nil {
-			err = controlplane.WriteAgentLease(ctx, client, ns, st.Node, b, 2*statusInterval+time.Second)
+			err = agent.WriteLease(ctx, client, ns, st.Node, b, 2*statusInterval+time.Second)
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("publish agent state", zap.Error(err))
@@ -114,7 +114,7 @@ func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, 
 
 // readStates reads every agent's published state and which reports are stale.
 func readStates(ctx context.Context, client kubernetes.Interface, ns string) ([]agentState, map[string]bool, error) {
-	leases, err := controlplane.ListAgentLeases(ctx, client, ns)
+	leases, err := agent.ListLeases(ctx, client, ns)
 	if err != nil {
 		return nil, nil, err
 	}
