@@ -198,7 +198,7 @@ func (g grant) String() string {
 	return s
 }
 
-// codeNeeds is what controlplane/*.go and the agent (cmd/portico agent_status.go) call,
+// codeNeeds is what controlplane/*.go and the agent (agent/lease.go) call,
 // read from the code (file: call), kept in
 // one table so a rule added to or dropped from rbac.yaml without a reason fails here.
 // The controller run below proves it is enough; the access reviews prove the rest is
@@ -238,9 +238,9 @@ var codeNeeds = []struct {
 	{grant{"", "apps", "daemonsets", "get", ""}, "claim.go reconcileClaim, reclaim: DaemonSets().Get"},
 	{grant{"", "apps", "daemonsets", "create", ""}, "claim.go reconcileClaim: DaemonSets().Create"},
 	{grant{"", "apps", "daemonsets", "delete", ""}, "claim.go reclaim: DaemonSets().Delete"},
-	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; cmd/portico agent_status.go writeState"},
-	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; cmd/portico agent_status.go writeState"},
-	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; cmd/portico agent_status.go writeState"},
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; agent/lease.go WriteLease"},
 }
 
 // mustDeny are things the agent must not be able to do (sample checks of what the

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
 )
 
@@ -222,7 +223,7 @@ func runBench(args []string) error {
 func runUninstall(args []string) error {
 	fs := flag.NewFlagSet("uninstall", flag.ContinueOnError)
 	pin := pinFlag(fs)
-	state := fs.String("state-dir", defaultStateDir, "the agent's state directory")
+	state := fs.String("state-dir", agent.DefaultStateDir, "the agent's state directory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -230,7 +231,7 @@ func runUninstall(args []string) error {
 	if xerr == nil {
 		fmt.Printf("detached xdp_lb and removed %s\n", *pin)
 	}
-	herr := hostState{dir: *state}.undo()
+	herr := agent.UndoHost(*state)
 	if herr == nil {
 		fmt.Printf("removed the agent's VIPs from lo, restored its sysctls, removed %s\n", *state)
 	}

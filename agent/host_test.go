@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"net"
@@ -93,7 +93,7 @@ func TestHostSetupInNamespace(t *testing.T) {
 			return err
 		}
 		// portico uninstall: VIPs gone from lo, sysctls as they were.
-		if err := host.undo(); err != nil {
+		if err := UndoHost(host.dir); err != nil {
 			return err
 		}
 		if got := loAddrs(t); got[vip6] {
