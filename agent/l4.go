@@ -2,14 +2,11 @@ package agent
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"sync"
-	"time"
 
-	"github.com/mdlayher/arp"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -46,77 +43,6 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local func(netip
 		want.Groups = append(want.Groups, dg)
 	}
 	return want, unresolved
-}
-
-// neighbors finds replica MACs on the edge interface: from the kernel's
-// neighbour table, and by asking (ARP for IPv4; for IPv6 a datagram to the
-// discard port makes the kernel run neighbour discovery) when it has none.
-type neighbors struct {
-	ifc *net.Interface
-	log *zap.Logger
-
-	mu       sync.Mutex
-	resolved map[netip.Addr]net.HardwareAddr // answers to our own ARP requests
-}
-
-func (n *neighbors) lookup(a netip.Addr) (net.HardwareAddr, bool) {
-	family := netlink.FAMILY_V4
-	if a.Is6() && !a.Is4In6() {
-		family = netlink.FAMILY_V6
-	}
-	list, err := netlink.NeighList(n.ifc.Index, family)
-	if err == nil {
-		for _, e := range list {
-			ip, ok := netip.AddrFromSlice(e.IP)
-			if ok && ip.Unmap() == a && len(e.HardwareAddr) == 6 &&
-				e.State&(netlink.NUD_REACHABLE|netlink.NUD_STALE|netlink.NUD_DELAY|netlink.NUD_PROBE|netlink.NUD_PERMANENT|netlink.NUD_NOARP) != 0 {
-				return e.HardwareAddr, true
-			}
-		}
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	m, ok := n.resolved[a]
-	return m, ok
-}
-
-// resolve asks the segment for each address, with a deadline per address.
-func (n *neighbors) resolve(addrs []netip.Addr) error {
-	var errs []error
-	for _, a := range addrs {
-		if a.Is4() {
-			m, err := n.arp(a)
-			if err != nil {
-				errs = append(errs, fmt.Errorf("arp %s: %w", a, err))
-				continue
-			}
-			n.mu.Lock()
-			n.resolved[a] = m
-			n.mu.Unlock()
-			continue
-		}
-		// The kernel resolves the address to send this; lookup then finds it.
-		c, err := net.DialUDP("udp6", nil, &net.UDPAddr{IP: a.AsSlice(), Port: 9, Zone: n.ifc.Name})
-		if err != nil {
-			errs = append(errs, fmt.Errorf("probe %s: %w", a, err))
-			continue
-		}
-		c.Write([]byte{0})
-		c.Close()
-	}
-	return errors.Join(errs...)
-}
-
-func (n *neighbors) arp(a netip.Addr) (net.HardwareAddr, error) {
-	c, err := arp.Dial(n.ifc)
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(time.Second)); err != nil {
-		return nil, err
-	}
-	return c.Resolve(a)
 }
 
 // localAddrs reports whether an address is one of this node's.
@@ -189,64 +115,4 @@ func (s *l4Sink) applied() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.ok
-}
-
-// watchNeighbours re-applies the last snapshot whenever the kernel's neighbour
-// table changes an entry for a replica, so a replica that changed its MAC (a
-// replaced NIC, a moved VM) is followed.
-func (s *l4Sink) watchNeighbours(ctx context.Context) error {
-	ch := make(chan netlink.NeighUpdate, 64)
-	if err := netlink.NeighSubscribeWithOptions(ch, ctx.Done(), netlink.NeighSubscribeOptions{}); err != nil {
-		return fmt.Errorf("subscribe to neighbour updates: %w", err)
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case u, open := <-ch:
-			if !open {
-				return nil
-			}
-			if u.LinkIndex != s.neigh.ifc.Index || len(u.HardwareAddr) != 6 {
-				continue
-			}
-			ip, ok := netip.AddrFromSlice(u.IP)
-			if !ok {
-				continue
-			}
-			s.mu.Lock()
-			if s.macChanged(ip.Unmap(), u.HardwareAddr) {
-				s.log.Info("replica MAC changed", zap.Stringer("backend", ip), zap.Stringer("to", u.HardwareAddr))
-				if err := s.applyLocked(); err != nil {
-					s.log.Warn("re-apply after neighbour change failed", zap.Error(err))
-				}
-			}
-			s.mu.Unlock()
-		}
-	}
-}
-
-// macChanged reports whether a neighbour update concerns a replica of the group
-// whose MAC differs from what the maps were given (or that was left out for want
-// of a MAC). The caller holds s.mu.
-func (s *l4Sink) macChanged(a netip.Addr, m net.HardwareAddr) bool {
-	replica := false
-	for _, g := range s.last.Groups {
-		if g.Name == s.group {
-			for _, r := range g.Replicas {
-				replica = replica || r.Addr == a
-			}
-		}
-	}
-	if !replica {
-		return false
-	}
-	for _, g := range s.given.Groups {
-		for _, b := range g.Backends {
-			if b.Addr == a {
-				return !b.Local && b.MAC.String() != m.String()
-			}
-		}
-	}
-	return true
 }
