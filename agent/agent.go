@@ -127,7 +127,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 
-	h := &health{attached: dp.Attached, l4: l4, reloader: reloader, reason: "starting", statusURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", cfg.StatusPort)}
+	h := &health{attached: dp.Attached, applied: l4.applied, checksum: reloader.Checksum, reason: "starting",
+		statusURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", cfg.StatusPort)}
 	srv := &http.Server{Handler: h.mux(reg), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	if err != nil {
@@ -164,7 +165,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	})
 	goRun("controlplane", ctrl.Run)
 	goRun("neighbours", l4.watchNeighbours)
-	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs, log); return nil })
+	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs.setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
 		publishStatus(ctx, client, cfg.PodNamespace, func() State {
 			return collectState(cfg.Node, cfg.Group, cfg.Iface, dp, h, vs)

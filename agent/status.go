@@ -63,9 +63,7 @@ func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health,
 			}
 		}
 	}
-	h.mu.Lock()
-	st.Reason = h.reason
-	h.mu.Unlock()
+	st.Reason = h.current()
 	st.Healthy = st.Reason == ""
 	for name, s := range vs.states() {
 		st.VRRP[name] = s.String()
