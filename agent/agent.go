@@ -109,10 +109,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
+	vlog := log.Named("vrrp")
 	vs := &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group,
 		priority: cfg.VRRPPriority, degraded: cfg.VRRPDegraded,
-		interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: log.Named("vrrp"), met: vmet,
-		setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
+		interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: vlog,
+		newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
 
 	// nginx starts (or adopts the master a previous agent left running) only
 	// with the first real snapshot: an adopted master must never be reloaded
