@@ -30,14 +30,15 @@ type vrrpSink struct {
 	newAnnouncer func(vrrp.Config) (announcer, error)
 	setLoVIPs    func(want, managed []netip.Addr) error
 
-	mu      sync.Mutex
-	key     string
-	managed []netip.Addr // VIPs this agent put on lo
-	ann     announcer
-	names   []string
-	stopRun context.CancelFunc
-	done    chan struct{}
-	healthy bool
+	mu       sync.Mutex
+	key      string
+	managed  []netip.Addr // VIPs this agent put on lo
+	loSynced bool         // lo holds managed (false until the first write)
+	ann      announcer
+	names    []string
+	stopRun  context.CancelFunc
+	done     chan struct{}
+	healthy  bool
 }
 
 // announcer is what the sink uses of a vrrp.Announcer.
@@ -113,10 +114,15 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 			g = x
 		}
 	}
-	if err := v.setLoVIPs(g.VIPs, v.managed); err != nil {
-		return err
+	// lo is written when the VIPs change, and once after start: what an
+	// earlier agent recorded is not proof of what lo holds.
+	if !v.loSynced || !slices.Equal(g.VIPs, v.managed) {
+		v.loSynced = false
+		if err := v.setLoVIPs(g.VIPs, v.managed); err != nil {
+			return err
+		}
+		v.managed, v.loSynced = slices.Clone(g.VIPs), true
 	}
-	v.managed = slices.Clone(g.VIPs)
 	key := fmt.Sprint(g.VRID, g.VIPs)
 	if key == v.key {
 		return nil

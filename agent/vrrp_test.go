@@ -55,19 +55,25 @@ func (f *fakeAnnouncer) hasStopped() bool {
 	return f.stopped
 }
 
-// fakeVRRP is a vrrpSink whose announcers are fakes.
+// fakeVRRP is a vrrpSink whose announcers are fakes and whose lo writes are
+// recorded.
 type fakeVRRP struct {
 	*vrrpSink
 	started []*fakeAnnouncer
-	failNew error // the next announcer fails to start
+	failNew error    // the next announcer fails to start
+	lo      []loCall // every setLoVIPs call
+	loErr   error    // the next setLoVIPs fails
 }
 
-func newFakeVRRP(t *testing.T) *fakeVRRP {
+type loCall struct{ Want, Managed []netip.Addr }
+
+// newFakeVRRP makes a sink; managed are the VIPs an earlier agent recorded.
+func newFakeVRRP(t *testing.T, managed ...netip.Addr) *fakeVRRP {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	f := &fakeVRRP{}
 	f.vrrpSink = &vrrpSink{base: ctx, iface: "eth0", group: "edge/web", priority: 100, degraded: 10,
-		interval: 100 * time.Millisecond, version: 3, log: zap.NewNop(),
+		interval: 100 * time.Millisecond, version: 3, log: zap.NewNop(), managed: managed,
 		newAnnouncer: func(cfg vrrp.Config) (announcer, error) {
 			if err := f.failNew; err != nil {
 				f.failNew = nil
@@ -77,7 +83,12 @@ func newFakeVRRP(t *testing.T) *fakeVRRP {
 			f.started = append(f.started, a)
 			return a, nil
 		},
-		setLoVIPs: func(want, managed []netip.Addr) error { return nil }}
+		setLoVIPs: func(want, managed []netip.Addr) error {
+			f.lo = append(f.lo, loCall{want, managed})
+			err := f.loErr
+			f.loErr = nil
+			return err
+		}}
 	t.Cleanup(func() { f.stop(); cancel() })
 	return f
 }
@@ -201,5 +212,57 @@ func TestVRRPApplyRetries(t *testing.T) {
 	}
 	if len(v.started) != 1 {
 		t.Errorf("%d announcers started, want 1", len(v.started))
+	}
+}
+
+// TestVRRPLoVIPs: the VIPs on lo are written once after start, even when an
+// earlier agent recorded the same ones, then only when they change; a failed
+// write is tried again with the next snapshot, even an identical one.
+func TestVRRPLoVIPs(t *testing.T) {
+	ctx := context.Background()
+	v := newFakeVRRP(t, vip4a)
+	replica := func(a string) []model.Replica { return []model.Replica{{Addr: netip.MustParseAddr(a)}} }
+	both := []netip.Addr{vip4a, vip6a}
+	var want []loCall
+	for _, step := range []struct {
+		name  string
+		group model.Group
+		fail  bool
+		write *loCall // the write this snapshot makes, if any
+	}{
+		{name: "first snapshot", group: model.Group{VRID: 7, VIPs: []netip.Addr{vip4a}, Replicas: replica("10.0.0.1")},
+			write: &loCall{[]netip.Addr{vip4a}, []netip.Addr{vip4a}}},
+		{name: "unchanged", group: model.Group{VRID: 7, VIPs: []netip.Addr{vip4a}, Replicas: replica("10.0.0.1")}},
+		{name: "other replicas", group: model.Group{VRID: 7, VIPs: []netip.Addr{vip4a}, Replicas: replica("10.0.0.2")}},
+		{name: "new VRID", group: model.Group{VRID: 8, VIPs: []netip.Addr{vip4a}}},
+		{name: "VIP added", group: model.Group{VRID: 8, VIPs: both},
+			write: &loCall{both, []netip.Addr{vip4a}}},
+		{name: "VIP removed, write fails", group: model.Group{VRID: 8, VIPs: []netip.Addr{vip6a}}, fail: true,
+			write: &loCall{[]netip.Addr{vip6a}, both}},
+		{name: "same snapshot again", group: model.Group{VRID: 8, VIPs: []netip.Addr{vip6a}},
+			write: &loCall{[]netip.Addr{vip6a}, both}},
+		{name: "back to both after a good write", group: model.Group{VRID: 8, VIPs: both},
+			write: &loCall{both, []netip.Addr{vip6a}}},
+		{name: "unchanged again", group: model.Group{VRID: 8, VIPs: both}},
+	} {
+		if step.fail {
+			v.loErr = errors.New("netlink: operation not permitted")
+		}
+		err := v.Apply(ctx, snapWith(step.group))
+		if step.fail != (err != nil) {
+			t.Fatalf("%s: Apply error %v, want failure %v", step.name, err, step.fail)
+		}
+		if step.write != nil {
+			want = append(want, *step.write)
+		}
+		if diff := cmp.Diff(want, v.lo, cmpopts.EquateComparable(netip.Addr{}), cmpopts.EquateEmpty()); diff != "" {
+			t.Fatalf("%s: lo writes (-want +got):\n%s", step.name, diff)
+		}
+	}
+	if err := v.Apply(ctx, model.Snapshot{}); err != nil {
+		t.Fatal(err)
+	}
+	if last := v.lo[len(v.lo)-1]; len(last.Want) != 0 || len(last.Managed) != 2 {
+		t.Errorf("group gone: lo write %+v, want none kept and both removed", last)
 	}
 }
