@@ -168,9 +168,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	goRun("neighbours", l4.watchNeighbours)
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs.setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
-		publishStatus(ctx, client, cfg.PodNamespace, func() State {
-			return collectState(cfg.Node, cfg.Group, cfg.Iface, dp, h, vs)
-		}, log.Named("status"))
+		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vs.states, vips: dp.VIPs}
+		publishStatus(ctx, client, cfg.PodNamespace, view.collect, log.Named("status"))
 		return nil
 	})
 	go srv.Serve(ln)

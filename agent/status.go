@@ -52,10 +52,18 @@ type ReplicaState struct {
 	MACKnown bool    `json:"macKnown"`
 }
 
-// collectState reads this node's view.
-func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health, vs *vrrpSink) State {
-	st := State{Node: node, Group: group, VRRP: map[string]string{}, Updated: time.Now().UTC().Truncate(time.Second)}
-	if ifc, err := net.InterfaceByName(iface); err == nil {
+// nodeView is where the agent's State comes from.
+type nodeView struct {
+	node, group, iface string
+	health             func() string                       // why the node is unhealthy; "" when healthy
+	vrrp               func() map[string]vrrp.State        // each virtual router's state
+	vips               func() ([]dataplane.VIPView, error) // the VIPs in the maps
+}
+
+// collect reads this node's view.
+func (n nodeView) collect() State {
+	st := State{Node: n.node, Group: n.group, VRRP: map[string]string{}, Updated: time.Now().UTC().Truncate(time.Second)}
+	if ifc, err := net.InterfaceByName(n.iface); err == nil {
 		addrs, _ := ifc.Addrs()
 		for _, a := range addrs {
 			if p, err := netip.ParsePrefix(a.String()); err == nil {
@@ -63,12 +71,12 @@ func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health,
 			}
 		}
 	}
-	st.Reason = h.current()
+	st.Reason = n.health()
 	st.Healthy = st.Reason == ""
-	for name, s := range vs.states() {
+	for name, s := range n.vrrp() {
 		st.VRRP[name] = s.String()
 	}
-	vips, err := dp.VIPs()
+	vips, err := n.vips()
 	if err != nil {
 		st.Healthy, st.Reason = false, err.Error()
 		return st
