@@ -3,6 +3,12 @@ package main
 import (
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/dataplane"
 )
 
 func TestParseAgentFlags(t *testing.T) {
@@ -21,6 +27,21 @@ func TestParseAgentFlags(t *testing.T) {
 				}
 				if len(c.Pools[0].Exclude) != 1 {
 					t.Errorf("pool exclusions %v", c.Pools[0].Exclude)
+				}
+			}},
+		{name: "numbers and defaults", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-hash-seed", "7",
+			"-nginx-status-port", "10247", "-vrrp-priority", "150", "-vrrp-degraded-priority", "20", "-vrrp-version", "2"},
+			check: func(t *testing.T, c agentFlags) {
+				want := agent.Config{Group: "edge/web", Iface: "eth0", Node: "n1", PodNamespace: "portico-system",
+					Seed: 7, PinPath: dataplane.DefaultPinPath, RingSize: dataplane.DefaultRingSize, NginxDir: "/var/lib/portico/nginx",
+					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10247, MetricsAddr: ":9101",
+					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond,
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second}
+				if diff := cmp.Diff(want, c.Config); diff != "" {
+					t.Errorf("config (-want +got):\n%s", diff)
+				}
+				if c.logLevel != "info" || c.kubeconfig != "" {
+					t.Errorf("log level %q, kubeconfig %q", c.logLevel, c.kubeconfig)
 				}
 			}},
 		{name: "downward API environment", args: []string{"-group", "edge/web"},
@@ -43,6 +64,7 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "bad pool", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vip-pool", "10.0.0.0/33"}, wantErr: "-vip-pool"},
 		{name: "bad environment value", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
 			env: map[string]string{"PORTICO_VRRP_PRIORITY": "high"}, wantErr: "vrrp-priority"},
+		{name: "port out of range", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-https-port", "70000"}, wantErr: "ports"},
 		{name: "degraded not below priority", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vrrp-priority", "10"}, wantErr: "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
