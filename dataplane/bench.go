@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/dataplane/xdptest"
 )
 
@@ -59,20 +60,20 @@ func newBenchWorld() (*benchWorld, error) {
 	if err != nil {
 		return nil, err
 	}
-	var aux auxObjects
-	if err := loadAuxObjects(&aux, nil); err != nil {
+	floor, err := xdpaux.LoadTX()
+	if err != nil {
 		d.Close()
 		Uninstall(pin)
-		return nil, fmt.Errorf("load xdp_tx: %w", err)
+		return nil, err
 	}
 	w := &benchWorld{
-		d: d, floor: aux.XdpTx,
+		d: d, floor: floor,
 		nic:     net.HardwareAddr{2, 0, 0, 0, 0, 0xe},
 		vip4:    netip.MustParseAddr("192.0.2.10"),
 		vip6:    netip.MustParseAddr("2001:db8::10"),
 		client4: netip.MustParseAddr("198.51.100.7"),
 		client6: netip.MustParseAddr("2001:db8:1::7"),
-		cleanup: func() { aux.Close(); d.Close(); Uninstall(pin) },
+		cleanup: func() { floor.Close(); d.Close(); Uninstall(pin) },
 	}
 	var bs []Backend
 	for i := range 10 {

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/dataplane/xdptest"
 	"github.com/portico-edge/portico/test/netlab"
 )
@@ -62,7 +63,7 @@ func newNSLab(t *testing.T) *nsLab {
 	// XDP_TX out of the edge's veth is delivered only if the bridge-side peer runs
 	// an XDP program.
 	must(t, netlab.Do(lab.Switch, func() error {
-		c, err := AttachPass(l.edge.Port)
+		c, err := xdpaux.AttachPass(l.edge.Port)
 		if err == nil {
 			lab.OnClose(c.Close)
 		}
