@@ -7,13 +7,13 @@ import (
 	"testing"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/dataplane/xdptest"
+	"github.com/portico-edge/portico/dataplane/bpftest"
 )
 
 // TestBenchXDPCases runs the benchmark harness briefly so it cannot rot, and
 // checks each case does what its name says. It asserts verdicts, never timings.
 func TestBenchXDPCases(t *testing.T) {
-	xdptest.RequireBPF(t)
+	bpftest.Require(t)
 	res, err := BenchXDP(BenchOptions{Repeat: 1000, Packets: 200})
 	if err != nil {
 		t.Fatal(err)
@@ -40,7 +40,7 @@ func TestBenchXDPCases(t *testing.T) {
 
 // BenchmarkXDP reports each case's per-packet cost in Repeat mode.
 func BenchmarkXDP(b *testing.B) {
-	xdptest.RequireBPF(b)
+	bpftest.Require(b)
 	w, err := newBenchWorld()
 	if err != nil {
 		b.Fatal(err)
@@ -68,7 +68,7 @@ func BenchmarkXDP(b *testing.B) {
 // leaves a group with a v4 and a v6 VIP: two 65537-slot rings rebuilt and
 // swapped, two backend entries written.
 func BenchmarkApplyOneBackend(b *testing.B) {
-	xdptest.RequireBPF(b)
+	bpftest.Require(b)
 	pin := fmt.Sprintf("%s-bench-apply", DefaultPinPath)
 	d, err := Load(Options{PinPath: pin})
 	if err != nil {

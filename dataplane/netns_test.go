@@ -15,8 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/bpftest"
 	"github.com/portico-edge/portico/dataplane/xdpaux"
-	"github.com/portico-edge/portico/dataplane/xdptest"
 	"github.com/portico-edge/portico/test/netlab"
 )
 
@@ -30,7 +30,7 @@ type nsLab struct {
 
 func newNSLab(t *testing.T) *nsLab {
 	t.Helper()
-	xdptest.RequireBPF(t)
+	bpftest.Require(t)
 	lab, err := netlab.New("pt")
 	if err != nil {
 		t.Fatalf("create lab: %v", err)
