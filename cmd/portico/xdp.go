@@ -12,6 +12,7 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/dataplane/xdpbench"
 )
 
 // The subcommands in this file read xdp_lb's pinned maps; they need no agent.
@@ -195,7 +196,7 @@ func runBench(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	res, err := dataplane.BenchXDP(dataplane.BenchOptions{Repeat: *repeat, Packets: *packets})
+	res, err := xdpbench.Run(xdpbench.Options{Repeat: *repeat, Packets: *packets})
 	if err != nil {
 		return err
 	}
