@@ -43,7 +43,7 @@ lint: vet ## static checks (gofmt + vet)
 
 bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply latency)
 	./bin/portico bench xdp
-	$(GO) test -count=1 -run '^$$' -bench . -benchmem ./dataplane/
+	$(GO) test -count=1 -run '^$$' -bench . -benchmem ./dataplane/...
 
 demo: deps kapi build ## the whole system in namespaces: VIP, HTTP/HTTPS spread, failover, portico status (root)
 	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"

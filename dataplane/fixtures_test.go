@@ -379,7 +379,7 @@ func TestFixtures(t *testing.T) {
 	for _, fx := range fixtures() {
 		t.Run(fx.name, func(t *testing.T) {
 			d := loadForTest(t)
-			if err := d.setMAC(nicMAC); err != nil {
+			if err := d.SetMAC(nicMAC); err != nil {
 				t.Fatal(err)
 			}
 			if _, err := d.Apply(fx.state); err != nil {
@@ -436,7 +436,7 @@ func TestFixtures(t *testing.T) {
 // backend the program picks, for random v4 and v6 flows over three backends.
 func TestHashMatchesProgram(t *testing.T) {
 	d := loadForTest(t)
-	if err := d.setMAC(nicMAC); err != nil {
+	if err := d.SetMAC(nicMAC); err != nil {
 		t.Fatal(err)
 	}
 	r4 := Backend{Addr: netip.MustParseAddr("10.0.0.14"), MAC: mustMAC("02:00:00:00:01:04")}

@@ -14,7 +14,7 @@ import (
 // in the two MAC addresses, which are a backend's and the NIC's.
 func FuzzXDP(f *testing.F) {
 	d := loadForTest(f)
-	if err := d.setMAC(nicMAC); err != nil {
+	if err := d.SetMAC(nicMAC); err != nil {
 		f.Fatal(err)
 	}
 	// A state with remote, local and draining backends on both VIPs.

@@ -5,14 +5,14 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/portico-edge/portico/dataplane/xdptest"
+	"github.com/portico-edge/portico/dataplane/bpftest"
 )
 
 // loadForTest loads xdp_lb with small maps pinned in a directory of its own,
 // uninstalled when the test ends.
 func loadForTest(t testing.TB) *Dataplane {
 	t.Helper()
-	xdptest.RequireBPF(t)
+	bpftest.Require(t)
 	pin := fmt.Sprintf("/sys/fs/bpf/portico-test-%08x", rand.Uint32())
 	d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096})
 	if err != nil {

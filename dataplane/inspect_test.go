@@ -17,7 +17,7 @@ import (
 // checks the operator's view against what Apply was given.
 func TestInspectorSeesWhatApplyWrote(t *testing.T) {
 	d := loadForTest(t)
-	if err := d.setMAC(nicMAC); err != nil {
+	if err := d.SetMAC(nicMAC); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.Apply(desired(r1, draining(r2), r3)); err != nil {
@@ -151,7 +151,7 @@ func TestApplyRejectsBadInputAndWritesNothing(t *testing.T) {
 // steered and one passed packet.
 func TestCollectorExportsCounters(t *testing.T) {
 	d := loadForTest(t)
-	if err := d.setMAC(nicMAC); err != nil {
+	if err := d.SetMAC(nicMAC); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := d.Apply(desired(r1)); err != nil {

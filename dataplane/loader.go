@@ -238,10 +238,29 @@ func ensureBPFFS(dir string) error {
 	return nil
 }
 
-// setMAC sets the source MAC for XDP_TX without attaching (fixtures, benchmarks).
-func (d *Dataplane) setMAC(mac net.HardwareAddr) error {
+// SetMAC sets the source MAC for XDP_TX without attaching (fixtures, benchmarks).
+func (d *Dataplane) SetMAC(mac net.HardwareAddr) error {
 	d.cfg.Mac = mac6(mac)
 	return d.writeConfig()
+}
+
+// ClearFlows empties the flow table, so the next packet of every flow is new
+// again (benchmarks measure new flows with it).
+func (d *Dataplane) ClearFlows() error {
+	var k lbFlowKey
+	var keys []lbFlowKey
+	var v lbFlowVal
+	it := d.objs.Flows.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("read map flows: %w", err)
+	}
+	for _, k := range keys {
+		d.objs.Flows.Delete(&k)
+	}
+	return nil
 }
 
 // Attached reports whether the program is attached through this process's link

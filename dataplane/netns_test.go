@@ -15,7 +15,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/dataplane/xdptest"
+	"github.com/portico-edge/portico/dataplane/bpftest"
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/test/netlab"
 )
 
@@ -29,7 +30,7 @@ type nsLab struct {
 
 func newNSLab(t *testing.T) *nsLab {
 	t.Helper()
-	xdptest.RequireBPF(t)
+	bpftest.Require(t)
 	lab, err := netlab.New("pt")
 	if err != nil {
 		t.Fatalf("create lab: %v", err)
@@ -62,7 +63,7 @@ func newNSLab(t *testing.T) *nsLab {
 	// XDP_TX out of the edge's veth is delivered only if the bridge-side peer runs
 	// an XDP program.
 	must(t, netlab.Do(lab.Switch, func() error {
-		c, err := AttachPass(l.edge.Port)
+		c, err := xdpaux.AttachPass(l.edge.Port)
 		if err == nil {
 			lab.OnClose(c.Close)
 		}

@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
@@ -175,7 +176,7 @@ func (g grant) String() string {
 	return s
 }
 
-// codeNeeds is what controlplane/*.go and the agent (cmd/portico agent_status.go) call,
+// codeNeeds is what controlplane/*.go and the agent (agent/lease.go) call,
 // read from the code (file: call), kept in
 // one table so a rule added to or dropped from rbac.yaml without a reason fails here.
 // The controller run below proves it is enough; the access reviews prove the rest is
@@ -215,9 +216,9 @@ var codeNeeds = []struct {
 	{grant{"", "apps", "daemonsets", "get", ""}, "claim.go reconcileClaim, reclaim: DaemonSets().Get"},
 	{grant{"", "apps", "daemonsets", "create", ""}, "claim.go reconcileClaim: DaemonSets().Create"},
 	{grant{"", "apps", "daemonsets", "delete", ""}, "claim.go reclaim: DaemonSets().Delete"},
-	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; cmd/portico agent_status.go writeState"},
-	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; cmd/portico agent_status.go writeState"},
-	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; cmd/portico agent_status.go writeState"},
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; agent/lease.go WriteLease"},
 }
 
 // mustDeny are things the agent must not be able to do (sample checks of what the
@@ -536,18 +537,18 @@ func asAgent(admin *rest.Config, reqs *requestLog) *rest.Config {
 	return cfg
 }
 
-// testStatusLease runs the agent's status-Lease writer (controlplane.WriteAgentLease:
+// testStatusLease runs the agent's status-Lease writer (agent.WriteLease:
 // create, then renew) as the agent's ServiceAccount, and reads the result as an
 // operator would (portico status); the agent itself never lists Leases.
 func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
 	var reqs requestLog
 	cs := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs))
 	for _, state := range []string{`{"node":"node-1"}`, `{"node":"node-1","healthy":true}`} {
-		if err := controlplane.WriteAgentLease(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
+		if err := agent.WriteLease(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
 			t.Fatalf("write the status Lease: %v", err)
 		}
 	}
-	leases, err := controlplane.ListAgentLeases(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
+	leases, err := agent.ListLeases(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
 	if err != nil {
 		t.Fatalf("list status Leases: %v", err)
 	}

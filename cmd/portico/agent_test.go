@@ -1,15 +1,13 @@
 package main
 
 import (
-	"net"
-	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/google/go-cmp/cmp/cmpopts"
 
-	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
 )
 
@@ -20,28 +18,43 @@ func TestParseAgentFlags(t *testing.T) {
 		args    []string
 		env     map[string]string
 		wantErr string
-		check   func(t *testing.T, c agentConfig)
+		check   func(t *testing.T, c agentFlags)
 	}{
 		{name: "flags", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-vip-pool", "10.0.0.0/24!10.0.0.1; 2001:db8::/120"},
-			check: func(t *testing.T, c agentConfig) {
-				if c.group != "edge/web" || c.iface != "eth0" || c.node != "n1" || len(c.pools) != 2 {
+			check: func(t *testing.T, c agentFlags) {
+				if c.Group != "edge/web" || c.Iface != "eth0" || c.Node != "n1" || len(c.Pools) != 2 {
 					t.Errorf("config %+v", c)
 				}
-				if len(c.pools[0].Exclude) != 1 {
-					t.Errorf("pool exclusions %v", c.pools[0].Exclude)
+				if len(c.Pools[0].Exclude) != 1 {
+					t.Errorf("pool exclusions %v", c.Pools[0].Exclude)
+				}
+			}},
+		{name: "numbers and defaults", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-hash-seed", "7",
+			"-nginx-status-port", "10247", "-vrrp-priority", "150", "-vrrp-degraded-priority", "20", "-vrrp-version", "2"},
+			check: func(t *testing.T, c agentFlags) {
+				want := agent.Config{Group: "edge/web", Iface: "eth0", Node: "n1", PodNamespace: "portico-system",
+					Seed: 7, PinPath: dataplane.DefaultPinPath, RingSize: dataplane.DefaultRingSize, NginxDir: "/var/lib/portico/nginx",
+					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10247, MetricsAddr: ":9101",
+					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond,
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second}
+				if diff := cmp.Diff(want, c.Config); diff != "" {
+					t.Errorf("config (-want +got):\n%s", diff)
+				}
+				if c.logLevel != "info" || c.kubeconfig != "" {
+					t.Errorf("log level %q, kubeconfig %q", c.logLevel, c.kubeconfig)
 				}
 			}},
 		{name: "downward API environment", args: []string{"-group", "edge/web"},
 			env: map[string]string{"NODE_NAME": "n2", "POD_NAMESPACE": "portico", "PORTICO_IFACE": "eno1", "PORTICO_VRRP_INTERVAL": "50ms"},
-			check: func(t *testing.T, c agentConfig) {
-				if c.node != "n2" || c.podNamespace != "portico" || c.iface != "eno1" || c.vrrpInterval.Milliseconds() != 50 {
+			check: func(t *testing.T, c agentFlags) {
+				if c.Node != "n2" || c.PodNamespace != "portico" || c.Iface != "eno1" || c.VRRPInterval.Milliseconds() != 50 {
 					t.Errorf("config %+v", c)
 				}
 			}},
 		{name: "flag beats environment", args: []string{"-group", "edge/web", "-iface", "eth1", "-node-name", "n3"},
 			env: map[string]string{"PORTICO_IFACE": "eno1", "NODE_NAME": "other"},
-			check: func(t *testing.T, c agentConfig) {
-				if c.iface != "eth1" || c.node != "n3" {
+			check: func(t *testing.T, c agentFlags) {
+				if c.Iface != "eth1" || c.Node != "n3" {
 					t.Errorf("config %+v", c)
 				}
 			}},
@@ -51,6 +64,7 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "bad pool", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vip-pool", "10.0.0.0/33"}, wantErr: "-vip-pool"},
 		{name: "bad environment value", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
 			env: map[string]string{"PORTICO_VRRP_PRIORITY": "high"}, wantErr: "vrrp-priority"},
+		{name: "port out of range", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-https-port", "70000"}, wantErr: "ports"},
 		{name: "degraded not below priority", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vrrp-priority", "10"}, wantErr: "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -66,44 +80,5 @@ func TestParseAgentFlags(t *testing.T) {
 			}
 			tc.check(t, c)
 		})
-	}
-}
-
-func TestDesiredFor(t *testing.T) {
-	vip := netip.MustParseAddr("192.0.2.10")
-	a, b, c, d := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.0.0.4")
-	macB, _ := net.ParseMAC("02:00:00:00:00:02")
-	macC, _ := net.ParseMAC("02:00:00:00:00:03")
-	snap := model.Snapshot{Groups: []model.Group{
-		{Name: "edge/web", VIPs: []netip.Addr{vip}, VRID: 7, Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Replicas: []model.Replica{
-			{Addr: a, State: model.Ready}, {Addr: b, State: model.Ready, Weight: 2}, {Addr: c, State: model.Draining}, {Addr: d, State: model.Ready},
-		}},
-		{Name: "edge/other", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.11")}, Replicas: []model.Replica{{Addr: b}}},
-		{Name: "edge/novip", Replicas: []model.Replica{{Addr: b}}},
-	}}
-	local := func(x netip.Addr) bool { return x == a }
-	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macC}
-	mac := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
-
-	got, missing := desiredFor(snap, "edge/web", 42, local, mac)
-	want := dataplane.Desired{Seed: 42, Groups: []dataplane.Group{{
-		Name: "edge/web", VIPs: []netip.Addr{vip}, Ports: []model.Port{{Protocol: model.TCP, Port: 443}},
-		Backends: []dataplane.Backend{
-			{Addr: a, Local: true},
-			{Addr: b, MAC: macB, Weight: 2},
-			{Addr: c, MAC: macC, Draining: true},
-		},
-	}}}
-	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
-		t.Errorf("desired (-want +got):\n%s", diff)
-	}
-	if diff := cmp.Diff([]netip.Addr{d}, missing, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
-		t.Errorf("unresolved (-want +got):\n%s", diff)
-	}
-	if got, _ := desiredFor(snap, "edge/novip", 42, local, mac); len(got.Groups) != 0 {
-		t.Errorf("a group without VIPs gave %+v", got.Groups)
-	}
-	if got, _ := desiredFor(snap, "edge/gone", 42, local, mac); len(got.Groups) != 0 || got.Seed != 42 {
-		t.Errorf("a missing group gave %+v", got)
 	}
 }

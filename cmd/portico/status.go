@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/portico-edge/portico/agent"
 )
 
 func runStatus(args []string) error {
@@ -31,7 +33,7 @@ func runStatus(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	states, stale, err := readStates(ctx, client, *ns)
+	states, stale, err := agent.ReadStates(ctx, client, *ns)
 	if err != nil {
 		return err
 	}
@@ -41,7 +43,7 @@ func runStatus(args []string) error {
 // printStatus renders every agent's published state: nodes, then each VIP with
 // its owner, its replicas' health and ring shares, and the table digest on every
 // node, which must agree.
-func printStatus(out io.Writer, states []agentState, stale map[string]bool, now time.Time) error {
+func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now time.Time) error {
 	if len(states) == 0 {
 		fmt.Fprintln(out, "no agents have reported")
 		return nil
@@ -86,7 +88,7 @@ func printStatus(out io.Writer, states []agentState, stale map[string]bool, now 
 	sort.Slice(keys, func(i, j int) bool { return keys[i].group+keys[i].vip < keys[j].group+keys[j].vip })
 	for _, k := range keys {
 		addr, _ := netip.ParseAddr(k.vip)
-		owners := ownerOf(states, k.group, addr)
+		owners := agent.Owners(states, k.group, addr)
 		owner := strings.Join(owners, ",")
 		switch len(owners) {
 		case 0:
@@ -98,7 +100,7 @@ func printStatus(out io.Writer, states []agentState, stale map[string]bool, now 
 		fmt.Fprintf(out, "\nVIP %s  group %s  owner %s\n", k.vip, k.group, owner)
 
 		digests := map[string][]string{}
-		var view *vipState
+		var view *agent.VIPState
 		for _, st := range states {
 			for i, v := range st.VIPs {
 				if st.Group == k.group && v.VIP == k.vip {

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/dataplane/xdpbench"
 )
 
 // The subcommands in this file read xdp_lb's pinned maps; they need no agent.
@@ -194,7 +196,7 @@ func runBench(args []string) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return err
 	}
-	res, err := dataplane.BenchXDP(dataplane.BenchOptions{Repeat: *repeat, Packets: *packets})
+	res, err := xdpbench.Run(xdpbench.Options{Repeat: *repeat, Packets: *packets})
 	if err != nil {
 		return err
 	}
@@ -222,7 +224,7 @@ func runBench(args []string) error {
 func runUninstall(args []string) error {
 	fs := flag.NewFlagSet("uninstall", flag.ContinueOnError)
 	pin := pinFlag(fs)
-	state := fs.String("state-dir", defaultStateDir, "the agent's state directory")
+	state := fs.String("state-dir", agent.DefaultStateDir, "the agent's state directory")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -230,7 +232,7 @@ func runUninstall(args []string) error {
 	if xerr == nil {
 		fmt.Printf("detached xdp_lb and removed %s\n", *pin)
 	}
-	herr := hostState{dir: *state}.undo()
+	herr := agent.UndoHost(*state)
 	if herr == nil {
 		fmt.Printf("removed the agent's VIPs from lo, restored its sysctls, removed %s\n", *state)
 	}

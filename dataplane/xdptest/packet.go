@@ -1,7 +1,9 @@
 // Package xdptest builds the frames that xdp_lb's fixtures, fuzz target and
 // benchmarks feed through BPF_PROG_TEST_RUN, and runs them. Frames are assembled
 // field by field here, independently of the program, so an expected output packet
-// is written by hand, not derived from what the program did.
+// is written by hand, not derived from what the program did. The portico binary
+// links it (portico bench xdp), so it never imports package testing; tests skip
+// without privileges through bpftest.
 package xdptest
 
 import (

@@ -1,13 +1,9 @@
 package xdptest
 
 import (
-	"errors"
 	"fmt"
-	"os"
-	"testing"
 
 	"github.com/cilium/ebpf"
-	"github.com/cilium/ebpf/rlimit"
 )
 
 // XDP verdicts, by name.
@@ -45,20 +41,4 @@ func Run(prog *ebpf.Program, frame []byte) (uint32, []byte, error) {
 		return 0, nil, err
 	}
 	return ret, opts.DataOut, nil
-}
-
-// RequireBPF skips t unless the process can load BPF programs (root or
-// CAP_BPF+CAP_NET_ADMIN). Under CI, where the tests run as root, a missing
-// capability is a failure instead.
-func RequireBPF(t testing.TB) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("BPF tests must run as root in CI")
-		}
-		t.Skip("needs root to load BPF programs")
-	}
-	if err := rlimit.RemoveMemlock(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
-		t.Fatalf("remove memlock rlimit: %v", err)
-	}
 }

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
 )
@@ -148,7 +149,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 		l.Edges = append(l.Edges, e)
 		// xdp_lb's XDP_TX frames leave a veth only if its peer runs XDP.
 		if err := netlab.Do(l.Net.Switch, func() error {
-			c, err := dataplane.AttachPass(e.Port)
+			c, err := xdpaux.AttachPass(e.Port)
 			if err == nil {
 				l.Net.OnClose(c.Close)
 			}

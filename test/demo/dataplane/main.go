@@ -27,6 +27,7 @@ import (
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/test/netlab"
 )
 
@@ -106,7 +107,7 @@ func run(portico string, flows int) (err error) {
 	}
 	fmt.Printf("  VIP %s: owned by the edge node (answers ARP), on lo of r1 and r2 (direct server return)\n", vip)
 	if err := netlab.Do(lab.Switch, func() error {
-		c, err := dataplane.AttachPass(nodes["ed"].Port)
+		c, err := xdpaux.AttachPass(nodes["ed"].Port)
 		if err == nil {
 			lab.OnClose(c.Close)
 		}

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -10,7 +10,6 @@ import (
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/vrrp"
 )
@@ -23,25 +22,28 @@ import (
 
 const statusInterval = 3 * time.Second
 
-// agentState is the JSON an agent publishes.
-type agentState struct {
+// State is what an agent publishes: its view of the node and of every VIP of
+// its group, as JSON.
+type State struct {
 	Node    string            `json:"node"`
 	Addrs   []string          `json:"addrs"` // the edge interface's addresses
 	Group   string            `json:"group"`
 	Healthy bool              `json:"healthy"`
 	Reason  string            `json:"reason,omitempty"`
 	VRRP    map[string]string `json:"vrrp"` // instance -> state
-	VIPs    []vipState        `json:"vips"`
+	VIPs    []VIPState        `json:"vips"`
 	Updated time.Time         `json:"updated"`
 }
 
-type vipState struct {
+// VIPState is one VIP as the node sees it: the table digest and the replicas.
+type VIPState struct {
 	VIP      string         `json:"vip"`
 	Digest   string         `json:"digest"`
-	Replicas []replicaState `json:"replicas"`
+	Replicas []ReplicaState `json:"replicas"`
 }
 
-type replicaState struct {
+// ReplicaState is one replica of a VIP as the node sees it.
+type ReplicaState struct {
 	Addr     string  `json:"addr"`
 	State    string  `json:"state"` // ready, draining
 	Local    bool    `json:"local,omitempty"`
@@ -50,10 +52,18 @@ type replicaState struct {
 	MACKnown bool    `json:"macKnown"`
 }
 
-// collectState reads this node's view.
-func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health, vs *vrrpSink) agentState {
-	st := agentState{Node: node, Group: group, VRRP: map[string]string{}, Updated: time.Now().UTC().Truncate(time.Second)}
-	if ifc, err := net.InterfaceByName(iface); err == nil {
+// nodeView is where the agent's State comes from.
+type nodeView struct {
+	node, group, iface string
+	health             func() string                       // why the node is unhealthy; "" when healthy
+	vrrp               func() map[string]vrrp.State        // each virtual router's state
+	vips               func() ([]dataplane.VIPView, error) // the VIPs in the maps
+}
+
+// collect reads this node's view.
+func (n nodeView) collect() State {
+	st := State{Node: n.node, Group: n.group, VRRP: map[string]string{}, Updated: time.Now().UTC().Truncate(time.Second)}
+	if ifc, err := net.InterfaceByName(n.iface); err == nil {
 		addrs, _ := ifc.Addrs()
 		for _, a := range addrs {
 			if p, err := netip.ParsePrefix(a.String()); err == nil {
@@ -61,22 +71,20 @@ func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health,
 			}
 		}
 	}
-	h.mu.Lock()
-	st.Reason = h.reason
-	h.mu.Unlock()
+	st.Reason = n.health()
 	st.Healthy = st.Reason == ""
-	for name, s := range vs.states() {
+	for name, s := range n.vrrp() {
 		st.VRRP[name] = s.String()
 	}
-	vips, err := dp.VIPs()
+	vips, err := n.vips()
 	if err != nil {
 		st.Healthy, st.Reason = false, err.Error()
 		return st
 	}
 	for _, v := range vips {
-		vsx := vipState{VIP: v.Addr.String(), Digest: v.Digest}
+		vsx := VIPState{VIP: v.Addr.String(), Digest: v.Digest}
 		for _, b := range v.Backends {
-			r := replicaState{Addr: b.Addr.String(), State: "ready", Local: b.Local, Packets: b.Counters.Packets, MACKnown: b.Local || len(b.MAC) == 6}
+			r := ReplicaState{Addr: b.Addr.String(), State: "ready", Local: b.Local, Packets: b.Counters.Packets, MACKnown: b.Local || len(b.MAC) == 6}
 			if b.Draining {
 				r.State = "draining"
 			}
@@ -92,14 +100,14 @@ func collectState(node, group, iface string, dp *dataplane.Dataplane, h *health,
 
 // publishStatus renews this agent's Lease with its state until ctx ends. Two
 // missed renewals and the report counts as stale.
-func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, collect func() agentState, log *zap.Logger) {
+func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, collect func() State, log *zap.Logger) {
 	t := time.NewTicker(statusInterval)
 	defer t.Stop()
 	for {
 		st := collect()
 		b, err := json.Marshal(st)
 		if err == nil {
-			err = controlplane.WriteAgentLease(ctx, client, ns, st.Node, b, 2*statusInterval+time.Second)
+			err = WriteLease(ctx, client, ns, st.Node, b, 2*statusInterval+time.Second)
 		}
 		if err != nil && ctx.Err() == nil {
 			log.Warn("publish agent state", zap.Error(err))
@@ -112,16 +120,16 @@ func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, 
 	}
 }
 
-// readStates reads every agent's published state and which reports are stale.
-func readStates(ctx context.Context, client kubernetes.Interface, ns string) ([]agentState, map[string]bool, error) {
-	leases, err := controlplane.ListAgentLeases(ctx, client, ns)
+// ReadStates reads every agent's published state and which reports are stale.
+func ReadStates(ctx context.Context, client kubernetes.Interface, ns string) ([]State, map[string]bool, error) {
+	leases, err := ListLeases(ctx, client, ns)
 	if err != nil {
 		return nil, nil, err
 	}
-	var out []agentState
+	var out []State
 	stale := map[string]bool{}
 	for _, l := range leases {
-		var st agentState
+		var st State
 		if err := json.Unmarshal(l.State, &st); err != nil {
 			continue // not ours to judge: an unreadable report is left out
 		}
@@ -131,8 +139,8 @@ func readStates(ctx context.Context, client kubernetes.Interface, ns string) ([]
 	return out, stale, nil
 }
 
-// ownerOf names the agents whose VRRP instance for a VIP's family is Master.
-func ownerOf(states []agentState, group string, vip netip.Addr) []string {
+// Owners names the agents whose VRRP instance for a VIP's family is Master.
+func Owners(states []State, group string, vip netip.Addr) []string {
 	fam := "v4"
 	if vip.Is6() {
 		fam = "v6"

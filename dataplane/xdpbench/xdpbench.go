@@ -1,4 +1,8 @@
-package dataplane
+// Package xdpbench measures xdp_lb's per-packet cost under BPF_PROG_TEST_RUN
+// for a fixed set of cases (established and new flows, IPv4 and IPv6, non-VIP
+// traffic) against the cheapest transmitting program as a floor: what
+// `portico bench xdp` prints and the benchmarks in this package report.
+package xdpbench
 
 import (
 	"fmt"
@@ -12,12 +16,14 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/dataplane/xdptest"
 )
 
-// BenchResult is the per-packet cost of one case under BPF_PROG_TEST_RUN,
+// Result is the per-packet cost of one case under BPF_PROG_TEST_RUN,
 // measured two ways.
-type BenchResult struct {
+type Result struct {
 	Name    string
 	Verdict string
 	// Repeat is the kernel's average run time over many repetitions of one call
@@ -31,16 +37,16 @@ type BenchResult struct {
 	Runs   int // packets measured in PerRun mode
 }
 
-// BenchOptions size a benchmark run.
-type BenchOptions struct {
+// Options size a benchmark run.
+type Options struct {
 	Repeat  int // repetitions in Repeat mode; default 1,000,000
 	Packets int // single-packet calls in PerRun mode; default 20,000
 }
 
-// benchWorld is the state the benchmark cases run against: production-sized
+// world is the state the benchmark cases run against: production-sized
 // maps, one VIP pair over ten remote replicas.
-type benchWorld struct {
-	d       *Dataplane
+type world struct {
+	d       *dataplane.Dataplane
 	floor   *ebpf.Program
 	nic     net.HardwareAddr
 	vip4    netip.Addr
@@ -50,39 +56,39 @@ type benchWorld struct {
 	cleanup func()
 }
 
-func newBenchWorld() (*benchWorld, error) {
+func newWorld() (*world, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
 	}
-	pin := fmt.Sprintf("%s-bench-%d", DefaultPinPath, os.Getpid())
-	d, err := Load(Options{PinPath: pin})
+	pin := fmt.Sprintf("%s-bench-%d", dataplane.DefaultPinPath, os.Getpid())
+	d, err := dataplane.Load(dataplane.Options{PinPath: pin})
 	if err != nil {
 		return nil, err
 	}
-	var aux auxObjects
-	if err := loadAuxObjects(&aux, nil); err != nil {
+	floor, err := xdpaux.LoadTX()
+	if err != nil {
 		d.Close()
-		Uninstall(pin)
-		return nil, fmt.Errorf("load xdp_tx: %w", err)
+		dataplane.Uninstall(pin)
+		return nil, err
 	}
-	w := &benchWorld{
-		d: d, floor: aux.XdpTx,
+	w := &world{
+		d: d, floor: floor,
 		nic:     net.HardwareAddr{2, 0, 0, 0, 0, 0xe},
 		vip4:    netip.MustParseAddr("192.0.2.10"),
 		vip6:    netip.MustParseAddr("2001:db8::10"),
 		client4: netip.MustParseAddr("198.51.100.7"),
 		client6: netip.MustParseAddr("2001:db8:1::7"),
-		cleanup: func() { aux.Close(); d.Close(); Uninstall(pin) },
+		cleanup: func() { floor.Close(); d.Close(); dataplane.Uninstall(pin) },
 	}
-	var bs []Backend
+	var bs []dataplane.Backend
 	for i := range 10 {
-		bs = append(bs, Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(11 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}})
+		bs = append(bs, dataplane.Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(11 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}})
 	}
-	if err := d.setMAC(w.nic); err != nil {
+	if err := d.SetMAC(w.nic); err != nil {
 		w.cleanup()
 		return nil, err
 	}
-	_, err = d.Apply(Desired{Seed: 1, Groups: []Group{{
+	_, err = d.Apply(dataplane.Desired{Seed: 1, Groups: []dataplane.Group{{
 		Name: "bench", VIPs: []netip.Addr{w.vip4, w.vip6},
 		Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Backends: bs,
 	}}})
@@ -93,7 +99,7 @@ func newBenchWorld() (*benchWorld, error) {
 	return w, nil
 }
 
-func (w *benchWorld) tcp(src, dst netip.Addr, sport uint16, flags uint8) []byte {
+func (w *world) tcp(src, dst netip.Addr, sport uint16, flags uint8) []byte {
 	return xdptest.Packet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: w.nic, Src: src, Dst: dst,
 		Proto: xdptest.TCP, SPort: sport, DPort: 443, Flags: flags, Payload: make([]byte, 64)}.Bytes()
 }
@@ -106,7 +112,7 @@ type benchCase struct {
 	distinct bool // every call must see a new flow
 }
 
-func (w *benchWorld) cases() []benchCase {
+func (w *world) cases() []benchCase {
 	est4 := w.tcp(w.client4, w.vip4, 40000, xdptest.ACK)
 	est6 := w.tcp(w.client6, w.vip6, 40000, xdptest.ACK)
 	other := w.tcp(w.client4, netip.MustParseAddr("192.0.2.99"), 40000, xdptest.ACK)
@@ -123,29 +129,29 @@ func (w *benchWorld) cases() []benchCase {
 	}
 }
 
-// BenchXDP measures xdp_lb's per-packet cost for the standard cases. It needs
-// root; it pins its own maps under a temporary path and removes them.
-func BenchXDP(o BenchOptions) ([]BenchResult, error) {
+// Run measures xdp_lb's per-packet cost for the standard cases. It needs root;
+// it pins its own maps under a temporary path and removes them.
+func Run(o Options) ([]Result, error) {
 	if o.Repeat <= 0 {
 		o.Repeat = 1_000_000
 	}
 	if o.Packets <= 0 {
 		o.Packets = 20_000
 	}
-	w, err := newBenchWorld()
+	w, err := newWorld()
 	if err != nil {
 		return nil, err
 	}
 	defer w.cleanup()
 
-	var out []BenchResult
+	var out []Result
 	for _, c := range w.cases() {
 		// Warm up: the established cases create their flow here.
 		verdict, _, err := c.prog.Test(c.frame(0))
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", c.name, err)
 		}
-		r := BenchResult{Name: c.name, Verdict: xdptest.VerdictName(verdict), Runs: o.Packets}
+		r := Result{Name: c.name, Verdict: xdptest.VerdictName(verdict), Runs: o.Packets}
 		if c.distinct {
 			var sum time.Duration
 			for i := 1; i <= o.Packets; i++ {
@@ -157,7 +163,7 @@ func BenchXDP(o BenchOptions) ([]BenchResult, error) {
 			}
 			r.Repeat = sum / time.Duration(o.Packets)
 			// The flows those calls created would make the next pass all hits.
-			if err := w.clearFlows(); err != nil {
+			if err := w.d.ClearFlows(); err != nil {
 				return nil, err
 			}
 		} else {
@@ -202,21 +208,4 @@ func perRun(c benchCase, n int) (time.Duration, error) {
 		return 0, fmt.Errorf("%s: no runs counted", c.name)
 	}
 	return (after.Runtime - before.Runtime) / time.Duration(runs), nil
-}
-
-func (w *benchWorld) clearFlows() error {
-	var k lbFlowKey
-	var keys []lbFlowKey
-	var v lbFlowVal
-	it := w.d.objs.Flows.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
-	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read map flows: %w", err)
-	}
-	for _, k := range keys {
-		w.d.objs.Flows.Delete(&k)
-	}
-	return nil
 }

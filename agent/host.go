@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"errors"
@@ -107,9 +107,11 @@ func (h hostState) setLoVIPs(want, managed []netip.Addr) error {
 	return writeAtomic(filepath.Join(h.dir, loVIPsFile), b.String())
 }
 
-// undo removes the recorded VIPs from lo, restores the recorded sysctls and
-// removes the state directory. Missing records are not an error.
-func (h hostState) undo() error {
+// UndoHost undoes what agents recorded in stateDir (portico uninstall): it
+// removes their VIPs from lo, restores the sysctls as they were before the first
+// agent and removes the directory. Missing records are not an error.
+func UndoHost(stateDir string) error {
+	h := hostState{dir: stateDir}
 	var errs []error
 	errs = append(errs, loVIPs(nil, h.managedVIPs()))
 	if b, err := os.ReadFile(filepath.Join(h.dir, sysctlOrigFile)); err == nil {

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -19,25 +19,45 @@ import (
 // (an allocation, an edit); everything else leaves it running, so ownership
 // never moves for an unrelated change.
 type vrrpSink struct {
-	base      context.Context // the agent's lifetime: announcers run under it
-	iface     string
-	group     string
-	priority  uint8 // configured priority when healthy
-	degraded  uint8 // priority while unhealthy
-	interval  time.Duration
-	version   uint8
-	log       *zap.Logger
-	met       *vrrp.Metrics
-	setLoVIPs func(want, managed []netip.Addr) error
+	base         context.Context // the agent's lifetime: announcers run under it
+	iface        string
+	group        string
+	priority     uint8 // configured priority when healthy
+	degraded     uint8 // priority while unhealthy
+	interval     time.Duration
+	version      uint8
+	log          *zap.Logger
+	newAnnouncer func(vrrp.Config) (announcer, error)
+	setLoVIPs    func(want, managed []netip.Addr) error
 
-	mu      sync.Mutex
-	key     string
-	managed []netip.Addr // VIPs this agent put on lo
-	ann     *vrrp.Announcer
-	names   []string
-	stopRun context.CancelFunc
-	done    chan struct{}
-	healthy bool
+	mu       sync.Mutex
+	key      string
+	managed  []netip.Addr // VIPs this agent put on lo
+	loSynced bool         // lo holds managed (false until the first write)
+	ann      announcer
+	names    []string
+	stopRun  context.CancelFunc
+	done     chan struct{}
+	healthy  bool
+}
+
+// announcer is what the sink uses of a vrrp.Announcer.
+type announcer interface {
+	Run(ctx context.Context) error
+	SetPriority(ctx context.Context, instance string, p uint8) error
+	States() map[string]vrrp.State
+}
+
+// newAnnouncer is the sink's announcer constructor: vrrp.New with the agent's
+// logger and metrics.
+func newAnnouncer(log *zap.Logger, met *vrrp.Metrics) func(vrrp.Config) (announcer, error) {
+	return func(cfg vrrp.Config) (announcer, error) {
+		a, err := vrrp.New(cfg, log, met)
+		if err != nil {
+			return nil, err // not a typed nil inside the interface
+		}
+		return a, nil
+	}
 }
 
 func (v *vrrpSink) Name() string { return "vrrp" }
@@ -94,10 +114,15 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 			g = x
 		}
 	}
-	if err := v.setLoVIPs(g.VIPs, v.managed); err != nil {
-		return err
+	// lo is written when the VIPs change, and once after start: what an
+	// earlier agent recorded is not proof of what lo holds.
+	if !v.loSynced || !slices.Equal(g.VIPs, v.managed) {
+		v.loSynced = false
+		if err := v.setLoVIPs(g.VIPs, v.managed); err != nil {
+			return err
+		}
+		v.managed, v.loSynced = slices.Clone(g.VIPs), true
 	}
-	v.managed = slices.Clone(g.VIPs)
 	key := fmt.Sprint(g.VRID, g.VIPs)
 	if key == v.key {
 		return nil
@@ -114,7 +139,7 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 		v.key = "" // try again with the next snapshot
 		return fmt.Errorf("vrrp config for group %s: %w", v.group, err)
 	}
-	ann, err := vrrp.New(cfg, v.log, v.met)
+	ann, err := v.newAnnouncer(cfg)
 	if err != nil {
 		v.key = ""
 		return fmt.Errorf("start vrrp for group %s: %w", v.group, err)

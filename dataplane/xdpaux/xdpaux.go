@@ -1,10 +1,16 @@
-package dataplane
+// Package xdpaux holds the one-line XDP programs that support xdp_lb without
+// being part of it (bpf/aux.bpf.c): xdp_pass, which labs attach to the peer of
+// an edge node's veth so the frames xdp_lb sends with XDP_TX are delivered, and
+// xdp_tx, the floor benchmarks measure xdp_lb against. The agent never loads
+// them.
+package xdpaux
 
 import (
 	"fmt"
 	"io"
 	"net"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 )
 
@@ -27,4 +33,19 @@ func AttachPass(iface string) (io.Closer, error) {
 		return nil, fmt.Errorf("attach xdp_pass to %s: %w", iface, err)
 	}
 	return l, nil
+}
+
+// LoadTX loads xdp_tx, the cheapest program that transmits. The caller closes it.
+func LoadTX() (*ebpf.Program, error) {
+	spec, err := loadAux()
+	if err != nil {
+		return nil, err
+	}
+	var objs struct {
+		XdpTx *ebpf.Program `ebpf:"xdp_tx"`
+	}
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		return nil, fmt.Errorf("load xdp_tx: %w", err)
+	}
+	return objs.XdpTx, nil
 }

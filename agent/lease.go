@@ -1,4 +1,4 @@
-package controlplane
+package agent
 
 import (
 	"context"
@@ -18,25 +18,25 @@ import (
 // `portico status` reads it.
 
 const (
-	// LabelAgent marks the agents' status Leases.
-	LabelAgent = "portico.io/agent"
-	// AnnotationAgentState holds an agent's published state.
-	AnnotationAgentState = "portico.io/agent-state"
+	// labelAgent marks the agents' status Leases.
+	labelAgent = "portico.io/agent"
+	// annotationState holds an agent's published state.
+	annotationState = "portico.io/agent-state"
 )
 
-// AgentLeaseName is the name of node's status Lease.
-func AgentLeaseName(node string) string { return "portico-agent-" + node }
+// leaseName is the name of node's status Lease.
+func leaseName(node string) string { return "portico-agent-" + node }
 
-// WriteAgentLease creates or renews node's status Lease in ns with state; the
+// WriteLease creates or renews node's status Lease in ns with state; the
 // report counts as stale once ttl passes without a renewal.
-func WriteAgentLease(ctx context.Context, client kubernetes.Interface, ns, node string, state []byte, ttl time.Duration) error {
+func WriteLease(ctx context.Context, client kubernetes.Interface, ns, node string, state []byte, ttl time.Duration) error {
 	leases := client.CoordinationV1().Leases(ns)
 	now := metav1.NewMicroTime(time.Now())
 	secs := int32((ttl + time.Second - 1) / time.Second)
-	l, err := leases.Get(ctx, AgentLeaseName(node), metav1.GetOptions{})
+	l, err := leases.Get(ctx, leaseName(node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
-		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: AgentLeaseName(node),
-			Labels: map[string]string{LabelAgent: "true"}, Annotations: map[string]string{AnnotationAgentState: string(state)}},
+		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leaseName(node),
+			Labels: map[string]string{labelAgent: "true"}, Annotations: map[string]string{annotationState: string(state)}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, LeaseDurationSeconds: &secs, RenewTime: &now}}
 		if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create status lease %s/%s: %w", ns, l.Name, err)
@@ -44,13 +44,13 @@ func WriteAgentLease(ctx context.Context, client kubernetes.Interface, ns, node 
 		return nil
 	}
 	if err != nil {
-		return fmt.Errorf("get status lease %s/%s: %w", ns, AgentLeaseName(node), err)
+		return fmt.Errorf("get status lease %s/%s: %w", ns, leaseName(node), err)
 	}
 	l = l.DeepCopy()
 	if l.Annotations == nil {
 		l.Annotations = map[string]string{}
 	}
-	l.Annotations[AnnotationAgentState] = string(state)
+	l.Annotations[annotationState] = string(state)
 	l.Spec.HolderIdentity, l.Spec.LeaseDurationSeconds, l.Spec.RenewTime = &node, &secs, &now
 	if _, err := leases.Update(ctx, l, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("renew status lease %s/%s: %w", ns, l.Name, err)
@@ -58,22 +58,22 @@ func WriteAgentLease(ctx context.Context, client kubernetes.Interface, ns, node 
 	return nil
 }
 
-// AgentLease is one agent's published state.
-type AgentLease struct {
+// Lease is one agent's published state.
+type Lease struct {
 	Node  string
 	State []byte
 	Stale bool // not renewed within its duration
 }
 
-// ListAgentLeases reads every agent's status Lease in ns, sorted by node.
-func ListAgentLeases(ctx context.Context, client kubernetes.Interface, ns string) ([]AgentLease, error) {
-	list, err := client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelAgent + "=true"})
+// ListLeases reads every agent's status Lease in ns, sorted by node.
+func ListLeases(ctx context.Context, client kubernetes.Interface, ns string) ([]Lease, error) {
+	list, err := client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: labelAgent + "=true"})
 	if err != nil {
 		return nil, fmt.Errorf("list agent leases in %s: %w", ns, err)
 	}
-	var out []AgentLease
+	var out []Lease
 	for _, l := range list.Items {
-		a := AgentLease{State: []byte(l.Annotations[AnnotationAgentState])}
+		a := Lease{State: []byte(l.Annotations[annotationState])}
 		if l.Spec.HolderIdentity != nil {
 			a.Node = *l.Spec.HolderIdentity
 		}

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"context"
@@ -20,17 +20,19 @@ import (
 // configuration. An unhealthy node lowers its VRRP priority, so a healthy node
 // takes the VIP; /readyz reports the same.
 type health struct {
-	attached  func() bool
-	l4        *l4Sink
-	reloader  *nginx.Reloader
-	statusURL string
+	attached  func() bool   // xdp_lb is attached (nil: not checked)
+	applied   func() bool   // the maps hold the latest snapshot
+	checksum  func() string // the configuration nginx should serve; "" before the first
+	statusURL string        // nginx's health endpoint: it answers with the checksum it serves
 	client    http.Client
 	stopping  atomic.Bool
 
-	mu     sync.Mutex
-	reason string // "" when healthy
+	mu       sync.Mutex
+	reason   string // "" when healthy
+	failures int    // consecutive failed checks
 }
 
+// check returns why the node cannot serve right now, or "".
 func (h *health) check(ctx context.Context) string {
 	if h.stopping.Load() {
 		return "shutting down"
@@ -38,10 +40,10 @@ func (h *health) check(ctx context.Context) string {
 	if h.attached != nil && !h.attached() {
 		return "xdp_lb is not attached"
 	}
-	if !h.l4.applied() {
+	if !h.applied() {
 		return "data plane maps are not current"
 	}
-	want := h.reloader.Checksum()
+	want := h.checksum()
 	if want == "" {
 		return "nginx has no configuration yet"
 	}
@@ -62,34 +64,42 @@ func (h *health) check(ctx context.Context) string {
 // not move the VIP on every Ingress change.
 const failuresToDegrade = 3
 
-// loop re-checks every second and moves the VRRP priority with the result.
-func (h *health) loop(ctx context.Context, vs *vrrpSink, log *zap.Logger) {
+// observe records one check's result and returns the node's health after it:
+// a healthy node turns unhealthy only after failuresToDegrade failed checks in
+// a row; an unhealthy one turns healthy with the first good check. changed
+// reports whether the reason differs from before.
+func (h *health) observe(result string) (reason string, changed bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	reason = result
+	if result == "" {
+		h.failures = 0
+	} else {
+		h.failures++
+		// A healthy node stays healthy until the failure persists: a single
+		// failed check may be a reload in progress.
+		if h.failures < failuresToDegrade && h.reason == "" {
+			reason = ""
+		}
+	}
+	changed = reason != h.reason
+	h.reason = reason
+	return reason, changed
+}
+
+// loop re-checks every second and hands each change of health to setHealthy
+// (the VRRP priority).
+func (h *health) loop(ctx context.Context, setHealthy func(context.Context, bool), log *zap.Logger) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	failures := 0
 	for {
-		reason := h.check(ctx)
-		if reason == "" {
-			failures = 0
-		} else {
-			failures++
-			// A healthy node stays healthy until the failure persists: a single
-			// failed check may be a reload in progress.
-			if failures < failuresToDegrade && h.current() == "" {
-				reason = ""
-			}
-		}
-		h.mu.Lock()
-		changed := reason != h.reason
-		h.reason = reason
-		h.mu.Unlock()
-		if changed {
+		if reason, changed := h.observe(h.check(ctx)); changed {
 			if reason == "" {
 				log.Info("node healthy")
 			} else {
 				log.Warn("node unhealthy", zap.String("reason", reason))
 			}
-			vs.setHealthy(ctx, reason == "")
+			setHealthy(ctx, reason == "")
 		}
 		select {
 		case <-ctx.Done():
@@ -112,9 +122,7 @@ func (h *health) mux(reg *prometheus.Registry) *http.ServeMux {
 		fmt.Fprintln(w, "ok")
 	})
 	m.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		h.mu.Lock()
-		reason := h.reason
-		h.mu.Unlock()
+		reason := h.current()
 		if h.stopping.Load() {
 			reason = "shutting down"
 		}

@@ -1,4 +1,4 @@
-package main
+package agent
 
 import (
 	"net"
@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
-	"go.uber.org/zap"
 
 	"github.com/portico-edge/portico/test/netlab"
 )
@@ -23,11 +22,12 @@ func requireRoot(t *testing.T) {
 	}
 }
 
-// TestHostSetupInNamespace: the agent's direct-server-return settings, VIPs on
-// lo and active ARP, on a node namespace with a neighbour.
-func TestHostSetupInNamespace(t *testing.T) {
+// twoNodes builds a lab of two node namespaces on one segment, a (10.215.0.1)
+// and b (10.215.0.2), removed when the test ends.
+func twoNodes(t *testing.T, prefix string) (a, b *netlab.Node) {
+	t.Helper()
 	requireRoot(t)
-	lab, err := netlab.New("pa")
+	lab, err := netlab.New(prefix)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,16 +38,22 @@ func TestHostSetupInNamespace(t *testing.T) {
 	})
 	macA, _ := net.ParseMAC("02:00:0a:d7:00:01")
 	macB, _ := net.ParseMAC("02:00:0a:d7:00:02")
-	a, err := lab.AddNode("a", netip.MustParsePrefix("10.215.0.1/24"), macA)
-	if err != nil {
+	if a, err = lab.AddNode("a", netip.MustParsePrefix("10.215.0.1/24"), macA); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := lab.AddNode("b", netip.MustParsePrefix("10.215.0.2/24"), macB); err != nil {
+	if b, err = lab.AddNode("b", netip.MustParsePrefix("10.215.0.2/24"), macB); err != nil {
 		t.Fatal(err)
 	}
+	return a, b
+}
+
+// TestHostSetupInNamespace: the agent's direct-server-return settings and VIPs on
+// lo, recorded and undone, on a node namespace.
+func TestHostSetupInNamespace(t *testing.T) {
+	a, _ := twoNodes(t, "pa")
 	vip4, vip6 := netip.MustParseAddr("10.215.0.100"), netip.MustParseAddr("fd00:215::100")
 	host := hostState{dir: t.TempDir() + "/state"}
-	err = netlab.Do(a.NS, func() error {
+	err := netlab.Do(a.NS, func() error {
 		before := map[string]string{}
 		for k := range dsrSysctls("eth0") {
 			v, err := os.ReadFile("/proc/sys/" + k)
@@ -93,7 +99,7 @@ func TestHostSetupInNamespace(t *testing.T) {
 			return err
 		}
 		// portico uninstall: VIPs gone from lo, sysctls as they were.
-		if err := host.undo(); err != nil {
+		if err := UndoHost(host.dir); err != nil {
 			return err
 		}
 		if got := loAddrs(t); got[vip6] {
@@ -112,24 +118,6 @@ func TestHostSetupInNamespace(t *testing.T) {
 			t.Errorf("state directory left behind: %v", err)
 		}
 
-		ifc, err := net.InterfaceByName("eth0")
-		if err != nil {
-			return err
-		}
-		n := &neighbors{ifc: ifc, log: zap.NewNop(), resolved: map[netip.Addr]net.HardwareAddr{}}
-		b := netip.MustParseAddr("10.215.0.2")
-		if _, ok := n.lookup(b); ok {
-			t.Errorf("neighbour %s known before anyone asked", b)
-		}
-		if err := n.resolve([]netip.Addr{b}); err != nil {
-			return err
-		}
-		if m, ok := n.lookup(b); !ok || m.String() != macB.String() {
-			t.Errorf("resolved %s to %v (%v), want %s", b, m, ok, macB)
-		}
-		if err := n.resolve([]netip.Addr{netip.MustParseAddr("10.215.0.77")}); err == nil {
-			t.Error("resolving an address nobody has succeeded")
-		}
 		return nil
 	})
 	if err != nil {

@@ -1,0 +1,217 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.uber.org/zap"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/nginx"
+	"github.com/portico-edge/portico/vrrp"
+)
+
+// Config is everything the agent is told (cmd/portico fills it from flags and
+// the environment, and checks it).
+type Config struct {
+	Kube         *rest.Config        // the API server
+	Group        string              // the group Service this node serves, namespace/name
+	Iface        string              // the edge interface: XDP, VRRP and ARP run on it
+	Node         string              // this node's name
+	Namespace    string              // watch only this namespace; empty: all
+	PodNamespace string              // namespace of the leader Lease and the status Leases
+	Pools        []controlplane.Pool // VIP pools the leader allocates from
+	Seed         uint32              // cluster-wide flow hash seed: equal on every node
+	PinPath      string              // bpffs directory for xdp_lb's maps, program and link
+	RingSize     uint32              // Maglev table size (a prime), equal on every node
+	NginxDir     string              // nginx prefix: configuration, certificates, pid file
+
+	HTTPPort, HTTPSPort uint16
+	StatusPort          uint16 // nginx status port on 127.0.0.1 (health, stub_status)
+	MetricsAddr         string // address of /metrics, /healthz and /readyz
+
+	VRRPPriority uint8 // VRRP priority while healthy
+	VRRPDegraded uint8 // VRRP priority while unhealthy
+	VRRPVersion  uint8 // for IPv4 (2 for keepalived peers); IPv6 is always 3
+	VRRPInterval time.Duration
+
+	StateDir      string        // records what the agent changed on the host
+	ShutdownDelay time.Duration // serving, unready, after ctx ends and before the VIP is released
+}
+
+// DefaultStateDir is the node-local directory where the agent records what it
+// changed on the host (see UndoHost).
+const DefaultStateDir = "/run/portico"
+
+// Run runs the agent until ctx ends, then releases the VIPs and stops. The XDP
+// program stays attached and its maps pinned, so forwarding goes on while the
+// agent restarts.
+func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	client, err := kubernetes.NewForConfig(cfg.Kube)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg.Kube)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	ifc, err := net.InterfaceByName(cfg.Iface)
+	if err != nil {
+		return fmt.Errorf("edge interface: %w", err)
+	}
+	host := hostState{dir: cfg.StateDir}
+	if err := host.setupDSR(cfg.Iface); err != nil {
+		return fmt.Errorf("direct server return sysctls: %w", err)
+	}
+
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return fmt.Errorf("remove memlock rlimit: %w", err)
+	}
+	dp, err := dataplane.Load(dataplane.Options{PinPath: cfg.PinPath, RingSize: cfg.RingSize, Logger: log.Named("dataplane")})
+	if err != nil {
+		return err
+	}
+	defer dp.Close() // pins stay: forwarding goes on while the agent restarts
+	if err := dp.Attach(cfg.Iface); err != nil {
+		return err
+	}
+	reg.MustRegister(dataplane.NewCollector(dp))
+
+	ropts := nginx.DefaultOptions(cfg.NginxDir)
+	ropts.Group = cfg.Group
+	ropts.HTTPPort, ropts.HTTPSPort, ropts.StatusPort = cfg.HTTPPort, cfg.HTTPSPort, cfg.StatusPort
+	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts},
+		nginx.Exec{Log: log.Named("nginx.master")}, log.Named("nginx"), reg)
+	if err != nil {
+		return err
+	}
+
+	l4 := &l4Sink{dp: dp, group: cfg.Group, seed: cfg.Seed, log: log.Named("l4"),
+		neigh: &neighbors{ifc: ifc, log: log.Named("neighbors"), resolved: map[netip.Addr]net.HardwareAddr{}}}
+	vmet, err := vrrp.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	vlog := log.Named("vrrp")
+	vs := &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group,
+		priority: cfg.VRRPPriority, degraded: cfg.VRRPDegraded,
+		interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: vlog,
+		newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
+
+	// nginx starts (or adopts the master a previous agent left running) only
+	// with the first real snapshot: an adopted master must never be reloaded
+	// with an empty configuration while it serves traffic.
+	l7 := &firstSnapshot{Sink: reloader, arrived: make(chan struct{})}
+	ctrl, err := controlplane.New(controlplane.Config{
+		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
+		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, vs},
+		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true,
+	})
+	if err != nil {
+		return err
+	}
+
+	h := &health{attached: dp.Attached, applied: l4.applied, checksum: reloader.Checksum, reason: "starting",
+		statusURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", cfg.StatusPort)}
+	srv := &http.Server{Handler: h.mux(reg), ReadHeaderTimeout: 5 * time.Second}
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.MetricsAddr, err)
+	}
+
+	// Everything but VRRP stops when ctx ends; VRRP is released first.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	var wg sync.WaitGroup
+	// The first failure stops the agent; later ones (during shutdown) are only
+	// logged, so no goroutine ever blocks on errc.
+	errc := make(chan error, 1)
+	goRun := func(name string, f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(runCtx); err != nil && !errors.Is(err, context.Canceled) {
+				select {
+				case errc <- fmt.Errorf("%s: %w", name, err):
+				default:
+					log.Error("agent part failed", zap.String("part", name), zap.Error(err))
+				}
+			}
+		}()
+	}
+	goRun("nginx", func(ctx context.Context) error {
+		select {
+		case <-l7.arrived:
+			return reloader.Run(ctx)
+		case <-ctx.Done():
+			return nil
+		}
+	})
+	goRun("controlplane", ctrl.Run)
+	goRun("neighbours", l4.watchNeighbours)
+	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs.setHealthy, log); return nil })
+	goRun("status", func(ctx context.Context) error {
+		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vs.states, vips: dp.VIPs}
+		publishStatus(ctx, client, cfg.PodNamespace, view.collect, log.Named("status"))
+		return nil
+	})
+	go srv.Serve(ln)
+	log.Info("agent started", zap.String("iface", cfg.Iface), zap.String("metrics", cfg.MetricsAddr))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		// Unready first, still serving: Kubernetes marks the endpoint terminating,
+		// every edge stops giving this replica new flows, its flows finish.
+		h.stopping.Store(true)
+		log.Info("agent stopping: unready, still serving", zap.Duration("delay", cfg.ShutdownDelay))
+		select {
+		case <-time.After(cfg.ShutdownDelay):
+		case runErr = <-errc:
+		}
+	case runErr = <-errc:
+		log.Error("agent stopping", zap.Error(runErr))
+	}
+	// Then priority-0 release (a Backup takes over after its skew time), then
+	// nginx finishes in-flight requests, then the rest.
+	h.stopping.Store(true)
+	log.Info("releasing VIPs")
+	vs.stop()
+	cancel()
+	wg.Wait()
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	srv.Shutdown(sctx)
+	log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)")
+	return runErr
+}
+
+// firstSnapshot passes snapshots to a sink and closes arrived at the first one.
+type firstSnapshot struct {
+	controlplane.Sink
+	once    sync.Once
+	arrived chan struct{}
+}
+
+func (f *firstSnapshot) Apply(ctx context.Context, snap model.Snapshot) error {
+	err := f.Sink.Apply(ctx, snap)
+	f.once.Do(func() { close(f.arrived) })
+	return err
+}

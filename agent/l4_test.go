@@ -1,0 +1,169 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"testing"
+
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+func TestDesiredFor(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.10")
+	a, b, c, d := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.0.0.4")
+	macB, _ := net.ParseMAC("02:00:00:00:00:02")
+	macC, _ := net.ParseMAC("02:00:00:00:00:03")
+	snap := model.Snapshot{Groups: []model.Group{
+		{Name: "edge/web", VIPs: []netip.Addr{vip}, VRID: 7, Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Replicas: []model.Replica{
+			{Addr: a, State: model.Ready}, {Addr: b, State: model.Ready, Weight: 2}, {Addr: c, State: model.Draining}, {Addr: d, State: model.Ready},
+		}},
+		{Name: "edge/other", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.11")}, Replicas: []model.Replica{{Addr: b}}},
+		{Name: "edge/novip", Replicas: []model.Replica{{Addr: b}}},
+	}}
+	local := func(x netip.Addr) bool { return x == a }
+	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macC}
+	mac := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
+
+	got, missing := desiredFor(snap, "edge/web", 42, local, mac)
+	want := dataplane.Desired{Seed: 42, Groups: []dataplane.Group{{
+		Name: "edge/web", VIPs: []netip.Addr{vip}, Ports: []model.Port{{Protocol: model.TCP, Port: 443}},
+		Backends: []dataplane.Backend{
+			{Addr: a, Local: true},
+			{Addr: b, MAC: macB, Weight: 2},
+			{Addr: c, MAC: macC, Draining: true},
+		},
+	}}}
+	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+		t.Errorf("desired (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]netip.Addr{d}, missing, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+		t.Errorf("unresolved (-want +got):\n%s", diff)
+	}
+	if got, _ := desiredFor(snap, "edge/novip", 42, local, mac); len(got.Groups) != 0 {
+		t.Errorf("a group without VIPs gave %+v", got.Groups)
+	}
+	if got, _ := desiredFor(snap, "edge/gone", 42, local, mac); len(got.Groups) != 0 || got.Seed != 42 {
+		t.Errorf("a missing group gave %+v", got)
+	}
+}
+
+func TestMACChanged(t *testing.T) {
+	a, b, c, other := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.0.0.9")
+	macB, _ := net.ParseMAC("02:00:00:00:00:02")
+	macNew, _ := net.ParseMAC("02:00:00:00:00:99")
+	s := &l4Sink{group: "edge/web",
+		last: model.Snapshot{Groups: []model.Group{
+			{Name: "edge/web", Replicas: []model.Replica{{Addr: a}, {Addr: b}, {Addr: c}}},
+			{Name: "edge/other", Replicas: []model.Replica{{Addr: other}}},
+		}},
+		given: dataplane.Desired{Groups: []dataplane.Group{{Name: "edge/web", Backends: []dataplane.Backend{
+			{Addr: a, Local: true}, {Addr: b, MAC: macB}, // c was left out: no MAC
+		}}}},
+	}
+	for _, tc := range []struct {
+		name string
+		addr netip.Addr
+		mac  net.HardwareAddr
+		want bool
+	}{
+		{"same MAC", b, macB, false},
+		{"new MAC", b, macNew, true},
+		{"a replica that had no MAC", c, macNew, true},
+		{"this node", a, macNew, false},
+		{"another group's replica", other, macNew, false},
+	} {
+		if got := s.macChanged(tc.addr, tc.mac); got != tc.want {
+			t.Errorf("%s: macChanged(%s, %s) = %v, want %v", tc.name, tc.addr, tc.mac, got, tc.want)
+		}
+	}
+}
+
+// TestL4SinkInNamespace applies snapshots through the sink to a real xdp_lb on a
+// node namespace: this node's replica is local, a neighbour's gets its MAC by
+// ARP, and a replica nobody answers for is left out until it goes away.
+func TestL4SinkInNamespace(t *testing.T) {
+	a, b := twoNodes(t, "pl")
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatal(err)
+	}
+	pin := fmt.Sprintf("/sys/fs/bpf/portico-agent-test-%d", os.Getpid())
+	err := netlab.Do(a.NS, func() error {
+		ifc, err := net.InterfaceByName("eth0")
+		if err != nil {
+			return err
+		}
+		dp, err := dataplane.Load(dataplane.Options{PinPath: pin, RingSize: 13})
+		if err != nil {
+			return err
+		}
+		t.Cleanup(func() { dp.Close(); dataplane.Uninstall(pin) })
+		s := &l4Sink{dp: dp, group: "edge/web", seed: 1, log: zap.NewNop(),
+			neigh: &neighbors{ifc: ifc, log: zap.NewNop(), resolved: map[netip.Addr]net.HardwareAddr{}}}
+		vip, gone := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("10.215.0.77")
+		snap := func(extra ...netip.Addr) model.Snapshot {
+			g := model.Group{Name: "edge/web", VIPs: []netip.Addr{vip}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}},
+				Replicas: []model.Replica{{Addr: a.Addr.Addr()}, {Addr: b.Addr.Addr()}}}
+			for _, x := range extra {
+				g.Replicas = append(g.Replicas, model.Replica{Addr: x})
+			}
+			return model.Snapshot{Groups: []model.Group{g}}
+		}
+		wantBackends := []string{a.Addr.Addr().String() + " local", b.Addr.Addr().String() + " " + b.MAC.String()}
+
+		if err := s.Apply(context.Background(), snap(gone)); err == nil {
+			t.Error("Apply with an unresolvable replica succeeded")
+		}
+		if s.applied() {
+			t.Error("applied() with a replica left out")
+		}
+		if diff := cmp.Diff(wantBackends, backendsIn(t, dp, vip)); diff != "" {
+			t.Errorf("backends with one unresolvable (-want +got):\n%s", diff)
+		}
+		if err := s.Apply(context.Background(), snap()); err != nil {
+			return err
+		}
+		if !s.applied() {
+			t.Error("not applied() after a complete Apply")
+		}
+		if diff := cmp.Diff(wantBackends, backendsIn(t, dp, vip)); diff != "" {
+			t.Errorf("backends (-want +got):\n%s", diff)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// backendsIn lists a VIP's backends in the maps as "addr local" or "addr MAC".
+func backendsIn(t *testing.T, dp *dataplane.Dataplane, vip netip.Addr) []string {
+	t.Helper()
+	views, err := dp.VIPs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, v := range views {
+		if v.Addr != vip {
+			continue
+		}
+		for _, b := range v.Backends {
+			if b.Local {
+				out = append(out, b.Addr.String()+" local")
+			} else {
+				out = append(out, b.Addr.String()+" "+b.MAC.String())
+			}
+		}
+	}
+	return out
+}
