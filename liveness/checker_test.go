@@ -1,0 +1,273 @@
+package liveness
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap/zaptest"
+)
+
+// replicaServer stands in for one replica's nginx: an HTTP server on its own
+// loopback address answering Path. It can be stopped (nothing listens), hung
+// (connections accepted, no answers: a stopped or wedged nginx) and started again.
+type replicaServer struct {
+	t    *testing.T
+	addr netip.Addr
+	port uint16
+
+	mu   sync.Mutex
+	srv  *http.Server
+	hung chan struct{} // closed to release hung handlers
+	hang bool
+}
+
+func newReplicaServer(t *testing.T, addr string, port uint16) *replicaServer {
+	r := &replicaServer{t: t, addr: netip.MustParseAddr(addr), port: port}
+	r.start()
+	t.Cleanup(r.stop)
+	return r
+}
+
+func (r *replicaServer) start() {
+	ln, err := net.Listen("tcp", netip.AddrPortFrom(r.addr, r.port).String())
+	if err != nil {
+		r.t.Fatalf("listen: %v", err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hung = make(chan struct{})
+	hung := r.hung
+	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		r.mu.Lock()
+		hang := r.hang
+		r.mu.Unlock()
+		if hang {
+			<-hung
+			return
+		}
+		if req.URL.Path != Path {
+			http.NotFound(w, req)
+			return
+		}
+		fmt.Fprintln(w, "live")
+	})}
+	go r.srv.Serve(ln)
+}
+
+func (r *replicaServer) stop() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.srv != nil {
+		close(r.hung)
+		r.srv.Close()
+		r.srv = nil
+	}
+}
+
+func (r *replicaServer) setHang(h bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.hang = h
+	if !h {
+		close(r.hung)
+		r.hung = make(chan struct{})
+	}
+}
+
+func freePort(t *testing.T) uint16 {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return uint16(ln.Addr().(*net.TCPAddr).Port)
+}
+
+func startChecker(t *testing.T, cfg Config) (*Checker, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg.Registerer, cfg.Logger = reg, zaptest.NewLogger(t)
+	c, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c, reg
+}
+
+// waitDead waits (bounded) until Dead() equals want and returns how long it took.
+func waitDead(t *testing.T, c *Checker, want []netip.Addr, limit time.Duration) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for time.Since(start) < limit {
+		if slices.Equal(c.Dead(), want) {
+			return time.Since(start)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	t.Fatalf("dead replicas %v after %v, want %v", c.Dead(), limit, want)
+	return 0
+}
+
+func noneLocal(netip.Addr) bool { return false }
+
+func TestCheckerFollowsReplicas(t *testing.T) {
+	port := freePort(t)
+	a := newReplicaServer(t, "127.0.0.2", port)
+	b := newReplicaServer(t, "127.0.0.3", port)
+	c, reg := startChecker(t, Config{Port: port})
+	c.SetTargets([]netip.Addr{a.addr, b.addr}, noneLocal)
+
+	time.Sleep(300 * time.Millisecond) // several rounds of answers
+	if d := c.Dead(); len(d) != 0 {
+		t.Fatalf("dead %v with both serving", d)
+	}
+
+	// Stopped: nothing listens any more.
+	a.stop()
+	took := waitDead(t, c, []netip.Addr{a.addr}, 3*time.Second)
+	t.Logf("stopped replica out after %v", took.Round(time.Millisecond))
+
+	// Hung: connections are accepted and never answered (a stopped or wedged nginx).
+	b.setHang(true)
+	took = waitDead(t, c, []netip.Addr{a.addr, b.addr}, 3*time.Second)
+	t.Logf("hung replica out after %v", took.Round(time.Millisecond))
+
+	// Both answer again: they come back, damped.
+	a.start()
+	b.setHang(false)
+	took = waitDead(t, c, nil, 5*time.Second)
+	t.Logf("both back after %v (rise %d × %v)", took.Round(time.Millisecond), DefaultTiming.Rise, DefaultTiming.Interval)
+
+	if got := testutil.ToFloat64(c.met.transitions.WithLabelValues("dead")); got != 2 {
+		t.Errorf("dead transitions = %v, want 2", got)
+	}
+	if got := testutil.ToFloat64(c.met.transitions.WithLabelValues("live")); got != 2 {
+		t.Errorf("live transitions = %v, want 2", got)
+	}
+	if n, err := testutil.GatherAndCount(reg, "portico_liveness_probes_total"); err != nil || n != len(Results) {
+		t.Errorf("probe series %d (%v), want %d", n, err, len(Results))
+	}
+	view := c.View()
+	if len(view) != 2 || !view[0].Live || !view[1].Live || view[0].Addr != a.addr {
+		t.Errorf("view %+v", view)
+	}
+}
+
+// A checker that cannot open sockets says nothing of the replicas: they stay
+// live (Kubernetes' view), loudly.
+func TestCheckerFaultFallsBack(t *testing.T) {
+	port := freePort(t)
+	a := newReplicaServer(t, "127.0.0.2", port)
+	var mu sync.Mutex
+	broken := false
+	cfg := Config{Port: port}
+	cfg.dial = func(iface string, local bool) func(ctx context.Context, network, addr string) (net.Conn, error) {
+		d := dialer(iface, local)
+		return func(ctx context.Context, network, addr string) (net.Conn, error) {
+			mu.Lock()
+			b := broken
+			mu.Unlock()
+			if b {
+				return nil, &net.OpError{Op: "dial", Net: network, Err: syscall.EMFILE}
+			}
+			return d(ctx, network, addr)
+		}
+	}
+	c, _ := startChecker(t, cfg)
+	c.SetTargets([]netip.Addr{a.addr}, noneLocal)
+	time.Sleep(100 * time.Millisecond)
+
+	mu.Lock()
+	broken = true
+	mu.Unlock()
+	a.stop() // the replica dies too, but the checker cannot know
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		if v := c.View(); v[0].Fallback != "" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // longer than DeadAfter
+	if d := c.Dead(); len(d) != 0 {
+		t.Fatalf("dead %v while the checker cannot probe: want Kubernetes' view", d)
+	}
+	if v := c.View(); v[0].Fallback == "" {
+		t.Fatalf("view %+v does not say the checker fell back", v)
+	}
+	if got := testutil.ToFloat64(c.met.faults); got != 1 {
+		t.Errorf("faults = %v, want 1", got)
+	}
+
+	// It works again: now it sees the replica is gone.
+	mu.Lock()
+	broken = false
+	mu.Unlock()
+	waitDead(t, c, []netip.Addr{a.addr}, 3*time.Second)
+}
+
+// A stalled evaluation loop falls back to Kubernetes' view for every replica.
+func TestCheckerStallFallsBack(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c, err := New(Config{Port: 1, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddr("192.0.2.1")
+	c.SetTargets([]netip.Addr{a}, noneLocal) // not running: no probes
+	c.targets[a].rep.live = false
+	if d := c.Dead(); !slices.Equal(d, []netip.Addr{a}) {
+		t.Fatalf("dead %v", d)
+	}
+	mu.Lock()
+	now = now.Add(2 * time.Second) // no evaluation for 2 s
+	mu.Unlock()
+	if d := c.Dead(); len(d) != 0 {
+		t.Fatalf("dead %v from a stalled checker", d)
+	}
+	if v := c.View(); v[0].Fallback != "checker stalled" {
+		t.Fatalf("view %+v", v)
+	}
+	if got := testutil.ToFloat64(c.met.fallback); got != 1 {
+		t.Errorf("fallback gauge %v", got)
+	}
+}
+
+func TestClassify(t *testing.T) {
+	op := func(e error) error { return &net.OpError{Op: "read", Net: "tcp", Err: e} }
+	for _, tc := range []struct {
+		err  error
+		want Result
+	}{
+		{op(syscall.ECONNREFUSED), Refused},
+		{op(syscall.ECONNRESET), Reset},
+		{op(syscall.EHOSTUNREACH), Unreachable},
+		{op(syscall.EMFILE), Fault},
+		{op(syscall.ENOBUFS), Fault},
+		{context.DeadlineExceeded, Timeout},
+		{fmt.Errorf("malformed HTTP response %q", "x"), Fault},
+	} {
+		if got := classify(tc.err); got != tc.want {
+			t.Errorf("classify(%v) = %s, want %s", tc.err, got, tc.want)
+		}
+	}
+	if got := classifyRead(fmt.Errorf("malformed HTTP response %q", "x")); got != BadAnswer {
+		t.Errorf("classifyRead(parse error) = %s", got)
+	}
+}

@@ -1,0 +1,50 @@
+package liveness
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the checker's series (namespace portico, subsystem liveness).
+// Labels come from closed lists: no replica addresses.
+type metrics struct {
+	probes      *prometheus.CounterVec
+	transitions *prometheus.CounterVec
+	replicas    *prometheus.GaugeVec
+	faults      prometheus.Counter
+	fallback    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "portico", Subsystem: "liveness", Name: name, Help: help}
+	}
+	m := &metrics{
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts(opts("probes_total",
+			"Liveness probes of replicas' nginx, by result.")), []string{"result"}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts(opts("transitions_total",
+			"Replicas that went dead or came back live, as this node sees them.")), []string{"to"}),
+		replicas: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("replicas",
+			"Replicas checked, by verdict (fallback: the checker failed for it and Kubernetes' view holds).")), []string{"state"}),
+		faults: prometheus.NewCounter(prometheus.CounterOpts(opts("checker_faults_total",
+			"Failures of the checker itself (sockets, a panic, a stalled loop); each falls back to Kubernetes' view."))),
+		fallback: prometheus.NewGauge(prometheus.GaugeOpts(opts("fallback",
+			"1 while the checker as a whole has failed and every replica Kubernetes lists ready is used."))),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.fallback} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register liveness metrics: %w", err)
+		}
+	}
+	for _, r := range Results {
+		m.probes.WithLabelValues(string(r))
+	}
+	for _, to := range []string{"live", "dead"} {
+		m.transitions.WithLabelValues(to)
+	}
+	return m, nil
+}

@@ -1,0 +1,87 @@
+package liveness
+
+import "time"
+
+// Timing is how fast a replica goes out and how slowly it comes back.
+type Timing struct {
+	// Interval is the time between two probes of one replica.
+	Interval time.Duration
+	// DeadAfter is how long a replica may go without one good answer before it
+	// is dead. Detection takes at most Interval + DeadAfter + the checker's tick.
+	DeadAfter time.Duration
+	// Rise is how many consecutive good answers bring a dead replica back.
+	Rise int
+	// FlapWindow: a replica that dies again within this time of coming back
+	// needs twice as many good answers the next time (up to Rise<<MaxPenalty);
+	// one that stays live this long is forgiven.
+	FlapWindow time.Duration
+}
+
+// MaxPenalty caps the damping of a flapping replica: Rise<<MaxPenalty good
+// answers (6.4 s at the defaults).
+const MaxPenalty = 6
+
+// DefaultTiming detects a dead replica in at most ~185 ms (25 ms + 150 ms + a
+// 10 ms tick), well inside the 300 ms that a director has to stop giving it new
+// flows, and brings it back after 125 ms of good answers.
+var DefaultTiming = Timing{Interval: 25 * time.Millisecond, DeadAfter: 150 * time.Millisecond, Rise: 5, FlapWindow: 10 * time.Second}
+
+// replica is the damped verdict on one replica, a pure function of the probe
+// results and times it is shown. A replica starts live: Kubernetes already
+// says it is ready, and a restarted agent must not empty its rings while its
+// first answers are on the way.
+type replica struct {
+	live    bool
+	since   time.Time // of the last transition (or the first sight)
+	lastOK  time.Time // the last good answer, or the first sight
+	good    int       // consecutive good answers while dead
+	penalty int       // doublings of Rise owed for recent flaps
+	rose    time.Time // when it last came back
+}
+
+func newReplica(now time.Time) *replica {
+	return &replica{live: true, since: now, lastOK: now}
+}
+
+// rise is the number of consecutive good answers a dead replica needs now.
+func (r *replica) rise(t Timing) int { return t.Rise << r.penalty }
+
+// answer records one probe result and reports whether the verdict changed.
+func (r *replica) answer(t Timing, now time.Time, ok bool) bool {
+	if !ok {
+		r.good = 0
+		return r.expire(t, now)
+	}
+	gap := now.Sub(r.lastOK)
+	r.lastOK = now
+	if r.live {
+		if r.penalty > 0 && now.Sub(r.rose) >= t.FlapWindow {
+			r.penalty = 0
+		}
+		return false
+	}
+	if gap > t.DeadAfter/2 {
+		r.good = 0 // answers with a silence between are not consecutive
+	}
+	r.good++
+	if r.good < r.rise(t) {
+		return false
+	}
+	r.live, r.since, r.rose, r.good = true, now, now, 0
+	return true
+}
+
+// expire turns a live replica dead once it has gone DeadAfter without a good
+// answer, and reports whether it did.
+func (r *replica) expire(t Timing, now time.Time) bool {
+	if !r.live || now.Sub(r.lastOK) <= t.DeadAfter {
+		return false
+	}
+	if !r.rose.IsZero() && now.Sub(r.rose) < t.FlapWindow {
+		r.penalty = min(r.penalty+1, MaxPenalty)
+	} else {
+		r.penalty = 0
+	}
+	r.live, r.since, r.good = false, now, 0
+	return true
+}
