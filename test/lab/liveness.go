@@ -1,0 +1,146 @@
+package lab
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+// pinDir is where node n's agent pins its maps.
+func (l *Lab) pinDir(n *Node) string { return "/sys/fs/bpf/" + l.Net.Prefix + n.Name }
+
+// Replicas reads node n's pinned maps: the replicas its data plane steers the
+// VIP to (the addresses of the nodes in its ring), and the table digest.
+func (l *Lab) Replicas(n *Node) (addrs []netip.Addr, digest string, err error) {
+	in, err := dataplane.OpenPinned(l.pinDir(n))
+	if err != nil {
+		return nil, "", err
+	}
+	defer in.Close()
+	vips, err := in.VIPs()
+	if err != nil {
+		return nil, "", err
+	}
+	for _, v := range vips {
+		if v.Addr != VIP {
+			continue
+		}
+		for _, b := range v.Backends {
+			addrs = append(addrs, b.Addr)
+		}
+		digest = v.Digest
+	}
+	sort.Slice(addrs, func(i, j int) bool { return addrs[i].Less(addrs[j]) })
+	return addrs, digest, nil
+}
+
+// InRing reports whether node n's data plane steers to replica r.
+func (l *Lab) InRing(n, r *Node) (bool, error) {
+	addrs, _, err := l.Replicas(n)
+	if err != nil {
+		return false, err
+	}
+	for _, a := range addrs {
+		if a == r.Addr.Addr() {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// DigestsAgree reports whether every given node's table digest is the same.
+func (l *Lab) DigestsAgree(nodes []*Node) error {
+	seen := map[string][]string{}
+	for _, n := range nodes {
+		_, d, err := l.Replicas(n)
+		if err != nil {
+			return err
+		}
+		seen[d] = append(seen[d], n.Name)
+	}
+	if len(seen) != 1 {
+		return fmt.Errorf("table digests differ: %v", seen)
+	}
+	return nil
+}
+
+// KillEdge kills node n's agent (-9) and cuts its link: a dead edge.
+func (l *Lab) KillEdge(n *Node) error {
+	if err := l.Agent(l.EdgeNo(n)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		return err
+	}
+	return netlab.IP("-n", n.NS, "link", "set", "eth0", "down")
+}
+
+// NonOwner returns an edge that does not own the VIP.
+func (l *Lab) NonOwner() (*Node, error) {
+	owner, err := l.Owner()
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range l.Edges {
+		if e != owner {
+			return e, nil
+		}
+	}
+	return nil, fmt.Errorf("no edge but the owner")
+}
+
+// LivenessTransitions counts node n's agent's log lines saying replica r went
+// to state ("dead" or "live").
+func (l *Lab) LivenessTransitions(n, r *Node, to string) int {
+	count := 0
+	for _, line := range strings.Split(l.Agent(l.EdgeNo(n)).Log(), "\n") {
+		if strings.Contains(line, "replica liveness changed") &&
+			strings.Contains(line, `"backend":"`+r.Addr.Addr().String()+`"`) &&
+			strings.Contains(line, `"to":"`+to+`"`) {
+			count++
+		}
+	}
+	return count
+}
+
+// NginxPIDs lists the nginx processes (master and workers) of node n's agent.
+func (l *Lab) NginxPIDs(n *Node) ([]int, error) {
+	a := l.Agent(l.EdgeNo(n))
+	b, err := os.ReadFile(filepath.Join(a.Dir, "nginx.pid"))
+	if err != nil {
+		return nil, err
+	}
+	master, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("nginx pid file: %w", err)
+	}
+	pids := []int{master}
+	out, err := exec.Command("pgrep", "-P", fmt.Sprint(master)).Output()
+	if err != nil {
+		return nil, fmt.Errorf("nginx workers of %d: %w", master, err)
+	}
+	for _, f := range strings.Fields(string(out)) {
+		var p int
+		if _, err := fmt.Sscan(f, &p); err == nil {
+			pids = append(pids, p)
+		}
+	}
+	return pids, nil
+}
+
+// SignalAll sends sig to every pid.
+func SignalAll(pids []int, sig syscall.Signal) error {
+	for _, p := range pids {
+		if err := syscall.Kill(p, sig); err != nil {
+			return fmt.Errorf("signal %d: %w", p, err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,294 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+// livenessBound is what the agents' defaults promise: a replica that can no
+// longer serve gets no new flows from any director 300 ms after the fault.
+const livenessBound = 300 * time.Millisecond
+
+// liveTraffic is what every liveness test runs throughout: long-lived
+// connections held through the VIP and a bounded stream of new ones.
+type liveTraffic struct {
+	held   KeepConns
+	stream *Stream
+}
+
+func startTraffic(t *testing.T, l *Lab) *liveTraffic {
+	t.Helper()
+	ctx := context.Background()
+	held, err := l.OpenKeepConns(ctx, "echo.lab", 150)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held.Close)
+	tr := &liveTraffic{held: held, stream: l.StartStream(ctx, "echo.lab", StreamOptions{})}
+	time.Sleep(500 * time.Millisecond)
+	return tr
+}
+
+// checkHeld requires every held connection on a replica other than the
+// excluded ones to answer.
+func (tr *liveTraffic) checkHeld(t *testing.T, excluded ...*Node) {
+	t.Helper()
+	skip := map[string]bool{}
+	for _, n := range excluded {
+		skip[n.Addr.Addr().String()] = true
+	}
+	kept, total := 0, 0
+	for _, k := range tr.held {
+		if skip[k.Edge] {
+			continue
+		}
+		total++
+		if _, err := k.Do("echo.lab", "/after", 3*time.Second); err == nil {
+			kept++
+		} else {
+			t.Logf("held connection via %s: %v", k.Edge, err)
+		}
+	}
+	t.Logf("%d of %d long-lived connections on other replicas kept working", kept, total)
+	if total < 50 || kept != total {
+		t.Errorf("%d of %d long-lived connections on other replicas kept working, want all (and >= 50)", kept, total)
+	}
+}
+
+// waitRing waits until every node in directors has victim in its ring (in) or
+// not (!in), and returns how long after the fault that was seen.
+func waitRing(t *testing.T, l *Lab, directors []*Node, victim *Node, in bool, fault time.Time, limit time.Duration) time.Duration {
+	t.Helper()
+	var last time.Duration
+	if err := waitFor(limit, func() error {
+		for _, d := range directors {
+			got, err := l.InRing(d, victim)
+			if err != nil {
+				return err
+			}
+			if got != in {
+				return fmt.Errorf("%s: %s in ring = %v", d.Name, victim.Name, got)
+			}
+		}
+		last = time.Since(fault)
+		return nil
+	}); err != nil {
+		t.Fatalf("replica %s in=%v on every director: %v", victim.Name, in, err)
+	}
+	return last
+}
+
+func others(l *Lab, n *Node) []*Node {
+	var out []*Node
+	for _, e := range l.Edges {
+		if e != n {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+// requireBound checks that no new connection failed later than bound after the fault.
+func requireBound(t *testing.T, f Failures, bound time.Duration) {
+	t.Helper()
+	t.Logf("new connections: %v", f)
+	if f.Total < 200 {
+		t.Errorf("only %d new connections after the fault", f.Total)
+	}
+	if f.Failed > 0 && f.Last > bound {
+		t.Errorf("a new connection failed %v after the fault, want <= %v", f.Last.Round(time.Millisecond), bound)
+	}
+}
+
+// Tests 1 and 6 of the liveness issue: a non-owner edge dies (agent kill -9 and
+// link cut) and leaves every ring within the bound; it comes back, rejoins
+// after its checks pass, and every node's digest agrees again within 1 s.
+func TestLivenessEdgeDeathAndReturn(t *testing.T) {
+	l := startLab(t)
+	victim, err := l.NonOwner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startTraffic(t, l)
+	fault := time.Now()
+	if err := l.KillEdge(victim); err != nil {
+		t.Fatal(err)
+	}
+	out := waitRing(t, l, others(l, victim), victim, false, fault, 5*time.Second)
+	t.Logf("%s out of every surviving ring %v after the fault", victim.Name, out.Round(time.Millisecond))
+	time.Sleep(time.Second)
+	atts := tr.stream.Stop()
+	requireBound(t, FailuresAround(atts, fault), livenessBound)
+	tr.checkHeld(t, victim)
+	if err := l.DigestsAgree(others(l, victim)); err != nil {
+		t.Error(err)
+	}
+
+	// It comes back: link up, agent restarted.
+	back := time.Now()
+	if err := l.Restore(victim); err != nil {
+		t.Fatal(err)
+	}
+	in := waitRing(t, l, l.Edges, victim, true, back, 30*time.Second)
+	var agreed time.Duration
+	if err := waitFor(5*time.Second, func() error {
+		agreed = time.Since(back) - in
+		return l.DigestsAgree(l.Edges)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s back in every ring %v after its restore began; digests agree %v later", victim.Name, in.Round(time.Millisecond), agreed.Round(time.Millisecond))
+	if agreed > time.Second {
+		t.Errorf("digests agreed %v after the replica rejoined, want <= 1 s", agreed)
+	}
+}
+
+// Test 2: the owner dies. The VIP moves by VRRP; the new owner, which kept its
+// own liveness view as a backup, already leaves the dead replica out.
+func TestLivenessOwnerDeath(t *testing.T) {
+	l := startLab(t)
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startTraffic(t, l)
+	fault := time.Now()
+	if err := l.KillEdge(owner); err != nil {
+		t.Fatal(err)
+	}
+	var takeover time.Duration
+	if err := waitFor(5*time.Second, func() error {
+		_, err := l.newOwner(owner)
+		takeover = time.Since(fault)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	out := waitRing(t, l, others(l, owner), owner, false, fault, 5*time.Second)
+	t.Logf("VRRP takeover %v after the fault; %s out of every surviving ring after %v", takeover.Round(time.Millisecond), owner.Name, out.Round(time.Millisecond))
+	time.Sleep(time.Second)
+	requireBound(t, FailuresAround(tr.stream.Stop(), fault), takeover+livenessBound)
+	tr.checkHeld(t, owner)
+}
+
+// Test 3: nginx on one edge stops answering (SIGSTOP: a wedged nginx) while its
+// agent keeps running: the replica leaves every ring; it comes back once nginx
+// answers again.
+func TestLivenessNginxStopped(t *testing.T) {
+	l := startLab(t)
+	victim, err := l.NonOwner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pids, err := l.NginxPIDs(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startTraffic(t, l)
+	fault := time.Now()
+	if err := SignalAll(pids, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { SignalAll(pids, syscall.SIGCONT) })
+	out := waitRing(t, l, others(l, victim), victim, false, fault, 5*time.Second)
+	t.Logf("%s (nginx stopped) out of every other ring %v after the fault", victim.Name, out.Round(time.Millisecond))
+	time.Sleep(time.Second)
+	requireBound(t, FailuresAround(tr.stream.Stop(), fault), livenessBound)
+	tr.checkHeld(t, victim)
+
+	back := time.Now()
+	if err := SignalAll(pids, syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	in := waitRing(t, l, l.Edges, victim, true, back, 10*time.Second)
+	t.Logf("%s back in every ring %v after nginx resumed", victim.Name, in.Round(time.Millisecond))
+}
+
+// Test 4: the agent on one edge is killed while its nginx keeps serving: no
+// request fails and the replica never leaves any ring, also while the agent
+// restarts.
+func TestLivenessAgentKilledNginxServes(t *testing.T) {
+	l := startLab(t)
+	victim, err := l.NonOwner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startTraffic(t, l)
+	watchers := others(l, victim)
+	left := 0
+	samples := 0
+	sample := func() {
+		for _, d := range watchers {
+			if in, err := l.InRing(d, victim); err == nil {
+				samples++
+				if !in {
+					left++
+				}
+			}
+		}
+	}
+	fault := time.Now()
+	if err := l.Agent(l.EdgeNo(victim)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		sample()
+	}
+	if _, err := l.StartAgent(l.EdgeNo(victim)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(60*time.Second, func() error { sample(); return l.Ready(l.EdgeNo(victim)) }); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		sample()
+	}
+	f := FailuresAround(tr.stream.Stop(), fault)
+	t.Logf("agent on %s killed and restarted: %v; ring samples without it: %d of %d", victim.Name, f, left, samples)
+	if f.Failed != 0 {
+		t.Errorf("%d new connections failed (first: %v), want 0", f.Failed, f.FirstErr)
+	}
+	if left != 0 || samples < 50 {
+		t.Errorf("replica left a ring in %d of %d samples, want 0 (of >= 50)", left, samples)
+	}
+	tr.checkHeld(t)
+}
+
+// Test 5: a 200 ms link flap on one edge: the replica leaves once and comes
+// back once; the rings do not churn.
+func TestLivenessLinkFlap(t *testing.T) {
+	l := startLab(t)
+	victim, err := l.NonOwner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := startTraffic(t, l)
+	fault := time.Now()
+	if err := netlab.IP("-n", victim.NS, "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := netlab.IP("-n", victim.NS, "link", "set", "eth0", "up"); err != nil {
+		t.Fatal(err)
+	}
+	in := waitRing(t, l, l.Edges, victim, true, fault, 10*time.Second)
+	time.Sleep(2 * time.Second) // any churn would show by now
+	f := FailuresAround(tr.stream.Stop(), fault)
+	t.Logf("after a 200 ms flap of %s: back in every ring %v after the fault; %v", victim.Name, in.Round(time.Millisecond), f)
+	for _, d := range others(l, victim) {
+		dead, live := l.LivenessTransitions(d, victim, "dead"), l.LivenessTransitions(d, victim, "live")
+		t.Logf("%s saw %s go dead %d and live %d times", d.Name, victim.Name, dead, live)
+		if dead > 1 || live != dead {
+			t.Errorf("%s: %s went dead %d and live %d times, want at most once each and back", d.Name, victim.Name, dead, live)
+		}
+	}
+	if err := l.DigestsAgree(l.Edges); err != nil {
+		t.Error(err)
+	}
+	tr.checkHeld(t, victim)
+}
