@@ -67,4 +67,4 @@ bench-nginx: deps ## nginx render time and size for 5,000 Ingresses, reload time
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(or $(BENCHTIME),5x) -benchmem ./nginx/
 
 bench-lab: deps kapi ## repeated director failovers in the lab: outage and connection survival (root; TRIALS=10)
-	set -o pipefail; PORTICO_BENCH_LAB=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./test/lab/ | grep -E 'trial|outage|kept|^(ok|FAIL|---)'
+	set -o pipefail; PORTICO_BENCH_LAB=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./test/lab/ | grep -E 'trial|outage|kept|failed new|^(ok|FAIL|---)'

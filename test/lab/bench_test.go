@@ -9,10 +9,13 @@ import (
 	"time"
 )
 
-// TestFailoverBench measures repeated director failovers (make bench-lab; not in
-// make test): the client-visible outage from kill -9 of the owner's agent (and its
-// link cut) to the first reply through the VIP, and how many long-lived
-// connections on surviving replicas kept working.
+// TestFailoverBench measures repeated edge deaths (make bench-lab; not in make
+// test): kill -9 of an edge's agent and a cut of its link, first of the VIP
+// owner, then of another edge, with a stream of new connections (one every
+// 5 ms, 500 ms to answer) and long-lived connections running. For each it
+// reports the VRRP outage (kill to the first reply through the VIP), when the
+// last failed new connection started after the fault, how many failed, and how
+// many long-lived connections on surviving replicas kept working.
 func TestFailoverBench(t *testing.T) {
 	if os.Getenv("PORTICO_BENCH_LAB") == "" {
 		t.Skip("set PORTICO_BENCH_LAB=1 (make bench-lab)")
@@ -23,23 +26,44 @@ func TestFailoverBench(t *testing.T) {
 	}
 	l := startLab(t)
 	ctx := context.Background()
-	var outages []time.Duration
-	conns, survived := 0, 0
-	for i := range trials {
-		res, down, err := l.Failover(ctx, "echo.lab", 200)
-		if err != nil {
-			t.Fatalf("trial %d: %v", i+1, err)
+	for _, kind := range []string{"owner", "non-owner"} {
+		var outages, lasts []time.Duration
+		conns, survived, failed, total := 0, 0, 0, 0
+		for i := range trials {
+			victim, err := l.Owner()
+			if err == nil && kind == "non-owner" {
+				victim, err = l.NonOwner()
+			}
+			if err != nil {
+				t.Fatalf("%s trial %d: %v", kind, i+1, err)
+			}
+			stream := l.StartStream(ctx, "echo.lab", StreamOptions{})
+			time.Sleep(300 * time.Millisecond)
+			res, err := l.EdgeDeath(ctx, victim, "echo.lab", 200)
+			if err != nil {
+				stream.Stop()
+				t.Fatalf("%s trial %d: %v", kind, i+1, err)
+			}
+			time.Sleep(1500 * time.Millisecond)
+			f := FailuresAround(stream.Stop(), res.Fault)
+			t.Logf("%s trial %2d: %s dies (owner %s -> %s)  outage %4dms  last failed new connection %4dms  failed %d/%d  connections kept %d/%d",
+				kind, i+1, victim.Name, res.Old, res.New, res.Outage.Milliseconds(), f.Last.Milliseconds(), f.Failed, f.Total, res.Survived, res.Conns)
+			outages = append(outages, res.Outage)
+			lasts = append(lasts, f.Last)
+			conns += res.Conns
+			survived += res.Survived
+			failed += f.Failed
+			total += f.Total
+			if err := l.Restore(victim); err != nil {
+				t.Fatalf("%s trial %d: %v", kind, i+1, err)
+			}
 		}
-		t.Logf("trial %2d: %s -> %s  outage %4dms  connections kept %d/%d", i+1, res.Old, res.New, res.Outage.Milliseconds(), res.Survived, res.Conns)
-		outages = append(outages, res.Outage)
-		conns += res.Conns
-		survived += res.Survived
-		if err := l.Restore(down); err != nil {
-			t.Fatalf("trial %d: %v", i+1, err)
-		}
+		slices.Sort(outages)
+		slices.Sort(lasts)
+		q := func(d []time.Duration, p int) time.Duration { return d[(len(d)-1)*p/100].Round(time.Millisecond) }
+		t.Logf("%s death over %d trials: outage min %v  median %v  p90 %v  max %v", kind, trials, q(outages, 0), q(outages, 50), q(outages, 90), q(outages, 100))
+		t.Logf("%s death: last failed new connection after the fault: median %v  max %v; failed new connections %d of %d (%.2f%%)",
+			kind, q(lasts, 50), q(lasts, 100), failed, total, 100*float64(failed)/float64(max(total, 1)))
+		t.Logf("%s death: connections on surviving replicas kept working: %d of %d (%.2f%%)", kind, survived, conns, 100*float64(survived)/float64(max(conns, 1)))
 	}
-	slices.Sort(outages)
-	t.Logf("failover outage over %d trials: min %v  median %v  p90 %v  max %v",
-		trials, outages[0], outages[len(outages)/2], outages[len(outages)*9/10], outages[len(outages)-1])
-	t.Logf("connections on surviving replicas kept working: %d of %d (%.2f%%)", survived, conns, 100*float64(survived)/float64(conns))
 }

@@ -5,15 +5,17 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"syscall"
 	"time"
 
 	"github.com/portico-edge/portico/test/netlab"
 )
 
-// FailoverResult is one measured failover of the VIP owner.
+// FailoverResult is one measured edge death.
 type FailoverResult struct {
+	// Old is the VIP owner before the fault, New after it (the same when a
+	// node other than the owner died).
 	Old, New string
+	Fault    time.Time // when the agent was killed
 	// Outage is from the kill to the first reply to a fresh connection through
 	// the VIP (probes every millisecond).
 	Outage time.Duration
@@ -26,33 +28,40 @@ type FailoverResult struct {
 // cuts its link, and measures the outage and the surviving connections. The
 // killed node is left down: Restore brings it back.
 func (l *Lab) Failover(ctx context.Context, host string, conns int) (FailoverResult, *Node, error) {
+	owner, err := l.Owner()
+	if err != nil {
+		return FailoverResult{}, nil, err
+	}
+	res, err := l.EdgeDeath(ctx, owner, host, conns)
+	return res, owner, err
+}
+
+// EdgeDeath is Failover for any edge: the owner or another.
+func (l *Lab) EdgeDeath(ctx context.Context, victim *Node, host string, conns int) (FailoverResult, error) {
 	var res FailoverResult
 	owner, err := l.Owner()
 	if err != nil {
-		return res, nil, err
+		return res, err
 	}
-	res.Old = owner.Name
+	res.Old, res.New = owner.Name, owner.Name
 	held, err := l.OpenKeepConns(ctx, host, conns)
 	if err != nil {
-		return res, nil, fmt.Errorf("open long-lived connections: %w", err)
+		return res, fmt.Errorf("open long-lived connections: %w", err)
 	}
 	defer held.Close()
-	a := l.Agent(l.EdgeNo(owner))
-	if a == nil {
-		return res, nil, fmt.Errorf("no agent on %s", owner.Name)
+	if l.Agent(l.EdgeNo(victim)) == nil {
+		return res, fmt.Errorf("no agent on %s", victim.Name)
 	}
 	killed := time.Now()
-	if err := a.Kill(syscall.SIGKILL, 5*time.Second); err != nil {
-		return res, nil, err
-	}
-	if err := netlab.IP("-n", owner.NS, "link", "set", "eth0", "down"); err != nil {
-		return res, nil, err
+	res.Fault = killed
+	if err := l.KillEdge(victim); err != nil {
+		return res, err
 	}
 	// Probe: a new connection every millisecond, each with one request.
 	deadline := killed.Add(10 * time.Second)
 	for {
 		if time.Now().After(deadline) {
-			return res, owner, fmt.Errorf("no reply through the VIP within 10 s of the kill")
+			return res, fmt.Errorf("no reply through the VIP within 10 s of the kill")
 		}
 		if l.probe(ctx, host) {
 			res.Outage = time.Since(killed)
@@ -60,14 +69,14 @@ func (l *Lab) Failover(ctx context.Context, host string, conns int) (FailoverRes
 		}
 		time.Sleep(time.Millisecond)
 	}
-	for wait := time.Now().Add(2 * time.Second); time.Now().Before(wait); time.Sleep(10 * time.Millisecond) {
+	for wait := time.Now().Add(2 * time.Second); victim == owner && time.Now().Before(wait); time.Sleep(10 * time.Millisecond) {
 		if n, err := l.newOwner(owner); err == nil {
 			res.New = n.Name
 			break
 		}
 	}
 	for _, k := range held {
-		if k.Edge == owner.Addr.Addr().String() {
+		if k.Edge == victim.Addr.Addr().String() {
 			continue
 		}
 		res.Conns++
@@ -75,7 +84,7 @@ func (l *Lab) Failover(ctx context.Context, host string, conns int) (FailoverRes
 			res.Survived++
 		}
 	}
-	return res, owner, nil
+	return res, nil
 }
 
 // probe makes one short request on a new connection: true if it was answered.
