@@ -30,6 +30,10 @@ type Options struct {
 	HTTPSPort   uint16
 	// StatusPort serves /healthz and /nginx_status (stub_status) on 127.0.0.1 only.
 	StatusPort uint16
+	// LivenessPort answers GET /live with 200 on the listen addresses, for the
+	// liveness checks of every director (package liveness): they reach it over
+	// the edge network, so it shows that this nginx serves. 0: no such server.
+	LivenessPort uint16
 
 	PIDFile   string // nginx's pid file
 	ErrorLog  string // a file or "stderr"
@@ -58,14 +62,15 @@ type Options struct {
 // private keys stay on tmpfs).
 func DefaultOptions(dir string) Options {
 	return Options{
-		ListenIPv6: ipv6Available(),
-		HTTPPort:   80,
-		HTTPSPort:  443,
-		StatusPort: 10246,
-		PIDFile:    path.Join(dir, "nginx.pid"),
-		ErrorLog:   "stderr",
-		TempDir:    path.Join(dir, "tmp"),
-		CertDir:    path.Join(dir, "certs"),
+		ListenIPv6:   ipv6Available(),
+		HTTPPort:     80,
+		HTTPSPort:    443,
+		StatusPort:   10246,
+		LivenessPort: 10247,
+		PIDFile:      path.Join(dir, "nginx.pid"),
+		ErrorLog:     "stderr",
+		TempDir:      path.Join(dir, "tmp"),
+		CertDir:      path.Join(dir, "certs"),
 
 		ModulesDir:    "/usr/lib/nginx/modules",
 		EndpointsFile: path.Join(dir, "endpoints.txt"),
@@ -113,8 +118,13 @@ func (o Options) validate() error {
 	if o.HTTPPort == 0 || o.HTTPSPort == 0 || o.StatusPort == 0 {
 		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must be set"))
 	}
-	if o.HTTPPort == o.HTTPSPort || o.HTTPPort == o.StatusPort || o.HTTPSPort == o.StatusPort {
-		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must differ"))
+	ports := map[uint16]bool{}
+	for _, p := range []uint16{o.HTTPPort, o.HTTPSPort, o.StatusPort, o.LivenessPort} {
+		if p != 0 && ports[p] {
+			errs = append(errs, errors.New("options HTTPPort, HTTPSPort, StatusPort and LivenessPort must differ"))
+			break
+		}
+		ports[p] = true
 	}
 	if o.User != "" {
 		if err := validateLabel(o.User); err != nil {
@@ -132,8 +142,11 @@ func (o Options) validate() error {
 	return errors.Join(errs...)
 }
 
-func listenAddrs(o Options) (plain, secure []string) {
+func listenAddrs(o Options) (plain, secure, liveness []string) {
 	addrs := func(port uint16) []string {
+		if port == 0 {
+			return nil
+		}
 		if len(o.ListenAddrs) == 0 {
 			l := []string{strconv.Itoa(int(port))}
 			if o.ListenIPv6 {
@@ -147,7 +160,7 @@ func listenAddrs(o Options) (plain, secure []string) {
 		}
 		return l
 	}
-	return addrs(o.HTTPPort), addrs(o.HTTPSPort)
+	return addrs(o.HTTPPort), addrs(o.HTTPSPort), addrs(o.LivenessPort)
 }
 
 // ipv6Available reports whether the node has IPv6 (an interface address in

@@ -61,6 +61,7 @@ type (
 		Listen         []string // HTTP listen addresses with port
 		ListenTLS      []string
 		StatusListen   string
+		LivenessListen []string
 		HashBucketSize int
 		HashMaxSize    int
 		LuaDigest      string // of the Lua module nginx.conf loads
@@ -115,7 +116,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		d.WorkerConnections = 16384
 	}
 	d.RlimitNofile = 2*d.WorkerConnections + 1024
-	d.Listen, d.ListenTLS = listenAddrs(opt)
+	d.Listen, d.ListenTLS, d.LivenessListen = listenAddrs(opt)
 	d.StatusListen = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), opt.StatusPort).String()
 	d.Default = tmplServer{Close: true}
 

@@ -122,10 +122,10 @@ func startNginx(t testing.TB, snap model.Snapshot) *liveNginx {
 
 func tryStartNginx(t testing.TB, snap model.Snapshot) (*liveNginx, error) {
 	bin := nginxBinary(t)
-	ports := freePorts(t, 3)
+	ports := freePorts(t, 4)
 	opt := DefaultOptions("")
 	opt.ListenAddrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
-	opt.HTTPPort, opt.HTTPSPort, opt.StatusPort = ports[0], ports[1], ports[2]
+	opt.HTTPPort, opt.HTTPSPort, opt.StatusPort, opt.LivenessPort = ports[0], ports[1], ports[2], ports[3]
 	opt.WorkerProcesses = 2
 	opt.WorkerConnections = 1024
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
@@ -583,6 +583,41 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 
 // An Ingress default backend (or a rule without a host) is the catch-all server:
 // hosts no rule names reach it instead of having their connection closed.
+// TestServeLiveness: the liveness server answers every director's probe, many
+// on one kept-alive connection, and nothing else.
+func TestServeLiveness(t *testing.T) {
+	n := startNginx(t, model.Snapshot{})
+	c, err := net.Dial("tcp", netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), n.opt.LivenessPort).String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	ask := func(path string) int {
+		t.Helper()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: portico-liveness\r\n\r\n", path)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.Close {
+			t.Fatalf("%s: nginx closed the kept-alive connection", path)
+		}
+		return resp.StatusCode
+	}
+	for i := 0; i < 200; i++ {
+		if got := ask("/live"); got != http.StatusOK {
+			t.Fatalf("probe %d: status %d", i, got)
+		}
+	}
+	if got := ask("/healthz"); got != http.StatusNotFound {
+		t.Errorf("/healthz on the liveness port: %d, want 404", got)
+	}
+}
+
 func TestServeCatchAll(t *testing.T) {
 	_, epA := backend(t, "A")
 	_, epB := backend(t, "B")
