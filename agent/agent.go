@@ -21,6 +21,7 @@ import (
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/liveness"
 	"github.com/portico-edge/portico/nginx"
 	"github.com/portico-edge/portico/vrrp"
 )
@@ -42,7 +43,11 @@ type Config struct {
 
 	HTTPPort, HTTPSPort uint16
 	StatusPort          uint16 // nginx status port on 127.0.0.1 (health, stub_status)
-	MetricsAddr         string // address of /metrics, /healthz and /readyz
+	// LivenessPort is where nginx answers the liveness checks of every
+	// director; 0 turns liveness checks off (Kubernetes' view only).
+	LivenessPort uint16
+	Liveness     liveness.Timing // zero: liveness.DefaultTiming
+	MetricsAddr  string          // address of /metrics, /healthz and /readyz
 
 	VRRPPriority uint8 // VRRP priority while healthy
 	VRRPDegraded uint8 // VRRP priority while unhealthy
@@ -97,6 +102,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ropts := nginx.DefaultOptions(cfg.NginxDir)
 	ropts.Group = cfg.Group
 	ropts.HTTPPort, ropts.HTTPSPort, ropts.StatusPort = cfg.HTTPPort, cfg.HTTPSPort, cfg.StatusPort
+	ropts.LivenessPort = cfg.LivenessPort
 	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts},
 		nginx.Exec{Log: log.Named("nginx.master")}, log.Named("nginx"), reg)
 	if err != nil {
@@ -105,6 +111,17 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 
 	l4 := &l4Sink{dp: dp, group: cfg.Group, seed: cfg.Seed, log: log.Named("l4"),
 		neigh: &neighbors{ifc: ifc, log: log.Named("neighbors"), resolved: map[netip.Addr]net.HardwareAddr{}}}
+	// Every node checks every replica, the VRRP backups too: a takeover starts
+	// with a ring that already leaves out a replica that died before it.
+	var checker *liveness.Checker
+	if cfg.LivenessPort != 0 {
+		checker, err = liveness.New(liveness.Config{Port: cfg.LivenessPort, Iface: cfg.Iface, Timing: cfg.Liveness,
+			Logger: log.Named("liveness"), Registerer: reg})
+		if err != nil {
+			return err
+		}
+		l4.live = checker
+	}
 	vmet, err := vrrp.NewMetrics(reg)
 	if err != nil {
 		return err
@@ -166,9 +183,14 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	})
 	goRun("controlplane", ctrl.Run)
 	goRun("neighbours", l4.watchNeighbours)
+	if checker != nil {
+		goRun("liveness", checker.Run)
+		goRun("liveness-follow", l4.followLiveness)
+	}
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs.setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
-		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vs.states, vips: dp.VIPs}
+		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vs.states, vips: dp.VIPs,
+			replicas: l4.replicas}
 		publishStatus(ctx, client, cfg.PodNamespace, view.collect, log.Named("status"))
 		return nil
 	})

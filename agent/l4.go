@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"sync"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
@@ -13,22 +15,46 @@ import (
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/liveness"
 )
 
 // desiredFor turns the snapshot's view of one group into what this node's data
-// plane should say. local tells which replica addresses are this node; mac
-// returns a replica's MAC from the neighbour table. A remote replica whose MAC is
-// unknown is left out (it cannot be sent to) and returned in unresolved, so the
-// caller can resolve it and try again.
-func desiredFor(snap model.Snapshot, group string, seed uint32, local func(netip.Addr) bool,
-	mac func(netip.Addr) (net.HardwareAddr, bool)) (want dataplane.Desired, unresolved []netip.Addr) {
+// plane should say. local tells which replica addresses are this node; dead
+// which replicas the liveness checks say cannot serve (they are left out, as if
+// Kubernetes had removed them, and returned in out); mac returns a replica's
+// MAC from the neighbour table. A remote replica whose MAC is unknown is left
+// out (it cannot be sent to) and returned in unresolved, so the caller can
+// resolve it and try again.
+//
+// Liveness never empties a group: when it would leave no replica that takes new
+// flows, Kubernetes' view holds (out is then nil and overruled is set), since a
+// checker that sees every replica dead is more likely broken, or cut off
+// itself, than right.
+func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func(netip.Addr) bool,
+	mac func(netip.Addr) (net.HardwareAddr, bool)) (want dataplane.Desired, unresolved, out []netip.Addr, overruled bool) {
 	want.Seed = seed
 	for _, g := range snap.Groups {
 		if g.Name != group || len(g.VIPs) == 0 {
 			continue
 		}
+		var gout []netip.Addr
+		serving := 0
+		for _, r := range g.Replicas {
+			if dead(r.Addr) {
+				gout = append(gout, r.Addr)
+			} else if r.State != model.Draining {
+				serving++
+			}
+		}
+		if serving == 0 && len(gout) > 0 {
+			gout, overruled = nil, true
+		}
+		out = append(out, gout...)
 		dg := dataplane.Group{Name: g.Name, VIPs: g.VIPs, Ports: g.Ports}
 		for _, r := range g.Replicas {
+			if slices.Contains(gout, r.Addr) {
+				continue
+			}
 			b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Draining: r.State == model.Draining}
 			if local(r.Addr) {
 				b.Local = true
@@ -42,7 +68,20 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local func(netip
 		}
 		want.Groups = append(want.Groups, dg)
 	}
-	return want, unresolved
+	return want, unresolved, out, overruled
+}
+
+// replicasOf lists the group's replicas in the snapshot (what liveness checks).
+func replicasOf(snap model.Snapshot, group string) []netip.Addr {
+	var out []netip.Addr
+	for _, g := range snap.Groups {
+		if g.Name == group {
+			for _, r := range g.Replicas {
+				out = append(out, r.Addr)
+			}
+		}
+	}
+	return out
 }
 
 // localAddrs reports whether an address is one of this node's.
@@ -67,12 +106,23 @@ type l4Sink struct {
 	group string
 	seed  uint32
 	neigh *neighbors
+	live  livenessChecker // nil: Kubernetes' view only
 	log   *zap.Logger
 
-	mu    sync.Mutex
-	last  model.Snapshot
-	given dataplane.Desired // what the maps were last given
-	ok    bool              // the last Apply reached the maps in full
+	mu      sync.Mutex
+	last    model.Snapshot
+	given   dataplane.Desired // what the maps were last given
+	ok      bool              // the last Apply reached the maps in full
+	dead    []netip.Addr      // what liveness said at the last Apply, sorted
+	deadOut []netip.Addr      // the replicas that Apply left out as dead
+}
+
+// livenessChecker is what the L4 sink asks of the liveness checker.
+type livenessChecker interface {
+	SetTargets(addrs []netip.Addr, local func(netip.Addr) bool)
+	Dead() []netip.Addr
+	Changed() <-chan struct{}
+	View() []liveness.Replica
 }
 
 func (s *l4Sink) Name() string { return "dataplane" }
@@ -91,23 +141,109 @@ func (s *l4Sink) applyLocked() error {
 	if err != nil {
 		return err
 	}
-	want, missing := desiredFor(s.last, s.group, s.seed, local, s.neigh.lookup)
+	s.dead = nil
+	if s.live != nil {
+		s.live.SetTargets(replicasOf(s.last, s.group), local)
+		s.dead = s.live.Dead()
+	}
+	isDead := func(a netip.Addr) bool {
+		_, found := slices.BinarySearchFunc(s.dead, a, netip.Addr.Compare)
+		return found
+	}
+	// Dead replicas are left out before their MACs are looked for: a cut-off
+	// replica must not hold the ring up for an ARP timeout.
+	want, missing, out, overruled := desiredFor(s.last, s.group, s.seed, local, isDead, s.neigh.lookup)
 	if len(missing) > 0 {
 		rerr := s.neigh.resolve(missing)
-		want, missing = desiredFor(s.last, s.group, s.seed, local, s.neigh.lookup)
+		want, missing, out, overruled = desiredFor(s.last, s.group, s.seed, local, isDead, s.neigh.lookup)
 		if len(missing) > 0 {
 			s.log.Warn("replica MACs unresolved, left out of the ring", zap.Stringers("backend", missing), zap.Error(rerr))
 		}
 	}
+	if overruled {
+		s.log.Error("liveness checks say no replica can serve: keeping Kubernetes' view rather than an empty ring", zap.Stringers("backend", s.dead))
+	}
+	if !slices.Equal(out, s.deadOut) {
+		s.log.Info("ring follows replica liveness", zap.Stringers("dead", out))
+	}
 	if _, err := s.dp.Apply(want); err != nil {
 		return err
 	}
-	s.given = want
+	s.given, s.deadOut = want, out
 	if len(missing) > 0 {
 		return fmt.Errorf("%d replica MACs unresolved", len(missing))
 	}
 	s.ok = true
 	return nil
+}
+
+// followLiveness re-applies the last snapshot whenever the liveness verdicts
+// change, and checks them every second as well (a stalled checker cannot say
+// that it stalled, and its Dead then turns empty).
+func (s *l4Sink) followLiveness(ctx context.Context) error {
+	if s.live == nil {
+		return nil
+	}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.live.Changed():
+		case <-tick.C:
+		}
+		dead := s.live.Dead()
+		s.mu.Lock()
+		if len(s.last.Groups) > 0 && !slices.Equal(dead, s.dead) {
+			if err := s.applyLocked(); err != nil {
+				s.log.Warn("re-apply after a liveness change failed", zap.Error(err))
+			}
+		}
+		s.mu.Unlock()
+	}
+}
+
+// replicas is the group's replicas as Kubernetes lists them, each with this
+// node's liveness verdict, for the published status.
+func (s *l4Sink) replicas() []ReplicaLiveness {
+	s.mu.Lock()
+	var out []ReplicaLiveness
+	for _, g := range s.last.Groups {
+		if g.Name != s.group {
+			continue
+		}
+		for _, r := range g.Replicas {
+			k := "ready"
+			if r.State == model.Draining {
+				k = "draining"
+			}
+			out = append(out, ReplicaLiveness{Addr: r.Addr.String(), Kubernetes: k, Live: "unchecked"})
+		}
+	}
+	s.mu.Unlock()
+	if s.live == nil {
+		return out
+	}
+	view := map[string]liveness.Replica{}
+	for _, v := range s.live.View() {
+		view[v.Addr.String()] = v
+	}
+	for i := range out {
+		v, ok := view[out[i].Addr]
+		switch {
+		case !ok:
+			continue
+		case v.Fallback != "":
+			out[i].Live = "live (fallback: " + v.Fallback + ")"
+		case v.Live:
+			out[i].Live = "live"
+		default:
+			out[i].Live = "dead"
+		}
+		out[i].Since = v.Since.UTC().Truncate(time.Millisecond)
+	}
+	return out
 }
 
 // applied reports whether the last snapshot is fully in the maps (readiness).

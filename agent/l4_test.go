@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf/rlimit"
@@ -34,7 +35,8 @@ func TestDesiredFor(t *testing.T) {
 	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macC}
 	mac := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
 
-	got, missing := desiredFor(snap, "edge/web", 42, local, mac)
+	none := func(netip.Addr) bool { return false }
+	got, missing, out, overruled := desiredFor(snap, "edge/web", 42, local, none, mac)
 	want := dataplane.Desired{Seed: 42, Groups: []dataplane.Group{{
 		Name: "edge/web", VIPs: []netip.Addr{vip}, Ports: []model.Port{{Protocol: model.TCP, Port: 443}},
 		Backends: []dataplane.Backend{
@@ -49,11 +51,60 @@ func TestDesiredFor(t *testing.T) {
 	if diff := cmp.Diff([]netip.Addr{d}, missing, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 		t.Errorf("unresolved (-want +got):\n%s", diff)
 	}
-	if got, _ := desiredFor(snap, "edge/novip", 42, local, mac); len(got.Groups) != 0 {
+	if len(out) != 0 || overruled {
+		t.Errorf("nothing dead, yet out %v, overruled %v", out, overruled)
+	}
+	if got, _, _, _ := desiredFor(snap, "edge/novip", 42, local, none, mac); len(got.Groups) != 0 {
 		t.Errorf("a group without VIPs gave %+v", got.Groups)
 	}
-	if got, _ := desiredFor(snap, "edge/gone", 42, local, mac); len(got.Groups) != 0 || got.Seed != 42 {
+	if got, _, _, _ := desiredFor(snap, "edge/gone", 42, local, none, mac); len(got.Groups) != 0 || got.Seed != 42 {
 		t.Errorf("a missing group gave %+v", got)
+	}
+}
+
+// Dead replicas leave the ring as if Kubernetes had removed them, before their
+// MACs are looked for; liveness never empties a group.
+func TestDesiredForLiveness(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.10")
+	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	macB, _ := net.ParseMAC("02:00:00:00:00:02")
+	snap := model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip}, Replicas: []model.Replica{
+		{Addr: a, State: model.Ready}, {Addr: b, State: model.Ready}, {Addr: c, State: model.Draining},
+	}}}}
+	local := func(x netip.Addr) bool { return x == a }
+	asked := map[netip.Addr]bool{}
+	mac := func(x netip.Addr) (net.HardwareAddr, bool) {
+		asked[x] = true
+		if x == b {
+			return macB, true
+		}
+		return nil, false
+	}
+	deadSet := func(d ...netip.Addr) func(netip.Addr) bool {
+		return func(x netip.Addr) bool { return slices.Contains(d, x) }
+	}
+	eq := cmpopts.EquateComparable(netip.Addr{})
+
+	// c (draining, no MAC) is dead: out, and never looked up.
+	got, missing, out, overruled := desiredFor(snap, "edge/web", 1, local, deadSet(c), mac)
+	want := []dataplane.Backend{{Addr: a, Local: true}, {Addr: b, MAC: macB}}
+	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" {
+		t.Errorf("backends (-want +got):\n%s", diff)
+	}
+	if len(missing) != 0 || asked[c] || overruled || !slices.Equal(out, []netip.Addr{c}) {
+		t.Errorf("missing %v, looked up c %v, overruled %v, out %v", missing, asked[c], overruled, out)
+	}
+
+	// The local replica is dead too: it goes the same way.
+	got, _, out, _ = desiredFor(snap, "edge/web", 1, local, deadSet(a, c), mac)
+	if diff := cmp.Diff([]dataplane.Backend{{Addr: b, MAC: macB}}, got.Groups[0].Backends, eq); diff != "" || !slices.Equal(out, []netip.Addr{a, c}) {
+		t.Errorf("backends (-want +got):\n%s; out %v", diff, out)
+	}
+
+	// Every replica that takes new flows dead: Kubernetes' view holds.
+	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b), mac)
+	if !overruled || len(out) != 0 || len(got.Groups[0].Backends) != 2 {
+		t.Errorf("all ready replicas dead: overruled %v, out %v, backends %+v; want Kubernetes' view", overruled, out, got.Groups[0].Backends)
 	}
 }
 

@@ -32,7 +32,19 @@ type State struct {
 	Reason  string            `json:"reason,omitempty"`
 	VRRP    map[string]string `json:"vrrp"` // instance -> state
 	VIPs    []VIPState        `json:"vips"`
-	Updated time.Time         `json:"updated"`
+	// Replicas are the group's replicas as Kubernetes lists them, with this
+	// node's liveness verdict on each (a dead one is in no VIP's ring).
+	Replicas []ReplicaLiveness `json:"replicas,omitempty"`
+	Updated  time.Time         `json:"updated"`
+}
+
+// ReplicaLiveness is one replica of the group: what Kubernetes says of it and
+// whether this node's liveness checks find its nginx serving, since when.
+type ReplicaLiveness struct {
+	Addr       string    `json:"addr"`
+	Kubernetes string    `json:"kubernetes"` // ready, draining
+	Live       string    `json:"live"`       // live, dead, unchecked (checks off), live (fallback: why)
+	Since      time.Time `json:"since,omitempty"`
 }
 
 // VIPState is one VIP as the node sees it: the table digest and the replicas.
@@ -58,6 +70,7 @@ type nodeView struct {
 	health             func() string                       // why the node is unhealthy; "" when healthy
 	vrrp               func() map[string]vrrp.State        // each virtual router's state
 	vips               func() ([]dataplane.VIPView, error) // the VIPs in the maps
+	replicas           func() []ReplicaLiveness            // the group's replicas and their liveness
 }
 
 // collect reads this node's view.
@@ -75,6 +88,9 @@ func (n nodeView) collect() State {
 	st.Healthy = st.Reason == ""
 	for name, s := range n.vrrp() {
 		st.VRRP[name] = s.String()
+	}
+	if n.replicas != nil {
+		st.Replicas = n.replicas()
 	}
 	vips, err := n.vips()
 	if err != nil {

@@ -21,6 +21,7 @@ import (
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/liveness"
 )
 
 // agentFlags is everything `portico agent` is told, by flags or environment:
@@ -39,6 +40,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		pools                           string
 		seed, ringSize                  uint
 		httpPort, httpsPort, statusPort uint
+		livenessPort, rise              uint
 		priority, degraded, version     uint
 	)
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
@@ -56,6 +58,11 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.UintVar(&httpPort, "http-port", 80, "nginx HTTP port")
 	fs.UintVar(&httpsPort, "https-port", 443, "nginx HTTPS port")
 	fs.UintVar(&statusPort, "nginx-status-port", 10246, "nginx status port on 127.0.0.1 (health, stub_status)")
+	fs.UintVar(&livenessPort, "liveness-port", 10247, "nginx answers every director's liveness checks on this port (all addresses); 0 turns liveness checks off")
+	fs.DurationVar(&c.Liveness.Interval, "liveness-interval", liveness.DefaultTiming.Interval, "time between two liveness checks of one replica")
+	fs.DurationVar(&c.Liveness.DeadAfter, "liveness-dead-after", liveness.DefaultTiming.DeadAfter, "a replica with no good answer for this long gets no new flows")
+	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
+	fs.DurationVar(&c.Liveness.FlapWindow, "liveness-flap-window", liveness.DefaultTiming.FlapWindow, "a replica that dies within this time of coming back needs twice as many good answers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9101", "address of /metrics, /healthz and /readyz")
 	fs.UintVar(&priority, "vrrp-priority", 100, "VRRP priority while healthy (1-254)")
 	fs.UintVar(&degraded, "vrrp-degraded-priority", 10, "VRRP priority while unhealthy (XDP detached, maps stale, nginx down)")
@@ -110,9 +117,12 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		return c, fmt.Errorf("-node-name (or NODE_NAME) is required")
 	case priority < 1 || priority > 254 || degraded < 1 || degraded >= priority:
 		return c, fmt.Errorf("-vrrp-priority must be 1-254 and above -vrrp-degraded-priority (>= 1)")
-	case httpPort > 65535 || httpsPort > 65535 || statusPort > 65535:
+	case httpPort > 65535 || httpsPort > 65535 || statusPort > 65535 || livenessPort > 65535:
 		return c, fmt.Errorf("ports must be below 65536")
+	case livenessPort != 0 && (c.Liveness.Interval <= 0 || c.Liveness.DeadAfter < c.Liveness.Interval || rise < 1 || rise > 1000):
+		return c, fmt.Errorf("-liveness-interval must be positive, -liveness-dead-after at least one interval, -liveness-rise 1-1000")
 	}
+	c.LivenessPort, c.Liveness.Rise = uint16(livenessPort), int(rise)
 	c.Seed, c.RingSize = uint32(seed), uint32(ringSize)
 	c.HTTPPort, c.HTTPSPort, c.StatusPort = uint16(httpPort), uint16(httpsPort), uint16(statusPort)
 	c.VRRPPriority, c.VRRPDegraded, c.VRRPVersion = uint8(priority), uint8(degraded), uint8(version)

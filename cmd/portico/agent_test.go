@@ -9,6 +9,7 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/liveness"
 )
 
 func TestParseAgentFlags(t *testing.T) {
@@ -30,11 +31,12 @@ func TestParseAgentFlags(t *testing.T) {
 				}
 			}},
 		{name: "numbers and defaults", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-hash-seed", "7",
-			"-nginx-status-port", "10247", "-vrrp-priority", "150", "-vrrp-degraded-priority", "20", "-vrrp-version", "2"},
+			"-nginx-status-port", "10248", "-liveness-rise", "3", "-vrrp-priority", "150", "-vrrp-degraded-priority", "20", "-vrrp-version", "2"},
 			check: func(t *testing.T, c agentFlags) {
 				want := agent.Config{Group: "edge/web", Iface: "eth0", Node: "n1", PodNamespace: "portico-system",
 					Seed: 7, PinPath: dataplane.DefaultPinPath, RingSize: dataplane.DefaultRingSize, NginxDir: "/var/lib/portico/nginx",
-					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10247, MetricsAddr: ":9101",
+					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247,
+					Liveness:     liveness.Timing{Interval: 25 * time.Millisecond, DeadAfter: 150 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond,
 					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second}
 				if diff := cmp.Diff(want, c.Config); diff != "" {
@@ -65,6 +67,14 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "bad environment value", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
 			env: map[string]string{"PORTICO_VRRP_PRIORITY": "high"}, wantErr: "vrrp-priority"},
 		{name: "port out of range", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-https-port", "70000"}, wantErr: "ports"},
+		{name: "liveness off", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-liveness-port", "0", "-liveness-rise", "0"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.LivenessPort != 0 {
+					t.Errorf("liveness port %d", c.LivenessPort)
+				}
+			}},
+		{name: "liveness dead-after below the interval", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-liveness-dead-after", "10ms"}, wantErr: "liveness"},
+		{name: "liveness rise zero", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-liveness-rise", "0"}, wantErr: "liveness"},
 		{name: "degraded not below priority", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vrrp-priority", "10"}, wantErr: "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -122,23 +122,94 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 		}
 		fmt.Fprintf(out, "  table digest: %s (%s)\n", strings.Join(parts, "; "), verdict)
 
-		w := table(out)
-		fmt.Fprintln(w, "  REPLICA\tNODE\tSTATE\tHEALTH\tRING SHARE\tPACKETS (owner)\t")
+		// Every replica Kubernetes lists for the group, and every one in the
+		// owner's maps: a replica the liveness checks took out is in no ring.
+		inRing := map[string]agent.ReplicaState{}
+		var addrs []string
 		for _, r := range view.Replicas {
-			node := nodeOf[r.Addr]
+			inRing[r.Addr] = r
+			addrs = append(addrs, r.Addr)
+		}
+		kube := map[string]string{}
+		for _, st := range states {
+			for _, r := range st.Replicas {
+				if st.Group != k.group {
+					continue
+				}
+				if _, ok := kube[r.Addr]; !ok {
+					kube[r.Addr] = r.Kubernetes
+					if _, ok := inRing[r.Addr]; !ok {
+						addrs = append(addrs, r.Addr)
+					}
+				}
+			}
+		}
+		sort.Slice(addrs, func(i, j int) bool { return addrLess(addrs[i], addrs[j]) })
+		w := table(out)
+		fmt.Fprintln(w, "  REPLICA\tNODE\tKUBERNETES\tLIVENESS (as each node sees it)\tHEALTH\tRING SHARE\tPACKETS (owner)\t")
+		for _, a := range addrs {
+			node := nodeOf[a]
 			h := health[node]
 			if node == "" {
 				node, h = "?", "no agent report"
 			}
-			state := r.State
-			if !r.MACKnown {
-				state += ", MAC unknown"
+			r, ok := inRing[a]
+			state := kube[a]
+			if ok {
+				state = r.State
+				if !r.MACKnown {
+					state += ", MAC unknown"
+				}
 			}
-			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%.2f%%\t%d\t\n", r.Addr, node, state, h, 100*r.Share, r.Packets)
+			share := "-"
+			if ok {
+				share = fmt.Sprintf("%.2f%%", 100*r.Share)
+			}
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", a, node, state, livenessOf(states, k.group, a, now), h, share, r.Packets)
 		}
 		w.Flush()
 	}
 	return nil
+}
+
+// livenessOf sums up every node's liveness verdict on one replica, e.g.
+// "live on edge-1,edge-2; dead for 12s on edge-3".
+func livenessOf(states []agent.State, group, addr string, now time.Time) string {
+	by := map[string][]string{}
+	for _, st := range states {
+		if st.Group != group {
+			continue
+		}
+		for _, r := range st.Replicas {
+			if r.Addr != addr {
+				continue
+			}
+			v := r.Live
+			if !r.Since.IsZero() && r.Live != "unchecked" {
+				v += " for " + now.Sub(r.Since).Round(time.Second).String()
+			}
+			by[v] = append(by[v], st.Node)
+		}
+	}
+	if len(by) == 0 {
+		return "-"
+	}
+	var parts []string
+	for v, nodes := range by {
+		parts = append(parts, v+" on "+strings.Join(nodes, ","))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, "; ")
+}
+
+// addrLess orders addresses numerically, unparsable ones last by text.
+func addrLess(a, b string) bool {
+	x, errx := netip.ParseAddr(a)
+	y, erry := netip.ParseAddr(b)
+	if errx != nil || erry != nil {
+		return errx == nil || (erry != nil && a < b)
+	}
+	return x.Less(y)
 }
 
 func orNone(s string) string {

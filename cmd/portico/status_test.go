@@ -1,0 +1,58 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/agent"
+)
+
+// A replica that the liveness checks took out is in no ring but still listed,
+// with what Kubernetes says of it and each node's verdict.
+func TestPrintStatusLiveness(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	since := now.Add(-12 * time.Second)
+	replicas := func(cLive string) []agent.ReplicaLiveness {
+		return []agent.ReplicaLiveness{
+			{Addr: "10.0.0.1", Kubernetes: "ready", Live: "live", Since: now.Add(-time.Hour)},
+			{Addr: "10.0.0.2", Kubernetes: "ready", Live: "live", Since: now.Add(-time.Hour)},
+			{Addr: "10.0.0.3", Kubernetes: "ready", Live: cLive, Since: since},
+		}
+	}
+	vip := agent.VIPState{VIP: "192.0.2.80", Digest: "abc", Replicas: []agent.ReplicaState{
+		{Addr: "10.0.0.1", State: "ready", Share: 0.5, MACKnown: true, Local: true},
+		{Addr: "10.0.0.2", State: "ready", Share: 0.5, MACKnown: true},
+	}}
+	states := []agent.State{
+		{Node: "edge-1", Addrs: []string{"10.0.0.1", "192.0.2.80"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"},
+			VIPs: []agent.VIPState{vip}, Replicas: replicas("dead"), Updated: now},
+		{Node: "edge-2", Addrs: []string{"10.0.0.2"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "backup"},
+			VIPs: []agent.VIPState{vip}, Replicas: replicas("dead"), Updated: now},
+		{Node: "edge-3", Addrs: []string{"10.0.0.3"}, Group: "g/e", Healthy: false, Reason: "stale report", Updated: now.Add(-time.Minute)},
+	}
+	var out bytes.Buffer
+	if err := printStatus(&out, states, map[string]bool{"edge-3": true}, now); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Logf("\n%s", got)
+	var row string
+	for _, l := range strings.Split(got, "\n") {
+		if strings.Contains(l, "10.0.0.3") {
+			row = l
+		}
+	}
+	for _, want := range []string{"edge-3", "ready", "dead for 12s on edge-1,edge-2", "stale report", "-"} {
+		if !strings.Contains(row, want) {
+			t.Errorf("row of the dead replica %q lacks %q", row, want)
+		}
+	}
+	if !strings.Contains(got, "live for 1h0m0s on edge-1,edge-2") {
+		t.Errorf("no live verdicts in\n%s", got)
+	}
+	if !strings.Contains(got, "all nodes agree") {
+		t.Errorf("digests should agree:\n%s", got)
+	}
+}
