@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -537,6 +538,7 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	first := startNginx(t, snap(epA))
 	dir, opt := first.r.cfg.Dir, first.opt
 	pid := first.r.MasterPID()
+	workersBefore := workerPIDs(t, first)
 	// The first agent "crashes": it forgets its master without stopping it.
 	first.r.mu.Lock()
 	first.r.master = nil
@@ -567,6 +569,11 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	if got := r.MasterPID(); got != pid {
 		t.Errorf("master pid %d, want the adopted %d", got, pid)
 	}
+	// Only the endpoints changed, and the adopted master serves the text on disk:
+	// no reload, the same workers (their clients' kept-alive connections stay).
+	if got := workerPIDs(t, second); !slices.Equal(got, workersBefore) {
+		t.Errorf("workers %v after adoption, want the same %v (no reload)", got, workersBefore)
+	}
 	if resp, body := get(t, second.client(false), "http://a.test/x"); resp.StatusCode != 200 || body != "B /x" {
 		t.Errorf("after adoption: %d %q, want B", resp.StatusCode, body)
 	}
@@ -581,8 +588,6 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	}
 }
 
-// An Ingress default backend (or a rule without a host) is the catch-all server:
-// hosts no rule names reach it instead of having their connection closed.
 // TestServeLiveness: the liveness server answers every director's probe, many
 // on one kept-alive connection, and nothing else.
 func TestServeLiveness(t *testing.T) {
@@ -618,6 +623,8 @@ func TestServeLiveness(t *testing.T) {
 	}
 }
 
+// An Ingress default backend (or a rule without a host) is the catch-all server:
+// hosts no rule names reach it instead of having their connection closed.
 func TestServeCatchAll(t *testing.T) {
 	_, epA := backend(t, "A")
 	_, epB := backend(t, "B")
@@ -675,3 +682,4 @@ func TestServeIPv6Endpoint(t *testing.T) {
 		t.Errorf("both.test reached %v, want A and V6", seen)
 	}
 }
+

@@ -1,16 +1,43 @@
 package nginx
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
+
+// adoptRunning takes the configuration on disk as applied when the adopted
+// master's workers serve it (they answer /healthz with the checksum written in
+// it): a first snapshot that renders the same text then reloads nothing, so an
+// agent restart or upgrade leaves nginx, and its clients' kept-alive
+// connections, alone. Anything else (a file swapped by an agent that died
+// before its reload) is reloaded as before.
+func (r *Reloader) adoptRunning(ctx context.Context) {
+	text, err := os.ReadFile(r.confPath())
+	if err != nil {
+		return
+	}
+	url := "http://127.0.0.1:" + strconv.Itoa(int(r.cfg.Render.StatusPort)) + "/healthz"
+	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	sum, err := Health(hctx, r.client, url)
+	if err != nil || len(sum) < 16 || !bytes.Contains(text, []byte("return 200 \""+sum+"\\n\"")) {
+		r.log.Info("adopted nginx serves another configuration than the one on disk: the first snapshot reloads it", zap.Error(err))
+		return
+	}
+	r.applyMu.Lock()
+	r.applied = text
+	r.applyMu.Unlock()
+	r.log.Info("adopted nginx serves the configuration on disk", zap.String("checksum", sum))
+}
 
 // Run starts nginx with the pending snapshot (or an empty one), applies updates
 // until ctx ends, restarts the master whenever it dies, and stops it on return.
@@ -36,6 +63,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 		r.master = m
 		r.mu.Unlock()
 		r.log.Info("adopted running nginx master", zap.Int("pid", m.PID()))
+		r.adoptRunning(ctx)
 	}
 	_, err := r.ApplyNow(ctx, *first)
 	if ctx.Err() != nil {
