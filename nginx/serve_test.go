@@ -574,6 +574,9 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	if got := workerPIDs(t, second); !slices.Equal(got, workersBefore) {
 		t.Errorf("workers %v after adoption, want the same %v (no reload)", got, workersBefore)
 	}
+	if got := r.Checksum(); got != want.Checksum {
+		t.Errorf("Checksum() %q after adoption, want %q (the agent's health reads it)", got, want.Checksum)
+	}
 	if resp, body := get(t, second.client(false), "http://a.test/x"); resp.StatusCode != 200 || body != "B /x" {
 		t.Errorf("after adoption: %d %q, want B", resp.StatusCode, body)
 	}

@@ -36,6 +36,9 @@ func (r *Reloader) adoptRunning(ctx context.Context) {
 	r.applyMu.Lock()
 	r.applied = text
 	r.applyMu.Unlock()
+	r.mu.Lock()
+	r.checksum = sum
+	r.mu.Unlock()
 	r.log.Info("adopted nginx serves the configuration on disk", zap.String("checksum", sum))
 }
 

@@ -113,7 +113,7 @@ func (l *Lab) LivenessTransitions(n, r *Node, to string) int {
 // NginxPIDs lists the nginx processes (master and workers) of node n's agent.
 func (l *Lab) NginxPIDs(n *Node) ([]int, error) {
 	a := l.Agent(l.EdgeNo(n))
-	b, err := os.ReadFile(filepath.Join(a.Dir, "nginx.pid"))
+	b, err := os.ReadFile(filepath.Join(a.Dir, "nginx", "nginx.pid"))
 	if err != nil {
 		return nil, err
 	}
