@@ -271,3 +271,31 @@ func TestClassify(t *testing.T) {
 		t.Errorf("classifyRead(parse error) = %s", got)
 	}
 }
+
+// A stall of the checker's own loop is not held against the replicas.
+func TestCheckerExcusesItsOwnStall(t *testing.T) {
+	now := time.Unix(1000, 0)
+	var mu sync.Mutex
+	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
+	c, err := New(Config{Port: 1, Now: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := netip.MustParseAddr("192.0.2.1")
+	c.SetTargets([]netip.Addr{a}, noneLocal) // not running: no probes
+	c.mu.Lock()
+	c.excuseLocked(time.Second)
+	c.mu.Unlock()
+	mu.Lock()
+	now = now.Add(time.Second + 100*time.Millisecond) // 1.1 s silent, 1 s of it our own stall
+	mu.Unlock()
+	c.mu.Lock()
+	dead := c.targets[a].rep.expire(c.cfg.Timing, clock())
+	c.mu.Unlock()
+	if dead {
+		t.Fatal("a replica went dead for the checker's own stall")
+	}
+	if got := testutil.ToFloat64(c.met.stalls); got != 1 {
+		t.Errorf("stalls = %v", got)
+	}
+}

@@ -13,6 +13,7 @@ type metrics struct {
 	transitions *prometheus.CounterVec
 	replicas    *prometheus.GaugeVec
 	faults      prometheus.Counter
+	stalls      prometheus.Counter
 	fallback    prometheus.Gauge
 }
 
@@ -29,13 +30,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Replicas checked, by verdict (fallback: the checker failed for it and Kubernetes' view holds).")), []string{"state"}),
 		faults: prometheus.NewCounter(prometheus.CounterOpts(opts("checker_faults_total",
 			"Failures of the checker itself (sockets, a panic, a stalled loop); each falls back to Kubernetes' view."))),
+		stalls: prometheus.NewCounter(prometheus.CounterOpts(opts("checker_stalls_total",
+			"Times the checker's own loop ran late; the silence of replicas during the stall was not held against them."))),
 		fallback: prometheus.NewGauge(prometheus.GaugeOpts(opts("fallback",
 			"1 while the checker as a whole has failed and every replica Kubernetes lists ready is used."))),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.fallback} {
+	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.stalls, m.fallback} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register liveness metrics: %w", err)
 		}

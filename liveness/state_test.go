@@ -90,15 +90,15 @@ func TestFlappingReplicaStaysOut(t *testing.T) {
 	r := newReplica(t0)
 	transitions := 0
 	now := t0
-	// 10 s of 100 ms good / 200 ms silent cycles, probed every 25 ms.
+	// 10 s of cycles: Rise-1 good answers, then a silence longer than DeadAfter.
 	for cycle := 0; cycle < 33; cycle++ {
-		for i := 0; i < 4; i++ {
+		for i := 0; i < tm.Rise-1; i++ {
 			now = now.Add(tm.Interval)
 			if r.answer(tm, now, true) {
 				transitions++
 			}
 		}
-		for i := 0; i < 20; i++ {
+		for i := 0; i < int((tm.DeadAfter+100*time.Millisecond)/(10*time.Millisecond)); i++ {
 			now = now.Add(10 * time.Millisecond)
 			if r.expire(tm, now) {
 				transitions++

@@ -685,4 +685,3 @@ func TestServeIPv6Endpoint(t *testing.T) {
 		t.Errorf("both.test reached %v, want A and V6", seen)
 	}
 }
-

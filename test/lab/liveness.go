@@ -1,13 +1,14 @@
 package lab
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"sort"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -96,14 +97,22 @@ func (l *Lab) NonOwner() (*Node, error) {
 	return nil, fmt.Errorf("no edge but the owner")
 }
 
-// LivenessTransitions counts node n's agent's log lines saying replica r went
-// to state ("dead" or "live").
-func (l *Lab) LivenessTransitions(n, r *Node, to string) int {
+// LivenessTransitions counts node n's agent's log lines saying, at since or
+// later, that replica r went to state ("dead" or "live").
+func (l *Lab) LivenessTransitions(n, r *Node, to string, since time.Time) int {
 	count := 0
 	for _, line := range strings.Split(l.Agent(l.EdgeNo(n)).Log(), "\n") {
-		if strings.Contains(line, "replica liveness changed") &&
-			strings.Contains(line, `"backend":"`+r.Addr.Addr().String()+`"`) &&
-			strings.Contains(line, `"to":"`+to+`"`) {
+		var e struct {
+			TS      float64 `json:"ts"`
+			Msg     string  `json:"msg"`
+			Backend string  `json:"backend"`
+			To      string  `json:"to"`
+		}
+		if json.Unmarshal([]byte(line), &e) != nil || e.Msg != "replica liveness changed" {
+			continue
+		}
+		at := time.Unix(0, int64(e.TS*1e9))
+		if e.Backend == r.Addr.Addr().String() && e.To == to && !at.Before(since) {
 			count++
 		}
 	}
