@@ -26,10 +26,12 @@ import (
 // out (it cannot be sent to) and returned in unresolved, so the caller can
 // resolve it and try again.
 //
-// Liveness never empties a group: when it would leave no replica that takes new
-// flows, Kubernetes' view holds (out is then nil and overruled is set), since a
-// checker that sees every replica dead is more likely broken, or cut off
-// itself, than right.
+// A draining replica stays as it is, dead or not: it takes no new flows anyway,
+// and a graceful stop closes nginx's listeners (so its checks fail) while its
+// connections finish. Liveness never empties a group: when it would leave no
+// replica that takes new flows, Kubernetes' view holds (out is then nil and
+// overruled is set), since a checker that sees every replica dead is more
+// likely broken, or cut off itself, than right.
 func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func(netip.Addr) bool,
 	mac func(netip.Addr) (net.HardwareAddr, bool)) (want dataplane.Desired, unresolved, out []netip.Addr, overruled bool) {
 	want.Seed = seed
@@ -40,9 +42,11 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 		var gout []netip.Addr
 		serving := 0
 		for _, r := range g.Replicas {
-			if dead(r.Addr) {
+			switch {
+			case r.State == model.Draining:
+			case dead(r.Addr):
 				gout = append(gout, r.Addr)
-			} else if r.State != model.Draining {
+			default:
 				serving++
 			}
 		}

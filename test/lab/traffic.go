@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -109,6 +110,15 @@ type Load struct {
 	wg           sync.WaitGroup
 	ok, failed   atomic.Int64
 	firstFailure atomic.Value
+
+	mu       sync.Mutex
+	failures []LoadFailure // the first 50
+}
+
+// LoadFailure is one failed request of a Load: when it started and why.
+type LoadFailure struct {
+	Start time.Time
+	Err   error
 }
 
 // StartLoad starts workers requesting host through the VIP.
@@ -126,9 +136,15 @@ func (l *Lab) StartLoad(ctx context.Context, host string, workers int) *Load {
 					return
 				default:
 				}
+				start := time.Now()
 				if _, err := l.Get(ctx, c, host, "/load"); err != nil {
 					ld.failed.Add(1)
 					ld.firstFailure.CompareAndSwap(nil, err.Error())
+					ld.mu.Lock()
+					if len(ld.failures) < 50 {
+						ld.failures = append(ld.failures, LoadFailure{Start: start, Err: err})
+					}
+					ld.mu.Unlock()
 				} else {
 					ld.ok.Add(1)
 				}
@@ -136,6 +152,13 @@ func (l *Lab) StartLoad(ctx context.Context, host string, workers int) *Load {
 		}()
 	}
 	return ld
+}
+
+// Failures returns the first 50 failed requests (call after Stop).
+func (ld *Load) Failures() []LoadFailure {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return slices.Clone(ld.failures)
 }
 
 // Stop ends the load and returns its counts and first failure.
