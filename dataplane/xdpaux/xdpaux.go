@@ -16,7 +16,7 @@ import (
 
 // AttachPass attaches a one-line XDP_PASS program to iface in the calling
 // thread's network namespace. A veth delivers frames that xdp_lb sends with
-// XDP_TX only when its peer runs an XDP program (LAB.md), so labs attach this to
+// XDP_TX only when its peer runs an XDP program (GRO on the peer is not enough), so labs attach this to
 // the bridge-side end of an edge node's veth. Closing the result detaches it.
 func AttachPass(iface string) (io.Closer, error) {
 	ifc, err := net.InterfaceByName(iface)
