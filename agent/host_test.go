@@ -9,24 +9,15 @@ import (
 
 	"github.com/vishvananda/netlink"
 
+	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
 )
-
-func requireRoot(t *testing.T) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("namespace tests must run as root in CI")
-		}
-		t.Skip("needs root for network namespaces")
-	}
-}
 
 // twoNodes builds a lab of two node namespaces on one segment, a (10.215.0.1)
 // and b (10.215.0.2), removed when the test ends.
 func twoNodes(t *testing.T, prefix string) (a, b *netlab.Node) {
 	t.Helper()
-	requireRoot(t)
+	testenv.RequireRoot(t, "network namespaces")
 	lab, err := netlab.New(prefix)
 	if err != nil {
 		t.Fatal(err)

@@ -6,11 +6,12 @@ package bpftest
 
 import (
 	"errors"
-	"os"
 	"testing"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/rlimit"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // Require skips t unless the process can load BPF programs (root or
@@ -18,12 +19,7 @@ import (
 // capability is a failure instead.
 func Require(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") != "" {
-			t.Fatal("BPF tests must run as root in CI")
-		}
-		t.Skip("needs root to load BPF programs")
-	}
+	testenv.RequireRoot(t, "loading BPF programs")
 	if err := rlimit.RemoveMemlock(); err != nil && !errors.Is(err, ebpf.ErrNotSupported) {
 		t.Fatalf("remove memlock rlimit: %v", err)
 	}
