@@ -220,24 +220,29 @@ func TestCheckerFaultFallsBack(t *testing.T) {
 	waitDead(t, c, []netip.Addr{a.addr}, 3*time.Second)
 }
 
-// A stalled evaluation loop falls back to Kubernetes' view for every replica.
-func TestCheckerStallFallsBack(t *testing.T) {
+// idleChecker is a checker on a fake clock with one replica and no probes (it
+// does not run): advance moves its clock.
+func idleChecker(t *testing.T) (c *Checker, a netip.Addr, advance func(time.Duration)) {
+	t.Helper()
 	now := time.Unix(1000, 0)
 	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c, err := New(Config{Port: 1, Now: clock})
+	c, err := New(Config{Port: 1, Now: func() time.Time { mu.Lock(); defer mu.Unlock(); return now }})
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := netip.MustParseAddr("192.0.2.1")
-	c.SetTargets([]netip.Addr{a}, noneLocal) // not running: no probes
+	a = netip.MustParseAddr("192.0.2.1")
+	c.SetTargets([]netip.Addr{a}, noneLocal)
+	return c, a, func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+}
+
+// A stalled evaluation loop falls back to Kubernetes' view for every replica.
+func TestCheckerStallFallsBack(t *testing.T) {
+	c, a, advance := idleChecker(t)
 	c.targets[a].rep.live = false
 	if d := c.Dead(); !slices.Equal(d, []netip.Addr{a}) {
 		t.Fatalf("dead %v", d)
 	}
-	mu.Lock()
-	now = now.Add(2 * time.Second) // no evaluation for 2 s
-	mu.Unlock()
+	advance(2 * time.Second) // no evaluation for 2 s
 	if d := c.Dead(); len(d) != 0 {
 		t.Fatalf("dead %v from a stalled checker", d)
 	}
@@ -274,23 +279,13 @@ func TestClassify(t *testing.T) {
 
 // A stall of the checker's own loop is not held against the replicas.
 func TestCheckerExcusesItsOwnStall(t *testing.T) {
-	now := time.Unix(1000, 0)
-	var mu sync.Mutex
-	clock := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	c, err := New(Config{Port: 1, Now: clock})
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := netip.MustParseAddr("192.0.2.1")
-	c.SetTargets([]netip.Addr{a}, noneLocal) // not running: no probes
+	c, a, advance := idleChecker(t)
 	c.mu.Lock()
 	c.excuseLocked(time.Second)
 	c.mu.Unlock()
-	mu.Lock()
-	now = now.Add(time.Second + 100*time.Millisecond) // 1.1 s silent, 1 s of it our own stall
-	mu.Unlock()
+	advance(time.Second + 100*time.Millisecond) // 1.1 s silent, 1 s of it our own stall
 	c.mu.Lock()
-	dead := c.targets[a].rep.expire(c.cfg.Timing, clock())
+	dead := c.targets[a].rep.expire(c.cfg.Timing, c.cfg.Now())
 	c.mu.Unlock()
 	if dead {
 		t.Fatal("a replica went dead for the checker's own stall")

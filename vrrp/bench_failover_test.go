@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -31,19 +30,9 @@ import (
 // segment, as on a power loss) and its announcer gets SIGKILL; with the port up,
 // the killed node would keep answering for the VIP it still holds.
 func TestFailoverBench(t *testing.T) {
-	if os.Getenv("PORTICO_BENCH_FAILOVER") == "" {
-		t.Skip("benchmark: run with make bench-failover")
-	}
+	trials := testenv.BenchTrials(t, "PORTICO_BENCH_FAILOVER", "bench-failover")
 	requireLab(t)
 	testenv.RequireProgram(t, "keepalived")
-	trials := 10
-	if s := os.Getenv("PORTICO_BENCH_TRIALS"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 1 || n > 100 {
-			t.Fatalf("PORTICO_BENCH_TRIALS=%q: want 1 to 100", s)
-		}
-		trials = n
-	}
 	intervals := []time.Duration{time.Second, 100 * time.Millisecond, 20 * time.Millisecond}
 	impls := []string{"portico", "keepalived"}
 	t.Logf("client-visible outage, kill → first reply from the VIP (1 ms probes), %d trials each", trials)

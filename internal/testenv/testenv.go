@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -73,4 +74,23 @@ func Eventually(t testing.TB, timeout time.Duration, check func() string) {
 	if _, ok := Until(timeout, 25*time.Millisecond, func() bool { msg = check(); return msg == "" }); !ok {
 		t.Fatalf("not reached after %s: %s", timeout, msg)
 	}
+}
+
+// BenchTrials gates a lab benchmark: it skips t unless the environment variable
+// gate is set (make says how to run it), and returns the number of trials,
+// PORTICO_BENCH_TRIALS (1 to 100, default 10).
+func BenchTrials(t testing.TB, gate, target string) int {
+	t.Helper()
+	if os.Getenv(gate) == "" {
+		t.Skipf("benchmark: run with make %s (%s=1)", target, gate)
+	}
+	s := os.Getenv("PORTICO_BENCH_TRIALS")
+	if s == "" {
+		return 10
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 || n > 100 {
+		t.Fatalf("PORTICO_BENCH_TRIALS=%q: want 1 to 100", s)
+	}
+	return n
 }

@@ -2,11 +2,11 @@ package lab
 
 import (
 	"context"
-	"os"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // TestFailoverBench measures repeated edge deaths (make bench-lab; not in make
@@ -17,13 +17,7 @@ import (
 // last failed new connection started after the fault, how many failed, and how
 // many long-lived connections on surviving replicas kept working.
 func TestFailoverBench(t *testing.T) {
-	if os.Getenv("PORTICO_BENCH_LAB") == "" {
-		t.Skip("set PORTICO_BENCH_LAB=1 (make bench-lab)")
-	}
-	trials := 10
-	if n, err := strconv.Atoi(os.Getenv("PORTICO_BENCH_TRIALS")); err == nil && n > 0 {
-		trials = n
-	}
+	trials := testenv.BenchTrials(t, "PORTICO_BENCH_LAB", "bench-lab")
 	l := startLab(t)
 	ctx := context.Background()
 	for _, kind := range []string{"owner", "non-owner"} {

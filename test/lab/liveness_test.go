@@ -21,6 +21,28 @@ type liveTraffic struct {
 	stream *Stream
 }
 
+// liveStart brings the lab up, picks the edge a test hurts and starts the
+// traffic.
+func liveStart(t *testing.T, pick func(*Lab) (*Node, error)) (*Lab, *Node, *liveTraffic) {
+	t.Helper()
+	l := startLab(t)
+	victim, err := pick(l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l, victim, startTraffic(t, l)
+}
+
+// injectFault runs f, failing t on an error, and returns when it started.
+func injectFault(t *testing.T, f func() error) time.Time {
+	t.Helper()
+	at := time.Now()
+	if err := f(); err != nil {
+		t.Fatal(err)
+	}
+	return at
+}
+
 func startTraffic(t *testing.T, l *Lab) *liveTraffic {
 	t.Helper()
 	ctx := context.Background()
@@ -109,16 +131,8 @@ func requireBound(t *testing.T, f Failures, bound time.Duration) {
 // link cut) and leaves every ring within the bound; it comes back, rejoins
 // after its checks pass, and every node's digest agrees again within 1 s.
 func TestLivenessEdgeDeathAndReturn(t *testing.T) {
-	l := startLab(t)
-	victim, err := l.NonOwner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := startTraffic(t, l)
-	fault := time.Now()
-	if err := l.KillEdge(victim); err != nil {
-		t.Fatal(err)
-	}
+	l, victim, tr := liveStart(t, (*Lab).NonOwner)
+	fault := injectFault(t, func() error { return l.KillEdge(victim) })
 	out := waitRing(t, l, others(l, victim), victim, false, fault, 5*time.Second)
 	t.Logf("%s out of every surviving ring %v after the fault", victim.Name, out.Round(time.Millisecond))
 	time.Sleep(time.Second)
@@ -151,16 +165,8 @@ func TestLivenessEdgeDeathAndReturn(t *testing.T) {
 // Test 2: the owner dies. The VIP moves by VRRP; the new owner, which kept its
 // own liveness view as a backup, already leaves the dead replica out.
 func TestLivenessOwnerDeath(t *testing.T) {
-	l := startLab(t)
-	owner, err := l.Owner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := startTraffic(t, l)
-	fault := time.Now()
-	if err := l.KillEdge(owner); err != nil {
-		t.Fatal(err)
-	}
+	l, owner, tr := liveStart(t, (*Lab).Owner)
+	fault := injectFault(t, func() error { return l.KillEdge(owner) })
 	var takeover time.Duration
 	if err := waitFor(5*time.Second, func() error {
 		_, err := l.newOwner(owner)
@@ -180,20 +186,12 @@ func TestLivenessOwnerDeath(t *testing.T) {
 // agent keeps running: the replica leaves every ring; it comes back once nginx
 // answers again.
 func TestLivenessNginxStopped(t *testing.T) {
-	l := startLab(t)
-	victim, err := l.NonOwner()
-	if err != nil {
-		t.Fatal(err)
-	}
+	l, victim, tr := liveStart(t, (*Lab).NonOwner)
 	pids, err := l.NginxPIDs(victim)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := startTraffic(t, l)
-	fault := time.Now()
-	if err := SignalAll(pids, syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
+	fault := injectFault(t, func() error { return SignalAll(pids, syscall.SIGSTOP) })
 	t.Cleanup(func() { SignalAll(pids, syscall.SIGCONT) })
 	out := waitRing(t, l, others(l, victim), victim, false, fault, 5*time.Second)
 	t.Logf("%s (nginx stopped) out of every other ring %v after the fault", victim.Name, out.Round(time.Millisecond))
@@ -213,12 +211,7 @@ func TestLivenessNginxStopped(t *testing.T) {
 // request fails and the replica never leaves any ring, also while the agent
 // restarts.
 func TestLivenessAgentKilledNginxServes(t *testing.T) {
-	l := startLab(t)
-	victim, err := l.NonOwner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := startTraffic(t, l)
+	l, victim, tr := liveStart(t, (*Lab).NonOwner)
 	watchers := others(l, victim)
 	left := 0
 	samples := 0
@@ -232,10 +225,7 @@ func TestLivenessAgentKilledNginxServes(t *testing.T) {
 			}
 		}
 	}
-	fault := time.Now()
-	if err := l.Agent(l.EdgeNo(victim)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
+	fault := injectFault(t, func() error { return l.Agent(l.EdgeNo(victim)).Kill(syscall.SIGKILL, 5*time.Second) })
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		sample()
 	}
@@ -262,20 +252,14 @@ func TestLivenessAgentKilledNginxServes(t *testing.T) {
 // Test 5: a 200 ms link flap on one edge: the replica leaves once and comes
 // back once; the rings do not churn.
 func TestLivenessLinkFlap(t *testing.T) {
-	l := startLab(t)
-	victim, err := l.NonOwner()
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := startTraffic(t, l)
-	fault := time.Now()
-	if err := netlab.IP("-n", victim.NS, "link", "set", "eth0", "down"); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(200 * time.Millisecond)
-	if err := netlab.IP("-n", victim.NS, "link", "set", "eth0", "up"); err != nil {
-		t.Fatal(err)
-	}
+	l, victim, tr := liveStart(t, (*Lab).NonOwner)
+	fault := injectFault(t, func() error {
+		if err := netlab.IP("-n", victim.NS, "link", "set", "eth0", "down"); err != nil {
+			return err
+		}
+		time.Sleep(200 * time.Millisecond)
+		return netlab.IP("-n", victim.NS, "link", "set", "eth0", "up")
+	})
 	in := waitRing(t, l, l.Edges, victim, true, fault, 10*time.Second)
 	time.Sleep(2 * time.Second) // any churn would show by now
 	f := FailuresAround(tr.stream.Stop(), fault)
