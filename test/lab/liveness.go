@@ -153,3 +153,31 @@ func SignalAll(pids []int, sig syscall.Signal) error {
 	}
 	return nil
 }
+
+// FlowsFrom describes, for each edge, the flow table entry of the client's
+// connection from port to the VIP, if it has one: where that edge steers it.
+func (l *Lab) FlowsFrom(port uint16) string {
+	var out []string
+	for _, e := range l.Edges {
+		in, err := dataplane.OpenPinned(l.pinDir(e))
+		if err != nil {
+			out = append(out, e.Name+": "+err.Error())
+			continue
+		}
+		flows, err := in.Flows(0)
+		in.Close()
+		if err != nil {
+			out = append(out, e.Name+": "+err.Error())
+			continue
+		}
+		for _, f := range flows {
+			if f.Flow.SPort == port && f.Flow.Dst == VIP {
+				out = append(out, fmt.Sprintf("%s steers it to %v (seen %v ago)", e.Name, f.Backend, f.Age.Round(time.Millisecond)))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "no edge has its flow"
+	}
+	return strings.Join(out, "; ")
+}

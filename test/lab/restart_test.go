@@ -61,7 +61,7 @@ func TestGracefulShutdown(t *testing.T) {
 	t.Logf("agent on %s exited %v after SIGTERM; %s owns the VIP; %d requests ok, %d failed (first: %v)",
 		owner.Name, exited.Round(time.Millisecond), newOwner.Name, ok, failed, first)
 	for _, f := range load.Failures() {
-		t.Logf("request started %v after SIGTERM failed: %v", f.Start.Sub(start).Round(time.Millisecond), f.Err)
+		t.Logf("request started %v after SIGTERM from port %d failed: %v; %s", f.Start.Sub(start).Round(time.Millisecond), f.Port, f.Err, l.FlowsFrom(f.Port))
 	}
 	// A broken drain fails about a third of the requests. A request in flight at
 	// the handover has, rarely (about 1 in 10,000 here), timed out: tolerated

@@ -103,6 +103,10 @@ func (l *Lab) Get(ctx context.Context, c *http.Client, host, path string) (Reply
 	return ParseReply(string(buf[:n]))
 }
 
+// portKey carries a *uint16 in a request's context: the client port its
+// connection came from.
+type portKey struct{}
+
 // Load is a bounded client load: workers sending one request per new connection
 // until stopped, at most 20,000 requests each and 60 s.
 type Load struct {
@@ -115,16 +119,36 @@ type Load struct {
 	failures []LoadFailure // the first 50
 }
 
-// LoadFailure is one failed request of a Load: when it started and why.
+// LoadFailure is one failed request of a Load: when it started, from which
+// client port (0 if no connection was made) and why.
 type LoadFailure struct {
 	Start time.Time
+	Port  uint16
 	Err   error
 }
 
 // StartLoad starts workers requesting host through the VIP.
 func (l *Lab) StartLoad(ctx context.Context, host string, workers int) *Load {
 	ld := &Load{stop: make(chan struct{})}
-	c := l.HTTPClient(false, 3*time.Second)
+	// Each connection comes from a port of its own (10000-29999, below the
+	// ephemeral range), so a failed one can be found in the edges' flow tables.
+	var next atomic.Int32
+	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (conn net.Conn, err error) {
+			var d net.Dialer
+			if n := next.Add(1); n < 20000 {
+				p := uint16(10000 + n)
+				d.LocalAddr = &net.TCPAddr{Port: int(p)}
+				if ptr, ok := ctx.Value(portKey{}).(*uint16); ok {
+					*ptr = p
+				}
+			}
+			err = netlab.Do(l.Client.NS, func() error {
+				conn, err = d.DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		}}}
 	for range workers {
 		ld.wg.Add(1)
 		go func() {
@@ -137,12 +161,14 @@ func (l *Lab) StartLoad(ctx context.Context, host string, workers int) *Load {
 				default:
 				}
 				start := time.Now()
-				if _, err := l.Get(ctx, c, host, "/load"); err != nil {
+				var port uint16
+				tctx := context.WithValue(ctx, portKey{}, &port)
+				if _, err := l.Get(tctx, c, host, "/load"); err != nil {
 					ld.failed.Add(1)
 					ld.firstFailure.CompareAndSwap(nil, err.Error())
 					ld.mu.Lock()
 					if len(ld.failures) < 50 {
-						ld.failures = append(ld.failures, LoadFailure{Start: start, Err: err})
+						ld.failures = append(ld.failures, LoadFailure{Start: start, Port: port, Err: err})
 					}
 					ld.mu.Unlock()
 				} else {
