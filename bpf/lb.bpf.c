@@ -54,6 +54,16 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 	return *(const __u32 *)a == *(const __u32 *)b && *(const __u16 *)(a + 4) == *(const __u16 *)(b + 4);
 }
 
+/* from_peer reports whether a frame comes from another edge: a director that
+ * already chose this node. */
+static __always_inline int from_peer(const struct ethhdr *eth)
+{
+	struct peer_key pk = {};
+
+	__builtin_memcpy(pk.mac, eth->h_source, ETH_ALEN);
+	return bpf_map_lookup_elem(&peers, &pk) != 0;
+}
+
 static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
 {
 	struct vip_key vk = {};
@@ -128,7 +138,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now, len = data_end - data;
-	int rc;
+	int rc, peer_checked = 0;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -200,6 +210,13 @@ int xdp_lb(struct xdp_md *ctx)
 		be = bid ? active_backend(bid) : 0;
 		if (!be)
 			return count(REASON_NO_BACKEND, XDP_PASS);
+		/* A director chose this node while this node's ring says otherwise
+		 * (the rings are changing): serve it here, and pin nothing. */
+		if (!(be->flags & BACKEND_F_LOCAL)) {
+			if (from_peer(eth))
+				return count(REASON_FROM_PEER, XDP_PASS);
+			peer_checked = 1;
+		}
 		/* An ICMP error never creates state: it only follows a flow. */
 		if (!p.icmp_error) {
 			struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
@@ -218,6 +235,10 @@ int xdp_lb(struct xdp_md *ctx)
 	}
 
 forward:
+	/* Never steer twice: a frame another edge sent here is served here, or two
+	 * nodes whose rings briefly disagree would bounce it between them. */
+	if (!(be->flags & BACKEND_F_LOCAL) && !peer_checked && from_peer(eth))
+		return count(REASON_FROM_PEER, XDP_PASS);
 	if (p.ip_options)
 		count(REASON_IP_OPTIONS, 0);
 	if (p.icmp_error)

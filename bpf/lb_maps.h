@@ -84,10 +84,19 @@ struct {
 	__type(value, struct backend_counters);
 } backend_stats SEC(".maps");
 
+/* The other edges' MACs (struct peer_key): a VIP frame from one of them was
+ * steered here by a director and is never steered again. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_PEERS);
+	__type(key, struct peer_key);
+	__type(value, __u32);
+} peers SEC(".maps");
+
 /* Packets by the reason for their verdict. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, REASON_MAX);
+	__uint(max_entries, LB_MAX_REASONS);
 	__type(key, enum reason);
 	__type(value, __u64);
 } reason_stats SEC(".maps");

@@ -18,6 +18,9 @@ enum lb_limits {
 	LB_DEFAULT_FLOWS = 262144,
 	LB_DEFAULT_RING = 65537,  /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
+	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
+	LB_MAX_REASONS = 32,      /* reason_stats slots: room for new reasons, so pinned
+				   * maps stay compatible across upgrades */
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */
@@ -48,6 +51,13 @@ struct backend {
 	__u16 flags;  /* enum backend_flags */
 	__u32 vip_id; /* the VIP this backend serves (operator view, recovery) */
 	__u32 weight;
+};
+
+/* peers: the MAC of every other edge (replica) of this node's groups. A VIP
+ * frame from one of them was steered here by a director already. */
+struct peer_key {
+	__u8 mac[6];
+	__u16 pad;
 };
 
 /* flows: the 5-tuple as the client sent it. */
@@ -115,7 +125,9 @@ enum reason {
 	REASON_TX,               /* backend elsewhere: MAC rewrite + XDP_TX */
 	REASON_FLOW_REPICK,      /* flow's backend gone: picked again from the ring */
 	REASON_OTHER_HOST,       /* VIP frame addressed to another MAC (flooded): pass */
-	REASON_MAX,
+	REASON_FROM_PEER,        /* a director steered it here, and this node's choice
+				  * differs (rings in transition): pass, never steer twice */
+	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 
 #endif

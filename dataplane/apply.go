@@ -54,12 +54,13 @@ type applied struct {
 	backends   map[uint32]lbBackend
 	rings      map[uint32][]uint32 // vip id -> slot -> backend id
 	digests    map[uint32]string
+	peers      map[lbPeerKey]bool
 	nextID     uint32 // where the round-robin backend id search starts
 }
 
 // ApplyStats says what one Apply changed.
 type ApplyStats struct {
-	VIPKeys, Backends, Rings int // entries written or deleted
+	VIPKeys, Backends, Rings, Peers int // entries written or deleted
 }
 
 // recover rebuilds the id assignments from the pinned maps, so a restarted agent
@@ -72,11 +73,17 @@ func (d *Dataplane) recover() error {
 		backends:   map[uint32]lbBackend{},
 		rings:      map[uint32][]uint32{},
 		digests:    map[uint32]string{},
+		peers:      map[lbPeerKey]bool{},
 		nextID:     1,
 	}
 	pinned, err := d.maps().read()
 	if err != nil {
 		return err
+	}
+	var pk lbPeerKey
+	var pv uint32
+	for it := d.objs.Peers.Iterate(); it.Next(&pk, &pv); {
+		st.peers[pk] = true
 	}
 	for vk, vv := range pinned.vips {
 		st.vipKeys[vk] = vv
@@ -139,6 +146,27 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.vipKeys[k] = v
 		stats.VIPKeys++
 	}
+	// Peers are read per packet, never cached: no generation change needed.
+	for k := range plan.peers {
+		if d.st.peers[k] {
+			continue
+		}
+		if err := d.objs.Peers.Put(&k, uint32(1)); err != nil {
+			return stats, fmt.Errorf("update map peers: %w", err)
+		}
+		d.st.peers[k] = true
+		stats.Peers++
+	}
+	for k := range d.st.peers {
+		if plan.peers[k] {
+			continue
+		}
+		if err := d.objs.Peers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return stats, fmt.Errorf("delete from map peers: %w", err)
+		}
+		delete(d.st.peers, k)
+		stats.Peers++
+	}
 	seedChanged := d.cfg.Seed != want.Seed
 	d.cfg.Seed = want.Seed
 
@@ -175,7 +203,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		stats.Backends++
 	}
 	d.st.vipIDs = plan.vipIDs
-	if stats != (ApplyStats{}) || seedChanged {
+	if stats.VIPKeys+stats.Backends+stats.Rings > 0 || seedChanged {
 		// Every CPU's flow cache was filled from the old maps: retire it, now that
 		// the maps say what want says.
 		d.cfg.Generation++
@@ -184,7 +212,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		}
 	}
 	if stats != (ApplyStats{}) {
-		d.log.Info("data plane applied", zap.Int("vip_keys", stats.VIPKeys), zap.Int("backends", stats.Backends), zap.Int("rings", stats.Rings))
+		d.log.Info("data plane applied", zap.Int("vip_keys", stats.VIPKeys), zap.Int("backends", stats.Backends), zap.Int("rings", stats.Rings), zap.Int("peers", stats.Peers))
 	}
 	return stats, nil
 }
@@ -201,6 +229,7 @@ func (d *Dataplane) Digests() map[netip.Addr]string {
 }
 
 type plan struct {
+	peers    map[lbPeerKey]bool // every remote backend's MAC
 	vipIDs   map[netip.Addr]uint32
 	vipKeys  map[lbVipKey]lbVipVal
 	backends map[uint32]lbBackend
@@ -212,6 +241,7 @@ type plan struct {
 // only reserves new ids in d.st once the whole of want is valid.
 func (d *Dataplane) plan(want Desired) (plan, error) {
 	p := plan{
+		peers:    map[lbPeerKey]bool{},
 		vipIDs:   map[netip.Addr]uint32{},
 		vipKeys:  map[lbVipKey]lbVipVal{},
 		backends: map[uint32]lbBackend{},
@@ -241,6 +271,10 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				problems = append(problems, fmt.Sprintf("group %s: backend %s listed twice", g.Name, b.Addr))
 			case !b.Local && len(b.MAC) != 6:
 				problems = append(problems, fmt.Sprintf("group %s: remote backend %s has no MAC", g.Name, b.Addr))
+			case !b.Local:
+				var k lbPeerKey
+				copy(k.Mac[:], b.MAC)
+				p.peers[k] = true
 			}
 			seen[b.Addr.Unmap()] = true
 		}

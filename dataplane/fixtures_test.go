@@ -170,6 +170,7 @@ const (
 	rTX        = lbReasonREASON_TX
 	rRepick    = lbReasonREASON_FLOW_REPICK
 	rOtherHost = lbReasonREASON_OTHER_HOST
+	rFromPeer  = lbReasonREASON_FROM_PEER
 )
 
 func fixtures() []fixture {
@@ -225,6 +226,23 @@ func fixtures() []fixture {
 			return []step{
 				{name: "flow to r1", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
 				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rRepick, 1, rTX, 1)},
+			}
+		}},
+		{"a frame another edge steered here is never steered again", desired(r1, r2, r3), func(t testing.TB) []step {
+			// A director whose ring differs from this node's (a change reaches the
+			// nodes a few ms apart) sends this node a flow it would send to r2:
+			// steering it on could bounce it between two nodes.
+			mk := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.SYN) }
+			p := mk(sportFor(t, mk, r2, r1, r2, r3))
+			fromR1 := p.WithMACs(r1MAC, nicMAC)
+			mine := mk(sportFor(t, mk, r3, r1, r2, r3)).WithMACs(r1MAC, nicMAC)
+			est := tcp4(sportFrom(t, p.SPort+1, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r2, r1, r2, r3), xdptest.ACK)
+			return []step{
+				{name: "from a peer: served here", in: fromR1.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
+				{name: "from the client: steered, no flow pinned by the peer's frame", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)},
+				{name: "from a peer, chosen here anyway", in: mine.Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
+				{name: "established flow from the client", in: est.Bytes(), verdict: xdptest.TX, out: to(est, r2), reasons: reasons(rTX, 1)},
+				{name: "the same flow from a peer (cached)", in: est.WithMACs(r2MAC, nicMAC).Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 			}
 		}},
 		{"non-VIP traffic passes byte-identical", single(r1), func(t testing.TB) []step {

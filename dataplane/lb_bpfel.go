@@ -80,7 +80,15 @@ const (
 	lbLbLimitsLB_DEFAULT_FLOWS lbLbLimits = 262144
 	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 65537
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
+	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
+	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
 )
+
+type lbPeerKey struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
 
 type lbReason uint32
 
@@ -98,7 +106,8 @@ const (
 	lbReasonREASON_TX           lbReason = 10
 	lbReasonREASON_FLOW_REPICK  lbReason = 11
 	lbReasonREASON_OTHER_HOST   lbReason = 12
-	lbReasonREASON_MAX          lbReason = 13
+	lbReasonREASON_FROM_PEER    lbReason = 13
+	lbReasonREASON_MAX          lbReason = 14
 )
 
 type lbVipCounters struct {
@@ -132,6 +141,7 @@ const (
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
 	lbMapLbCfg              = "lb_cfg"
+	lbMapPeers              = "peers"
 	lbMapReasonStats        = "reason_stats"
 	lbMapRings              = "rings"
 	lbMapVipStats           = "vip_stats"
@@ -195,6 +205,7 @@ type lbMapSpecs struct {
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
+	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	ReasonStats  *ebpf.MapSpec `ebpf:"reason_stats"`
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
@@ -234,6 +245,7 @@ type lbMaps struct {
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
+	Peers        *ebpf.Map `ebpf:"peers"`
 	ReasonStats  *ebpf.Map `ebpf:"reason_stats"`
 	Rings        *ebpf.Map `ebpf:"rings"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
@@ -247,6 +259,7 @@ func (m *lbMaps) Close() error {
 		m.FlowCache,
 		m.Flows,
 		m.LbCfg,
+		m.Peers,
 		m.ReasonStats,
 		m.Rings,
 		m.VipStats,

@@ -72,7 +72,7 @@ func Load(opts Options) (*Dataplane, error) {
 	for name, m := range spec.Maps {
 		if name == lbMapRings || name == lbMapVips || name == lbMapBackends || name == lbMapFlows ||
 			name == lbMapLbCfg || name == lbMapVipStats || name == lbMapBackendStats || name == lbMapReasonStats ||
-			name == lbMapFlowCache {
+			name == lbMapFlowCache || name == lbMapPeers {
 			m.Pinning = ebpf.PinByName
 		}
 	}
