@@ -40,8 +40,7 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 // terminating and its agent gets SIGTERM. The agent stays up, unready, for its
 // shutdown delay while every edge stops sending the replica new flows, then
 // releases the VIP with priority 0 (another edge takes over after its skew time,
-// not the master-down interval) and nginx drains: requests keep succeeding (see
-// the tolerance below for the rare one in flight at the handover).
+// not the master-down interval) and nginx drains: every request succeeds.
 func TestGracefulShutdown(t *testing.T) {
 	l, load, owner := ownerUnderLoad(t)
 	idx := l.EdgeNo(owner)
@@ -63,10 +62,11 @@ func TestGracefulShutdown(t *testing.T) {
 	for _, f := range load.Failures() {
 		t.Logf("request started %v after SIGTERM from port %d failed: %v; %s", f.Start.Sub(start).Round(time.Millisecond), f.Port, f.Err, l.FlowsFrom(f.Port))
 	}
-	// A broken drain fails about a third of the requests. A request in flight at
-	// the handover has, rarely (about 1 in 10,000 here), timed out: tolerated
-	// up to 0.1% and reported, not hidden.
-	if ok < 1000 || float64(failed) > 0.001*float64(ok+failed) {
+	// A broken drain fails about a third of the requests. Before xdp_lb stopped
+	// steering frames twice, a connection opened as the edges' rings changed
+	// (a few ms apart) could bounce between two edges and time out: about 1 in
+	// 2,000 requests on a loaded machine. None may fail now.
+	if ok < 1000 || failed != 0 {
 		t.Errorf("%d of %d requests failed (first: %v)", failed, ok+failed, first)
 	}
 	// The released VIP was taken over without waiting for the master-down
