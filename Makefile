@@ -7,8 +7,13 @@ TESTFLAGS ?= -count=1 -timeout 30m
 # report a spurious "context deadline exceeded" at the end of a timed run
 # (go.dev/issue/75804, fixed in Go 1.27). About 10-20 s each on this machine.
 FUZZTIME ?= 200000x
+# The agent image, the one setting every manifest takes it from: make manifests
+# renders IMAGE_REPO and IMAGE_TAG into deploy/ (the chart's values.yaml has the same
+# defaults, so make verify passes only with these).
+IMAGE_REPO ?= ghcr.io/portico-edge/portico
+IMAGE_TAG ?= latest
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi helm bench-failover bench-nginx bench-lab demo-dataplane lab
+.PHONY: help deps generate manifests build vet test unit fuzz verify lint bench demo clean kapi helm bench-failover bench-nginx bench-lab demo-dataplane lab
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -19,21 +24,25 @@ deps: ## install the Debian packages the build and tests use (idempotent)
 generate: deps ## rebuild the BPF objects and their Go bindings with clang-14 + bpf2go
 	$(GO) generate ./dataplane/...
 
+manifests: helm ## render the Helm chart deploy/helm/portico into the plain manifests under deploy/ (IMAGE_REPO, IMAGE_TAG)
+	$(GO) run ./deploy/manifests -helm "$$(test/tools/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
+
 build: ## build the portico binary into bin/
 	$(GO) build -o bin/portico ./cmd/portico
 
 vet: ## go vet every package
 	$(GO) vet ./...
 
-unit: deps kapi ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
+unit: deps kapi helm ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) ./...
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions each)
 	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./vrrp/
 
-verify: generate ## regenerate the BPF objects and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
+verify: generate manifests ## regenerate the BPF objects and the plain manifests and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
 	@git diff --exit-code --stat -- dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
+	@git diff --exit-code --stat -- deploy/ || { echo "verify: deploy/ differs from the chart: run make manifests and commit (edit deploy/helm/portico, not the generated files)" >&2; exit 1; }
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
 
 test: deps vet unit fuzz verify ## everything CI runs
