@@ -7,13 +7,8 @@ TESTFLAGS ?= -count=1 -timeout 30m
 # report a spurious "context deadline exceeded" at the end of a timed run
 # (go.dev/issue/75804, fixed in Go 1.27). About 10-20 s each on this machine.
 FUZZTIME ?= 200000x
-# The agent image, the one setting every manifest takes it from: make manifests
-# renders IMAGE_REPO and IMAGE_TAG into deploy/ (the chart's values.yaml has the same
-# defaults, so make verify passes only with these).
-IMAGE_REPO ?= ghcr.io/portico-edge/portico
-IMAGE_TAG ?= latest
 
-.PHONY: help deps generate manifests build vet test unit fuzz verify lint bench demo clean kapi helm bench-failover bench-nginx bench-lab demo-dataplane lab
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab demo-dataplane lab
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -24,6 +19,20 @@ deps: ## install the Debian packages the build and tests use (idempotent)
 generate: deps ## rebuild the BPF objects and their Go bindings with clang-14 + bpf2go
 	$(GO) generate ./dataplane/...
 
+.PHONY: helm
+helm: ## build helm from the Go module proxy (cached by version; make manifests and go test ./deploy use it)
+	@test/tools/helm.sh >/dev/null
+
+# go test ./deploy lints, renders, dry-runs and installs the chart with it.
+unit: helm
+
+# The agent image in the manifests, one setting: make manifests renders IMAGE_REPO and
+# IMAGE_TAG into deploy/. The chart's values.yaml has the same defaults, and make verify
+# passes only with these (a tag from git describe would change deploy/ on every commit).
+IMAGE_REPO ?= ghcr.io/portico-edge/portico
+IMAGE_TAG ?= latest
+
+.PHONY: manifests
 manifests: helm ## render the Helm chart deploy/helm/portico into the plain manifests under deploy/ (IMAGE_REPO, IMAGE_TAG)
 	$(GO) run ./deploy/manifests -helm "$$(test/tools/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
 
@@ -33,7 +42,7 @@ build: ## build the portico binary into bin/
 vet: ## go vet every package
 	$(GO) vet ./...
 
-unit: deps kapi helm ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
+unit: deps kapi ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) ./...
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions each)
@@ -68,9 +77,6 @@ clean: ## remove build output
 
 kapi: ## build the real kube-apiserver + etcd for integration tests (cached by version)
 	@test/kapi/build.sh >/dev/null
-
-helm: ## build helm from the Go module proxy (cached by version; make manifests and go test ./deploy use it)
-	@test/tools/helm.sh >/dev/null
 
 bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/20ms adverts (root; ~4 min; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_FAILOVER=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./vrrp/ | grep -vE '^=== |became the only owner'
