@@ -82,7 +82,7 @@ func setArgs(sets []string) []string {
 }
 
 // TestChartLint runs helm lint --strict on the chart with its defaults and with
-// otherValues.
+// otherValues, and checks that values.schema.json refuses bad values.
 func TestChartLint(t *testing.T) {
 	helm := helmBinary(t)
 	for name, sets := range map[string][]string{"defaults": nil, "other values": otherValues} {
@@ -90,6 +90,13 @@ func TestChartLint(t *testing.T) {
 			out := run(t, nil, helm, append([]string{"lint", "--strict", chart}, setArgs(sets)...)...)
 			t.Logf("%s", out)
 		})
+	}
+	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
+		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface="} {
+		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
+		if err == nil || !bytes.Contains(out, []byte("schema")) {
+			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
+		}
 	}
 }
 
