@@ -19,6 +19,23 @@ deps: ## install the Debian packages the build and tests use (idempotent)
 generate: deps ## rebuild the BPF objects and their Go bindings with clang-14 + bpf2go
 	$(GO) generate ./dataplane/...
 
+.PHONY: helm
+helm: ## build helm from the Go module proxy (cached by version; make manifests and go test ./deploy use it)
+	@test/tools/helm.sh >/dev/null
+
+# go test ./deploy lints, renders, dry-runs and installs the chart with it.
+unit: helm
+
+# The agent image in the manifests, one setting: make manifests renders IMAGE_REPO and
+# IMAGE_TAG into deploy/. The chart's values.yaml has the same defaults, and make verify
+# passes only with these (a tag from git describe would change deploy/ on every commit).
+IMAGE_REPO ?= ghcr.io/portico-edge/portico
+IMAGE_TAG ?= latest
+
+.PHONY: manifests
+manifests: helm ## render the Helm chart deploy/helm/portico into the plain manifests under deploy/ (IMAGE_REPO, IMAGE_TAG)
+	$(GO) run ./deploy/manifests -helm "$$(test/tools/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
+
 build: ## build the portico binary into bin/
 	$(GO) build -o bin/portico ./cmd/portico
 
@@ -32,8 +49,9 @@ fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions 
 	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./vrrp/
 
-verify: generate ## regenerate the BPF objects and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
+verify: generate manifests ## regenerate the BPF objects and the plain manifests and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
 	@git diff --exit-code --stat -- dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
+	@git diff --exit-code --stat -- deploy/ || { echo "verify: deploy/ differs from the chart: run make manifests and commit (edit deploy/helm/portico, not the generated files)" >&2; exit 1; }
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
 
 test: deps vet unit fuzz verify ## everything CI runs

@@ -54,6 +54,10 @@ type Config struct {
 	VRRPVersion  uint8 // for IPv4 (2 for keepalived peers); IPv6 is always 3
 	VRRPInterval time.Duration
 
+	// ClaimImage is the image of the agent DaemonSets the leader provisions for
+	// IngressClaims; empty: deploy/agent.yaml's.
+	ClaimImage string
+
 	StateDir      string        // records what the agent changed on the host
 	ShutdownDelay time.Duration // serving, unready, after ctx ends and before the VIP is released
 }
@@ -139,7 +143,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ctrl, err := controlplane.New(controlplane.Config{
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
 		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, vs},
-		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true,
+		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage,
 	})
 	if err != nil {
 		return err

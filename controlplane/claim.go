@@ -151,8 +151,9 @@ func claimService(c *IngressClaim) *corev1.Service {
 // (deploy.AgentDaemonSet, so the same pod, tolerations, priority class, grace period
 // and update strategy) with only what a claim changes: its name, namespace, labels,
 // selector and owner; the template's nodes, interface and ServiceAccount; the group;
-// the Lease namespace leaseNS; the image; and the VIP pools, the provisioning
-// leader's own, so an agent of the claim that becomes leader allocates as it did.
+// the Lease namespace leaseNS; the image, unless empty; and the VIP pools, the
+// provisioning leader's own, so an agent of the claim that becomes leader allocates
+// as it did.
 func claimDaemonSet(c *IngressClaim, image, leaseNS string, pools []Pool) (*appsv1.DaemonSet, error) {
 	ds, err := deploy.AgentDaemonSet()
 	if err != nil {
@@ -173,7 +174,11 @@ func claimDaemonSet(c *IngressClaim, image, leaseNS string, pools []Pool) (*apps
 	if sa := c.Spec.Template.ServiceAccountName; sa != "" {
 		pod.ServiceAccountName = sa
 	}
-	agent.Image = image
+	if image != "" {
+		agent.Image = image
+		// Its agents provision claims with the same image when they lead.
+		agent.Args = setFlag(agent.Args, "claim-image", image)
+	}
 	agent.Args = setFlag(agent.Args, "group", c.Namespace+"/"+c.Name)
 	if iface := c.Spec.Template.Interface; iface != "" {
 		agent.Args = setFlag(agent.Args, "iface", iface)

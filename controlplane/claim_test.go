@@ -25,7 +25,7 @@ func agentFlags(args []string) map[string]string {
 // deploy/agent.yaml (update strategy, tolerations, priority, grace period, the whole
 // pod) with only what a claim changes: its name, namespace, labels, selector and
 // owner, the template's node selector, interface and ServiceAccount, the group, the
-// Lease namespace, the image and the leader's pools.
+// Lease namespace, the image (when one is given) and the leader's pools.
 func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 	pool4, err := ParsePool("203.0.113.0/28!203.0.113.1")
 	if err != nil {
@@ -39,6 +39,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		name     string
 		template ReplicaTemplate
 		pools    []Pool
+		image    string // "": the manifest's
 		// sa and flags are what the claim changes in the manifest's pod.
 		sa    string
 		flags map[string]string
@@ -47,9 +48,10 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			name:     "template and pools",
 			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true"}, Interface: "bond0", ServiceAccountName: "shop-agent"},
 			pools:    []Pool{pool4, pool6},
+			image:    "example/portico:test",
 			sa:       "shop-agent",
 			flags: map[string]string{"group": "shop/edge", "iface": "bond0", "pod-namespace": "portico-system",
-				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120"},
+				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120", "claim-image": "example/portico:test"},
 		},
 		{
 			name: "manifest defaults, no pools",
@@ -60,7 +62,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := &IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
 				Spec: IngressClaimSpec{Template: tc.template}}
-			got, err := claimDaemonSet(claim, "example/portico:test", "portico-system", tc.pools)
+			got, err := claimDaemonSet(claim, tc.image, "portico-system", tc.pools)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,7 +81,9 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 				pod.ServiceAccountName = tc.sa
 			}
 			agent := &pod.Containers[0]
-			agent.Image = "example/portico:test"
+			if tc.image != "" {
+				agent.Image = tc.image
+			}
 			wantFlags := agentFlags(agent.Args)
 			for k, v := range tc.flags {
 				wantFlags[k] = v

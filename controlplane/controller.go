@@ -48,7 +48,9 @@ type Config struct {
 	PodRouteGroup string
 	// Sinks receive every new snapshot.
 	Sinks []Sink
-	// AgentImage is the image of the DaemonSets IngressClaims provision.
+	// AgentImage is the image of the DaemonSets IngressClaims provision (default:
+	// deploy/agent.yaml's, which make manifests renders from the Makefile's
+	// IMAGE_REPO and IMAGE_TAG).
 	AgentImage string
 
 	// Identity names this instance in the leader Lease (default: a random name).
@@ -132,9 +134,6 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.Identity == "" {
 		cfg.Identity = "portico-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	}
-	if cfg.AgentImage == "" {
-		cfg.AgentImage = "ghcr.io/portico-edge/portico:latest"
 	}
 	c := &Controller{
 		cfg: cfg,

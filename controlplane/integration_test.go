@@ -815,6 +815,7 @@ func (e *env) applyExample(file string) {
 func TestIntegrationExamples(t *testing.T) {
 	e := newEnv(t)
 	e.applyExample("group.yaml")
+	e.applyExample("web.yaml")
 	e.applyExample("ingressclaim.yaml")
 	pool, _ := ParsePool("198.18.0.0/30")
 	r := e.start(func(c *Config) { c.Pools = []Pool{pool} })

@@ -10,9 +10,10 @@ import (
 )
 
 // agentManifest is agent.yaml, the agent DaemonSet as `kubectl apply -k deploy`
-// installs it. This embed is the one place the code reads a manifest: the control
-// plane derives the DaemonSets it provisions for IngressClaims from it, so whatever
-// writes agent.yaml, the installed agents and the provisioned ones share its pod.
+// installs it: the chart's templates/agent.yaml rendered with the default values
+// (make manifests). This embed is the one place the code reads a manifest: the control
+// plane derives the DaemonSets it provisions for IngressClaims from it, so the
+// installed agents and the provisioned ones share the chart's pod.
 //
 //go:embed agent.yaml
 var agentManifest []byte

@@ -323,12 +323,12 @@ func sortedStrings[T fmt.Stringer](xs []T) []string {
 }
 
 // TestAPIServer applies every manifest under deploy/ to a real kube-apiserver, then
-// checks the agent pod is admitted, and that the agent's RBAC is exactly what the
+// checks the agent pod is admitted, dry-runs the Helm chart, and that the agent's RBAC is exactly what the
 // control plane calls: enough for the real controller running as the ServiceAccount,
 // and refused for the rest.
 func TestAPIServer(t *testing.T) {
 	srv := startAPIServer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Second)
 	defer cancel()
 	cs := kubernetes.NewForConfigOrDie(srv.Config)
 
@@ -343,6 +343,7 @@ func TestAPIServer(t *testing.T) {
 	a.applyAll(t, ctx, all)
 
 	t.Run("agent pod admitted", func(t *testing.T) { testAgentPod(t, ctx, cs) })
+	t.Run("helm chart, server-side dry run", func(t *testing.T) { testChartDryRun(t, ctx, srv, a) })
 	t.Run("rbac is what the code calls", func(t *testing.T) {
 		var want []grant
 		for _, n := range codeNeeds {

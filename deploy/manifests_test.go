@@ -68,7 +68,8 @@ func readKustomization(t testing.TB) kustomization {
 }
 
 // manifestFiles lists every Kubernetes manifest under deploy/ (slash paths relative to
-// it): YAML files other than the kustomization itself and the kind config.
+// it): YAML files other than the kustomization itself, the kind config and the Helm
+// chart they are generated from.
 func manifestFiles(t testing.TB) []string {
 	t.Helper()
 	var files []string
@@ -77,7 +78,7 @@ func manifestFiles(t testing.TB) []string {
 			return err
 		}
 		if d.IsDir() {
-			if p == "kind" {
+			if p == "kind" || p == "helm" {
 				return filepath.SkipDir
 			}
 			return nil
@@ -385,33 +386,57 @@ func TestKindCluster(t *testing.T) {
 	}
 }
 
-// TestAgentFlags builds the portico binary and checks that every flag the DaemonSet
-// passes to `portico agent` is one the agent defines (its -h output).
-func TestAgentFlags(t *testing.T) {
-	goTool, err := exec.LookPath("go")
-	if err != nil {
-		goTool = filepath.Join(goruntime.GOROOT(), "bin", "go")
+// goTool is the go command of the running toolchain.
+func goTool() string {
+	if p, err := exec.LookPath("go"); err == nil {
+		return p
 	}
+	return filepath.Join(goruntime.GOROOT(), "bin", "go")
+}
+
+// chartAgentDefaults are the flags the chart passes with the agent's own defaults
+// (values.yaml vrrp and liveness): TestAgentFlags keeps the two equal.
+var chartAgentDefaults = []string{"vrrp-priority", "vrrp-degraded-priority", "vrrp-version", "vrrp-interval",
+	"liveness-port", "liveness-interval", "liveness-dead-after", "liveness-rise"}
+
+// TestAgentFlags builds the portico binary and checks that every flag the DaemonSet
+// passes to `portico agent` is one the agent defines (its -h output), and that the
+// chart's defaults for chartAgentDefaults are the agent's.
+func TestAgentFlags(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "portico")
-	if out, err := exec.Command(goTool, "build", "-o", bin, "../cmd/portico").CombinedOutput(); err != nil {
+	if out, err := exec.Command(goTool(), "build", "-o", bin, "../cmd/portico").CombinedOutput(); err != nil {
 		t.Fatalf("build cmd/portico: %v\n%s", err, out)
 	}
-	// -h prints the flags and exits non-zero.
+	// -h prints the flags and exits non-zero: "  -name type" lines, each followed by
+	// its usage, which ends in "(default value)" when the default is not the zero value.
 	usage, _ := exec.Command(bin, "agent", "-h").CombinedOutput()
 	defined := map[string]bool{}
+	defaults := map[string]string{}
+	var last string
 	for _, line := range strings.Split(string(usage), "\n") {
 		if name, ok := strings.CutPrefix(line, "  -"); ok {
-			defined[strings.Fields(name)[0]] = true
+			last = strings.Fields(name)[0]
+			defined[last] = true
+		} else if i := strings.LastIndex(line, "(default "); i >= 0 && last != "" {
+			defaults[last] = strings.Trim(strings.TrimSuffix(line[i+len("(default "):], ")"), `"`)
 		}
 	}
 	if len(defined) == 0 {
 		t.Fatalf("no flags in `portico agent -h`:\n%s", usage)
 	}
 	ds := find[appsv1.DaemonSet](t, install(t), "DaemonSet", "portico-agent")
+	passed := map[string]string{}
 	for _, a := range ds.Spec.Template.Spec.Containers[0].Args[1:] {
-		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		name, value, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		passed[name] = value
 		if !defined[name] {
 			t.Errorf("agent.yaml passes %s; `portico agent` has no flag -%s", a, name)
+		}
+	}
+	for _, name := range chartAgentDefaults {
+		if passed[name] != defaults[name] {
+			t.Errorf("agent.yaml passes --%s=%s; the agent's default is %q: keep values.yaml's default equal to it",
+				name, passed[name], defaults[name])
 		}
 	}
 }

@@ -70,6 +70,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.DurationVar(&c.VRRPInterval, "vrrp-interval", 100*time.Millisecond, "VRRP advert interval")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
+	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
 	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
 	if err := fs.Parse(args); err != nil {
 		return c, err

@@ -227,7 +227,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 		t.Fatalf("HTTPS with SNI: %v", err)
 	}
 
-	// The example Ingress (deploy/examples/group.yaml, bound by its IngressClass)
+	// The example Ingress (deploy/examples/web.yaml, bound by its IngressClass)
 	// is served, and its status shows the group's VIP.
 	if _, err := l.Get(ctx, c, ExampleHost, "/"); err != nil {
 		t.Fatalf("example host: %v", err)

@@ -15,7 +15,7 @@ func ptr[T any](v T) *T { return &v }
 // createObjects writes the cluster state the lab starts from: the group Service
 // and its EndpointSlice (every edge node, ready), and the Lease namespace.
 func (l *Lab) createObjects(ctx context.Context) error {
-	for _, f := range []string{"namespace.yaml", "examples/group.yaml"} {
+	for _, f := range []string{"namespace.yaml", "examples/group.yaml", "examples/web.yaml"} {
 		if err := l.ApplyFile(ctx, f); err != nil {
 			return err
 		}

@@ -73,7 +73,7 @@ func run(ctx context.Context, l *lab.Lab, portico, kubectl string) error {
 		fmt.Printf("  %-3s %-15s namespace %s\n", n.Name, n.Addr, n.NS)
 	}
 
-	step("applied deploy/namespace.yaml and deploy/examples/group.yaml (group %s/%s, VIP %s, IngressClass portico, Ingress %s);\n    adding Service apps/echo and Ingresses echo.lab and secure.lab (TLS); starting 3 agents",
+	step("applied deploy/namespace.yaml, deploy/examples/group.yaml and web.yaml (group %s/%s, VIP %s, IngressClass portico, Ingress %s);\n    adding Service apps/echo and Ingresses echo.lab and secure.lab (TLS); starting 3 agents",
 		lab.GroupNamespace, lab.GroupName, lab.VIP, lab.ExampleHost)
 	cert, key, err := testcert.ECDSA("secure.lab")
 	if err != nil {

@@ -1,0 +1,281 @@
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/kapi"
+)
+
+// chart is the Helm chart the manifests under deploy/ are generated from.
+const chart = "helm/portico"
+
+// helmBinary returns the helm test/tools/helm.sh builds (make helm), or skips the test
+// (fails it in CI) when it is not built.
+func helmBinary(t testing.TB) string {
+	t.Helper()
+	out, err := exec.Command("../test/tools/helm.sh", "path").Output()
+	if err != nil {
+		t.Fatalf("test/tools/helm.sh path: %v", err)
+	}
+	p := strings.TrimSpace(string(out))
+	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+		testenv.Unavailable(t, "helm is not built (make helm): %s", p)
+	}
+	return p
+}
+
+// run runs a program and returns its standard output, failing t with its standard
+// error when it fails.
+func run(t testing.TB, stdin []byte, name string, args ...string) []byte {
+	t.Helper()
+	cmd := exec.Command(name, args...)
+	cmd.Stdin = bytes.NewReader(stdin)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s%s", filepath.Base(name), strings.Join(args, " "), err, out, stderr.Bytes())
+	}
+	return out
+}
+
+// otherValues are settings away from every default of values.yaml, for lint and the
+// dry run: another namespace and group, no VIP or pool, a digest, no node selector,
+// tolerations or priority class, a memory limit, OnDelete updates, VRRP v2 and no
+// liveness checks.
+var otherValues = []string{
+	"createNamespace=true", "iface=bond0", "vipPool=", "group.name=public", "group.vip=",
+	"group.ingressClass.name=portico-public", "group.ingressClass.default=true",
+	"image.repository=registry.example/portico", "image.tag=sha256:" + strings.Repeat("ab", 32), "image.pullPolicy=Always",
+	"nodeSelector=null", "tolerations=null", "priorityClassName=", "resources.limits.memory=512Mi",
+	"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
+	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s",
+	"liveness.port=0",
+}
+
+func setArgs(sets []string) []string {
+	var args []string
+	for _, s := range sets {
+		args = append(args, "--set", s)
+	}
+	return args
+}
+
+// TestChartLint runs helm lint --strict on the chart with its defaults and with
+// otherValues, and checks that values.schema.json refuses bad values.
+func TestChartLint(t *testing.T) {
+	helm := helmBinary(t)
+	for name, sets := range map[string][]string{"defaults": nil, "other values": otherValues} {
+		t.Run(name, func(t *testing.T) {
+			out := run(t, nil, helm, append([]string{"lint", "--strict", chart}, setArgs(sets)...)...)
+			t.Logf("%s", out)
+		})
+	}
+	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
+		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface="} {
+		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
+		if err == nil || !bytes.Contains(out, []byte("schema")) {
+			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
+		}
+	}
+}
+
+// TestManifestsGenerated renders the chart as make manifests does and fails when a
+// generated manifest under deploy/ differs (make verify does the same with git diff):
+// the chart is their single source.
+func TestManifestsGenerated(t *testing.T) {
+	helm := helmBinary(t)
+	out := t.TempDir()
+	run(t, nil, goTool(), "run", "./manifests", "-helm", helm, "-chart", chart, "-out", out)
+	var generated []string
+	err := filepath.WalkDir(out, func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		rel, err := filepath.Rel(out, p)
+		generated = append(generated, filepath.ToSlash(rel))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(generated)
+	for _, f := range generated {
+		want, err := os.ReadFile(filepath.Join(out, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(f)
+		if err != nil {
+			t.Errorf("%s: %v (run make manifests)", f, err)
+			continue
+		}
+		if d := cmp.Diff(strings.Split(string(want), "\n"), strings.Split(string(got), "\n")); d != "" {
+			t.Errorf("deploy/%s is not the chart's rendering; edit deploy/helm/portico and run make manifests (-chart +file):\n%s", f, d)
+		}
+	}
+	// Every manifest in the kustomization is generated but the example backend.
+	for _, f := range readKustomization(t).Resources {
+		if !slices.Contains(generated, f) && f != "examples/web.yaml" {
+			t.Errorf("kustomization resource %s is not generated from the chart", f)
+		}
+	}
+}
+
+// testChartDryRun renders the chart with its defaults and with otherValues, and
+// server-side applies the result with kubectl in dry-run mode (admission and
+// validation, nothing stored): what helm install would send. The chart's Namespace is
+// created for real first (a dry run cannot create the namespace of the objects that
+// follow).
+func testChartDryRun(t *testing.T, ctx context.Context, srv *kapi.Server, a *applier) {
+	helm := helmBinary(t)
+	kubectl := filepath.Join(kapi.BinDir(), "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		testenv.Unavailable(t, "kubectl is not built (make kapi): %v", err)
+	}
+	for _, tc := range []struct {
+		name, namespace string
+		sets            []string
+		check           func(t *testing.T, objs []*unstructured.Unstructured)
+	}{
+		{name: "defaults", namespace: namespace},
+		{name: "other values", namespace: "edge-infra", sets: otherValues, check: checkOtherValues},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"template", "portico", chart, "--namespace", tc.namespace, "--include-crds"}, setArgs(tc.sets)...)
+			rendered := run(t, nil, helm, args...)
+			objs, err := decodeAll(rendered)
+			if err != nil {
+				t.Fatalf("helm template output: %v", err)
+			}
+			for _, u := range objs {
+				if u.GetKind() == "Namespace" {
+					if err := a.apply(ctx, u); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			out := run(t, rendered, kubectl, "--kubeconfig", srv.Kubeconfig, "apply", "--server-side", "--dry-run=server",
+				"--force-conflicts", "--field-manager=helm-dry-run", "-f", "-")
+			applied := strings.Count(string(out), "(server dry run)")
+			if applied != len(objs) {
+				t.Errorf("kubectl applied %d objects of %d:\n%s", applied, len(objs), out)
+			}
+			if tc.check != nil {
+				tc.check(t, objs)
+			}
+		})
+	}
+}
+
+// checkOtherValues: what otherValues change reaches the rendered objects.
+func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
+	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	if want := "registry.example/portico@sha256:" + strings.Repeat("ab", 32); c.Image != want || c.ImagePullPolicy != corev1.PullAlways {
+		t.Errorf("image %s (%s), want %s (Always)", c.Image, c.ImagePullPolicy, want)
+	}
+	wantArgs := []string{"agent", "--group=edge-infra/public", "--iface=bond0", "--node-name=$(NODE_NAME)",
+		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101",
+		"--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
+		"--liveness-port=0", "--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5"}
+	if d := cmp.Diff(wantArgs, c.Args); d != "" {
+		t.Errorf("agent args (-want +got):\n%s", d)
+	}
+	if pod.NodeSelector != nil || pod.Tolerations != nil || pod.PriorityClassName != "" ||
+		ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || c.Resources.Limits.Memory().String() != "512Mi" {
+		t.Errorf("node selector %v, tolerations %v, priority class %q, update strategy %+v, limits %v",
+			pod.NodeSelector, pod.Tolerations, pod.PriorityClassName, ds.Spec.UpdateStrategy, c.Resources.Limits)
+	}
+	group := find[corev1.Service](t, objs, "Service", "public")
+	if _, ok := group.Annotations["portico.io/vip"]; ok || group.Namespace != "edge-infra" {
+		t.Errorf("group Service %s/%s annotations %v, want no VIP", group.Namespace, group.Name, group.Annotations)
+	}
+	class := find[networkingv1.IngressClass](t, objs, "IngressClass", "portico-public")
+	if p := class.Spec.Parameters; p == nil || p.Name != "public" || p.Namespace == nil || *p.Namespace != "edge-infra" ||
+		class.Annotations["ingressclass.kubernetes.io/is-default-class"] != "true" {
+		t.Errorf("IngressClass %+v (annotations %v), want the default class naming edge-infra/public", p, class.Annotations)
+	}
+	ns := find[corev1.Namespace](t, objs, "Namespace", "edge-infra")
+	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
+		t.Errorf("namespace labels %v, want Pod Security privileged", ns.Labels)
+	}
+}
+
+// TestHelmInstall installs the chart the way the README says, on a real
+// kube-apiserver of its own (Helm refuses to adopt objects it did not create): helm
+// install with --create-namespace, an upgrade that changes a value, and an uninstall,
+// which leaves the CRD (Helm never deletes what crds/ installed).
+func TestHelmInstall(t *testing.T) {
+	helm := helmBinary(t)
+	srv := startAPIServer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cs := kubernetes.NewForConfigOrDie(srv.Config)
+	h := func(args ...string) []byte {
+		return run(t, nil, helm, append(args, "--kubeconfig", srv.Kubeconfig)...)
+	}
+	h("install", "portico", chart, "-n", namespace, "--create-namespace", "--set", "iface=eth1")
+	ds, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "portico-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("after helm install: %v", err)
+	}
+	if !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, "--iface=eth1") {
+		t.Errorf("installed agent args %v, want --iface=eth1", ds.Spec.Template.Spec.Containers[0].Args)
+	}
+	dyn := dynamic.NewForConfigOrDie(srv.Config)
+	for _, o := range []struct {
+		gvr             schema.GroupVersionResource
+		namespace, name string
+	}{
+		{schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}, namespace, agentSA},
+		{schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, "", agentSA},
+		{schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"}, namespace, "portico-agent-leases"},
+		{schema.GroupVersionResource{Version: "v1", Resource: "services"}, namespace, "edge"},
+		{schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "ingressclasses"}, "", "portico"},
+		{crdResource, "", "ingressclaims.portico.io"},
+	} {
+		if _, err := dyn.Resource(o.gvr).Namespace(o.namespace).Get(ctx, o.name, metav1.GetOptions{}); err != nil {
+			t.Errorf("after helm install: %v", err)
+		}
+	}
+
+	h("upgrade", "portico", chart, "-n", namespace, "--reuse-values", "--set", "vrrp.version=2")
+	ds, err = cs.AppsV1().DaemonSets(namespace).Get(ctx, "portico-agent", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := ds.Spec.Template.Spec.Containers[0].Args
+	if !slices.Contains(args, "--vrrp-version=2") || !slices.Contains(args, "--iface=eth1") {
+		t.Errorf("upgraded agent args %v, want --vrrp-version=2 and still --iface=eth1", args)
+	}
+
+	h("uninstall", "portico", "-n", namespace)
+	if _, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "portico-agent", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("DaemonSet after helm uninstall: %v, want not found", err)
+	}
+	if _, err := dyn.Resource(crdResource).Get(ctx, "ingressclaims.portico.io", metav1.GetOptions{}); err != nil {
+		t.Errorf("the CRD after helm uninstall: %v, want kept", err)
+	}
+}
