@@ -22,7 +22,6 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 # Same settings as test/kapi/build.sh (cgo as the machine has it, -trimpath): the
 # packages kube-apiserver shares with these are taken from the Go build cache.
 
-
 log() { echo "cluster: $*" >&2; }
 
 kv=$(awk '$1 == "k8s.io/kubernetes" && $2 ~ /^v/ {print $2; exit}' "$here/kube/go.mod")
