@@ -307,9 +307,16 @@ func (c *Cluster) waitNodesReady(ctx context.Context, deadline time.Time) error 
 				return nil
 			}
 		}
+		for _, p := range c.control {
+			if !p.alive() {
+				return fmt.Errorf("%s exited: %s", p.name, p.cmd.ProcessState)
+			}
+		}
 		for _, n := range c.Nodes {
-			if !n.kubelet.alive() {
-				return fmt.Errorf("kubelet of %s exited", n.Name)
+			for _, p := range []*proc{n.containerd, n.kubelet} {
+				if !p.alive() {
+					return fmt.Errorf("%s exited: %s", p.name, p.cmd.ProcessState)
+				}
 			}
 		}
 		if time.Now().After(deadline) {

@@ -126,7 +126,7 @@ func (c *Cluster) writeNodeConfig(n *Node) error {
 	files := map[string]string{
 		"cni/10-lab.conflist": fmt.Sprintf(`{"cniVersion": "0.4.0", "name": "lab", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}]}
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}]}
 `, n.PodCIDR, filepath.Join(n.Dir, "cni-state", "ipam")),
 		"containerd.toml": fmt.Sprintf(`version = 2
 root = %[1]q
