@@ -25,7 +25,7 @@ build: ## build the portico binary into bin/
 vet: ## go vet every package
 	$(GO) vet ./...
 
-unit: deps kapi ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
+unit: deps kapi kube ## run every Go test (BPF, namespace, API-server and cluster tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) ./...
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions each)
