@@ -8,7 +8,7 @@ TESTFLAGS ?= -count=1 -timeout 30m
 # (go.dev/issue/75804, fixed in Go 1.27). About 10-20 s each on this machine.
 FUZZTIME ?= 200000x
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi kube bench-failover bench-nginx bench-lab demo-dataplane lab
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi kube cluster bench-failover bench-nginx bench-lab demo-dataplane lab
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -62,6 +62,9 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 
 kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; cold ~9 min)
 	@test/cluster/build.sh >/dev/null
+
+cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3) and keep it until Ctrl-C (root)
+	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3)
 
 bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/20ms adverts (root; ~4 min; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_FAILOVER=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./vrrp/ | grep -vE '^=== |became the only owner'
