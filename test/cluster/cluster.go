@@ -83,16 +83,7 @@ func BinDir() string {
 	if d := os.Getenv("PORTICO_CLUSTER_DIR"); d != "" {
 		return d
 	}
-	cache := os.Getenv("PORTICO_CLUSTER_CACHE")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, _ := os.UserHomeDir()
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "portico", "cluster")
-	}
-	return filepath.Join(cache, "k8s-"+KubeVersion)
+	return filepath.Join(kapi.CacheDir("PORTICO_CLUSTER_CACHE", "cluster"), "k8s-"+KubeVersion)
 }
 
 // programs are what a cluster needs from the machine (test/setup/deps.sh installs them).

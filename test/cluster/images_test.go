@@ -7,7 +7,10 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"testing"
+
+	"github.com/portico-edge/portico/test/kapi"
 )
 
 // TestBuildImages checks that the lab's images come out byte for byte the same on
@@ -69,5 +72,24 @@ func member(t *testing.T, data []byte, name string) []byte {
 			}
 			return b
 		}
+	}
+}
+
+// TestVersionMatchesWrapper keeps KubeVersion equal to what build.sh builds (the
+// wrapper module's k8s.io/kubernetes) and to the API server's version.
+func TestVersionMatchesWrapper(t *testing.T) {
+	data, err := os.ReadFile("kube/go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got string
+	if m := regexp.MustCompile(`(?m)^\s*k8s\.io/kubernetes (v\S+)$`).FindSubmatch(data); m != nil {
+		got = string(m[1])
+	}
+	if got != KubeVersion {
+		t.Errorf("kube/go.mod requires k8s.io/kubernetes %q, KubeVersion is %q", got, KubeVersion)
+	}
+	if KubeVersion != kapi.KubeVersion {
+		t.Errorf("kubelet and controllers %s, API server %s: keep them equal", KubeVersion, kapi.KubeVersion)
 	}
 }
