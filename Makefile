@@ -63,8 +63,8 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; cold ~9 min)
 	@test/cluster/build.sh >/dev/null
 
-cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3) and keep it until Ctrl-C (root)
-	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3)
+cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
+	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3) $(foreach i,$(IMAGES),-image $(i))
 
 bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/20ms adverts (root; ~4 min; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_FAILOVER=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./vrrp/ | grep -vE '^=== |became the only owner'

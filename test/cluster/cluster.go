@@ -132,6 +132,9 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the control plane and for every node to be
 	// Ready (default 3 min).
 	ReadyTimeout time.Duration
+	// Images are OCI archives (e.g. Portico's image) every node imports besides the
+	// lab's pause and echo images.
+	Images []string
 }
 
 // Timings are how long the steps of Start took, from its call.
@@ -188,6 +191,11 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if opts.ReadyTimeout == 0 {
 		opts.ReadyTimeout = 3 * time.Minute
 	}
+	for _, img := range opts.Images {
+		if _, err := os.Stat(img); err != nil {
+			return nil, fmt.Errorf("image archive: %w", err)
+		}
+	}
 	c = &Cluster{opts: opts, tokens: map[string]string{}}
 	defer func() {
 		if err != nil {
@@ -212,6 +220,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		err := os.MkdirAll(dir, 0o755)
 		if err == nil {
 			c.Images, err = BuildImages(dir)
+			c.Images = append(c.Images, opts.Images...)
 		}
 		images <- err
 	}()
