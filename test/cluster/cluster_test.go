@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -63,6 +64,14 @@ func TestCluster(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 		t.Logf("teardown: %.1f s", time.Since(t0).Seconds())
+		left, _ := filepath.Glob("/sys/fs/cgroup/*/" + c.Prefix + "*")
+		netns, _ := filepath.Glob("/run/netns/" + c.Prefix + "*")
+		if _, err := os.Stat(c.Dir); err == nil {
+			left = append(left, c.Dir)
+		}
+		if left = append(left, netns...); len(left) > 0 {
+			t.Errorf("left behind: %v", left)
+		}
 		if got := readSysctls(t); !maps.Equal(got, sysctls) {
 			t.Errorf("host sysctls changed: %v, were %v", got, sysctls)
 		}
