@@ -7,7 +7,7 @@
 // plane runs in the switch namespace, which holds the bridge and its address
 // (APIAddr); each node is a network namespace on that bridge plus a mount namespace
 // (its own sysfs with the cgroup hierarchies mounted again, its own bpffs at
-// /sys/fs/bpf, a private /run, /var/log and /var/lib/cni, files of its own over the
+// /sys/fs/bpf, a private /run, /var/log and /var/lib, files of its own over the
 // host-wide /proc/sys entries the kubelet writes) and a UTS namespace (hostname = node
 // name), entered with nsenter and unshare, not `ip netns exec`, which remounts /sys
 // and loses the cgroup mounts. A hostNetwork pod of node N therefore sees node N's

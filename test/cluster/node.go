@@ -47,14 +47,10 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	if n.Name != c.nodeName(i) {
 		return nil, fmt.Errorf("node namespace %s, want %s", n.Name, c.nodeName(i))
 	}
-	for _, d := range []string{"containerd", "kubelet", "pki", "manifests", "cni", "cni-state", "pod-logs", "sysctl"} {
+	for _, d := range []string{"containerd", "kubelet", "pki", "manifests", "cni", "ipam", "pod-logs", "sysctl"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return nil, err
 		}
-	}
-	// libcni keeps its cache in /var/lib/cni; each node mounts its own over it.
-	if err := os.MkdirAll("/var/lib/cni", 0o755); err != nil {
-		return nil, err
 	}
 	if err := n.makeCgroups(); err != nil {
 		return n, err
@@ -127,7 +123,7 @@ func (c *Cluster) writeNodeConfig(n *Node) error {
 		"cni/10-lab.conflist": fmt.Sprintf(`{"cniVersion": "0.4.0", "name": "lab", "plugins": [
   {"type": "bridge", "bridge": "cni0", "isGateway": true,
    "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "routes": [{"dst": "0.0.0.0/0"}], "dataDir": %q}}]}
-`, n.PodCIDR, filepath.Join(n.Dir, "cni-state", "ipam")),
+`, n.PodCIDR, filepath.Join(n.Dir, "ipam")),
 		"containerd.toml": fmt.Sprintf(`version = 2
 root = %[1]q
 state = "/run/containerd"
@@ -197,8 +193,9 @@ func (n *Node) socket() string { return filepath.Join(n.Dir, "containerd.sock") 
 // (unshare -m -u --propagation slave, inside the node's network namespace): it gives
 // the node its own sysfs (the node's links), the host's cgroup hierarchies mounted
 // again on it, its own bpffs (shared, so a pod's Bidirectional hostPath mount sees
-// pins), a private /run, /var/log and /var/lib/cni, and files of its own over the
-// /proc/sys entries the kubelet writes, which are host-wide. Then it sleeps.
+// pins), a private /run, /var/log and /var/lib (libcni's cache in /var/lib/cni, the
+// kubelet's fixed /var/lib/kubelet/device-plugins socket), and files of its own over
+// the /proc/sys entries the kubelet writes, which are host-wide. Then it sleeps.
 const holderScript = `set -eu
 node=$1 dir=$2
 hostname "$node"
@@ -212,7 +209,8 @@ mount -t bpf "$node-bpf" /sys/fs/bpf
 mount --make-shared /sys/fs/bpf
 mount -t tmpfs -o mode=755 "$node-run" /run
 mount -t tmpfs -o mode=755 "$node-log" /var/log
-mount --bind "$dir/cni-state" /var/lib/cni
+mount -t tmpfs -o mode=755 "$node-lib" /var/lib
+mkdir /var/lib/cni /var/lib/kubelet
 for kv in vm/overcommit_memory=1 vm/panic_on_oom=0 kernel/panic=10 kernel/panic_on_oops=1 \
           kernel/keys/root_maxkeys=1000000 kernel/keys/root_maxbytes=25000000; do
   k=${kv%=*} f=$dir/sysctl/$(echo "${kv%=*}" | tr / .)
