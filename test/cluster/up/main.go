@@ -43,9 +43,11 @@ func run(opts cluster.Options) error {
 	if err != nil {
 		return err
 	}
-	kubectl := fmt.Sprintf("ip netns exec %s %s --kubeconfig %s", c.Net.Switch, filepath.Join(kapi.BinDir(), "kubectl"), c.Kubeconfig)
+	// Its discovery cache goes with the run, not into ~/.kube.
+	kubectl := fmt.Sprintf("ip netns exec %s %s --kubeconfig %s --cache-dir %s", c.Net.Switch,
+		filepath.Join(kapi.BinDir(), "kubectl"), c.Kubeconfig, filepath.Join(c.Dir, "kubectl-cache"))
 	fmt.Printf("control plane ready in %.1f s, %d nodes Ready in %.1f s\n\n", c.Timings.ControlPlane.Seconds(), opts.Nodes, c.Timings.NodesReady.Seconds())
-	fmt.Printf("kubectl (the API server is https://%s:6443, inside namespace %s):\n  %s get nodes -o wide\n\n", cluster.APIAddr, c.Net.Switch, kubectl)
+	fmt.Printf("kubectl (the API server is https://%s:6443, inside namespace %s):\n  alias k='%s'\n  k get nodes -o wide\n\n", cluster.APIAddr, c.Net.Switch, kubectl)
 	fmt.Printf("images on every node (imagePullPolicy: Never): %s, %s", cluster.EchoImage, cluster.PauseImage)
 	if len(opts.Images) > 0 {
 		fmt.Printf(" and those of %s", strings.Join(opts.Images, " "))
