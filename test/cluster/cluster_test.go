@@ -79,6 +79,19 @@ func TestCluster(t *testing.T) {
 	t.Logf("control plane ready: %.1f s, %d nodes Ready: %.1f s", c.Timings.ControlPlane.Seconds(), nodes, c.Timings.NodesReady.Seconds())
 	kube := c.Kube
 
+	// The real CLI sees the nodes as client-go does.
+	out, err := c.Kubectl(ctx, nil, "get", "nodes", "-o", "name")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []string
+	for _, n := range c.Nodes {
+		want = append(want, "node/"+n.Name)
+	}
+	if got := strings.Fields(out); !slices.Equal(got, want) {
+		t.Errorf("kubectl get nodes: %v, want %v", got, want)
+	}
+
 	// A mark in each node's own bpffs, which its DaemonSet pod must see, alone.
 	for _, n := range c.Nodes {
 		if _, err := n.Exec("mkdir", "/sys/fs/bpf/"+n.Name); err != nil {

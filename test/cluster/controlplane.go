@@ -1,13 +1,16 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -170,4 +173,26 @@ func httpOK(c *http.Client, url, token string) bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// KubectlCommand is the command line of the real kubectl (test/kapi's build) against
+// the cluster: run from inside the switch namespace, its discovery cache in the run's
+// folder rather than in ~/.kube.
+func (c *Cluster) KubectlCommand() []string {
+	return []string{"nsenter", "--net=/run/netns/" + c.Net.Switch, "--", filepath.Join(kapi.BinDir(), "kubectl"),
+		"--kubeconfig", c.Kubeconfig, "--cache-dir", filepath.Join(c.Dir, "kubectl-cache")}
+}
+
+// Kubectl runs KubectlCommand with args, stdin as its input (nil for none), and
+// returns its standard output; a failure carries its standard error.
+func (c *Cluster) Kubectl(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
+	argv := append(c.KubectlCommand(), args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Stdin = stdin
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
 }

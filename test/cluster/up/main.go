@@ -9,13 +9,11 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/portico-edge/portico/test/cluster"
-	"github.com/portico-edge/portico/test/kapi"
 )
 
 func main() {
@@ -43,9 +41,7 @@ func run(opts cluster.Options) error {
 	if err != nil {
 		return err
 	}
-	// Its discovery cache goes with the run, not into ~/.kube.
-	kubectl := fmt.Sprintf("ip netns exec %s %s --kubeconfig %s --cache-dir %s", c.Net.Switch,
-		filepath.Join(kapi.BinDir(), "kubectl"), c.Kubeconfig, filepath.Join(c.Dir, "kubectl-cache"))
+	kubectl := strings.Join(c.KubectlCommand(), " ")
 	fmt.Printf("control plane ready in %.1f s, %d nodes Ready in %.1f s\n\n", c.Timings.ControlPlane.Seconds(), opts.Nodes, c.Timings.NodesReady.Seconds())
 	fmt.Printf("kubectl (the API server is https://%s:6443, inside namespace %s):\n  alias k='%s'\n  k get nodes -o wide\n\n", cluster.APIAddr, c.Net.Switch, kubectl)
 	fmt.Printf("images on every node (imagePullPolicy: Never): %s, %s", cluster.EchoImage, cluster.PauseImage)
