@@ -60,7 +60,7 @@ clean: ## remove build output
 kapi: ## build the real kube-apiserver + etcd for integration tests (cached by version)
 	@test/kapi/build.sh >/dev/null
 
-kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; cold ~9 min)
+kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~7.5 min cold)
 	@test/cluster/build.sh >/dev/null
 
 cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
