@@ -8,7 +8,7 @@ TESTFLAGS ?= -count=1 -timeout 30m
 # (go.dev/issue/75804, fixed in Go 1.27). About 10-20 s each on this machine.
 FUZZTIME ?= 200000x
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi bench-failover bench-nginx bench-lab demo-dataplane lab
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi kube cluster bench-failover bench-nginx bench-lab demo-dataplane lab
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -42,7 +42,7 @@ build: ## build the portico binary into bin/
 vet: ## go vet every package
 	$(GO) vet ./...
 
-unit: deps kapi ## run every Go test (BPF, namespace and API-server tests need root and run in CI)
+unit: deps kapi kube ## run every Go test (BPF, namespace, API-server and cluster tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) ./...
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions each)
@@ -77,6 +77,12 @@ clean: ## remove build output
 
 kapi: ## build the real kube-apiserver + etcd for integration tests (cached by version)
 	@test/kapi/build.sh >/dev/null
+
+kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~7.5 min cold)
+	@test/cluster/build.sh >/dev/null
+
+cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
+	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3) $(foreach i,$(IMAGES),-image $(i))
 
 bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/20ms adverts (root; ~4 min; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_FAILOVER=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./vrrp/ | grep -vE '^=== |became the only owner'

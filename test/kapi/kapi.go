@@ -54,16 +54,21 @@ func BinDir() string {
 	if d := os.Getenv("PORTICO_KAPI_DIR"); d != "" {
 		return d
 	}
-	cache := os.Getenv("PORTICO_KAPI_CACHE")
-	if cache == "" {
-		base := os.Getenv("XDG_CACHE_HOME")
-		if base == "" {
-			home, _ := os.UserHomeDir()
-			base = filepath.Join(home, ".cache")
-		}
-		cache = filepath.Join(base, "portico", "kapi")
+	return filepath.Join(CacheDir("PORTICO_KAPI_CACHE", "kapi"), "k8s-"+KubeVersion+"-etcd-"+EtcdVersion)
+}
+
+// CacheDir is the folder a build script of the tests caches its binaries in, as
+// build.sh computes it: $env if set, else ${XDG_CACHE_HOME:-~/.cache}/portico/name.
+func CacheDir(env, name string) string {
+	if d := os.Getenv(env); d != "" {
+		return d
 	}
-	return filepath.Join(cache, "k8s-"+KubeVersion+"-etcd-"+EtcdVersion)
+	base := os.Getenv("XDG_CACHE_HOME")
+	if base == "" {
+		home, _ := os.UserHomeDir()
+		base = filepath.Join(home, ".cache")
+	}
+	return filepath.Join(base, "portico", name)
 }
 
 // Available reports whether both binaries are in BinDir, and if not, why.

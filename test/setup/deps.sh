@@ -12,6 +12,8 @@ pkgs=(
   keepalived                             # VRRP interop peer
   openssl                                # certificates for TLS tests and the API server
   wrk                                    # bounded load in benchmarks
+  containerd runc                        # real-cluster lab (test/cluster): one containerd per kubelet node; runc, not crun
+  containernetworking-plugins            # real-cluster lab: bridge + host-local CNI for the pods that are not hostNetwork
 )
 
 missing=()
@@ -27,8 +29,8 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 echo "deps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt-get -o DPkg::Lock::Timeout=300 update -qq
+apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian starts these daemons on install; Portico's tests start their own.
 for svc in nginx keepalived; do
   if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
