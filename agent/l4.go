@@ -20,8 +20,9 @@ import (
 
 // desiredFor turns the snapshot's view of one group into what this node's data
 // plane should say. local tells which replica addresses are this node; dead
-// which replicas the liveness checks say cannot serve (they are left out, as if
-// Kubernetes had removed them, and returned in out); mac returns a replica's
+// which replicas the liveness checks say cannot serve (they go down: out of the
+// ring as if Kubernetes had removed them, but keeping their place in the table;
+// they are returned in out); mac returns a replica's
 // MAC from the neighbour table. A remote replica whose MAC is unknown is left
 // out (it cannot be sent to) and returned in unresolved, so the caller can
 // resolve it and try again.
@@ -57,6 +58,9 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 		dg := dataplane.Group{Name: g.Name, VIPs: g.VIPs, Ports: g.Ports}
 		for _, r := range g.Replicas {
 			if slices.Contains(gout, r.Addr) {
+				// Down: no new flows, its flows picked again, and its place in
+				// the table kept so that no other replica's flows move.
+				dg.Backends = append(dg.Backends, dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Down: true})
 				continue
 			}
 			b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Draining: r.State == model.Draining}

@@ -88,7 +88,7 @@ func TestDesiredForLiveness(t *testing.T) {
 
 	// b (ready) is dead: out, and its MAC never looked up.
 	got, missing, out, overruled := desiredFor(snap, "edge/web", 1, local, deadSet(b), mac)
-	if diff := cmp.Diff([]dataplane.Backend{{Addr: a, Local: true}}, got.Groups[0].Backends, eq); diff != "" {
+	if diff := cmp.Diff([]dataplane.Backend{{Addr: a, Local: true}, {Addr: b, Down: true}}, got.Groups[0].Backends, eq); diff != "" {
 		t.Errorf("backends (-want +got):\n%s", diff)
 	}
 	if !slices.Equal(missing, []netip.Addr{c}) || asked[b] || overruled || !slices.Equal(out, []netip.Addr{b}) {
@@ -99,7 +99,7 @@ func TestDesiredForLiveness(t *testing.T) {
 	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macB}
 	withC := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
 	got, _, out, _ = desiredFor(snap, "edge/web", 1, local, deadSet(a, c), withC)
-	want := []dataplane.Backend{{Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
+	want := []dataplane.Backend{{Addr: a, Down: true}, {Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
 	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || !slices.Equal(out, []netip.Addr{a}) {
 		t.Errorf("backends (-want +got):\n%s; out %v", diff, out)
 	}

@@ -158,10 +158,12 @@ int xdp_lb(struct xdp_md *ctx)
 	 * every edge steered its copy, backends would see each packet twice. */
 	if (!mac_eq(eth->h_dest, cfg->mac))
 		return count(REASON_OTHER_HOST, XDP_PASS);
-	/* Fast path: this CPU saw the flow since the maps last changed. */
+	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
+	 * a new connection: it always follows the ring, never an old entry of the
+	 * same 5-tuple (a reused port), so every director agrees where it goes. */
 	slot = cache_slot(&p.flow);
 	ce = bpf_map_lookup_elem(&flow_cache, &slot);
-	if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow)) {
+	if (ce && !p.syn && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow)) {
 		bid = ce->backend_id;
 		be = active_backend(bid);
 		if (be) {
@@ -191,7 +193,7 @@ int xdp_lb(struct xdp_md *ctx)
 	}
 
 	be = 0;
-	fv = bpf_map_lookup_elem(&flows, &p.flow);
+	fv = p.syn ? 0 : bpf_map_lookup_elem(&flows, &p.flow);
 	if (fv) {
 		bid = fv->backend_id;
 		be = active_backend(bid);

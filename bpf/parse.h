@@ -35,6 +35,7 @@ struct parsed {
 	struct flow_key flow;
 	__u8 icmp_error; /* this is an ICMP error about flow */
 	__u8 ip_options; /* IPv4 header longer than 20 bytes */
+	__u8 syn;        /* a TCP SYN without ACK: a new connection */
 };
 
 static __always_inline void addr_v4mapped(__u8 dst[16], __be32 v4)
@@ -55,10 +56,11 @@ static __always_inline void addr_v6(__u8 dst[16], const struct in6_addr *a)
 	w[3] = a->in6_u.u6_addr32[3];
 }
 
-/* parse_ports reads source and destination port of a TCP or UDP header at l4.
- * A full header must be present (20 bytes for TCP, 8 for UDP). */
+/* parse_ports reads source and destination port of a TCP or UDP header at l4,
+ * and whether it opens a TCP connection (SYN without ACK). A full header must be
+ * present (20 bytes for TCP, 8 for UDP). */
 static __always_inline int parse_ports(void *l4, void *data_end, __u8 proto, __be16 *sport,
-				       __be16 *dport)
+				       __be16 *dport, __u8 *syn)
 {
 	__u32 need = proto == IPPROTO_TCP ? 20 : 8;
 
@@ -68,6 +70,8 @@ static __always_inline int parse_ports(void *l4, void *data_end, __u8 proto, __b
 		return REASON_MALFORMED;
 	*sport = ((__be16 *)l4)[0];
 	*dport = ((__be16 *)l4)[1];
+	if (proto == IPPROTO_TCP)
+		*syn = (((__u8 *)l4)[13] & 0x12) == 0x02; /* SYN set, ACK clear */
 	return PARSE_OK;
 }
 
@@ -164,7 +168,7 @@ static __always_inline int parse_ipv4(void *l3, void *data_end, struct parsed *p
 	addr_v4mapped(p->flow.src, ip->saddr);
 	addr_v4mapped(p->flow.dst, ip->daddr);
 	p->flow.proto = ip->protocol;
-	return parse_ports(l3 + hlen, data_end, ip->protocol, &p->flow.sport, &p->flow.dport);
+	return parse_ports(l3 + hlen, data_end, ip->protocol, &p->flow.sport, &p->flow.dport, &p->syn);
 }
 
 static __always_inline int parse_ipv6(void *l3, void *data_end, struct parsed *p)
@@ -190,7 +194,7 @@ static __always_inline int parse_ipv6(void *l3, void *data_end, struct parsed *p
 	addr_v6(p->flow.src, &ip6->saddr);
 	addr_v6(p->flow.dst, &ip6->daddr);
 	p->flow.proto = nh;
-	return parse_ports((void *)(ip6 + 1), data_end, nh, &p->flow.sport, &p->flow.dport);
+	return parse_ports((void *)(ip6 + 1), data_end, nh, &p->flow.sport, &p->flow.dport, &p->syn);
 }
 
 #endif

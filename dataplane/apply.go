@@ -39,6 +39,10 @@ type Backend struct {
 	Weight   uint32           // 0 counts as 1
 	Local    bool             // this node: XDP_PASS
 	Draining bool             // keeps its flows, gets no new ones
+	// Down: the replica cannot serve (liveness). It gets no new flows and its
+	// flows are picked again, as if removed; unlike a removed one it keeps its
+	// place in the table, so no other replica's flows move. No MAC needed.
+	Down bool
 }
 
 type backendKey struct {
@@ -269,9 +273,9 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				problems = append(problems, fmt.Sprintf("group %s: backend without address", g.Name))
 			case seen[b.Addr.Unmap()]:
 				problems = append(problems, fmt.Sprintf("group %s: backend %s listed twice", g.Name, b.Addr))
-			case !b.Local && len(b.MAC) != 6:
+			case !b.Local && !b.Down && len(b.MAC) != 6:
 				problems = append(problems, fmt.Sprintf("group %s: remote backend %s has no MAC", g.Name, b.Addr))
-			case !b.Local:
+			case !b.Local && len(b.MAC) == 6:
 				var k lbPeerKey
 				copy(k.Mac[:], b.MAC)
 				p.peers[k] = true
@@ -354,11 +358,18 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			ports = g.Ports
 		}
 		// One table per group: every VIP of the group spreads over the same
-		// replicas, so only the backend ids differ between their rings.
-		var ring []MaglevBackend
+		// replicas, so only the backend ids differ between their rings. The
+		// table is built from every replica; the slots of draining and down ones
+		// go to a table of the serving ones, so that a replica turning draining
+		// or down moves no other replica's flows.
+		var members, ring []MaglevBackend
+		serving := map[netip.Addr]bool{}
 		for _, b := range g.Backends {
-			if !b.Draining {
-				ring = append(ring, MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight})
+			mb := MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight}
+			members = append(members, mb)
+			if !b.Draining && !b.Down {
+				ring = append(ring, mb)
+				serving[mb.Addr] = true
 			}
 		}
 		var tab Table
@@ -367,6 +378,13 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			var err error
 			if tab, err = BuildTable(ring, d.opts.RingSize); err != nil {
 				return p, fmt.Errorf("group %s: %w", g.Name, err)
+			}
+			if len(members) > len(ring) {
+				all, err := BuildTable(members, d.opts.RingSize)
+				if err != nil {
+					return p, fmt.Errorf("group %s: %w", g.Name, err)
+				}
+				tab = all.Fill(func(a netip.Addr) bool { return serving[a] }, tab)
 			}
 			digest = tab.Digest()
 		}
@@ -382,6 +400,9 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			}
 			idOf := map[netip.Addr]uint32{}
 			for _, b := range g.Backends {
+				if b.Down {
+					continue // no entry: flows that name it are picked again
+				}
 				a := b.Addr.Unmap()
 				k := backendKey{vipID, a}
 				id, ok := ids[k]

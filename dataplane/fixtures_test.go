@@ -52,6 +52,8 @@ func mustMAC(s string) net.HardwareAddr {
 
 func draining(b Backend) Backend { b.Draining = true; return b }
 
+func down(b Backend) Backend { b.Down = true; return b }
+
 // waitFor polls cond every 20 ms until it holds or d has passed.
 func waitFor(d time.Duration, cond func() bool) bool {
 	_, ok := testenv.Until(d, 20*time.Millisecond, cond)
@@ -148,6 +150,28 @@ type fixture struct {
 
 func ptr[T any](v T) *T { return &v }
 
+// verdictFor, outFor and reasonsFor describe what sending p to backend b looks like.
+func verdictFor(b Backend) uint32 {
+	if b.Local {
+		return xdptest.Pass
+	}
+	return xdptest.TX
+}
+
+func outFor(p xdptest.Packet, b Backend) []byte {
+	if b.Local {
+		return nil
+	}
+	return to(p, b)
+}
+
+func reasonsFor(b Backend) map[Reason]uint64 {
+	if b.Local {
+		return reasons(rLocal, 1)
+	}
+	return reasons(rTX, 1)
+}
+
 func reasons(kv ...any) map[Reason]uint64 {
 	m := map[Reason]uint64{}
 	for i := 0; i < len(kv); i += 2 {
@@ -226,6 +250,33 @@ func fixtures() []fixture {
 			return []step{
 				{name: "flow to r1", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
 				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rRepick, 1, rTX, 1)},
+			}
+		}},
+		{"a down replica's flows move, no other replica's, on a director that never saw them", desired(r2, r3), func(t testing.TB) []step {
+			mk := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }
+			kept := mk(sportFor(t, mk, r2, r1, r2, r3))
+			moved := mk(sportFrom(t, kept.SPort+1, mk, r1, r1, r2, r3))
+			want := r2
+			if pick(t, moved, r2, r3) == r3.Addr {
+				want = r3
+			}
+			return []step{
+				{name: "r1 down: r2's flow stays on r2", apply: ptr(desired(down(r1), r2, r3)), in: kept.Bytes(), verdict: xdptest.TX, out: to(kept, r2), reasons: reasons(rTX, 1)},
+				{name: "r1 down: its flow goes where the serving replicas' table says", in: moved.Bytes(), verdict: verdictFor(want), out: outFor(moved, want), reasons: reasonsFor(want)},
+			}
+		}},
+		{"a new connection on a reused 5-tuple follows the ring, not the old entry", single(r1), func(t testing.TB) []step {
+			// An old flow pinned to r1; the ring now sends its 5-tuple to r2. A SYN
+			// on that 5-tuple is a new connection: it goes where every director's
+			// ring says, and replaces the old entry.
+			ack := tcp4(sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r2, r1, r2), xdptest.ACK)
+			syn := ack
+			syn.Flags = xdptest.SYN
+			return []step{
+				{name: "old flow pinned to r1", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
+				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
+				{name: "a SYN on the same 5-tuple follows the ring", in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r2), reasons: reasons(rTX, 1)},
+				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rTX, 1)},
 			}
 		}},
 		{"a frame another edge steered here is never steered again", desired(r1, r2, r3), func(t testing.TB) []step {

@@ -117,6 +117,27 @@ func (t Table) Shares() []int {
 // bytes, IPv4-mapped), shortened to 16 hex digits. Two nodes with equal digests
 // send every flow to the same replica. DigestOf computes the same value from the
 // addresses a pinned ring resolves to.
+// Fill keeps every slot of t whose backend serves and gives each other slot
+// (a draining or dead backend's) to fallback's backend for that slot. With
+// fallback built from the serving backends, a flow on a serving backend keeps
+// its slot whatever happens to the others: a director that never saw it still
+// makes the same choice. Both tables must have the same size.
+func (t Table) Fill(serves func(netip.Addr) bool, fallback Table) Table {
+	index := map[netip.Addr]uint32{}
+	for i, a := range t.Backends {
+		index[a] = uint32(i)
+	}
+	out := Table{Backends: t.Backends, Slots: make([]uint32, len(t.Slots))}
+	for i, s := range t.Slots {
+		if serves(t.Backends[s]) {
+			out.Slots[i] = s
+		} else {
+			out.Slots[i] = index[fallback.Backends[fallback.Slots[i]]]
+		}
+	}
+	return out
+}
+
 func (t Table) Digest() string {
 	addrs := make([]netip.Addr, len(t.Slots))
 	for i, s := range t.Slots {

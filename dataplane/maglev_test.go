@@ -138,3 +138,50 @@ func BenchmarkBuildTable(b *testing.B) {
 		})
 	}
 }
+
+// Fill keeps every serving replica's slots exactly, and gives the others' slots
+// to the serving replicas' own table: a replica going draining or down moves no
+// other replica's flows, which a table rebuilt without it would.
+func TestFillMovesOnlyTheDownReplicasSlots(t *testing.T) {
+	var all, serving []MaglevBackend
+	for i := range 10 {
+		b := MaglevBackend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)})}
+		all = append(all, b)
+		if i != 3 {
+			serving = append(serving, b)
+		}
+	}
+	const m = 65537
+	full, err := BuildTable(all, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rest, err := BuildTable(serving, m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	downAddr := all[3].Addr
+	got := full.Fill(func(a netip.Addr) bool { return a != downAddr }, rest)
+	movedByRebuild, movedByFill := 0, 0
+	for i := range full.Slots {
+		before, after := full.Backends[full.Slots[i]], got.Backends[got.Slots[i]]
+		if after == downAddr {
+			t.Fatalf("slot %d still on the down replica", i)
+		}
+		if before != downAddr {
+			if after != before {
+				movedByFill++
+			}
+			if rest.Backends[rest.Slots[i]] != before {
+				movedByRebuild++
+			}
+		}
+		if before == downAddr && after != rest.Backends[rest.Slots[i]] {
+			t.Fatalf("slot %d of the down replica went to %s, not the serving table's %s", i, after, rest.Backends[rest.Slots[i]])
+		}
+	}
+	t.Logf("other replicas' slots moved: %d by a rebuilt table, %d by Fill", movedByRebuild, movedByFill)
+	if movedByFill != 0 {
+		t.Errorf("Fill moved %d slots of serving replicas, want 0", movedByFill)
+	}
+}
