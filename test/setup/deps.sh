@@ -12,6 +12,8 @@ pkgs=(
   keepalived                             # VRRP interop peer
   openssl                                # certificates for TLS tests and the API server
   wrk                                    # bounded load in benchmarks
+  mmdebstrap                             # make image: the Debian rootfs of the container image (build/image/rootfs.sh)
+  skopeo                                 # make image's test: the OCI and docker archives are readable by another tool
 )
 
 missing=()
