@@ -53,7 +53,9 @@ trap 'rm -f "$tmp"' EXIT
 echo "rootfs: building $suite with $packages (epoch $epoch; about a minute)" >&2
 t0=$SECONDS
 # Docs, man pages and locales are never unpacked (dpkg path-exclude), copyright files
-# are kept; apt's lists and caches and the install logs are removed at the end.
+# are kept; apt's lists and caches and the install logs are removed at the end, and so
+# are the host's /etc/resolv.conf and /etc/hostname, which mmdebstrap copies in (they
+# would make the bytes differ between machines; the container runtime mounts its own).
 SOURCE_DATE_EPOCH=$epoch nice mmdebstrap --quiet --mode=root --variant=minbase --format=tar \
   --include="$packages" \
   --dpkgopt='path-exclude=/usr/share/man/*' \
@@ -62,6 +64,7 @@ SOURCE_DATE_EPOCH=$epoch nice mmdebstrap --quiet --mode=root --variant=minbase -
   --dpkgopt='path-exclude=/usr/share/doc/*' \
   --dpkgopt='path-include=/usr/share/doc/*/copyright' \
   --dpkgopt='path-exclude=/usr/share/info/*' \
+  --customize-hook='rm -f "$1"/etc/resolv.conf "$1"/etc/hostname' \
   --customize-hook='rm -rf "$1"/var/lib/apt/lists/* "$1"/var/cache/apt/* "$1"/var/cache/debconf/*-old "$1"/var/log/*.log "$1"/var/log/apt/*' \
   "$suite" "$tmp" "$mirror" \
   "deb $mirror $suite-updates main" \
