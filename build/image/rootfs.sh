@@ -7,7 +7,7 @@
 #
 # The key is a hash of this file (suite, package list, options), the mirror and the
 # epoch, so a change to any of them builds a new rootfs; anything else finds the cached
-# one (~0.1 s). A cold build takes about a minute and needs root and mmdebstrap
+# one (~0.1 s). A cold build takes 1-3 min on 2 shared cores and needs root and mmdebstrap
 # (test/setup/deps.sh installs it).
 #
 #   rootfs.sh        build the rootfs unless it is cached, print its path
@@ -50,7 +50,7 @@ command -v mmdebstrap >/dev/null || { echo "rootfs: mmdebstrap is missing: run t
 mkdir -p "$cache"
 tmp=$(mktemp "$cache/.rootfs-XXXXXX.tar")
 trap 'rm -f "$tmp"' EXIT
-echo "rootfs: building $suite with $packages (epoch $epoch; about a minute)" >&2
+echo "rootfs: building $suite with $packages (epoch $epoch; 1-3 min)" >&2
 t0=$SECONDS
 # Docs, man pages and locales are never unpacked (dpkg path-exclude), copyright files
 # are kept; apt's lists and caches and the install logs are removed at the end, and so
