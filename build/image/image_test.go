@@ -156,10 +156,15 @@ func TestImage(t *testing.T) {
 				}
 			})
 		}
-		// A copy reads every blob and checks it against its digest.
-		out, err := exec.Command(skopeo, "copy", "--quiet", "oci-archive:"+archive, "dir:"+t.TempDir()).CombinedOutput()
+		// A copy reads every blob and checks it against its digest, and keeps the
+		// manifest as it is (what a push to a registry does too): the same digest.
+		copied := t.TempDir()
+		out, err := exec.Command(skopeo, "copy", "--quiet", "oci-archive:"+archive, "dir:"+copied).CombinedOutput()
 		if err != nil {
 			t.Fatalf("skopeo copy oci-archive: dir: %v: %s", err, out)
+		}
+		if got := "sha256:" + mustSHA256(t, filepath.Join(copied, "manifest.json")); got != digests[0].String() {
+			t.Errorf("skopeo copy wrote manifest %s, want %s unchanged", got, digests[0])
 		}
 	})
 
