@@ -28,7 +28,7 @@ generate: deps ## rebuild the BPF objects and their Go bindings with clang-14 + 
 build: ## build the portico binary into bin/
 	$(GO) build -o bin/portico ./cmd/portico
 
-image: deps ## the container image IMAGE: bin/image/oci (OCI layout), bin/image/portico.tar (docker load, ctr import, skopeo) (root; cold ~2 min)
+image: deps ## the container image IMAGE: bin/image/oci (OCI layout), bin/image/portico.tar (docker load, ctr import, skopeo) (root; cold 3-8 min, warm ~8 s)
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) nice $(GO) run ./build/image -name $(IMAGE) -out bin/image
 
 image-name: ## print IMAGE, the image's name and tag

@@ -33,7 +33,7 @@ const repoRoot = "../.."
 // as docker's (what `docker load` reads), and that the image's programs run: the
 // portico binary, nginx with the Lua module, ip. When the rootfs is not cached yet
 // (a fresh machine, as in CI) it is built twice, into two caches, and the two tars
-// must be the same bytes too (about a minute more; PORTICO_IMAGE_ROOTFS_TWICE=1 does
+// must be the same bytes too (1-3 min more; PORTICO_IMAGE_ROOTFS_TWICE=1 does
 // it with a warm cache as well).
 func TestImage(t *testing.T) {
 	testenv.RequireRoot(t, "mmdebstrap builds the rootfs; chroot runs the image's programs")
