@@ -72,5 +72,7 @@ SOURCE_DATE_EPOCH=$epoch nice mmdebstrap --quiet --mode=root --variant=minbase -
 chmod 0644 "$tmp"
 mv -f "$tmp" "$out"
 trap - EXIT
+# Rootfs tars of earlier recipes or epochs are never used again.
+find "$cache" -maxdepth 1 -name 'rootfs-*.tar' ! -name "$(basename "$out")" -delete
 echo "rootfs: built $(du -h "$out" | cut -f1) in $((SECONDS - t0)) s" >&2
 echo "$out"
