@@ -14,6 +14,8 @@ pkgs=(
   wrk                                    # bounded load in benchmarks
   containerd runc                        # real-cluster lab (test/cluster): one containerd per kubelet node; runc, not crun
   containernetworking-plugins            # real-cluster lab: bridge + host-local CNI for the pods that are not hostNetwork
+  mmdebstrap                             # make image: the Debian rootfs of the container image (build/image/rootfs.sh)
+  skopeo                                 # make image's test: the OCI and docker archives are readable by another tool
 )
 
 missing=()
