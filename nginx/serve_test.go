@@ -538,7 +538,14 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	first := startNginx(t, snap(epA))
 	dir, opt := first.r.cfg.Dir, first.opt
 	pid := first.r.MasterPID()
-	workersBefore := workerPIDs(t, first)
+	// Both workers up (the second may still be starting when nginx first serves).
+	var workersBefore []int
+	if _, ok := testenv.Until(10*time.Second, 10*time.Millisecond, func() bool {
+		workersBefore = workerPIDs(t, first)
+		return len(workersBefore) == first.opt.WorkerProcesses
+	}); !ok {
+		t.Fatalf("workers %v, want %d", workersBefore, first.opt.WorkerProcesses)
+	}
 	// The first agent "crashes": it forgets its master without stopping it.
 	first.r.mu.Lock()
 	first.r.master = nil
