@@ -105,8 +105,8 @@ func New(cfg Config) (*Checker, error) {
 }
 
 // Changed is signalled (without blocking, coalesced) whenever a verdict may
-// have changed. Readers also poll Verdicts now and then: a stalled checker
-// cannot signal.
+// have changed. Readers also call Dead now and then: a stalled checker cannot
+// signal.
 func (c *Checker) Changed() <-chan struct{} { return c.wake }
 
 // SetTargets makes addrs the replicas to check; local tells which are this
@@ -174,27 +174,34 @@ func (c *Checker) evaluate(ctx context.Context) {
 		case <-tick.C:
 		}
 		now := c.cfg.Now()
-		c.beat.Store(now.UnixNano())
-		c.mu.Lock()
-		// This loop itself ran late (the node starved the agent of CPU): the
-		// replicas had no chance to be heard meanwhile, so the silence does not
-		// count against them.
-		if stall := now.Sub(last) - c.cfg.Tick; !last.IsZero() && stall > 2*c.cfg.Tick {
-			c.excuseLocked(stall)
-		}
-		last = now
-		changed := false
-		for a, t := range c.targets {
-			if t.fault == nil && t.rep.expire(c.cfg.Timing, now) {
-				c.transitionLocked(a, t, "no answer for "+now.Sub(t.rep.lastOK).Round(time.Millisecond).String())
-				changed = true
-			}
-		}
-		c.mu.Unlock()
-		if changed {
+		if c.step(now, last) {
 			c.notify()
 		}
+		last = now
 	}
+}
+
+// step is one evaluation at now (the previous one was at last, zero for the
+// first): replicas silent for DeadAfter go dead. It reports whether a verdict
+// changed.
+func (c *Checker) step(now, last time.Time) bool {
+	c.beat.Store(now.UnixNano())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// This loop itself ran late (the node starved the agent of CPU): the
+	// replicas had no chance to be heard meanwhile, so the silence does not
+	// count against them.
+	if stall := now.Sub(last) - c.cfg.Tick; !last.IsZero() && stall > 2*c.cfg.Tick {
+		c.excuseLocked(stall)
+	}
+	changed := false
+	for a, t := range c.targets {
+		if t.fault == nil && t.rep.expire(c.cfg.Timing, now) {
+			c.transitionLocked(a, t, "no answer for "+now.Sub(t.rep.lastOK).Round(time.Millisecond).String())
+			changed = true
+		}
+	}
+	return changed
 }
 
 // excuseLocked moves every replica's last answer later by a stall of the
@@ -254,7 +261,7 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error) {
 		if t.fault == nil {
 			c.met.faults.Inc()
 			c.log.Error("liveness check failed: using Kubernetes' view of this replica", zap.Stringer("backend", a), zap.Error(err))
-			changed = t.rep.live == false
+			changed = !t.rep.live
 			c.gaugesLocked()
 		}
 		t.fault = err

@@ -277,20 +277,40 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-// A stall of the checker's own loop is not held against the replicas.
+// A stall of the checker's own loop is not held against the replicas; the
+// same silence without a stall is.
 func TestCheckerExcusesItsOwnStall(t *testing.T) {
-	c, a, advance := idleChecker(t)
-	c.mu.Lock()
-	c.excuseLocked(time.Second)
-	c.mu.Unlock()
-	advance(time.Second + 100*time.Millisecond) // 1.1 s silent, 1 s of it our own stall
-	c.mu.Lock()
-	dead := c.targets[a].rep.expire(c.cfg.Timing, c.cfg.Now())
-	c.mu.Unlock()
-	if dead {
+	c, a, _ := idleChecker(t)
+	t0 := c.cfg.Now()
+	tick := c.cfg.Tick
+	// Ticks on time for 100 ms, then none for a second (the agent starved),
+	// then on time again: no answer came in all that time.
+	last := t0
+	for now := t0.Add(tick); now.Sub(t0) <= 100*time.Millisecond; now = now.Add(tick) {
+		c.step(now, last)
+		last = now
+	}
+	resumed := last.Add(time.Second)
+	if c.step(resumed, last) {
 		t.Fatal("a replica went dead for the checker's own stall")
 	}
 	if got := testutil.ToFloat64(c.met.stalls); got != 1 {
-		t.Errorf("stalls = %v", got)
+		t.Errorf("stalls = %v, want 1", got)
+	}
+	// Silence on time after the stall counts: dead once DeadAfter has passed.
+	last = resumed
+	var deadAt time.Duration
+	for now := resumed.Add(tick); now.Sub(resumed) < time.Second; now = now.Add(tick) {
+		if c.step(now, last) {
+			deadAt = now.Sub(resumed)
+			break
+		}
+		last = now
+	}
+	if d := c.Dead(); len(d) != 1 || d[0] != a {
+		t.Fatalf("dead %v after the stall and %v of silence, want %v", d, deadAt, a)
+	}
+	if deadAt > c.cfg.DeadAfter+tick {
+		t.Errorf("dead %v after the stall ended, want <= %v: the stall is excused, the silence after it is not", deadAt, c.cfg.DeadAfter+tick)
 	}
 }
