@@ -20,12 +20,11 @@ import (
 
 // desiredFor turns the snapshot's view of one group into what this node's data
 // plane should say. local tells which replica addresses are this node; dead
-// which replicas the liveness checks say cannot serve (they go down: out of the
+// which replicas the liveness checks say cannot serve (they go Down: out of the
 // ring as if Kubernetes had removed them, but keeping their place in the table;
-// they are returned in out); mac returns a replica's
-// MAC from the neighbour table. A remote replica whose MAC is unknown is left
-// out (it cannot be sent to) and returned in unresolved, so the caller can
-// resolve it and try again.
+// they are returned in out); mac returns a replica's MAC from the neighbour
+// table. A remote replica whose MAC is unknown is left out (it cannot be sent
+// to) and returned in unresolved, so the caller can resolve it and try again.
 //
 // A draining replica stays as it is, dead or not: it takes no new flows anyway,
 // and a graceful stop closes nginx's listeners (so its checks fail) while its
