@@ -113,15 +113,16 @@ func TestDesiredForLiveness(t *testing.T) {
 
 func TestMACChanged(t *testing.T) {
 	a, b, c, other := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3"), netip.MustParseAddr("10.0.0.9")
+	d := netip.MustParseAddr("10.0.0.4")
 	macB, _ := net.ParseMAC("02:00:00:00:00:02")
 	macNew, _ := net.ParseMAC("02:00:00:00:00:99")
 	s := &l4Sink{group: "edge/web",
 		last: model.Snapshot{Groups: []model.Group{
-			{Name: "edge/web", Replicas: []model.Replica{{Addr: a}, {Addr: b}, {Addr: c}}},
+			{Name: "edge/web", Replicas: []model.Replica{{Addr: a}, {Addr: b}, {Addr: c}, {Addr: d}}},
 			{Name: "edge/other", Replicas: []model.Replica{{Addr: other}}},
 		}},
 		given: dataplane.Desired{Groups: []dataplane.Group{{Name: "edge/web", Backends: []dataplane.Backend{
-			{Addr: a, Local: true}, {Addr: b, MAC: macB}, // c was left out: no MAC
+			{Addr: a, Local: true}, {Addr: b, MAC: macB}, {Addr: d, Down: true}, // c was left out: no MAC
 		}}}},
 	}
 	for _, tc := range []struct {
@@ -134,6 +135,7 @@ func TestMACChanged(t *testing.T) {
 		{"new MAC", b, macNew, true},
 		{"a replica that had no MAC", c, macNew, true},
 		{"this node", a, macNew, false},
+		{"a down replica (its neighbour entry churns while it is probed)", d, macNew, false},
 		{"another group's replica", other, macNew, false},
 	} {
 		if got := s.macChanged(tc.addr, tc.mac); got != tc.want {

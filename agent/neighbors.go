@@ -138,7 +138,9 @@ func (s *l4Sink) macChanged(a netip.Addr, m net.HardwareAddr) bool {
 	for _, g := range s.given.Groups {
 		for _, b := range g.Backends {
 			if b.Addr == a {
-				return !b.Local && b.MAC.String() != m.String()
+				// A down replica is sent nothing: its MAC matters again only
+				// when it comes back, and that Apply looks it up.
+				return !b.Local && !b.Down && b.MAC.String() != m.String()
 			}
 		}
 	}
