@@ -8,12 +8,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -24,6 +22,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/portico-edge/portico/internal/ocitar"
 )
 
 // The image's layout and the names of what build writes into its output folder.
@@ -219,7 +219,8 @@ func write(img v1.Image, ref name.Tag, dir string, epoch time.Time) (v1.Hash, er
 	if err != nil {
 		return v1.Hash{}, err
 	}
-	if err := writeArchive(filepath.Join(tmp, archiveFile), filepath.Join(tmp, layoutDir), dm, epoch); err != nil {
+	if err := ocitar.Write(filepath.Join(tmp, archiveFile), filepath.Join(tmp, layoutDir),
+		map[string][]byte{"manifest.json": dm}, epoch); err != nil {
 		return v1.Hash{}, fmt.Errorf("write archive: %w", err)
 	}
 	if err := os.WriteFile(filepath.Join(tmp, digestFile), []byte(digest.String()+"\n"), 0o644); err != nil {
@@ -259,67 +260,4 @@ func dockerManifest(img v1.Image, ref name.Tag) ([]byte, error) {
 		m.Layers = append(m.Layers, blob(d))
 	}
 	return json.Marshal([]any{m})
-}
-
-// writeArchive writes the layout folder src and manifest.json as one tar, names
-// sorted, owner root, every time epoch.
-func writeArchive(out, src string, manifest []byte, epoch time.Time) error {
-	var names []string
-	if err := filepath.WalkDir(src, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || p == src {
-			return err
-		}
-		rel, err := filepath.Rel(src, p)
-		if d.IsDir() {
-			rel += "/"
-		}
-		names = append(names, filepath.ToSlash(rel))
-		return err
-	}); err != nil {
-		return err
-	}
-	names = append(names, "manifest.json")
-	sort.Strings(names)
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	tw := tar.NewWriter(f)
-	for _, n := range names {
-		h := &tar.Header{Name: n, ModTime: epoch, Format: tar.FormatPAX}
-		if strings.HasSuffix(n, "/") {
-			h.Typeflag, h.Mode = tar.TypeDir, 0o755
-			if err := tw.WriteHeader(h); err != nil {
-				return err
-			}
-			continue
-		}
-		h.Typeflag, h.Mode = tar.TypeReg, 0o644
-		var r io.Reader
-		if n == "manifest.json" {
-			h.Size, r = int64(len(manifest)), bytes.NewReader(manifest)
-		} else {
-			b, err := os.Open(filepath.Join(src, filepath.FromSlash(n)))
-			if err != nil {
-				return err
-			}
-			defer b.Close()
-			st, err := b.Stat()
-			if err != nil {
-				return err
-			}
-			h.Size, r = st.Size(), b
-		}
-		if err := tw.WriteHeader(h); err != nil {
-			return err
-		}
-		if _, err := io.Copy(tw, r); err != nil {
-			return err
-		}
-	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	return f.Close()
 }

@@ -5,11 +5,9 @@ import (
 	"bytes"
 	"fmt"
 	"io"
-	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sort"
 	"strings"
 	"time"
 
@@ -19,6 +17,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/portico-edge/portico/internal/ocitar"
 )
 
 // The images every node imports: no registry is reachable, so pods use them with
@@ -122,58 +122,5 @@ func writeImage(archive, name, bin, dst string) error {
 	})); err != nil {
 		return fmt.Errorf("write image into layout: %w", err)
 	}
-	return tarDir(lay, archive)
-}
-
-// tarDir writes dir's files as a tar with sorted names and fixed metadata.
-func tarDir(dir, out string) error {
-	var names []string
-	if err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if p != dir {
-			names = append(names, p)
-		}
-		return nil
-	}); err != nil {
-		return err
-	}
-	sort.Strings(names)
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	tw := tar.NewWriter(f)
-	err = func() error {
-		for _, p := range names {
-			rel, _ := filepath.Rel(dir, p)
-			st, err := os.Stat(p)
-			if err != nil {
-				return err
-			}
-			h := &tar.Header{Typeflag: tar.TypeReg, Name: rel, Mode: 0o644, Size: st.Size(), ModTime: imageTime, Format: tar.FormatPAX}
-			if st.IsDir() {
-				h = &tar.Header{Typeflag: tar.TypeDir, Name: rel + "/", Mode: 0o755, ModTime: imageTime, Format: tar.FormatPAX}
-			}
-			if err := tw.WriteHeader(h); err != nil {
-				return err
-			}
-			if st.IsDir() {
-				continue
-			}
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			if _, err := tw.Write(data); err != nil {
-				return err
-			}
-		}
-		return tw.Close()
-	}()
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	return err
+	return ocitar.Write(archive, lay, nil, imageTime)
 }

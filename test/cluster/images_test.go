@@ -29,6 +29,9 @@ func TestBuildImages(t *testing.T) {
 		t.Fatal(err)
 	}
 	names := map[string]string{"pause.oci.tar": PauseImage, "echo.oci.tar": EchoImage}
+	if len(first) != len(names) || len(second) != len(names) {
+		t.Fatalf("archives %v and %v, want %d each", first, second, len(names))
+	}
 	for i := range first {
 		x, err := os.ReadFile(first[i])
 		if err != nil {

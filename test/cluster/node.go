@@ -283,17 +283,6 @@ func (n *Node) Exec(argv ...string) (string, error) {
 	return string(out), nil
 }
 
-// PIDs returns the process ids of the node's kubelet and containerd (0 when not started).
-func (n *Node) PIDs() (kubelet, containerd int) {
-	if n.kubelet != nil {
-		kubelet = n.kubelet.pid()
-	}
-	if n.containerd != nil {
-		containerd = n.containerd.pid()
-	}
-	return kubelet, containerd
-}
-
 // Kill makes the node die as a machine would: its kubelet and containerd are killed
 // and its link to the bridge is cut. Its containers keep running, unreachable, until
 // Close.
