@@ -75,13 +75,21 @@ const writtenTTL = 30 * time.Second
 func (c *Controller) withWritten(st State) State {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	// Expire first: the write to an object deleted since is never visited below,
+	// and would otherwise keep every later sync walking all objects.
+	for k, w := range c.written {
+		if time.Since(w.at) > writtenTTL {
+			delete(c.written, k) // the cache never showed it
+		}
+	}
 	if len(c.written) == 0 {
 		return st
 	}
 	overlay := func(kind string, o metav1.Object) map[string]string {
 		var add map[string]string
+		object := key(o)
 		for _, ann := range []string{AnnotationVIP, AnnotationVRID, AnnotationGroup} {
-			k := writtenKey{kind, key(o), ann}
+			k := writtenKey{kind, object, ann}
 			w, ok := c.written[k]
 			if !ok {
 				continue
@@ -89,8 +97,8 @@ func (c *Controller) withWritten(st State) State {
 			// Every write sets an annotation the object did not have, so once the
 			// cache shows one at all it has caught up with the write (or a later
 			// change, which the overlay must not hide).
-			if _, has := o.GetAnnotations()[ann]; has || time.Since(w.at) > writtenTTL {
-				delete(c.written, k) // the cache caught up (or never will)
+			if _, has := o.GetAnnotations()[ann]; has {
+				delete(c.written, k) // the cache caught up
 				continue
 			}
 			if add == nil {
@@ -112,11 +120,14 @@ func overlayWritten[T interface {
 	metav1.Object
 	DeepCopy() T
 }](kind string, objs []T, overlay func(string, metav1.Object) map[string]string) []T {
-	out := slices.Clone(objs)
-	for i, o := range out {
+	out := objs
+	for i, o := range objs {
 		add := overlay(kind, o)
 		if add == nil {
 			continue
+		}
+		if &out[0] == &objs[0] {
+			out = slices.Clone(objs) // the first object to overlay
 		}
 		cp := o.DeepCopy()
 		anns := cp.GetAnnotations()

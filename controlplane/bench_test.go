@@ -73,6 +73,18 @@ func BenchmarkBuild5000(b *testing.B) {
 	b.ReportMetric(float64(with.HeapAlloc-without.HeapAlloc)/(1<<20), "snapshot-MiB")
 }
 
+// BenchmarkValidate5000 is the check every sync makes of Build's snapshot before it
+// publishes it (Snapshot.Validate), on BenchmarkBuild5000's snapshot.
+func BenchmarkValidate5000(b *testing.B) {
+	snap, _, _ := Build(bigState(5000), Options{})
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := snap.Validate(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
 // BenchmarkEndpointSliceToSink measures, against the real API server, the time from
 // an EndpointSlice update (the Update call) to the snapshot with the change arriving
 // at a sink: median and p99 over 100 updates per iteration (target p99 < 100 ms).

@@ -127,6 +127,23 @@ func TestWithWrittenEndsOnceCached(t *testing.T) {
 	}
 }
 
+// TestWithWrittenExpires: an entry older than writtenTTL ends even when its object
+// is gone from the cache (deleted since the write), so the overlay stops walking
+// every object on each sync.
+func TestWithWrittenExpires(t *testing.T) {
+	c, _ := fakeController(t)
+	c.written[writtenKey{"Service", "ns/gone", AnnotationVIP}] = written{"192.0.2.1", time.Now().Add(-writtenTTL - time.Second)}
+	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g"}}
+	st := State{Services: []*corev1.Service{svc}}
+	out := c.withWritten(st)
+	if len(c.written) != 0 {
+		t.Errorf("expired entry of a deleted object kept: %v", c.written)
+	}
+	if &out.Services[0] != &st.Services[0] {
+		t.Errorf("slice copied with nothing to overlay")
+	}
+}
+
 // TestAllocationProblems: allocation problems show in Problems() and the metric on
 // every instance, and the leader sends each as one Warning Event while it lasts.
 func TestAllocationProblems(t *testing.T) {

@@ -45,7 +45,7 @@ const ResultUnchanged = "unchanged"
 const ResultEndpoints = "endpoints"
 
 // ApplyNow renders s and, when the result differs from the running configuration,
-// writes its certificates, the Lua module and a candidate, validates it with nginx
+// writes its certificates, the Lua module (the first time) and a candidate, validates it with nginx
 // -t, writes the endpoint table, swaps the candidate in and signals the master (if
 // one runs). When only endpoints changed, it writes the endpoint table and hands it
 // to the running nginx instead: no nginx -t, no reload. When nginx -t refuses the configuration,
@@ -94,8 +94,11 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		if err := addCertificates(certDir, cfg.Certificates); err != nil {
 			return fail(ResultError, err)
 		}
-		if err := writeLuaModule(r.cfg.Dir); err != nil {
-			return fail(ResultError, err)
+		if !r.luaWritten {
+			if err := writeLuaModule(r.cfg.Dir); err != nil {
+				return fail(ResultError, err)
+			}
+			r.luaWritten = true
 		}
 		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
 			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))

@@ -12,15 +12,19 @@ import (
 	"time"
 )
 
+// healthURL is the status port's /healthz, which Health asks.
+func (r *Reloader) healthURL() string {
+	return "http://127.0.0.1:" + strconv.Itoa(int(r.cfg.Render.StatusPort)) + "/healthz"
+}
+
 // waitServing polls the status port until /healthz answers with checksum, which
 // only workers started with that configuration do, and returns how long it took.
 func (r *Reloader) waitServing(ctx context.Context, checksum string, m Master) (time.Duration, error) {
 	t0 := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.ConfirmTimeout)
 	defer cancel()
-	url := "http://127.0.0.1:" + strconv.Itoa(int(r.cfg.Render.StatusPort)) + "/healthz"
 	for {
-		if got, err := Health(ctx, r.client, url); err == nil && got == checksum {
+		if got, err := Health(ctx, r.client, r.healthURL()); err == nil && got == checksum {
 			return time.Since(t0), nil
 		}
 		select {

@@ -65,6 +65,9 @@ type Reloader struct {
 	refused  map[string]string // certificate files nginx -t refused, and why
 	// certCache keeps certificate checks from one render to the next.
 	certCache certCache
+	// luaWritten says the Lua module is in the prefix directory: it is part of the
+	// binary and never changes, so the first configuration that needs it writes it.
+	luaWritten bool
 	// appliedEndpoints is the endpoint table for applied (what the snapshot asked
 	// for; the file may hold more, see endpointTable.with), appliedTable decoded.
 	appliedEndpoints []byte

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -25,10 +24,9 @@ func (r *Reloader) adoptRunning(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	url := "http://127.0.0.1:" + strconv.Itoa(int(r.cfg.Render.StatusPort)) + "/healthz"
 	hctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	sum, err := Health(hctx, r.client, url)
+	sum, err := Health(hctx, r.client, r.healthURL())
 	if err != nil || len(sum) < 16 || !bytes.Contains(text, []byte("return 200 \""+sum+"\\n\"")) {
 		r.log.Info("adopted nginx serves another configuration than the one on disk: the first snapshot reloads it", zap.Error(err))
 		return

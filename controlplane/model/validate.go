@@ -20,19 +20,19 @@ func (s Snapshot) Validate() error {
 			errs = append(errs, err)
 		}
 	}
-	groups := map[string]bool{}
+	groups := make(map[string]bool, len(s.Groups))
 	add(ordered("groups", s.Groups, func(x, y Group) int { return cmp.Compare(x.Name, y.Name) }, func(g Group) string { return g.Name }))
 	for _, g := range s.Groups {
 		groups[g.Name] = true
 		add(g.validate())
 	}
-	upstreams := map[string]bool{}
+	upstreams := make(map[string]bool, len(s.Upstreams))
 	add(ordered("upstreams", s.Upstreams, func(x, y Upstream) int { return cmp.Compare(x.Name, y.Name) }, func(u Upstream) string { return u.Name }))
 	for _, u := range s.Upstreams {
 		upstreams[u.Name] = true
 		add(u.validate())
 	}
-	certs := map[string]bool{}
+	certs := make(map[string]bool, len(s.Certificates))
 	add(ordered("certificates", s.Certificates, func(x, y Certificate) int { return cmp.Compare(x.Name, y.Name) }, func(c Certificate) string { return c.Name }))
 	for _, c := range s.Certificates {
 		certs[c.Name] = true
@@ -51,7 +51,7 @@ func (g Group) validate() error {
 	if g.Name == "" {
 		errs = append(errs, errors.New("group without a name"))
 	}
-	errs = append(errs, ordered("vips", g.VIPs, netip.Addr.Compare, netip.Addr.String))
+	errs = appendErr(errs, ordered("vips", g.VIPs, netip.Addr.Compare, netip.Addr.String))
 	families := map[bool]int{}
 	for _, a := range g.VIPs {
 		if !a.IsValid() || a.Is4In6() || a.Zone() != "" {
@@ -62,7 +62,7 @@ func (g Group) validate() error {
 	if families[true] > 1 || families[false] > 1 {
 		errs = append(errs, errors.New("more than one vip of an address family"))
 	}
-	errs = append(errs, ordered("ports", g.Ports, func(x, y Port) int {
+	errs = appendErr(errs, ordered("ports", g.Ports, func(x, y Port) int {
 		return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
 	}, func(p Port) string { return string(p.Protocol) + "/" + strconv.Itoa(int(p.Port)) }))
 	for _, p := range g.Ports {
@@ -70,7 +70,7 @@ func (g Group) validate() error {
 			errs = append(errs, fmt.Errorf("port %d has protocol %q", p.Port, p.Protocol))
 		}
 	}
-	errs = append(errs, ordered("replicas", g.Replicas, func(x, y Replica) int { return x.Addr.Compare(y.Addr) },
+	errs = appendErr(errs, ordered("replicas", g.Replicas, func(x, y Replica) int { return x.Addr.Compare(y.Addr) },
 		func(r Replica) string { return r.Addr.String() }))
 	for _, r := range g.Replicas {
 		if !r.Addr.IsValid() {
@@ -80,6 +80,9 @@ func (g Group) validate() error {
 			errs = append(errs, fmt.Errorf("replica %s has state %q", r.Addr, r.State))
 		}
 	}
+	if len(errs) == 0 {
+		return nil // no prefix built: Validate runs on every sync
+	}
 	return prefixed("group "+g.Name, errs)
 }
 
@@ -88,11 +91,14 @@ func (u Upstream) validate() error {
 	if u.Name == "" {
 		errs = append(errs, errors.New("upstream without a name"))
 	}
-	errs = append(errs, ordered("endpoints", u.Endpoints, netip.AddrPort.Compare, netip.AddrPort.String))
+	errs = appendErr(errs, ordered("endpoints", u.Endpoints, netip.AddrPort.Compare, netip.AddrPort.String))
 	for _, ep := range u.Endpoints {
 		if !ep.IsValid() {
 			errs = append(errs, fmt.Errorf("endpoint %q is not an address and port", ep))
 		}
+	}
+	if len(errs) == 0 {
+		return nil // no prefix built: Validate runs on every sync
 	}
 	return prefixed("upstream "+u.Name, errs)
 }
@@ -108,7 +114,7 @@ func (v Server) validate(groups, upstreams, certs map[string]bool) error {
 	if v.DefaultUpstream != "" && !upstreams[v.DefaultUpstream] {
 		errs = append(errs, fmt.Errorf("default upstream %q does not exist", v.DefaultUpstream))
 	}
-	errs = append(errs, ordered("locations", v.Locations, func(x, y Location) int {
+	errs = appendErr(errs, ordered("locations", v.Locations, func(x, y Location) int {
 		return cmp.Or(cmp.Compare(x.Path, y.Path), cmp.Compare(x.Type, y.Type))
 	}, func(l Location) string { return string(l.Type) + " " + l.Path }))
 	for _, l := range v.Locations {
@@ -118,6 +124,9 @@ func (v Server) validate(groups, upstreams, certs map[string]bool) error {
 		if !upstreams[l.Upstream] {
 			errs = append(errs, fmt.Errorf("path %q: upstream %q does not exist", l.Path, l.Upstream))
 		}
+	}
+	if len(errs) == 0 {
+		return nil // no prefix built: Validate runs on every sync
 	}
 	return prefixed("server "+v.Group+" "+strconv.Quote(v.Host), errs)
 }
@@ -134,6 +143,15 @@ func ordered[T any](what string, xs []T, compare func(x, y T) int, show func(T) 
 		}
 	}
 	return nil
+}
+
+// appendErr appends err to errs unless it is nil, so that a valid entry leaves errs
+// empty and its validate returns before it names the entry.
+func appendErr(errs []error, err error) []error {
+	if err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // prefixed joins errs (nil ones are dropped), each prefixed with what.
