@@ -102,5 +102,5 @@ bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/
 bench-nginx: deps ## nginx render time and size for 5,000 Ingresses, reload time at 100 and 5,000 hosts (real nginx)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(or $(BENCHTIME),5x) -benchmem ./nginx/
 
-bench-lab: deps kapi ## repeated director failovers in the lab: outage and connection survival (root; TRIALS=10)
+bench-lab: deps kapi ## repeated edge deaths in the lab, owner then non-owner: VRRP outage, last failed new connection, held connections kept (root; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_LAB=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./test/lab/ | grep -E 'trial|outage|kept|failed new|^(ok|FAIL|---)'
