@@ -442,7 +442,7 @@ func TestIntegrationScheduling(t *testing.T) {
 	}
 	// An Ingress of another controller is left alone.
 	mk("foreign")
-	e.start(nil)
+	r := e.start(nil)
 
 	// Counts start a0 b1 c0: i1->a, i2->c, i3->a (all 1, by name), i4->b, i5->c.
 	want := map[string]string{"i0": "g-b", "i1": "g-a", "i2": "g-c", "i3": "g-a", "i4": "g-b", "i5": "g-c"}
@@ -481,6 +481,18 @@ func TestIntegrationScheduling(t *testing.T) {
 		}
 		s.Labels["tier"] = "retired"
 		e.must(e.cs.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{}))
+		// The Service and Ingress informers are separate watches: without this wait
+		// the controller may see i6 before the relabel and bind it to g-a, rightly.
+		eventually(t, converge, func() string {
+			obj, ok, err := r.ctl.services.GetByKey(e.ns + "/g-a")
+			if err != nil || !ok {
+				return fmt.Sprintf("g-a not cached: %v", err)
+			}
+			if l := obj.(*corev1.Service).Labels["tier"]; l != "retired" {
+				return "controller's cache still has tier=" + l
+			}
+			return ""
+		})
 		mk("i6", AnnotationGroupSelector, "tier=edge")
 		eventually(t, converge, func() string {
 			if g := annotations(t, e, "Ingress", "i6")[AnnotationGroup]; g != e.ns+"/g-b" {
