@@ -57,6 +57,10 @@ type Config struct {
 	// ClaimImage is the image of the agent DaemonSets the leader provisions for
 	// IngressClaims; empty: deploy/agent.yaml's.
 	ClaimImage string
+	// APIServer is the API server this agent was told to use instead of the
+	// in-cluster Service (--apiserver); the agents of the IngressClaims it provisions
+	// are told the same.
+	APIServer string
 
 	StateDir      string        // records what the agent changed on the host
 	ShutdownDelay time.Duration // serving, unready, after ctx ends and before the VIP is released
@@ -144,6 +148,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
 		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, vs},
 		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage,
+		AgentAPIServer: cfg.APIServer,
 	})
 	if err != nil {
 		return err

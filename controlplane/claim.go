@@ -151,10 +151,10 @@ func claimService(c *IngressClaim) *corev1.Service {
 // (deploy.AgentDaemonSet, so the same pod, tolerations, priority class, grace period
 // and update strategy) with only what a claim changes: its name, namespace, labels,
 // selector and owner; the template's nodes, interface and ServiceAccount; the group;
-// the Lease namespace leaseNS; the image, unless empty; and the VIP pools, the
-// provisioning leader's own, so an agent of the claim that becomes leader allocates
-// as it did.
-func claimDaemonSet(c *IngressClaim, image, leaseNS string, pools []Pool) (*appsv1.DaemonSet, error) {
+// the Lease namespace leaseNS; the image and API server address, unless empty; and
+// the VIP pools, the provisioning leader's own, so an agent of the claim that becomes
+// leader allocates as it did.
+func claimDaemonSet(c *IngressClaim, image, apiServer, leaseNS string, pools []Pool) (*appsv1.DaemonSet, error) {
 	ds, err := deploy.AgentDaemonSet()
 	if err != nil {
 		return nil, err
@@ -178,6 +178,9 @@ func claimDaemonSet(c *IngressClaim, image, leaseNS string, pools []Pool) (*apps
 		agent.Image = image
 		// Its agents provision claims with the same image when they lead.
 		agent.Args = setFlag(agent.Args, "claim-image", image)
+	}
+	if apiServer != "" {
+		agent.Args = setFlag(agent.Args, "apiserver", apiServer)
 	}
 	agent.Args = setFlag(agent.Args, "group", c.Namespace+"/"+c.Name)
 	if iface := c.Spec.Template.Interface; iface != "" {
@@ -325,7 +328,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	if !seen || time.Since(at) > c.cfg.ResyncPeriod {
 		dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
 		if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			ds, err := claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.LeaseNamespace, c.cfg.Pools)
+			ds, err := claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.AgentAPIServer, c.cfg.LeaseNamespace, c.cfg.Pools)
 			if err != nil {
 				return fmt.Errorf("derive DaemonSet: %w", err)
 			}

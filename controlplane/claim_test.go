@@ -25,7 +25,7 @@ func agentFlags(args []string) map[string]string {
 // deploy/agent.yaml (update strategy, tolerations, priority, grace period, the whole
 // pod) with only what a claim changes: its name, namespace, labels, selector and
 // owner, the template's node selector, interface and ServiceAccount, the group, the
-// Lease namespace, the image (when one is given) and the leader's pools.
+// Lease namespace, the image and API server (when given) and the leader's pools.
 func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 	pool4, err := ParsePool("203.0.113.0/28!203.0.113.1")
 	if err != nil {
@@ -40,6 +40,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		template ReplicaTemplate
 		pools    []Pool
 		image    string // "": the manifest's
+		api      string // the leader's --apiserver ("": none)
 		// sa and flags are what the claim changes in the manifest's pod.
 		sa    string
 		flags map[string]string
@@ -49,8 +50,9 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true"}, Interface: "bond0", ServiceAccountName: "shop-agent"},
 			pools:    []Pool{pool4, pool6},
 			image:    "example/portico:test",
+			api:      "https://10.251.0.1:6443",
 			sa:       "shop-agent",
-			flags: map[string]string{"group": "shop/edge", "iface": "bond0", "pod-namespace": "portico-system",
+			flags: map[string]string{"group": "shop/edge", "iface": "bond0", "pod-namespace": "portico-system", "apiserver": "https://10.251.0.1:6443",
 				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120", "claim-image": "example/portico:test"},
 		},
 		{
@@ -62,7 +64,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := &IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
 				Spec: IngressClaimSpec{Template: tc.template}}
-			got, err := claimDaemonSet(claim, tc.image, "portico-system", tc.pools)
+			got, err := claimDaemonSet(claim, tc.image, tc.api, "portico-system", tc.pools)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -52,6 +52,9 @@ type Config struct {
 	// deploy/agent.yaml's, which make manifests renders from the Makefile's
 	// IMAGE_REPO and IMAGE_TAG).
 	AgentImage string
+	// AgentAPIServer is the API server address those DaemonSets' agents are given
+	// (--apiserver), the provisioning agent's own; empty: the in-cluster Service.
+	AgentAPIServer string
 
 	// Identity names this instance in the leader Lease (default: a random name).
 	Identity string

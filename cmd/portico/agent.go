@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -48,6 +49,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.StringVar(&c.Iface, "iface", "", "the edge interface: XDP, VRRP and ARP run on it (required)")
 	fs.StringVar(&c.Node, "node-name", "", "this node's name (env NODE_NAME)")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig path; empty: in-cluster config (env KUBECONFIG)")
+	fs.StringVar(&c.APIServer, "apiserver", "", "with the in-cluster config: reach the API server at this URL (https://host:port) instead of the kubernetes Service, for clusters where Service addresses do not work before the edge does (no kube-proxy)")
 	fs.StringVar(&c.Namespace, "namespace", "", "watch only this namespace; empty: all")
 	fs.StringVar(&c.PodNamespace, "pod-namespace", "portico-system", "namespace of the leader Lease (env POD_NAMESPACE)")
 	fs.StringVar(&pools, "vip-pool", "", "VIP pools the leader allocates from: CIDR[!excluded,...] separated by ';'")
@@ -114,6 +116,8 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		return c, fmt.Errorf("-group namespace/name is required")
 	case c.Iface == "":
 		return c, fmt.Errorf("-iface is required")
+	case c.APIServer != "" && !validAPIServer(c.APIServer):
+		return c, fmt.Errorf("-apiserver %q: want https://host:port", c.APIServer)
 	case c.Node == "":
 		return c, fmt.Errorf("-node-name (or NODE_NAME) is required")
 	case priority < 1 || priority > 254 || degraded < 1 || degraded >= priority:
@@ -156,6 +160,12 @@ func runAgent(args []string) error {
 	if f.Kube, err = kubeConfig(f.kubeconfig); err != nil {
 		return err
 	}
+	if f.APIServer != "" {
+		if f.kubeconfig != "" {
+			return errors.New("-apiserver goes with the in-cluster config, not with -kubeconfig")
+		}
+		f.Kube.Host = f.APIServer
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -175,4 +185,10 @@ func kubeConfig(path string) (*rest.Config, error) {
 		return nil, fmt.Errorf("kubeconfig %s: %w", path, err)
 	}
 	return c, nil
+}
+
+// validAPIServer reports whether s is an https URL with a host and nothing after it.
+func validAPIServer(s string) bool {
+	u, err := url.Parse(s)
+	return err == nil && u.Scheme == "https" && u.Host != "" && (u.Path == "" || u.Path == "/") && u.RawQuery == ""
 }

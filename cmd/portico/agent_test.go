@@ -60,6 +60,14 @@ func TestParseAgentFlags(t *testing.T) {
 					t.Errorf("config %+v", c)
 				}
 			}},
+		{name: "API server", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://10.251.0.1:6443"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.APIServer != "https://10.251.0.1:6443" {
+					t.Errorf("API server %q", c.APIServer)
+				}
+			}},
+		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
+		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
 		{name: "group required", args: []string{"-iface", "eth0", "-node-name", "n"}, wantErr: "-group"},
 		{name: "group needs a namespace", args: []string{"-group", "web", "-iface", "eth0", "-node-name", "n"}, wantErr: "-group"},
 		{name: "node required", args: []string{"-group", "a/b", "-iface", "eth0"}, wantErr: "-node-name"},

@@ -12,7 +12,8 @@
 // name), entered with nsenter and unshare, not `ip netns exec`, which remounts /sys
 // and loses the cgroup mounts. A hostNetwork pod of node N therefore sees node N's
 // links, hostname and bpffs. A client namespace outside the cluster sits on the same
-// bridge. Each node's processes (containerd, its shims, the kubelet and every
+// bridge. The bridge side of every node's link runs an XDP_PASS program, so frames
+// an edge node's XDP program sends back out (XDP_TX) leave the veth. Each node's processes (containerd, its shims, the kubelet and every
 // container) live under the node's cgroup, which Close empties by PID.
 //
 // Not isolated per node: PID and IPC namespaces, /etc, and the kernel.
@@ -41,6 +42,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
@@ -239,6 +241,16 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			return c, err
 		}
 		c.Nodes = append(c.Nodes, n)
+		// An edge node's XDP_TX frames leave its veth only if the peer runs XDP too.
+		if err := netlab.Do(c.Net.Switch, func() error {
+			l, err := xdpaux.AttachPass(n.Net.Port)
+			if err == nil {
+				c.Net.OnClose(l.Close)
+			}
+			return err
+		}); err != nil {
+			return c, fmt.Errorf("node %s: %w", n.Name, err)
+		}
 	}
 	if c.Client, err = c.Net.AddNode("cl", netip.PrefixFrom(ClientAddr, bridgeBits), mac(0xfe)); err != nil {
 		return c, fmt.Errorf("add the client namespace: %w", err)

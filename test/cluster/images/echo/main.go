@@ -2,7 +2,7 @@
 // server whose answers say which pod served them and whom it saw, so tests can tell
 // replicas apart and check that the client address survives the edge.
 //
-//	GET /        "pod=<name> node=<node> client=<ip:port>\n"
+//	GET /        "pod=<name> node=<node> client=<ip:port> forwarded-for=<X-Forwarded-For> host=<Host> path=<path>\n"
 //	GET /healthz "ok" (readiness and liveness probes)
 //	GET /info    JSON: pod, node, hostname, network namespace, bpffs entries, client
 //
@@ -37,7 +37,7 @@ func main() {
 	pod := envOr("POD_NAME", host)
 	node := envOr("NODE_NAME", "")
 	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "pod=%s node=%s client=%s\n", pod, node, r.RemoteAddr)
+		fmt.Fprintf(w, "pod=%s node=%s client=%s forwarded-for=%s host=%s path=%s\n", pod, node, r.RemoteAddr, r.Header.Get("X-Forwarded-For"), r.Host, r.URL.Path)
 	})
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")
