@@ -55,6 +55,7 @@ type builder struct {
 	secrets   map[string]*corev1.Secret
 	classes   map[string]*networkingv1.IngressClass
 	nodeByIP  map[netip.Addr]string
+	nodes     map[string]*corev1.Node
 	groupList []*corev1.Service // groups, oldest first
 	groupsOut map[string]*model.Group
 	bindings  Bindings
@@ -92,6 +93,7 @@ func newBuilder(st State) *builder {
 		secrets:   map[string]*corev1.Secret{},
 		classes:   map[string]*networkingv1.IngressClass{},
 		nodeByIP:  map[netip.Addr]string{},
+		nodes:     map[string]*corev1.Node{},
 		groupsOut: map[string]*model.Group{},
 		bindings:  Bindings{},
 		servers:   map[serverKey]*serverAcc{},
@@ -119,6 +121,7 @@ func newBuilder(st State) *builder {
 		b.classes[c.Name] = c
 	}
 	for _, n := range st.Nodes {
+		b.nodes[n.Name] = n
 		for _, a := range n.Status.Addresses {
 			if ip, err := netip.ParseAddr(a.Address); err == nil {
 				b.nodeByIP[ip] = n.Name

@@ -128,6 +128,26 @@ func TestBuild(t *testing.T) {
 			want: model.Snapshot{Groups: []model.Group{g1Group}},
 		},
 		{
+			name: "group: a ready replica on a cordoned or excluded node is draining",
+			st: func() State {
+				s, sl := g1Objects()
+				sl[0].Endpoints[2].Conditions.Ready = ptr(true) // n3
+				cordoned := &corev1.Node{ObjectMeta: meta("", "n2", 0), Spec: corev1.NodeSpec{Unschedulable: true}}
+				excluded := &corev1.Node{ObjectMeta: meta("", "n3", 0)}
+				excluded.Labels = map[string]string{corev1.LabelNodeExcludeBalancers: ""}
+				return state(s, sl, cordoned, excluded, &corev1.Node{ObjectMeta: meta("", "n1", 0), Spec: corev1.NodeSpec{Unschedulable: true}})
+			}(),
+			want: model.Snapshot{Groups: []model.Group{func() model.Group {
+				g := g1Group
+				g.Replicas = []model.Replica{
+					{Node: "n1", Addr: netip.MustParseAddr("10.1.0.1"), Weight: 1, State: model.Draining},
+					{Node: "n2", Addr: netip.MustParseAddr("10.1.0.2"), Weight: 1, State: model.Draining},
+					{Node: "n3", Addr: netip.MustParseAddr("10.1.0.3"), Weight: 1, State: model.Draining},
+				}
+				return g
+			}()}},
+		},
+		{
 			name: "group: LoadBalancer class, ingress-vip alias annotation, dual stack, node from Node addresses",
 			st: state(func() *corev1.Service {
 				s := groupSvc("edge", "lb", 0, AnnotationVIPAlias, "2001:db8::10, 192.0.2.20")

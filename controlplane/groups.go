@@ -161,6 +161,9 @@ func (b *builder) groups() {
 
 // replicas lists a group's agents from its EndpointSlices: ready endpoints are Ready,
 // terminating ones that still serve (or do not say) are Draining, the rest are left out.
+// A ready agent on a node taken out of service is Draining too (leavingService): its
+// pod is a DaemonSet's, which kubectl drain leaves running, so its endpoint never
+// turns terminating.
 func (b *builder) replicas(s *corev1.Service) []model.Replica {
 	byAddr := map[netip.Addr]model.Replica{}
 	for _, es := range b.slices[key(s)] {
@@ -193,6 +196,9 @@ func (b *builder) replicas(s *corev1.Service) []model.Replica {
 					node = b.nodeByIP[ip]
 				}
 				r := model.Replica{Node: node, Addr: ip, Weight: 1, State: st}
+				if st == model.Ready && leavingService(b.nodes[node]) {
+					r.State = model.Draining
+				}
 				if old, ok := byAddr[ip]; ok && old.State == model.Ready {
 					continue // listed twice (slices overlap during updates): Ready wins
 				}
@@ -209,4 +215,17 @@ func (b *builder) replicas(s *corev1.Service) []model.Replica {
 		return nil
 	}
 	return out
+}
+
+// leavingService reports whether an operator is taking node n out of service: it is
+// cordoned (kubectl cordon, the first step of kubectl drain) or labelled
+// node.kubernetes.io/exclude-from-external-load-balancers. Its replica keeps the flows
+// it has and gets no new ones, and its agent hands the VIP to another node, so the
+// node can then be stopped without a failed request.
+func leavingService(n *corev1.Node) bool {
+	if n == nil {
+		return false
+	}
+	_, excluded := n.Labels[corev1.LabelNodeExcludeBalancers]
+	return n.Spec.Unschedulable || excluded
 }
