@@ -212,7 +212,7 @@ func TestCluster(t *testing.T) {
 				t.Errorf("ask pod %s: %v", p.Name, err)
 				continue
 			}
-			if want := fmt.Sprintf("pod=%s node=%s client=%s:", p.Name, p.Spec.NodeName, ClientAddr); !strings.HasPrefix(body, want) {
+			if want := fmt.Sprintf("pod=%s node=%s edge=%s ", p.Name, p.Spec.NodeName, ClientAddr); !strings.HasPrefix(body, want) {
 				t.Errorf("pod %s answered %q, want %q…", p.Name, body, want)
 			}
 		}

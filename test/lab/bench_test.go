@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/internal/testenv"
+
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 // TestFailoverBench measures repeated edge deaths (make bench-lab; not in make
@@ -31,7 +33,7 @@ func TestFailoverBench(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s trial %d: %v", kind, i+1, err)
 			}
-			stream := l.StartStream(ctx, "echo.lab", StreamOptions{})
+			stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{})
 			time.Sleep(300 * time.Millisecond)
 			res, err := l.EdgeDeath(ctx, victim, "echo.lab", 200)
 			if err != nil {
@@ -39,7 +41,7 @@ func TestFailoverBench(t *testing.T) {
 				t.Fatalf("%s trial %d: %v", kind, i+1, err)
 			}
 			time.Sleep(1500 * time.Millisecond)
-			f := FailuresAround(stream.Stop(), res.Fault)
+			f := traffic.FailuresAround(stream.Stop(), res.Fault)
 			t.Logf("%s trial %2d: %s dies (owner %s -> %s)  outage %4dms  last failed new connection %4dms  failed %d/%d  connections kept %d/%d",
 				kind, i+1, victim.Name, res.Old, res.New, res.Outage.Milliseconds(), f.Last.Milliseconds(), f.Failed, f.Total, res.Survived, res.Conns)
 			outages = append(outages, res.Outage)

@@ -26,6 +26,7 @@ import (
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 var porticoBin string
@@ -108,7 +109,7 @@ func waitNewOwner(t *testing.T, l *Lab, old *Node, d time.Duration) *Node {
 
 // ownerUnderLoad brings the lab up, starts requests to echo.lab and lets them run
 // for a second; it returns the lab, the load and the edge that owns the VIP.
-func ownerUnderLoad(t *testing.T) (*Lab, *Load, *Node) {
+func ownerUnderLoad(t *testing.T) (*Lab, *traffic.Load, *Node) {
 	t.Helper()
 	l := startLab(t)
 	owner := vipOwner(t, l)
@@ -127,7 +128,7 @@ func waitFor(d time.Duration, cond func() error) error {
 
 // waitServed waits until host+path is served through every edge node: 30
 // consecutive new connections succeed, pass check, and reach all edges.
-func (l *Lab) waitServed(ctx context.Context, d time.Duration, host, path string, check func(Reply) error) error {
+func (l *Lab) waitServed(ctx context.Context, d time.Duration, host, path string, check func(traffic.Reply) error) error {
 	c := l.HTTPClient(false, 2*time.Second)
 	return waitFor(d, func() error {
 		edges := map[string]bool{}
@@ -174,7 +175,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	client := l.Client.Addr.Addr().String()
 
 	// Host and path: /api and /api/... go to the api backend (pod p2 only).
-	if err := l.waitServed(ctx, 30*time.Second, "shop.lab", "/api/items", func(r Reply) error {
+	if err := l.waitServed(ctx, 30*time.Second, "shop.lab", "/api/items", func(r traffic.Reply) error {
 		if r.Pod != "p2" {
 			return fmt.Errorf("/api/items served by %s", r.Pod)
 		}
@@ -215,7 +216,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		body, _ := io.ReadAll(resp.Body)
-		r, err := ParseReply(string(body))
+		r, err := traffic.ParseReply(string(body))
 		if err != nil {
 			return err
 		}

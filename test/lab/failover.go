@@ -1,13 +1,13 @@
 package lab
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 // FailoverResult is one measured edge death.
@@ -96,7 +96,7 @@ func (l *Lab) probe(ctx context.Context, host string) bool {
 		return false
 	}
 	defer c.Close()
-	k := &KeepConn{c: c, br: bufio.NewReader(c)}
+	k := traffic.NewKeepConn(c)
 	_, err = k.Do(host, "/probe", 200*time.Millisecond)
 	return err == nil
 }

@@ -29,6 +29,7 @@ import (
 	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 // The nodes share 10.216.0.0/24 on the bridge; the VIP is the one
@@ -64,6 +65,9 @@ type Lab struct {
 	Pods    []*Node
 	Portico string // the portico binary
 	Dir     string
+	// Target sends the client's traffic to the VIP (Dial, Get, OpenKeepConn,
+	// StartStream, StartLoad, ...).
+	traffic.Target
 
 	apiPort string
 	mu      sync.Mutex
@@ -136,6 +140,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if l.Client, err = add("cl", 2); err != nil {
 		return l, err
 	}
+	l.Target = traffic.Target{NS: l.Client.NS, VIP: VIP}
 	// The VIP is outside the nodes' subnet: the client reaches it on-link, and
 	// the VRRP master answers ARP for it.
 	if err := netlab.IP("-n", l.Client.NS, "route", "add", VIP.String()+"/32", "dev", "eth0"); err != nil {

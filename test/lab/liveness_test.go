@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 // livenessBound is what the agents' defaults promise: a replica that can no
@@ -17,8 +18,8 @@ const livenessBound = 300 * time.Millisecond
 // liveTraffic is what every liveness test runs throughout: long-lived
 // connections held through the VIP and a bounded stream of new ones.
 type liveTraffic struct {
-	held   KeepConns
-	stream *Stream
+	held   traffic.KeepConns
+	stream *traffic.Stream
 }
 
 // liveStart brings the lab up, picks the edge a test hurts and starts the
@@ -51,7 +52,7 @@ func startTraffic(t *testing.T, l *Lab) *liveTraffic {
 		t.Fatal(err)
 	}
 	t.Cleanup(held.Close)
-	tr := &liveTraffic{held: held, stream: l.StartStream(ctx, "echo.lab", StreamOptions{})}
+	tr := &liveTraffic{held: held, stream: l.StartStream(ctx, "echo.lab", traffic.StreamOptions{})}
 	time.Sleep(500 * time.Millisecond)
 	return tr
 }
@@ -116,7 +117,7 @@ func others(l *Lab, n *Node) []*Node {
 }
 
 // requireBound checks that no new connection failed later than bound after the fault.
-func requireBound(t *testing.T, f Failures, bound time.Duration) {
+func requireBound(t *testing.T, f traffic.Failures, bound time.Duration) {
 	t.Helper()
 	t.Logf("new connections: %v", f)
 	if f.Total < 200 {
@@ -138,7 +139,7 @@ func TestLivenessEdgeDeathAndReturn(t *testing.T) {
 	requireAgreement(t, l, others(l, victim), fault.Add(out))
 	time.Sleep(time.Second)
 	atts := tr.stream.Stop()
-	requireBound(t, FailuresAround(atts, fault), livenessBound)
+	requireBound(t, traffic.FailuresAround(atts, fault), livenessBound)
 	tr.checkHeld(t, victim)
 
 	// It comes back: link up, agent restarted.
@@ -182,7 +183,7 @@ func TestLivenessOwnerDeath(t *testing.T) {
 	out := waitRing(t, l, others(l, owner), owner, false, fault, 5*time.Second)
 	t.Logf("VRRP takeover %v after the fault; %s out of every surviving ring after %v", takeover.Round(time.Millisecond), owner.Name, out.Round(time.Millisecond))
 	time.Sleep(time.Second)
-	requireBound(t, FailuresAround(tr.stream.Stop(), fault), takeover+livenessBound)
+	requireBound(t, traffic.FailuresAround(tr.stream.Stop(), fault), takeover+livenessBound)
 	tr.checkHeld(t, owner)
 }
 
@@ -200,7 +201,7 @@ func TestLivenessNginxStopped(t *testing.T) {
 	out := waitRing(t, l, others(l, victim), victim, false, fault, 5*time.Second)
 	t.Logf("%s (nginx stopped) out of every other ring %v after the fault", victim.Name, out.Round(time.Millisecond))
 	time.Sleep(time.Second)
-	requireBound(t, FailuresAround(tr.stream.Stop(), fault), livenessBound)
+	requireBound(t, traffic.FailuresAround(tr.stream.Stop(), fault), livenessBound)
 	tr.checkHeld(t, victim)
 
 	back := time.Now()
@@ -242,7 +243,7 @@ func TestLivenessAgentKilledNginxServes(t *testing.T) {
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
 		sample()
 	}
-	f := FailuresAround(tr.stream.Stop(), fault)
+	f := traffic.FailuresAround(tr.stream.Stop(), fault)
 	t.Logf("agent on %s killed and restarted: %v; ring samples without it: %d of %d", victim.Name, f, left, samples)
 	if f.Failed != 0 {
 		t.Errorf("%d new connections failed (first: %v), want 0", f.Failed, f.FirstErr)
@@ -266,7 +267,7 @@ func TestLivenessLinkFlap(t *testing.T) {
 	})
 	in := waitRing(t, l, l.Edges, victim, true, fault, 10*time.Second)
 	time.Sleep(2 * time.Second) // any churn would show by now
-	f := FailuresAround(tr.stream.Stop(), fault)
+	f := traffic.FailuresAround(tr.stream.Stop(), fault)
 	t.Logf("after a 200 ms flap of %s: back in every ring %v after the fault; %v", victim.Name, in.Round(time.Millisecond), f)
 	for _, d := range others(l, victim) {
 		if before := l.LivenessTransitions(d, victim, "dead", time.Time{}) - l.LivenessTransitions(d, victim, "dead", fault); before > 0 {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/portico-edge/portico/internal/testcert"
 	"github.com/portico-edge/portico/test/lab"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 func main() {
@@ -141,7 +142,7 @@ func run(ctx context.Context, l *lab.Lab, portico, kubectl string) error {
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		resp.Body.Close()
 		cn = resp.TLS.PeerCertificates[0].Subject.CommonName
-		if r, err := lab.ParseReply(string(body)); err == nil {
+		if r, err := traffic.ParseReply(string(body)); err == nil {
 			tedges[nameOf(l, r.Edge)]++
 		}
 	}

@@ -2,7 +2,10 @@
 // server whose answers say which pod served them and whom it saw, so tests can tell
 // replicas apart and check that the client address survives the edge.
 //
-//	GET /        "pod=<name> node=<node> client=<ip:port> forwarded-for=<X-Forwarded-For> host=<Host> path=<path>\n"
+//	GET /        "pod=<name> node=<node> edge=<the peer's address> client=<X-Real-IP> host=<Host> path=<path>\n"
+//
+// (the format of test/traffic's replies: behind Portico the peer is an edge node's
+// nginx, and X-Real-IP is the client's address as nginx saw it)
 //	GET /healthz "ok" (readiness and liveness probes)
 //	GET /info    JSON: pod, node, hostname, network namespace, bpffs entries, client
 //
@@ -15,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"net"
 	"net/http"
 	"os"
 	"sort"
@@ -37,7 +41,8 @@ func main() {
 	pod := envOr("POD_NAME", host)
 	node := envOr("NODE_NAME", "")
 	http.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "pod=%s node=%s client=%s forwarded-for=%s host=%s path=%s\n", pod, node, r.RemoteAddr, r.Header.Get("X-Forwarded-For"), r.Host, r.URL.Path)
+		peer, _, _ := net.SplitHostPort(r.RemoteAddr)
+		fmt.Fprintf(w, "pod=%s node=%s edge=%s client=%s host=%s path=%s\n", pod, node, peer, r.Header.Get("X-Real-IP"), r.Host, r.URL.Path)
 	})
 	http.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintln(w, "ok")

@@ -1,4 +1,4 @@
-package lab
+package traffic
 
 import (
 	"bufio"
@@ -19,12 +19,12 @@ type KeepConn struct {
 
 // OpenKeepConn connects to the VIP's port 80 and sends a first request, which
 // tells which edge node holds the connection.
-func (l *Lab) OpenKeepConn(ctx context.Context, host string) (*KeepConn, error) {
-	c, err := l.Dial(ctx, "tcp4", net.JoinHostPort(VIP.String(), "80"))
+func (l Target) OpenKeepConn(ctx context.Context, host string) (*KeepConn, error) {
+	c, err := l.Dial(ctx, "tcp4", net.JoinHostPort(l.VIP.String(), "80"))
 	if err != nil {
 		return nil, err
 	}
-	k := &KeepConn{c: c, br: bufio.NewReader(c)}
+	k := NewKeepConn(c)
 	r, err := k.Do(host, "/", 3*time.Second)
 	if err != nil {
 		c.Close()
@@ -33,6 +33,9 @@ func (l *Lab) OpenKeepConn(ctx context.Context, host string) (*KeepConn, error) 
 	k.Edge = r.Edge
 	return k, nil
 }
+
+// NewKeepConn wraps a connection to the VIP's port 80 that has sent nothing yet.
+func NewKeepConn(c net.Conn) *KeepConn { return &KeepConn{c: c, br: bufio.NewReader(c)} }
 
 // Do sends one request on the connection and reads the reply.
 func (k *KeepConn) Do(host, path string, timeout time.Duration) (Reply, error) {
@@ -60,7 +63,7 @@ func (k *KeepConn) Close() error { return k.c.Close() }
 
 // OpenKeepConns opens n long-lived connections (see OpenKeepConn); on error it
 // closes the ones it opened.
-func (l *Lab) OpenKeepConns(ctx context.Context, host string, n int) (KeepConns, error) {
+func (l Target) OpenKeepConns(ctx context.Context, host string, n int) (KeepConns, error) {
 	var conns KeepConns
 	for range n {
 		k, err := l.OpenKeepConn(ctx, host)

@@ -1,7 +1,6 @@
-package lab
+package traffic
 
 import (
-	"bufio"
 	"context"
 	"fmt"
 	"net"
@@ -37,7 +36,7 @@ type StreamOptions struct {
 }
 
 // StartStream starts new connections to host through the VIP until Stop.
-func (l *Lab) StartStream(ctx context.Context, host string, o StreamOptions) *Stream {
+func (l Target) StartStream(ctx context.Context, host string, o StreamOptions) *Stream {
 	if o.Every <= 0 {
 		o.Every = 5 * time.Millisecond
 	}
@@ -80,17 +79,17 @@ func (l *Lab) StartStream(ctx context.Context, host string, o StreamOptions) *St
 	return s
 }
 
-func (l *Lab) attempt(ctx context.Context, host string, timeout time.Duration) Attempt {
+func (l Target) attempt(ctx context.Context, host string, timeout time.Duration) Attempt {
 	a := Attempt{Start: time.Now()}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := l.Dial(actx, "tcp4", net.JoinHostPort(VIP.String(), "80"))
+	c, err := l.Dial(actx, "tcp4", net.JoinHostPort(l.VIP.String(), "80"))
 	if err != nil {
 		a.Err = err
 		return a
 	}
 	defer c.Close()
-	k := &KeepConn{c: c, br: bufio.NewReader(c)}
+	k := NewKeepConn(c)
 	r, err := k.Do(host, "/stream", time.Until(a.Start.Add(timeout)))
 	a.Edge, a.Err = r.Edge, err
 	return a
