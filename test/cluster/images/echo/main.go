@@ -6,6 +6,7 @@
 //
 // (the format of test/traffic's replies: behind Portico the peer is an edge node's
 // nginx, and X-Real-IP is the client's address as nginx saw it)
+//
 //	GET /healthz "ok" (readiness and liveness probes)
 //	GET /info    JSON: pod, node, hostname, network namespace, bpffs entries, client
 //
