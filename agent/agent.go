@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	vlog := log.Named("vrrp")
-	vs := &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group, node: cfg.Node,
+	vs := &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group,
 		priority: cfg.VRRPPriority, degraded: cfg.VRRPDegraded,
 		interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: vlog,
 		newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}

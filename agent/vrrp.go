@@ -22,9 +22,8 @@ type vrrpSink struct {
 	base         context.Context // the agent's lifetime: announcers run under it
 	iface        string
 	group        string
-	node         string // this node: its replica's state is read from the snapshot
-	priority     uint8  // configured priority when healthy
-	degraded     uint8  // priority while unhealthy or draining
+	priority     uint8 // configured priority when healthy
+	degraded     uint8 // priority while unhealthy
 	interval     time.Duration
 	version      uint8
 	log          *zap.Logger
@@ -40,7 +39,6 @@ type vrrpSink struct {
 	stopRun  context.CancelFunc
 	done     chan struct{}
 	healthy  bool
-	draining bool // this node's replica is draining (cordoned node, terminating pod)
 }
 
 // announcer is what the sink uses of a vrrp.Announcer.
@@ -99,12 +97,8 @@ func (v *vrrpSink) instancesFor(g model.Group) []vrrp.InstanceConfig {
 	return out
 }
 
-// currentPriority is the configured priority while the node is healthy and its
-// replica serves; the degraded one otherwise, so another node takes the VIP. A
-// draining replica (its node cordoned) still finishes its connections, but the node
-// should be ready to go away: it should not be the one that answers for the VIP.
 func (v *vrrpSink) currentPriority() uint8 {
-	if v.healthy && !v.draining {
+	if v.healthy {
 		return v.priority
 	}
 	return v.degraded
@@ -119,15 +113,6 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 		if x.Name == v.group {
 			g = x
 		}
-	}
-	draining := slices.ContainsFunc(g.Replicas, func(r model.Replica) bool {
-		return r.Node == v.node && r.State == model.Draining
-	})
-	if draining != v.draining {
-		v.draining = draining
-		v.log.Info("vrrp priority changed: this node's replica "+map[bool]string{true: "drains", false: "serves"}[draining],
-			zap.Uint8("to", v.currentPriority()))
-		v.setPriorityLocked(context.Background())
 	}
 	// lo is written when the VIPs change, and once after start: what an
 	// earlier agent recorded is not proof of what lo holds.
@@ -185,12 +170,6 @@ func (v *vrrpSink) setHealthy(ctx context.Context, ok bool) {
 		return
 	}
 	v.healthy = ok
-	v.setPriorityLocked(ctx)
-	v.log.Info("vrrp priority changed with health", zap.Bool("healthy", ok), zap.Uint8("to", v.currentPriority()))
-}
-
-// setPriorityLocked gives the running announcer's instances currentPriority.
-func (v *vrrpSink) setPriorityLocked(ctx context.Context) {
 	if v.ann == nil {
 		return
 	}
@@ -199,6 +178,7 @@ func (v *vrrpSink) setPriorityLocked(ctx context.Context) {
 			v.log.Warn("set vrrp priority", zap.String("group", v.group), zap.Error(err))
 		}
 	}
+	v.log.Info("vrrp priority changed with health", zap.Bool("healthy", ok), zap.Uint8("to", v.currentPriority()))
 }
 
 // stop releases ownership (a Master sends priority 0, so a Backup takes over

@@ -197,51 +197,6 @@ func TestVRRPApply(t *testing.T) {
 	}
 }
 
-// TestVRRPDraining: while this node's replica drains (its node cordoned), the node
-// announces with the degraded priority, healthy or not, and gets the configured one
-// back when the replica serves again; another node's draining replica changes nothing.
-func TestVRRPDraining(t *testing.T) {
-	ctx := context.Background()
-	v := newFakeVRRP(t)
-	v.node = "n1"
-	self := model.Replica{Node: "n1", Addr: netip.MustParseAddr("10.0.0.1"), State: model.Ready}
-	other := model.Replica{Node: "n2", Addr: netip.MustParseAddr("10.0.0.2"), State: model.Draining}
-	g := model.Group{VRID: 7, VIPs: []netip.Addr{vip4a}, Replicas: []model.Replica{self, other}}
-	if err := v.Apply(ctx, snapWith(g)); err != nil {
-		t.Fatal(err)
-	}
-	v.setHealthy(ctx, true)
-	ann := v.started[0]
-	prio := func() uint8 { ann.mu.Lock(); defer ann.mu.Unlock(); return ann.priorities["edge/web/v4"] }
-	if p := prio(); p != 100 {
-		t.Fatalf("healthy, serving, another node draining: priority %d, want 100", p)
-	}
-	self.State = model.Draining
-	g.Replicas = []model.Replica{self, other}
-	if err := v.Apply(ctx, snapWith(g)); err != nil {
-		t.Fatal(err)
-	}
-	if p := prio(); p != 10 {
-		t.Errorf("draining: priority %d, want 10", p)
-	}
-	v.setHealthy(ctx, false)
-	v.setHealthy(ctx, true)
-	if p := prio(); p != 10 {
-		t.Errorf("draining after a health flap: priority %d, want 10", p)
-	}
-	if len(v.started) != 1 {
-		t.Errorf("draining restarted the announcer: %d started", len(v.started))
-	}
-	self.State = model.Ready
-	g.Replicas = []model.Replica{self, other}
-	if err := v.Apply(ctx, snapWith(g)); err != nil {
-		t.Fatal(err)
-	}
-	if p := prio(); p != 100 {
-		t.Errorf("serving again: priority %d, want 100", p)
-	}
-}
-
 // TestVRRPApplyRetries: an announcer that fails to start is tried again with
 // the next snapshot, even an identical one.
 func TestVRRPApplyRetries(t *testing.T) {

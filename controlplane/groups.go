@@ -220,8 +220,10 @@ func (b *builder) replicas(s *corev1.Service) []model.Replica {
 // leavingService reports whether an operator is taking node n out of service: it is
 // cordoned (kubectl cordon, the first step of kubectl drain) or labelled
 // node.kubernetes.io/exclude-from-external-load-balancers. Its replica keeps the flows
-// it has and gets no new ones, and its agent hands the VIP to another node, so the
-// node can then be stopped without a failed request.
+// it has and gets no new ones, so the node can be stopped once they are done. A
+// draining VIP owner keeps the VIP: a new owner would not know which connections
+// the old one pinned to the draining replica (they would be re-picked and reset);
+// its agent's SIGTERM, when the node is stopped, hands the VIP over.
 func leavingService(n *corev1.Node) bool {
 	if n == nil {
 		return false
