@@ -20,7 +20,7 @@ type Attempt struct {
 // fresh TCP connection with one request that must be answered within Timeout
 // (below TCP's 1 s initial retransmission timeout, so a SYN lost to a dead
 // replica counts as a failure, not as a slow success). At most Max attempts and
-// 2 minutes; at most 200 in flight.
+// For; at most 200 in flight.
 type Stream struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -33,6 +33,7 @@ type StreamOptions struct {
 	Every   time.Duration // default 5 ms
 	Timeout time.Duration // default 500 ms
 	Max     int           // default 30,000
+	For     time.Duration // default 2 min, at most 10 min
 }
 
 // StartStream starts new connections to host through the VIP until Stop.
@@ -46,6 +47,10 @@ func (l Target) StartStream(ctx context.Context, host string, o StreamOptions) *
 	if o.Max <= 0 {
 		o.Max = 30000
 	}
+	if o.For <= 0 {
+		o.For = 2 * time.Minute
+	}
+	o.For = min(o.For, 10*time.Minute)
 	s := &Stream{stop: make(chan struct{})}
 	slots := make(chan struct{}, 200)
 	s.wg.Add(1)
@@ -53,7 +58,7 @@ func (l Target) StartStream(ctx context.Context, host string, o StreamOptions) *
 		defer s.wg.Done()
 		tick := time.NewTicker(o.Every)
 		defer tick.Stop()
-		deadline := time.Now().Add(2 * time.Minute)
+		deadline := time.Now().Add(o.For)
 		for i := 0; i < o.Max && time.Now().Before(deadline); i++ {
 			select {
 			case <-s.stop:

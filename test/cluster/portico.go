@@ -1,0 +1,311 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+// Portico on the cluster, installed as a user installs it: its image built by the
+// project's own build (build/image, as make image) and imported into every node's
+// containerd, the edge nodes labelled and tainted with kubectl, the chart installed
+// with helm, everything else done by Kubernetes' own controllers.
+
+var (
+	// GroupVIP is the VIP InstallPortico gives the chart's group: a free address of
+	// the bridge's subnet, so the client reaches it on-link and the VRRP owner
+	// answers ARP for it.
+	GroupVIP = netip.MustParseAddr("10.251.0.200")
+	// VIPPool is the chart's vipPool in the lab, where IngressClaims' groups get
+	// their VIPs.
+	VIPPool = netip.MustParsePrefix("10.251.0.208/28")
+)
+
+const (
+	// PorticoRepository is the image repository of the chart's defaults.
+	PorticoRepository = "ghcr.io/portico-edge/portico"
+	// PorticoNamespace is where InstallPortico installs the chart.
+	PorticoNamespace = "portico-system"
+	// EdgeLabel marks (value "true") and taints (NoSchedule) the edge nodes, as the
+	// chart's nodeSelector and tolerations expect.
+	EdgeLabel = "portico.io/edge"
+	// pinPath is the agents' bpffs folder (dataplane.DefaultPinPath).
+	pinPath = "/sys/fs/bpf/portico"
+)
+
+// BuildPorticoImage builds Portico's image from the repository at root as make image
+// does (go run ./build/image), named PorticoRepository:tag, into dir, and returns
+// the OCI archive every node can import (Options.Images).
+func BuildPorticoImage(ctx context.Context, root, dir, tag string) (string, error) {
+	cmd := exec.CommandContext(ctx, "go", "run", "./build/image", "-name", PorticoRepository+":"+tag, "-out", dir)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("build the image: %w: %s", err, out)
+	}
+	return filepath.Join(dir, "portico.tar"), nil
+}
+
+// HelmBinary returns the helm that test/tools/helm.sh under root builds (make helm),
+// or an error when it is not built.
+func HelmBinary(root string) (string, error) {
+	out, err := exec.Command(filepath.Join(root, "test/tools/helm.sh"), "path").Output()
+	if err != nil {
+		return "", fmt.Errorf("test/tools/helm.sh path: %w", err)
+	}
+	p := strings.TrimSpace(string(out))
+	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("helm is not built (make helm): %s", p)
+	}
+	return p, nil
+}
+
+// PorticoOptions say how to install Portico.
+type PorticoOptions struct {
+	Root  string  // the repository: its chart and test/tools/helm.sh
+	Tag   string  // the image tag (PorticoRepository:Tag), imported on every node
+	Edges []*Node // the edge nodes: labelled and tainted EdgeLabel
+	Set   []string
+	// Timeout bounds the wait for every agent to be ready and the VIP to answer
+	// (default 3 min).
+	Timeout time.Duration
+}
+
+// Portico is Portico installed on a cluster. Its embedded Target sends the client's
+// traffic to GroupVIP.
+type Portico struct {
+	traffic.Target
+	C     *Cluster
+	Edges []*Node
+	Tag   string // the image tag the agents run
+	root  string
+	helm  string
+}
+
+// InstallPortico labels and taints the edge nodes and installs the chart with helm,
+// as README's "Installing in a cluster" says, with the lab's values: the nodes' NIC
+// eth0, GroupVIP and VIPPool, the image imported on the nodes (never pulled), and the
+// API server's address (the lab runs no kube-proxy, so the in-cluster Service address
+// goes nowhere). It returns when every agent is ready and the VIP answers.
+func (c *Cluster) InstallPortico(ctx context.Context, o PorticoOptions) (*Portico, error) {
+	helm, err := HelmBinary(o.Root)
+	if err != nil {
+		return nil, err
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 3 * time.Minute
+	}
+	p := &Portico{Target: traffic.Target{NS: c.Client.NS, VIP: GroupVIP}, C: c, Edges: o.Edges, Tag: o.Tag, root: o.Root, helm: helm}
+	for _, n := range o.Edges {
+		if _, err := c.Kubectl(ctx, nil, "label", "node", n.Name, EdgeLabel+"=true"); err != nil {
+			return nil, err
+		}
+		if _, err := c.Kubectl(ctx, nil, "taint", "node", n.Name, EdgeLabel+"=true:NoSchedule"); err != nil {
+			return nil, err
+		}
+	}
+	args := []string{"install", "portico", filepath.Join(o.Root, "deploy/helm/portico"), "-n", PorticoNamespace, "--create-namespace",
+		"--set", "iface=eth0", "--set", "group.vip=" + GroupVIP.String(), "--set", "vipPool=" + VIPPool.String(),
+		"--set", fmt.Sprintf("apiServer=https://%s:%d", APIAddr, apiPort),
+		"--set", "image.repository=" + PorticoRepository, "--set", "image.tag=" + o.Tag, "--set", "image.pullPolicy=Never"}
+	for _, s := range o.Set {
+		args = append(args, "--set", s)
+	}
+	if _, err := p.Helm(ctx, args...); err != nil {
+		return nil, err
+	}
+	if err := p.WaitRollout(ctx, "portico-agent", o.Timeout); err != nil {
+		return nil, err
+	}
+	return p, p.WaitVIP(ctx, GroupVIP, o.Timeout)
+}
+
+// Helm runs helm against the cluster, from inside the switch namespace, and returns
+// its standard output; a failure carries its standard error.
+func (p *Portico) Helm(ctx context.Context, args ...string) (string, error) {
+	argv := append([]string{"nsenter", "--net=/run/netns/" + p.C.Net.Switch, "--", p.helm, "--kubeconfig", p.C.Kubeconfig}, args...)
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(p.C.Dir, "helm", "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(p.C.Dir, "helm", "config"), "HELM_DATA_HOME="+filepath.Join(p.C.Dir, "helm", "data"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// Upgrade runs helm upgrade on the release with its values and set, as a user
+// upgrading Portico does (e.g. image.tag=<new>), and waits for the rollout.
+func (p *Portico) Upgrade(ctx context.Context, timeout time.Duration, set ...string) error {
+	args := []string{"upgrade", "portico", filepath.Join(p.root, "deploy/helm/portico"), "-n", PorticoNamespace, "--reuse-values"}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	if _, err := p.Helm(ctx, args...); err != nil {
+		return err
+	}
+	return p.WaitRollout(ctx, "portico-agent", timeout)
+}
+
+// WaitRollout waits until DaemonSet name in PorticoNamespace has every pod updated,
+// available and ready (kubectl rollout status).
+func (p *Portico) WaitRollout(ctx context.Context, name string, timeout time.Duration) error {
+	_, err := p.C.Kubectl(ctx, nil, "-n", PorticoNamespace, "rollout", "status", "daemonset/"+name, "--timeout="+timeout.String())
+	return err
+}
+
+// WaitVIP waits until the VIP answers the liveness port of nginx (10247, the
+// chart's default) from the client: some edge node owns it and serves.
+func (p *Portico) WaitVIP(ctx context.Context, vip netip.Addr, timeout time.Duration) error {
+	hc := HTTPClient(p.NS, time.Second)
+	deadline := time.Now().Add(timeout)
+	for {
+		_, err := get(hc, fmt.Sprintf("http://%s/live", net.JoinHostPort(vip.String(), "10247")))
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("VIP %s does not answer after %s: %w", vip, timeout, err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// Owner returns the node whose MAC address the client has for the VIP: the one its
+// traffic goes to (the VRRP owner's, from its gratuitous ARP or the client's
+// question).
+func (p *Portico) Owner(vip netip.Addr) (*Node, error) {
+	out, err := exec.Command("ip", "-n", p.NS, "-j", "neigh", "show", vip.String()).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ip neigh in %s: %w", p.NS, err)
+	}
+	var neigh []struct {
+		LLAddr string   `json:"lladdr"`
+		State  []string `json:"state"`
+	}
+	if err := json.Unmarshal(out, &neigh); err != nil {
+		return nil, fmt.Errorf("ip neigh: %w", err)
+	}
+	for _, e := range neigh {
+		for _, n := range p.C.Nodes {
+			if strings.EqualFold(e.LLAddr, n.Net.MAC.String()) {
+				return n, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("the client has no MAC of a node for %s: %s", vip, out)
+}
+
+// EdgeOf returns the node whose nginx sent a backend the request a reply answers:
+// the reply's edge address is that node's (or, for a backend pod on the same node,
+// the node's pod gateway).
+func (p *Portico) EdgeOf(r traffic.Reply) string {
+	ip, err := netip.ParseAddr(r.Edge)
+	if err != nil {
+		return ""
+	}
+	for i, n := range p.C.Nodes {
+		if ip == n.IP || ip == PodCIDR(i+1).Addr().Next() {
+			return n.Name
+		}
+	}
+	return ""
+}
+
+// XDPLink is the pinned BPF link by which an edge node's xdp_lb is attached, and
+// the program it runs.
+type XDPLink struct{ ID, ProgID int }
+
+// XDPLink reads the link pinned in node n's bpffs (bpftool in the node's
+// namespaces, where the agent pod's hostPath sees it).
+func (p *Portico) XDPLink(n *Node) (XDPLink, error) {
+	out, err := n.Exec("bpftool", "-j", "link", "show", "pinned", pinPath+"/link")
+	if err != nil {
+		return XDPLink{}, err
+	}
+	var l struct {
+		ID     int `json:"id"`
+		ProgID int `json:"prog_id"`
+	}
+	if err := json.Unmarshal([]byte(out), &l); err != nil {
+		return XDPLink{}, fmt.Errorf("bpftool link show on %s: %w: %s", n.Name, err, out)
+	}
+	return XDPLink{ID: l.ID, ProgID: l.ProgID}, nil
+}
+
+// Agents returns the name of the agent pod on each node, for DaemonSet name.
+func (p *Portico) Agents(ctx context.Context, name string) (map[string]string, error) {
+	pods, err := p.C.Kube.CoreV1().Pods(PorticoNamespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, pod := range pods.Items {
+		for _, ref := range pod.OwnerReferences {
+			if ref.Kind == "DaemonSet" && ref.Name == name && pod.DeletionTimestamp == nil {
+				out[pod.Spec.NodeName] = pod.Name
+			}
+		}
+	}
+	return out, nil
+}
+
+// TagImage gives the image PorticoRepository:from a second name, PorticoRepository:to,
+// in every running node's containerd: a "new version" to roll out without building
+// one.
+func (c *Cluster) TagImage(ctx context.Context, from, to string) error {
+	var errs []error
+	for _, n := range c.Nodes {
+		if n.kubelet == nil || !n.kubelet.alive() {
+			continue
+		}
+		out, err := exec.CommandContext(ctx, "ctr", "-a", n.socket(), "-n", "k8s.io", "images", "tag", "--force",
+			PorticoRepository+":"+from, PorticoRepository+":"+to).CombinedOutput()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("node %s: ctr images tag: %w: %s", n.Name, err, out))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Apply applies YAML with kubectl apply -f -.
+func (c *Cluster) Apply(ctx context.Context, yaml string) error {
+	_, err := c.Kubectl(ctx, strings.NewReader(yaml), "apply", "-f", "-")
+	return err
+}
+
+// get returns the body of GET url, which must answer 200.
+func get(c *http.Client, url string) (string, error) {
+	resp, err := c.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
+	}
+	return string(body), nil
+}

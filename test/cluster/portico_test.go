@@ -1,0 +1,655 @@
+package cluster
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/internal/testcert"
+	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+// root is the repository, seen from this package's folder.
+const root = "../.."
+
+// livenessBound is what the agents' liveness defaults promise: a replica that can
+// no longer serve gets no new flows 300 ms after the fault (test/lab checks it in
+// detail; here it is checked on a real cluster).
+const livenessBound = 300 * time.Millisecond
+
+// TestPortico installs Portico on a real cluster the way a user does and runs the
+// failures a real cluster has, with clients running throughout: four kubelet nodes,
+// three of them edges (labelled and tainted), Portico's image built by the project's
+// own build and imported into every node, the chart installed with helm, backends
+// as Deployments, Ingresses applied with kubectl.
+func TestPortico(t *testing.T) {
+	Require(t)
+	if _, err := HelmBinary(root); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+
+	t0 := time.Now()
+	archive, err := BuildPorticoImage(ctx, root, filepath.Join(t.TempDir(), "image"), "e2e-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("image built: %.1f s", time.Since(t0).Seconds())
+	c, err := Start(ctx, Options{Nodes: 4, Images: []string{archive}})
+	if err != nil {
+		t.Fatalf("start the cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	t.Logf("4 nodes Ready: %.1f s", c.Timings.NodesReady.Seconds())
+	edges, worker := c.Nodes[:3], c.Nodes[3]
+	t1 := time.Now()
+	p, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "e2e-1", Edges: edges})
+	if err != nil {
+		t.Fatalf("install Portico: %v\n%s", err, c.tails())
+	}
+	t.Logf("Portico installed, every agent ready and the VIP answering: %.1f s", time.Since(t1).Seconds())
+	owner, err := p.Owner(GroupVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The edge that gets drained also runs backends, so the drain evicts pods
+	// through the real EndpointSlice controller too. The owner dies last.
+	drained := edges[0]
+	if drained == owner {
+		drained = edges[1]
+	}
+	t.Logf("VIP owner %s; backends on %s and %s", owner.Name, drained.Name, worker.Name)
+	certs := applyBackends(t, ctx, c, []*Node{drained, worker})
+	waitServed(t, p, "web.example", "/", edges)
+	waitServed(t, p, "web.example", "/api/items", edges)
+
+	t.Run("Routing", func(t *testing.T) { testRouting(t, ctx, p, certs, edges) })
+	t.Run("Drain", func(t *testing.T) { testDrain(t, ctx, p, drained) })
+	t.Run("RollingUpdate", func(t *testing.T) { testRollingUpdate(t, ctx, p) })
+	t.Run("IngressClaim", func(t *testing.T) { testIngressClaim(t, ctx, p, worker) })
+	t.Run("NodeDies", func(t *testing.T) { testNodeDies(t, ctx, p) })
+}
+
+// backendYAML: the echo image as "web" (two replicas, on the nodes of a hostname
+// list, tolerating the edge taint) and "api" (one replica), their Services, and
+// Ingresses for web.example (/ and /api) and two TLS hosts with certificates of
+// their own.
+const backendYAML = `
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: %[1]s, namespace: default}
+spec:
+  replicas: %[2]d
+  selector: {matchLabels: {app: %[1]s}}
+  template:
+    metadata: {labels: {app: %[1]s}}
+    spec:
+      terminationGracePeriodSeconds: 10
+      tolerations: [{key: portico.io/edge, operator: Exists, effect: NoSchedule}]
+      affinity:
+        nodeAffinity:
+          requiredDuringSchedulingIgnoredDuringExecution:
+            nodeSelectorTerms:
+            - matchExpressions: [{key: kubernetes.io/hostname, operator: In, values: [%[3]s]}]
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: ScheduleAnyway, labelSelector: {matchLabels: {app: %[1]s}}}
+      containers:
+      - name: echo
+        image: docker.io/portico/echo:lab
+        imagePullPolicy: Never
+        env:
+        - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+        - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
+        ports: [{containerPort: 8080}]
+        readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
+        # Kubernetes' usual graceful stop: keep serving until every proxy has seen the
+        # endpoint go.
+        lifecycle: {preStop: {sleep: {seconds: 3}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: default}
+spec:
+  selector: {app: %[1]s}
+  ports: [{port: 80, targetPort: 8080}]
+`
+
+const ingressYAML = `
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web, namespace: default}
+spec:
+  ingressClassName: portico
+  rules:
+  - host: web.example
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+      - {path: /api, pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: secure, namespace: default}
+spec:
+  ingressClassName: portico
+  tls:
+  - {hosts: [secure.example], secretName: secure-tls}
+  - {hosts: [other.example], secretName: other-tls}
+  rules:
+  - host: secure.example
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}]}
+  - host: other.example
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: api, port: {number: 80}}}}]}
+`
+
+const secretYAML = `
+apiVersion: v1
+kind: Secret
+metadata: {name: %s, namespace: default}
+type: kubernetes.io/tls
+data: {tls.crt: %s, tls.key: %s}
+`
+
+// applyBackends applies the backends and Ingresses, with web's pods on nodes, and
+// returns the certificate of each TLS host.
+func applyBackends(t *testing.T, ctx context.Context, c *Cluster, nodes []*Node) map[string][]byte {
+	t.Helper()
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	yaml := fmt.Sprintf(backendYAML, "web", 3, strings.Join(names, ", ")) + "---" + fmt.Sprintf(backendYAML, "api", 1, nodes[len(nodes)-1].Name)
+	certs := map[string][]byte{}
+	for _, host := range []string{"secure.example", "other.example"} {
+		cert, key, err := testcert.ECDSA(host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		certs[host] = cert
+		yaml += "---" + fmt.Sprintf(secretYAML, strings.TrimSuffix(host, ".example")+"-tls",
+			base64.StdEncoding.EncodeToString(cert), base64.StdEncoding.EncodeToString(key))
+	}
+	if err := c.Apply(ctx, yaml+"---"+ingressYAML); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Kubectl(ctx, nil, "rollout", "status", "deployment/web", "deployment/api", "--timeout=2m"); err != nil {
+		t.Fatal(err)
+	}
+	return certs
+}
+
+// waitServed waits until 30 new connections in a row to host+path are answered
+// and reach every edge in edges.
+func waitServed(t *testing.T, p *Portico, host, path string, edges []*Node) {
+	t.Helper()
+	hc := p.HTTPClient(false, 2*time.Second)
+	testenv.Eventually(t, time.Minute, func() string {
+		seen := map[string]bool{}
+		for range 30 {
+			r, err := p.Get(context.Background(), hc, host, path)
+			if err != nil {
+				return err.Error()
+			}
+			seen[p.EdgeOf(r)] = true
+		}
+		for _, e := range edges {
+			if !seen[e.Name] {
+				return fmt.Sprintf("no answer through %s in 30 (%v)", e.Name, seen)
+			}
+		}
+		return ""
+	})
+}
+
+func testRouting(t *testing.T, ctx context.Context, p *Portico, certs map[string][]byte, edges []*Node) {
+	hc := p.HTTPClient(false, 2*time.Second)
+	perEdge := map[string]int{}
+	for i := range 90 {
+		path := "/"
+		if i%3 == 0 {
+			path = "/api/items"
+		}
+		r, err := p.Get(ctx, hc, "web.example", path)
+		if err != nil {
+			t.Fatalf("GET web.example%s: %v", path, err)
+		}
+		wantPod := "web-"
+		if path != "/" {
+			wantPod = "api-"
+		}
+		if !strings.HasPrefix(r.Pod, wantPod) || r.Path != path || r.Host != "web.example" {
+			t.Errorf("GET web.example%s answered by %+v, want a %s pod", path, r, wantPod)
+		}
+		if r.Client != ClientAddr.String() {
+			t.Errorf("the backend saw client %q, want the client's own %s", r.Client, ClientAddr)
+		}
+		perEdge[p.EdgeOf(r)]++
+	}
+	t.Logf("90 new connections per edge: %v", perEdge)
+	for _, e := range edges {
+		if perEdge[e.Name] < 10 {
+			t.Errorf("edge %s served %d of 90 new connections, want a share (>= 10)", e.Name, perEdge[e.Name])
+		}
+	}
+	if r, err := p.Get(ctx, hc, "unknown.example", "/"); err == nil {
+		t.Errorf("a host no Ingress serves was answered: %+v", r)
+	}
+
+	// TLS by SNI: each host gets its own certificate (verified against it alone).
+	for host, wantPod := range map[string]string{"secure.example": "web-", "other.example": "api-"} {
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(certs[host])
+		tc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: p.Dial, DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{ServerName: host, RootCAs: pool}}}
+		// The TLS Ingress may reach the agents in a later configuration than web's.
+		testenv.Eventually(t, 30*time.Second, func() string {
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+GroupVIP.String()+"/", nil)
+			req.Host = host
+			resp, err := tc.Do(req)
+			if err != nil {
+				return fmt.Sprintf("HTTPS %s: %v", host, err)
+			}
+			buf := make([]byte, 512)
+			n, _ := resp.Body.Read(buf)
+			resp.Body.Close()
+			r, err := traffic.ParseReply(string(buf[:n]))
+			if err != nil || !strings.HasPrefix(r.Pod, wantPod) || r.Client != ClientAddr.String() {
+				return fmt.Sprintf("HTTPS %s: %s %+v %v, want a %s pod and client %s", host, resp.Status, r, err, wantPod, ClientAddr)
+			}
+			return ""
+		})
+	}
+}
+
+// heldConns opens n long-lived connections through the VIP to web.example.
+func heldConns(t *testing.T, p *Portico, n int) traffic.KeepConns {
+	t.Helper()
+	held, err := p.OpenKeepConns(context.Background(), "web.example", n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held.Close)
+	return held
+}
+
+// checkHeld requires every held connection whose edge is not one of excluded to
+// answer a request, and returns how many there were.
+func checkHeld(t *testing.T, p *Portico, held traffic.KeepConns, excluded ...*Node) int {
+	t.Helper()
+	kept, total := 0, 0
+	for _, k := range held {
+		if slices.ContainsFunc(excluded, func(n *Node) bool { return n.IP.String() == k.Edge }) {
+			continue
+		}
+		total++
+		if _, err := k.Do("web.example", "/held", 3*time.Second); err == nil {
+			kept++
+		} else {
+			t.Logf("held connection via %s: %v", k.Edge, err)
+		}
+	}
+	if kept != total {
+		t.Errorf("%d of %d long-lived connections kept working, want all", kept, total)
+	}
+	return total
+}
+
+// failures logs and returns the stream's failed attempts (at or after from).
+func failures(t *testing.T, atts []traffic.Attempt, from time.Time) traffic.Failures {
+	t.Helper()
+	f := traffic.FailuresAround(atts, from)
+	t.Logf("new connections: %v", f)
+	return f
+}
+
+// testDrain: kubectl drain of an edge node that also runs backends. Its web pods
+// are evicted and turn terminating through the real EndpointSlice controller; its
+// agent's replica drains (the node is cordoned): no new flows, its connections
+// finish. Not one request fails. Uncordoned, it serves new flows again.
+func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
+	held := heldConns(t, p, 60)
+	onNode := 0
+	for _, k := range held {
+		if k.Edge == node.IP.String() {
+			onNode++
+		}
+	}
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond})
+	time.Sleep(time.Second)
+	start := time.Now()
+	if _, err := p.C.Kubectl(ctx, nil, "drain", node.Name, "--ignore-daemonsets", "--timeout=90s"); err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	t.Logf("kubectl drain %s: %.1f s", node.Name, time.Since(start).Seconds())
+	// The evicted pods are gone from web's EndpointSlices; give every agent a
+	// moment to apply the cordon, then new connections must avoid the node.
+	time.Sleep(2 * time.Second)
+	settled := time.Now()
+	time.Sleep(3 * time.Second)
+	// Its held connections still work: it finishes what it has.
+	total := checkHeld(t, p, held)
+	atts := stream.Stop()
+	if f := failures(t, atts, start); f.Failed > 0 {
+		t.Errorf("%d requests failed during the drain, want 0", f.Failed)
+	}
+	after := failures(t, atts, settled)
+	t.Logf("%d held connections checked (%d through %s); new connections after the drain settled, per edge: %v", total, onNode, node.Name, after.PerEdge)
+	if n := after.PerEdge[node.IP.String()]; n > 0 {
+		t.Errorf("%d new connections went to the drained %s", n, node.Name)
+	}
+	slices0, err := p.C.Kube.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=web"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, es := range slices0.Items {
+		for _, ep := range es.Endpoints {
+			if ep.NodeName != nil && *ep.NodeName == node.Name {
+				t.Errorf("web still has an endpoint on the drained node: %v", ep.Addresses)
+			}
+		}
+	}
+
+	if _, err := p.C.Kubectl(ctx, nil, "uncordon", node.Name); err != nil {
+		t.Fatal(err)
+	}
+	waitServed(t, p, "web.example", "/", p.Edges)
+}
+
+// keepAliveLoad is a bounded load of requests on kept-alive connections, as browsers
+// and API clients send them: workers with one HTTP client each (Go's, which retries
+// an idempotent request when the server closed an idle connection first), until
+// stopped, at most 3 minutes.
+type keepAliveLoad struct {
+	stop       chan struct{}
+	wg         sync.WaitGroup
+	ok, failed atomic.Int64
+	mu         sync.Mutex
+	errs       []string
+}
+
+func startKeepAliveLoad(ctx context.Context, p *Portico, workers int) *keepAliveLoad {
+	ld := &keepAliveLoad{stop: make(chan struct{})}
+	deadline := time.Now().Add(3 * time.Minute)
+	for range workers {
+		ld.wg.Add(1)
+		go func() {
+			defer ld.wg.Done()
+			hc := p.HTTPClient(true, 3*time.Second)
+			defer hc.CloseIdleConnections()
+			for time.Now().Before(deadline) {
+				select {
+				case <-ld.stop:
+					return
+				case <-time.After(20 * time.Millisecond):
+				}
+				if _, err := p.Get(ctx, hc, "web.example", "/keepalive"); err != nil {
+					ld.failed.Add(1)
+					ld.mu.Lock()
+					if len(ld.errs) < 10 {
+						ld.errs = append(ld.errs, err.Error())
+					}
+					ld.mu.Unlock()
+				} else {
+					ld.ok.Add(1)
+				}
+			}
+		}()
+	}
+	return ld
+}
+
+func (ld *keepAliveLoad) Stop() (ok, failed int64, errs []string) {
+	close(ld.stop)
+	ld.wg.Wait()
+	return ld.ok.Load(), ld.failed.Load(), ld.errs
+}
+
+// testRollingUpdate: helm upgrade to a new image tag rolls the agents one node at a
+// time under load. Not one request fails, and forwarding never stops: on every edge
+// the pinned XDP link is the same before and after (the new agent replaced the
+// program on it), so the old pod's exit never detached it.
+func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
+	before := map[string]XDPLink{}
+	for _, n := range p.Edges {
+		l, err := p.XDPLink(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		before[n.Name] = l
+	}
+	oldPods, err := p.Agents(ctx, "portico-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := p.C.TagImage(ctx, p.Tag, "e2e-2"); err != nil {
+		t.Fatal(err)
+	}
+	load := startKeepAliveLoad(ctx, p, 4)
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, For: 4 * time.Minute})
+	time.Sleep(time.Second)
+	start := time.Now()
+	if err := p.Upgrade(ctx, 3*time.Minute, "image.tag=e2e-2"); err != nil {
+		stream.Stop()
+		load.Stop()
+		t.Fatal(err)
+	}
+	p.Tag = "e2e-2"
+	t.Logf("helm upgrade rolled %d agents out: %.1f s", len(p.Edges), time.Since(start).Seconds())
+	time.Sleep(2 * time.Second)
+	atts := stream.Stop()
+	ok, failed, errs := load.Stop()
+	t.Logf("kept-alive requests: %d answered, %d failed %v", ok, failed, errs)
+	if f := failures(t, atts, start); f.Failed > 0 || failed > 0 {
+		t.Errorf("during the rolling update %d new connections and %d kept-alive requests failed, want 0", f.Failed, failed)
+	}
+	if ok == 0 {
+		t.Error("no kept-alive request was answered")
+	}
+	newPods, err := p.Agents(ctx, "portico-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range p.Edges {
+		if newPods[n.Name] == "" || newPods[n.Name] == oldPods[n.Name] {
+			t.Errorf("%s: agent pod %q, was %q: not replaced", n.Name, newPods[n.Name], oldPods[n.Name])
+		}
+		l, err := p.XDPLink(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.ID != before[n.Name].ID {
+			t.Errorf("%s: XDP link %d, was %d: the program was detached and attached again", n.Name, l.ID, before[n.Name].ID)
+		}
+		t.Logf("%s: XDP link %d kept; program %d -> %d", n.Name, l.ID, before[n.Name].ProgID, l.ProgID)
+	}
+	pods, err := p.C.Kube.CoreV1().Pods(PorticoNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=portico-agent"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pod := range pods.Items {
+		if img := pod.Spec.Containers[0].Image; img != PorticoRepository+":e2e-2" {
+			t.Errorf("pod %s runs %s", pod.Name, img)
+		}
+	}
+}
+
+const claimYAML = `
+apiVersion: portico.io/v1alpha1
+kind: IngressClaim
+metadata: {name: shop, namespace: portico-system}
+spec:
+  ingresses: [{name: shop}]
+  template:
+    nodeSelector: {portico.io/shop-edge: "true"}
+    replicas: 1
+  reclaimPolicy: Delete
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: shop, namespace: portico-system}
+spec:
+  rules:
+  - host: shop.example
+    http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: shopweb, port: {number: 80}}}}]}
+`
+
+// testIngressClaim: an IngressClaim whose node is a tainted edge node. The leader
+// provisions the claim's agent DaemonSet from the chart's pod (tolerations
+// included), the DaemonSet controller runs it on the tainted node, the group gets a
+// VIP from the pool, and the claimed Ingress is served through it.
+func testIngressClaim(t *testing.T, ctx context.Context, p *Portico, node *Node) {
+	c := p.C
+	if _, err := c.Kubectl(ctx, nil, "label", "node", node.Name, "portico.io/shop-edge=true"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Kubectl(ctx, nil, "taint", "node", node.Name, EdgeLabel+"=true:NoSchedule"); err != nil {
+		t.Fatal(err)
+	}
+	// The claimed Ingress's backend lives in its namespace, on the same node.
+	backend := strings.ReplaceAll(fmt.Sprintf(backendYAML, "shopweb", 1, node.Name), "namespace: default", "namespace: "+PorticoNamespace)
+	start := time.Now()
+	if err := c.Apply(ctx, backend+"---"+claimYAML); err != nil {
+		t.Fatal(err)
+	}
+	var vip netip.Addr
+	testenv.Eventually(t, 2*time.Minute, func() string {
+		ds, err := c.Kube.AppsV1().DaemonSets(PorticoNamespace).Get(ctx, "shop", metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		if st := ds.Status; st.DesiredNumberScheduled != 1 || st.NumberReady != 1 {
+			return fmt.Sprintf("claim DaemonSet: desired %d, ready %d", st.DesiredNumberScheduled, st.NumberReady)
+		}
+		out, err := c.Kubectl(ctx, nil, "-n", PorticoNamespace, "get", "ingressclaim", "shop", "-o", "jsonpath={.status.phase} {.status.vips[0]}")
+		if err != nil {
+			return err.Error()
+		}
+		phase, addr, _ := strings.Cut(out, " ")
+		if vip, err = netip.ParseAddr(addr); phase != "Bound" || err != nil {
+			return "claim status: " + out
+		}
+		return ""
+	})
+	agents, err := p.Agents(ctx, "shop")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(agents) != 1 || agents[node.Name] == "" {
+		t.Fatalf("claim agents %v, want one on %s", agents, node.Name)
+	}
+	if !VIPPool.Contains(vip) {
+		t.Errorf("claim VIP %s is not from the pool %s", vip, VIPPool)
+	}
+	if err := p.WaitVIP(ctx, vip, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	shop := traffic.Target{NS: p.NS, VIP: vip}
+	hc := shop.HTTPClient(false, 2*time.Second)
+	testenv.Eventually(t, time.Minute, func() string {
+		r, err := shop.Get(ctx, hc, "shop.example", "/cart")
+		if err != nil {
+			return err.Error()
+		}
+		if !strings.HasPrefix(r.Pod, "shopweb-") || p.EdgeOf(r) != node.Name || r.Client != ClientAddr.String() {
+			return fmt.Sprintf("shop.example answered %+v, want a shopweb pod through %s", r, node.Name)
+		}
+		return ""
+	})
+	t.Logf("claim bound, its agent ready on tainted %s and shop.example served through VIP %s: %.1f s", node.Name, vip, time.Since(start).Seconds())
+}
+
+// testNodeDies: the VIP owner dies as a machine does (kubelet, containerd and the
+// agent's processes killed, link cut). The VIP moves; held connections on the
+// surviving replicas keep working; new connections stop failing within the VRRP
+// takeover plus the liveness bound. Later the node controller marks the node
+// NotReady and the EndpointSlice controller drops its agent: nothing changes for
+// the clients.
+func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
+	owner, err := p.Owner(GroupVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := heldConns(t, p, 90)
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 5 * time.Millisecond, For: 3 * time.Minute})
+	time.Sleep(time.Second)
+	fault := time.Now()
+	if err := p.C.Kill(owner); err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	var takeover time.Duration
+	testenv.Eventually(t, 5*time.Second, func() string {
+		n, err := p.Owner(GroupVIP)
+		if err != nil {
+			return err.Error()
+		}
+		if n == owner {
+			return "the client still sends to " + owner.Name
+		}
+		takeover = time.Since(fault)
+		return ""
+	})
+	t.Logf("the client sends to the new owner %v after the fault", takeover.Round(time.Millisecond))
+	time.Sleep(2 * time.Second)
+	checkHeld(t, p, held, owner)
+
+	// Kubernetes catches up: the node NotReady, the agent's endpoint not ready.
+	var notReady time.Time
+	testenv.Eventually(t, time.Minute, func() string {
+		n, err := p.C.Kube.CoreV1().Nodes().Get(ctx, owner.Name, metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		if NodeReady(n) {
+			return owner.Name + " is still Ready"
+		}
+		list, err := p.C.Kube.DiscoveryV1().EndpointSlices(PorticoNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=edge"})
+		if err != nil {
+			return err.Error()
+		}
+		for _, es := range list.Items {
+			for _, ep := range es.Endpoints {
+				if ep.NodeName != nil && *ep.NodeName == owner.Name && (ep.Conditions.Ready == nil || *ep.Conditions.Ready) {
+					return "the dead node's agent is still a ready endpoint"
+				}
+			}
+		}
+		notReady = time.Now()
+		return ""
+	})
+	t.Logf("node NotReady and its agent's endpoint not ready %.1f s after the fault", notReady.Sub(fault).Seconds())
+	time.Sleep(5 * time.Second)
+	atts := stream.Stop()
+	all := failures(t, atts, fault)
+	if all.Total < 1000 {
+		t.Errorf("only %d new connections after the fault", all.Total)
+	}
+	if bound := takeover + livenessBound; all.Failed > 0 && all.Last > bound {
+		t.Errorf("a new connection failed %v after the fault, want <= %v (takeover %v + %v)", all.Last.Round(time.Millisecond), bound, takeover.Round(time.Millisecond), livenessBound)
+	}
+	if later := failures(t, atts, fault.Add(takeover+livenessBound)); later.Failed > 0 {
+		t.Errorf("%d new connections failed after the bound, some when Kubernetes caught up", later.Failed)
+	}
+	checkHeld(t, p, held, owner)
+}
