@@ -70,7 +70,7 @@ var otherValues = []string{
 	"nodeSelector=null", "tolerations=null", "priorityClassName=", "resources.limits.memory=512Mi",
 	"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
 	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s",
-	"liveness.port=0",
+	"liveness.port=0", "apiServer=https://10.0.0.1:6443",
 }
 
 func setArgs(sets []string) []string {
@@ -92,7 +92,8 @@ func TestChartLint(t *testing.T) {
 		})
 	}
 	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
-		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface="} {
+		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
+		"apiServer=https://k/api"} {
 		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("schema")) {
 			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
@@ -202,6 +203,9 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 		"--liveness-port=0", "--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5"}
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
+	}
+	if i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "PORTICO_APISERVER" }); i < 0 || c.Env[i].Value != "https://10.0.0.1:6443" {
+		t.Errorf("env %v, want PORTICO_APISERVER=https://10.0.0.1:6443", c.Env)
 	}
 	if pod.NodeSelector != nil || pod.Tolerations != nil || pod.PriorityClassName != "" ||
 		ds.Spec.UpdateStrategy.Type != appsv1.OnDeleteDaemonSetStrategyType || c.Resources.Limits.Memory().String() != "512Mi" {

@@ -157,14 +157,8 @@ func runAgent(args []string) error {
 	defer log.Sync()
 	log = log.With(zap.String("node", f.Node), zap.String("group", f.Group))
 	klog.SetLogger(zapr.NewLogger(log.Named("k8s")))
-	if f.Kube, err = kubeConfig(f.kubeconfig); err != nil {
+	if f.Kube, err = kubeConfig(f.kubeconfig, f.APIServer); err != nil {
 		return err
-	}
-	if f.APIServer != "" {
-		if f.kubeconfig != "" {
-			return errors.New("-apiserver goes with the in-cluster config, not with -kubeconfig")
-		}
-		f.Kube.Host = f.APIServer
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -172,13 +166,21 @@ func runAgent(args []string) error {
 	return agent.Run(ctx, f.Config, log)
 }
 
-func kubeConfig(path string) (*rest.Config, error) {
+// kubeConfig reads the kubeconfig at path, or without one the in-cluster config,
+// whose API server apiServer replaces when set (-apiserver).
+func kubeConfig(path, apiServer string) (*rest.Config, error) {
 	if path == "" {
 		c, err := rest.InClusterConfig()
 		if err != nil {
 			return nil, fmt.Errorf("in-cluster config (set -kubeconfig outside a cluster): %w", err)
 		}
+		if apiServer != "" {
+			c.Host = apiServer
+		}
 		return c, nil
+	}
+	if apiServer != "" {
+		return nil, errors.New("-apiserver goes with the in-cluster config, not with -kubeconfig")
 	}
 	c, err := clientcmd.BuildConfigFromFlags("", path)
 	if err != nil {

@@ -19,11 +19,12 @@ import (
 func runStatus(args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig path; empty: in-cluster config")
+	apiServer := fs.String("apiserver", os.Getenv("PORTICO_APISERVER"), "with the in-cluster config: the API server's URL instead of the kubernetes Service (the agent's -apiserver; env PORTICO_APISERVER, which the chart sets)")
 	ns := fs.String("namespace", "portico-system", "namespace of the agents' Leases")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := kubeConfig(*kubeconfig)
+	cfg, err := kubeConfig(*kubeconfig, *apiServer)
 	if err != nil {
 		return err
 	}
