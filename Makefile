@@ -15,7 +15,7 @@ IMAGE_REPO ?= ghcr.io/portico-edge/portico
 IMAGE ?= $(IMAGE_REPO):$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo clean kapi kube cluster bench-failover bench-nginx bench-lab demo-dataplane lab image image-name
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab demo-dataplane lab image image-name
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -75,7 +75,13 @@ bench: deps build ## data-plane benchmarks (per-packet cost, Maglev build, Apply
 	./bin/portico bench xdp
 	$(GO) test -count=1 -run '^$$' -bench . -benchmem ./dataplane/...
 
-demo: deps kapi build ## the whole system in namespaces: VIP, HTTP/HTTPS spread, failover, portico status (root)
+demo: deps kapi kube helm build ## Portico on a real cluster of kubelet nodes, installed with its image and chart: kubectl views, HTTP/HTTPS through the VIP, the VIP owner dying under load, portico status (root; warm ~2 min, cold ~25 min)
+	$(GO) run ./test/demo/cluster -portico bin/portico
+
+demo-cluster: deps kapi kube helm build ## the same cluster with Portico installed, kept up until Ctrl-C, with commands to try (root)
+	$(GO) run ./test/demo/cluster -hold -portico bin/portico
+
+demo-quick: deps kapi build ## the whole system in namespaces without kubelets (agents as processes): VIP, HTTP/HTTPS spread, failover, portico status (root; warm ~40 s, cold ~8 min)
 	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
 
 lab: deps kapi build ## bring the lab up (kube-apiserver, 3 edge agents, client, pods) and keep it until Ctrl-C (root)

@@ -13,9 +13,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/test/traffic"
@@ -308,4 +310,150 @@ func get(c *http.Client, url string) (string, error) {
 		return "", fmt.Errorf("GET %s: %s: %s", url, resp.Status, body)
 	}
 	return string(body), nil
+}
+
+// LivenessBound is what the agents' liveness defaults promise: a replica that can no
+// longer serve gets no new flows 300 ms after the fault.
+const LivenessBound = 300 * time.Millisecond
+
+// NodeDeath is what the clients saw when the VIP owner died (KillOwner).
+type NodeDeath struct {
+	Node *Node
+	// Takeover is how long after the fault the client sent to another node (its
+	// ARP entry for the VIP changed with the new owner's gratuitous ARP).
+	Takeover time.Duration
+	// CaughtUp is how long after the fault Kubernetes saw the death: the node
+	// NotReady and its agent's endpoint not ready (0 when not waited for).
+	CaughtUp time.Duration
+	// Held is how many long-lived connections went through surviving replicas;
+	// KeptAfterTakeover and KeptAtEnd how many of them answered a request two
+	// seconds after the takeover and at the end.
+	Held, KeptAfterTakeover, KeptAtEnd int
+	// New counts the new connections (one every 5 ms) from the fault on;
+	// AfterBound those from Takeover + LivenessBound after it on.
+	New, AfterBound traffic.Failures
+}
+
+func (d NodeDeath) String() string {
+	s := fmt.Sprintf("takeover %v; %d/%d long-lived connections on surviving replicas kept (after the takeover), %d/%d (at the end); %v",
+		d.Takeover.Round(time.Millisecond), d.KeptAfterTakeover, d.Held, d.KeptAtEnd, d.Held, d.New)
+	if d.CaughtUp > 0 {
+		s += fmt.Sprintf("; Kubernetes saw it %.1f s after the fault, and from %v after it %v",
+			d.CaughtUp.Seconds(), (d.Takeover + LivenessBound).Round(time.Millisecond), d.AfterBound)
+	}
+	return s
+}
+
+// KillOwner kills the VIP owner as a machine dies (Cluster.Kill: kubelet and
+// containerd killed, link cut; its pods' processes never get a signal) with clients
+// running: 90 long-lived connections through the VIP and a stream of new ones. It
+// waits for the client to send to a new owner and, with waitCaughtUp, for
+// Kubernetes to mark the node NotReady and its agent's endpoint not ready, then 5 s
+// more.
+func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, error) {
+	owner, err := p.Owner(GroupVIP)
+	if err != nil {
+		return NodeDeath{}, err
+	}
+	d := NodeDeath{Node: owner}
+	held, err := p.OpenKeepConns(ctx, "web.example", 90)
+	if err != nil {
+		return d, err
+	}
+	defer held.Close()
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 5 * time.Millisecond, For: 3 * time.Minute})
+	stopped := false
+	defer func() {
+		if !stopped {
+			stream.Stop()
+		}
+	}()
+	time.Sleep(time.Second)
+	fault := time.Now()
+	if err := p.C.Kill(owner); err != nil {
+		return d, err
+	}
+	if err := until(ctx, fault.Add(5*time.Second), func() error {
+		n, err := p.Owner(GroupVIP)
+		if err == nil && n == owner {
+			err = fmt.Errorf("the client still sends to %s", owner.Name)
+		}
+		return err
+	}); err != nil {
+		return d, err
+	}
+	d.Takeover = time.Since(fault)
+	time.Sleep(2 * time.Second)
+	d.Held, d.KeptAfterTakeover = p.checkHeld(held, owner)
+	if waitCaughtUp {
+		if err := until(ctx, fault.Add(time.Minute), func() error { return p.deadToKubernetes(ctx, owner) }); err != nil {
+			return d, err
+		}
+		d.CaughtUp = time.Since(fault)
+		time.Sleep(5 * time.Second)
+	}
+	atts := stream.Stop()
+	stopped = true
+	d.New = traffic.FailuresAround(atts, fault)
+	d.AfterBound = traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
+	_, d.KeptAtEnd = p.checkHeld(held, owner)
+	return d, nil
+}
+
+// checkHeld sends a request on every held connection whose edge is not one of
+// excluded, and returns how many there were and how many were answered.
+func (p *Portico) checkHeld(held traffic.KeepConns, excluded ...*Node) (total, kept int) {
+	for _, k := range held {
+		if slices.ContainsFunc(excluded, func(n *Node) bool { return n.IP.String() == k.Edge }) {
+			continue
+		}
+		total++
+		if _, err := k.Do("web.example", "/held", 3*time.Second); err == nil {
+			kept++
+		}
+	}
+	return total, kept
+}
+
+// deadToKubernetes returns nil once node n is NotReady and its agent is not a ready
+// endpoint of the group.
+func (p *Portico) deadToKubernetes(ctx context.Context, n *Node) error {
+	node, err := p.C.Kube.CoreV1().Nodes().Get(ctx, n.Name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	if NodeReady(node) {
+		return fmt.Errorf("%s is still Ready", n.Name)
+	}
+	list, err := p.C.Kube.DiscoveryV1().EndpointSlices(PorticoNamespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=edge"})
+	if err != nil {
+		return err
+	}
+	for _, es := range list.Items {
+		for _, ep := range es.Endpoints {
+			if ep.NodeName != nil && *ep.NodeName == n.Name && (ep.Conditions.Ready == nil || *ep.Conditions.Ready) {
+				return fmt.Errorf("the agent on %s is still a ready endpoint", n.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// until polls cond every 20 ms until it returns nil, ctx ends or deadline passes
+// (then it returns cond's last error).
+func until(ctx context.Context, deadline time.Time, cond func() error) error {
+	for {
+		err := cond()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
