@@ -121,4 +121,3 @@ func (c *Cluster) DeployExample(ctx context.Context, nodes []*Node) (map[string]
 	}
 	return certs, nil
 }
-
