@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -74,6 +75,13 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 	}
 	w.Flush()
 
+	// A stale report is what a node said before it stopped reporting (it died, or
+	// cannot reach the API server): it is shown above, and counted nowhere below,
+	// where it would claim ownership, disagree on digests and vouch for replicas.
+	fresh := slices.DeleteFunc(slices.Clone(states), func(st agent.State) bool { return stale[st.Node] })
+	if len(fresh) == 0 {
+		fresh = states
+	}
 	type vipKey struct{ group, vip string }
 	var keys []vipKey
 	seen := map[vipKey]bool{}
@@ -89,7 +97,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 	sort.Slice(keys, func(i, j int) bool { return keys[i].group+keys[i].vip < keys[j].group+keys[j].vip })
 	for _, k := range keys {
 		addr, _ := netip.ParseAddr(k.vip)
-		owners := agent.Owners(states, k.group, addr)
+		owners := agent.Owners(fresh, k.group, addr)
 		owner := strings.Join(owners, ",")
 		switch len(owners) {
 		case 0:
@@ -102,7 +110,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 
 		digests := map[string][]string{}
 		var view *agent.VIPState
-		for _, st := range states {
+		for _, st := range fresh {
 			for i, v := range st.VIPs {
 				if st.Group == k.group && v.VIP == k.vip {
 					digests[v.Digest] = append(digests[v.Digest], st.Node)
@@ -132,7 +140,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 			addrs = append(addrs, r.Addr)
 		}
 		kube := map[string]string{}
-		for _, st := range states {
+		for _, st := range fresh {
 			for _, r := range st.Replicas {
 				if st.Group != k.group {
 					continue
@@ -166,7 +174,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 			if ok {
 				share = fmt.Sprintf("%.2f%%", 100*r.Share)
 			}
-			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", a, node, state, livenessOf(states, k.group, a, now), h, share, r.Packets)
+			fmt.Fprintf(w, "  %s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", a, node, state, livenessOf(fresh, k.group, a, now), h, share, r.Packets)
 		}
 		w.Flush()
 	}

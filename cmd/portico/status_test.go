@@ -56,3 +56,38 @@ func TestPrintStatusLiveness(t *testing.T) {
 		t.Errorf("digests should agree:\n%s", got)
 	}
 }
+
+// A dead owner's last report (stale) claims master, an old digest and its own view:
+// none of it counts. The live owner's view, digest and counters are shown.
+func TestPrintStatusIgnoresStaleReports(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	old := agent.VIPState{VIP: "192.0.2.80", Digest: "old", Replicas: []agent.ReplicaState{
+		{Addr: "10.0.0.1", State: "ready", Share: 0.5, MACKnown: true, Local: true},
+		{Addr: "10.0.0.2", State: "ready", Share: 0.5, MACKnown: true},
+	}}
+	cur := agent.VIPState{VIP: "192.0.2.80", Digest: "new", Replicas: []agent.ReplicaState{
+		{Addr: "10.0.0.2", State: "ready", Share: 1, MACKnown: true, Local: true, Packets: 4242},
+	}}
+	states := []agent.State{
+		{Node: "edge-1", Addrs: []string{"10.0.0.1"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"},
+			VIPs: []agent.VIPState{old}, Updated: now.Add(-time.Minute)},
+		{Node: "edge-2", Addrs: []string{"10.0.0.2", "192.0.2.80"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"},
+			VIPs: []agent.VIPState{cur}, Updated: now},
+	}
+	var out bytes.Buffer
+	if err := printStatus(&out, states, map[string]bool{"edge-1": true}, now); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	t.Logf("\n%s", got)
+	for _, want := range []string{"owner edge-2\n", "new on edge-2 (all nodes agree)", "100.00%", "4242"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("status lacks %q", want)
+		}
+	}
+	for _, bad := range []string{"split brain", "DISAGREE", "old on"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("status says %q: the stale report counted", bad)
+		}
+	}
+}
