@@ -81,7 +81,7 @@ demo: deps kapi kube helm build ## Portico on a real cluster of kubelet nodes, i
 demo-cluster: deps kapi kube helm build ## the same cluster with Portico installed, kept up until Ctrl-C, with commands to try (root)
 	$(GO) run ./test/demo/cluster -hold -portico bin/portico
 
-demo-quick: deps kapi build ## the whole system in namespaces without kubelets (agents as processes): VIP, HTTP/HTTPS spread, failover, portico status (root; warm ~40 s, cold ~8 min)
+demo-quick: deps kapi build ## the whole system in namespaces without kubelets (agents as processes): VIP, HTTP/HTTPS spread, failover, portico status (root; warm ~30 s, cold ~5 min)
 	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
 
 lab: deps kapi build ## bring the lab up (kube-apiserver, 3 edge agents, client, pods) and keep it until Ctrl-C (root)
