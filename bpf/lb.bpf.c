@@ -38,6 +38,7 @@
 /* Keep the enums Go needs in BTF for bpf2go. */
 const enum lb_limits *unused_limits __attribute__((unused));
 const enum backend_flags *unused_backend_flags __attribute__((unused));
+const enum cache_pin *unused_cache_pin __attribute__((unused));
 
 static __always_inline int count(enum reason r, int verdict)
 {
@@ -79,10 +80,11 @@ static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
 	return bpf_map_lookup_elem(&vips, &vk);
 }
 
-/* pick_from_ring returns the backend id the VIP's ring holds for this hash, 0 if none. */
-static __always_inline __u32 pick_from_ring(__u32 vip_id, __u32 hash, const struct lb_config *cfg)
+/* pick_from_ring returns the backend id a ring map (rings or prev_rings) holds for
+ * this hash in the VIP's ring, 0 if none. */
+static __always_inline __u32 pick_from_ring(void *outer, __u32 vip_id, __u32 hash, const struct lb_config *cfg)
 {
-	void *ring = bpf_map_lookup_elem(&rings, &vip_id);
+	void *ring = bpf_map_lookup_elem(outer, &vip_id);
 	__u32 slot, *id;
 
 	if (!ring || cfg->ring_size == 0)
@@ -90,6 +92,34 @@ static __always_inline __u32 pick_from_ring(__u32 vip_id, __u32 hash, const stru
 	slot = hash % cfg->ring_size;
 	id = bpf_map_lookup_elem(ring, &slot);
 	return id ? *id : 0;
+}
+
+/* prev_live reports whether the VIP's previous ring still counts. */
+static __always_inline int prev_live(__u32 vip_id, __u64 now)
+{
+	struct ring_meta *m = bpf_map_lookup_elem(&rings_meta, &vip_id);
+
+	return m && now < m->prev_until_ns;
+}
+
+/* pins_live reports whether a pinned flow may exist: one was made or used within
+ * LB_PIN_IDLE_SEC. Until then flows is not looked at. */
+static __always_inline int pins_live(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+
+	return t && *t && now - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
+}
+
+/* pin_seen moves pin_clock to now, at most once a second (a shared cache line). */
+static __always_inline void pin_seen(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+
+	if (t && now - *t > NSEC_PER_SEC)
+		*t = now;
 }
 
 static __always_inline struct backend *active_backend(__u32 id)
@@ -106,9 +136,9 @@ static __always_inline int flow_key_eq(const struct flow_key *a, const struct fl
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
 }
 
-/* touch_flow keeps a cached flow alive in the authoritative table (the fast path
- * calls it every 64th packet): it refreshes last_seen (and the LRU's reference
- * bit), or puts the flow back if the LRU evicted it. */
+/* touch_flow keeps a cached pinned flow alive in flows (the fast path calls it
+ * every 64th packet): it refreshes last_seen (and the LRU's reference bit), or puts
+ * the flow back if the LRU evicted it. */
 static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, __u64 now)
 {
 	struct flow_val *fv = bpf_map_lookup_elem(&flows, flow);
@@ -120,6 +150,7 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 
 		bpf_map_update_elem(&flows, flow, &nv, BPF_ANY);
 	}
+	pin_seen(now);
 }
 
 SEC("xdp")
@@ -129,16 +160,17 @@ int xdp_lb(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct parsed p __attribute__((aligned(8))) = {};
-	__u32 zero = 0, bid = 0, vip_id, hash, slot;
+	__u32 zero = 0, bid = 0, pbid, vip_id, hash, slot;
+	__u32 pin = CACHE_UNPINNED, write = CACHE_UNPINNED;
 	struct flow_cache_entry *ce;
 	struct lb_config *cfg;
 	struct vip_val *vip;
 	struct backend *be = 0;
-	struct flow_val *fv;
+	struct flow_val *fv = 0;
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now, len = data_end - data;
-	int rc, peer_checked = 0;
+	int rc, peer_checked = 0, prev;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -174,8 +206,8 @@ int xdp_lb(struct xdp_md *ctx)
 				vs->bytes += len;
 				vs->flow_hits++;
 			}
-			/* Keep the authoritative table fresh every 64 packets. */
-			if ((++ce->hits & 63) == 0)
+			/* Keep a pinned flow's entry fresh every 64 packets. */
+			if ((++ce->hits & 63) == 0 && ce->pin == CACHE_PINNED)
 				touch_flow(&p.flow, bid, bpf_ktime_get_coarse_ns());
 			goto forward;
 		}
@@ -192,40 +224,80 @@ int xdp_lb(struct xdp_md *ctx)
 		vs->bytes += len;
 	}
 
-	be = 0;
-	fv = p.syn ? 0 : bpf_map_lookup_elem(&flows, &p.flow);
-	if (fv) {
-		bid = fv->backend_id;
-		be = active_backend(bid);
-		if (be) {
-			if (vs)
-				vs->flow_hits++;
-			if (now - fv->last_seen_ns > NSEC_PER_SEC)
-				fv->last_seen_ns = now;
-		} else {
-			count(REASON_FLOW_REPICK, 0);
+	/* The rings' answer: the current ring, and the previous one while it counts.
+	 * Every director holds the same two, so where they agree no state is needed,
+	 * and where they differ every director makes the same choice. */
+	hash = flow_hash(&p.flow, cfg->seed);
+	bid = pick_from_ring(&rings, vip_id, hash, cfg);
+	prev = prev_live(vip_id, now);
+	pbid = prev ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : bid;
+	if (p.syn) {
+		/* A new connection follows the current ring. Where the transition moved
+		 * its slot it is remembered, or its next packets would be taken for an
+		 * older flow's. An old pin of a reused 5-tuple is dropped. */
+		if (pins_live(now))
+			bpf_map_delete_elem(&flows, &p.flow);
+		if (pbid != bid) {
+			pin = CACHE_NEW;
+			write = CACHE_NEW;
+		}
+	} else {
+		/* A packet of a flow: remembered as new in the transition, pinned, older
+		 * than the change (the previous ring's replica, while it can take it),
+		 * or the current ring's. */
+		fv = prev ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
+		if (fv && active_backend(fv->backend_id)) {
+			pin = CACHE_NEW;
+			if (fv->backend_id != bid) {
+				/* A later change of the transition moved it: pin it for good. */
+				pin = CACHE_PINNED;
+				write = CACHE_PINNED;
+			}
+			bid = fv->backend_id;
+		} else if ((fv = pins_live(now) ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
+			if (active_backend(fv->backend_id)) {
+				bid = fv->backend_id;
+				pin = CACHE_PINNED;
+				if (vs)
+					vs->flow_hits++;
+				if (now - fv->last_seen_ns > NSEC_PER_SEC) {
+					fv->last_seen_ns = now;
+					pin_seen(now);
+				}
+			} else {
+				count(REASON_FLOW_REPICK, 0);
+				if (pbid != bid && active_backend(pbid))
+					bid = pbid; /* the pin is stale; the rings still know */
+			}
+		} else if (pbid != bid && active_backend(pbid)) {
+			bid = pbid;
+			pin = CACHE_PINNED;
+			write = CACHE_PINNED;
 		}
 	}
-	if (!be) {
-		hash = flow_hash(&p.flow, cfg->seed);
-		bid = pick_from_ring(vip_id, hash, cfg);
-		be = bid ? active_backend(bid) : 0;
-		if (!be)
-			return count(REASON_NO_BACKEND, XDP_PASS);
-		/* A director chose this node while this node's ring says otherwise
-		 * (the rings are changing): serve it here, and pin nothing. */
-		if (!(be->flags & BACKEND_F_LOCAL)) {
-			if (from_peer(eth))
-				return count(REASON_FROM_PEER, XDP_PASS);
-			peer_checked = 1;
-		}
-		/* An ICMP error never creates state: it only follows a flow. */
-		if (!p.icmp_error) {
-			struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
+	be = bid ? active_backend(bid) : 0;
+	if (!be)
+		return count(REASON_NO_BACKEND, XDP_PASS);
+	/* A director chose this node while this node's rings say otherwise (they
+	 * are changing): serve it here, and keep nothing. */
+	if (!(be->flags & BACKEND_F_LOCAL)) {
+		if (from_peer(eth))
+			return count(REASON_FROM_PEER, XDP_PASS);
+		peer_checked = 1;
+	}
+	if (p.syn && vs)
+		vs->new_flows++;
+	/* An ICMP error never creates state: it only follows a flow. */
+	if (write != CACHE_UNPINNED && !p.icmp_error) {
+		struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
 
+		if (write == CACHE_NEW) {
+			bpf_map_update_elem(&new_pins, &p.flow, &nv, BPF_ANY);
+			count(REASON_NEW_PINNED, 0);
+		} else {
 			bpf_map_update_elem(&flows, &p.flow, &nv, BPF_ANY);
-			if (vs)
-				vs->new_flows++;
+			pin_seen(now);
+			count(REASON_PINNED, 0);
 		}
 	}
 	if (ce && !p.icmp_error) {
@@ -234,6 +306,7 @@ int xdp_lb(struct xdp_md *ctx)
 		ce->vip_id = vip_id;
 		ce->generation = cfg->generation;
 		ce->hits = 0;
+		ce->pin = pin;
 	}
 
 forward:

@@ -15,10 +15,12 @@ enum lb_limits {
 	LB_MAX_VIPS = 256,       /* VIP addresses: entries of rings and vip_stats */
 	LB_MAX_VIP_KEYS = 1024,  /* (address, port, protocol) entries in vips */
 	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
-	LB_DEFAULT_FLOWS = 262144,
+	LB_DEFAULT_FLOWS = 262144,  /* pinned flows (flows) */
+	LB_NEW_PINS = 65536,        /* new connections remembered in a ring transition */
 	LB_DEFAULT_RING = 65537,  /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
+	LB_PIN_IDLE_SEC = 3600,   /* a pinned flow silent this long is forgotten */
 	LB_MAX_REASONS = 32,      /* reason_stats slots: room for new reasons, so pinned
 				   * maps stay compatible across upgrades */
 };
@@ -78,6 +80,18 @@ struct flow_val {
 			     * path every 64 packets */
 };
 
+/* rings_meta: per VIP id, the previous ring's lease. prev_rings[id] is consulted
+ * while bpf_ktime_get_coarse_ns() < prev_until_ns (Go writes it with the ring). */
+struct ring_meta {
+	__u64 prev_until_ns;
+};
+
+enum cache_pin {
+	CACHE_UNPINNED = 0, /* the rings' answer: nothing to keep alive */
+	CACHE_PINNED = 1,   /* from flows: the fast path keeps the entry alive */
+	CACHE_NEW = 2,      /* from new_pins: lives for the transition only */
+};
+
 /* flow_cache: a per-CPU, direct-mapped copy of hot flows, indexed by the flow
  * hash, so an established flow costs no hash-map lookup. Valid only while
  * generation equals lb_config.generation; flows stays the authoritative table. */
@@ -86,7 +100,9 @@ struct flow_cache_entry {
 	__u32 backend_id;
 	__u32 vip_id;
 	__u32 generation;
-	__u32 hits; /* fast-path packets; every 64th refreshes flows */
+	__u32 hits; /* fast-path packets; every 64th refreshes a pinned flow */
+	__u32 pin;  /* enum cache_pin */
+	__u32 pad;
 };
 
 /* lb_cfg[0]: node-wide settings written by the loader. */
@@ -127,6 +143,10 @@ enum reason {
 	REASON_OTHER_HOST,       /* VIP frame addressed to another MAC (flooded): pass */
 	REASON_FROM_PEER,        /* a director steered it here, and this node's choice
 				  * differs (rings in transition): pass, never steer twice */
+	REASON_PINNED,           /* a flow older than a ring change, whose replica the
+				  * change moved: pinned to it (flows) */
+	REASON_NEW_PINNED,       /* a new connection in a slot a ring change moved,
+				  * remembered for the transition (new_pins) */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 
