@@ -274,9 +274,13 @@ func (d *Dataplane) SetMAC(mac net.HardwareAddr) error {
 	return d.writeConfig()
 }
 
-// ClearFlows empties the tables of pinned flows (flows and new_pins), so every
-// flow is decided by the rings again (benchmarks use it).
+// ClearFlows empties the tables of pinned flows (flows and new_pins) and retires
+// every CPU's flow cache, so every flow is decided afresh (benchmarks use it).
 func (d *Dataplane) ClearFlows() error {
+	d.cfg.Generation++
+	if err := d.writeConfig(); err != nil {
+		return err
+	}
 	for _, m := range []*ebpf.Map{d.objs.Flows, d.objs.NewPins} {
 		var k lbFlowKey
 		var keys []lbFlowKey
