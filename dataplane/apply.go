@@ -60,9 +60,9 @@ type applied struct {
 	rings      map[uint32][]uint32 // vip id -> slot -> backend id
 	// prevUntil: vip id -> until when its previous ring counts (monotonic ns).
 	prevUntil map[uint32]time.Duration
-	digests    map[uint32]string
-	peers      map[lbPeerKey]bool
-	nextID     uint32 // where the round-robin backend id search starts
+	digests   map[uint32]string
+	peers     map[lbPeerKey]bool
+	nextID    uint32 // where the round-robin backend id search starts
 }
 
 // ApplyStats says what one Apply changed.

@@ -42,7 +42,7 @@ type Options struct {
 	// Transition is how long the previous ring of a VIP counts after its last
 	// change (see the package doc). 0 means DefaultTransition.
 	Transition time.Duration
-	Logger      *zap.Logger
+	Logger     *zap.Logger
 }
 
 // Dataplane is a loaded xdp_lb: its program and pinned maps, and the state Apply

@@ -206,7 +206,7 @@ func TestTransitionTwoChanges(t *testing.T) {
 	a := []Backend{r1, r2}
 	b := []Backend{r1, r2, r4}
 	c := []Backend{r1, draining(r2), r4}
-	serving := []Backend{r1, r4} // c's ring
+	serving := []Backend{r1, r4}                                // c's ring
 	f0 := flowWhere(t, 40000, [][]Backend{a, b}, r2, r4)        // older than both
 	f1 := flowWhere(t, 40000, [][]Backend{a, b}, r1, r2)        // opened between them
 	gone := flowWhere(t, f1.SPort+1, [][]Backend{a, b}, r1, r1) // its replica is removed later

@@ -58,7 +58,7 @@ type world struct {
 	// movedIdx: candidate flows to vipC (movedClient(i), port 1024+i%60000) that
 	// the change moved to another replica.
 	movedIdx []int
-	cleanup func()
+	cleanup  func()
 }
 
 // movedFlows is how many flows across the change the world prepares: enough for
@@ -148,7 +148,9 @@ func (w *world) findMoved(bs []dataplane.Backend) error {
 }
 
 // movedClient is the client address of candidate flow i across the change.
-func movedClient(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 19, byte(i >> 16), byte(i >> 8)}) }
+func movedClient(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{198, 19, byte(i >> 16), byte(i >> 8)})
+}
 
 func (w *world) tcp(src, dst netip.Addr, sport uint16, flags uint8) []byte {
 	return xdptest.Packet{SrcMAC: net.HardwareAddr{2, 0, 0, 0, 0, 1}, DstMAC: w.nic, Src: src, Dst: dst,
