@@ -56,13 +56,24 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 }
 
 /* from_peer reports whether a frame comes from another edge: a director that
- * already chose this node. */
-static __always_inline int from_peer(const struct ethhdr *eth)
+ * already chose this node. The answer for a MAC is memoized per CPU. */
+static __always_inline int from_peer(const struct ethhdr *eth, const struct lb_config *cfg)
 {
+	__u32 slot = (eth->h_source[5] ^ eth->h_source[3]) & (LB_MAC_MEMO - 1);
+	struct mac_verdict *mv = bpf_map_lookup_elem(&src_macs, &slot);
 	struct peer_key pk = {};
+	int peer;
 
+	if (mv && mv->generation == cfg->generation && mac_eq(mv->mac, eth->h_source))
+		return mv->peer;
 	__builtin_memcpy(pk.mac, eth->h_source, ETH_ALEN);
-	return bpf_map_lookup_elem(&peers, &pk) != 0;
+	peer = bpf_map_lookup_elem(&peers, &pk) != 0;
+	if (mv) {
+		__builtin_memcpy(mv->mac, eth->h_source, ETH_ALEN);
+		mv->peer = peer;
+		mv->generation = cfg->generation;
+	}
+	return peer;
 }
 
 static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
@@ -281,7 +292,7 @@ int xdp_lb(struct xdp_md *ctx)
 	/* A director chose this node while this node's rings say otherwise (they
 	 * are changing): serve it here, and keep nothing. */
 	if (!(be->flags & BACKEND_F_LOCAL)) {
-		if (from_peer(eth))
+		if (from_peer(eth, cfg))
 			return count(REASON_FROM_PEER, XDP_PASS);
 		peer_checked = 1;
 	}
@@ -312,7 +323,7 @@ int xdp_lb(struct xdp_md *ctx)
 forward:
 	/* Never steer twice: a frame another edge sent here is served here, or two
 	 * nodes whose rings briefly disagree would bounce it between them. */
-	if (!(be->flags & BACKEND_F_LOCAL) && !peer_checked && from_peer(eth))
+	if (!(be->flags & BACKEND_F_LOCAL) && !peer_checked && from_peer(eth, cfg))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	if (p.ip_options)
 		count(REASON_IP_OPTIONS, 0);

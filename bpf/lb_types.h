@@ -20,6 +20,7 @@ enum lb_limits {
 	LB_DEFAULT_RING = 65537,  /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
+	LB_MAC_MEMO = 16,         /* per-CPU src_macs slots (a power of two) */
 	LB_PIN_IDLE_SEC = 3600,   /* a pinned flow silent this long is forgotten */
 	LB_MAX_REASONS = 32,      /* reason_stats slots: room for new reasons, so pinned
 				   * maps stay compatible across upgrades */
@@ -60,6 +61,16 @@ struct backend {
 struct peer_key {
 	__u8 mac[6];
 	__u16 pad;
+};
+
+/* src_macs: a per-CPU, direct-mapped memo of whether a source MAC is a peer's,
+ * valid for one generation (Go bumps it when peers change). Client traffic comes
+ * from a router's MAC or two: this spares a hash lookup per packet. */
+struct mac_verdict {
+	__u8 mac[6];
+	__u8 peer;
+	__u8 pad;
+	__u32 generation;
 };
 
 /* flows: the 5-tuple as the client sent it. */

@@ -175,7 +175,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.vipKeys[k] = v
 		stats.VIPKeys++
 	}
-	// Peers are read per packet, never cached: no generation change needed.
+	// Peers are memoized per CPU for one generation (src_macs): a change bumps it.
 	for k := range plan.peers {
 		if d.st.peers[k] {
 			continue
@@ -235,9 +235,9 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		stats.Backends++
 	}
 	d.st.vipIDs = plan.vipIDs
-	if stats.VIPKeys+stats.Backends+stats.Rings > 0 || seedChanged {
-		// Every CPU's flow cache was filled from the old maps: retire it, now that
-		// the maps say what want says.
+	if stats.VIPKeys+stats.Backends+stats.Rings+stats.Peers > 0 || seedChanged {
+		// Every CPU's flow cache (and memo of peer MACs) was filled from the old
+		// maps: retire it, now that the maps say what want says.
 		d.cfg.Generation++
 		if err := d.writeConfig(); err != nil {
 			return stats, err

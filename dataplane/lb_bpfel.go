@@ -92,9 +92,18 @@ const (
 	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 65537
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
 	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
+	lbLbLimitsLB_MAC_MEMO      lbLbLimits = 16
 	lbLbLimitsLB_PIN_IDLE_SEC  lbLbLimits = 3600
 	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
 )
+
+type lbMacVerdict struct {
+	_          structs.HostLayout
+	Mac        [6]uint8
+	Peer       uint8
+	Pad        uint8
+	Generation uint32
+}
 
 type lbPeerKey struct {
 	_   structs.HostLayout
@@ -167,6 +176,7 @@ const (
 	lbMapReasonStats        = "reason_stats"
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
+	lbMapSrcMacs            = "src_macs"
 	lbMapVipStats           = "vip_stats"
 	lbMapVips               = "vips"
 	lbProgXdpLb             = "xdp_lb"
@@ -236,6 +246,7 @@ type lbMapSpecs struct {
 	ReasonStats  *ebpf.MapSpec `ebpf:"reason_stats"`
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
+	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
@@ -281,6 +292,7 @@ type lbMaps struct {
 	ReasonStats  *ebpf.Map `ebpf:"reason_stats"`
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
+	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
 }
@@ -299,6 +311,7 @@ func (m *lbMaps) Close() error {
 		m.ReasonStats,
 		m.Rings,
 		m.RingsMeta,
+		m.SrcMacs,
 		m.VipStats,
 		m.Vips,
 	)
