@@ -76,19 +76,44 @@ static __always_inline int from_peer(const struct ethhdr *eth, const struct lb_c
 	return peer;
 }
 
-static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
+/* lookup_vip finds the VIP of a flow's destination (address, port or any port,
+ * protocol): 1 and its id, or 0. The answer is memoized per CPU. */
+static __always_inline int lookup_vip(const struct flow_key *flow, const struct lb_config *cfg, __u32 *vip_id)
 {
 	struct vip_key vk = {};
+	struct vip_memo *m;
 	struct vip_val *v;
+	const __u32 *a, *b;
+	__u32 slot;
 
 	__builtin_memcpy(vk.addr, flow->dst, sizeof(vk.addr));
 	vk.port = flow->dport;
 	vk.proto = flow->proto;
+	a = (const __u32 *)&vk;
+	slot = ((a[3] ^ a[4]) * 0x9e3779b1) >> (32 - 6);
+	m = bpf_map_lookup_elem(&vip_memos, &slot);
+	if (m && m->generation == cfg->generation) {
+		b = (const __u32 *)&m->key;
+		if (a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4]) {
+			*vip_id = m->vip_id;
+			return m->found;
+		}
+	}
 	v = bpf_map_lookup_elem(&vips, &vk);
+	if (!v) {
+		vk.port = 0;
+		v = bpf_map_lookup_elem(&vips, &vk);
+		vk.port = flow->dport;
+	}
+	if (m) {
+		__builtin_memcpy(&m->key, &vk, sizeof(vk));
+		m->generation = cfg->generation;
+		m->found = v != 0;
+		m->vip_id = v ? v->vip_id : 0;
+	}
 	if (v)
-		return v;
-	vk.port = 0;
-	return bpf_map_lookup_elem(&vips, &vk);
+		*vip_id = v->vip_id;
+	return v != 0;
 }
 
 /* pick_from_ring returns the backend id a ring map (rings or prev_rings) holds for
@@ -175,7 +200,6 @@ int xdp_lb(struct xdp_md *ctx)
 	__u32 pin = CACHE_UNPINNED, write = CACHE_UNPINNED;
 	struct flow_cache_entry *ce;
 	struct lb_config *cfg;
-	struct vip_val *vip;
 	struct backend *be = 0;
 	struct flow_val *fv = 0;
 	struct vip_counters *vs;
@@ -224,11 +248,9 @@ int xdp_lb(struct xdp_md *ctx)
 		}
 	}
 
-	vip = lookup_vip(&p.flow);
-	if (!vip)
+	if (!lookup_vip(&p.flow, cfg, &vip_id))
 		return count(p.icmp_error ? REASON_ICMP_OTHER : REASON_NOT_VIP, XDP_PASS);
 	now = bpf_ktime_get_coarse_ns();
-	vip_id = vip->vip_id;
 	vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
 	if (vs) {
 		vs->packets++;
@@ -311,7 +333,12 @@ int xdp_lb(struct xdp_md *ctx)
 			count(REASON_PINNED, 0);
 		}
 	}
-	if (ce && !p.icmp_error) {
+	/* A SYN is not cached: its next packet fills the cache, so a SYN flood
+	 * evicts no established flow from it (and costs less). An entry of an old
+	 * connection on the same 5-tuple must not answer for the new one. */
+	if (ce && p.syn && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
+		ce->generation = 0;
+	if (ce && !p.icmp_error && !p.syn) {
 		__builtin_memcpy(&ce->key, &p.flow, sizeof(ce->key));
 		ce->backend_id = bid;
 		ce->vip_id = vip_id;

@@ -134,6 +134,14 @@ struct {
 	__type(value, __u32);
 } peers SEC(".maps");
 
+/* Per-CPU memo of vips lookups (struct vip_memo), not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_VIP_MEMO);
+	__type(key, __u32);
+	__type(value, struct vip_memo);
+} vip_memos SEC(".maps");
+
 /* Per-CPU memo of source MACs (struct mac_verdict), not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -21,6 +21,7 @@ enum lb_limits {
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
 	LB_MAC_MEMO = 16,         /* per-CPU src_macs slots (a power of two) */
+	LB_VIP_MEMO = 64,         /* per-CPU vip_memos slots (a power of two) */
 	LB_PIN_IDLE_SEC = 3600,   /* a pinned flow silent this long is forgotten */
 	LB_MAX_REASONS = 32,      /* reason_stats slots: room for new reasons, so pinned
 				   * maps stay compatible across upgrades */
@@ -61,6 +62,17 @@ struct backend {
 struct peer_key {
 	__u8 mac[6];
 	__u16 pad;
+};
+
+/* vip_memos: a per-CPU, direct-mapped memo of vips lookups (found or not, with
+ * the port-0 fallback), valid for one generation. Traffic goes to a few VIPs:
+ * this spares one or two hash lookups per packet that misses the flow cache. */
+struct vip_memo {
+	struct vip_key key;
+	__u32 vip_id;
+	__u32 generation;
+	__u32 found;
+	__u32 pad;
 };
 
 /* src_macs: a per-CPU, direct-mapped memo of whether a source MAC is a peer's,

@@ -93,6 +93,7 @@ const (
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
 	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
 	lbLbLimitsLB_MAC_MEMO      lbLbLimits = 16
+	lbLbLimitsLB_VIP_MEMO      lbLbLimits = 64
 	lbLbLimitsLB_PIN_IDLE_SEC  lbLbLimits = 3600
 	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
 )
@@ -154,6 +155,15 @@ type lbVipKey struct {
 	Pad   uint8
 }
 
+type lbVipMemo struct {
+	_          structs.HostLayout
+	Key        lbVipKey
+	VipId      uint32
+	Generation uint32
+	Found      uint32
+	Pad        uint32
+}
+
 type lbVipVal struct {
 	_     structs.HostLayout
 	VipId uint32
@@ -177,6 +187,7 @@ const (
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
 	lbMapSrcMacs            = "src_macs"
+	lbMapVipMemos           = "vip_memos"
 	lbMapVipStats           = "vip_stats"
 	lbMapVips               = "vips"
 	lbProgXdpLb             = "xdp_lb"
@@ -247,6 +258,7 @@ type lbMapSpecs struct {
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
+	VipMemos     *ebpf.MapSpec `ebpf:"vip_memos"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
@@ -293,6 +305,7 @@ type lbMaps struct {
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
+	VipMemos     *ebpf.Map `ebpf:"vip_memos"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
 }
@@ -312,6 +325,7 @@ func (m *lbMaps) Close() error {
 		m.Rings,
 		m.RingsMeta,
 		m.SrcMacs,
+		m.VipMemos,
 		m.VipStats,
 		m.Vips,
 	)
