@@ -28,7 +28,7 @@ spec:
   template:
     metadata: {labels: {app: %[1]s}}
     spec:
-      terminationGracePeriodSeconds: 10
+      terminationGracePeriodSeconds: 30
       tolerations: [{key: portico.io/edge, operator: Exists, effect: NoSchedule}]
       affinity:
         nodeAffinity:
@@ -47,8 +47,8 @@ spec:
         ports: [{containerPort: 8080}]
         readinessProbe: {httpGet: {path: /healthz, port: 8080}, periodSeconds: 1}
         # Kubernetes' usual graceful stop: keep serving until every proxy has seen the
-        # endpoint go.
-        lifecycle: {preStop: {sleep: {seconds: 3}}}
+        # endpoint go (ingress-nginx's docs suggest 5-15 s; a loaded machine needs it).
+        lifecycle: {preStop: {sleep: {seconds: 10}}}
 ---
 apiVersion: v1
 kind: Service

@@ -329,17 +329,22 @@ type NodeDeath struct {
 	// KeptAfterTakeover and KeptAtEnd how many of them answered a request two
 	// seconds after the takeover and at the end.
 	Held, KeptAfterTakeover, KeptAtEnd int
-	// New counts the new connections (one every 5 ms) from the fault on;
-	// AfterBound those from Takeover + LivenessBound after it on.
+	// New counts the new connections (one every 5 ms, 500 ms to answer) from the
+	// fault on; AfterBound those from Takeover + LivenessBound after it on, less
+	// the ones that connected and were answered late (Unanswered: slowness under
+	// load, not a lost flow: a flow sent to a replica without it is reset, and
+	// one sent to the dead node never connects).
 	New, AfterBound traffic.Failures
+	// Unanswered is how many after the bound connected but got no answer in time.
+	Unanswered int
 }
 
 func (d NodeDeath) String() string {
 	s := fmt.Sprintf("takeover %v; %d/%d long-lived connections on surviving replicas kept (after the takeover), %d/%d (at the end); %v",
 		d.Takeover.Round(time.Millisecond), d.KeptAfterTakeover, d.Held, d.KeptAtEnd, d.Held, d.New)
 	if d.CaughtUp > 0 {
-		s += fmt.Sprintf("; Kubernetes saw it %.1f s after the fault, and from %v after it %v",
-			d.CaughtUp.Seconds(), (d.Takeover + LivenessBound).Round(time.Millisecond), d.AfterBound)
+		s += fmt.Sprintf("; Kubernetes saw it %.1f s after the fault, and from %v after it %v (and %d answered late)",
+			d.CaughtUp.Seconds(), (d.Takeover + LivenessBound).Round(time.Millisecond), d.AfterBound, d.Unanswered)
 	}
 	return s
 }
@@ -395,7 +400,9 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	atts := stream.Stop()
 	stopped = true
 	d.New = traffic.FailuresAround(atts, fault)
-	d.AfterBound = traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
+	after := traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
+	d.AfterBound = traffic.FailuresAround(traffic.Hard(atts), fault.Add(d.Takeover+LivenessBound))
+	d.Unanswered = after.Unanswered
 	_, d.KeptAtEnd = p.checkHeld(held, owner)
 	return d, nil
 }
@@ -456,4 +463,28 @@ func until(ctx context.Context, deadline time.Time, cond func() error) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// AgentLogs returns the lines of every running agent's log (DaemonSet name) that
+// match one of the words, for a failing test to show what the agents saw.
+func (p *Portico) AgentLogs(ctx context.Context, name string, words ...string) string {
+	agents, err := p.Agents(ctx, name)
+	if err != nil {
+		return err.Error()
+	}
+	var b strings.Builder
+	for node, pod := range agents {
+		out, err := p.C.Kubectl(ctx, nil, "-n", PorticoNamespace, "logs", pod, "--tail=400")
+		if err != nil {
+			fmt.Fprintf(&b, "--- %s (%s): %v\n", pod, node, err)
+			continue
+		}
+		fmt.Fprintf(&b, "--- %s (%s)\n", pod, node)
+		for _, l := range strings.Split(out, "\n") {
+			if slices.ContainsFunc(words, func(w string) bool { return strings.Contains(l, w) }) {
+				b.WriteString(l + "\n")
+			}
+		}
+	}
+	return b.String()
 }

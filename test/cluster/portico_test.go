@@ -168,6 +168,13 @@ func testRouting(t *testing.T, ctx context.Context, p *Portico, certs map[string
 	}
 }
 
+// slowAnswer is how long a request of the drain and rolling-update streams may
+// take before it counts as failed: what a client with a short timeout tolerates,
+// above a loaded machine's latency. A misrouted packet fails anyway (a reset, or
+// a connection that is never made); the failover tests, which measure outages,
+// use 500 ms.
+const slowAnswer = 2 * time.Second
+
 // heldConns opens n long-lived connections through the VIP to web.example.
 func heldConns(t *testing.T, p *Portico, n int) traffic.KeepConns {
 	t.Helper()
@@ -199,7 +206,7 @@ func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
 			onNode++
 		}
 	}
-	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond})
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, Timeout: slowAnswer})
 	time.Sleep(time.Second)
 	start := time.Now()
 	if _, err := p.C.Kubectl(ctx, nil, "drain", node.Name, "--ignore-daemonsets", "--timeout=90s"); err != nil {
@@ -314,7 +321,7 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
 		t.Fatal(err)
 	}
 	load := startKeepAliveLoad(ctx, p, 4)
-	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, For: 4 * time.Minute})
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, Timeout: slowAnswer, For: 4 * time.Minute})
 	time.Sleep(time.Second)
 	start := time.Now()
 	if err := p.Upgrade(ctx, 3*time.Minute, "image.tag=e2e-2"); err != nil {
@@ -462,12 +469,15 @@ func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
 	if d.New.Total < 1000 {
 		t.Errorf("only %d new connections after the fault", d.New.Total)
 	}
-	if bound := d.Takeover + LivenessBound; d.New.Failed > 0 && d.New.Last > bound {
-		t.Errorf("a new connection failed %v after the fault, want <= %v (takeover %v + %v)",
-			d.New.Last.Round(time.Millisecond), bound, d.Takeover.Round(time.Millisecond), LivenessBound)
-	}
 	if d.AfterBound.Failed > 0 {
-		t.Errorf("%d new connections failed after the bound, some when Kubernetes caught up", d.AfterBound.Failed)
+		t.Errorf("%d new connections failed (could not connect, or were reset) after the bound (takeover %v + %v), some when Kubernetes caught up",
+			d.AfterBound.Failed, d.Takeover.Round(time.Millisecond), LivenessBound)
+	}
+	if d.Unanswered > d.AfterBound.Total/20 {
+		t.Errorf("%d of %d new connections after the bound connected but were not answered in 500 ms, want < 5%%", d.Unanswered, d.AfterBound.Total)
+	}
+	if t.Failed() {
+		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy"))
 	}
 	if d.Held < 30 || d.KeptAfterTakeover != d.Held || d.KeptAtEnd != d.Held {
 		t.Errorf("of %d long-lived connections on surviving replicas, %d worked after the takeover and %d at the end; want all (and >= 30)",

@@ -2,6 +2,7 @@ package traffic
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sort"
@@ -14,6 +15,11 @@ type Attempt struct {
 	Start time.Time
 	Edge  string // the replica that answered
 	Err   error  // nil when it was answered in time
+	// Connected: the TCP handshake completed. A failure after it that is a
+	// timeout is a request that got no answer in time (slow, or its packets went
+	// astray); a reset after it means its packets reached a replica that did not
+	// have the connection.
+	Connected bool
 }
 
 // Stream is a bounded stream of new connections through the VIP: every Every a
@@ -96,6 +102,7 @@ func (l Target) attempt(ctx context.Context, host string, timeout time.Duration)
 	defer c.Close()
 	k := NewKeepConn(c)
 	r, err := k.Do(host, "/stream", time.Until(a.Start.Add(timeout)))
+	a.Connected = true
 	a.Edge, a.Err = r.Edge, err
 	return a
 }
@@ -121,9 +128,12 @@ func (s *Stream) Stop() []Attempt {
 // and when the first and the last failed one started, relative to the fault.
 type Failures struct {
 	Total, Failed int
-	First, Last   time.Duration
-	FirstErr      error
-	PerEdge       map[string]int // answered attempts after the fault, by replica
+	// Unanswered counts the failures that had connected and then timed out
+	// (see Attempt.Connected): slow answers, or packets lost after the handshake.
+	Unanswered  int
+	First, Last time.Duration
+	FirstErr    error
+	PerEdge     map[string]int // answered attempts after the fault, by replica
 }
 
 // FailuresAround counts the attempts started at or after fault.
@@ -143,6 +153,9 @@ func FailuresAround(atts []Attempt, fault time.Time) Failures {
 			f.First, f.FirstErr = at, a.Err
 		}
 		f.Failed++
+		if a.unanswered() {
+			f.Unanswered++
+		}
 		f.Last = at
 	}
 	return f
@@ -152,6 +165,25 @@ func (f Failures) String() string {
 	if f.Failed == 0 {
 		return fmt.Sprintf("0 of %d new connections failed", f.Total)
 	}
-	return fmt.Sprintf("%d of %d new connections failed, started %v to %v after the fault (first: %v)",
-		f.Failed, f.Total, f.First.Round(time.Millisecond), f.Last.Round(time.Millisecond), f.FirstErr)
+	return fmt.Sprintf("%d of %d new connections failed (%d connected but unanswered in time), started %v to %v after the fault (first: %v)",
+		f.Failed, f.Total, f.Unanswered, f.First.Round(time.Millisecond), f.Last.Round(time.Millisecond), f.FirstErr)
+}
+
+// Hard returns the attempts without those that connected and then timed out:
+// what is left failed because the connection could not be made or was reset.
+func Hard(atts []Attempt) []Attempt {
+	var out []Attempt
+	for _, a := range atts {
+		if a.unanswered() {
+			continue
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// unanswered reports whether the attempt connected and then timed out.
+func (a Attempt) unanswered() bool {
+	var ne net.Error
+	return a.Err != nil && a.Connected && errors.As(a.Err, &ne) && ne.Timeout()
 }
