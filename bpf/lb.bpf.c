@@ -280,13 +280,14 @@ int xdp_lb(struct xdp_md *ctx)
 		 * or the current ring's. */
 		fv = prev ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
 		if (fv && active_backend(fv->backend_id)) {
-			pin = CACHE_NEW;
-			if (fv->backend_id != bid) {
-				/* A later change of the transition moved it: pin it for good. */
-				pin = CACHE_PINNED;
-				write = CACHE_PINNED;
-			}
+			/* Its first packet after the SYN (the handshake's ACK): a real
+			 * connection, pinned for good. A spoofed SYN never gets here, so a
+			 * flood that churns new_pins evicts only connections still in their
+			 * handshake. */
 			bid = fv->backend_id;
+			pin = CACHE_PINNED;
+			write = CACHE_PINNED;
+			bpf_map_delete_elem(&new_pins, &p.flow);
 		} else if ((fv = pins_live(now) ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
 			if (active_backend(fv->backend_id)) {
 				bid = fv->backend_id;

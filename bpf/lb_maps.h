@@ -73,9 +73,10 @@ struct {
 } flows SEC(".maps");
 
 /* New connections (SYNs) that arrived in a ring transition, in a slot the change
- * moved: their later packets must not be taken for older flows. A table of its
- * own, so a SYN flood in a transition can evict only its like, never a pinned
- * flow. */
+ * moved: their later packets must not be taken for older flows. The first of them
+ * moves the connection to flows. A table of its own, so a SYN flood in a
+ * transition can evict only its like (connections in their handshake), never a
+ * pinned flow. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, LB_NEW_PINS);

@@ -249,7 +249,7 @@ func fixtures() []fixture {
 				{name: "flow to r1", in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rTX, 1)},
 				{name: "r1 draining: old flow stays", apply: ptr(desired(draining(r1), r2)), in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rPinned, 1, rTX, 1)},
 				{name: "r1 draining: new connection goes to r2", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
-				{name: "r1 draining: and stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rTX, 1)},
+				{name: "r1 draining: its handshake's ACK pins it there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}
 		}},
 		{"removed backend: flow picked again", desired(r1, r2), func(t testing.TB) []step {
@@ -283,7 +283,7 @@ func fixtures() []fixture {
 				{name: "old flow pinned to r1", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
 				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rPinned, 1, rTX, 1)},
 				{name: "a SYN on the same 5-tuple follows the ring", in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
-				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rTX, 1)},
+				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}
 		}},
 		{"a frame another edge steered here is never steered again", desired(r1, r2, r3), func(t testing.TB) []step {

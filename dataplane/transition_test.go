@@ -123,8 +123,9 @@ func TestNoStateWithoutChange(t *testing.T) {
 // TestTransition: around one change, on a director that saw the flows and on one
 // that never did. A flow older than the change stays on its replica (pinned on its
 // first packet after the change); a connection opened after it follows the new
-// ring and stays there; a flow the change did not move needs no entry; an ICMP
-// error follows the older flow and creates nothing.
+// ring and stays there (remembered at its SYN, pinned by its next packet); a flow
+// the change did not move needs no entry; an ICMP error follows the older flow and
+// creates nothing.
 func TestTransition(t *testing.T) {
 	d1, d2 := newDirector(t, "d1"), newDirector(t, "d2")
 	before, after := []Backend{r1, r2}, []Backend{r1, r2, r4}
@@ -162,8 +163,8 @@ func TestTransition(t *testing.T) {
 			t.Errorf("its next packet went to %s, want %s", got.Addr, r4.Addr)
 		}
 	}
-	if pinned, news := d1.state(t); pinned != 1 || news != 1 {
-		t.Errorf("d1: %d pinned, %d new entries, want 1 and 1", pinned, news)
+	if pinned, news := d1.state(t); pinned != 2 || news != 0 {
+		t.Errorf("d1: %d pinned, %d new entries, want 2 (the older flow; the new connection, by its handshake's ACK) and 0", pinned, news)
 	}
 
 	// An ICMP error about the older flow (sent by a router on the path of the
