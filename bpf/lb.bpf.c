@@ -189,6 +189,120 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 	pin_seen(now);
 }
 
+/* The hand-off mark: the reserved flag bit of IPv4 (RFC 791), the top bit of the
+ * IPv6 flow label. Only edges set it, only on frames they hand to each other on
+ * the edge segment, and the receiving edge clears it before the stack sees it. */
+#define IP4_MARK 0x8000
+#define IP6_MARK 0x08 /* in the second byte of the header */
+
+static __always_inline int marked(struct ethhdr *eth, void *data_end)
+{
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		return (void *)(ip + 1) <= data_end && (ip->frag_off & bpf_htons(IP4_MARK));
+	}
+	__u8 *b = (void *)(eth + 1);
+
+	return (void *)(b + 2) <= data_end && (b[1] & IP6_MARK);
+}
+
+/* set_mark sets (on) or clears the hand-off mark, keeping the IPv4 checksum right
+ * (RFC 1624). */
+static __always_inline void set_mark(struct ethhdr *eth, void *data_end, int on)
+{
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		__u16 old, new;
+		__u32 sum;
+
+		if ((void *)(ip + 1) > data_end)
+			return;
+		old = bpf_ntohs(ip->frag_off);
+		new = on ? old | IP4_MARK : old & ~IP4_MARK;
+		ip->frag_off = bpf_htons(new);
+		sum = (__u16)~bpf_ntohs(ip->check) + (__u16)~old + new;
+		sum = (sum & 0xffff) + (sum >> 16);
+		sum = (sum & 0xffff) + (sum >> 16);
+		ip->check = bpf_htons(~sum);
+		return;
+	}
+	__u8 *b = (void *)(eth + 1);
+
+	if ((void *)(b + 2) > data_end)
+		return;
+	b[1] = on ? b[1] | IP6_MARK : b[1] & ~IP6_MARK;
+}
+
+/* has_connection reports whether this node's stack has the TCP connection of
+ * a packet (established, in its handshake, or closing): a listening socket
+ * alone does not count. */
+static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhdr *eth, const struct flow_key *f)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+	int has;
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		t.ipv4.saddr = ((const __u32 *)f->src)[3];
+		t.ipv4.daddr = ((const __u32 *)f->dst)[3];
+		t.ipv4.sport = f->sport;
+		t.ipv4.dport = f->dport;
+		size = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, f->src, 16);
+		__builtin_memcpy(t.ipv6.daddr, f->dst, 16);
+		t.ipv6.sport = f->sport;
+		t.ipv6.dport = f->dport;
+		size = sizeof(t.ipv6);
+	}
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	has = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return has;
+}
+
+/* from_director handles a frame another edge (a director) sent here: it chose
+ * this node. This node serves it, with one exception. A packet of a TCP
+ * connection this node does not have, during a ring transition, was sent by a
+ * director that could not know where the connection is: one that took over the
+ * VIP after the connection was opened elsewhere, in a slot the transition moved.
+ * It then goes to the other ring's choice, marked, and the node there serves it
+ * whatever it finds (a packet is handed on at most once). */
+static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
+					 const struct parsed *p, const struct lb_config *cfg)
+{
+	__u32 vip_id, hash, cur, alt;
+	struct backend *cb, *be;
+
+	if (marked(eth, data_end)) {
+		set_mark(eth, data_end, 0);
+		return count(REASON_HANDOFF_IN, XDP_PASS);
+	}
+	if (p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error || !lookup_vip(&p->flow, cfg, &vip_id))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	if (!prev_live(vip_id, bpf_ktime_get_coarse_ns()))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	if (has_connection(ctx, eth, &p->flow))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	hash = flow_hash(&p->flow, cfg->seed);
+	cur = pick_from_ring(&rings, vip_id, hash, cfg);
+	alt = cur;
+	cb = cur ? active_backend(cur) : 0;
+	if (cb && (cb->flags & BACKEND_F_LOCAL))
+		alt = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+	be = alt ? active_backend(alt) : 0;
+	if (!be || (be->flags & BACKEND_F_LOCAL))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	set_mark(eth, data_end, 1);
+	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	return count(REASON_HANDOFF, XDP_TX);
+}
+
 SEC("xdp")
 int xdp_lb(struct xdp_md *ctx)
 {
@@ -205,7 +319,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now, len = data_end - data;
-	int rc, peer_checked = 0, prev;
+	int rc, prev;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -225,6 +339,9 @@ int xdp_lb(struct xdp_md *ctx)
 	 * every edge steered its copy, backends would see each packet twice. */
 	if (!mac_eq(eth->h_dest, cfg->mac))
 		return count(REASON_OTHER_HOST, XDP_PASS);
+	/* Another edge steered it here: never steered again, but for a hand-off. */
+	if (from_peer(eth, cfg))
+		return from_director(ctx, eth, data_end, &p, cfg);
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
 	 * a new connection: it always follows the ring, never an old entry of the
 	 * same 5-tuple (a reused port), so every director agrees where it goes. */
@@ -312,13 +429,6 @@ int xdp_lb(struct xdp_md *ctx)
 	be = bid ? active_backend(bid) : 0;
 	if (!be)
 		return count(REASON_NO_BACKEND, XDP_PASS);
-	/* A director chose this node while this node's rings say otherwise (they
-	 * are changing): serve it here, and keep nothing. */
-	if (!(be->flags & BACKEND_F_LOCAL)) {
-		if (from_peer(eth, cfg))
-			return count(REASON_FROM_PEER, XDP_PASS);
-		peer_checked = 1;
-	}
 	if (p.syn && vs)
 		vs->new_flows++;
 	/* An ICMP error never creates state: it only follows a flow. */
@@ -349,10 +459,6 @@ int xdp_lb(struct xdp_md *ctx)
 	}
 
 forward:
-	/* Never steer twice: a frame another edge sent here is served here, or two
-	 * nodes whose rings briefly disagree would bounce it between them. */
-	if (!(be->flags & BACKEND_F_LOCAL) && !peer_checked && from_peer(eth, cfg))
-		return count(REASON_FROM_PEER, XDP_PASS);
 	if (p.ip_options)
 		count(REASON_IP_OPTIONS, 0);
 	if (p.icmp_error)

@@ -170,6 +170,10 @@ enum reason {
 				  * change moved: pinned to it (flows) */
 	REASON_NEW_PINNED,       /* a new connection in a slot a ring change moved,
 				  * remembered for the transition (new_pins) */
+	REASON_HANDOFF,          /* a director sent here a packet of a connection this
+				  * node does not have: sent on to the other ring's
+				  * choice, marked, once */
+	REASON_HANDOFF_IN,       /* a packet handed on by another edge: served here */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

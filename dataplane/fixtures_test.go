@@ -197,6 +197,8 @@ const (
 	rFromPeer  = lbReasonREASON_FROM_PEER
 	rPinned    = lbReasonREASON_PINNED
 	rNewPinned = lbReasonREASON_NEW_PINNED
+	rHandoff   = lbReasonREASON_HANDOFF
+	rHandoffIn = lbReasonREASON_HANDOFF_IN
 )
 
 func fixtures() []fixture {
@@ -298,7 +300,7 @@ func fixtures() []fixture {
 			return []step{
 				{name: "from a peer: served here", in: fromR1.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 				{name: "from the client: steered, no flow pinned by the peer's frame", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)},
-				{name: "from a peer, chosen here anyway", in: mine.Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
+				{name: "from a peer, chosen here anyway", in: mine.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 				{name: "established flow from the client", in: est.Bytes(), verdict: xdptest.TX, out: to(est, r2), reasons: reasons(rTX, 1)},
 				{name: "the same flow from a peer (cached)", in: est.WithMACs(r2MAC, nicMAC).Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 			}

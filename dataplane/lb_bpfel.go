@@ -131,7 +131,9 @@ const (
 	lbReasonREASON_FROM_PEER    lbReason = 13
 	lbReasonREASON_PINNED       lbReason = 14
 	lbReasonREASON_NEW_PINNED   lbReason = 15
-	lbReasonREASON_MAX          lbReason = 16
+	lbReasonREASON_HANDOFF      lbReason = 16
+	lbReasonREASON_HANDOFF_IN   lbReason = 17
+	lbReasonREASON_MAX          lbReason = 18
 )
 
 type lbRingMeta struct {

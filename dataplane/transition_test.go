@@ -3,6 +3,7 @@ package dataplane
 import (
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/portico-edge/portico/dataplane/xdptest"
@@ -245,4 +246,75 @@ func TestTransitionTwoChanges(t *testing.T) {
 	if got := dr.send(t, gone, b...); got.Addr != r4.Addr {
 		t.Errorf("the flow of removed r1 went to %s, want %s", got.Addr, r4.Addr)
 	}
+}
+
+// TestHandoff: during a transition, a director that took the VIP over may send a
+// packet of a connection to the replica that does not have it (it was opened at
+// the old director, in a moved slot). That replica's xdp_lb, finding no socket for
+// it, hands it on, marked, to the other ring's choice, whose xdp_lb clears the mark
+// and serves it. Outside a transition, SYNs, and marked frames are never handed on.
+func TestHandoff(t *testing.T) {
+	dr := newDirector(t, "r3's node")
+	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
+	toNew := flowWhere(t, 50000, [][]Backend{before, after}, r3, r4) // here before, r4's now
+	toOld := flowWhere(t, 50000, [][]Backend{before, after}, r1, r3) // r1's before, here now
+	fromPeer := func(p xdptest.Packet) xdptest.Packet { return p.WithMACs(r1MAC, nicMAC) }
+	dr.apply(t, desired(before...))
+	run := func(name string, frame []byte, verdict uint32) []byte {
+		t.Helper()
+		v, out, err := xdptest.Run(dr.d.Program(), frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != verdict {
+			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
+		}
+		return out
+	}
+	run("no transition: served here", fromPeer(toNew).Bytes(), xdptest.Pass)
+
+	dr.apply(t, desired(after...))
+	run("a SYN is served here", fromPeer(syn(toNew)).Bytes(), xdptest.Pass)
+	for _, tc := range []struct {
+		name string
+		p    xdptest.Packet
+		to   Backend
+	}{
+		{"this node's before, r4's now: to r4", toNew, r4},
+		{"r1's before, this node's now: to r1", toOld, r1},
+	} {
+		in := fromPeer(tc.p).Bytes()
+		out := run(tc.name, slices.Clone(in), xdptest.TX)
+		if got := net.HardwareAddr(out[0:6]).String(); got != tc.to.MAC.String() {
+			t.Errorf("%s: sent to %s", tc.name, got)
+		}
+		if out[20]&0x80 == 0 || ipv4Checksum(out[14:34]) != 0 {
+			t.Errorf("%s: frame not marked, or its IPv4 checksum wrong: % x", tc.name, out[14:34])
+		}
+		// The receiving edge clears the mark: what its stack gets is the frame as
+		// the client sent it.
+		back := run(tc.name+", received marked", withMACs(out, r1MAC, nicMAC), xdptest.Pass)
+		if want := withMACs(in, r1MAC, nicMAC); !slices.Equal(back, want) {
+			t.Errorf("%s: the receiving edge passed % x, want % x", tc.name, back[14:34], want[14:34])
+		}
+	}
+	c, err := dr.d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Reasons[rHandoff] != 2 || c.Reasons[rHandoffIn] != 2 {
+		t.Errorf("hand-offs %d out, %d in, want 2 and 2", c.Reasons[rHandoff], c.Reasons[rHandoffIn])
+	}
+}
+
+// ipv4Checksum is the Internet checksum over an IPv4 header: 0 when it is right.
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
 }
