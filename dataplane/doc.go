@@ -27,17 +27,18 @@
 //     the change: it goes to the previous ring's replica, if that replica still
 //     exists (ready or draining), and is pinned there (flows, an LRU table) for good.
 //   - A SYN opens a connection after the change: it follows the current ring and is
-//     remembered for the transition (new_pins, a table of its own), or its next
-//     packets would be taken for an older flow's. Where a later change of the burst
-//     moves it again, it is pinned in flows.
+//     remembered (new_pins, a table of its own), or its next packets would be taken
+//     for an older flow's; its next packet, which a spoofed SYN never sends, pins it
+//     in flows.
 //   - An ICMP error follows the same rules and writes nothing.
 //
 // Every director holds the same two rings, so a director that never saw a flow (a
 // new VIP owner after a failover) makes the same choice for flows older than the
 // change, including the ones on a draining replica, which a per-node flow table
-// could not. Limits, by design: a connection opened during a transition in a moved
-// slot is known only to the director that saw its SYN (a failover within the
-// transition resets such connections: about 1/N of the connections opened in it);
+// could not. A connection opened during the transition in a moved slot is known only
+// to the director that saw its SYN; a new owner sends it to the previous ring's
+// replica, whose xdp_lb finds no socket for it and hands it on, once and marked, to
+// the other ring's choice. Limits, by design:
 // a connection older than the change that sends nothing during the transition goes
 // where the current ring says afterwards (nginx's idle limits, 60-75 s, close such
 // connections anyway); a UDP flow has no SYN, so a new UDP flow in a moved slot is
@@ -47,7 +48,8 @@
 //
 // The per-CPU flow cache (flow_cache) answers repeated packets of a flow without
 // any of this; a SYN is never cached (its next packet fills the entry), so a SYN
-// flood evicts nothing from it. Pinned flows are only looked at while some pin was
+// flood evicts nothing from it. VIP lookups and the peer check are memoized per CPU
+// too (vip_memos, src_macs). Pinned flows are only looked at while some pin was
 // made or used within LB_PIN_IDLE_SEC (pin_clock), so in the steady state a packet
 // that misses the cache costs no hash-table lookup at all. bpf/README.md has the
 // measurements.
