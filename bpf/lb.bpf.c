@@ -38,6 +38,7 @@
 /* Keep the enums Go needs in BTF for bpf2go. */
 const enum lb_limits *unused_limits __attribute__((unused));
 const enum backend_flags *unused_backend_flags __attribute__((unused));
+const enum cache_pin *unused_cache_pin __attribute__((unused));
 
 static __always_inline int count(enum reason r, int verdict)
 {
@@ -55,34 +56,71 @@ static __always_inline int mac_eq(const __u8 *a, const __u8 *b)
 }
 
 /* from_peer reports whether a frame comes from another edge: a director that
- * already chose this node. */
-static __always_inline int from_peer(const struct ethhdr *eth)
+ * already chose this node. The answer for a MAC is memoized per CPU. */
+static __always_inline int from_peer(const struct ethhdr *eth, const struct lb_config *cfg)
 {
+	__u32 slot = (eth->h_source[5] ^ eth->h_source[3]) & (LB_MAC_MEMO - 1);
+	struct mac_verdict *mv = bpf_map_lookup_elem(&src_macs, &slot);
 	struct peer_key pk = {};
+	int peer;
 
+	if (mv && mv->generation == cfg->generation && mac_eq(mv->mac, eth->h_source))
+		return mv->peer;
 	__builtin_memcpy(pk.mac, eth->h_source, ETH_ALEN);
-	return bpf_map_lookup_elem(&peers, &pk) != 0;
+	peer = bpf_map_lookup_elem(&peers, &pk) != 0;
+	if (mv) {
+		__builtin_memcpy(mv->mac, eth->h_source, ETH_ALEN);
+		mv->peer = peer;
+		mv->generation = cfg->generation;
+	}
+	return peer;
 }
 
-static __always_inline struct vip_val *lookup_vip(const struct flow_key *flow)
+/* lookup_vip finds the VIP of a flow's destination (address, port or any port,
+ * protocol): 1 and its id, or 0. The answer is memoized per CPU. */
+static __always_inline int lookup_vip(const struct flow_key *flow, const struct lb_config *cfg, __u32 *vip_id)
 {
 	struct vip_key vk = {};
+	struct vip_memo *m;
 	struct vip_val *v;
+	const __u32 *a, *b;
+	__u32 slot;
 
 	__builtin_memcpy(vk.addr, flow->dst, sizeof(vk.addr));
 	vk.port = flow->dport;
 	vk.proto = flow->proto;
+	a = (const __u32 *)&vk;
+	slot = ((a[3] ^ a[4]) * 0x9e3779b1) >> (32 - 6);
+	m = bpf_map_lookup_elem(&vip_memos, &slot);
+	if (m && m->generation == cfg->generation) {
+		b = (const __u32 *)&m->key;
+		if (a[0] == b[0] && a[1] == b[1] && a[2] == b[2] && a[3] == b[3] && a[4] == b[4]) {
+			*vip_id = m->vip_id;
+			return m->found;
+		}
+	}
 	v = bpf_map_lookup_elem(&vips, &vk);
+	if (!v) {
+		vk.port = 0;
+		v = bpf_map_lookup_elem(&vips, &vk);
+		vk.port = flow->dport;
+	}
+	if (m) {
+		__builtin_memcpy(&m->key, &vk, sizeof(vk));
+		m->generation = cfg->generation;
+		m->found = v != 0;
+		m->vip_id = v ? v->vip_id : 0;
+	}
 	if (v)
-		return v;
-	vk.port = 0;
-	return bpf_map_lookup_elem(&vips, &vk);
+		*vip_id = v->vip_id;
+	return v != 0;
 }
 
-/* pick_from_ring returns the backend id the VIP's ring holds for this hash, 0 if none. */
-static __always_inline __u32 pick_from_ring(__u32 vip_id, __u32 hash, const struct lb_config *cfg)
+/* pick_from_ring returns the backend id a ring map (rings or prev_rings) holds for
+ * this hash in the VIP's ring, 0 if none. */
+static __always_inline __u32 pick_from_ring(void *outer, __u32 vip_id, __u32 hash, const struct lb_config *cfg)
 {
-	void *ring = bpf_map_lookup_elem(&rings, &vip_id);
+	void *ring = bpf_map_lookup_elem(outer, &vip_id);
 	__u32 slot, *id;
 
 	if (!ring || cfg->ring_size == 0)
@@ -90,6 +128,34 @@ static __always_inline __u32 pick_from_ring(__u32 vip_id, __u32 hash, const stru
 	slot = hash % cfg->ring_size;
 	id = bpf_map_lookup_elem(ring, &slot);
 	return id ? *id : 0;
+}
+
+/* prev_live reports whether the VIP's previous ring still counts. */
+static __always_inline int prev_live(__u32 vip_id, __u64 now)
+{
+	struct ring_meta *m = bpf_map_lookup_elem(&rings_meta, &vip_id);
+
+	return m && now < m->prev_until_ns;
+}
+
+/* pins_live reports whether a pinned flow may exist: one was made or used within
+ * LB_PIN_IDLE_SEC. Until then flows is not looked at. */
+static __always_inline int pins_live(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+
+	return t && *t && now - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
+}
+
+/* pin_seen moves pin_clock to now, at most once a second (a shared cache line). */
+static __always_inline void pin_seen(__u64 now)
+{
+	__u32 zero = 0;
+	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+
+	if (t && now - *t > NSEC_PER_SEC)
+		*t = now;
 }
 
 static __always_inline struct backend *active_backend(__u32 id)
@@ -106,9 +172,9 @@ static __always_inline int flow_key_eq(const struct flow_key *a, const struct fl
 	return x[0] == y[0] && x[1] == y[1] && x[2] == y[2] && x[3] == y[3] && x[4] == y[4];
 }
 
-/* touch_flow keeps a cached flow alive in the authoritative table (the fast path
- * calls it every 64th packet): it refreshes last_seen (and the LRU's reference
- * bit), or puts the flow back if the LRU evicted it. */
+/* touch_flow keeps a cached pinned flow alive in flows (the fast path calls it
+ * every 64th packet): it refreshes last_seen (and the LRU's reference bit), or puts
+ * the flow back if the LRU evicted it. */
 static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, __u64 now)
 {
 	struct flow_val *fv = bpf_map_lookup_elem(&flows, flow);
@@ -120,6 +186,121 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 
 		bpf_map_update_elem(&flows, flow, &nv, BPF_ANY);
 	}
+	pin_seen(now);
+}
+
+/* The hand-off mark: the reserved flag bit of IPv4 (RFC 791), the top bit of the
+ * IPv6 flow label. Only edges set it, only on frames they hand to each other on
+ * the edge segment, and the receiving edge clears it before the stack sees it. */
+#define IP4_MARK 0x8000
+#define IP6_MARK 0x08 /* in the second byte of the header */
+
+static __always_inline int marked(struct ethhdr *eth, void *data_end)
+{
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+
+		return (void *)(ip + 1) <= data_end && (ip->frag_off & bpf_htons(IP4_MARK));
+	}
+	__u8 *b = (void *)(eth + 1);
+
+	return (void *)(b + 2) <= data_end && (b[1] & IP6_MARK);
+}
+
+/* set_mark sets (on) or clears the hand-off mark, keeping the IPv4 checksum right
+ * (RFC 1624). */
+static __always_inline void set_mark(struct ethhdr *eth, void *data_end, int on)
+{
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = (void *)(eth + 1);
+		__u16 old, new;
+		__u32 sum;
+
+		if ((void *)(ip + 1) > data_end)
+			return;
+		old = bpf_ntohs(ip->frag_off);
+		new = on ? old | IP4_MARK : old & ~IP4_MARK;
+		ip->frag_off = bpf_htons(new);
+		sum = (__u16)~bpf_ntohs(ip->check) + (__u16)~old + new;
+		sum = (sum & 0xffff) + (sum >> 16);
+		sum = (sum & 0xffff) + (sum >> 16);
+		ip->check = bpf_htons(~sum);
+		return;
+	}
+	__u8 *b = (void *)(eth + 1);
+
+	if ((void *)(b + 2) > data_end)
+		return;
+	b[1] = on ? b[1] | IP6_MARK : b[1] & ~IP6_MARK;
+}
+
+/* has_connection reports whether this node's stack has the TCP connection of
+ * a packet (established, in its handshake, or closing): a listening socket
+ * alone does not count. */
+static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhdr *eth, const struct flow_key *f)
+{
+	struct bpf_sock_tuple t = {};
+	struct bpf_sock *sk;
+	__u32 size;
+	int has;
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		t.ipv4.saddr = ((const __u32 *)f->src)[3];
+		t.ipv4.daddr = ((const __u32 *)f->dst)[3];
+		t.ipv4.sport = f->sport;
+		t.ipv4.dport = f->dport;
+		size = sizeof(t.ipv4);
+	} else {
+		__builtin_memcpy(t.ipv6.saddr, f->src, 16);
+		__builtin_memcpy(t.ipv6.daddr, f->dst, 16);
+		t.ipv6.sport = f->sport;
+		t.ipv6.dport = f->dport;
+		size = sizeof(t.ipv6);
+	}
+	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return 0;
+	has = sk->state != BPF_TCP_LISTEN;
+	bpf_sk_release(sk);
+	return has;
+}
+
+/* from_director handles a frame another edge (a director) sent here: it chose
+ * this node. This node serves it, with one exception. A packet of a TCP
+ * connection this node does not have, during a ring transition, was sent by a
+ * director that could not know where the connection is: one that took over the
+ * VIP after the connection was opened elsewhere, in a slot the transition moved.
+ * It then goes to the other ring's choice, marked, and the node there serves it
+ * whatever it finds (a packet is handed on at most once). */
+static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
+					 const struct parsed *p, const struct lb_config *cfg)
+{
+	__u32 vip_id, hash, cur, alt;
+	struct backend *cb, *be;
+
+	if (marked(eth, data_end)) {
+		set_mark(eth, data_end, 0);
+		return count(REASON_HANDOFF_IN, XDP_PASS);
+	}
+	if (p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error || !lookup_vip(&p->flow, cfg, &vip_id))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	if (!prev_live(vip_id, bpf_ktime_get_coarse_ns()))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	if (has_connection(ctx, eth, &p->flow))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	hash = flow_hash(&p->flow, cfg->seed);
+	cur = pick_from_ring(&rings, vip_id, hash, cfg);
+	alt = cur;
+	cb = cur ? active_backend(cur) : 0;
+	if (cb && (cb->flags & BACKEND_F_LOCAL))
+		alt = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+	be = alt ? active_backend(alt) : 0;
+	if (!be || (be->flags & BACKEND_F_LOCAL))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	set_mark(eth, data_end, 1);
+	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	return count(REASON_HANDOFF, XDP_TX);
 }
 
 SEC("xdp")
@@ -129,16 +310,16 @@ int xdp_lb(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct parsed p __attribute__((aligned(8))) = {};
-	__u32 zero = 0, bid = 0, vip_id, hash, slot;
+	__u32 zero = 0, bid = 0, pbid, vip_id, hash, slot;
+	__u32 pin = CACHE_UNPINNED, write = CACHE_UNPINNED;
 	struct flow_cache_entry *ce;
 	struct lb_config *cfg;
-	struct vip_val *vip;
 	struct backend *be = 0;
-	struct flow_val *fv;
+	struct flow_val *fv = 0;
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now, len = data_end - data;
-	int rc, peer_checked = 0;
+	int rc, prev;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -158,6 +339,9 @@ int xdp_lb(struct xdp_md *ctx)
 	 * every edge steered its copy, backends would see each packet twice. */
 	if (!mac_eq(eth->h_dest, cfg->mac))
 		return count(REASON_OTHER_HOST, XDP_PASS);
+	/* Another edge steered it here: never steered again, but for a hand-off. */
+	if (from_peer(eth, cfg))
+		return from_director(ctx, eth, data_end, &p, cfg);
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
 	 * a new connection: it always follows the ring, never an old entry of the
 	 * same 5-tuple (a reused port), so every director agrees where it goes. */
@@ -174,73 +358,107 @@ int xdp_lb(struct xdp_md *ctx)
 				vs->bytes += len;
 				vs->flow_hits++;
 			}
-			/* Keep the authoritative table fresh every 64 packets. */
-			if ((++ce->hits & 63) == 0)
+			/* Keep a pinned flow's entry fresh every 64 packets. */
+			if ((++ce->hits & 63) == 0 && ce->pin == CACHE_PINNED)
 				touch_flow(&p.flow, bid, bpf_ktime_get_coarse_ns());
 			goto forward;
 		}
 	}
 
-	vip = lookup_vip(&p.flow);
-	if (!vip)
+	if (!lookup_vip(&p.flow, cfg, &vip_id))
 		return count(p.icmp_error ? REASON_ICMP_OTHER : REASON_NOT_VIP, XDP_PASS);
 	now = bpf_ktime_get_coarse_ns();
-	vip_id = vip->vip_id;
 	vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
 	if (vs) {
 		vs->packets++;
 		vs->bytes += len;
 	}
 
-	be = 0;
-	fv = p.syn ? 0 : bpf_map_lookup_elem(&flows, &p.flow);
-	if (fv) {
-		bid = fv->backend_id;
-		be = active_backend(bid);
-		if (be) {
-			if (vs)
-				vs->flow_hits++;
-			if (now - fv->last_seen_ns > NSEC_PER_SEC)
-				fv->last_seen_ns = now;
-		} else {
-			count(REASON_FLOW_REPICK, 0);
+	/* The rings' answer: the current ring, and the previous one while it counts.
+	 * Every director holds the same two, so where they agree no state is needed,
+	 * and where they differ every director makes the same choice. */
+	hash = flow_hash(&p.flow, cfg->seed);
+	bid = pick_from_ring(&rings, vip_id, hash, cfg);
+	prev = prev_live(vip_id, now);
+	pbid = prev ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : bid;
+	if (p.syn) {
+		/* A new connection follows the current ring. Where the transition moved
+		 * its slot it is remembered, or its next packets would be taken for an
+		 * older flow's. An old pin of a reused 5-tuple is dropped. */
+		if (pins_live(now))
+			bpf_map_delete_elem(&flows, &p.flow);
+		if (pbid != bid) {
+			pin = CACHE_NEW;
+			write = CACHE_NEW;
+		}
+	} else {
+		/* A packet of a flow: remembered as new in the transition, pinned, older
+		 * than the change (the previous ring's replica, while it can take it),
+		 * or the current ring's. */
+		fv = prev ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
+		if (fv && active_backend(fv->backend_id)) {
+			/* Its first packet after the SYN (the handshake's ACK): a real
+			 * connection, pinned for good. A spoofed SYN never gets here, so a
+			 * flood that churns new_pins evicts only connections still in their
+			 * handshake. */
+			bid = fv->backend_id;
+			pin = CACHE_PINNED;
+			write = CACHE_PINNED;
+			bpf_map_delete_elem(&new_pins, &p.flow);
+		} else if ((fv = pins_live(now) ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
+			if (active_backend(fv->backend_id)) {
+				bid = fv->backend_id;
+				pin = CACHE_PINNED;
+				if (vs)
+					vs->flow_hits++;
+				if (now - fv->last_seen_ns > NSEC_PER_SEC) {
+					fv->last_seen_ns = now;
+					pin_seen(now);
+				}
+			} else {
+				count(REASON_FLOW_REPICK, 0);
+				if (pbid != bid && active_backend(pbid))
+					bid = pbid; /* the pin is stale; the rings still know */
+			}
+		} else if (pbid != bid && active_backend(pbid)) {
+			bid = pbid;
+			pin = CACHE_PINNED;
+			write = CACHE_PINNED;
 		}
 	}
-	if (!be) {
-		hash = flow_hash(&p.flow, cfg->seed);
-		bid = pick_from_ring(vip_id, hash, cfg);
-		be = bid ? active_backend(bid) : 0;
-		if (!be)
-			return count(REASON_NO_BACKEND, XDP_PASS);
-		/* A director chose this node while this node's ring says otherwise
-		 * (the rings are changing): serve it here, and pin nothing. */
-		if (!(be->flags & BACKEND_F_LOCAL)) {
-			if (from_peer(eth))
-				return count(REASON_FROM_PEER, XDP_PASS);
-			peer_checked = 1;
-		}
-		/* An ICMP error never creates state: it only follows a flow. */
-		if (!p.icmp_error) {
-			struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
+	be = bid ? active_backend(bid) : 0;
+	if (!be)
+		return count(REASON_NO_BACKEND, XDP_PASS);
+	if (p.syn && vs)
+		vs->new_flows++;
+	/* An ICMP error never creates state: it only follows a flow. */
+	if (write != CACHE_UNPINNED && !p.icmp_error) {
+		struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
 
+		if (write == CACHE_NEW) {
+			bpf_map_update_elem(&new_pins, &p.flow, &nv, BPF_ANY);
+			count(REASON_NEW_PINNED, 0);
+		} else {
 			bpf_map_update_elem(&flows, &p.flow, &nv, BPF_ANY);
-			if (vs)
-				vs->new_flows++;
+			pin_seen(now);
+			count(REASON_PINNED, 0);
 		}
 	}
-	if (ce && !p.icmp_error) {
+	/* A SYN is not cached: its next packet fills the cache, so a SYN flood
+	 * evicts no established flow from it (and costs less). An entry of an old
+	 * connection on the same 5-tuple must not answer for the new one. */
+	if (ce && p.syn && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
+		ce->generation = 0;
+	if (ce && !p.icmp_error && !p.syn) {
 		__builtin_memcpy(&ce->key, &p.flow, sizeof(ce->key));
 		ce->backend_id = bid;
 		ce->vip_id = vip_id;
 		ce->generation = cfg->generation;
 		ce->hits = 0;
+		ce->pin = pin;
 	}
 
 forward:
-	/* Never steer twice: a frame another edge sent here is served here, or two
-	 * nodes whose rings briefly disagree would bounce it between them. */
-	if (!(be->flags & BACKEND_F_LOCAL) && !peer_checked && from_peer(eth))
-		return count(REASON_FROM_PEER, XDP_PASS);
 	if (p.ip_options)
 		count(REASON_IP_OPTIONS, 0);
 	if (p.icmp_error)

@@ -33,6 +33,24 @@ struct {
 	__array(values, struct ring);
 } rings SEC(".maps");
 
+/* VIP id -> the ring before the last change (or before the first of a burst of
+ * changes), consulted while rings_meta says so: a flow whose choice differs between
+ * the two rings started before the change, unless new_pins says otherwise. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, LB_MAX_VIPS);
+	__type(key, __u32);
+	__array(values, struct ring);
+} prev_rings SEC(".maps");
+
+/* VIP id -> how long prev_rings[id] counts. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, struct ring_meta);
+} rings_meta SEC(".maps");
+
 /* Backend id -> replica address, MAC and flags. An entry without
  * BACKEND_F_ACTIVE is a gone backend. */
 struct {
@@ -42,7 +60,9 @@ struct {
 	__type(value, struct backend);
 } backends SEC(".maps");
 
-/* Connection table: established flows stay on their backend. Per-CPU LRU lists
+/* Pinned flows: connections older than a ring change whose replica the change
+ * moved, pinned to it on their first packet after the change. Only such flows are
+ * here: a flow the rings agree on needs no entry. Per-CPU LRU lists
  * (BPF_F_NO_COMMON_LRU) avoid a global lock; entries are shared by all CPUs. */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
@@ -51,6 +71,28 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, struct flow_val);
 } flows SEC(".maps");
+
+/* New connections (SYNs) that arrived in a ring transition, in a slot the change
+ * moved: their later packets must not be taken for older flows. The first of them
+ * moves the connection to flows. A table of its own, so a SYN flood in a
+ * transition can evict only its like (connections in their handshake), never a
+ * pinned flow. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_NEW_PINS);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__type(key, struct flow_key);
+	__type(value, struct flow_val);
+} new_pins SEC(".maps");
+
+/* pin_clock[0]: when a flow was last pinned, or a pinned flow last seen (coarse
+ * ns). While no pin was touched for LB_PIN_IDLE_SEC, flows is not even looked at. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} pin_clock SEC(".maps");
 
 /* Per-CPU direct-mapped cache of established flows (see struct flow_cache_entry). */
 struct {
@@ -92,6 +134,22 @@ struct {
 	__type(key, struct peer_key);
 	__type(value, __u32);
 } peers SEC(".maps");
+
+/* Per-CPU memo of vips lookups (struct vip_memo), not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_VIP_MEMO);
+	__type(key, __u32);
+	__type(value, struct vip_memo);
+} vip_memos SEC(".maps");
+
+/* Per-CPU memo of source MACs (struct mac_verdict), not pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, LB_MAC_MEMO);
+	__type(key, __u32);
+	__type(value, struct mac_verdict);
+} src_macs SEC(".maps");
 
 /* Packets by the reason for their verdict. */
 struct {

@@ -15,10 +15,14 @@ enum lb_limits {
 	LB_MAX_VIPS = 256,       /* VIP addresses: entries of rings and vip_stats */
 	LB_MAX_VIP_KEYS = 1024,  /* (address, port, protocol) entries in vips */
 	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
-	LB_DEFAULT_FLOWS = 262144,
+	LB_DEFAULT_FLOWS = 262144,  /* pinned flows (flows) */
+	LB_NEW_PINS = 65536,        /* new connections remembered in a ring transition */
 	LB_DEFAULT_RING = 65537,  /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
+	LB_MAC_MEMO = 16,         /* per-CPU src_macs slots (a power of two) */
+	LB_VIP_MEMO = 64,         /* per-CPU vip_memos slots (a power of two) */
+	LB_PIN_IDLE_SEC = 3600,   /* a pinned flow silent this long is forgotten */
 	LB_MAX_REASONS = 32,      /* reason_stats slots: room for new reasons, so pinned
 				   * maps stay compatible across upgrades */
 };
@@ -60,6 +64,27 @@ struct peer_key {
 	__u16 pad;
 };
 
+/* vip_memos: a per-CPU, direct-mapped memo of vips lookups (found or not, with
+ * the port-0 fallback), valid for one generation. Traffic goes to a few VIPs:
+ * this spares one or two hash lookups per packet that misses the flow cache. */
+struct vip_memo {
+	struct vip_key key;
+	__u32 vip_id;
+	__u32 generation;
+	__u32 found;
+	__u32 pad;
+};
+
+/* src_macs: a per-CPU, direct-mapped memo of whether a source MAC is a peer's,
+ * valid for one generation (Go bumps it when peers change). Client traffic comes
+ * from a router's MAC or two: this spares a hash lookup per packet. */
+struct mac_verdict {
+	__u8 mac[6];
+	__u8 peer;
+	__u8 pad;
+	__u32 generation;
+};
+
 /* flows: the 5-tuple as the client sent it. */
 struct flow_key {
 	__u8 src[16];
@@ -78,6 +103,18 @@ struct flow_val {
 			     * path every 64 packets */
 };
 
+/* rings_meta: per VIP id, the previous ring's lease. prev_rings[id] is consulted
+ * while bpf_ktime_get_coarse_ns() < prev_until_ns (Go writes it with the ring). */
+struct ring_meta {
+	__u64 prev_until_ns;
+};
+
+enum cache_pin {
+	CACHE_UNPINNED = 0, /* the rings' answer: nothing to keep alive */
+	CACHE_PINNED = 1,   /* from flows: the fast path keeps the entry alive */
+	CACHE_NEW = 2,      /* from new_pins: lives for the transition only */
+};
+
 /* flow_cache: a per-CPU, direct-mapped copy of hot flows, indexed by the flow
  * hash, so an established flow costs no hash-map lookup. Valid only while
  * generation equals lb_config.generation; flows stays the authoritative table. */
@@ -86,7 +123,9 @@ struct flow_cache_entry {
 	__u32 backend_id;
 	__u32 vip_id;
 	__u32 generation;
-	__u32 hits; /* fast-path packets; every 64th refreshes flows */
+	__u32 hits; /* fast-path packets; every 64th refreshes a pinned flow */
+	__u32 pin;  /* enum cache_pin */
+	__u32 pad;
 };
 
 /* lb_cfg[0]: node-wide settings written by the loader. */
@@ -127,6 +166,14 @@ enum reason {
 	REASON_OTHER_HOST,       /* VIP frame addressed to another MAC (flooded): pass */
 	REASON_FROM_PEER,        /* a director steered it here, and this node's choice
 				  * differs (rings in transition): pass, never steer twice */
+	REASON_PINNED,           /* a flow older than a ring change, whose replica the
+				  * change moved: pinned to it (flows) */
+	REASON_NEW_PINNED,       /* a new connection in a slot a ring change moved,
+				  * remembered for the transition (new_pins) */
+	REASON_HANDOFF,          /* a director sent here a packet of a connection this
+				  * node does not have: sent on to the other ring's
+				  * choice, marked, once */
+	REASON_HANDOFF_IN,       /* a packet handed on by another edge: served here */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

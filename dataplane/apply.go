@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"go.uber.org/zap"
@@ -57,9 +58,11 @@ type applied struct {
 	backendIDs map[backendKey]uint32
 	backends   map[uint32]lbBackend
 	rings      map[uint32][]uint32 // vip id -> slot -> backend id
-	digests    map[uint32]string
-	peers      map[lbPeerKey]bool
-	nextID     uint32 // where the round-robin backend id search starts
+	// prevUntil: vip id -> until when its previous ring counts (monotonic ns).
+	prevUntil map[uint32]time.Duration
+	digests   map[uint32]string
+	peers     map[lbPeerKey]bool
+	nextID    uint32 // where the round-robin backend id search starts
 }
 
 // ApplyStats says what one Apply changed.
@@ -76,6 +79,7 @@ func (d *Dataplane) recover() error {
 		backendIDs: map[backendKey]uint32{},
 		backends:   map[uint32]lbBackend{},
 		rings:      map[uint32][]uint32{},
+		prevUntil:  map[uint32]time.Duration{},
 		digests:    map[uint32]string{},
 		peers:      map[lbPeerKey]bool{},
 		nextID:     1,
@@ -101,8 +105,28 @@ func (d *Dataplane) recover() error {
 	if st.nextID >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
 		st.nextID = 1
 	}
-	// Rings are not read back: the first Apply rewrites each one with the same
-	// content (the table depends only on the replica set), which is harmless.
+	// Rings are read back, so the first Apply swaps only a ring that really
+	// changes: a restart must not start a transition (or cut one short by making
+	// the current ring the previous one).
+	for _, id := range st.vipIDs {
+		if _, done := st.rings[id]; done {
+			continue
+		}
+		slots, err := d.maps().ring(id)
+		if err != nil {
+			return err
+		}
+		if slots != nil {
+			st.rings[id] = slots
+		}
+		var m lbRingMeta
+		if err := d.objs.RingsMeta.Lookup(id, &m); err != nil {
+			return fmt.Errorf("read map rings_meta: %w", err)
+		}
+		if m.PrevUntilNs != 0 {
+			st.prevUntil[id] = time.Duration(m.PrevUntilNs)
+		}
+	}
 	d.st = st
 	return nil
 }
@@ -130,6 +154,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		stats.Backends++
 	}
 	for vip, ids := range plan.rings {
+		d.st.digests[vip] = plan.digests[vip]
 		if slices.Equal(d.st.rings[vip], ids) {
 			continue
 		}
@@ -150,7 +175,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.vipKeys[k] = v
 		stats.VIPKeys++
 	}
-	// Peers are read per packet, never cached: no generation change needed.
+	// Peers are memoized per CPU for one generation (src_macs): a change bumps it.
 	for k := range plan.peers {
 		if d.st.peers[k] {
 			continue
@@ -191,6 +216,9 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		if err := d.objs.Rings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return stats, fmt.Errorf("delete from map rings: %w", err)
 		}
+		if err := d.endTransition(vip); err != nil {
+			return stats, err
+		}
 		delete(d.st.rings, vip)
 		delete(d.st.digests, vip)
 		stats.Rings++
@@ -207,9 +235,9 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		stats.Backends++
 	}
 	d.st.vipIDs = plan.vipIDs
-	if stats.VIPKeys+stats.Backends+stats.Rings > 0 || seedChanged {
-		// Every CPU's flow cache was filled from the old maps: retire it, now that
-		// the maps say what want says.
+	if stats.VIPKeys+stats.Backends+stats.Rings+stats.Peers > 0 || seedChanged {
+		// Every CPU's flow cache (and memo of peer MACs) was filled from the old
+		// maps: retire it, now that the maps say what want says.
 		d.cfg.Generation++
 		if err := d.writeConfig(); err != nil {
 			return stats, err
@@ -445,8 +473,11 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 	return p, nil
 }
 
-// swapRing fills a new inner map with slots and puts it in place of the VIP's old
-// ring in one map update.
+// swapRing fills a new inner map with slots and puts it in place of the VIP's ring
+// in one map update. The ring it replaces becomes the previous ring, which counts
+// for the transition (Options.Transition) after this change; within a transition
+// the previous ring stays the one from before its first change, so a burst of
+// changes is one transition.
 func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 	inner, err := ebpf.NewMap(d.inner)
 	if err != nil {
@@ -466,8 +497,45 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 	if _, err := mem.WriteAt(buf, 0); err != nil {
 		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
 	}
+	// The order keeps every packet's answer sound: the previous ring is set to
+	// the current one (no slot differs yet), then its lease, then the swap.
+	var cur *ebpf.Map
+	switch err := d.objs.Rings.Lookup(vip, &cur); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		// A new VIP: no older flow to keep.
+		if err := d.endTransition(vip); err != nil {
+			return err
+		}
+	case err != nil:
+		return fmt.Errorf("read map rings: %w", err)
+	default:
+		defer cur.Close()
+		now := monotonicNow()
+		if d.st.prevUntil[vip] <= now {
+			if err := d.objs.PrevRings.Put(vip, cur); err != nil {
+				return fmt.Errorf("update map prev_rings: %w", err)
+			}
+		}
+		until := now + d.opts.Transition
+		if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
+			return fmt.Errorf("update map rings_meta: %w", err)
+		}
+		d.st.prevUntil[vip] = until
+	}
 	if err := d.objs.Rings.Put(vip, inner); err != nil {
 		return fmt.Errorf("update map rings: %w", err)
 	}
+	return nil
+}
+
+// endTransition forgets a VIP's previous ring.
+func (d *Dataplane) endTransition(vip uint32) error {
+	if err := d.objs.RingsMeta.Put(vip, lbRingMeta{}); err != nil {
+		return fmt.Errorf("clear entry of map rings_meta: %w", err)
+	}
+	if err := d.objs.PrevRings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from map prev_rings: %w", err)
+	}
+	delete(d.st.prevUntil, vip)
 	return nil
 }

@@ -195,6 +195,10 @@ const (
 	rRepick    = lbReasonREASON_FLOW_REPICK
 	rOtherHost = lbReasonREASON_OTHER_HOST
 	rFromPeer  = lbReasonREASON_FROM_PEER
+	rPinned    = lbReasonREASON_PINNED
+	rNewPinned = lbReasonREASON_NEW_PINNED
+	rHandoff   = lbReasonREASON_HANDOFF
+	rHandoffIn = lbReasonREASON_HANDOFF_IN
 )
 
 func fixtures() []fixture {
@@ -230,26 +234,31 @@ func fixtures() []fixture {
 			fresh := mkSYN(sportFrom(t, sp+1, mkSYN, r2, r1, r2))
 			return []step{
 				{name: "first packet", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
-				{name: "after adding r2", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
-				{name: "new flow uses the new ring", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rTX, 1)},
+				{name: "after adding r2: pinned to r1", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "and stays", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
+				{name: "new flow uses the new ring", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
 			}
 		}},
 		{"draining backend keeps old flows, gets no new ones", desired(r1, r2), func(t testing.TB) []step {
 			mk := func(s uint16) xdptest.Packet { return udp4(s) }
 			old := udp4(sportFor(t, mk, r1, r1, r2))
-			// A new flow the old ring would have sent to r1.
-			fresh := udp4(sportFrom(t, old.SPort+1, mk, r1, r1, r2))
+			// A new connection the old ring would have sent to r1.
+			mkSYN := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.SYN) }
+			fresh := mkSYN(sportFrom(t, old.SPort+1, mkSYN, r1, r1, r2))
+			ack := fresh
+			ack.Flags = xdptest.ACK
 			return []step{
 				{name: "flow to r1", in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rTX, 1)},
-				{name: "r1 draining: old flow stays", apply: ptr(desired(draining(r1), r2)), in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rTX, 1)},
-				{name: "r1 draining: new flow goes to r2", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rTX, 1)},
+				{name: "r1 draining: old flow stays", apply: ptr(desired(draining(r1), r2)), in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "r1 draining: new connection goes to r2", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
+				{name: "r1 draining: its handshake's ACK pins it there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}
 		}},
 		{"removed backend: flow picked again", desired(r1, r2), func(t testing.TB) []step {
 			p := tcp6(sportFor(t, func(s uint16) xdptest.Packet { return tcp6(s, xdptest.ACK) }, r1, r1, r2), xdptest.ACK)
 			return []step{
 				{name: "flow to r1", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
-				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rRepick, 1, rTX, 1)},
+				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)},
 			}
 		}},
 		{"a down replica's flows move, no other replica's, on a director that never saw them", desired(r2, r3), func(t testing.TB) []step {
@@ -274,9 +283,9 @@ func fixtures() []fixture {
 			syn.Flags = xdptest.SYN
 			return []step{
 				{name: "old flow pinned to r1", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
-				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
-				{name: "a SYN on the same 5-tuple follows the ring", in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r2), reasons: reasons(rTX, 1)},
-				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rTX, 1)},
+				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "a SYN on the same 5-tuple follows the ring", in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
+				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}
 		}},
 		{"a frame another edge steered here is never steered again", desired(r1, r2, r3), func(t testing.TB) []step {
@@ -291,7 +300,7 @@ func fixtures() []fixture {
 			return []step{
 				{name: "from a peer: served here", in: fromR1.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 				{name: "from the client: steered, no flow pinned by the peer's frame", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)},
-				{name: "from a peer, chosen here anyway", in: mine.Bytes(), verdict: xdptest.Pass, reasons: reasons(rLocal, 1)},
+				{name: "from a peer, chosen here anyway", in: mine.Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 				{name: "established flow from the client", in: est.Bytes(), verdict: xdptest.TX, out: to(est, r2), reasons: reasons(rTX, 1)},
 				{name: "the same flow from a peer (cached)", in: est.WithMACs(r2MAC, nicMAC).Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 			}

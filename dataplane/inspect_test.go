@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/cilium/ebpf"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -20,10 +21,22 @@ func TestInspectorSeesWhatApplyWrote(t *testing.T) {
 	if err := d.SetMAC(nicMAC); err != nil {
 		t.Fatal(err)
 	}
+	// A new connection leaves no state; when r2 starts draining, a packet of an
+	// older flow of r2's is pinned to it.
+	if _, err := d.Apply(desired(r1, r2, r3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := xdptest.Run(d.Program(), tcp4(40099, xdptest.SYN).Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	if n := entries(t, d.objs.Flows) + entries(t, d.objs.NewPins); n != 0 {
+		t.Fatalf("a new connection left %d entries", n)
+	}
 	if _, err := d.Apply(desired(r1, draining(r2), r3)); err != nil {
 		t.Fatal(err)
 	}
-	p := tcp4(40100, xdptest.SYN)
+	mk := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }
+	p := mk(sportFrom(t, 40100, mk, r2, r1, r2, r3))
 	if _, _, err := xdptest.Run(d.Program(), p.Bytes()); err != nil {
 		t.Fatal(err)
 	}
@@ -63,11 +76,11 @@ func TestInspectorSeesWhatApplyWrote(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(flows) != 1 || flows[0].Flow.Src != client4 || flows[0].Flow.SPort != 40100 || flows[0].Flow.DPort != 80 {
-		t.Fatalf("flows = %+v, want the one client flow", flows)
+	if len(flows) != 1 || flows[0].Flow.Src != client4 || flows[0].Flow.SPort != p.SPort || flows[0].Flow.DPort != 80 || flows[0].Backend != r2.Addr {
+		t.Fatalf("flows = %+v, want the one pinned client flow, to %s", flows, r2.Addr)
 	}
-	if vips[0].Counters.NewFlows != 1 || vips[0].Counters.Packets != 1 {
-		t.Errorf("v4 VIP counters = %+v, want 1 packet, 1 new flow", vips[0].Counters)
+	if vips[0].Counters.NewFlows != 1 || vips[0].Counters.Packets != 2 {
+		t.Errorf("v4 VIP counters = %+v, want 2 packets, 1 new flow", vips[0].Counters)
 	}
 }
 
@@ -229,4 +242,20 @@ portico_xdp_scrape_errors{map="vip_stats"} 1
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "portico_xdp_scrape_errors"); err != nil {
 		t.Error(err)
 	}
+}
+
+// entries counts the entries of a hash map.
+func entries(t testing.TB, m *ebpf.Map) int {
+	t.Helper()
+	var k lbFlowKey
+	var v lbFlowVal
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

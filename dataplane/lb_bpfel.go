@@ -36,6 +36,14 @@ const (
 	lbBackendFlagsBACKEND_F_DRAINING lbBackendFlags = 4
 )
 
+type lbCachePin uint32
+
+const (
+	lbCachePinCACHE_UNPINNED lbCachePin = 0
+	lbCachePinCACHE_PINNED   lbCachePin = 1
+	lbCachePinCACHE_NEW      lbCachePin = 2
+)
+
 type lbFlowCacheEntry struct {
 	_          structs.HostLayout
 	Key        lbFlowKey
@@ -43,6 +51,8 @@ type lbFlowCacheEntry struct {
 	VipId      uint32
 	Generation uint32
 	Hits       uint32
+	Pin        uint32
+	Pad        uint32
 }
 
 type lbFlowKey struct {
@@ -78,11 +88,23 @@ const (
 	lbLbLimitsLB_MAX_VIP_KEYS  lbLbLimits = 1024
 	lbLbLimitsLB_MAX_BACKENDS  lbLbLimits = 4096
 	lbLbLimitsLB_DEFAULT_FLOWS lbLbLimits = 262144
+	lbLbLimitsLB_NEW_PINS      lbLbLimits = 65536
 	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 65537
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
 	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
+	lbLbLimitsLB_MAC_MEMO      lbLbLimits = 16
+	lbLbLimitsLB_VIP_MEMO      lbLbLimits = 64
+	lbLbLimitsLB_PIN_IDLE_SEC  lbLbLimits = 3600
 	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
 )
+
+type lbMacVerdict struct {
+	_          structs.HostLayout
+	Mac        [6]uint8
+	Peer       uint8
+	Pad        uint8
+	Generation uint32
+}
 
 type lbPeerKey struct {
 	_   structs.HostLayout
@@ -107,8 +129,17 @@ const (
 	lbReasonREASON_FLOW_REPICK  lbReason = 11
 	lbReasonREASON_OTHER_HOST   lbReason = 12
 	lbReasonREASON_FROM_PEER    lbReason = 13
-	lbReasonREASON_MAX          lbReason = 14
+	lbReasonREASON_PINNED       lbReason = 14
+	lbReasonREASON_NEW_PINNED   lbReason = 15
+	lbReasonREASON_HANDOFF      lbReason = 16
+	lbReasonREASON_HANDOFF_IN   lbReason = 17
+	lbReasonREASON_MAX          lbReason = 18
 )
+
+type lbRingMeta struct {
+	_           structs.HostLayout
+	PrevUntilNs uint64
+}
 
 type lbVipCounters struct {
 	_        structs.HostLayout
@@ -126,6 +157,15 @@ type lbVipKey struct {
 	Pad   uint8
 }
 
+type lbVipMemo struct {
+	_          structs.HostLayout
+	Key        lbVipKey
+	VipId      uint32
+	Generation uint32
+	Found      uint32
+	Pad        uint32
+}
+
 type lbVipVal struct {
 	_     structs.HostLayout
 	VipId uint32
@@ -141,13 +181,20 @@ const (
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
 	lbMapLbCfg              = "lb_cfg"
+	lbMapNewPins            = "new_pins"
 	lbMapPeers              = "peers"
+	lbMapPinClock           = "pin_clock"
+	lbMapPrevRings          = "prev_rings"
 	lbMapReasonStats        = "reason_stats"
 	lbMapRings              = "rings"
+	lbMapRingsMeta          = "rings_meta"
+	lbMapSrcMacs            = "src_macs"
+	lbMapVipMemos           = "vip_memos"
 	lbMapVipStats           = "vip_stats"
 	lbMapVips               = "vips"
 	lbProgXdpLb             = "xdp_lb"
 	lbVarUnusedBackendFlags = "unused_backend_flags"
+	lbVarUnusedCachePin     = "unused_cache_pin"
 	lbVarUnusedLimits       = "unused_limits"
 )
 
@@ -205,9 +252,15 @@ type lbMapSpecs struct {
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
+	NewPins      *ebpf.MapSpec `ebpf:"new_pins"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
+	PinClock     *ebpf.MapSpec `ebpf:"pin_clock"`
+	PrevRings    *ebpf.MapSpec `ebpf:"prev_rings"`
 	ReasonStats  *ebpf.MapSpec `ebpf:"reason_stats"`
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
+	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
+	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
+	VipMemos     *ebpf.MapSpec `ebpf:"vip_memos"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
 }
@@ -217,6 +270,7 @@ type lbMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbVariableSpecs struct {
 	UnusedBackendFlags *ebpf.VariableSpec `ebpf:"unused_backend_flags"`
+	UnusedCachePin     *ebpf.VariableSpec `ebpf:"unused_cache_pin"`
 	UnusedLimits       *ebpf.VariableSpec `ebpf:"unused_limits"`
 }
 
@@ -245,9 +299,15 @@ type lbMaps struct {
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
+	NewPins      *ebpf.Map `ebpf:"new_pins"`
 	Peers        *ebpf.Map `ebpf:"peers"`
+	PinClock     *ebpf.Map `ebpf:"pin_clock"`
+	PrevRings    *ebpf.Map `ebpf:"prev_rings"`
 	ReasonStats  *ebpf.Map `ebpf:"reason_stats"`
 	Rings        *ebpf.Map `ebpf:"rings"`
+	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
+	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
+	VipMemos     *ebpf.Map `ebpf:"vip_memos"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
 }
@@ -259,9 +319,15 @@ func (m *lbMaps) Close() error {
 		m.FlowCache,
 		m.Flows,
 		m.LbCfg,
+		m.NewPins,
 		m.Peers,
+		m.PinClock,
+		m.PrevRings,
 		m.ReasonStats,
 		m.Rings,
+		m.RingsMeta,
+		m.SrcMacs,
+		m.VipMemos,
 		m.VipStats,
 		m.Vips,
 	)
@@ -272,6 +338,7 @@ func (m *lbMaps) Close() error {
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbVariables struct {
 	UnusedBackendFlags *ebpf.Variable `ebpf:"unused_backend_flags"`
+	UnusedCachePin     *ebpf.Variable `ebpf:"unused_cache_pin"`
 	UnusedLimits       *ebpf.Variable `ebpf:"unused_limits"`
 }
 

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -21,6 +22,13 @@ const (
 	pinProgram = "xdp_lb"
 )
 
+// DefaultTransition is how long a VIP's previous ring counts after its last change.
+// A connection older than the change that sends a packet within it stays on its
+// replica for good (it is pinned then); one silent for longer goes where the
+// current ring says. Two minutes cover nginx's idle limits (keepalive_timeout 75 s,
+// proxy_read_timeout 60 s), which end quieter connections anyway.
+const DefaultTransition = 2 * time.Minute
+
 // Options configure Load.
 type Options struct {
 	// PinPath is the bpffs directory for maps, program and link. Empty means
@@ -31,7 +39,10 @@ type Options struct {
 	RingSize uint32
 	// FlowEntries is the size of the flow table. 0 means the compiled default.
 	FlowEntries uint32
-	Logger      *zap.Logger
+	// Transition is how long the previous ring of a VIP counts after its last
+	// change (see the package doc). 0 means DefaultTransition.
+	Transition time.Duration
+	Logger     *zap.Logger
 }
 
 // Dataplane is a loaded xdp_lb: its program and pinned maps, and the state Apply
@@ -56,6 +67,9 @@ func Load(opts Options) (*Dataplane, error) {
 	if opts.RingSize == 0 {
 		opts.RingSize = DefaultRingSize
 	}
+	if opts.Transition <= 0 {
+		opts.Transition = DefaultTransition
+	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
 	}
@@ -70,13 +84,20 @@ func Load(opts Options) (*Dataplane, error) {
 		return nil, fmt.Errorf("load embedded xdp_lb object: %w", err)
 	}
 	for name, m := range spec.Maps {
-		if name == lbMapRings || name == lbMapVips || name == lbMapBackends || name == lbMapFlows ||
-			name == lbMapLbCfg || name == lbMapVipStats || name == lbMapBackendStats || name == lbMapReasonStats ||
-			name == lbMapFlowCache || name == lbMapPeers {
+		// flow_cache is not pinned: a new program starts a new generation, in
+		// which no cached entry counts anyway.
+		switch name {
+		case lbMapRings, lbMapPrevRings, lbMapRingsMeta, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
+			lbMapPinClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers:
 			m.Pinning = ebpf.PinByName
 		}
 	}
+	// Versions before the two-ring design pinned a flow_cache of another layout.
+	if err := os.Remove(filepath.Join(opts.PinPath, lbMapFlowCache)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("unpin the old flow_cache: %w", err)
+	}
 	spec.Maps[lbMapRings].InnerMap.MaxEntries = opts.RingSize
+	spec.Maps[lbMapPrevRings].InnerMap.MaxEntries = opts.RingSize
 	if opts.FlowEntries != 0 {
 		spec.Maps[lbMapFlows].MaxEntries = opts.FlowEntries
 	}
@@ -109,6 +130,15 @@ func Load(opts Options) (*Dataplane, error) {
 	if err := d.recover(); err != nil {
 		d.Close()
 		return nil, err
+	}
+	// Pinned flows left by an earlier agent (or an earlier version, which pinned
+	// every flow) are consulted again for LB_PIN_IDLE_SEC.
+	var fk lbFlowKey
+	if err := d.objs.Flows.NextKey(nil, &fk); err == nil {
+		if err := d.objs.PinClock.Put(uint32(0), uint64(monotonicNow())); err != nil {
+			d.Close()
+			return nil, fmt.Errorf("update map pin_clock: %w", err)
+		}
 	}
 	return d, nil
 }
@@ -244,21 +274,27 @@ func (d *Dataplane) SetMAC(mac net.HardwareAddr) error {
 	return d.writeConfig()
 }
 
-// ClearFlows empties the flow table, so the next packet of every flow is new
-// again (benchmarks measure new flows with it).
+// ClearFlows empties the tables of pinned flows (flows and new_pins) and retires
+// every CPU's flow cache, so every flow is decided afresh (benchmarks use it).
 func (d *Dataplane) ClearFlows() error {
-	var k lbFlowKey
-	var keys []lbFlowKey
-	var v lbFlowVal
-	it := d.objs.Flows.Iterate()
-	for it.Next(&k, &v) {
-		keys = append(keys, k)
+	d.cfg.Generation++
+	if err := d.writeConfig(); err != nil {
+		return err
 	}
-	if err := it.Err(); err != nil {
-		return fmt.Errorf("read map flows: %w", err)
-	}
-	for _, k := range keys {
-		d.objs.Flows.Delete(&k)
+	for _, m := range []*ebpf.Map{d.objs.Flows, d.objs.NewPins} {
+		var k lbFlowKey
+		var keys []lbFlowKey
+		var v lbFlowVal
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			keys = append(keys, k)
+		}
+		if err := it.Err(); err != nil {
+			return fmt.Errorf("read map %s: %w", m, err)
+		}
+		for _, k := range keys {
+			m.Delete(&k)
+		}
 	}
 	return nil
 }
@@ -275,4 +311,11 @@ func (d *Dataplane) Attached() bool {
 	}
 	x := info.XDP()
 	return x != nil && x.Ifindex != 0
+}
+
+// monotonicNow is the clock of bpf_ktime_get_coarse_ns (CLOCK_MONOTONIC), in ns.
+func monotonicNow() time.Duration {
+	var ts unix.Timespec
+	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return time.Duration(ts.Nano())
 }

@@ -18,7 +18,11 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		key, value any
 	}{
 		{lbMapVips, lbVipKey{}, lbVipVal{}},
-		{lbMapRings, uint32(0), uint32(0)}, // value: an inner map fd
+		{lbMapRings, uint32(0), uint32(0)},     // value: an inner map fd
+		{lbMapPrevRings, uint32(0), uint32(0)}, // value: an inner map fd
+		{lbMapRingsMeta, uint32(0), lbRingMeta{}},
+		{lbMapNewPins, lbFlowKey{}, lbFlowVal{}},
+		{lbMapPinClock, uint32(0), uint64(0)},
 		{lbMapBackends, uint32(0), lbBackend{}},
 		{lbMapFlows, lbFlowKey{}, lbFlowVal{}},
 		{lbMapFlowCache, uint32(0), lbFlowCacheEntry{}},
@@ -27,6 +31,8 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapBackendStats, uint32(0), lbBackendCounters{}},
 		{lbMapReasonStats, lbReason(0), uint64(0)},
 		{lbMapPeers, lbPeerKey{}, uint32(0)},
+		{lbMapSrcMacs, uint32(0), [12]byte{}},  // struct mac_verdict: BPF-only
+		{lbMapVipMemos, uint32(0), [36]byte{}}, // struct vip_memo: BPF-only
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m, ok := spec.Maps[tc.name]
@@ -44,14 +50,16 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 			}
 		})
 	}
-	inner := spec.Maps[lbMapRings].InnerMap
-	if inner == nil || inner.KeySize != 4 || inner.ValueSize != 4 {
-		t.Errorf("ring inner map: %+v, want u32 -> u32", inner)
+	for _, outer := range []string{lbMapRings, lbMapPrevRings} {
+		inner := spec.Maps[outer].InnerMap
+		if inner == nil || inner.KeySize != 4 || inner.ValueSize != 4 {
+			t.Errorf("%s inner map: %+v, want u32 -> u32", outer, inner)
+		}
 	}
 	// Every map the object defines is covered above (.bss holds only the
 	// BTF anchors for enums).
-	if n := len(spec.Maps); n != 11 {
-		t.Errorf("object has %d maps, the test covers 10 plus .bss", n)
+	if n := len(spec.Maps); n != 17 {
+		t.Errorf("object has %d maps, the test covers 16 plus .bss", n)
 	}
 }
 

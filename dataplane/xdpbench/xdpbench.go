@@ -44,24 +44,33 @@ type Options struct {
 }
 
 // world is the state the benchmark cases run against: production-sized
-// maps, one VIP pair over ten remote replicas.
+// maps, one VIP pair over ten remote replicas, and a third VIP whose ten replicas
+// just became eleven (its transition lasts the whole run).
 type world struct {
 	d       *dataplane.Dataplane
 	floor   *ebpf.Program
 	nic     net.HardwareAddr
 	vip4    netip.Addr
 	vip6    netip.Addr
+	vipC    netip.Addr // in a transition
 	client4 netip.Addr
 	client6 netip.Addr
-	cleanup func()
+	// movedIdx: candidate flows to vipC (movedClient(i), port 1024+i%60000) that
+	// the change moved to another replica.
+	movedIdx []int
+	cleanup  func()
 }
+
+// movedFlows is how many flows across the change the world prepares: enough for
+// both measurement passes of Run's defaults.
+const movedFlows = 45_000
 
 func newWorld() (*world, error) {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return nil, fmt.Errorf("remove memlock rlimit: %w", err)
 	}
 	pin := fmt.Sprintf("%s-bench-%d", dataplane.DefaultPinPath, os.Getpid())
-	d, err := dataplane.Load(dataplane.Options{PinPath: pin})
+	d, err := dataplane.Load(dataplane.Options{PinPath: pin, Transition: time.Hour})
 	if err != nil {
 		return nil, err
 	}
@@ -76,27 +85,71 @@ func newWorld() (*world, error) {
 		nic:     net.HardwareAddr{2, 0, 0, 0, 0, 0xe},
 		vip4:    netip.MustParseAddr("192.0.2.10"),
 		vip6:    netip.MustParseAddr("2001:db8::10"),
+		vipC:    netip.MustParseAddr("192.0.2.20"),
 		client4: netip.MustParseAddr("198.51.100.7"),
 		client6: netip.MustParseAddr("2001:db8:1::7"),
 		cleanup: func() { floor.Close(); d.Close(); dataplane.Uninstall(pin) },
 	}
 	var bs []dataplane.Backend
-	for i := range 10 {
+	for i := range 11 {
 		bs = append(bs, dataplane.Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(11 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}})
 	}
 	if err := d.SetMAC(w.nic); err != nil {
 		w.cleanup()
 		return nil, err
 	}
-	_, err = d.Apply(dataplane.Desired{Seed: 1, Groups: []dataplane.Group{{
-		Name: "bench", VIPs: []netip.Addr{w.vip4, w.vip6},
-		Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Backends: bs,
-	}}})
-	if err != nil {
+	want := func(changed []dataplane.Backend) dataplane.Desired {
+		return dataplane.Desired{Seed: seed, Groups: []dataplane.Group{
+			{Name: "bench", VIPs: []netip.Addr{w.vip4, w.vip6}, Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Backends: bs[:10]},
+			{Name: "change", VIPs: []netip.Addr{w.vipC}, Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Backends: changed},
+		}}
+	}
+	for _, set := range [][]dataplane.Backend{bs[:10], bs} {
+		if _, err := d.Apply(want(set)); err != nil {
+			w.cleanup()
+			return nil, err
+		}
+	}
+	if err := w.findMoved(bs); err != nil {
 		w.cleanup()
 		return nil, err
 	}
 	return w, nil
+}
+
+const seed = 1
+
+// findMoved finds movedFlows flows to vipC whose replica differs between the ring
+// of bs[:10] and that of bs.
+func (w *world) findMoved(bs []dataplane.Backend) error {
+	var tabs [2]dataplane.Table
+	for i, set := range [][]dataplane.Backend{bs[:10], bs} {
+		var in []dataplane.MaglevBackend
+		for _, b := range set {
+			in = append(in, dataplane.MaglevBackend{Addr: b.Addr})
+		}
+		t, err := dataplane.BuildTable(in, dataplane.DefaultRingSize)
+		if err != nil {
+			return err
+		}
+		tabs[i] = t
+	}
+	for i := 0; len(w.movedIdx) < movedFlows; i++ {
+		if i >= 1<<24 {
+			return fmt.Errorf("only %d moved flows in 2^24", len(w.movedIdx))
+		}
+		f := dataplane.Flow{Src: movedClient(i), Dst: w.vipC, SPort: uint16(1024 + i%60000), DPort: 443, Protocol: 6}
+		h := dataplane.FlowHash(f, seed) % dataplane.DefaultRingSize
+		if tabs[0].Backends[tabs[0].Slots[h]] != tabs[1].Backends[tabs[1].Slots[h]] {
+			w.movedIdx = append(w.movedIdx, i)
+		}
+	}
+	return nil
+}
+
+// movedClient is the client address of candidate flow i across the change.
+func movedClient(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{198, 19, byte(i >> 16), byte(i >> 8)})
 }
 
 func (w *world) tcp(src, dst netip.Addr, sport uint16, flags uint8) []byte {
@@ -126,6 +179,10 @@ func (w *world) cases() []benchCase {
 		}},
 		{name: "established TCP v6", prog: w.d.Program(), frame: same(est6)},
 		{name: "non-VIP pass", prog: w.d.Program(), frame: same(other)},
+		{name: "non-SYN packet of a flow across a ring change", prog: w.d.Program(), distinct: true, frame: func(i int) []byte {
+			j := w.movedIdx[i%len(w.movedIdx)]
+			return w.tcp(movedClient(j), w.vipC, uint16(1024+j%60000), xdptest.ACK)
+		}},
 	}
 }
 

@@ -15,11 +15,12 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"floor: bare XDP_TX":    "XDP_TX",
-		"established TCP v4":    "XDP_TX",
-		"new TCP v4 flow (SYN)": "XDP_TX",
-		"established TCP v6":    "XDP_TX",
-		"non-VIP pass":          "XDP_PASS",
+		"floor: bare XDP_TX":                            "XDP_TX",
+		"established TCP v4":                            "XDP_TX",
+		"new TCP v4 flow (SYN)":                         "XDP_TX",
+		"established TCP v6":                            "XDP_TX",
+		"non-VIP pass":                                  "XDP_PASS",
+		"non-SYN packet of a flow across a ring change": "XDP_TX",
 	}
 	if len(res) != len(want) {
 		t.Fatalf("%d cases, want %d", len(res), len(want))

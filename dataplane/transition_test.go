@@ -1,0 +1,320 @@
+package dataplane
+
+import (
+	"net"
+	"net/netip"
+	"slices"
+	"testing"
+
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+var (
+	r4MAC = mustMAC("02:00:00:00:01:04")
+	r4    = Backend{Addr: netip.MustParseAddr("10.0.0.14"), MAC: r4MAC}
+)
+
+// director is one edge node's xdp_lb for the transition tests, which send the same
+// changes to two of them.
+type director struct {
+	name string
+	d    *Dataplane
+}
+
+func newDirector(t *testing.T, name string) director {
+	t.Helper()
+	d := loadForTest(t)
+	if err := d.SetMAC(nicMAC); err != nil {
+		t.Fatal(err)
+	}
+	return director{name, d}
+}
+
+func (dr director) apply(t *testing.T, want Desired) {
+	t.Helper()
+	if _, err := dr.d.Apply(want); err != nil {
+		t.Fatalf("%s: apply: %v", dr.name, err)
+	}
+}
+
+// send runs p through the director and returns the backend it went to.
+func (dr director) send(t *testing.T, p xdptest.Packet, bs ...Backend) Backend {
+	t.Helper()
+	return dr.sendFrame(t, p.Bytes(), bs...)
+}
+
+func (dr director) sendFrame(t *testing.T, frame []byte, bs ...Backend) Backend {
+	t.Helper()
+	verdict, out, err := xdptest.Run(dr.d.Program(), frame)
+	if err != nil {
+		t.Fatalf("%s: run: %v", dr.name, err)
+	}
+	if verdict != xdptest.TX {
+		t.Fatalf("%s: verdict %s, want TX", dr.name, xdptest.VerdictName(verdict))
+	}
+	for _, b := range bs {
+		if net.HardwareAddr(out[0:6]).String() == b.MAC.String() {
+			return b
+		}
+	}
+	t.Fatalf("%s: sent to %s, none of the backends", dr.name, net.HardwareAddr(out[0:6]))
+	return Backend{}
+}
+
+// state counts the entries of flows and new_pins.
+func (dr director) state(t *testing.T) (pinned, news int) {
+	t.Helper()
+	return entries(t, dr.d.objs.Flows), entries(t, dr.d.objs.NewPins)
+}
+
+// endTransitions makes every previous ring stop counting, as time would.
+func (dr director) endTransitions(t *testing.T) {
+	t.Helper()
+	for vip := range dr.d.st.prevUntil {
+		if err := dr.d.objs.RingsMeta.Put(vip, lbRingMeta{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// flowWhere finds a TCP flow (ACK) from start on whose picks over the successive
+// replica sets are want[i].
+func flowWhere(t *testing.T, start uint16, sets [][]Backend, want ...Backend) xdptest.Packet {
+	t.Helper()
+	for sport := start; sport < start+5000; sport++ {
+		p := tcp4(sport, xdptest.ACK)
+		ok := true
+		for i, set := range sets {
+			if pick(t, p, set...) != want[i].Addr {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return p
+		}
+	}
+	t.Fatalf("no flow goes %v over %d replica sets", want, len(sets))
+	return xdptest.Packet{}
+}
+
+func syn(p xdptest.Packet) xdptest.Packet { p.Flags = xdptest.SYN; return p }
+
+// TestNoStateWithoutChange: new connections and their packets leave no entry
+// while the rings do not change.
+func TestNoStateWithoutChange(t *testing.T) {
+	dr := newDirector(t, "d1")
+	dr.apply(t, desired(r1, r2))
+	for i := range 500 {
+		p := tcp4(uint16(20000+i), xdptest.ACK)
+		want := pick(t, p, r1, r2)
+		if got := dr.send(t, syn(p), r1, r2); got.Addr != want {
+			t.Fatalf("SYN %d went to %s, the ring says %s", i, got.Addr, want)
+		}
+		if got := dr.send(t, p, r1, r2); got.Addr != want {
+			t.Fatalf("ACK %d went to %s, the ring says %s", i, got.Addr, want)
+		}
+		dr.send(t, udp4(uint16(20000+i)), r1, r2)
+	}
+	if pinned, news := dr.state(t); pinned+news != 0 {
+		t.Errorf("500 connections and 500 UDP flows left %d pinned and %d new entries, want none", pinned, news)
+	}
+}
+
+// TestTransition: around one change, on a director that saw the flows and on one
+// that never did. A flow older than the change stays on its replica (pinned on its
+// first packet after the change); a connection opened after it follows the new
+// ring and stays there (remembered at its SYN, pinned by its next packet); a flow
+// the change did not move needs no entry; an ICMP error follows the older flow and
+// creates nothing.
+func TestTransition(t *testing.T) {
+	d1, d2 := newDirector(t, "d1"), newDirector(t, "d2")
+	before, after := []Backend{r1, r2}, []Backend{r1, r2, r4}
+	old := flowWhere(t, 30000, [][]Backend{before, after}, r1, r4) // moved by the change
+	kept := flowWhere(t, 30000, [][]Backend{before, after}, r2, r2)
+	fresh := flowWhere(t, old.SPort+1, [][]Backend{before, after}, r2, r4)
+	for _, d := range []director{d1, d2} {
+		d.apply(t, desired(before...))
+	}
+	d1.send(t, syn(old), before...)
+	d1.send(t, old, before...)
+	d1.send(t, syn(kept), before...)
+
+	for _, d := range []director{d1, d2} {
+		d.apply(t, desired(after...))
+	}
+	for _, d := range []director{d1, d2} {
+		if got := d.send(t, old, after...); got.Addr != r1.Addr {
+			t.Errorf("%s: the older flow went to %s, want its replica %s", d.name, got.Addr, r1.Addr)
+		}
+		if got := d.send(t, kept, after...); got.Addr != r2.Addr {
+			t.Errorf("%s: a flow the change did not move went to %s", d.name, got.Addr)
+		}
+	}
+	for _, d := range []director{d1, d2} {
+		if pinned, news := d.state(t); pinned != 1 || news != 0 {
+			t.Errorf("%s: %d pinned, %d new entries, want the older flow pinned alone", d.name, pinned, news)
+		}
+	}
+	if got := d1.send(t, syn(fresh), after...); got.Addr != r4.Addr {
+		t.Errorf("a connection opened after the change went to %s, want %s", got.Addr, r4.Addr)
+	}
+	for range 3 {
+		if got := d1.send(t, fresh, after...); got.Addr != r4.Addr {
+			t.Errorf("its next packet went to %s, want %s", got.Addr, r4.Addr)
+		}
+	}
+	if pinned, news := d1.state(t); pinned != 2 || news != 0 {
+		t.Errorf("d1: %d pinned, %d new entries, want 2 (the older flow; the new connection, by its handshake's ACK) and 0", pinned, news)
+	}
+
+	// An ICMP error about the older flow (sent by a router on the path of the
+	// replica's reply) reaches that replica and pins nothing, on a director that
+	// never saw the flow.
+	d3 := newDirector(t, "d3")
+	d3.apply(t, desired(before...))
+	d3.apply(t, desired(after...))
+	reply := old
+	reply.Src, reply.Dst, reply.SPort, reply.DPort = old.Dst, old.Src, old.DPort, old.SPort
+	reply.Payload = make([]byte, 1400)
+	icmp := xdptest.ICMPError(clientMAC, nicMAC, router4, vip4, 3, 4, 1280, reply.IP()[:28])
+	if got := d3.sendFrame(t, icmp, after...); got.Addr != r1.Addr {
+		t.Errorf("the ICMP error went to %s, want the older flow's replica %s", got.Addr, r1.Addr)
+	}
+	if pinned, news := d3.state(t); pinned+news != 0 {
+		t.Errorf("an ICMP error left %d entries", pinned+news)
+	}
+
+	// The transition over, the older flow stays where it was pinned; a flow that
+	// sent nothing during it follows the current ring.
+	silent := flowWhere(t, fresh.SPort+1, [][]Backend{before, after}, r1, r4)
+	d1.endTransitions(t)
+	if got := d1.send(t, old, after...); got.Addr != r1.Addr {
+		t.Errorf("after the transition the pinned flow went to %s, want %s", got.Addr, r1.Addr)
+	}
+	if got := d1.send(t, silent, after...); got.Addr != r4.Addr {
+		t.Errorf("after the transition a flow silent throughout went to %s, want the current ring's %s", got.Addr, r4.Addr)
+	}
+}
+
+// TestTransitionTwoChanges: a second change within the transition keeps the ring
+// from before the first as the previous one, so flows older than both stay, and a
+// connection opened between the two stays on the replica it started on, also when
+// the second change moves its slot (then it is pinned for good). Draining and
+// removed replicas: a draining replica keeps its flows, a removed one's go where
+// the rings say.
+func TestTransitionTwoChanges(t *testing.T) {
+	dr := newDirector(t, "d1")
+	a := []Backend{r1, r2}
+	b := []Backend{r1, r2, r4}
+	c := []Backend{r1, draining(r2), r4}
+	serving := []Backend{r1, r4}                                // c's ring
+	f0 := flowWhere(t, 40000, [][]Backend{a, b}, r2, r4)        // older than both
+	f1 := flowWhere(t, 40000, [][]Backend{a, b}, r1, r2)        // opened between them
+	gone := flowWhere(t, f1.SPort+1, [][]Backend{a, b}, r1, r1) // its replica is removed later
+	dr.apply(t, desired(a...))
+	dr.send(t, syn(f0), a...)
+	dr.send(t, syn(gone), a...)
+
+	dr.apply(t, desired(b...))
+	if got := dr.send(t, syn(f1), b...); got.Addr != r2.Addr {
+		t.Fatalf("a connection opened after the first change went to %s, want %s", got.Addr, r2.Addr)
+	}
+	dr.apply(t, desired(c...))
+	if want := pick(t, f1, serving...); want == r2.Addr {
+		t.Fatalf("f1's slot should move off draining r2")
+	}
+	if got := dr.send(t, f0, b...); got.Addr != r2.Addr {
+		t.Errorf("a flow older than both changes went to %s, want its draining replica %s", got.Addr, r2.Addr)
+	}
+	if got := dr.send(t, f1, b...); got.Addr != r2.Addr {
+		t.Errorf("a connection opened between the changes went to %s, want its draining replica %s", got.Addr, r2.Addr)
+	}
+	if pinned, _ := dr.state(t); pinned != 2 {
+		t.Errorf("%d pinned flows, want 2 (f0, and f1 moved by the second change)", pinned)
+	}
+	dr.endTransitions(t)
+	for _, f := range []xdptest.Packet{f0, f1} {
+		if got := dr.send(t, f, b...); got.Addr != r2.Addr {
+			t.Errorf("after the transition, pinned flow %d went to %s, want %s", f.SPort, got.Addr, r2.Addr)
+		}
+	}
+
+	// r1 removed: its flow goes where the rings say, even though it was there
+	// first.
+	dr.apply(t, desired(draining(r2), r4))
+	if got := dr.send(t, gone, b...); got.Addr != r4.Addr {
+		t.Errorf("the flow of removed r1 went to %s, want %s", got.Addr, r4.Addr)
+	}
+}
+
+// TestHandoff: during a transition, a director that took the VIP over may send a
+// packet of a connection to the replica that does not have it (it was opened at
+// the old director, in a moved slot). That replica's xdp_lb, finding no socket for
+// it, hands it on, marked, to the other ring's choice, whose xdp_lb clears the mark
+// and serves it. Outside a transition, SYNs, and marked frames are never handed on.
+func TestHandoff(t *testing.T) {
+	dr := newDirector(t, "r3's node")
+	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
+	toNew := flowWhere(t, 50000, [][]Backend{before, after}, r3, r4) // here before, r4's now
+	toOld := flowWhere(t, 50000, [][]Backend{before, after}, r1, r3) // r1's before, here now
+	fromPeer := func(p xdptest.Packet) xdptest.Packet { return p.WithMACs(r1MAC, nicMAC) }
+	dr.apply(t, desired(before...))
+	run := func(name string, frame []byte, verdict uint32) []byte {
+		t.Helper()
+		v, out, err := xdptest.Run(dr.d.Program(), frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != verdict {
+			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
+		}
+		return out
+	}
+	run("no transition: served here", fromPeer(toNew).Bytes(), xdptest.Pass)
+
+	dr.apply(t, desired(after...))
+	run("a SYN is served here", fromPeer(syn(toNew)).Bytes(), xdptest.Pass)
+	for _, tc := range []struct {
+		name string
+		p    xdptest.Packet
+		to   Backend
+	}{
+		{"this node's before, r4's now: to r4", toNew, r4},
+		{"r1's before, this node's now: to r1", toOld, r1},
+	} {
+		in := fromPeer(tc.p).Bytes()
+		out := run(tc.name, slices.Clone(in), xdptest.TX)
+		if got := net.HardwareAddr(out[0:6]).String(); got != tc.to.MAC.String() {
+			t.Errorf("%s: sent to %s", tc.name, got)
+		}
+		if out[20]&0x80 == 0 || ipv4Checksum(out[14:34]) != 0 {
+			t.Errorf("%s: frame not marked, or its IPv4 checksum wrong: % x", tc.name, out[14:34])
+		}
+		// The receiving edge clears the mark: what its stack gets is the frame as
+		// the client sent it.
+		back := run(tc.name+", received marked", withMACs(out, r1MAC, nicMAC), xdptest.Pass)
+		if want := withMACs(in, r1MAC, nicMAC); !slices.Equal(back, want) {
+			t.Errorf("%s: the receiving edge passed % x, want % x", tc.name, back[14:34], want[14:34])
+		}
+	}
+	c, err := dr.d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Reasons[rHandoff] != 2 || c.Reasons[rHandoffIn] != 2 {
+		t.Errorf("hand-offs %d out, %d in, want 2 and 2", c.Reasons[rHandoff], c.Reasons[rHandoffIn])
+	}
+}
+
+// ipv4Checksum is the Internet checksum over an IPv4 header: 0 when it is right.
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}

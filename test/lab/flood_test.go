@@ -1,0 +1,135 @@
+package lab
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/dataplane"
+)
+
+// backendPackets reads node n's pinned maps: packets steered to each replica of
+// the VIP, and how many flows its tables hold (pinned, and new in a transition).
+func (l *Lab) backendPackets(t *testing.T, n *Node) (map[netip.Addr]uint64, int) {
+	t.Helper()
+	in, err := dataplane.OpenPinned(l.pinDir(n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	vips, err := in.VIPs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[netip.Addr]uint64{}
+	for _, v := range vips {
+		if v.Addr == VIP {
+			for _, b := range v.Backends {
+				out[b.Addr] += b.Counters.Packets
+			}
+		}
+	}
+	flows, err := in.Flows(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out, len(flows)
+}
+
+// TestSYNFloodAcrossRingChanges: 200 long-lived connections through the VIP, then a
+// bounded flood of spoofed SYNs at the VIP (500,000 packets, at most 20 s), during
+// which a replica joins and then another starts draining. No long-lived connection
+// breaks (those on the draining replica included), the flood's SYNs spread over the
+// replicas by the ring, and the owner's table of pinned flows holds no more than the
+// long-lived connections: the flood pinned nothing.
+func TestSYNFloodAcrossRingChanges(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	e1, e3 := l.Edges[0], l.Edges[2]
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e3: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		in, err := l.InRing(owner, e3)
+		if err == nil && in {
+			err = fmt.Errorf("%s still in the owner's ring", e3.Name)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.OpenKeepConns(ctx, "echo.lab", 200)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held.Close)
+
+	before, _ := l.backendPackets(t, owner)
+	type result struct {
+		sent int
+		err  error
+	}
+	done := make(chan result, 1)
+	t0 := time.Now()
+	go func() {
+		n, err := l.FloodSpoofedSYNs(ctx, netip.MustParsePrefix("198.18.0.0/15"), 80, 500_000, 20*time.Second)
+		done <- result{n, err}
+	}()
+	time.Sleep(time.Second)
+	if err := l.SetGroupEndpoints(ctx, nil); err != nil { // e3 joins
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e1: "terminating"}); err != nil { // e1 drains
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	took := time.Since(t0)
+	t.Logf("%d spoofed SYNs in %.1f s (%.0f/s); %s joined 1 s in, %s drained 2 s in", r.sent, took.Seconds(), float64(r.sent)/took.Seconds(), e3.Name, e1.Name)
+	if r.sent < 100_000 {
+		t.Errorf("only %d SYNs sent", r.sent)
+	}
+
+	kept, onE1 := 0, 0
+	for _, k := range held {
+		if k.Edge == e1.Addr.Addr().String() {
+			onE1++
+		}
+		if _, err := k.Do("echo.lab", "/after-flood", 3*time.Second); err == nil {
+			kept++
+		} else {
+			t.Logf("held connection via %s: %v", k.Edge, err)
+		}
+	}
+	t.Logf("%d of %d long-lived connections kept working (%d on the draining %s)", kept, len(held), onE1, e1.Name)
+	if kept != len(held) || onE1 == 0 {
+		t.Errorf("%d of %d long-lived connections kept working (%d on %s), want all, and some on the draining replica", kept, len(held), onE1, e1.Name)
+	}
+
+	after, pinned := l.backendPackets(t, owner)
+	var total uint64
+	share := map[string]uint64{}
+	for _, e := range l.Edges {
+		d := after[e.Addr.Addr()] - before[e.Addr.Addr()]
+		share[e.Name] = d
+		total += d
+	}
+	t.Logf("packets steered per replica during the flood: %v; flows pinned on the owner: %d", share, pinned)
+	for _, e := range l.Edges {
+		if share[e.Name] < total/10 {
+			t.Errorf("%s got %d of %d packets: the flood's SYNs should spread over every replica of the ring", e.Name, share[e.Name], total)
+		}
+	}
+	if pinned > len(held) {
+		t.Errorf("%d flows pinned on the owner after the flood, want at most the %d long-lived connections", pinned, len(held))
+	}
+}
