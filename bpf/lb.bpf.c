@@ -189,49 +189,37 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 	pin_seen(now);
 }
 
-/* The hand-off mark: the reserved flag bit of IPv4 (RFC 791), the top bit of the
- * IPv6 flow label. Only edges set it, only on frames they hand to each other on
- * the edge segment, and the receiving edge clears it before the stack sees it. */
+/* The hand-off mark: the reserved flag bit of IPv4 (RFC 791), which nothing else
+ * sets. Only edges set it, only on frames they hand to each other on the edge
+ * segment, and the receiving edge clears it before its stack sees the frame.
+ * IPv6 has no such bit (flow labels are random), so IPv6 is never handed off. */
 #define IP4_MARK 0x8000
-#define IP6_MARK 0x08 /* in the second byte of the header */
 
 static __always_inline int marked(struct ethhdr *eth, void *data_end)
 {
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
+	struct iphdr *ip = (void *)(eth + 1);
 
-		return (void *)(ip + 1) <= data_end && (ip->frag_off & bpf_htons(IP4_MARK));
-	}
-	__u8 *b = (void *)(eth + 1);
-
-	return (void *)(b + 2) <= data_end && (b[1] & IP6_MARK);
+	return eth->h_proto == bpf_htons(ETH_P_IP) && (void *)(ip + 1) <= data_end &&
+	       (ip->frag_off & bpf_htons(IP4_MARK));
 }
 
-/* set_mark sets (on) or clears the hand-off mark, keeping the IPv4 checksum right
- * (RFC 1624). */
+/* set_mark sets (on) or clears the hand-off mark of an IPv4 frame, keeping its
+ * header checksum right (RFC 1624). */
 static __always_inline void set_mark(struct ethhdr *eth, void *data_end, int on)
 {
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
-		struct iphdr *ip = (void *)(eth + 1);
-		__u16 old, new;
-		__u32 sum;
+	struct iphdr *ip = (void *)(eth + 1);
+	__u16 old, new;
+	__u32 sum;
 
-		if ((void *)(ip + 1) > data_end)
-			return;
-		old = bpf_ntohs(ip->frag_off);
-		new = on ? old | IP4_MARK : old & ~IP4_MARK;
-		ip->frag_off = bpf_htons(new);
-		sum = (__u16)~bpf_ntohs(ip->check) + (__u16)~old + new;
-		sum = (sum & 0xffff) + (sum >> 16);
-		sum = (sum & 0xffff) + (sum >> 16);
-		ip->check = bpf_htons(~sum);
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || (void *)(ip + 1) > data_end)
 		return;
-	}
-	__u8 *b = (void *)(eth + 1);
-
-	if ((void *)(b + 2) > data_end)
-		return;
-	b[1] = on ? b[1] | IP6_MARK : b[1] & ~IP6_MARK;
+	old = bpf_ntohs(ip->frag_off);
+	new = on ? old | IP4_MARK : old & ~IP4_MARK;
+	ip->frag_off = bpf_htons(new);
+	sum = (__u16)~bpf_ntohs(ip->check) + (__u16)~old + new;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	ip->check = bpf_htons(~sum);
 }
 
 /* has_connection reports whether this node's stack has the TCP connection of
@@ -282,7 +270,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		set_mark(eth, data_end, 0);
 		return count(REASON_HANDOFF_IN, XDP_PASS);
 	}
-	if (p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error || !lookup_vip(&p->flow, cfg, &vip_id))
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error ||
+	    !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	if (!prev_live(vip_id, bpf_ktime_get_coarse_ns()))
 		return count(REASON_FROM_PEER, XDP_PASS);

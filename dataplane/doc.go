@@ -37,8 +37,9 @@
 // change, including the ones on a draining replica, which a per-node flow table
 // could not. A connection opened during the transition in a moved slot is known only
 // to the director that saw its SYN; a new owner sends it to the previous ring's
-// replica, whose xdp_lb finds no socket for it and hands it on, once and marked, to
-// the other ring's choice. Limits, by design:
+// replica, whose xdp_lb finds no socket for it and hands it on, once and marked
+// (the IPv4 reserved flag bit), to the other ring's choice; IPv6 has no spare bit
+// and is not handed off. Limits, by design:
 // a connection older than the change that sends nothing during the transition goes
 // where the current ring says afterwards (nginx's idle limits, 60-75 s, close such
 // connections anyway); a UDP flow has no SYN, so a new UDP flow in a moved slot is
