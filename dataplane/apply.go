@@ -109,9 +109,6 @@ func (d *Dataplane) recover() error {
 	// changes: a restart must not start a transition (or cut one short by making
 	// the current ring the previous one).
 	for _, id := range st.vipIDs {
-		if _, done := st.rings[id]; done {
-			continue
-		}
 		slots, err := d.maps().ring(id)
 		if err != nil {
 			return err

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/portico-edge/portico/dataplane/xdptest"
 )
@@ -317,4 +318,39 @@ func ipv4Checksum(h []byte) uint16 {
 		sum = sum>>16 + sum&0xffff
 	}
 	return ^uint16(sum)
+}
+
+// TestRestartStartsNoTransition: an agent restarted (the maps pinned, the same
+// replicas) swaps no ring, so it neither starts a transition nor ends one early.
+func TestRestartStartsNoTransition(t *testing.T) {
+	dr := newDirector(t, "d1")
+	dr.apply(t, desired(r1, r2))
+	dr.apply(t, desired(r1, r2, r4)) // a transition under way
+	until := dr.d.st.prevUntil
+	again, err := Load(Options{PinPath: dr.d.opts.PinPath, RingSize: testRing, FlowEntries: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	stats, err := again.Apply(desired(r1, r2, r4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.Rings != 0 {
+		t.Errorf("the restarted agent swapped %d rings for the same replicas", stats.Rings)
+	}
+	for vip, u := range until {
+		var m lbRingMeta
+		if err := again.objs.RingsMeta.Lookup(vip, &m); err != nil {
+			t.Fatal(err)
+		}
+		if time.Duration(m.PrevUntilNs) != u {
+			t.Errorf("vip %d: transition until %v after the restart, was %v", vip, time.Duration(m.PrevUntilNs), u)
+		}
+	}
+	// The older flow still goes to its replica through the restarted maps.
+	old := flowWhere(t, 60000, [][]Backend{{r1, r2}, {r1, r2, r4}}, r1, r4)
+	if got := (director{"restarted", again}).send(t, old, r1, r2, r4); got.Addr != r1.Addr {
+		t.Errorf("after the restart the older flow went to %s, want %s", got.Addr, r1.Addr)
+	}
 }
