@@ -389,7 +389,7 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	}
 	d.Takeover = time.Since(fault)
 	time.Sleep(2 * time.Second)
-	d.Held, d.KeptAfterTakeover = p.checkHeld(held, owner)
+	d.Held, d.KeptAfterTakeover, _ = p.checkHeld(held, owner)
 	if waitCaughtUp {
 		if err := until(ctx, fault.Add(time.Minute), func() error { return p.deadToKubernetes(ctx, owner) }); err != nil {
 			return d, err
@@ -403,13 +403,14 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	after := traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
 	d.AfterBound = traffic.FailuresAround(traffic.Hard(atts), fault.Add(d.Takeover+LivenessBound))
 	d.Unanswered = after.Unanswered
-	_, d.KeptAtEnd = p.checkHeld(held, owner)
+	_, d.KeptAtEnd, _ = p.checkHeld(held, owner)
 	return d, nil
 }
 
 // checkHeld sends a request on every held connection whose edge is not one of
-// excluded, and returns how many there were and how many were answered.
-func (p *Portico) checkHeld(held traffic.KeepConns, excluded ...*Node) (total, kept int) {
+// excluded, and returns how many there were and how many were answered, and the
+// failures (edge and error).
+func (p *Portico) checkHeld(held traffic.KeepConns, excluded ...*Node) (total, kept int, failed []string) {
 	for _, k := range held {
 		if slices.ContainsFunc(excluded, func(n *Node) bool { return n.IP.String() == k.Edge }) {
 			continue
@@ -417,9 +418,11 @@ func (p *Portico) checkHeld(held traffic.KeepConns, excluded ...*Node) (total, k
 		total++
 		if _, err := k.Do("web.example", "/held", 3*time.Second); err == nil {
 			kept++
+		} else {
+			failed = append(failed, fmt.Sprintf("via %s: %v", k.Edge, err))
 		}
 	}
-	return total, kept
+	return total, kept, failed
 }
 
 // deadToKubernetes returns nil once node n is NotReady and its agent is not a ready
@@ -487,4 +490,17 @@ func (p *Portico) AgentLogs(ctx context.Context, name string, words ...string) s
 		}
 	}
 	return b.String()
+}
+
+// DeclaredDead returns the replicas (addresses) some running agent's liveness
+// checks declared dead, from their logs.
+func (p *Portico) DeclaredDead(ctx context.Context, name string) map[string]bool {
+	dead := map[string]bool{}
+	for _, l := range strings.Split(p.AgentLogs(ctx, name, `"to":"dead"`), "\n") {
+		var e struct{ Msg, Backend, To string }
+		if json.Unmarshal([]byte(l), &e) == nil && e.Msg == "replica liveness changed" && e.To == "dead" {
+			dead[e.Backend] = true
+		}
+	}
+	return dead
 }
