@@ -57,9 +57,15 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 		dg := dataplane.Group{Name: g.Name, VIPs: g.VIPs, Ports: g.Ports}
 		for _, r := range g.Replicas {
 			if slices.Contains(gout, r.Addr) {
-				// Down: no new flows, its flows picked again, and its place in
-				// the table kept so that no other replica's flows move.
-				dg.Backends = append(dg.Backends, dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Down: true})
+				// Down: no new flows, and its place in the table kept so that no
+				// other replica's flows move; its own flows stay with it while its
+				// MAC is known (a wrong verdict breaks nothing), else they are
+				// picked again.
+				b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Down: true, Local: local(r.Addr)}
+				if m, ok := mac(r.Addr); ok && !b.Local {
+					b.MAC = m
+				}
+				dg.Backends = append(dg.Backends, b)
 				continue
 			}
 			b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Draining: r.State == model.Draining}

@@ -62,9 +62,9 @@ func TestDesiredFor(t *testing.T) {
 	}
 }
 
-// Dead replicas leave the ring as if Kubernetes had removed them, before their
-// MACs are looked for; a draining one stays (its connections finish while a
-// graceful stop has closed its listeners); liveness never empties a group.
+// Dead replicas leave the ring (Down), keeping their flows while their MAC is
+// known; a draining one stays (its connections finish while a graceful stop has
+// closed its listeners); liveness never empties a group.
 func TestDesiredForLiveness(t *testing.T) {
 	vip := netip.MustParseAddr("192.0.2.10")
 	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
@@ -86,20 +86,20 @@ func TestDesiredForLiveness(t *testing.T) {
 	}
 	eq := cmpopts.EquateComparable(netip.Addr{})
 
-	// b (ready) is dead: out, and its MAC never looked up.
+	// b (ready) is dead: out of the ring, with its MAC (its flows stay).
 	got, missing, out, overruled := desiredFor(snap, "edge/web", 1, local, deadSet(b), mac)
-	if diff := cmp.Diff([]dataplane.Backend{{Addr: a, Local: true}, {Addr: b, Down: true}}, got.Groups[0].Backends, eq); diff != "" {
+	if diff := cmp.Diff([]dataplane.Backend{{Addr: a, Local: true}, {Addr: b, Down: true, MAC: macB}}, got.Groups[0].Backends, eq); diff != "" {
 		t.Errorf("backends (-want +got):\n%s", diff)
 	}
-	if !slices.Equal(missing, []netip.Addr{c}) || asked[b] || overruled || !slices.Equal(out, []netip.Addr{b}) {
-		t.Errorf("missing %v, looked up b %v, overruled %v, out %v", missing, asked[b], overruled, out)
+	if !slices.Equal(missing, []netip.Addr{c}) || overruled || !slices.Equal(out, []netip.Addr{b}) {
+		t.Errorf("missing %v, overruled %v, out %v", missing, overruled, out)
 	}
 
 	// c is draining and dead: it stays, draining; the dead local replica a goes.
 	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macB}
 	withC := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
 	got, _, out, _ = desiredFor(snap, "edge/web", 1, local, deadSet(a, c), withC)
-	want := []dataplane.Backend{{Addr: a, Down: true}, {Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
+	want := []dataplane.Backend{{Addr: a, Down: true, Local: true}, {Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
 	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || !slices.Equal(out, []netip.Addr{a}) {
 		t.Errorf("backends (-want +got):\n%s; out %v", diff, out)
 	}

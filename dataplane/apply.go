@@ -40,9 +40,13 @@ type Backend struct {
 	Weight   uint32           // 0 counts as 1
 	Local    bool             // this node: XDP_PASS
 	Draining bool             // keeps its flows, gets no new ones
-	// Down: the replica cannot serve (liveness). It gets no new flows and its
-	// flows are picked again, as if removed; unlike a removed one it keeps its
-	// place in the table, so no other replica's flows move. No MAC needed.
+	// Down: the liveness checks say the replica cannot serve. It gets no new
+	// flows and keeps its place in the table, so no other replica's flows move.
+	// Its own flows stay with it when it is reachable (Local, or with a MAC), as
+	// a draining replica's do: a check that was wrong (a replica too slow for a
+	// moment under load) then breaks no connection, and a replica that is really
+	// dead loses nothing more (its connections are gone either way). Without a
+	// MAC it gets no entry and its flows are picked again, as if removed.
 	Down bool
 }
 
@@ -425,7 +429,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			}
 			idOf := map[netip.Addr]uint32{}
 			for _, b := range g.Backends {
-				if b.Down {
+				if b.Down && !b.Local && len(b.MAC) != 6 {
 					continue // no entry: flows that name it are picked again
 				}
 				a := b.Addr.Unmap()
@@ -442,7 +446,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				if b.Local {
 					flags |= uint16(lbBackendFlagsBACKEND_F_LOCAL)
 				}
-				if b.Draining {
+				if b.Draining || b.Down {
 					flags |= uint16(lbBackendFlagsBACKEND_F_DRAINING)
 				}
 				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}

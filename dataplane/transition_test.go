@@ -354,3 +354,28 @@ func TestRestartStartsNoTransition(t *testing.T) {
 		t.Errorf("after the restart the older flow went to %s, want %s", got.Addr, r1.Addr)
 	}
 }
+
+// TestDownKeepsItsFlows: a replica the liveness checks call dead gets no new flows;
+// its own flows stay with it while its MAC is known (a wrong verdict breaks no
+// connection), and are picked again once it is not.
+func TestDownKeepsItsFlows(t *testing.T) {
+	dr := newDirector(t, "d1")
+	all := []Backend{r1, r2, r4}
+	f := flowWhere(t, 21000, [][]Backend{all, {r2, r4}}, r1, r2)
+	dr.apply(t, desired(all...))
+	dr.send(t, f, all...)
+	dr.apply(t, desired(down(r1), r2, r4))
+	if got := dr.send(t, f, all...); got.Addr != r1.Addr {
+		t.Errorf("a flow of the down replica went to %s, want it kept on %s", got.Addr, r1.Addr)
+	}
+	if got := dr.send(t, syn(f), all...); got.Addr == r1.Addr {
+		t.Errorf("a new connection went to the down replica")
+	}
+	g := flowWhere(t, f.SPort+1, [][]Backend{all, {r2, r4}}, r1, r4)
+	noMAC := down(r1)
+	noMAC.MAC = nil
+	dr.apply(t, desired(noMAC, r2, r4))
+	if got := dr.send(t, g, all...); got.Addr != r4.Addr {
+		t.Errorf("without its MAC, the down replica's flow went to %s, want it picked again (%s)", got.Addr, r4.Addr)
+	}
+}

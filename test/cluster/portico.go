@@ -491,16 +491,3 @@ func (p *Portico) AgentLogs(ctx context.Context, name string, words ...string) s
 	}
 	return b.String()
 }
-
-// DeclaredDead returns the replicas (addresses) some running agent's liveness
-// checks declared dead, from their logs.
-func (p *Portico) DeclaredDead(ctx context.Context, name string) map[string]bool {
-	dead := map[string]bool{}
-	for _, l := range strings.Split(p.AgentLogs(ctx, name, `"to":"dead"`), "\n") {
-		var e struct{ Msg, Backend, To string }
-		if json.Unmarshal([]byte(l), &e) == nil && e.Msg == "replica liveness changed" && e.To == "dead" {
-			dead[e.Backend] = true
-		}
-	}
-	return dead
-}
