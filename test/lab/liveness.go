@@ -21,7 +21,8 @@ import (
 func (l *Lab) pinDir(n *Node) string { return "/sys/fs/bpf/" + l.Net.Prefix + n.Name }
 
 // Replicas reads node n's pinned maps: the replicas its data plane steers the
-// VIP to (the addresses of the nodes in its ring), and the table digest.
+// VIP's new flows to (those holding slots of its ring: not draining, not dead),
+// and the table digest.
 func (l *Lab) Replicas(n *Node) (addrs []netip.Addr, digest string, err error) {
 	in, err := dataplane.OpenPinned(l.pinDir(n))
 	if err != nil {
@@ -37,7 +38,9 @@ func (l *Lab) Replicas(n *Node) (addrs []netip.Addr, digest string, err error) {
 			continue
 		}
 		for _, b := range v.Backends {
-			addrs = append(addrs, b.Addr)
+			if b.Slots > 0 {
+				addrs = append(addrs, b.Addr)
+			}
 		}
 		digest = v.Digest
 	}
