@@ -3,6 +3,8 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +21,8 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/agent"
 
 	"github.com/portico-edge/portico/test/traffic"
 )
@@ -490,4 +494,92 @@ func (p *Portico) AgentLogs(ctx context.Context, name string, words ...string) s
 		}
 	}
 	return b.String()
+}
+
+// WaitDraining waits until every edge's agent reports (its status Lease, what
+// portico status reads) that its data plane holds node n's replica as draining for
+// the group's VIP, and returns when it saw that: from then on no director gives n
+// new flows.
+func (p *Portico) WaitDraining(ctx context.Context, n *Node, timeout time.Duration) (time.Time, error) {
+	var seen time.Time
+	err := until(ctx, time.Now().Add(timeout), func() error {
+		states, stale, err := agent.ReadStates(ctx, p.C.Kube, PorticoNamespace)
+		if err != nil {
+			return err
+		}
+		reported := 0
+		for _, st := range states {
+			if stale[st.Node] || !slices.ContainsFunc(p.Edges, func(e *Node) bool { return e.Name == st.Node }) {
+				continue
+			}
+			reported++
+			draining := false
+			for _, v := range st.VIPs {
+				for _, r := range v.Replicas {
+					if v.VIP == GroupVIP.String() && r.Addr == n.IP.String() && r.State == "draining" {
+						draining = true
+					}
+				}
+			}
+			if !draining {
+				return fmt.Errorf("%s does not hold %s as draining yet", st.Node, n.Name)
+			}
+		}
+		if reported != len(p.Edges) {
+			return fmt.Errorf("%d of %d edges reported", reported, len(p.Edges))
+		}
+		seen = time.Now()
+		return nil
+	})
+	return seen, err
+}
+
+// ServedEverywhere returns nil once 30 new connections in a row to host+path are
+// answered and reach every edge of edges, or the last reason they did not.
+func (p *Portico) ServedEverywhere(ctx context.Context, host, path string, edges []*Node, timeout time.Duration) error {
+	hc := p.HTTPClient(false, 2*time.Second)
+	return until(ctx, time.Now().Add(timeout), func() error {
+		seen := map[string]bool{}
+		for range 30 {
+			r, err := p.Get(ctx, hc, host, path)
+			if err != nil {
+				return err
+			}
+			seen[p.EdgeOf(r)] = true
+		}
+		for _, e := range edges {
+			if !seen[e.Name] {
+				return fmt.Errorf("no answer through %s in 30 (%v)", e.Name, seen)
+			}
+		}
+		return nil
+	})
+}
+
+// GetTLS requests https://VIP/ for host (its SNI and Host), trusting certPEM
+// alone, and returns the backend's reply and the certificate's names.
+func (p *Portico) GetTLS(ctx context.Context, host string, certPEM []byte) (traffic.Reply, []string, error) {
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(certPEM)
+	hc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: p.Dial, DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{ServerName: host, RootCAs: pool}}}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+GroupVIP.String()+"/", nil)
+	if err != nil {
+		return traffic.Reply{}, nil, err
+	}
+	req.Host = host
+	resp, err := hc.Do(req)
+	if err != nil {
+		return traffic.Reply{}, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if err != nil {
+		return traffic.Reply{}, nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return traffic.Reply{}, nil, fmt.Errorf("https://%s/: %s", host, resp.Status)
+	}
+	r, err := traffic.ParseReply(string(body))
+	return r, resp.TLS.PeerCertificates[0].DNSNames, err
 }

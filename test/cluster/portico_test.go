@@ -2,12 +2,10 @@ package cluster
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -89,23 +87,9 @@ func TestPortico(t *testing.T) {
 // and reach every edge in edges.
 func waitServed(t *testing.T, p *Portico, host, path string, edges []*Node) {
 	t.Helper()
-	hc := p.HTTPClient(false, 2*time.Second)
-	testenv.Eventually(t, time.Minute, func() string {
-		seen := map[string]bool{}
-		for range 30 {
-			r, err := p.Get(context.Background(), hc, host, path)
-			if err != nil {
-				return err.Error()
-			}
-			seen[p.EdgeOf(r)] = true
-		}
-		for _, e := range edges {
-			if !seen[e.Name] {
-				return fmt.Sprintf("no answer through %s in 30 (%v)", e.Name, seen)
-			}
-		}
-		return ""
-	})
+	if err := p.ServedEverywhere(context.Background(), host, path, edges, time.Minute); err != nil {
+		t.Fatalf("%s%s not served through every edge: %v", host, path, err)
+	}
 }
 
 func testRouting(t *testing.T, ctx context.Context, p *Portico, certs map[string][]byte, edges []*Node) {
@@ -143,25 +127,12 @@ func testRouting(t *testing.T, ctx context.Context, p *Portico, certs map[string
 	}
 
 	// TLS by SNI: each host gets its own certificate (verified against it alone).
+	// The TLS Ingress may reach the agents in a later configuration than web's.
 	for host, wantPod := range map[string]string{"secure.example": "web-", "other.example": "api-"} {
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(certs[host])
-		tc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: p.Dial, DisableKeepAlives: true,
-			TLSClientConfig: &tls.Config{ServerName: host, RootCAs: pool}}}
-		// The TLS Ingress may reach the agents in a later configuration than web's.
 		testenv.Eventually(t, 30*time.Second, func() string {
-			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+GroupVIP.String()+"/", nil)
-			req.Host = host
-			resp, err := tc.Do(req)
-			if err != nil {
-				return fmt.Sprintf("HTTPS %s: %v", host, err)
-			}
-			buf := make([]byte, 512)
-			n, _ := resp.Body.Read(buf)
-			resp.Body.Close()
-			r, err := traffic.ParseReply(string(buf[:n]))
-			if err != nil || !strings.HasPrefix(r.Pod, wantPod) || r.Client != ClientAddr.String() {
-				return fmt.Sprintf("HTTPS %s: %s %+v %v, want a %s pod and client %s", host, resp.Status, r, err, wantPod, ClientAddr)
+			r, names, err := p.GetTLS(ctx, host, certs[host])
+			if err != nil || !strings.HasPrefix(r.Pod, wantPod) || r.Client != ClientAddr.String() || !slices.Equal(names, []string{host}) {
+				return fmt.Sprintf("HTTPS %s: %+v, certificate for %v, %v; want a %s pod, client %s", host, r, names, err, wantPod, ClientAddr)
 			}
 			return ""
 		})
@@ -214,10 +185,14 @@ func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
 		t.Fatal(err)
 	}
 	t.Logf("kubectl drain %s: %.1f s", node.Name, time.Since(start).Seconds())
-	// The evicted pods are gone from web's EndpointSlices; give every agent a
-	// moment to apply the cordon, then new connections must avoid the node.
-	time.Sleep(2 * time.Second)
-	settled := time.Now()
+	// From when every edge's data plane holds the node's replica as draining, new
+	// connections must avoid it.
+	settled, err := p.WaitDraining(ctx, node, time.Minute)
+	if err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	t.Logf("every edge holds %s as draining %.1f s after the drain began", node.Name, settled.Sub(start).Seconds())
 	time.Sleep(3 * time.Second)
 	// Its held connections still work: it finishes what it has.
 	total, kept, failed := p.checkHeld(held)

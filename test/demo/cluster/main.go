@@ -15,11 +15,8 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"flag"
 	"fmt"
-	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -30,7 +27,6 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/test/cluster"
-	"github.com/portico-edge/portico/test/traffic"
 )
 
 func main() {
@@ -107,7 +103,7 @@ func run(portico string, hold bool) (err error) {
 	}
 	kubectl("get", "nodes", "-o", "wide")
 	kubectl("get", "pods", "-A", "-o", "wide")
-	if err := waitServed(ctx, p); err != nil {
+	if err := p.ServedEverywhere(ctx, "web.example", "/", edges, time.Minute); err != nil {
 		return err
 	}
 	kubectl("get", "ingress")
@@ -132,22 +128,12 @@ func run(portico string, hold bool) (err error) {
 
 	step("HTTPS by SNI: each host's own certificate")
 	for _, host := range []string{"secure.example", "other.example"} {
-		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(certs[host])
-		tc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: p.Dial, DisableKeepAlives: true,
-			TLSClientConfig: &tls.Config{ServerName: host, RootCAs: pool}}}
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+cluster.GroupVIP.String()+"/", nil)
-		req.Host = host
-		resp, err := tc.Do(req)
+		r, names, err := p.GetTLS(ctx, host, certs[host])
 		if err != nil {
 			fmt.Printf("  %s: %v\n", host, err)
 			continue
 		}
-		buf := make([]byte, 512)
-		n, _ := resp.Body.Read(buf)
-		resp.Body.Close()
-		r, _ := traffic.ParseReply(string(buf[:n]))
-		fmt.Printf("  https://%s/: %s, certificate for %s, answered by %s\n", host, resp.Status, resp.TLS.PeerCertificates[0].DNSNames, r.Pod)
+		fmt.Printf("  https://%s/: certificate for %v, answered by %s\n", host, names, r.Pod)
 	}
 
 	owner, err := p.Owner(cluster.GroupVIP)
@@ -175,22 +161,6 @@ func run(portico string, hold bool) (err error) {
 		fmt.Printf("  portico status: %v\n", err)
 	}
 	return nil
-}
-
-// waitServed waits until web.example answers through the VIP.
-func waitServed(ctx context.Context, p *cluster.Portico) error {
-	hc := p.HTTPClient(false, 2*time.Second)
-	deadline := time.Now().Add(time.Minute)
-	for {
-		_, err := p.Get(ctx, hc, "web.example", "/")
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("web.example not served after a minute: %w", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }
 
 func printCounts(label string, m map[string]int) {
