@@ -18,7 +18,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/name"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -174,10 +173,6 @@ func binaryTar(binary []byte, epoch time.Time) ([]byte, error) {
 // manifest.json) all take the one file. dir is replaced whole, so nothing of an
 // earlier build stays behind.
 func write(img v1.Image, ref name.Tag, dir string, epoch time.Time) (v1.Hash, error) {
-	digest, err := img.Digest()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("image digest: %w", err)
-	}
 	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
 		return v1.Hash{}, err
 	}
@@ -189,31 +184,9 @@ func write(img v1.Image, ref name.Tag, dir string, epoch time.Time) (v1.Hash, er
 	if err := os.Chmod(tmp, 0o755); err != nil {
 		return v1.Hash{}, err
 	}
-	lp, err := layout.Write(filepath.Join(tmp, layoutDir), empty.Index)
+	digest, err := ocitar.WriteLayout(filepath.Join(tmp, layoutDir), img, ref.Name())
 	if err != nil {
-		return v1.Hash{}, fmt.Errorf("write OCI layout: %w", err)
-	}
-	if err := lp.WriteImage(img); err != nil {
-		return v1.Hash{}, fmt.Errorf("write OCI layout: %w", err)
-	}
-	// containerd and Docker name the image after io.containerd.image.name; skopeo's
-	// oci-archive:FILE:TAG and umoci look for the tag in ref.name. The descriptor is
-	// written by hand: layout.AppendImage would add an artifactType, which marks
-	// artifacts, not images.
-	mt, err := img.MediaType()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("manifest media type: %w", err)
-	}
-	size, err := img.Size()
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("manifest size: %w", err)
-	}
-	if err := lp.AppendDescriptor(v1.Descriptor{MediaType: mt, Size: size, Digest: digest,
-		Annotations: map[string]string{
-			"io.containerd.image.name":          ref.Name(),
-			"org.opencontainers.image.ref.name": ref.TagStr(),
-		}}); err != nil {
-		return v1.Hash{}, fmt.Errorf("write OCI layout: %w", err)
+		return v1.Hash{}, err
 	}
 	dm, err := dockerManifest(img, ref)
 	if err != nil {

@@ -13,7 +13,6 @@ import (
 
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
-	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
@@ -112,15 +111,8 @@ func writeImage(archive, name, bin, dst string) error {
 		return err
 	}
 	defer os.RemoveAll(lay)
-	p, err := layout.Write(lay, empty.Index)
-	if err != nil {
-		return fmt.Errorf("write layout: %w", err)
+	if _, err := ocitar.WriteLayout(filepath.Join(lay, "oci"), img, name); err != nil {
+		return err
 	}
-	if err := p.AppendImage(img, layout.WithAnnotations(map[string]string{
-		"io.containerd.image.name":          name,
-		"org.opencontainers.image.ref.name": name[strings.LastIndex(name, ":")+1:],
-	})); err != nil {
-		return fmt.Errorf("write image into layout: %w", err)
-	}
-	return ocitar.Write(archive, lay, nil, imageTime)
+	return ocitar.Write(archive, filepath.Join(lay, "oci"), nil, imageTime)
 }
