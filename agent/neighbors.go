@@ -138,8 +138,10 @@ func (s *l4Sink) macChanged(a netip.Addr, m net.HardwareAddr) bool {
 	for _, g := range s.given.Groups {
 		for _, b := range g.Backends {
 			if b.Addr == a {
-				// A down replica is sent nothing: its MAC matters again only
-				// when it comes back, and that Apply looks it up.
+				// A down replica gets only the flows it had, with the MAC it had
+				// then: while it is probed every 20 ms its neighbour entry
+				// churns, and re-applying for each change would rebuild the
+				// rings for nothing. The Apply that brings it back looks it up.
 				return !b.Local && !b.Down && b.MAC.String() != m.String()
 			}
 		}
