@@ -237,9 +237,9 @@ func (p *Portico) EdgeOf(r traffic.Reply) string {
 	return ""
 }
 
-// XDPLink is the pinned BPF link by which an edge node's xdp_lb is attached, and
-// the program it runs.
-type XDPLink struct{ ID, ProgID int }
+// XDPLink is the pinned BPF link by which an edge node's xdp_lb is attached, the
+// program it runs, and the pinned maps every program of it uses (rings, flows).
+type XDPLink struct{ ID, ProgID, RingsID, FlowsID int }
 
 // XDPLink reads the link pinned in node n's bpffs (bpftool in the node's
 // namespaces, where the agent pod's hostPath sees it).
@@ -255,7 +255,21 @@ func (p *Portico) XDPLink(n *Node) (XDPLink, error) {
 	if err := json.Unmarshal([]byte(out), &l); err != nil {
 		return XDPLink{}, fmt.Errorf("bpftool link show on %s: %w: %s", n.Name, err, out)
 	}
-	return XDPLink{ID: l.ID, ProgID: l.ProgID}, nil
+	x := XDPLink{ID: l.ID, ProgID: l.ProgID}
+	for m, id := range map[string]*int{"rings": &x.RingsID, "flows": &x.FlowsID} {
+		out, err := n.Exec("bpftool", "-j", "map", "show", "pinned", pinPath+"/"+m)
+		if err != nil {
+			return x, err
+		}
+		var v struct {
+			ID int `json:"id"`
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			return x, fmt.Errorf("bpftool map show on %s: %w: %s", n.Name, err, out)
+		}
+		*id = v.ID
+	}
+	return x, nil
 }
 
 // Agents returns the name of the agent pod on each node, for DaemonSet name.

@@ -329,10 +329,14 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if l.ID != before[n.Name].ID {
-			t.Errorf("%s: XDP link %d, was %d: the program was detached and attached again", n.Name, l.ID, before[n.Name].ID)
+		b := before[n.Name]
+		if l.ID != b.ID {
+			t.Errorf("%s: XDP link %d, was %d: the program was detached and attached again", n.Name, l.ID, b.ID)
 		}
-		t.Logf("%s: XDP link %d kept; program %d -> %d", n.Name, l.ID, before[n.Name].ProgID, l.ProgID)
+		if l.RingsID != b.RingsID || l.FlowsID != b.FlowsID {
+			t.Errorf("%s: maps rings %d and flows %d, were %d and %d: the pinned maps did not survive", n.Name, l.RingsID, l.FlowsID, b.RingsID, b.FlowsID)
+		}
+		t.Logf("%s: XDP link %d and maps rings %d, flows %d kept; program %d -> %d", n.Name, l.ID, l.RingsID, l.FlowsID, b.ProgID, l.ProgID)
 	}
 	pods, err := p.C.Kube.CoreV1().Pods(PorticoNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=portico-agent"})
 	if err != nil {
