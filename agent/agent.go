@@ -196,6 +196,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		goRun("liveness", checker.Run)
 		goRun("liveness-follow", l4.followLiveness)
 	}
+	goRun("transitions", l4.expireTransitions)
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs.setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
 		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vs.states, vips: dp.VIPs,

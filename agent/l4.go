@@ -217,6 +217,27 @@ func (s *l4Sink) followLiveness(ctx context.Context) error {
 	}
 }
 
+// expireTransitions ends the data plane's ended ring transitions every few
+// seconds, so that in the steady state xdp_lb reads no clock (see
+// dataplane.Dataplane.Expire).
+func (s *l4Sink) expireTransitions(ctx context.Context) error {
+	tick := time.NewTicker(5 * time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		s.mu.Lock()
+		err := s.dp.Expire()
+		s.mu.Unlock()
+		if err != nil {
+			s.log.Warn("ending ring transitions failed", zap.Error(err))
+		}
+	}
+}
+
 // replicas is the group's replicas as Kubernetes lists them, each with this
 // node's liveness verdict, for the published status.
 func (s *l4Sink) replicas() []ReplicaLiveness {

@@ -121,31 +121,44 @@ static __always_inline int lookup_vip(const struct flow_key *flow, const struct 
 static __always_inline __u32 pick_from_ring(void *outer, __u32 vip_id, __u32 hash, const struct lb_config *cfg)
 {
 	void *ring = bpf_map_lookup_elem(outer, &vip_id);
-	__u32 slot, *id;
+	__u16 *ids;
+	__u32 slot, idx;
 
 	if (!ring || cfg->ring_size == 0)
 		return 0;
 	slot = hash % cfg->ring_size;
-	id = bpf_map_lookup_elem(ring, &slot);
-	return id ? *id : 0;
+	idx = slot / LB_RING_CHUNK;
+	ids = bpf_map_lookup_elem(ring, &idx);
+	return ids ? ids[slot % LB_RING_CHUNK] : 0;
 }
 
-/* prev_live reports whether the VIP's previous ring still counts. */
-static __always_inline int prev_live(__u32 vip_id, __u64 now)
+/* clock reads bpf_ktime_get_coarse_ns() once per packet, and only for a packet
+ * that needs it: in the steady state (no transition, no pins) none does. */
+static __always_inline __u64 clock(__u64 *now)
+{
+	if (!*now)
+		*now = bpf_ktime_get_coarse_ns();
+	return *now;
+}
+
+/* prev_live reports whether the VIP's previous ring still counts. Go clears
+ * the lease of an ended transition, so the clock is read only within one (or
+ * until the next Apply after it). */
+static __always_inline int prev_live(__u32 vip_id, __u64 *now)
 {
 	struct ring_meta *m = bpf_map_lookup_elem(&rings_meta, &vip_id);
 
-	return m && now < m->prev_until_ns;
+	return m && m->prev_until_ns && clock(now) < m->prev_until_ns;
 }
 
 /* pins_live reports whether a pinned flow may exist: one was made or used within
  * LB_PIN_IDLE_SEC. Until then flows is not looked at. */
-static __always_inline int pins_live(__u64 now)
+static __always_inline int pins_live(__u64 *now)
 {
 	__u32 zero = 0;
 	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
 
-	return t && *t && now - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
+	return t && *t && clock(now) - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
 }
 
 /* pin_seen moves pin_clock to now, at most once a second (a shared cache line). */
@@ -265,6 +278,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 {
 	__u32 vip_id, hash, cur, alt;
 	struct backend *cb, *be;
+	__u64 now = 0;
 
 	if (marked(eth, data_end)) {
 		set_mark(eth, data_end, 0);
@@ -273,7 +287,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error ||
 	    !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(REASON_FROM_PEER, XDP_PASS);
-	if (!prev_live(vip_id, bpf_ktime_get_coarse_ns()))
+	if (!prev_live(vip_id, &now))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	if (has_connection(ctx, eth, &p->flow))
 		return count(REASON_FROM_PEER, XDP_PASS);
@@ -307,8 +321,8 @@ int xdp_lb(struct xdp_md *ctx)
 	struct flow_val *fv = 0;
 	struct vip_counters *vs;
 	struct backend_counters *bs;
-	__u64 now, len = data_end - data;
-	int rc, prev;
+	__u64 now = 0, len = data_end - data;
+	int rc, prev, pins;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -333,10 +347,15 @@ int xdp_lb(struct xdp_md *ctx)
 		return from_director(ctx, eth, data_end, &p, cfg);
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
 	 * a new connection: it always follows the ring, never an old entry of the
-	 * same 5-tuple (a reused port), so every director agrees where it goes. */
+	 * same 5-tuple (a reused port), so every director agrees where it goes; it
+	 * does not even read the cache (a random, likely cold, line) unless an old
+	 * entry could answer otherwise (see below). */
 	slot = cache_slot(&p.flow);
-	ce = bpf_map_lookup_elem(&flow_cache, &slot);
-	if (ce && !p.syn && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow)) {
+	ce = p.syn ? 0 : bpf_map_lookup_elem(&flow_cache, &slot);
+	/* A pinned entry counts only while pins do: a SYN that reuses its 5-tuple
+	 * after they lapsed did not retire it. */
+	if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow) &&
+	    (ce->pin == CACHE_UNPINNED || pins_live(&now))) {
 		bid = ce->backend_id;
 		be = active_backend(bid);
 		if (be) {
@@ -349,14 +368,13 @@ int xdp_lb(struct xdp_md *ctx)
 			}
 			/* Keep a pinned flow's entry fresh every 64 packets. */
 			if ((++ce->hits & 63) == 0 && ce->pin == CACHE_PINNED)
-				touch_flow(&p.flow, bid, bpf_ktime_get_coarse_ns());
+				touch_flow(&p.flow, bid, clock(&now));
 			goto forward;
 		}
 	}
 
 	if (!lookup_vip(&p.flow, cfg, &vip_id))
 		return count(p.icmp_error ? REASON_ICMP_OTHER : REASON_NOT_VIP, XDP_PASS);
-	now = bpf_ktime_get_coarse_ns();
 	vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
 	if (vs) {
 		vs->packets++;
@@ -368,14 +386,21 @@ int xdp_lb(struct xdp_md *ctx)
 	 * and where they differ every director makes the same choice. */
 	hash = flow_hash(&p.flow, cfg->seed);
 	bid = pick_from_ring(&rings, vip_id, hash, cfg);
-	prev = prev_live(vip_id, now);
+	prev = prev_live(vip_id, &now);
 	pbid = prev ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : bid;
+	pins = pins_live(&now);
 	if (p.syn) {
 		/* A new connection follows the current ring. Where the transition moved
 		 * its slot it is remembered, or its next packets would be taken for an
-		 * older flow's. An old pin of a reused 5-tuple is dropped. */
-		if (pins_live(now))
+		 * older flow's. An old pin of a reused 5-tuple is dropped, with this
+		 * CPU's cache entry of it: only a pin makes an entry differ from the
+		 * rings, so without pins neither is looked at. */
+		if (pins) {
 			bpf_map_delete_elem(&flows, &p.flow);
+			ce = bpf_map_lookup_elem(&flow_cache, &slot);
+			if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
+				ce->generation = 0;
+		}
 		if (pbid != bid) {
 			pin = CACHE_NEW;
 			write = CACHE_NEW;
@@ -394,7 +419,7 @@ int xdp_lb(struct xdp_md *ctx)
 			pin = CACHE_PINNED;
 			write = CACHE_PINNED;
 			bpf_map_delete_elem(&new_pins, &p.flow);
-		} else if ((fv = pins_live(now) ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
+		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
 			if (active_backend(fv->backend_id)) {
 				bid = fv->backend_id;
 				pin = CACHE_PINNED;
@@ -422,7 +447,7 @@ int xdp_lb(struct xdp_md *ctx)
 		vs->new_flows++;
 	/* An ICMP error never creates state: it only follows a flow. */
 	if (write != CACHE_UNPINNED && !p.icmp_error) {
-		struct flow_val nv = { .backend_id = bid, .last_seen_ns = now };
+		struct flow_val nv = { .backend_id = bid, .last_seen_ns = clock(&now) };
 
 		if (write == CACHE_NEW) {
 			bpf_map_update_elem(&new_pins, &p.flow, &nv, BPF_ANY);
@@ -434,10 +459,7 @@ int xdp_lb(struct xdp_md *ctx)
 		}
 	}
 	/* A SYN is not cached: its next packet fills the cache, so a SYN flood
-	 * evicts no established flow from it (and costs less). An entry of an old
-	 * connection on the same 5-tuple must not answer for the new one. */
-	if (ce && p.syn && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
-		ce->generation = 0;
+	 * evicts no established flow from it (and costs less). */
 	if (ce && !p.icmp_error && !p.syn) {
 		__builtin_memcpy(&ce->key, &p.flow, sizeof(ce->key));
 		ce->backend_id = bid;

@@ -15,14 +15,19 @@ struct {
 	__type(value, struct vip_val);
 } vips SEC(".maps");
 
-/* One Maglev ring: slot -> backend id. Go sets max_entries to the ring size and
- * fills a new ring through mmap (one copy instead of a syscall per slot). */
+/* One Maglev ring, packed: an element holds LB_RING_CHUNK consecutive slots, each
+ * a 16-bit backend id (ids stay below LB_MAX_BACKENDS); slot s is entry s % 32 of
+ * element s / 32. A new flow reads one random slot, and the smaller the ring the
+ * likelier that slot is in cache: packed, the default ring is 8 KB (4-byte ids,
+ * which an array map stores in 8 bytes each, took 4 times the room). Go sets
+ * max_entries for the ring size and fills a new ring through mmap (one copy
+ * instead of a syscall per element). */
 struct ring {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(map_flags, BPF_F_MMAPABLE);
-	__uint(max_entries, LB_DEFAULT_RING);
+	__uint(max_entries, (LB_DEFAULT_RING + LB_RING_CHUNK - 1) / LB_RING_CHUNK);
 	__type(key, __u32);
-	__type(value, __u32);
+	__type(value, __u16[LB_RING_CHUNK]);
 };
 
 /* VIP id -> its ring. Go swaps a whole inner map, so no packet sees half a table. */

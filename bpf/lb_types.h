@@ -17,7 +17,9 @@ enum lb_limits {
 	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
 	LB_DEFAULT_FLOWS = 262144,  /* pinned flows (flows) */
 	LB_NEW_PINS = 65536,        /* new connections remembered in a ring transition */
-	LB_DEFAULT_RING = 65537,  /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
+	LB_DEFAULT_RING = 4099,   /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
+	LB_RING_CHUNK = 32,       /* ring slots per element of a ring map */
+	LB_RING_LAYOUT = 1,       /* lb_config.ring_layout of this version's rings */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
 	LB_MAC_MEMO = 16,         /* per-CPU src_macs slots (a power of two) */
@@ -134,7 +136,8 @@ struct lb_config {
 	__u32 ring_size;  /* slots in every ring (prime) */
 	__u32 generation; /* bumped by every change of vips, rings or backends */
 	__u8 mac[6];      /* MAC of the NIC the program is attached to */
-	__u16 pad;
+	__u16 ring_layout; /* LB_RING_LAYOUT once the pinned rings have this layout
+			    * (0: the unpacked rings of earlier versions) */
 };
 
 struct vip_counters {

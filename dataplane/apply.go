@@ -1,7 +1,6 @@
 package dataplane
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -113,7 +112,7 @@ func (d *Dataplane) recover() error {
 	// changes: a restart must not start a transition (or cut one short by making
 	// the current ring the previous one).
 	for _, id := range st.vipIDs {
-		slots, err := d.maps().ring(id)
+		slots, err := d.maps().ring(id, d.opts.RingSize)
 		if err != nil {
 			return err
 		}
@@ -140,6 +139,9 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	var stats ApplyStats
 	plan, err := d.plan(want)
 	if err != nil {
+		return stats, err
+	}
+	if err := d.Expire(); err != nil {
 		return stats, err
 	}
 	// Order matters for packets in flight: backends before the rings that name
@@ -489,13 +491,7 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 	if err != nil {
 		return fmt.Errorf("map ring for vip id %d: %w", vip, err)
 	}
-	// An array map stores each value in a slot rounded up to 8 bytes.
-	const stride = 8
-	buf := make([]byte, stride*len(slots))
-	for i, s := range slots {
-		binary.LittleEndian.PutUint32(buf[stride*i:], s)
-	}
-	if _, err := mem.WriteAt(buf, 0); err != nil {
+	if _, err := mem.WriteAt(packRing(slots), 0); err != nil {
 		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
 	}
 	// The order keeps every packet's answer sound: the previous ring is set to
@@ -525,6 +521,32 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 	}
 	if err := d.objs.Rings.Put(vip, inner); err != nil {
 		return fmt.Errorf("update map rings: %w", err)
+	}
+	return nil
+}
+
+// Expire ends the transitions whose lease has passed (their previous rings are
+// freed) and forgets the pin clock once no pin was used for LB_PIN_IDLE_SEC. The
+// program already ignores both then; cleared, they cost it no clock read. Apply
+// calls it, and an agent calls it now and then between Applies.
+func (d *Dataplane) Expire() error {
+	now := monotonicNow()
+	for vip, until := range d.st.prevUntil {
+		if until <= now {
+			if err := d.endTransition(vip); err != nil {
+				return err
+			}
+		}
+	}
+	var t uint64
+	if err := d.objs.PinClock.Lookup(uint32(0), &t); err != nil {
+		return fmt.Errorf("read map pin_clock: %w", err)
+	}
+	idle := time.Duration(lbLbLimitsLB_PIN_IDLE_SEC) * time.Second
+	if t != 0 && time.Duration(t)+idle <= now {
+		if err := d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
+			return fmt.Errorf("update map pin_clock: %w", err)
+		}
 	}
 	return nil
 }

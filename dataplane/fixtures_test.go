@@ -102,16 +102,22 @@ func to(p xdptest.Packet, b Backend) []byte { return p.WithMACs(nicMAC, b.MAC).B
 // meaningful (e.g. a flow the new ring would move).
 func pick(t testing.TB, p xdptest.Packet, bs ...Backend) netip.Addr {
 	t.Helper()
+	return pickIn(t, testRing, p, bs...)
+}
+
+// pickIn is pick for a ring of m slots.
+func pickIn(t testing.TB, m uint32, p xdptest.Packet, bs ...Backend) netip.Addr {
+	t.Helper()
 	var in []MaglevBackend
 	for _, b := range bs {
 		in = append(in, MaglevBackend{Addr: b.Addr, Weight: b.Weight})
 	}
-	tab, err := BuildTable(in, testRing)
+	tab, err := BuildTable(in, m)
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
-	return tab.Backends[tab.Slots[FlowHash(f, testSeed)%testRing]]
+	return tab.Backends[tab.Slots[FlowHash(f, testSeed)%m]]
 }
 
 // sportFor returns a source port whose flow pick sends to want.

@@ -13,7 +13,7 @@ import (
 func loadForTest(t testing.TB) *Dataplane {
 	t.Helper()
 	bpftest.Require(t)
-	pin := fmt.Sprintf("/sys/fs/bpf/portico-test-%08x", rand.Uint32())
+	pin := testPinPath()
 	d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096})
 	if err != nil {
 		t.Fatalf("load: %v", err)
@@ -26,3 +26,6 @@ func loadForTest(t testing.TB) *Dataplane {
 	})
 	return d
 }
+
+// testPinPath is a fresh pin directory for one test's maps.
+func testPinPath() string { return fmt.Sprintf("/sys/fs/bpf/portico-test-%08x", rand.Uint32()) }

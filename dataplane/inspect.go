@@ -136,9 +136,13 @@ func (m maps) vipViews() ([]VIPView, error) {
 			Weight:   be.Weight, Counters: cnt.Backends[id],
 		})
 	}
+	var cfg lbLbConfig
+	if err := m.cfg.Lookup(uint32(0), &cfg); err != nil {
+		return nil, &mapReadError{lbMapLbCfg, err}
+	}
 	var out []VIPView
 	for _, v := range byID {
-		slots, err := m.ring(v.ID)
+		slots, err := m.ring(v.ID, cfg.RingSize)
 		if err != nil {
 			return nil, err
 		}
@@ -165,8 +169,8 @@ func (m maps) vipViews() ([]VIPView, error) {
 	return out, nil
 }
 
-// ring reads a VIP's ring, nil if it has none.
-func (m maps) ring(vipID uint32) ([]uint32, error) {
+// ring reads a VIP's ring of size slots, nil if it has none.
+func (m maps) ring(vipID, size uint32) ([]uint32, error) {
 	var inner *ebpf.Map
 	if err := m.rings.Lookup(vipID, &inner); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
@@ -176,28 +180,18 @@ func (m maps) ring(vipID uint32) ([]uint32, error) {
 	}
 	defer inner.Close()
 	n := int(inner.MaxEntries())
-	keys := make([]uint32, n)
-	vals := make([]uint32, n)
-	var cursor ebpf.MapBatchCursor
-	got := 0
-	for got < n {
-		c, err := inner.BatchLookup(&cursor, keys[got:], vals[got:], nil)
-		got += c
-		if errors.Is(err, ebpf.ErrKeyNotExist) {
-			break
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read ring of vip id %d: %w", vipID, err)
-		}
+	if n != ringElems(size) {
+		return nil, fmt.Errorf("ring of vip id %d has %d elements, want %d for %d slots", vipID, n, ringElems(size), size)
 	}
-	if got != n {
-		return nil, fmt.Errorf("read ring of vip id %d: %d of %d slots", vipID, got, n)
+	mem, err := inner.Memory()
+	if err != nil {
+		return nil, fmt.Errorf("map ring of vip id %d: %w", vipID, err)
 	}
-	out := make([]uint32, n)
-	for i := range got {
-		out[keys[i]] = vals[i]
+	packed := make([]byte, n*ringElemSize)
+	if _, err := mem.ReadAt(packed, 0); err != nil {
+		return nil, fmt.Errorf("read ring of vip id %d: %w", vipID, err)
 	}
-	return out, nil
+	return unpackRing(packed, size), nil
 }
 
 // FlowView is one flow table entry.

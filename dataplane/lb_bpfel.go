@@ -78,7 +78,7 @@ type lbLbConfig struct {
 	RingSize   uint32
 	Generation uint32
 	Mac        [6]uint8
-	Pad        uint16
+	RingLayout uint16
 }
 
 type lbLbLimits uint32
@@ -89,7 +89,9 @@ const (
 	lbLbLimitsLB_MAX_BACKENDS  lbLbLimits = 4096
 	lbLbLimitsLB_DEFAULT_FLOWS lbLbLimits = 262144
 	lbLbLimitsLB_NEW_PINS      lbLbLimits = 65536
-	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 65537
+	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 4099
+	lbLbLimitsLB_RING_CHUNK    lbLbLimits = 32
+	lbLbLimitsLB_RING_LAYOUT   lbLbLimits = 1
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
 	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
 	lbLbLimitsLB_MAC_MEMO      lbLbLimits = 16

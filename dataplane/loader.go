@@ -35,7 +35,8 @@ type Options struct {
 	// DefaultPinPath.
 	PinPath string
 	// RingSize is the number of slots of every Maglev ring, a prime. 0 means
-	// DefaultRingSize. Changing it needs an Uninstall first.
+	// DefaultRingSize. A change (or an upgrade from a version with another ring
+	// layout) replaces the pinned rings: every flow is placed anew once.
 	RingSize uint32
 	// FlowEntries is the size of the flow table. 0 means the compiled default.
 	FlowEntries uint32
@@ -96,8 +97,11 @@ func Load(opts Options) (*Dataplane, error) {
 	if err := os.Remove(filepath.Join(opts.PinPath, lbMapFlowCache)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("unpin the old flow_cache: %w", err)
 	}
-	spec.Maps[lbMapRings].InnerMap.MaxEntries = opts.RingSize
-	spec.Maps[lbMapPrevRings].InnerMap.MaxEntries = opts.RingSize
+	if err := replaceOldRings(opts, opts.Logger); err != nil {
+		return nil, err
+	}
+	spec.Maps[lbMapRings].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
+	spec.Maps[lbMapPrevRings].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
 	if opts.FlowEntries != 0 {
 		spec.Maps[lbMapFlows].MaxEntries = opts.FlowEntries
 	}
@@ -117,11 +121,8 @@ func Load(opts Options) (*Dataplane, error) {
 		d.Close()
 		return nil, fmt.Errorf("read map lb_cfg: %w", err)
 	}
-	if d.cfg.RingSize != 0 && d.cfg.RingSize != opts.RingSize {
-		d.Close()
-		return nil, fmt.Errorf("pinned rings have %d slots, want %d: uninstall first to change the ring size", d.cfg.RingSize, opts.RingSize)
-	}
 	d.cfg.RingSize = opts.RingSize
+	d.cfg.RingLayout = uint16(lbLbLimitsLB_RING_LAYOUT)
 	d.cfg.Generation++ // a new program: no cached flow is trusted
 	if err := d.writeConfig(); err != nil {
 		d.Close()
@@ -141,6 +142,38 @@ func Load(opts Options) (*Dataplane, error) {
 		}
 	}
 	return d, nil
+}
+
+// replaceOldRings unpins the rings (and their transition leases) when the pinned
+// ones cannot serve this program: another ring size, or the layout of an earlier
+// version. The first Apply then fills new ones; until then the program passes VIP
+// traffic to the local stack, and every flow is placed anew. An upgrade that keeps
+// size and layout (every other one) keeps the rings and moves no flow.
+func replaceOldRings(opts Options, log *zap.Logger) error {
+	cfgMap, err := ebpf.LoadPinnedMap(filepath.Join(opts.PinPath, lbMapLbCfg), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // a fresh install
+	}
+	if err != nil {
+		return fmt.Errorf("open pinned lb_cfg: %w", err)
+	}
+	defer cfgMap.Close()
+	var c lbLbConfig
+	if err := cfgMap.Lookup(uint32(0), &c); err != nil {
+		return fmt.Errorf("read pinned lb_cfg: %w", err)
+	}
+	if c.RingSize == 0 || (c.RingSize == opts.RingSize && c.RingLayout == uint16(lbLbLimitsLB_RING_LAYOUT)) {
+		return nil
+	}
+	log.Warn("pinned rings have another size or layout: replacing them, every flow is placed anew",
+		zap.Uint32("pinned_slots", c.RingSize), zap.Uint16("pinned_layout", c.RingLayout),
+		zap.Uint32("slots", opts.RingSize), zap.Int("layout", int(lbLbLimitsLB_RING_LAYOUT)))
+	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapRingsMeta} {
+		if err := os.Remove(filepath.Join(opts.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("unpin old %s: %w", name, err)
+		}
+	}
+	return nil
 }
 
 // Program is the loaded xdp_lb, for BPF_PROG_TEST_RUN.

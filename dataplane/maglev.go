@@ -12,9 +12,45 @@ import (
 )
 
 // DefaultRingSize is the number of slots in a Maglev table: a prime, as the
-// population algorithm needs, large enough that 100 backends differ by under 1%.
-// It is the size the rings map is compiled with (LB_DEFAULT_RING).
+// population algorithm needs. Maglev gives every backend of equal weight ⌊m/n⌋ or
+// ⌈m/n⌉ slots, so 4099 slots share out within 1% among up to 40 replicas of a VIP
+// and within 2.5% among 100 (agent --ring-size raises it: 16381 is Cilium's
+// default, 65537 Katran's). Small on purpose: a new flow reads one random slot, and
+// the packed ring (16-bit ids) of 8 KB stays in cache where one of 65537 slots
+// does not (bpf/README.md has the numbers). It is the size the rings map is
+// compiled with (LB_DEFAULT_RING).
 const DefaultRingSize = uint32(lbLbLimitsLB_DEFAULT_RING)
+
+// A ring map element holds ringChunk slots of 16-bit backend ids (LB_RING_CHUNK).
+const (
+	ringChunk    = int(lbLbLimitsLB_RING_CHUNK)
+	ringElemSize = 2 * ringChunk
+)
+
+// Backend ids must fit a ring's 16-bit slots.
+var _ = [1]struct{}{}[lbLbLimitsLB_MAX_BACKENDS>>16]
+
+// ringElems is the number of elements of a ring map of size slots.
+func ringElems(size uint32) int { return (int(size) + ringChunk - 1) / ringChunk }
+
+// packRing lays slots out as a ring map's memory: little-endian 16-bit ids,
+// element after element.
+func packRing(slots []uint32) []byte {
+	buf := make([]byte, ringElems(uint32(len(slots)))*ringElemSize)
+	for i, s := range slots {
+		binary.LittleEndian.PutUint16(buf[2*i:], uint16(s))
+	}
+	return buf
+}
+
+// unpackRing reads size slots back from a ring map's memory.
+func unpackRing(packed []byte, size uint32) []uint32 {
+	out := make([]uint32, size)
+	for i := range out {
+		out[i] = uint32(binary.LittleEndian.Uint16(packed[2*i:]))
+	}
+	return out
+}
 
 // MaglevBackend is one entry of a Maglev table's input.
 type MaglevBackend struct {

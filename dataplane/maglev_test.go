@@ -63,36 +63,48 @@ func TestTableBalance(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			// Maglev's guarantee for equal weights: every backend gets
+			// ⌊m/n⌋ or ⌈m/n⌉ slots.
 			shares := tab.Shares()
 			lo, hi := slices.Min(shares), slices.Max(shares)
-			if lo == 0 || float64(hi)/float64(lo) > 1.01 {
-				t.Fatalf("max/min slots = %d/%d = %.4f, want <= 1.01", hi, lo, float64(hi)/float64(lo))
+			m := int(DefaultRingSize)
+			if lo < m/n || hi > (m+n-1)/n {
+				t.Fatalf("slots per backend %d..%d, want %d..%d", lo, hi, m/n, (m+n-1)/n)
 			}
 		})
 	}
 }
 
+// Removing one of ten backends must move little more than its own tenth of the
+// slots. Maglev moves a few more the smaller the table is for its backends: this
+// is the price of the small default ring (the transition keeps those flows where
+// they are, see bpf/README.md).
 func TestTableDisruptionOnRemoval(t *testing.T) {
-	in := backendsN(10)
-	before, err := BuildTable(in, DefaultRingSize)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for removed := range in {
-		rest := slices.Delete(slices.Clone(in), removed, removed+1)
-		after, err := BuildTable(rest, DefaultRingSize)
+	for _, tc := range []struct {
+		m     uint32
+		bound float64
+	}{{DefaultRingSize, 0.12}, {16381, 0.11}, {65537, 0.105}} {
+		in := backendsN(10)
+		before, err := BuildTable(in, tc.m)
 		if err != nil {
 			t.Fatal(err)
 		}
-		moved := 0
-		for i := range before.Slots {
-			if before.Backends[before.Slots[i]] != after.Backends[after.Slots[i]] {
-				moved++
+		for removed := range in {
+			rest := slices.Delete(slices.Clone(in), removed, removed+1)
+			after, err := BuildTable(rest, tc.m)
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		frac := float64(moved) / float64(DefaultRingSize)
-		if frac > 0.105 {
-			t.Errorf("removing %s moved %.2f%% of slots, want <= 10.5%%", in[removed].Addr, 100*frac)
+			moved := 0
+			for i := range before.Slots {
+				if before.Backends[before.Slots[i]] != after.Backends[after.Slots[i]] {
+					moved++
+				}
+			}
+			frac := float64(moved) / float64(tc.m)
+			if frac > tc.bound {
+				t.Errorf("m=%d: removing %s moved %.2f%% of slots, want <= %.1f%%", tc.m, in[removed].Addr, 100*frac, 100*tc.bound)
+			}
 		}
 	}
 }

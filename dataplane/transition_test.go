@@ -1,12 +1,17 @@
 package dataplane
 
 import (
+	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
+
+	"github.com/portico-edge/portico/dataplane/bpftest"
 	"github.com/portico-edge/portico/dataplane/xdptest"
 )
 
@@ -377,5 +382,148 @@ func TestDownKeepsItsFlows(t *testing.T) {
 	dr.apply(t, desired(noMAC, r2, r4))
 	if got := dr.send(t, g, all...); got.Addr != r4.Addr {
 		t.Errorf("without its MAC, the down replica's flow went to %s, want it picked again (%s)", got.Addr, r4.Addr)
+	}
+}
+
+// TestExpireEndsTransitions: once its lease has passed, Expire clears a VIP's
+// transition (lease and previous ring), so the program reads no clock for it; a
+// flow older than the change then goes where the current ring says, unpinned.
+func TestExpireEndsTransitions(t *testing.T) {
+	bpftest.Require(t)
+	pin := testPinPath()
+	d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096, Transition: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close(); Uninstall(pin) })
+	if err := d.SetMAC(nicMAC); err != nil {
+		t.Fatal(err)
+	}
+	dr := director{"d1", d}
+	before, after := []Backend{r1, r2}, []Backend{r1, r2, r4}
+	old := flowWhere(t, 30000, [][]Backend{before, after}, r1, r4)
+	dr.apply(t, desired(before...))
+	dr.apply(t, desired(after...))
+	if err := d.Expire(); err != nil {
+		t.Fatal(err)
+	}
+	if len(d.st.prevUntil) == 0 {
+		t.Fatal("Expire ended a transition within its lease")
+	}
+	time.Sleep(60 * time.Millisecond)
+	if err := d.Expire(); err != nil {
+		t.Fatal(err)
+	}
+	for vip := range d.st.rings {
+		var m lbRingMeta
+		if err := d.objs.RingsMeta.Lookup(vip, &m); err != nil {
+			t.Fatal(err)
+		}
+		var prev *ebpf.Map
+		err := d.objs.PrevRings.Lookup(vip, &prev)
+		if err == nil {
+			prev.Close()
+		}
+		if m.PrevUntilNs != 0 || !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("vip %d: after Expire lease %d, previous ring lookup %v; want 0 and none", vip, m.PrevUntilNs, err)
+		}
+	}
+	if got := dr.send(t, old, after...); got.Addr != r4.Addr {
+		t.Errorf("after the transition the older flow went to %s, want the current ring's %s", got.Addr, r4.Addr)
+	}
+	if pinned, news := dr.state(t); pinned+news != 0 {
+		t.Errorf("%d pinned and %d new entries after the transition, want none", pinned, news)
+	}
+}
+
+// TestPinLapsesInTheCache: when pins lapse (no pin used for LB_PIN_IDLE_SEC, and
+// Expire clears the clock), a flow this CPU's cache holds as pinned follows the
+// ring again, as it would without the cache; a SYN reusing its 5-tuple then
+// would not have retired the entry.
+func TestPinLapsesInTheCache(t *testing.T) {
+	dr := newDirector(t, "d1")
+	before, after := []Backend{r1, r2}, []Backend{r1, r2, r4}
+	old := flowWhere(t, 30000, [][]Backend{before, after}, r1, r4)
+	dr.apply(t, desired(before...))
+	dr.apply(t, desired(after...))
+	for range 2 { // pinned, then served from the cache as pinned
+		if got := dr.send(t, old, after...); got.Addr != r1.Addr {
+			t.Fatalf("in the transition the older flow went to %s, want %s", got.Addr, r1.Addr)
+		}
+	}
+	dr.endTransitions(t)
+	if err := dr.d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
+		t.Fatal(err)
+	}
+	if got := dr.send(t, old, after...); got.Addr != r4.Addr {
+		t.Errorf("with pins lapsed the cached pinned flow went to %s, want the ring's %s", got.Addr, r4.Addr)
+	}
+}
+
+// TestLoadReplacesRingsItCannotUse: pinned rings of another size, or of an
+// earlier version's layout (lb_cfg.ring_layout 0), are replaced on Load instead
+// of failing it: the first Apply fills new ones, which packets then follow. Rings
+// of the same size and layout are kept (an ordinary restart or upgrade).
+func TestLoadReplacesRingsItCannotUse(t *testing.T) {
+	bpftest.Require(t)
+	pin := testPinPath()
+	t.Cleanup(func() { Uninstall(pin) })
+	const other = 127
+	load := func(size uint32) director {
+		t.Helper()
+		d, err := Load(Options{PinPath: pin, RingSize: size, FlowEntries: 4096})
+		if err != nil {
+			t.Fatalf("load with %d slots: %v", size, err)
+		}
+		if err := d.SetMAC(nicMAC); err != nil {
+			t.Fatal(err)
+		}
+		return director{fmt.Sprintf("ring of %d", size), d}
+	}
+	ringSizes := func(dr director) []int {
+		t.Helper()
+		vs, err := dr.d.VIPs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []int
+		for _, v := range vs {
+			out = append(out, v.RingSize)
+		}
+		return out
+	}
+	p := tcp4(41000, xdptest.ACK)
+
+	dr := load(testRing)
+	dr.apply(t, desired(r1, r2))
+	dr.d.Close()
+
+	dr = load(other)
+	if got := ringSizes(dr); slices.ContainsFunc(got, func(n int) bool { return n != 0 }) {
+		t.Errorf("after a ring size change, rings of %v slots before the first Apply, want none", got)
+	}
+	dr.apply(t, desired(r1, r2))
+	if got := ringSizes(dr); slices.ContainsFunc(got, func(n int) bool { return n != other }) {
+		t.Errorf("rings of %v slots, want %d", got, other)
+	}
+	if got, want := dr.send(t, p, r1, r2).Addr, pickIn(t, other, p, r1, r2); got != want {
+		t.Errorf("a flow went to %s, the ring of %d slots says %s", got, other, want)
+	}
+	dr.d.Close()
+
+	dr = load(other)
+	if got := ringSizes(dr); slices.ContainsFunc(got, func(n int) bool { return n != other }) {
+		t.Errorf("a restart with the same ring size kept rings of %v slots, want %d", got, other)
+	}
+	dr.d.cfg.RingLayout = 0 // what an earlier version left pinned
+	if err := dr.d.writeConfig(); err != nil {
+		t.Fatal(err)
+	}
+	dr.d.Close()
+
+	dr = load(other)
+	defer dr.d.Close()
+	if got := ringSizes(dr); slices.ContainsFunc(got, func(n int) bool { return n != 0 }) {
+		t.Errorf("over an earlier version's rings, rings of %v slots before the first Apply, want none", got)
 	}
 }

@@ -52,8 +52,8 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 	}
 	for _, outer := range []string{lbMapRings, lbMapPrevRings} {
 		inner := spec.Maps[outer].InnerMap
-		if inner == nil || inner.KeySize != 4 || inner.ValueSize != 4 {
-			t.Errorf("%s inner map: %+v, want u32 -> u32", outer, inner)
+		if inner == nil || inner.KeySize != 4 || int(inner.ValueSize) != ringElemSize {
+			t.Errorf("%s inner map: %+v, want u32 -> %d slots of 16 bits", outer, inner, ringChunk)
 		}
 	}
 	// Every map the object defines is covered above (.bss holds only the

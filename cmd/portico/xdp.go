@@ -217,6 +217,7 @@ func runBench(args []string) error {
 		return err
 	}
 	fmt.Println("\ntargets (per run): a new flow at most 3x the floor, an established packet at most 2x")
+	fmt.Println("(in a ring transition, a SYN in a slot the change moved is remembered: see bpf/README.md)")
 	return nil
 }
 

@@ -179,6 +179,10 @@ func (w *world) cases() []benchCase {
 		}},
 		{name: "established TCP v6", prog: w.d.Program(), frame: same(est6)},
 		{name: "non-VIP pass", prog: w.d.Program(), frame: same(other)},
+		{name: "new TCP v4 flow (SYN) in a ring transition", prog: w.d.Program(), distinct: true, frame: func(i int) []byte {
+			src := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+			return w.tcp(src, w.vipC, uint16(1024+i%60000), xdptest.SYN)
+		}},
 		{name: "non-SYN packet of a flow across a ring change", prog: w.d.Program(), distinct: true, frame: func(i int) []byte {
 			j := w.movedIdx[i%len(w.movedIdx)]
 			return w.tcp(movedClient(j), w.vipC, uint16(1024+j%60000), xdptest.ACK)

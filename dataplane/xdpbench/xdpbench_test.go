@@ -18,6 +18,7 @@ func TestRun(t *testing.T) {
 		"floor: bare XDP_TX":                            "XDP_TX",
 		"established TCP v4":                            "XDP_TX",
 		"new TCP v4 flow (SYN)":                         "XDP_TX",
+		"new TCP v4 flow (SYN) in a ring transition":    "XDP_TX",
 		"established TCP v6":                            "XDP_TX",
 		"non-VIP pass":                                  "XDP_PASS",
 		"non-SYN packet of a flow across a ring change": "XDP_TX",
