@@ -153,23 +153,30 @@ static __always_inline int prev_live(__u32 vip_id, __u64 *now)
 
 /* pins_live reports whether a pinned flow may exist: one was made or used within
  * LB_PIN_IDLE_SEC. Until then flows is not looked at. */
-static __always_inline int pins_live(__u64 *now)
+static __always_inline int clock_live(void *clock_map, __u64 *now)
 {
 	__u32 zero = 0;
-	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+	__u64 *t = bpf_map_lookup_elem(clock_map, &zero);
 
 	return t && *t && clock(now) - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
 }
 
-/* pin_seen moves pin_clock to now, at most once a second (a shared cache line). */
-static __always_inline void pin_seen(__u64 now)
+static __always_inline int pins_live(__u64 *now) { return clock_live(&pin_clock, now); }
+
+/* handoffs_live is pins_live for hand-off pins (handoff_clock). */
+static __always_inline int handoffs_live(__u64 *now) { return clock_live(&handoff_clock, now); }
+
+/* clock_seen moves a pin clock to now, at most once a second (a shared cache line). */
+static __always_inline void clock_seen(void *clock_map, __u64 now)
 {
 	__u32 zero = 0;
-	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+	__u64 *t = bpf_map_lookup_elem(clock_map, &zero);
 
 	if (t && now - *t > NSEC_PER_SEC)
 		*t = now;
 }
+
+static __always_inline void pin_seen(__u64 now) { clock_seen(&pin_clock, now); }
 
 static __always_inline struct backend *active_backend(__u32 id)
 {
@@ -266,40 +273,101 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 	return has;
 }
 
-/* from_director handles a frame another edge (a director) sent here: it chose
- * this node. This node serves it, with one exception. A packet of a TCP
- * connection this node does not have, during a ring transition, was sent by a
- * director that could not know where the connection is: one that took over the
- * VIP after the connection was opened elsewhere, in a slot the transition moved.
- * It then goes to the other ring's choice, marked, and the node there serves it
- * whatever it finds (a packet is handed on at most once). */
+/* local_choice reports whether a backend id is this node's replica. */
+static __always_inline int local_choice(__u32 id)
+{
+	struct backend *be = id ? active_backend(id) : 0;
+
+	return be && (be->flags & BACKEND_F_LOCAL);
+}
+
+/* handoff_target finds where a packet of a connection this node does not have
+ * goes next, during a transition. The rings of the transition in order, the
+ * oldest (prev_rings), the one before the last change (mid_rings, when the
+ * transition saw two changes or more) and the current one, each name a replica
+ * for the flow: the connection was opened at one of them. A frame from a
+ * director goes to the first of them that is another node; a handed-on frame
+ * (marked) only to a later ring's choice than the last that names this node, so
+ * it is handed on at most twice more, and never in a circle. 0: serve here. */
+static __always_inline __u32 handoff_target(const struct parsed *p, const struct lb_config *cfg, __u32 vip_id,
+					    int handed)
+{
+	__u32 hash = flow_hash(&p->flow, cfg->seed), choice[3];
+	int from = 0;
+
+	choice[0] = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+	choice[1] = pick_from_ring(&mid_rings, vip_id, hash, cfg);
+	choice[2] = pick_from_ring(&rings, vip_id, hash, cfg);
+	if (handed) {
+		from = 3;
+		for (int i = 0; i < 3; i++)
+			if (local_choice(choice[i]))
+				from = i + 1;
+	}
+	for (int i = 0; i < 3; i++)
+		if (i >= from && choice[i] && !local_choice(choice[i]) && active_backend(choice[i]))
+			return choice[i];
+	return 0;
+}
+
+/* from_director handles a frame another edge sent here: a director chose this
+ * node, or an edge handed it on (marked). This node serves it, with one
+ * exception: a packet of a TCP connection this node does not have. A director
+ * that took over the VIP after the connection was opened elsewhere cannot know
+ * where it is, when a ring change moved its slot in the meantime. During the
+ * transition, such a packet goes on along the transition's rings
+ * (handoff_target), marked, and the hand-off is pinned here (flows), so that it
+ * keeps working after the transition for the director that sends it here. Only
+ * an unmarked frame follows such a pin, so a packet is handed on at most three
+ * times (a pin, then two rings later), and never in a circle. */
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg)
 {
-	__u32 vip_id, hash, cur, alt;
-	struct backend *cb, *be;
+	int handed = marked(eth, data_end);
+	enum reason served = handed ? REASON_HANDOFF_IN : REASON_FROM_PEER;
+	struct flow_val *fv;
+	struct backend *be;
+	__u32 vip_id, next = 0;
 	__u64 now = 0;
+	int pinned, moving;
 
-	if (marked(eth, data_end)) {
+	if (handed)
 		set_mark(eth, data_end, 0);
-		return count(REASON_HANDOFF_IN, XDP_PASS);
-	}
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error ||
 	    !lookup_vip(&p->flow, cfg, &vip_id))
-		return count(REASON_FROM_PEER, XDP_PASS);
-	if (!prev_live(vip_id, &now))
-		return count(REASON_FROM_PEER, XDP_PASS);
+		return count(served, XDP_PASS);
+	/* Outside transitions, and while this node made no hand-off pin for
+	 * LB_PIN_IDLE_SEC, nothing more is looked at. */
+	pinned = !handed && handoffs_live(&now);
+	moving = prev_live(vip_id, &now);
+	if (!pinned && !moving)
+		return count(served, XDP_PASS);
+	fv = pinned ? bpf_map_lookup_elem(&flows, &p->flow) : 0;
+	if (!fv && !moving)
+		return count(served, XDP_PASS);
 	if (has_connection(ctx, eth, &p->flow))
-		return count(REASON_FROM_PEER, XDP_PASS);
-	hash = flow_hash(&p->flow, cfg->seed);
-	cur = pick_from_ring(&rings, vip_id, hash, cfg);
-	alt = cur;
-	cb = cur ? active_backend(cur) : 0;
-	if (cb && (cb->flags & BACKEND_F_LOCAL))
-		alt = pick_from_ring(&prev_rings, vip_id, hash, cfg);
-	be = alt ? active_backend(alt) : 0;
-	if (!be || (be->flags & BACKEND_F_LOCAL))
-		return count(REASON_FROM_PEER, XDP_PASS);
+		return count(served, XDP_PASS);
+	if (fv && !local_choice(fv->backend_id) && active_backend(fv->backend_id)) {
+		next = fv->backend_id;
+		if (clock(&now) - fv->last_seen_ns > NSEC_PER_SEC) {
+			fv->last_seen_ns = now;
+			clock_seen(&handoff_clock, now);
+			pin_seen(now);
+		}
+	} else if (moving) {
+		next = handoff_target(p, cfg, vip_id, handed);
+		if (next) {
+			struct flow_val nv = { .backend_id = next, .last_seen_ns = clock(&now) };
+
+			/* Also a director's pin, should this node take the VIP over. */
+			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
+			clock_seen(&handoff_clock, now);
+			pin_seen(now);
+		}
+	}
+	be = next ? active_backend(next) : 0;
+	if (!be)
+		return count(served, XDP_PASS);
 	set_mark(eth, data_end, 1);
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);

@@ -48,6 +48,16 @@ struct {
 	__array(values, struct ring);
 } prev_rings SEC(".maps");
 
+/* VIP id -> the ring before the last change, when a transition saw two changes
+ * or more (prev_rings keeps the one before the first): a connection opened
+ * between them is on its choice. Only hand-offs consult it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, LB_MAX_VIPS);
+	__type(key, __u32);
+	__array(values, struct ring);
+} mid_rings SEC(".maps");
+
 /* VIP id -> how long prev_rings[id] counts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -98,6 +108,16 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } pin_clock SEC(".maps");
+
+/* handoff_clock[0]: pin_clock for the hand-off pins this node made as a replica
+ * (see from_director): while none was made or used for LB_PIN_IDLE_SEC, a frame
+ * from a director costs no lookup outside a transition. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} handoff_clock SEC(".maps");
 
 /* Per-CPU direct-mapped cache of established flows (see struct flow_cache_entry). */
 struct {

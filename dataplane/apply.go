@@ -512,6 +512,13 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 			if err := d.objs.PrevRings.Put(vip, cur); err != nil {
 				return fmt.Errorf("update map prev_rings: %w", err)
 			}
+			if err := d.objs.MidRings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete from map mid_rings: %w", err)
+			}
+		} else if err := d.objs.MidRings.Put(vip, cur); err != nil {
+			// A second change in the transition: connections opened since the
+			// first are on the replaced ring's choices.
+			return fmt.Errorf("update map mid_rings: %w", err)
 		}
 		until := now + d.opts.Transition
 		if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
@@ -538,14 +545,16 @@ func (d *Dataplane) Expire() error {
 			}
 		}
 	}
-	var t uint64
-	if err := d.objs.PinClock.Lookup(uint32(0), &t); err != nil {
-		return fmt.Errorf("read map pin_clock: %w", err)
-	}
 	idle := time.Duration(lbLbLimitsLB_PIN_IDLE_SEC) * time.Second
-	if t != 0 && time.Duration(t)+idle <= now {
-		if err := d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
-			return fmt.Errorf("update map pin_clock: %w", err)
+	for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.HandoffClock} {
+		var t uint64
+		if err := m.Lookup(uint32(0), &t); err != nil {
+			return fmt.Errorf("read map %s: %w", m, err)
+		}
+		if t != 0 && time.Duration(t)+idle <= now {
+			if err := m.Put(uint32(0), uint64(0)); err != nil {
+				return fmt.Errorf("update map %s: %w", m, err)
+			}
 		}
 	}
 	return nil
@@ -556,8 +565,10 @@ func (d *Dataplane) endTransition(vip uint32) error {
 	if err := d.objs.RingsMeta.Put(vip, lbRingMeta{}); err != nil {
 		return fmt.Errorf("clear entry of map rings_meta: %w", err)
 	}
-	if err := d.objs.PrevRings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-		return fmt.Errorf("delete from map prev_rings: %w", err)
+	for _, m := range []*ebpf.Map{d.objs.PrevRings, d.objs.MidRings} {
+		if err := m.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from map %s: %w", m, err)
+		}
 	}
 	delete(d.st.prevUntil, vip)
 	return nil

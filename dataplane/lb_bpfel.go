@@ -182,7 +182,9 @@ const (
 	lbMapBackends           = "backends"
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
+	lbMapHandoffClock       = "handoff_clock"
 	lbMapLbCfg              = "lb_cfg"
+	lbMapMidRings           = "mid_rings"
 	lbMapNewPins            = "new_pins"
 	lbMapPeers              = "peers"
 	lbMapPinClock           = "pin_clock"
@@ -253,7 +255,9 @@ type lbMapSpecs struct {
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
+	HandoffClock *ebpf.MapSpec `ebpf:"handoff_clock"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
+	MidRings     *ebpf.MapSpec `ebpf:"mid_rings"`
 	NewPins      *ebpf.MapSpec `ebpf:"new_pins"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	PinClock     *ebpf.MapSpec `ebpf:"pin_clock"`
@@ -300,7 +304,9 @@ type lbMaps struct {
 	Backends     *ebpf.Map `ebpf:"backends"`
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
+	HandoffClock *ebpf.Map `ebpf:"handoff_clock"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
+	MidRings     *ebpf.Map `ebpf:"mid_rings"`
 	NewPins      *ebpf.Map `ebpf:"new_pins"`
 	Peers        *ebpf.Map `ebpf:"peers"`
 	PinClock     *ebpf.Map `ebpf:"pin_clock"`
@@ -320,7 +326,9 @@ func (m *lbMaps) Close() error {
 		m.Backends,
 		m.FlowCache,
 		m.Flows,
+		m.HandoffClock,
 		m.LbCfg,
+		m.MidRings,
 		m.NewPins,
 		m.Peers,
 		m.PinClock,

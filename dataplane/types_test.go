@@ -20,6 +20,8 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapVips, lbVipKey{}, lbVipVal{}},
 		{lbMapRings, uint32(0), uint32(0)},     // value: an inner map fd
 		{lbMapPrevRings, uint32(0), uint32(0)}, // value: an inner map fd
+		{lbMapMidRings, uint32(0), uint32(0)},  // value: an inner map fd
+		{lbMapHandoffClock, uint32(0), uint64(0)},
 		{lbMapRingsMeta, uint32(0), lbRingMeta{}},
 		{lbMapNewPins, lbFlowKey{}, lbFlowVal{}},
 		{lbMapPinClock, uint32(0), uint64(0)},
@@ -50,7 +52,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 			}
 		})
 	}
-	for _, outer := range []string{lbMapRings, lbMapPrevRings} {
+	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
 		inner := spec.Maps[outer].InnerMap
 		if inner == nil || inner.KeySize != 4 || int(inner.ValueSize) != ringElemSize {
 			t.Errorf("%s inner map: %+v, want u32 -> %d slots of 16 bits", outer, inner, ringChunk)
@@ -58,8 +60,8 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 	}
 	// Every map the object defines is covered above (.bss holds only the
 	// BTF anchors for enums).
-	if n := len(spec.Maps); n != 17 {
-		t.Errorf("object has %d maps, the test covers 16 plus .bss", n)
+	if n := len(spec.Maps); n != 19 {
+		t.Errorf("object has %d maps, the test covers 18 plus .bss", n)
 	}
 }
 
