@@ -11,7 +11,7 @@ import (
 )
 
 // BenchmarkApplyOneBackend measures Apply when one replica of ten joins or
-// leaves a group with a v4 and a v6 VIP: two 65537-slot rings rebuilt and
+// leaves a group with a v4 and a v6 VIP: two rings of DefaultRingSize rebuilt and
 // swapped, two backend entries written.
 func BenchmarkApplyOneBackend(b *testing.B) {
 	bpftest.Require(b)

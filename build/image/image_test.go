@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -22,6 +23,7 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 
+	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
 )
 
@@ -198,7 +200,7 @@ http { server { listen 127.0.0.1:8080; location / { content_by_lua_block { ngx.s
 			argv []string
 			want string // in the combined output
 		}{
-			{name: "portico", argv: []string{"/usr/local/bin/portico", "maglev", "10.0.0.1", "10.0.0.2"}, want: "65537 slots"},
+			{name: "portico", argv: []string{"/usr/local/bin/portico", "maglev", "10.0.0.1", "10.0.0.2"}, want: fmt.Sprintf("%d slots", dataplane.DefaultRingSize)},
 			{name: "nginx with lua", argv: []string{"/usr/sbin/nginx", "-p", "/tmp/nginx/", "-c", "nginx.conf", "-e", "stderr", "-t"}, want: "test is successful"},
 			{name: "ip", argv: []string{"/usr/bin/ip", "-V"}, want: "iproute2"},
 		} {
