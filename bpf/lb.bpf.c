@@ -153,30 +153,23 @@ static __always_inline int prev_live(__u32 vip_id, __u64 *now)
 
 /* pins_live reports whether a pinned flow may exist: one was made or used within
  * LB_PIN_IDLE_SEC. Until then flows is not looked at. */
-static __always_inline int clock_live(void *clock_map, __u64 *now)
+static __always_inline int pins_live(__u64 *now)
 {
 	__u32 zero = 0;
-	__u64 *t = bpf_map_lookup_elem(clock_map, &zero);
+	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
 
 	return t && *t && clock(now) - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
 }
 
-static __always_inline int pins_live(__u64 *now) { return clock_live(&pin_clock, now); }
-
-/* handoffs_live is pins_live for hand-off pins (handoff_clock). */
-static __always_inline int handoffs_live(__u64 *now) { return clock_live(&handoff_clock, now); }
-
-/* clock_seen moves a pin clock to now, at most once a second (a shared cache line). */
-static __always_inline void clock_seen(void *clock_map, __u64 now)
+/* pin_seen moves pin_clock to now, at most once a second (a shared cache line). */
+static __always_inline void pin_seen(__u64 now)
 {
 	__u32 zero = 0;
-	__u64 *t = bpf_map_lookup_elem(clock_map, &zero);
+	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
 
 	if (t && now - *t > NSEC_PER_SEC)
 		*t = now;
 }
-
-static __always_inline void pin_seen(__u64 now) { clock_seen(&pin_clock, now); }
 
 static __always_inline struct backend *active_backend(__u32 id)
 {
@@ -312,59 +305,29 @@ static __always_inline __u32 handoff_target(const struct parsed *p, const struct
 
 /* from_director handles a frame another edge sent here: a director chose this
  * node, or an edge handed it on (marked). This node serves it, with one
- * exception: a packet of a TCP connection this node does not have. A director
- * that took over the VIP after the connection was opened elsewhere cannot know
- * where it is, when a ring change moved its slot in the meantime. During the
- * transition, such a packet goes on along the transition's rings
- * (handoff_target), marked, and the hand-off is pinned here (flows), so that it
- * keeps working after the transition for the director that sends it here. Only
- * an unmarked frame follows such a pin, so a packet is handed on at most three
- * times (a pin, then two rings later), and never in a circle. */
+ * exception: a packet of a TCP connection this node does not have, during a
+ * transition. A director that took over the VIP after the connection was opened
+ * elsewhere cannot know where it is, when a ring change moved its slot in the
+ * meantime: the packet goes on along the transition's rings (handoff_target),
+ * marked. Nothing is remembered of a hand-off: a wrong guess (edges whose rings
+ * briefly differ) must not outlive the packet. */
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg)
 {
 	int handed = marked(eth, data_end);
 	enum reason served = handed ? REASON_HANDOFF_IN : REASON_FROM_PEER;
-	struct flow_val *fv;
 	struct backend *be;
-	__u32 vip_id, next = 0;
+	__u32 vip_id, next;
 	__u64 now = 0;
-	int pinned, moving;
 
 	if (handed)
 		set_mark(eth, data_end, 0);
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error ||
 	    !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(served, XDP_PASS);
-	/* Outside transitions, and while this node made no hand-off pin for
-	 * LB_PIN_IDLE_SEC, nothing more is looked at. */
-	pinned = !handed && handoffs_live(&now);
-	moving = prev_live(vip_id, &now);
-	if (!pinned && !moving)
+	if (!prev_live(vip_id, &now) || has_connection(ctx, eth, &p->flow))
 		return count(served, XDP_PASS);
-	fv = pinned ? bpf_map_lookup_elem(&flows, &p->flow) : 0;
-	if (!fv && !moving)
-		return count(served, XDP_PASS);
-	if (has_connection(ctx, eth, &p->flow))
-		return count(served, XDP_PASS);
-	if (fv && !local_choice(fv->backend_id) && active_backend(fv->backend_id)) {
-		next = fv->backend_id;
-		if (clock(&now) - fv->last_seen_ns > NSEC_PER_SEC) {
-			fv->last_seen_ns = now;
-			clock_seen(&handoff_clock, now);
-			pin_seen(now);
-		}
-	} else if (moving) {
-		next = handoff_target(p, cfg, vip_id, handed);
-		if (next) {
-			struct flow_val nv = { .backend_id = next, .last_seen_ns = clock(&now) };
-
-			/* Also a director's pin, should this node take the VIP over. */
-			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
-			clock_seen(&handoff_clock, now);
-			pin_seen(now);
-		}
-	}
+	next = handoff_target(p, cfg, vip_id, handed);
 	be = next ? active_backend(next) : 0;
 	if (!be)
 		return count(served, XDP_PASS);

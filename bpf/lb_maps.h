@@ -109,16 +109,6 @@ struct {
 	__type(value, __u64);
 } pin_clock SEC(".maps");
 
-/* handoff_clock[0]: pin_clock for the hand-off pins this node made as a replica
- * (see from_director): while none was made or used for LB_PIN_IDLE_SEC, a frame
- * from a director costs no lookup outside a transition. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u64);
-} handoff_clock SEC(".maps");
-
 /* Per-CPU direct-mapped cache of established flows (see struct flow_cache_entry). */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

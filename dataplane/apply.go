@@ -545,16 +545,14 @@ func (d *Dataplane) Expire() error {
 			}
 		}
 	}
+	var t uint64
+	if err := d.objs.PinClock.Lookup(uint32(0), &t); err != nil {
+		return fmt.Errorf("read map pin_clock: %w", err)
+	}
 	idle := time.Duration(lbLbLimitsLB_PIN_IDLE_SEC) * time.Second
-	for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.HandoffClock} {
-		var t uint64
-		if err := m.Lookup(uint32(0), &t); err != nil {
-			return fmt.Errorf("read map %s: %w", m, err)
-		}
-		if t != 0 && time.Duration(t)+idle <= now {
-			if err := m.Put(uint32(0), uint64(0)); err != nil {
-				return fmt.Errorf("update map %s: %w", m, err)
-			}
+	if t != 0 && time.Duration(t)+idle <= now {
+		if err := d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
+			return fmt.Errorf("update map pin_clock: %w", err)
 		}
 	}
 	return nil

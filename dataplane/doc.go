@@ -44,9 +44,10 @@
 // on, marked (the IPv4 reserved flag bit), along the transition's rings: from a
 // director to the first ring's choice that is another node, from another edge
 // (marked) only to a later ring's choice, so a packet is handed on at most three
-// times and never in a circle. The edge that hands a connection on pins that
-// (flows, gated by handoff_clock), so the director's packets still reach it after
-// the transition. IPv6 has no spare bit and is not handed off. Limits, by design:
+// times and never in a circle; a hand-off leaves no state (a wrong guess, while
+// edges' rings briefly differ, must not outlive the packet), so it works during
+// the transition only. IPv6 has no spare bit and is not handed off. Limits, by
+// design:
 // a connection older than the change that sends nothing during the transition goes
 // where the current ring says afterwards (nginx's idle limits, 60-75 s, close such
 // connections anyway); a UDP flow has no SYN, so a new UDP flow in a moved slot is

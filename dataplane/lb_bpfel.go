@@ -182,7 +182,6 @@ const (
 	lbMapBackends           = "backends"
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
-	lbMapHandoffClock       = "handoff_clock"
 	lbMapLbCfg              = "lb_cfg"
 	lbMapMidRings           = "mid_rings"
 	lbMapNewPins            = "new_pins"
@@ -255,7 +254,6 @@ type lbMapSpecs struct {
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
-	HandoffClock *ebpf.MapSpec `ebpf:"handoff_clock"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
 	MidRings     *ebpf.MapSpec `ebpf:"mid_rings"`
 	NewPins      *ebpf.MapSpec `ebpf:"new_pins"`
@@ -304,7 +302,6 @@ type lbMaps struct {
 	Backends     *ebpf.Map `ebpf:"backends"`
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
-	HandoffClock *ebpf.Map `ebpf:"handoff_clock"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
 	MidRings     *ebpf.Map `ebpf:"mid_rings"`
 	NewPins      *ebpf.Map `ebpf:"new_pins"`
@@ -326,7 +323,6 @@ func (m *lbMaps) Close() error {
 		m.Backends,
 		m.FlowCache,
 		m.Flows,
-		m.HandoffClock,
 		m.LbCfg,
 		m.MidRings,
 		m.NewPins,

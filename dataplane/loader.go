@@ -89,7 +89,7 @@ func Load(opts Options) (*Dataplane, error) {
 		// which no cached entry counts anyway.
 		switch name {
 		case lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
-			lbMapPinClock, lbMapHandoffClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers:
+			lbMapPinClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers:
 			m.Pinning = ebpf.PinByName
 		}
 	}

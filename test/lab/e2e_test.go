@@ -414,8 +414,9 @@ func TestReplicaDrain(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if !bs[dIP].Draining {
-			return fmt.Errorf("%s not draining in the owner's maps: %+v", dIP, bs[dIP])
+		// Apply writes the backend entry before it swaps the ring: wait for both.
+		if !bs[dIP].Draining || bs[dIP].Slots != 0 {
+			return fmt.Errorf("%s not draining, or still holding ring slots, in the owner's maps: %+v", dIP, bs[dIP])
 		}
 		return nil
 	}); err != nil {
