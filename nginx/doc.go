@@ -6,11 +6,15 @@
 // # Path semantics
 //
 // Locations follow the Ingress specification:
-//   - Exact "/p" renders "location = /p".
+//   - Exact "/p" renders "location = /p". Exact "/p/" also renders "location = /p",
+//     which answers as "/p" would without it (the longest prefix location, or the
+//     default backend or 404): nginx would otherwise redirect "/p" to "/p/" (301),
+//     and the specification says Exact "/p/" does not match "/p".
 //   - Prefix "/p" matches by path element: "location = /p" plus "location /p/", so
 //     "/p" and "/p/..." match and "/pq" does not. A trailing slash is ignored
 //     ("/p/" is the same as "/p"); Prefix "/" matches everything.
-//   - ImplementationSpecific is treated as Prefix, as ingress-nginx does.
+//   - ImplementationSpecific is treated as Prefix, as ingress-nginx does (for paths
+//     without regular expressions, which Portico never renders).
 //
 // nginx picks an exact location first and otherwise the longest matching prefix,
 // which is the Ingress rule "longest path wins, Exact before Prefix on a tie". When an
