@@ -192,6 +192,24 @@ func TestBuild(t *testing.T) {
 			},
 		},
 		{
+			name: "group: unmatched-host annotation; a bad value is reported and the default kept",
+			st: state(
+				groupSvc("edge", "close", 1, AnnotationUnmatchedHost, "close"),
+				groupSvc("edge", "not-found", 2, AnnotationUnmatchedHost, " not-found "),
+				groupSvc("edge", "bad", 3, AnnotationUnmatchedHost, "404"),
+				groupSvc("edge", "unset", 4),
+			),
+			want: model.Snapshot{Groups: []model.Group{
+				{Name: "edge/bad", Ports: g1Group.Ports},
+				{Name: "edge/close", Ports: g1Group.Ports},
+				{Name: "edge/not-found", Ports: g1Group.Ports, UnmatchedHost: model.UnmatchedHostNotFound},
+				{Name: "edge/unset", Ports: g1Group.Ports},
+			}},
+			problems: []model.Problem{
+				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/unmatched-host]", Reason: model.ReasonInvalidAnnotation},
+			},
+		},
+		{
 			name: "every path type, number and named ports, unset path type",
 			st: state(gs, gsl, ws, wsl, ingress("app", "site", 0, "Example.COM", []path{
 				{"/exact", exact, "web", 80},
