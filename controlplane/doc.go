@@ -22,7 +22,10 @@
 // for LoadBalancer Services, status.loadBalancer.ingress. Its VRRP id is the
 // annotation portico.io/vrid, set by hand or allocated by the leader (lowest free id,
 // oldest group first); a duplicate is reported and not applied, so no two groups share
-// a VRID.
+// a VRID. Its annotation portico.io/unmatched-host says how its nginx answers a request
+// for a host none of its Ingresses names (when none has a default backend): "close"
+// (the default) closes the connection without an answer, "not-found" answers 404, as
+// ingress-nginx does; any other value is reported and the default kept.
 //
 // An Ingress is bound to a group by, in order: its annotation portico.io/group ("name"
 // in the Ingress's namespace, or "namespace/name"); its IngressClass, when the class's

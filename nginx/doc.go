@@ -24,7 +24,9 @@
 // DNS label (the Ingress rule), so it renders as a regular-expression server name. A
 // Server whose Host is "" (an Ingress rule without a host, or an Ingress that has only
 // a default backend) takes the place of the default server; without one, unknown
-// hosts have their connection closed (return 444).
+// hosts have their connection closed (return 444), or get a 404 when the rendered
+// group (Options.Group) asks for it (model.UnmatchedHostNotFound). A TLS handshake
+// for an unknown name is refused either way (see below).
 //
 // # TLS
 //

@@ -1,6 +1,8 @@
 package nginx
 
 import (
+	"context"
+	"crypto/tls"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -176,5 +178,136 @@ func TestServeHostSemantics(t *testing.T) {
 				t.Errorf("Host %s = %d %q, want 200 from %s", tc.host, resp.StatusCode, body, tc.want)
 			}
 		})
+	}
+}
+
+// TestRenderUnmatchedHost: the default server answers as the rendered group asks
+// (Options.Group); another group's choice, or no group, keeps the connection close,
+// and a catch-all Server takes the default server's place whatever the choice.
+func TestRenderUnmatchedHost(t *testing.T) {
+	groups := []model.Group{{Name: "edge/a", UnmatchedHost: model.UnmatchedHostNotFound}, {Name: "edge/b"}}
+	host := model.Server{Host: "a.test", DefaultUpstream: "t-a-80"}
+	catchAll := model.Server{DefaultUpstream: "t-a-80"}
+	for _, tc := range []struct {
+		name    string
+		group   string
+		servers []model.Server
+		want    string // the default server's return, "" for none
+	}{
+		{name: "not-found group", group: "edge/a", servers: []model.Server{host}, want: "return 404;"},
+		{name: "group without the annotation", group: "edge/b", servers: []model.Server{host}, want: "return 444;"},
+		{name: "every group", group: "", servers: []model.Server{host}, want: "return 444;"},
+		{name: "unknown group", group: "edge/c", servers: []model.Server{host}, want: "return 444;"},
+		{name: "catch-all server", group: "edge/a", servers: []model.Server{catchAll, host}, want: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := model.Snapshot{Groups: groups, Upstreams: []model.Upstream{{Name: "t-a-80"}}}
+			for _, s := range tc.servers {
+				s.Group = tc.group
+				snap.Servers = append(snap.Servers, s)
+			}
+			opt := goldenOptions()
+			opt.Group = tc.group
+			cfg, err := Render(snap, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(cfg.Problems) != 0 {
+				t.Errorf("problems: %v", cfg.Problems)
+			}
+			text := string(cfg.Text)
+			i := strings.Index(text, "    # Hosts no server names")
+			j := strings.Index(text, "    # Local status")
+			if i < 0 || j < i {
+				t.Fatalf("no default server in\n%s", text)
+			}
+			def := text[i:j]
+			for _, ret := range []string{"return 404;", "return 444;"} {
+				if got := strings.Contains(def, "\n        "+ret+"\n"); got != (ret == tc.want) {
+					t.Errorf("default server has %q: %v, want %v:\n%s", ret, got, ret == tc.want, def)
+				}
+			}
+			nginxTest(t, t.TempDir(), cfg, opt)
+		})
+	}
+}
+
+// TestServeUnmatchedHost: through a real nginx, a host no server names (an unknown
+// one, or one a wildcard does not match) has its connection closed by default and
+// gets a 404 when the group asks for it; a catch-all server (an Ingress default
+// backend) answers it either way. TLS for an unknown name is refused either way:
+// there is no certificate to answer with.
+func TestServeUnmatchedHost(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epD := backend(t, "D")
+	ups := []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{epA}}, {Name: "t-d-80", Endpoints: []netip.AddrPort{epD}}}
+	snap := func(answer model.UnmatchedHost, catchAll bool) model.Snapshot {
+		s := model.Snapshot{
+			Groups: []model.Group{{Name: "edge/g", UnmatchedHost: answer}},
+			Servers: []model.Server{
+				{Group: "edge/g", Host: "*.wild.test", DefaultUpstream: "t-a-80"},
+				{Group: "edge/g", Host: "a.test", DefaultUpstream: "t-a-80"},
+			},
+			Upstreams: ups,
+		}
+		if catchAll {
+			s.Servers = append([]model.Server{{Group: "edge/g", DefaultUpstream: "t-d-80"}}, s.Servers...)
+		}
+		return s
+	}
+	group := func(o *Options) { o.Group = "edge/g" }
+	unmatched := []string{"unknown.test", "a.b.wild.test", "wild.test"}
+	for _, tc := range []struct {
+		name     string
+		answer   model.UnmatchedHost
+		catchAll bool
+		want     int // 0: connection closed
+	}{
+		{name: "close (default)", answer: model.UnmatchedHostClose, want: 0},
+		{name: "not-found", answer: model.UnmatchedHostNotFound, want: 404},
+		{name: "not-found with a default backend", answer: model.UnmatchedHostNotFound, catchAll: true, want: 200},
+		{name: "close with a default backend", answer: model.UnmatchedHostClose, catchAll: true, want: 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := startNginx(t, snap(tc.answer, tc.catchAll), group)
+			c := n.client(false)
+			if resp, body := get(t, c, "http://a.test/x"); resp.StatusCode != 200 || body != "A /x" {
+				t.Errorf("a.test = %d %q, want 200 from A", resp.StatusCode, body)
+			}
+			for _, host := range unmatched {
+				if tc.want == 0 {
+					expectClosed(t, n, host)
+					continue
+				}
+				resp, body := get(t, c, "http://"+host+"/x")
+				if resp.StatusCode != tc.want || (tc.want == 200 && body != "D /x") {
+					t.Errorf("%s = %d %q, want %d", host, resp.StatusCode, body, tc.want)
+				}
+			}
+			conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPSPort), &tls.Config{ServerName: "unknown.test", InsecureSkipVerify: true})
+			if err == nil {
+				conn.Close()
+				t.Error("TLS handshake for unknown.test succeeded")
+			}
+		})
+	}
+}
+
+// TestServeUnmatchedHostChange: changing only the group's choice reloads nginx.
+func TestServeUnmatchedHostChange(t *testing.T) {
+	_, epA := backend(t, "A")
+	snap := model.Snapshot{
+		Groups:    []model.Group{{Name: "edge/g"}},
+		Servers:   []model.Server{{Group: "edge/g", Host: "a.test", DefaultUpstream: "t-a-80"}},
+		Upstreams: []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{epA}}},
+	}
+	n := startNginx(t, snap, func(o *Options) { o.Group = "edge/g" })
+	expectClosed(t, n, "unknown.test")
+	snap.Groups[0].UnmatchedHost = model.UnmatchedHostNotFound
+	if res, err := n.r.ApplyNow(context.Background(), snap); err != nil || res.Result != ResultSuccess {
+		t.Fatalf("apply not-found: %s, %v", res.Result, err)
+	}
+	if resp, body := get(t, n.client(false), "http://unknown.test/x"); resp.StatusCode != 404 {
+		t.Errorf("unknown.test after the change = %d %q, want 404", resp.StatusCode, body)
 	}
 }
