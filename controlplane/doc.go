@@ -36,6 +36,13 @@
 // records it in portico.io/group. Bindings are sticky: a recorded group is never
 // replaced, and a missing one is reported.
 //
+// An Ingress's spec.defaultBackend answers what none of its rules match, as the
+// Ingress specification says and ingress-nginx does: paths of its own hosts that no
+// rule matches, and hosts no Ingress of the group names (the group's catch-all; when
+// two Ingresses of a group have different default backends, the older one's is used
+// and the other reported). A host keeps the default backend of the oldest Ingress
+// that gives it one.
+//
 // Pods labelled microservice=true with the annotations trafficHosts and publicPaths
 // (entries separated by commas or spaces, paths as PORT:PATH) are routed
 // directly: every path on every host, Prefix semantics, upstream = pod IP:PORT. They are
