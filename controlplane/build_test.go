@@ -192,6 +192,49 @@ func TestBuild(t *testing.T) {
 			},
 		},
 		{
+			// The Ingress specification: what matches none of an Ingress's rules goes
+			// to its default backend, paths of its own hosts included (ingress-nginx
+			// does the same); another Ingress's hosts keep theirs.
+			name: "default backend answers the Ingress's unmatched paths and hosts",
+			st: state(gs, gsl, ws, wsl,
+				func() *networkingv1.Ingress {
+					i := ingress("app", "with-default", 1, "a.example", []path{{"/app", pfx, "web", 80}}, bind...)
+					i.Spec.Rules = append(i.Spec.Rules, networkingv1.IngressRule{Host: "no-paths.example"})
+					i.Spec.DefaultBackend = ptr(backend("web", "admin"))
+					return i
+				}(),
+				ingress("app", "without", 2, "b.example", []path{{"/", pfx, "web", 80}}, bind...)),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{
+					{Group: "edge/g1", Host: "", DefaultUpstream: "app-web-9000"},
+					{Group: "edge/g1", Host: "a.example", Locations: []model.Location{loc("/app", model.PathPrefix, "app-web-80", "app/with-default")},
+						DefaultUpstream: "app-web-9000"},
+					{Group: "edge/g1", Host: "b.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/without")}},
+					{Group: "edge/g1", Host: "no-paths.example", DefaultUpstream: "app-web-9000"},
+				},
+				Upstreams: []model.Upstream{webHTTP, {Name: "app-web-9000", Endpoints: aps("10.2.0.1:9090")}},
+			},
+		},
+		{
+			name: "group: unmatched-host annotation; a bad value is reported and the default kept",
+			st: state(
+				groupSvc("edge", "close", 1, AnnotationUnmatchedHost, "close"),
+				groupSvc("edge", "not-found", 2, AnnotationUnmatchedHost, " not-found "),
+				groupSvc("edge", "bad", 3, AnnotationUnmatchedHost, "404"),
+				groupSvc("edge", "unset", 4),
+			),
+			want: model.Snapshot{Groups: []model.Group{
+				{Name: "edge/bad", Ports: g1Group.Ports},
+				{Name: "edge/close", Ports: g1Group.Ports},
+				{Name: "edge/not-found", Ports: g1Group.Ports, UnmatchedHost: model.UnmatchedHostNotFound},
+				{Name: "edge/unset", Ports: g1Group.Ports},
+			}},
+			problems: []model.Problem{
+				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/unmatched-host]", Reason: model.ReasonInvalidAnnotation},
+			},
+		},
+		{
 			name: "every path type, number and named ports, unset path type",
 			st: state(gs, gsl, ws, wsl, ingress("app", "site", 0, "Example.COM", []path{
 				{"/exact", exact, "web", 80},
@@ -233,7 +276,7 @@ func TestBuild(t *testing.T) {
 						loc("/", model.PathExact, "app-web-80", "app/a-older"),
 						loc("/", model.PathPrefix, "app-web-80", "app/a-older"),
 						loc("/api", model.PathPrefix, "app-api-8080", "app/b-newer"),
-					}},
+					}, DefaultUpstream: "app-web-80"},
 				},
 				Upstreams:    []model.Upstream{{Name: "app-api-8080"}, webHTTP},
 				Certificates: []model.Certificate{{Name: "app/a-cert", CertPEM: []byte("CERT a-cert"), KeyPEM: []byte("KEY a-cert")}},

@@ -22,7 +22,10 @@
 // for LoadBalancer Services, status.loadBalancer.ingress. Its VRRP id is the
 // annotation portico.io/vrid, set by hand or allocated by the leader (lowest free id,
 // oldest group first); a duplicate is reported and not applied, so no two groups share
-// a VRID.
+// a VRID. Its annotation portico.io/unmatched-host says how its nginx answers a request
+// for a host none of its Ingresses names (when none has a default backend): "close"
+// (the default) closes the connection without an answer, "not-found" answers 404, as
+// ingress-nginx does; any other value is reported and the default kept.
 //
 // An Ingress is bound to a group by, in order: its annotation portico.io/group ("name"
 // in the Ingress's namespace, or "namespace/name"); its IngressClass, when the class's
@@ -32,6 +35,13 @@
 // leader picks the matching group with the fewest bound Ingresses (ties by name) and
 // records it in portico.io/group. Bindings are sticky: a recorded group is never
 // replaced, and a missing one is reported.
+//
+// An Ingress's spec.defaultBackend answers what none of its rules match, as the
+// Ingress specification says and ingress-nginx does: paths of its own hosts that no
+// rule matches, and hosts no Ingress of the group names (the group's catch-all; when
+// two Ingresses of a group have different default backends, the older one's is used
+// and the other reported). A host keeps the default backend of the oldest Ingress
+// that gives it one.
 //
 // Pods labelled microservice=true with the annotations trafficHosts and publicPaths
 // (entries separated by commas or spaces, paths as PORT:PATH) are routed

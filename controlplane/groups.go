@@ -108,6 +108,17 @@ func parseVRID(v string) (uint8, error) {
 	return uint8(n), nil
 }
 
+// parseUnmatchedHost parses the value of AnnotationUnmatchedHost.
+func parseUnmatchedHost(v string) (model.UnmatchedHost, error) {
+	switch strings.TrimSpace(v) {
+	case "close":
+		return model.UnmatchedHostClose, nil
+	case "not-found":
+		return model.UnmatchedHostNotFound, nil
+	}
+	return model.UnmatchedHostClose, fmt.Errorf("%q is not close or not-found; unmatched hosts are closed", v)
+}
+
 func (b *builder) groups() {
 	b.groupList = sortedGroups(b.st.Services)
 	vipOwner := map[netip.Addr]string{}
@@ -135,6 +146,13 @@ func (b *builder) groups() {
 				vridOwner[id] = g.Name
 				g.VRID = id
 			}
+		}
+		if v, ok := s.Annotations[AnnotationUnmatchedHost]; ok {
+			u, err := parseUnmatchedHost(v)
+			if err != nil {
+				b.problem("Service", s, "metadata.annotations["+AnnotationUnmatchedHost+"]", model.ReasonInvalidAnnotation, "%v", err)
+			}
+			g.UnmatchedHost = u
 		}
 		for i, p := range s.Spec.Ports {
 			proto := model.Protocol(p.Protocol)

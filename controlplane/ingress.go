@@ -45,6 +45,15 @@ func (b *builder) ingresses() {
 				}
 			}
 		}
+		// The default backend answers whatever matches no rule of the Ingress: other
+		// hosts (the group's catch-all server) and, on the Ingress's own hosts, paths
+		// no rule matches, as ingress-nginx does. A host keeps the default backend
+		// of the oldest Ingress that has one; another Ingress with another default
+		// backend is reported once, for the group's catch-all server below.
+		defUp := ""
+		if db := ing.Spec.DefaultBackend; db != nil {
+			defUp, _ = b.backend(ing, "spec.defaultBackend", *db)
+		}
 		// touch applies the Ingress's host-wide settings to a server it contributes to.
 		touched := map[string]bool{}
 		touch := func(s *serverAcc) {
@@ -52,6 +61,9 @@ func (b *builder) ingresses() {
 			if !touched[host] {
 				touched[host] = true
 				s.srv.SSLRedirect = s.srv.SSLRedirect || redirect
+				if defUp != "" && host != "" && s.srv.DefaultUpstream == "" {
+					s.srv.DefaultUpstream, s.defFrom = defUp, src
+				}
 				if c, ok := tlsFor[host]; ok {
 					switch {
 					case s.srv.TLSCertificate == "":
@@ -63,22 +75,21 @@ func (b *builder) ingresses() {
 				}
 			}
 		}
-		if db := ing.Spec.DefaultBackend; db != nil {
-			if up, ok := b.backend(ing, "spec.defaultBackend", *db); ok {
-				s := b.server(group, "")
-				if s.srv.DefaultUpstream == "" {
-					s.srv.DefaultUpstream, s.defFrom = up, src
-					touch(s)
-				} else {
-					b.problem("Ingress", ing, "spec.defaultBackend", model.ReasonDefaultBackendConflict,
-						"group %s already has the default backend of Ingress %s", group, s.defFrom)
-				}
+		if defUp != "" {
+			s := b.server(group, "")
+			if s.srv.DefaultUpstream == "" {
+				s.srv.DefaultUpstream, s.defFrom = defUp, src
+				touch(s)
+			} else {
+				b.problem("Ingress", ing, "spec.defaultBackend", model.ReasonDefaultBackendConflict,
+					"group %s already has the default backend of Ingress %s", group, s.defFrom)
 			}
 		}
 		for ri, rule := range ing.Spec.Rules {
 			host := strings.ToLower(rule.Host)
 			if rule.HTTP == nil {
-				if _, ok := tlsFor[host]; ok {
+				// A host without paths: all of it goes to the default backend.
+				if _, ok := tlsFor[host]; ok || defUp != "" {
 					touch(b.server(group, host))
 				}
 				continue

@@ -18,6 +18,10 @@ const (
 	AnnotationVIPAlias = "ingress.alpha.k8s.io/ingress-vip"
 	// AnnotationVRID holds a group's VRRP virtual router id (1..255).
 	AnnotationVRID = "portico.io/vrid"
+	// AnnotationUnmatchedHost ("close" or "not-found") on a group says how its nginx
+	// answers a host no Ingress of the group names: close the connection (the
+	// default) or answer 404.
+	AnnotationUnmatchedHost = "portico.io/unmatched-host"
 	// AnnotationSSLRedirect ("true"/"false") redirects HTTP to HTTPS for an Ingress's hosts.
 	AnnotationSSLRedirect = "portico.io/ssl-redirect"
 	// LabelMicroservice ("true") marks a pod route.

@@ -6,11 +6,15 @@
 // # Path semantics
 //
 // Locations follow the Ingress specification:
-//   - Exact "/p" renders "location = /p".
+//   - Exact "/p" renders "location = /p". Exact "/p/" also renders "location = /p",
+//     which answers as "/p" would without it (the longest prefix location, or the
+//     default backend or 404): nginx would otherwise redirect "/p" to "/p/" (301),
+//     and the specification says Exact "/p/" does not match "/p".
 //   - Prefix "/p" matches by path element: "location = /p" plus "location /p/", so
 //     "/p" and "/p/..." match and "/pq" does not. A trailing slash is ignored
 //     ("/p/" is the same as "/p"); Prefix "/" matches everything.
-//   - ImplementationSpecific is treated as Prefix, as ingress-nginx does.
+//   - ImplementationSpecific is treated as Prefix, as ingress-nginx does (for paths
+//     without regular expressions, which Portico never renders).
 //
 // nginx picks an exact location first and otherwise the longest matching prefix,
 // which is the Ingress rule "longest path wins, Exact before Prefix on a tie". When an
@@ -20,7 +24,9 @@
 // DNS label (the Ingress rule), so it renders as a regular-expression server name. A
 // Server whose Host is "" (an Ingress rule without a host, or an Ingress that has only
 // a default backend) takes the place of the default server; without one, unknown
-// hosts have their connection closed (return 444).
+// hosts have their connection closed (return 444), or get a 404 when the rendered
+// group (Options.Group) asks for it (model.UnmatchedHostNotFound). A TLS handshake
+// for an unknown name is refused either way (see below).
 //
 // # TLS
 //

@@ -26,6 +26,12 @@ func pathRank(t model.PathType) int {
 // locations renders a server's paths. Each Ingress path becomes one or two nginx
 // locations; when two paths want the same location, the stronger type wins (Exact,
 // Prefix, ImplementationSpecific), then the first in model order.
+//
+// An Exact path ending in '/' ("/p/") also gets "location = /p", unless another path
+// owns it, answering as "/p" would without it. Otherwise nginx, which redirects a
+// request for "/p" to "/p/" when a proxying location's name ends in '/' (its
+// auto_redirect), would answer "/p" with 301 and then serve "/p/"; the Ingress
+// specification says Exact "/p/" does not match "/p".
 func (r *renderer) locations(s *model.Server) []tmplLocation {
 	type cand struct {
 		loc  tmplLocation
@@ -34,6 +40,7 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 	}
 	byMatch := map[string]cand{}
 	var order []string
+	var exactSlash []string // Exact paths ending in '/', without it
 	add := func(match string, rank int, l model.Location, obj string) {
 		tl := tmplLocation{Match: match, Source: commentSafe(l.Source)}
 		tl.Upstream, tl.Status = r.upstream(l.Upstream, obj)
@@ -70,6 +77,9 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 		switch l.Type {
 		case model.PathExact:
 			add("= "+l.Path, rank, l, obj)
+			if p := strings.TrimSuffix(l.Path, "/"); p != l.Path && p != "" {
+				exactSlash = append(exactSlash, p)
+			}
 		case model.PathPrefix, model.PathImplementationSpecific:
 			p := strings.TrimRight(l.Path, "/")
 			if p == "" {
@@ -91,6 +101,24 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 		}
 		byMatch["/"] = cand{loc: tl}
 		order = append(order, "/")
+	}
+	for _, p := range exactSlash {
+		if _, ok := byMatch["= "+p]; ok {
+			continue // another path owns "/p", or an earlier Exact "/p/" did this
+		}
+		// What "/p" reaches without the auto_redirect: the longest prefix location
+		// that is a prefix of it. Every prefix location ends in '/', so it is never
+		// "/p" itself, and "/" is always there.
+		best := "/"
+		for m := range byMatch {
+			if !strings.HasPrefix(m, "= ") && strings.HasPrefix(p, m) && len(m) > len(best) {
+				best = m
+			}
+		}
+		loc := byMatch[best].loc
+		loc.Match = "= " + p
+		byMatch[loc.Match] = cand{loc: loc}
+		order = append(order, loc.Match)
 	}
 	// Sorted by the path, then exact before prefix, for a stable and readable file.
 	slices.SortFunc(order, func(a, b string) int {

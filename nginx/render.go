@@ -79,7 +79,10 @@ type (
 		Redirect  string // HTTPS URL prefix, "" for none
 		TLSCert   string // PEM file path, "" for no TLS server
 		Locations []tmplLocation
-		Close     bool // return 444 (the default server with no catch-all)
+		// Return, when non-zero, answers every request with this status instead of
+		// Locations: the default server without a catch-all (444 closes the
+		// connection, 404 for model.UnmatchedHostNotFound).
+		Return int
 	}
 	tmplLocation struct {
 		Match    string // "= /p" or "/p/"
@@ -118,7 +121,12 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	d.RlimitNofile = 2*d.WorkerConnections + 1024
 	d.Listen, d.ListenTLS, d.LivenessListen = listenAddrs(opt)
 	d.StatusListen = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), opt.StatusPort).String()
-	d.Default = tmplServer{Close: true}
+	d.Default = tmplServer{Return: 444}
+	for _, g := range snap.Groups {
+		if g.Name == opt.Group && g.UnmatchedHost == model.UnmatchedHostNotFound {
+			d.Default.Return = 404
+		}
+	}
 
 	seen := map[string]bool{}
 	longest := 0

@@ -72,6 +72,14 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 			},
 			Upstreams: []model.Upstream{api, web},
 		},
+		// Group edge/a answers hosts it has no server for with 404.
+		"unmatched-host-not-found": {
+			Groups: []model.Group{{Name: "edge/a", UnmatchedHost: model.UnmatchedHostNotFound}, {Name: "edge/b"}},
+			Servers: []model.Server{{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/web"},
+			}}},
+			Upstreams: []model.Upstream{web},
+		},
 		"tls-redirect": {
 			Servers: []model.Server{
 				{Group: "edge/a", Host: "bad-cert.example.com", TLSCertificate: "shop/broken", Locations: []model.Location{

@@ -105,12 +105,13 @@ func prefixDir(t testing.TB) string {
 
 // startNginx runs a Reloader with a real nginx serving snap on free loopback ports
 // and waits until it serves. Ports found free can be taken by another process before
-// nginx binds them, so a failed start is retried on new ports.
-func startNginx(t testing.TB, snap model.Snapshot) *liveNginx {
+// nginx binds them, so a failed start is retried on new ports. Each of opts can
+// change the render options (after the ports are set).
+func startNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) *liveNginx {
 	t.Helper()
 	var lastErr error
 	for range 3 {
-		n, err := tryStartNginx(t, snap)
+		n, err := tryStartNginx(t, snap, opts...)
 		if err == nil {
 			return n
 		}
@@ -121,7 +122,7 @@ func startNginx(t testing.TB, snap model.Snapshot) *liveNginx {
 	return nil
 }
 
-func tryStartNginx(t testing.TB, snap model.Snapshot) (*liveNginx, error) {
+func tryStartNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) (*liveNginx, error) {
 	bin := nginxBinary(t)
 	ports := freePorts(t, 4)
 	opt := DefaultOptions("")
@@ -129,6 +130,9 @@ func tryStartNginx(t testing.TB, snap model.Snapshot) (*liveNginx, error) {
 	opt.HTTPPort, opt.HTTPSPort, opt.StatusPort, opt.LivenessPort = ports[0], ports[1], ports[2], ports[3]
 	opt.WorkerProcesses = 2
 	opt.WorkerConnections = 1024
+	for _, o := range opts {
+		o(&opt)
+	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	r, err := NewReloader(ReloaderConfig{
 		Dir: prefixDir(t), Render: opt, Debounce: 50 * time.Millisecond,

@@ -30,7 +30,22 @@ type Group struct {
 	VRID     uint8        // VRRP virtual router id, 1..255; 0 until one is assigned
 	Ports    []Port       // sorted by (Protocol, Port); empty means every port
 	Replicas []Replica    // sorted by Addr
+	// UnmatchedHost is how the group's nginx answers a host none of its Servers
+	// names when it has no catch-all Server (portico.io/unmatched-host).
+	UnmatchedHost UnmatchedHost
 }
+
+// UnmatchedHost is how nginx answers a request for a host it has no Server for.
+type UnmatchedHost string
+
+const (
+	// UnmatchedHostClose (the zero value, and the default) closes the connection
+	// without an answer (nginx's 444).
+	UnmatchedHostClose UnmatchedHost = ""
+	// UnmatchedHostNotFound answers 404, as ingress-nginx's default backend does
+	// and the Ingress conformance tests expect.
+	UnmatchedHostNotFound UnmatchedHost = "NotFound"
+)
 
 // Protocol is an L4 protocol a VIP serves.
 type Protocol string

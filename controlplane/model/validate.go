@@ -10,9 +10,10 @@ import (
 
 // Validate reports every way s breaks the rules the types of this package document:
 // each list sorted by its key with no key twice, addresses valid, at most one VIP per
-// address family, protocols, replica states and path types known, and every name a
-// Server refers to (its group, upstreams and certificate) present. Build's snapshots
-// pass; a snapshot that does not is a bug, not a bad object.
+// address family, protocols, replica states, unmatched-host answers and path types
+// known, and every name a Server refers to (its group, upstreams and certificate)
+// present. Build's snapshots pass; a snapshot that does not is a bug, not a bad
+// object.
 func (s Snapshot) Validate() error {
 	var errs []error
 	add := func(err error) {
@@ -79,6 +80,9 @@ func (g Group) validate() error {
 		if r.State != Ready && r.State != Draining {
 			errs = append(errs, fmt.Errorf("replica %s has state %q", r.Addr, r.State))
 		}
+	}
+	if g.UnmatchedHost != UnmatchedHostClose && g.UnmatchedHost != UnmatchedHostNotFound {
+		errs = append(errs, fmt.Errorf("unmatched host answer %q", g.UnmatchedHost))
 	}
 	if len(errs) == 0 {
 		return nil // no prefix built: Validate runs on every sync

@@ -13,7 +13,7 @@ func valid() Snapshot {
 			{Name: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1")}, VRID: 1,
 				Ports:    []Port{{TCP, 80}, {TCP, 443}, {UDP, 443}},
 				Replicas: []Replica{{Node: "n1", Addr: netip.MustParseAddr("10.0.0.1"), State: Ready}, {Addr: netip.MustParseAddr("10.0.0.2"), State: Draining}}},
-			{Name: "edge/b"},
+			{Name: "edge/b", UnmatchedHost: UnmatchedHostNotFound},
 		},
 		Servers: []Server{
 			{Group: "edge/a", Host: "", DefaultUpstream: "app-web-80"},
@@ -52,6 +52,7 @@ func TestValidate(t *testing.T) {
 		{"unknown protocol", func(s *Snapshot) { s.Groups[0].Ports[2].Protocol = "SCTP" }, `group edge/a: port 443 has protocol "SCTP"`},
 		{"replica twice", func(s *Snapshot) { s.Groups[0].Replicas[1].Addr = s.Groups[0].Replicas[0].Addr }, `group edge/a: replicas: "10.0.0.1" twice`},
 		{"replica state", func(s *Snapshot) { s.Groups[0].Replicas[0].State = "" }, `group edge/a: replica 10.0.0.1 has state ""`},
+		{"unmatched host answer", func(s *Snapshot) { s.Groups[1].UnmatchedHost = "not-found" }, `group edge/b: unmatched host answer "not-found"`},
 		{"servers out of order", func(s *Snapshot) { s.Servers[0].Host = "z.example.com" }, `servers: "edge/a z.example.com" before "edge/a example.com", out of order`},
 		{"server of a missing group", func(s *Snapshot) { s.Servers[2].Group = "edge/c" }, `server edge/c "example.com": group "edge/c" does not exist`},
 		{"missing certificate", func(s *Snapshot) { s.Servers[1].TLSCertificate = "app/gone" }, `certificate "app/gone" does not exist`},
