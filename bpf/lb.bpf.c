@@ -266,71 +266,40 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 	return has;
 }
 
-/* local_choice reports whether a backend id is this node's replica. */
-static __always_inline int local_choice(__u32 id)
-{
-	struct backend *be = id ? active_backend(id) : 0;
-
-	return be && (be->flags & BACKEND_F_LOCAL);
-}
-
-/* handoff_target finds where a packet of a connection this node does not have
- * goes next, during a transition. The rings of the transition in order, the
- * oldest (prev_rings), the one before the last change (mid_rings, when the
- * transition saw two changes or more) and the current one, each name a replica
- * for the flow: the connection was opened at one of them. A frame from a
- * director goes to the first of them that is another node; a handed-on frame
- * (marked) only to a later ring's choice than the last that names this node, so
- * it is handed on at most twice more, and never in a circle. 0: serve here. */
-static __always_inline __u32 handoff_target(const struct parsed *p, const struct lb_config *cfg, __u32 vip_id,
-					    int handed)
-{
-	__u32 hash = flow_hash(&p->flow, cfg->seed), choice[3];
-	int from = 0;
-
-	choice[0] = pick_from_ring(&prev_rings, vip_id, hash, cfg);
-	choice[1] = pick_from_ring(&mid_rings, vip_id, hash, cfg);
-	choice[2] = pick_from_ring(&rings, vip_id, hash, cfg);
-	if (handed) {
-		from = 3;
-		for (int i = 0; i < 3; i++)
-			if (local_choice(choice[i]))
-				from = i + 1;
-	}
-	for (int i = 0; i < 3; i++)
-		if (i >= from && choice[i] && !local_choice(choice[i]) && active_backend(choice[i]))
-			return choice[i];
-	return 0;
-}
-
-/* from_director handles a frame another edge sent here: a director chose this
- * node, or an edge handed it on (marked). This node serves it, with one
- * exception: a packet of a TCP connection this node does not have, during a
- * transition. A director that took over the VIP after the connection was opened
- * elsewhere cannot know where it is, when a ring change moved its slot in the
- * meantime: the packet goes on along the transition's rings (handoff_target),
- * marked. Nothing is remembered of a hand-off: a wrong guess (edges whose rings
- * briefly differ) must not outlive the packet. */
+/* from_director handles a frame another edge (a director) sent here: it chose
+ * this node. This node serves it, with one exception. A packet of a TCP
+ * connection this node does not have, during a ring transition, was sent by a
+ * director that could not know where the connection is: one that took over the
+ * VIP after the connection was opened elsewhere, in a slot the transition moved.
+ * It then goes to the other ring's choice, marked, and the node there serves it
+ * whatever it finds (a packet is handed on at most once). */
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg)
 {
-	int handed = marked(eth, data_end);
-	enum reason served = handed ? REASON_HANDOFF_IN : REASON_FROM_PEER;
-	struct backend *be;
-	__u32 vip_id, next;
+	__u32 vip_id, hash, cur, alt;
+	struct backend *cb, *be;
 	__u64 now = 0;
 
-	if (handed)
+	if (marked(eth, data_end)) {
 		set_mark(eth, data_end, 0);
+		return count(REASON_HANDOFF_IN, XDP_PASS);
+	}
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error ||
 	    !lookup_vip(&p->flow, cfg, &vip_id))
-		return count(served, XDP_PASS);
-	if (!prev_live(vip_id, &now) || has_connection(ctx, eth, &p->flow))
-		return count(served, XDP_PASS);
-	next = handoff_target(p, cfg, vip_id, handed);
-	be = next ? active_backend(next) : 0;
-	if (!be)
-		return count(served, XDP_PASS);
+		return count(REASON_FROM_PEER, XDP_PASS);
+	if (!prev_live(vip_id, &now))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	if (has_connection(ctx, eth, &p->flow))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	hash = flow_hash(&p->flow, cfg->seed);
+	cur = pick_from_ring(&rings, vip_id, hash, cfg);
+	alt = cur;
+	cb = cur ? active_backend(cur) : 0;
+	if (cb && (cb->flags & BACKEND_F_LOCAL))
+		alt = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+	be = alt ? active_backend(alt) : 0;
+	if (!be || (be->flags & BACKEND_F_LOCAL))
+		return count(REASON_FROM_PEER, XDP_PASS);
 	set_mark(eth, data_end, 1);
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);

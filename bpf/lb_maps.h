@@ -48,16 +48,6 @@ struct {
 	__array(values, struct ring);
 } prev_rings SEC(".maps");
 
-/* VIP id -> the ring before the last change, when a transition saw two changes
- * or more (prev_rings keeps the one before the first): a connection opened
- * between them is on its choice. Only hand-offs consult it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
-	__uint(max_entries, LB_MAX_VIPS);
-	__type(key, __u32);
-	__array(values, struct ring);
-} mid_rings SEC(".maps");
-
 /* VIP id -> how long prev_rings[id] counts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

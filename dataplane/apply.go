@@ -512,13 +512,6 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 			if err := d.objs.PrevRings.Put(vip, cur); err != nil {
 				return fmt.Errorf("update map prev_rings: %w", err)
 			}
-			if err := d.objs.MidRings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-				return fmt.Errorf("delete from map mid_rings: %w", err)
-			}
-		} else if err := d.objs.MidRings.Put(vip, cur); err != nil {
-			// A second change in the transition: connections opened since the
-			// first are on the replaced ring's choices.
-			return fmt.Errorf("update map mid_rings: %w", err)
 		}
 		until := now + d.opts.Transition
 		if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
@@ -563,10 +556,8 @@ func (d *Dataplane) endTransition(vip uint32) error {
 	if err := d.objs.RingsMeta.Put(vip, lbRingMeta{}); err != nil {
 		return fmt.Errorf("clear entry of map rings_meta: %w", err)
 	}
-	for _, m := range []*ebpf.Map{d.objs.PrevRings, d.objs.MidRings} {
-		if err := m.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return fmt.Errorf("delete from map %s: %w", m, err)
-		}
+	if err := d.objs.PrevRings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("delete from map prev_rings: %w", err)
 	}
 	delete(d.st.prevUntil, vip)
 	return nil

@@ -22,9 +22,8 @@
 // down or removed). Apply keeps the ring it replaces as the previous ring
 // (prev_rings), which counts for a transition (Options.Transition, default 2 min)
 // after the change; a burst of changes is one transition whose previous ring is the
-// one from before its first change (and which also keeps the ring from before its
-// last change, mid_rings, for hand-offs). During it, where the previous and the
-// current ring agree nothing is kept; where they differ:
+// one from before its first change. During it, where the two rings agree nothing is
+// kept; where they differ:
 //
 //   - A non-SYN packet (or UDP datagram) of a flow that has no entry started before
 //     the change: it goes to the previous ring's replica, if that replica still
@@ -41,13 +40,8 @@
 // could not. A connection opened during the transition in a moved slot is known only
 // to the director that saw its SYN; a new owner sends it to the previous ring's
 // replica, whose xdp_lb finds no socket for it (bpf_skc_lookup_tcp) and hands it
-// on, marked (the IPv4 reserved flag bit), along the transition's rings: from a
-// director to the first ring's choice that is another node, from another edge
-// (marked) only to a later ring's choice, so a packet is handed on at most three
-// times and never in a circle; a hand-off leaves no state (a wrong guess, while
-// edges' rings briefly differ, must not outlive the packet), so it works during
-// the transition only. IPv6 has no spare bit and is not handed off. Limits, by
-// design:
+// on, once and marked (the IPv4 reserved flag bit), to the other ring's choice;
+// IPv6 has no spare bit and is not handed off. Limits, by design:
 // a connection older than the change that sends nothing during the transition goes
 // where the current ring says afterwards (nginx's idle limits, 60-75 s, close such
 // connections anyway); a UDP flow has no SYN, so a new UDP flow in a moved slot is

@@ -183,7 +183,6 @@ const (
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
 	lbMapLbCfg              = "lb_cfg"
-	lbMapMidRings           = "mid_rings"
 	lbMapNewPins            = "new_pins"
 	lbMapPeers              = "peers"
 	lbMapPinClock           = "pin_clock"
@@ -255,7 +254,6 @@ type lbMapSpecs struct {
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
-	MidRings     *ebpf.MapSpec `ebpf:"mid_rings"`
 	NewPins      *ebpf.MapSpec `ebpf:"new_pins"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	PinClock     *ebpf.MapSpec `ebpf:"pin_clock"`
@@ -303,7 +301,6 @@ type lbMaps struct {
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
-	MidRings     *ebpf.Map `ebpf:"mid_rings"`
 	NewPins      *ebpf.Map `ebpf:"new_pins"`
 	Peers        *ebpf.Map `ebpf:"peers"`
 	PinClock     *ebpf.Map `ebpf:"pin_clock"`
@@ -324,7 +321,6 @@ func (m *lbMaps) Close() error {
 		m.FlowCache,
 		m.Flows,
 		m.LbCfg,
-		m.MidRings,
 		m.NewPins,
 		m.Peers,
 		m.PinClock,

@@ -88,7 +88,7 @@ func Load(opts Options) (*Dataplane, error) {
 		// flow_cache is not pinned: a new program starts a new generation, in
 		// which no cached entry counts anyway.
 		switch name {
-		case lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
+		case lbMapRings, lbMapPrevRings, lbMapRingsMeta, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
 			lbMapPinClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers:
 			m.Pinning = ebpf.PinByName
 		}
@@ -100,7 +100,7 @@ func Load(opts Options) (*Dataplane, error) {
 	if err := replaceOldRings(opts, opts.Logger); err != nil {
 		return nil, err
 	}
-	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
+	for _, outer := range []string{lbMapRings, lbMapPrevRings} {
 		spec.Maps[outer].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
 	}
 	if opts.FlowEntries != 0 {
@@ -169,7 +169,7 @@ func replaceOldRings(opts Options, log *zap.Logger) error {
 	log.Warn("pinned rings have another size or layout: replacing them, every flow is placed anew",
 		zap.Uint32("pinned_slots", c.RingSize), zap.Uint16("pinned_layout", c.RingLayout),
 		zap.Uint32("slots", opts.RingSize), zap.Int("layout", int(lbLbLimitsLB_RING_LAYOUT)))
-	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta} {
+	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapRingsMeta} {
 		if err := os.Remove(filepath.Join(opts.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("unpin old %s: %w", name, err)
 		}

@@ -258,7 +258,7 @@ func TestTransitionTwoChanges(t *testing.T) {
 // packet of a connection to the replica that does not have it (it was opened at
 // the old director, in a moved slot). That replica's xdp_lb, finding no socket for
 // it, hands it on, marked, to the other ring's choice, whose xdp_lb clears the mark
-// and serves it. Outside a transition, and SYNs, are never handed on.
+// and serves it. Outside a transition, SYNs, and marked frames are never handed on.
 func TestHandoff(t *testing.T) {
 	dr := newDirector(t, "r3's node")
 	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
@@ -297,124 +297,20 @@ func TestHandoff(t *testing.T) {
 		if out[20]&0x80 == 0 || ipv4Checksum(out[14:34]) != 0 {
 			t.Errorf("%s: frame not marked, or its IPv4 checksum wrong: % x", tc.name, out[14:34])
 		}
-		// The receiving edge clears the mark: what its stack gets is the frame
-		// as the client sent it. Here it has no socket either (no connection
-		// exists in this test): the last ring's choice serves it, the first
-		// ring's hands it on to the last (r4's case is the first: this node was
-		// the first ring's choice).
-		there := newDirector(t, "receiver")
-		there.apply(t, desired(asNode(tc.to, before)...))
-		there.apply(t, desired(asNode(tc.to, after)...))
-		v, back, err := xdptest.Run(there.d.Program(), withMACs(out, r3MAC, nicMAC))
-		switch {
-		case err != nil:
-			t.Fatal(err)
-		case tc.to.Addr == r4.Addr && v != xdptest.Pass:
-			t.Fatalf("%s: the receiving edge (the last ring's choice): verdict %s, want PASS", tc.name, xdptest.VerdictName(v))
-		case tc.to.Addr == r4.Addr:
-			if want := withMACs(in, r3MAC, nicMAC); !slices.Equal(back, want) {
-				t.Errorf("%s: the receiving edge passed % x, want % x", tc.name, back[14:34], want[14:34])
-			}
-		case v != xdptest.TX || !slices.Equal(back[0:6], r3MAC):
-			t.Errorf("%s: the receiving edge (the first ring's choice, no socket): verdict %s to %s, want TX back to the last ring's",
-				tc.name, xdptest.VerdictName(v), net.HardwareAddr(back[0:6]))
+		// The receiving edge clears the mark: what its stack gets is the frame as
+		// the client sent it.
+		back := run(tc.name+", received marked", withMACs(out, r1MAC, nicMAC), xdptest.Pass)
+		if want := withMACs(in, r1MAC, nicMAC); !slices.Equal(back, want) {
+			t.Errorf("%s: the receiving edge passed % x, want % x", tc.name, back[14:34], want[14:34])
 		}
 	}
 	c, err := dr.d.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Reasons[rHandoff] != 2 {
-		t.Errorf("%d hand-offs, want 2", c.Reasons[rHandoff])
+	if c.Reasons[rHandoff] != 2 || c.Reasons[rHandoffIn] != 2 {
+		t.Errorf("hand-offs %d out, %d in, want 2 and 2", c.Reasons[rHandoff], c.Reasons[rHandoffIn])
 	}
-}
-
-var (
-	r3MAC = mustMAC("02:00:00:00:01:03")
-	r5    = Backend{Addr: netip.MustParseAddr("10.0.0.15"), MAC: mustMAC("02:00:00:00:01:05")}
-)
-
-// asNode is a replica set as the node of replica n sees it: n is local.
-func asNode(n Backend, set []Backend) []Backend {
-	out := slices.Clone(set)
-	for i := range out {
-		if out[i].Addr == n.Addr {
-			out[i].Local = true
-		} else if out[i].Addr == r3.Addr {
-			out[i].MAC = r3MAC // r3 is the fixtures' local replica
-			out[i].Local = false
-		}
-	}
-	return out
-}
-
-// TestHandoffChain: two changes in one transition (r4 joins, then r5). A
-// connection opened between them went to r4; the new VIP owner, which never saw
-// it, sends its packets to the oldest ring's choice, r1. r1's xdp_lb hands it to
-// the next ring's choice (r4); r4, which in this test has no socket either, hands
-// it on to the last ring's (r5), which serves it. A hand-off never goes back to an
-// earlier ring's choice, and leaves no state.
-func TestHandoffChain(t *testing.T) {
-	sets := [][]Backend{{r1, r2}, {r1, r2, r4}, {r1, r2, r4, r5}}
-	f := flowWhere(t, 20000, sets, r1, r4, r5)
-	nodes := map[netip.Addr]director{}
-	for _, n := range []Backend{r1, r4, r5} {
-		dr := newDirector(t, n.Addr.String())
-		for _, set := range sets {
-			dr.apply(t, desired(asNode(n, set)...))
-		}
-		nodes[n.Addr] = dr
-	}
-	// hop sends frame (from src's MAC) through node n's xdp_lb and returns the
-	// verdict and what it sent.
-	hop := func(n Backend, src net.HardwareAddr, frame []byte) (uint32, []byte) {
-		t.Helper()
-		v, out, err := xdptest.Run(nodes[n.Addr].d.Program(), withMACs(frame, src, nicMAC))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return v, out
-	}
-	in := f.Bytes()
-	v, out := hop(r1, r2MAC, in)
-	if v != xdptest.TX || !slices.Equal(out[0:6], r4.MAC) || out[20]&0x80 == 0 {
-		t.Fatalf("r1: verdict %s to %s, want TX, marked, to r4", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
-	}
-	v, out = hop(r4, r1MAC, out)
-	if v != xdptest.TX || !slices.Equal(out[0:6], r5.MAC) || out[20]&0x80 == 0 {
-		t.Fatalf("r4: verdict %s to %s, want TX, marked, to r5", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
-	}
-	v, out = hop(r5, r4MAC, out)
-	if v != xdptest.Pass || !slices.Equal(out[12:], in[12:]) {
-		t.Fatalf("r5: verdict %s, frame % x; want PASS, the client's frame", xdptest.VerdictName(v), out[14:34])
-	}
-	// A marked frame that comes back to an earlier ring's choice is not sent
-	// back to a later one's: r1 is the first ring's choice, r4 the second's;
-	// marked at r4, it only goes forward, and r5 (the last) serves.
-	if v, _ := hop(r5, r1MAC, withMark(in)); v != xdptest.Pass {
-		t.Errorf("r5, the last ring's choice, handed on a marked frame: %s", xdptest.VerdictName(v))
-	}
-	for n, dr := range nodes {
-		if pinned, news := dr.state(t); pinned+news != 0 {
-			t.Errorf("%s holds %d pinned and %d new entries after hand-offs, want none", n, pinned, news)
-		}
-	}
-	for _, dr := range nodes {
-		dr.endTransitions(t)
-	}
-	if v, _ := hop(r1, r2MAC, in); v != xdptest.Pass {
-		t.Errorf("after the transition r1 handed a director's frame on: %s", xdptest.VerdictName(v))
-	}
-}
-
-// withMark sets the hand-off mark of an IPv4 frame (and fixes its checksum).
-func withMark(frame []byte) []byte {
-	out := slices.Clone(frame)
-	out[20] |= 0x80
-	out[24], out[25] = 0, 0
-	sum := ^ipv4Checksum(out[14:34])
-	out[24], out[25] = byte(sum>>8), byte(sum)
-	return out
 }
 
 // ipv4Checksum is the Internet checksum over an IPv4 header: 0 when it is right.
