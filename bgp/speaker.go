@@ -16,6 +16,7 @@ import (
 	"github.com/osrg/gobgp/v4/pkg/server"
 	"go.uber.org/zap"
 	"go.uber.org/zap/exp/zapslog"
+	"go.uber.org/zap/zapcore"
 )
 
 const (
@@ -35,7 +36,7 @@ type Speaker struct {
 	met   *Metrics
 	attrs pathAttrs
 	srv   *server.BgpServer
-	level *slog.LevelVar // GoBGP's own log level
+	level zap.AtomicLevel // GoBGP's own logs: warnings and errors
 
 	mu        sync.Mutex // serialises Announce and the start and end of Run
 	state     runState
@@ -66,8 +67,12 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Speaker, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("bgp config: %w", err)
 	}
-	level := &slog.LevelVar{}
-	level.Set(slog.LevelWarn) // sessions are logged here; GoBGP's info is chatty
+	// Sessions and paths are logged here; GoBGP's own info lines are chatty.
+	level := zap.NewAtomicLevelAt(zap.WarnLevel)
+	core, err := zapcore.NewIncreaseLevelCore(log.Core(), level)
+	if err != nil {
+		core = log.Core() // log is already less verbose than warnings
+	}
 	s := &Speaker{
 		cfg:       cfg,
 		log:       log,
@@ -78,7 +83,7 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Speaker, error) {
 		peers:     map[netip.Addr]*peerTrack{},
 	}
 	s.srv = server.NewBgpServer(server.LoggerOption(
-		slog.New(zapslog.NewHandler(log.Named("gobgp").Core())), level))
+		slog.New(zapslog.NewHandler(core, zapslog.WithName("gobgp"))), nil))
 	for _, p := range cfg.Peers {
 		s.peers[p.Addr] = &peerTrack{session: sessionIdle}
 	}
@@ -206,7 +211,7 @@ func (s *Speaker) stop() {
 		}
 		// Stop stops the BFD server and would stop BGP again, which it reports
 		// as an error since BGP is no longer running: silence GoBGP for that.
-		s.level.Set(slog.LevelError + 1)
+		s.level.SetLevel(zap.FatalLevel)
 	}
 	s.srv.Stop()
 	s.met.established.Set(0)
