@@ -360,7 +360,7 @@ func TestFRRInterop(t *testing.T) {
 	const bfdMs = 50
 	r := startFRR(t, router.NS, frrFiles, map[string]string{
 		"zebra": "hostname r\n",
-		"bfdd": fmt.Sprintf("hostname r\nbfd\n profile portico\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", bfdMs, bfdMs),
+		"bfdd":  fmt.Sprintf("hostname r\nbfd\n profile portico\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", bfdMs, bfdMs),
 		"bgpd": strings.Join([]string{
 			"hostname r",
 			"router bgp 65000",
