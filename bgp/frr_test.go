@@ -314,7 +314,28 @@ func kernelRoute(ns string, prefix netip.Prefix) bool {
 	return err == nil && strings.TrimSpace(string(out)) != ""
 }
 
-func TestFRRInterop(t *testing.T) {
+// frrLab is a router namespace running FRR and an edge namespace for speakers.
+type frrLab struct {
+	t        *testing.T
+	r        *frr
+	routerNS string
+	edgeNS   string
+	vip      netip.Prefix
+	cfg      Config // the speaker's
+	runs     int
+}
+
+const (
+	bfdMs = 50
+	// On a loaded machine BFD at 50 ms flaps now and then, each flap resetting
+	// the session (LAB.md): every wait allows for a few of them.
+	settle = 30 * time.Second
+)
+
+// newFRRLab builds the namespaces and starts FRR, with extra lines in its
+// router bgp section; the speaker's config peers with it over BFD 50 ms x 3.
+func newFRRLab(t *testing.T, extra ...string) *frrLab {
+	t.Helper()
 	testenv.RequireRoot(t, "network namespaces and FRR")
 	testenv.RequireProgram(t, "ip")
 	testenv.RequireProgram(t, "ethtool")
@@ -357,55 +378,70 @@ func TestFRRInterop(t *testing.T) {
 	if err := os.Chmod(frrFiles, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	const bfdMs = 50
+	bgpd := append([]string{
+		"hostname r",
+		"router bgp 65000",
+		" bgp router-id 10.99.2.1",
+		" no bgp ebgp-requires-policy",
+	}, extra...)
+	bgpd = append(bgpd,
+		" neighbor 10.99.2.11 remote-as 65001",
+		" neighbor 10.99.2.11 timers 1 3",
+		" neighbor 10.99.2.11 timers connect 1",
+		" neighbor 10.99.2.11 advertisement-interval 0",
+		" neighbor 10.99.2.11 bfd",
+		" neighbor 10.99.2.11 bfd profile portico",
+		" address-family ipv4 unicast",
+		" exit-address-family",
+		"",
+	)
 	r := startFRR(t, router.NS, frrFiles, map[string]string{
 		"zebra": "hostname r\n",
 		"bfdd":  fmt.Sprintf("hostname r\nbfd\n profile portico\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", bfdMs, bfdMs),
-		"bgpd": strings.Join([]string{
-			"hostname r",
-			"router bgp 65000",
-			" bgp router-id 10.99.2.1",
-			" no bgp ebgp-requires-policy",
-			" neighbor 10.99.2.11 remote-as 65001",
-			" neighbor 10.99.2.11 timers 1 3",
-			" neighbor 10.99.2.11 timers connect 1",
-			" neighbor 10.99.2.11 advertisement-interval 0",
-			" neighbor 10.99.2.11 bfd",
-			" neighbor 10.99.2.11 bfd profile portico",
-			" address-family ipv4 unicast",
-			" exit-address-family",
-			"",
-		}, "\n"),
+		"bgpd":  strings.Join(bgpd, "\n"),
 	})
-
-	speakerDir := t.TempDir()
-	cfg := Config{
-		ASN:      65001,
-		RouterID: edgeAddr.Addr(),
-		Peers: []Peer{{
-			Addr: routerAddr.Addr(), ASN: 65000,
-			BFD: &BFD{MinTx: bfdMs * time.Millisecond, MinRx: bfdMs * time.Millisecond, Multiplier: 3},
-		}},
+	return &frrLab{
+		t: t, r: r, routerNS: router.NS, edgeNS: edge.NS, vip: vip,
+		cfg: Config{
+			ASN:      65001,
+			RouterID: edgeAddr.Addr(),
+			Peers: []Peer{{
+				Addr: routerAddr.Addr(), ASN: 65000,
+				BFD: &BFD{MinTx: bfdMs * time.Millisecond, MinRx: bfdMs * time.Millisecond, Multiplier: 3},
+			}},
+		},
 	}
-	sp := startSpeakerProc(t, edge.NS, speakerDir, cfg, vip)
-	t.Cleanup(func() {
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(speakerDir, "speaker.log"))
-			t.Logf("--- speaker log:\n%s", b)
+}
+
+// startSpeaker runs a speaker process in the edge namespace and announces the
+// VIP normally; its log is printed if the test fails.
+func (l *frrLab) startSpeaker(cfg Config) *speakerProc {
+	l.t.Helper()
+	l.runs++
+	dir := filepath.Join(l.t.TempDir(), fmt.Sprintf("speaker%d", l.runs))
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		l.t.Fatal(err)
+	}
+	sp := startSpeakerProc(l.t, l.edgeNS, dir, cfg, l.vip)
+	l.t.Cleanup(func() {
+		if l.t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(dir, "speaker.log"))
+			l.t.Logf("--- speaker %d log:\n%s", l.runs, b)
 		}
 	})
 	sp.do("normal")
+	return sp
+}
 
-	// On a loaded machine BFD at 50 ms flaps now and then, each flap resetting
-	// the session (LAB.md): every wait below allows for a few of them.
-	const settle = 30 * time.Second
-
-	// The session comes up and FRR installs the /32 via the edge.
-	testenv.Eventually(t, 30*time.Second, func() string {
+// waitUp waits for the session (both sides), FRR's installed route via the
+// edge, and BFD up on both sides.
+func (l *frrLab) waitUp(sp *speakerProc) {
+	l.t.Helper()
+	testenv.Eventually(l.t, settle, func() string {
 		var n map[string]struct {
 			State string `json:"bgpState"`
 		}
-		if err := r.vtyJSON("show bgp neighbors 10.99.2.11 json", &n); err != nil {
+		if err := l.r.vtyJSON("show bgp neighbors 10.99.2.11 json", &n); err != nil {
 			return err.Error()
 		}
 		if st := n["10.99.2.11"].State; st != "Established" {
@@ -416,7 +452,7 @@ func TestFRRInterop(t *testing.T) {
 		}
 		return ""
 	})
-	testenv.Eventually(t, settle, func() string {
+	testenv.Eventually(l.t, settle, func() string {
 		var routes map[string][]struct {
 			Protocol  string `json:"protocol"`
 			Installed bool   `json:"installed"`
@@ -424,26 +460,24 @@ func TestFRRInterop(t *testing.T) {
 				IP string `json:"ip"`
 			} `json:"nexthops"`
 		}
-		if err := r.vtyJSON("show ip route "+vip.String()+" json", &routes); err != nil {
+		if err := l.r.vtyJSON("show ip route "+l.vip.String()+" json", &routes); err != nil {
 			return err.Error()
 		}
-		rs := routes[vip.String()]
+		rs := routes[l.vip.String()]
 		if len(rs) == 0 || rs[0].Protocol != "bgp" || !rs[0].Installed || len(rs[0].Nexthops) == 0 || rs[0].Nexthops[0].IP != "10.99.2.11" {
-			return fmt.Sprintf("FRR's route to %v: %+v, want an installed bgp route via 10.99.2.11", vip, rs)
+			return fmt.Sprintf("FRR's route to %v: %+v, want an installed bgp route via 10.99.2.11", l.vip, rs)
 		}
-		if !kernelRoute(router.NS, vip) {
+		if !kernelRoute(l.routerNS, l.vip) {
 			return "not in the router's kernel table"
 		}
 		return ""
 	})
-
-	// BFD is up on both sides.
-	testenv.Eventually(t, settle, func() string {
+	testenv.Eventually(l.t, settle, func() string {
 		var peers []struct {
 			Peer   string `json:"peer"`
 			Status string `json:"status"`
 		}
-		if err := r.vtyJSON("show bfd peers json", &peers); err != nil {
+		if err := l.r.vtyJSON("show bfd peers json", &peers); err != nil {
 			return err.Error()
 		}
 		if len(peers) != 1 || peers[0].Peer != "10.99.2.11" || peers[0].Status != "up" {
@@ -454,6 +488,30 @@ func TestFRRInterop(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// bfdDowns is FRR's count of BFD session-down events, for the log.
+func (l *frrLab) bfdDowns() string {
+	var counters []struct {
+		Down int `json:"session-down"`
+	}
+	if err := l.r.vtyJSON("show bfd peers counters json", &counters); err != nil || len(counters) != 1 {
+		return "unknown"
+	}
+	return strconv.Itoa(counters[0].Down)
+}
+
+// timeToDrop measures how long after kill the router's kernel table loses the
+// VIP (polled every 5 ms, for at most limit).
+func (l *frrLab) timeToDrop(kill func(), limit time.Duration) (time.Duration, bool) {
+	kill()
+	return testenv.Until(limit, 5*time.Millisecond, func() bool { return !kernelRoute(l.routerNS, l.vip) })
+}
+
+func TestFRRInterop(t *testing.T) {
+	l := newFRRLab(t)
+	sp := l.startSpeaker(l.cfg)
+	l.waitUp(sp)
 
 	// Depreferenced: FRR sees the AS path prepended and the GRACEFUL_SHUTDOWN
 	// community; withdrawn: the route goes; normal: it is back as it was.
@@ -470,12 +528,12 @@ func TestFRRInterop(t *testing.T) {
 	for _, st := range steps {
 		sp.do(st.pref)
 		testenv.Eventually(t, settle, func() string {
-			paths, err := r.bgpPaths(vip)
+			paths, err := l.r.bgpPaths(l.vip)
 			if err != nil {
 				return err.Error()
 			}
 			if !st.present {
-				if len(paths) != 0 || kernelRoute(router.NS, vip) {
+				if len(paths) != 0 || kernelRoute(l.routerNS, l.vip) {
 					return fmt.Sprintf("%s: FRR still has %+v", st.pref, paths)
 				}
 				return ""
@@ -493,22 +551,13 @@ func TestFRRInterop(t *testing.T) {
 		})
 		t.Logf("%s: FRR agrees", st.pref)
 	}
-
-	var counters []struct {
-		Peer string `json:"peer"`
-		Down int    `json:"session-down"`
-	}
-	if err := r.vtyJSON("show bfd peers counters json", &counters); err == nil && len(counters) == 1 {
-		t.Logf("BFD session-down events at FRR so far: %d (load average %s)", counters[0].Down, loadAvg())
-	}
+	t.Logf("BFD session-down events at FRR so far: %s (load average %s)", l.bfdDowns(), loadAvg())
 
 	// The speaker's context ends (SIGTERM) without graceful restart: FRR drops
 	// the route at once (a Cease NOTIFICATION).
-	start := time.Now()
-	sp.signal(syscall.SIGTERM)
-	took, ok := testenv.Until(5*time.Second, 5*time.Millisecond, func() bool { return !kernelRoute(router.NS, vip) })
+	took, ok := l.timeToDrop(func() { sp.signal(syscall.SIGTERM) }, 5*time.Second)
 	if !ok {
-		t.Fatalf("route to %v still in the router's table %v after the speaker stopped", vip, took)
+		t.Fatalf("route to %v still in the router's table %v after the speaker's context ended", l.vip, took)
 	}
 	t.Logf("speaker stopped (context ended, no graceful restart): FRR dropped the route after %v", took.Round(time.Millisecond))
 	if took > 2*time.Second {
@@ -517,14 +566,72 @@ func TestFRRInterop(t *testing.T) {
 	select {
 	case <-sp.done:
 	case <-time.After(10 * time.Second):
-		t.Fatalf("speaker did not exit within 10s of SIGTERM (after %v)", time.Since(start))
+		t.Fatal("speaker did not exit within 10s of SIGTERM")
 	}
 	if !sp.cmd.ProcessState.Success() {
 		t.Errorf("speaker exited with %v", sp.cmd.ProcessState)
 	}
+
+	// A crash (SIGKILL): no NOTIFICATION, but the kernel still closes the
+	// connection, so FRR learns it from TCP or from BFD, whichever comes first.
+	// (A dead node, which closes nothing, is BFD's alone: not measured here.)
+	sp = l.startSpeaker(l.cfg)
+	l.waitUp(sp)
+	took, ok = l.timeToDrop(func() { sp.signal(syscall.SIGKILL) }, 5*time.Second)
+	if !ok {
+		t.Fatalf("route to %v still in the router's table %v after the speaker was killed", l.vip, took)
+	}
+	t.Logf("speaker killed (SIGKILL): FRR dropped the route after %v", took.Round(time.Millisecond))
+}
+
+// TestFRRGracefulRestart stops a speaker with Config.GracefulRestart and
+// checks that FRR (a graceful restart helper) keeps the route while a new
+// speaker comes up, as across an agent restart.
+func TestFRRGracefulRestart(t *testing.T) {
+	l := newFRRLab(t, " bgp graceful-restart")
+	cfg := l.cfg
+	cfg.GracefulRestart = true
+	cfg.RestartTime = 30 * time.Second
+	sp := l.startSpeaker(cfg)
+	l.waitUp(sp)
+
+	sp.signal(syscall.SIGTERM)
+	select {
+	case <-sp.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("speaker did not exit within 10s of SIGTERM")
+	}
+	// Longer than BFD's detection and FRR's hold time (3 s): the route stays.
+	const hold = 4 * time.Second
+	deadline := time.Now().Add(hold)
+	for time.Now().Before(deadline) {
+		if !kernelRoute(l.routerNS, l.vip) {
+			paths, _ := l.r.bgpPaths(l.vip)
+			t.Fatalf("route to %v dropped %v after a graceful stop (FRR's paths %+v)", l.vip, hold-time.Until(deadline), paths)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("route kept for %v after the speaker stopped with graceful restart", hold)
+
+	sp = l.startSpeaker(cfg)
+	l.waitUp(sp)
+	testenv.Eventually(t, settle, func() string {
+		var r struct {
+			Paths []struct {
+				Stale bool `json:"stale"`
+			} `json:"paths"`
+		}
+		if err := l.r.vtyJSON("show bgp ipv4 unicast "+l.vip.String()+" json", &r); err != nil {
+			return err.Error()
+		}
+		if len(r.Paths) != 1 || r.Paths[0].Stale {
+			return fmt.Sprintf("FRR's paths %+v, want one, not stale", r.Paths)
+		}
+		return ""
+	})
 }
 
 func loadAvg() string {
-	b, _ := os.ReadFile("/proc/loadavg")
-	return strings.Join(strings.Fields(string(b))[:min(3, len(strings.Fields(string(b))))], " ")
+	f := strings.Fields(func() string { b, _ := os.ReadFile("/proc/loadavg"); return string(b) }())
+	return strings.Join(f[:min(3, len(f))], " ")
 }
