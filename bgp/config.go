@@ -162,6 +162,9 @@ func (c *Config) Validate() error {
 		if p.KeepaliveInterval < time.Second || p.KeepaliveInterval >= p.HoldTime {
 			bad("keepalive interval %v is not at least 1s and below the hold time %v", p.KeepaliveInterval, p.HoldTime)
 		}
+		if p.Passive && c.ListenPort == -1 {
+			bad("passive, but the speaker does not listen (listen port -1)")
+		}
 		if p.ConnectRetry < time.Second {
 			bad("connect retry %v is below 1s", p.ConnectRetry)
 		}

@@ -57,6 +57,7 @@ func TestConfigValidate(t *testing.T) {
 			c.Peers[0].ASN, c.Peers[0].LocalPref = 65001, 200
 			c.Peers = append(c.Peers, Peer{Addr: netip.MustParseAddr("10.0.0.253"), ASN: 65001, LocalPref: 300})
 		}, "local pref 300 differs"},
+		{"passive without listening", func(c *Config) { c.Peers[0].Passive = true }, "passive, but the speaker does not listen"},
 		{"restart time too long", func(c *Config) { c.GracefulRestart = true; c.RestartTime = 5000 * time.Second }, "restart time 1h23m20s"},
 		{"ipv4 next hop6", func(c *Config) { c.NextHop6 = netip.MustParseAddr("10.0.0.1") }, "next hop for IPv6 10.0.0.1"},
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 )
 
 // cmpPrefix compares netip.Prefix values, whose fields are unexported.
@@ -70,6 +71,78 @@ func TestCheckPrefixes(t *testing.T) {
 			err := checkPrefixes([]netip.Prefix{netip.MustParsePrefix(tt.prefix)}, tt.nh6)
 			if (err == nil) != tt.ok {
 				t.Errorf("checkPrefixes(%s) = %v, want ok=%v", tt.prefix, err, tt.ok)
+			}
+		})
+	}
+}
+
+// TestPathAttrs checks the attributes of each preference, for eBGP-only and
+// for iBGP configurations.
+func TestPathAttrs(t *testing.T) {
+	ebgp := validConfig()
+	ebgp.Peers = append(ebgp.Peers, Peer{Addr: netip.MustParseAddr("10.0.0.253"), ASN: 65000, Communities: []string{"65000:200", "65000:100"}})
+	ibgp := validConfig()
+	ibgp.Peers[0].ASN, ibgp.Peers[0].LocalPref = 65001, 200
+	type attrs struct {
+		ASPath      []uint32
+		Communities []uint32
+		LocalPref   *uint32
+		NextHop     string
+	}
+	pref := func(v uint32) *uint32 { return &v }
+	tests := []struct {
+		name string
+		cfg  Config
+		a    Announcement
+		want attrs
+	}{
+		{"ebgp normal", ebgp, Announcement{vip1, Normal},
+			attrs{Communities: []uint32{65000<<16 | 100, 65000<<16 | 200}, NextHop: "0.0.0.0"}},
+		// LOCAL_PREF 0 is in every depreferenced path; GoBGP strips it towards
+		// eBGP peers (the loopback test sees no LOCAL_PREF at the receiver).
+		{"ebgp depreferenced", ebgp, Announcement{vip1, Depreferenced},
+			attrs{ASPath: []uint32{65001, 65001, 65001}, Communities: []uint32{65000<<16 | 100, 65000<<16 | 200, 0xffff0000}, LocalPref: pref(0), NextHop: "0.0.0.0"}},
+		{"ibgp normal", ibgp, Announcement{vip1, Normal},
+			attrs{Communities: []uint32{65000<<16 | 100}, LocalPref: pref(200), NextHop: "0.0.0.0"}},
+		{"ibgp depreferenced: no prepend (an AS loop there), local pref 0", ibgp, Announcement{vip1, Depreferenced},
+			attrs{Communities: []uint32{65000<<16 | 100, 0xffff0000}, LocalPref: pref(0), NextHop: "0.0.0.0"}},
+		{"ipv6", func() Config { c := ebgp; c.NextHop6 = netip.MustParseAddr("fd00::11"); return c }(),
+			Announcement{netip.MustParsePrefix("fd00::100/128"), Normal},
+			attrs{Communities: []uint32{65000<<16 | 100, 65000<<16 | 200}, NextHop: "fd00::11"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.cfg
+			c.SetDefaults()
+			if err := c.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			p, err := newPathAttrs(&c).path(tt.a, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got attrs
+			for _, a := range p.Attrs {
+				switch a := a.(type) {
+				case *bgp.PathAttributeAsPath:
+					for _, seg := range a.Value {
+						got.ASPath = append(got.ASPath, seg.GetAS()...)
+					}
+				case *bgp.PathAttributeCommunities:
+					got.Communities = a.Value
+				case *bgp.PathAttributeLocalPref:
+					if got.LocalPref != nil {
+						t.Errorf("two LOCAL_PREF attributes")
+					}
+					got.LocalPref = pref(a.Value)
+				case *bgp.PathAttributeNextHop:
+					got.NextHop = a.Value.String()
+				case *bgp.PathAttributeMpReachNLRI:
+					got.NextHop = a.Nexthop.String()
+				}
+			}
+			if d := cmp.Diff(tt.want, got); d != "" {
+				t.Errorf("attributes (-want +got):\n%s", d)
 			}
 		})
 	}

@@ -174,8 +174,6 @@ func (s *Speaker) apiPeer(p Peer) *api.Peer {
 			HoldTime:               secs(p.HoldTime),
 			KeepaliveInterval:      secs(p.KeepaliveInterval),
 			IdleHoldTimeAfterReset: idleHoldAfterReset,
-			// Updates go out at once (eBGP's default is 30 s between them).
-			MinimumAdvertisementInterval: 0,
 		}},
 		Transport: &api.Transport{RemotePort: uint32(p.Port), PassiveMode: p.Passive},
 	}

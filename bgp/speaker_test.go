@@ -66,6 +66,7 @@ type ribPath struct {
 	ASPath      []uint32
 	Communities []string
 	NextHop     string
+	LocalPref   bool // a LOCAL_PREF attribute is present
 }
 
 // rib lists the best paths of family in s's global RIB.
@@ -96,6 +97,8 @@ func rib(t *testing.T, s *Speaker, family bgp.Family) map[netip.Prefix]ribPath {
 						}
 					case *bgp.PathAttributeNextHop:
 						rp.NextHop = a.Value.String()
+					case *bgp.PathAttributeLocalPref:
+						rp.LocalPref = true
 					case *bgp.PathAttributeMpReachNLRI:
 						rp.NextHop = a.Nexthop.String()
 					}
