@@ -94,7 +94,9 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Speaker, error) {
 // until ctx ends; then it stops the server: with Config.GracefulRestart the
 // sessions end without a NOTIFICATION, so graceful-restart-capable peers keep
 // the routes for RestartTime, otherwise they are closed with a Cease and the
-// peers withdraw the routes at once. Run may be called once.
+// peers withdraw the routes at once. Run may be called once. GoBGP's start
+// writes package variables, so two speakers of one process must not start at
+// the same time (the agent runs one).
 func (s *Speaker) Run(ctx context.Context) error {
 	s.mu.Lock()
 	if s.state != notStarted {

@@ -47,6 +47,17 @@ func startSpeaker(t *testing.T, name string, cfg Config) (*Speaker, *prometheus.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
+	// GoBGP's StartBgp writes package variables (table.SelectionOptions,
+	// table.UseMultiplePaths): two servers of one process must not start at
+	// the same time. Run holds s.mu until StartBgp has returned.
+	testenv.Eventually(t, 10*time.Second, func() string {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.state == notStarted {
+			return name + " has not started"
+		}
+		return ""
+	})
 	t.Cleanup(func() {
 		cancel()
 		select {
