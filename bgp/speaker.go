@@ -31,12 +31,14 @@ const (
 // Speaker is the embedded BGP speaker. Create it with New, start it with Run;
 // Announce and Status may be called at any time, also before Run.
 type Speaker struct {
-	cfg   Config
-	log   *zap.Logger
-	met   *Metrics
-	attrs pathAttrs
-	srv   *server.BgpServer
-	level zap.AtomicLevel // GoBGP's own logs: warnings and errors
+	cfg      Config
+	log      *zap.Logger
+	met      *Metrics
+	attrs    pathAttrs
+	gobgpLog *slog.Logger
+	level    zap.AtomicLevel // of gobgpLog: warnings and errors
+
+	srv *server.BgpServer // made by Run; read under mu once state is running
 
 	mu        sync.Mutex // serialises Announce and the start and end of Run
 	state     runState
@@ -78,12 +80,11 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Speaker, error) {
 		log:       log,
 		met:       met,
 		attrs:     newPathAttrs(&cfg),
+		gobgpLog:  slog.New(zapslog.NewHandler(core, zapslog.WithName("gobgp"))),
 		level:     level,
 		announced: map[netip.Prefix]Preference{},
 		peers:     map[netip.Addr]*peerTrack{},
 	}
-	s.srv = server.NewBgpServer(server.LoggerOption(
-		slog.New(zapslog.NewHandler(core, zapslog.WithName("gobgp"))), nil))
 	for _, p := range cfg.Peers {
 		s.peers[p.Addr] = &peerTrack{session: sessionIdle}
 	}
@@ -103,6 +104,7 @@ func (s *Speaker) Run(ctx context.Context) error {
 		s.mu.Unlock()
 		return errors.New("bgp speaker already run")
 	}
+	s.srv = server.NewBgpServer(server.LoggerOption(s.gobgpLog, nil))
 	go s.srv.Serve()
 	err := s.start(ctx)
 	if err == nil {
@@ -432,13 +434,16 @@ func (s *Speaker) Status() Status {
 	var st Status
 	s.mu.Lock()
 	st.Announced = s.announcements()
-	live := s.state == running
+	var srv *server.BgpServer
+	if s.state == running {
+		srv = s.srv
+	}
 	s.mu.Unlock()
 
 	byAddr := map[netip.Addr]*api.Peer{}
-	if live {
+	if srv != nil {
 		// Ends with an error, not a wait, if Run has stopped the server since.
-		_ = s.srv.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+		_ = srv.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
 			if a, err := netip.ParseAddr(p.GetConf().GetNeighborAddress()); err == nil {
 				byAddr[a.Unmap()] = p
 			}
