@@ -10,6 +10,7 @@ pkgs=(
   nginx-light                            # L7 layer: nginx -t on rendered configs, real serving
   libnginx-mod-http-lua                  # L7 layer: endpoint changes without a reload (balancer_by_lua; pulls NDK, lua-resty-core)
   keepalived                             # VRRP interop peer
+  frr                                    # BGP interop peer (bgp/): zebra, bgpd and bfdd, one instance per namespace
   openssl                                # certificates for TLS tests and the API server
   wrk                                    # bounded load in benchmarks
   containerd runc                        # real-cluster lab (test/cluster): one containerd per kubelet node; runc, not crun
@@ -34,7 +35,9 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get -o DPkg::Lock::Timeout=300 update -qq
 apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian starts these daemons on install; Portico's tests start their own.
-for svc in nginx keepalived; do
+for svc in nginx keepalived frr; do
   if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
   if [ -f "/run/$svc.pid" ]; then kill "$(cat /run/$svc.pid)" 2>/dev/null || true; fi
 done
+# FRR's init script keeps its pid files under /run/frr/ (watchfrr and each daemon).
+if [ -f /run/frr/watchfrr.pid ] && [ -x /usr/lib/frr/frrinit.sh ]; then /usr/lib/frr/frrinit.sh stop >/dev/null 2>&1 || true; fi

@@ -1,0 +1,45 @@
+package bgp
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics are the speaker's Prometheus series (namespace portico, subsystem
+// bgp). Labels are bounded: peer is a configured peer address, to a session or
+// BFD state from a closed list, preference one of Preferences.
+type Metrics struct {
+	sessionTransitions *prometheus.CounterVec
+	bfdTransitions     *prometheus.CounterVec
+	established        prometheus.Gauge
+	announced          *prometheus.GaugeVec
+}
+
+// NewMetrics creates the series and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "portico", Subsystem: "bgp", Name: name, Help: help}
+	}
+	m := &Metrics{
+		sessionTransitions: prometheus.NewCounterVec(prometheus.CounterOpts(opts("session_transitions_total",
+			"BGP session state changes, by peer and new state.")), []string{"peer", "to"}),
+		bfdTransitions: prometheus.NewCounterVec(prometheus.CounterOpts(opts("bfd_transitions_total",
+			"BFD session state changes, by peer and new state.")), []string{"peer", "to"}),
+		established: prometheus.NewGauge(prometheus.GaugeOpts(opts("established_sessions",
+			"BGP sessions in the established state."))),
+		announced: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("announced_prefixes",
+			"Prefixes announced, by preference.")), []string{"preference"}),
+	}
+	for _, c := range []prometheus.Collector{m.sessionTransitions, m.bfdTransitions, m.established, m.announced} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register bgp metrics: %w", err)
+		}
+	}
+	for _, p := range Preferences {
+		if p != Withdrawn {
+			m.announced.WithLabelValues(p.String())
+		}
+	}
+	return m, nil
+}
