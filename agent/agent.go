@@ -18,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
@@ -48,6 +49,12 @@ type Config struct {
 	LivenessPort uint16
 	Liveness     liveness.Timing // zero: liveness.DefaultTiming
 	MetricsAddr  string          // address of /metrics, /healthz and /readyz
+
+	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
+	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
+	Announce string
+	BGP      BGPFile    // --announce=bgp: the peers and timers (--bgp-config)
+	NextHop6 netip.Addr // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
 
 	VRRPPriority uint8 // VRRP priority while healthy
 	VRRPDegraded uint8 // VRRP priority while unhealthy
@@ -130,15 +137,47 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		}
 		l4.live = checker
 	}
-	vmet, err := vrrp.NewMetrics(reg)
-	if err != nil {
-		return err
+	// The announcer: VRRP (one owner) or BGP (every edge).
+	var (
+		announcer  controlplane.Sink
+		setHealthy func(context.Context, bool)
+		release    func()
+		vs         *vrrpSink
+		bs         *bgpSink
+		speaker    *bgp.Speaker
+		vrrpStates = func() map[string]vrrp.State { return nil }
+		bgpStatus  = func() *BGPState { return nil }
+	)
+	switch cfg.Announce {
+	case "bgp":
+		routerID := firstAddr(ifc, true)
+		scfg, err := cfg.BGP.SpeakerConfig(cfg.Node, routerID, cfg.NextHop6)
+		if err != nil {
+			return err
+		}
+		bmet, err := bgp.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		blog := log.Named("bgp")
+		if speaker, err = bgp.New(scfg, blog, bmet); err != nil {
+			return err
+		}
+		bs = &bgpSink{group: cfg.Group, log: blog, speaker: speaker, setLoVIPs: host.setLoVIPs, localAddrs: localAddrs,
+			withdrawAfter: cfg.BGP.withdrawAfter(), now: time.Now, managed: host.managedVIPs()}
+		announcer, setHealthy, release, bgpStatus = bs, bs.setHealthy, bs.stop, bs.status
+	default:
+		vmet, err := vrrp.NewMetrics(reg)
+		if err != nil {
+			return err
+		}
+		vlog := log.Named("vrrp")
+		vs = &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group,
+			priority: cfg.VRRPPriority, degraded: cfg.VRRPDegraded,
+			interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: vlog,
+			newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
+		announcer, setHealthy, release, vrrpStates = vs, vs.setHealthy, vs.stop, vs.states
 	}
-	vlog := log.Named("vrrp")
-	vs := &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group,
-		priority: cfg.VRRPPriority, degraded: cfg.VRRPDegraded,
-		interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: vlog,
-		newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
 
 	// nginx starts (or adopts the master a previous agent left running) only
 	// with the first real snapshot: an adopted master must never be reloaded
@@ -146,7 +185,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	l7 := &firstSnapshot{Sink: reloader, arrived: make(chan struct{})}
 	ctrl, err := controlplane.New(controlplane.Config{
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
-		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, vs},
+		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, announcer},
 		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage,
 		AgentAPIServer: cfg.APIServer,
 	})
@@ -197,10 +236,14 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		goRun("liveness-follow", l4.followLiveness)
 	}
 	goRun("transitions", l4.expireTransitions)
-	goRun("health", func(ctx context.Context) error { h.loop(ctx, vs.setHealthy, log); return nil })
+	if speaker != nil {
+		goRun("bgp", speaker.Run)
+		goRun("bgp-announce", bs.run)
+	}
+	goRun("health", func(ctx context.Context) error { h.loop(ctx, setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
-		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vs.states, vips: dp.VIPs,
-			replicas: l4.replicas}
+		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vrrpStates, vips: dp.VIPs,
+			replicas: l4.replicas, bgp: bgpStatus}
 		publishStatus(ctx, client, cfg.PodNamespace, view.collect, log.Named("status"))
 		return nil
 	})
@@ -211,8 +254,13 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	select {
 	case <-ctx.Done():
 		// Unready first, still serving: Kubernetes marks the endpoint terminating,
-		// every edge stops giving this replica new flows, its flows finish.
+		// every edge stops giving this replica new flows, its flows finish. With
+		// BGP, the routes are de-preferenced now: routers move flows to the other
+		// edges, which steer them to the same replicas.
 		h.stopping.Store(true)
+		if bs != nil {
+			bs.stop()
+		}
 		log.Info("agent stopping: unready, still serving", zap.Duration("delay", cfg.ShutdownDelay))
 		select {
 		case <-time.After(cfg.ShutdownDelay):
@@ -221,11 +269,12 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	case runErr = <-errc:
 		log.Error("agent stopping", zap.Error(runErr))
 	}
-	// Then priority-0 release (a Backup takes over after its skew time), then
+	// Then priority-0 release (a Backup takes over after its skew time; with BGP
+	// the speaker stops with the rest, a graceful restart for its peers), then
 	// nginx finishes in-flight requests, then the rest.
 	h.stopping.Store(true)
 	log.Info("releasing VIPs")
-	vs.stop()
+	release()
 	cancel()
 	wg.Wait()
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)

@@ -35,7 +35,9 @@ type State struct {
 	// Replicas are the group's replicas as Kubernetes lists them, with this
 	// node's liveness verdict on each (a dead one is in no VIP's ring).
 	Replicas []ReplicaLiveness `json:"replicas,omitempty"`
-	Updated  time.Time         `json:"updated"`
+	// BGP is the node's sessions and announcements (--announce=bgp).
+	BGP     *BGPState `json:"bgp,omitempty"`
+	Updated time.Time `json:"updated"`
 }
 
 // ReplicaLiveness is one replica of the group: what Kubernetes says of it and
@@ -71,6 +73,7 @@ type nodeView struct {
 	vrrp               func() map[string]vrrp.State        // each virtual router's state
 	vips               func() ([]dataplane.VIPView, error) // the VIPs in the maps
 	replicas           func() []ReplicaLiveness            // the group's replicas and their liveness
+	bgp                func() *BGPState                    // nil in VRRP mode
 }
 
 // collect reads this node's view.
@@ -91,6 +94,9 @@ func (n nodeView) collect() State {
 	}
 	if n.replicas != nil {
 		st.Replicas = n.replicas()
+	}
+	if n.bgp != nil {
+		st.BGP = n.bgp()
 	}
 	vips, err := n.vips()
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/signal"
@@ -43,6 +44,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		httpPort, httpsPort, statusPort uint
 		livenessPort, rise              uint
 		priority, degraded, version     uint
+		bgpConfig, nextHop6             string
 	)
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&c.Group, "group", "", "the group Service this node serves, namespace/name (required)")
@@ -66,6 +68,9 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
 	fs.DurationVar(&c.Liveness.FlapWindow, "liveness-flap-window", liveness.DefaultTiming.FlapWindow, "a replica that dies within this time of coming back needs twice as many good answers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9101", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
+	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see the README)")
+	fs.StringVar(&nextHop6, "bgp-nexthop6", "", "with -announce=bgp: this node's IPv6 next hop, to announce IPv6 VIPs")
 	fs.UintVar(&priority, "vrrp-priority", 100, "VRRP priority while healthy (1-254)")
 	fs.UintVar(&degraded, "vrrp-degraded-priority", 10, "VRRP priority while unhealthy (XDP detached, maps stale, nginx down)")
 	fs.UintVar(&version, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
@@ -126,6 +131,29 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		return c, fmt.Errorf("ports must be below 65536")
 	case livenessPort != 0 && (c.Liveness.Interval <= 0 || c.Liveness.DeadAfter < c.Liveness.Interval || rise < 1 || rise > 1000):
 		return c, fmt.Errorf("-liveness-interval must be positive, -liveness-dead-after at least one interval, -liveness-rise 1-1000")
+	}
+	switch c.Announce {
+	case "vrrp":
+	case "bgp":
+		if bgpConfig == "" {
+			return c, fmt.Errorf("-announce=bgp needs -bgp-config")
+		}
+		f, err := agent.LoadBGPFile(bgpConfig)
+		if err != nil {
+			return c, err
+		}
+		if nextHop6 != "" {
+			if c.NextHop6, err = netip.ParseAddr(nextHop6); err != nil {
+				return c, fmt.Errorf("-bgp-nexthop6: %w", err)
+			}
+		}
+		// Checked now, with a placeholder router id: the agent fills in the node's.
+		if _, err := f.SpeakerConfig(c.Node, netip.MustParseAddr("192.0.2.1"), c.NextHop6); err != nil {
+			return c, fmt.Errorf("-bgp-config %s: %w", bgpConfig, err)
+		}
+		c.BGP = f
+	default:
+		return c, fmt.Errorf("-announce %q: want vrrp or bgp", c.Announce)
 	}
 	c.LivenessPort, c.Liveness.Rise = uint16(livenessPort), int(rise)
 	c.Seed, c.RingSize = uint32(seed), uint32(ringSize)

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
@@ -38,8 +42,8 @@ func TestParseAgentFlags(t *testing.T) {
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond,
-					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second}
-				if diff := cmp.Diff(want, c.Config); diff != "" {
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp"}
+				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}
 				if c.logLevel != "info" || c.kubeconfig != "" {
@@ -83,6 +87,29 @@ func TestParseAgentFlags(t *testing.T) {
 			}},
 		{name: "liveness dead-after below the interval", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-liveness-dead-after", "10ms"}, wantErr: "liveness"},
 		{name: "liveness rise zero", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-liveness-rise", "0"}, wantErr: "liveness"},
+		{name: "bgp", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n1", "-announce", "bgp", "-bgp-config", bgpFile(t, goodBGP)},
+			check: func(t *testing.T, c agentFlags) {
+				if c.Announce != "bgp" || c.BGP.ASN != 64512 || len(c.BGP.Peers) != 2 || c.BGP.BFDProfiles[0].TransmitInterval.Duration != 50*time.Millisecond {
+					t.Errorf("bgp config %+v", c.BGP)
+				}
+				sc, err := c.BGP.SpeakerConfig("n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
+				if err != nil || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].BFD.Multiplier != 3 || !sc.GracefulRestart {
+					t.Errorf("n1's speaker config %+v (%v): want the one peer for every node, with BFD, graceful restart", sc, err)
+				}
+				sc, err = c.BGP.SpeakerConfig("n2", netip.MustParseAddr("10.0.0.12"), netip.Addr{})
+				if err != nil || len(sc.Peers) != 2 {
+					t.Errorf("n2's speaker config %+v (%v): want both peers", sc, err)
+				}
+			}},
+		{name: "bgp without a file", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp"}, wantErr: "-bgp-config"},
+		{name: "bgp unknown field", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp", "-bgp-config", bgpFile(t, goodBGP+"\nholdtime: 3s\n")}, wantErr: "holdtime"},
+		{name: "bgp unknown profile", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp",
+			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, bfdProfile: nope}\n")}, wantErr: "nope"},
+		{name: "bgp no peer for this node", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n9", "-announce", "bgp",
+			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, nodes: [n1]}\n")}, wantErr: "no peer"},
+		{name: "bgp bad community", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp",
+			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, communities: [\"x:y\"]}\n")}, wantErr: "communit"},
+		{name: "unknown announcer", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "ospf"}, wantErr: "-announce"},
 		{name: "degraded not below priority", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vrrp-priority", "10"}, wantErr: "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -99,4 +126,27 @@ func TestParseAgentFlags(t *testing.T) {
 			tc.check(t, c)
 		})
 	}
+}
+
+// goodBGP is a BGP configuration with a peer for every node and one for n2 only.
+const goodBGP = `asn: 64512
+bfdProfiles:
+- {name: fast, transmitInterval: 50ms, receiveInterval: 50ms, detectMultiplier: 3}
+peers:
+- address: 10.0.0.1
+  asn: 65000
+  holdTime: 3s
+  keepaliveInterval: 1s
+  bfdProfile: fast
+- {address: 10.0.0.2, asn: 65000, nodes: [n2]}
+`
+
+// bgpFile writes a BGP configuration file for one test case.
+func bgpFile(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "bgp.yaml")
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
 }

@@ -1,0 +1,349 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+
+	"github.com/portico-edge/portico/bgp"
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// BGPFile is the agent's BGP configuration in --announce=bgp mode: the file the
+// chart renders from its bgp values into a ConfigMap (one for every edge node;
+// peers can be limited to some nodes). Durations are Go durations ("50ms", "9s").
+type BGPFile struct {
+	// ASN is the edges' autonomous system number (every edge the same).
+	ASN uint32 `json:"asn"`
+	// RouterID defaults to the node's IPv4 address on the edge interface.
+	RouterID string `json:"routerID,omitempty"`
+	// GracefulRestart (default true): an agent restart or upgrade leaves the
+	// routes at the routers for RestartTime while the pinned XDP program forwards.
+	GracefulRestart *bool            `json:"gracefulRestart,omitempty"`
+	RestartTime     *metav1.Duration `json:"restartTime,omitempty"`
+	// NextHop6 is this node's IPv6 next hop, needed to announce IPv6 VIPs over
+	// IPv4 sessions. Per node, so usually given by flag instead (--bgp-nexthop6).
+	NextHop6 string `json:"nextHop6,omitempty"`
+	// WithdrawAfter is how long an unhealthy node stays announced, de-preferenced,
+	// before it withdraws (default 10s): a short hiccup moves only new flows away.
+	WithdrawAfter *metav1.Duration `json:"withdrawAfter,omitempty"`
+	BFDProfiles   []BFDProfile     `json:"bfdProfiles,omitempty"`
+	Peers         []BGPPeer        `json:"peers"`
+}
+
+// BFDProfile is a named set of BFD timers, as MetalLB's BFDProfile.
+type BFDProfile struct {
+	Name             string          `json:"name"`
+	TransmitInterval metav1.Duration `json:"transmitInterval"`
+	ReceiveInterval  metav1.Duration `json:"receiveInterval"`
+	DetectMultiplier uint8           `json:"detectMultiplier"`
+}
+
+// BGPPeer is one router the edges peer with, as MetalLB's BGPPeer.
+type BGPPeer struct {
+	Address           string           `json:"address"`
+	ASN               uint32           `json:"asn"`
+	Port              uint16           `json:"port,omitempty"`
+	Password          string           `json:"password,omitempty"`
+	HoldTime          *metav1.Duration `json:"holdTime,omitempty"`
+	KeepaliveInterval *metav1.Duration `json:"keepaliveInterval,omitempty"`
+	BFDProfile        string           `json:"bfdProfile,omitempty"`
+	Communities       []string         `json:"communities,omitempty"`
+	LocalPref         uint32           `json:"localPref,omitempty"`
+	// Nodes limits the peer to these nodes (by name); empty: every edge node.
+	Nodes []string `json:"nodes,omitempty"`
+}
+
+// LoadBGPFile reads a BGPFile (YAML or JSON), rejecting unknown fields.
+func LoadBGPFile(path string) (BGPFile, error) {
+	var f BGPFile
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return f, fmt.Errorf("read bgp config: %w", err)
+	}
+	if err := yaml.UnmarshalStrict(b, &f); err != nil {
+		return f, fmt.Errorf("bgp config %s: %w", path, err)
+	}
+	return f, nil
+}
+
+// defaultWithdrawAfter is BGPFile.WithdrawAfter's default.
+const defaultWithdrawAfter = 10 * time.Second
+
+// SpeakerConfig turns the file into node's speaker configuration. routerID is
+// used when the file names none (the node's address).
+func (f BGPFile) SpeakerConfig(node string, routerID, nextHop6 netip.Addr) (bgp.Config, error) {
+	c := bgp.Config{ASN: f.ASN, RouterID: routerID, GracefulRestart: true, ListenPort: -1, NextHop6: nextHop6}
+	if f.RouterID != "" {
+		a, err := netip.ParseAddr(f.RouterID)
+		if err != nil {
+			return c, fmt.Errorf("bgp routerID: %w", err)
+		}
+		c.RouterID = a
+	}
+	if f.GracefulRestart != nil {
+		c.GracefulRestart = *f.GracefulRestart
+	}
+	if f.RestartTime != nil {
+		c.RestartTime = f.RestartTime.Duration
+	}
+	if f.NextHop6 != "" && !nextHop6.IsValid() {
+		a, err := netip.ParseAddr(f.NextHop6)
+		if err != nil {
+			return c, fmt.Errorf("bgp nextHop6: %w", err)
+		}
+		c.NextHop6 = a
+	}
+	profiles := map[string]BFDProfile{}
+	for _, p := range f.BFDProfiles {
+		if _, dup := profiles[p.Name]; dup || p.Name == "" {
+			return c, fmt.Errorf("bgp bfdProfiles: name %q empty or listed twice", p.Name)
+		}
+		profiles[p.Name] = p
+	}
+	for i, p := range f.Peers {
+		if len(p.Nodes) > 0 && !slices.Contains(p.Nodes, node) {
+			continue
+		}
+		a, err := netip.ParseAddr(p.Address)
+		if err != nil {
+			return c, fmt.Errorf("bgp peers[%d].address: %w", i, err)
+		}
+		peer := bgp.Peer{Addr: a, ASN: p.ASN, Port: p.Port, Password: p.Password, Communities: p.Communities, LocalPref: p.LocalPref}
+		if p.HoldTime != nil {
+			peer.HoldTime = p.HoldTime.Duration
+		}
+		if p.KeepaliveInterval != nil {
+			peer.KeepaliveInterval = p.KeepaliveInterval.Duration
+		}
+		if p.BFDProfile != "" {
+			prof, ok := profiles[p.BFDProfile]
+			if !ok {
+				return c, fmt.Errorf("bgp peers[%d]: no bfdProfile %q", i, p.BFDProfile)
+			}
+			peer.BFD = &bgp.BFD{MinTx: prof.TransmitInterval.Duration, MinRx: prof.ReceiveInterval.Duration, Multiplier: prof.DetectMultiplier}
+		}
+		c.Peers = append(c.Peers, peer)
+	}
+	if len(c.Peers) == 0 {
+		return c, fmt.Errorf("bgp config has no peer for node %s", node)
+	}
+	c.SetDefaults()
+	if err := c.Validate(); err != nil {
+		return c, fmt.Errorf("bgp config: %w", err)
+	}
+	return c, nil
+}
+
+// withdrawAfter is the file's WithdrawAfter or its default.
+func (f BGPFile) withdrawAfter() time.Duration {
+	if f.WithdrawAfter != nil && f.WithdrawAfter.Duration > 0 {
+		return f.WithdrawAfter.Duration
+	}
+	return defaultWithdrawAfter
+}
+
+// routes is what bgpSink needs of a bgp.Speaker.
+type routes interface {
+	Announce(prefixes []netip.Prefix, pref bgp.Preference) error
+	Status() bgp.Status
+}
+
+// bgpSink announces the group's VIPs over BGP (--announce=bgp). Every edge node
+// announces them while it can serve, so the routers spread flows over all edges
+// by ECMP and every edge's xdp_lb steers what reaches it; the Maglev rings are
+// the same on every edge, so a flow the routers move to another edge still reaches
+// its replica. Like the VRRP sink it keeps the group's VIPs on lo (the replicas
+// answer for them, direct server return).
+//
+// What it announces follows the node, never the control plane's reachability:
+//   - healthy, and its own replica not draining: announced (Normal);
+//   - unhealthy, draining (cordoned, excluded from load balancers) or stopping:
+//     de-preferenced first (routers move flows to the other edges, which steer
+//     them to the same replicas), and after withdrawAfter of being unhealthy,
+//     withdrawn; a drained or stopping node stays de-preferenced until its agent
+//     stops (graceful restart then keeps the route, de-preferenced, while the
+//     pinned XDP program forwards).
+type bgpSink struct {
+	group         string
+	log           *zap.Logger
+	speaker       routes
+	setLoVIPs     func(want, managed []netip.Addr) error
+	localAddrs    func() (func(netip.Addr) bool, error) // this node's addresses
+	withdrawAfter time.Duration
+	now           func() time.Time
+
+	mu             sync.Mutex
+	managed        []netip.Addr // VIPs this agent put on lo
+	loSynced       bool
+	vips           []netip.Addr
+	draining       bool // this node's replica is draining in the snapshot
+	healthy        bool
+	unhealthySince time.Time
+	stopping       bool
+	pref           bgp.Preference
+	announced      []netip.Prefix
+}
+
+func (b *bgpSink) Name() string { return "bgp" }
+
+// Apply implements controlplane.Sink: the group's VIPs on lo and announced.
+func (b *bgpSink) Apply(_ context.Context, snap model.Snapshot) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var g model.Group
+	for _, x := range snap.Groups {
+		if x.Name == b.group {
+			g = x
+		}
+	}
+	if !b.loSynced || !slices.Equal(g.VIPs, b.managed) {
+		b.loSynced = false
+		if err := b.setLoVIPs(g.VIPs, b.managed); err != nil {
+			return err
+		}
+		b.managed, b.loSynced = slices.Clone(g.VIPs), true
+	}
+	b.vips = slices.Clone(g.VIPs)
+	isLocal, err := b.localAddrs()
+	if err != nil {
+		return err
+	}
+	b.draining = false
+	for _, r := range g.Replicas {
+		if isLocal(r.Addr) && r.State == model.Draining {
+			b.draining = true
+		}
+	}
+	return b.announceLocked()
+}
+
+// setHealthy is the health loop's callback.
+func (b *bgpSink) setHealthy(_ context.Context, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if ok == b.healthy && (ok || !b.unhealthySince.IsZero()) {
+		return // nothing new (the first "unhealthy" still starts the clock)
+	}
+	b.healthy = ok
+	if ok {
+		b.unhealthySince = time.Time{}
+	} else if b.unhealthySince.IsZero() {
+		b.unhealthySince = b.now()
+	}
+	if err := b.announceLocked(); err != nil {
+		b.log.Warn("bgp announce after a health change failed", zap.Error(err))
+	}
+}
+
+// stop de-preferences the routes: the agent is going away.
+func (b *bgpSink) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopping = true
+	if err := b.announceLocked(); err != nil {
+		b.log.Warn("bgp de-preference before stopping failed", zap.Error(err))
+	}
+}
+
+// preference is what the node announces now.
+func (b *bgpSink) preference() bgp.Preference {
+	switch {
+	case b.stopping || b.draining:
+		return bgp.Depreferenced
+	case b.healthy:
+		return bgp.Normal
+	case !b.unhealthySince.IsZero() && b.now().Sub(b.unhealthySince) >= b.withdrawAfter:
+		return bgp.Withdrawn
+	default:
+		return bgp.Depreferenced
+	}
+}
+
+func (b *bgpSink) announceLocked() error {
+	var prefixes []netip.Prefix
+	for _, v := range b.vips {
+		prefixes = append(prefixes, netip.PrefixFrom(v.Unmap(), v.Unmap().BitLen()))
+	}
+	pref := b.preference()
+	if pref == b.pref && slices.Equal(prefixes, b.announced) {
+		return nil
+	}
+	if err := b.speaker.Announce(prefixes, pref); err != nil {
+		return err
+	}
+	if pref != b.pref {
+		b.log.Info("bgp announcement changed", zap.Stringer("preference", pref), zap.Stringers("vips", b.vips),
+			zap.Bool("healthy", b.healthy), zap.Bool("draining", b.draining), zap.Bool("stopping", b.stopping))
+	}
+	b.pref, b.announced = pref, prefixes
+	return nil
+}
+
+// run re-evaluates the announcement every second (an unhealthy node withdraws
+// after withdrawAfter even if nothing else happens).
+func (b *bgpSink) run(ctx context.Context) error {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		b.mu.Lock()
+		err := b.announceLocked()
+		b.mu.Unlock()
+		if err != nil {
+			b.log.Warn("bgp announce failed", zap.Error(err))
+		}
+	}
+}
+
+// status is this node's BGP state for the published State.
+func (b *bgpSink) status() *BGPState {
+	st := b.speaker.Status()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return &BGPState{Preference: b.pref.String(), Status: st}
+}
+
+// BGPState is what a node in --announce=bgp mode publishes: its sessions, their
+// BFD state, and what it announces.
+type BGPState struct {
+	Preference string `json:"preference"`
+	bgp.Status
+}
+
+// firstAddr is the interface's first IPv4 (v4) or global IPv6 address, the zero
+// Addr if it has none.
+func firstAddr(ifc *net.Interface, v4 bool) netip.Addr {
+	addrs, err := ifc.Addrs()
+	if err != nil {
+		return netip.Addr{}
+	}
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if !ok {
+			continue
+		}
+		ip = ip.Unmap()
+		if ip.Is4() == v4 && (v4 || ip.IsGlobalUnicast()) {
+			return ip
+		}
+	}
+	return netip.Addr{}
+}

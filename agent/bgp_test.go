@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/bgp"
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// recordedRoutes is a routes that keeps the last announcement (bgp's own tests
+// run the real speaker against FRR; this one checks the sink's decisions).
+type recordedRoutes struct {
+	prefixes []netip.Prefix
+	pref     bgp.Preference
+	calls    int
+}
+
+func (r *recordedRoutes) Announce(p []netip.Prefix, pref bgp.Preference) error {
+	r.prefixes, r.pref = p, pref
+	r.calls++
+	return nil
+}
+
+func (r *recordedRoutes) Status() bgp.Status { return bgp.Status{} }
+
+// TestBGPSinkPreference: what a node announces follows its own state: unhealthy
+// at start (de-preferenced), healthy (normal), its replica draining
+// (de-preferenced), unhealthy (de-preferenced, then withdrawn after
+// withdrawAfter), stopping (de-preferenced).
+func TestBGPSinkPreference(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.80")
+	self := netip.MustParseAddr("10.0.0.11")
+	clock := time.Unix(1000, 0)
+	r := &recordedRoutes{}
+	var lo []netip.Addr
+	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second,
+		now:        func() time.Time { return clock },
+		setLoVIPs:  func(want, _ []netip.Addr) error { lo = want; return nil },
+		localAddrs: func() (func(netip.Addr) bool, error) { return func(a netip.Addr) bool { return a == self }, nil }}
+	snap := func(state model.ReplicaState) model.Snapshot {
+		return model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip},
+			Replicas: []model.Replica{{Addr: self, State: state}, {Addr: netip.MustParseAddr("10.0.0.12")}}}}}
+	}
+	ctx := context.Background()
+	step := func(name string, want bgp.Preference) {
+		t.Helper()
+		if r.pref != want || len(r.prefixes) != 1 || r.prefixes[0] != netip.MustParsePrefix("192.0.2.80/32") {
+			t.Errorf("%s: announced %v %v, want %v of 192.0.2.80/32", name, r.prefixes, r.pref, want)
+		}
+	}
+	if err := b.Apply(ctx, snap(model.Ready)); err != nil {
+		t.Fatal(err)
+	}
+	if len(lo) != 1 || lo[0] != vip {
+		t.Errorf("lo holds %v, want the VIP", lo)
+	}
+	step("before the first health report", bgp.Depreferenced)
+	b.setHealthy(ctx, true)
+	step("healthy", bgp.Normal)
+	calls := r.calls
+	if err := b.Apply(ctx, snap(model.Ready)); err != nil {
+		t.Fatal(err)
+	}
+	if r.calls != calls {
+		t.Errorf("the same snapshot announced again")
+	}
+	if err := b.Apply(ctx, snap(model.Draining)); err != nil {
+		t.Fatal(err)
+	}
+	step("own replica draining", bgp.Depreferenced)
+	if err := b.Apply(ctx, snap(model.Ready)); err != nil {
+		t.Fatal(err)
+	}
+	step("drain undone", bgp.Normal)
+	b.setHealthy(ctx, false)
+	step("unhealthy", bgp.Depreferenced)
+	clock = clock.Add(9 * time.Second)
+	b.setHealthy(ctx, false) // the health loop repeats itself: the clock keeps running
+	b.mu.Lock()
+	_ = b.announceLocked()
+	b.mu.Unlock()
+	step("unhealthy for 9 s", bgp.Depreferenced)
+	clock = clock.Add(time.Second)
+	b.mu.Lock()
+	_ = b.announceLocked()
+	b.mu.Unlock()
+	step("unhealthy for 10 s", bgp.Withdrawn)
+	b.setHealthy(ctx, true)
+	step("healthy again", bgp.Normal)
+	b.stop()
+	step("stopping", bgp.Depreferenced)
+}
