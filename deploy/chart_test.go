@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -85,7 +87,7 @@ func setArgs(sets []string) []string {
 // otherValues, and checks that values.schema.json refuses bad values.
 func TestChartLint(t *testing.T) {
 	helm := helmBinary(t)
-	for name, sets := range map[string][]string{"defaults": nil, "other values": otherValues} {
+	for name, sets := range map[string][]string{"defaults": nil, "other values": otherValues, "bgp": bgpValues} {
 		t.Run(name, func(t *testing.T) {
 			out := run(t, nil, helm, append([]string{"lint", "--strict", chart}, setArgs(sets)...)...)
 			t.Logf("%s", out)
@@ -93,7 +95,7 @@ func TestChartLint(t *testing.T) {
 	}
 	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
-		"apiServer=https://k/api"} {
+		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y"} {
 		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("schema")) {
 			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
@@ -161,6 +163,7 @@ func testChartDryRun(t *testing.T, ctx context.Context, srv *kapi.Server, a *app
 	}{
 		{name: "defaults", namespace: namespace},
 		{name: "other values", namespace: "edge-infra", sets: otherValues, check: checkOtherValues},
+		{name: "bgp", namespace: namespace, sets: bgpValues, check: checkBGPValues},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"template", "portico", chart, "--namespace", tc.namespace, "--include-crds"}, setArgs(tc.sets)...)
@@ -189,6 +192,43 @@ func testChartDryRun(t *testing.T, ctx context.Context, srv *kapi.Server, a *app
 	}
 }
 
+// bgpValues turn on --announce=bgp with one peer and a BFD profile.
+var bgpValues = []string{
+	"announce=bgp", "bgp.asn=64600", "bgp.peers[0].address=10.0.0.1", "bgp.peers[0].asn=65000",
+	"bgp.peers[0].bfdProfile=fast", "bgp.peers[0].holdTime=3s", "bgp.bfdProfiles[0].name=fast",
+	"bgp.bfdProfiles[0].transmitInterval=50ms", "bgp.bfdProfiles[0].receiveInterval=50ms", "bgp.bfdProfiles[0].detectMultiplier=3",
+}
+
+// checkBGPValues: with announce: bgp the agents get --announce=bgp and the
+// ConfigMap the agent can read, mounted where --bgp-config says, and the pod
+// template changes with it (a change of peers rolls the agents).
+func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
+	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
+	c := ds.Spec.Template.Spec.Containers[0]
+	if !slices.Contains(c.Args, "--announce=bgp") || !slices.Contains(c.Args, "--bgp-config=/etc/portico/bgp/bgp.yaml") {
+		t.Errorf("agent args %v, want --announce=bgp and --bgp-config", c.Args)
+	}
+	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "bgp" && m.MountPath == "/etc/portico/bgp" }) {
+		t.Errorf("volume mounts %v, want the bgp ConfigMap at /etc/portico/bgp", c.VolumeMounts)
+	}
+	if ds.Spec.Template.Annotations["portico.io/bgp-config"] == "" {
+		t.Errorf("pod template annotations %v, want the bgp config's checksum", ds.Spec.Template.Annotations)
+	}
+	cm := find[corev1.ConfigMap](t, objs, "ConfigMap", "portico-bgp")
+	p := filepath.Join(t.TempDir(), "bgp.yaml")
+	if err := os.WriteFile(p, []byte(cm.Data["bgp.yaml"]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	f, err := agent.LoadBGPFile(p)
+	if err != nil {
+		t.Fatalf("the agent cannot read the rendered ConfigMap: %v\n%s", err, cm.Data["bgp.yaml"])
+	}
+	sc, err := f.SpeakerConfig("n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
+	if err != nil || sc.ASN != 64600 || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].HoldTime != 3*time.Second {
+		t.Errorf("speaker config from the ConfigMap: %+v, %v", sc, err)
+	}
+}
+
 // checkOtherValues: what otherValues change reaches the rendered objects.
 func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
@@ -199,7 +239,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 	wantArgs := []string{"agent", "--group=edge-infra/public", "--iface=bond0", "--node-name=$(NODE_NAME)",
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101",
-		"--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
+		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
 		"--liveness-port=0", "--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5"}
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
