@@ -19,7 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -31,6 +30,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/netlab"
 )
 
@@ -196,96 +196,6 @@ func (p *speakerProc) do(cmd string) helperReply {
 	return r
 }
 
-// frr is one FRR instance (zebra, bfdd, bgpd) for a namespace.
-type frr struct {
-	t   *testing.T
-	ns  string
-	dir string
-}
-
-const frrDir = "/usr/lib/frr"
-
-// startFRR writes the configs into dir and runs the daemons in the foreground
-// (so their PIDs are the test's children), killed by PID when the test ends.
-func startFRR(t *testing.T, ns, dir string, confs map[string]string) *frr {
-	t.Helper()
-	u, err := user.Lookup("frr")
-	if err != nil {
-		t.Fatalf("frr user: %v", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	// The daemons run as frr: they read their configs and write their logs and
-	// sockets (/var/run/frr/<ns>, FRR's path for -N <ns>) as that user.
-	run := filepath.Join("/var/run/frr", ns)
-	if err := os.MkdirAll(run, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(run) })
-	for _, d := range []string{dir, run} {
-		if err := os.Chown(d, uid, gid); err != nil {
-			t.Fatal(err)
-		}
-	}
-	f := &frr{t: t, ns: ns, dir: dir}
-	for _, d := range []string{"zebra", "bfdd", "bgpd"} {
-		conf := filepath.Join(dir, d+".conf")
-		if err := os.WriteFile(conf, []byte(confs[d]), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		logPath := filepath.Join(dir, d+".log")
-		for _, p := range []string{conf} {
-			os.Chown(p, uid, gid)
-		}
-		cmd := exec.Command("ip", "netns", "exec", ns, filepath.Join(frrDir, d), "-N", ns, "-P", "0",
-			"-f", conf, "-i", filepath.Join(run, d+".pid"), "--log", "file:"+logPath)
-		out, err := os.Create(filepath.Join(dir, d+".stderr"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = out, out
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("start %s: %v", d, err)
-		}
-		done := make(chan struct{})
-		go func() { cmd.Wait(); out.Close(); close(done) }()
-		t.Cleanup(func() {
-			select {
-			case <-done:
-			default:
-				cmd.Process.Kill()
-				<-done
-			}
-			if t.Failed() {
-				for _, p := range []string{logPath, out.Name()} {
-					b, _ := os.ReadFile(p)
-					t.Logf("--- %s:\n%s", filepath.Base(p), b)
-				}
-			}
-		})
-		if d == "zebra" {
-			// bfdd and bgpd reach zebra through its socket: wait for it.
-			sock := filepath.Join(run, "zserv.api")
-			if _, ok := testenv.Until(10*time.Second, 20*time.Millisecond, func() bool { _, err := os.Stat(sock); return err == nil }); !ok {
-				t.Fatalf("zebra in %s made no %s", ns, sock)
-			}
-		}
-	}
-	return f
-}
-
-// vtyJSON runs a show command and decodes its JSON output into v.
-func (f *frr) vtyJSON(cmd string, v any) error {
-	out, err := exec.Command("vtysh", "-N", f.ns, "-c", cmd).Output()
-	if err != nil {
-		return fmt.Errorf("vtysh -N %s -c %q: %w", f.ns, cmd, err)
-	}
-	if err := json.Unmarshal(out, v); err != nil {
-		return fmt.Errorf("vtysh -c %q: %w: %s", cmd, err, out)
-	}
-	return nil
-}
-
 // frrPath is the part of `show bgp ipv4 unicast <prefix> json` the test reads.
 type frrPath struct {
 	ASPath struct {
@@ -299,11 +209,11 @@ type frrPath struct {
 	} `json:"nexthops"`
 }
 
-func (f *frr) bgpPaths(prefix netip.Prefix) ([]frrPath, error) {
+func bgpPaths(f *frr.Router, prefix netip.Prefix) ([]frrPath, error) {
 	var r struct {
 		Paths []frrPath `json:"paths"`
 	}
-	err := f.vtyJSON("show bgp ipv4 unicast "+prefix.String()+" json", &r)
+	err := f.VtyJSON("show bgp ipv4 unicast "+prefix.String()+" json", &r)
 	return r.Paths, err
 }
 
@@ -317,7 +227,7 @@ func kernelRoute(ns string, prefix netip.Prefix) bool {
 // frrLab is a router namespace running FRR and an edge namespace for speakers.
 type frrLab struct {
 	t        *testing.T
-	r        *frr
+	r        *frr.Router
 	routerNS string
 	edgeNS   string
 	vip      netip.Prefix
@@ -339,8 +249,8 @@ func newFRRLab(t *testing.T, extra ...string) *frrLab {
 	testenv.RequireRoot(t, "network namespaces and FRR")
 	testenv.RequireProgram(t, "ip")
 	testenv.RequireProgram(t, "ethtool")
-	if _, err := os.Stat(filepath.Join(frrDir, "bgpd")); err != nil {
-		testenv.Unavailable(t, "FRR is not installed (%s/bgpd: %v); test/setup/deps.sh installs it", frrDir, err)
+	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
+		testenv.Unavailable(t, "FRR is not installed (%s/bgpd: %v); test/setup/deps.sh installs it", frr.Dir, err)
 	}
 	testenv.RequireProgram(t, "vtysh")
 
@@ -395,7 +305,7 @@ func newFRRLab(t *testing.T, extra ...string) *frrLab {
 		" exit-address-family",
 		"",
 	)
-	r := startFRR(t, router.NS, frrFiles, map[string]string{
+	r := frr.Start(t, router.NS, frrFiles, map[string]string{
 		"zebra": "hostname r\n",
 		"bfdd":  fmt.Sprintf("hostname r\nbfd\n profile portico\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", bfdMs, bfdMs),
 		"bgpd":  strings.Join(bgpd, "\n"),
@@ -441,7 +351,7 @@ func (l *frrLab) waitUp(sp *speakerProc) {
 		var n map[string]struct {
 			State string `json:"bgpState"`
 		}
-		if err := l.r.vtyJSON("show bgp neighbors 10.99.2.11 json", &n); err != nil {
+		if err := l.r.VtyJSON("show bgp neighbors 10.99.2.11 json", &n); err != nil {
 			return err.Error()
 		}
 		if st := n["10.99.2.11"].State; st != "Established" {
@@ -460,7 +370,7 @@ func (l *frrLab) waitUp(sp *speakerProc) {
 				IP string `json:"ip"`
 			} `json:"nexthops"`
 		}
-		if err := l.r.vtyJSON("show ip route "+l.vip.String()+" json", &routes); err != nil {
+		if err := l.r.VtyJSON("show ip route "+l.vip.String()+" json", &routes); err != nil {
 			return err.Error()
 		}
 		rs := routes[l.vip.String()]
@@ -477,7 +387,7 @@ func (l *frrLab) waitUp(sp *speakerProc) {
 			Peer   string `json:"peer"`
 			Status string `json:"status"`
 		}
-		if err := l.r.vtyJSON("show bfd peers json", &peers); err != nil {
+		if err := l.r.VtyJSON("show bfd peers json", &peers); err != nil {
 			return err.Error()
 		}
 		if len(peers) != 1 || peers[0].Peer != "10.99.2.11" || peers[0].Status != "up" {
@@ -495,7 +405,7 @@ func (l *frrLab) bfdDowns() string {
 	var counters []struct {
 		Down int `json:"session-down"`
 	}
-	if err := l.r.vtyJSON("show bfd peers counters json", &counters); err != nil || len(counters) != 1 {
+	if err := l.r.VtyJSON("show bfd peers counters json", &counters); err != nil || len(counters) != 1 {
 		return "unknown"
 	}
 	return strconv.Itoa(counters[0].Down)
@@ -528,7 +438,7 @@ func TestFRRInterop(t *testing.T) {
 	for _, st := range steps {
 		sp.do(st.pref)
 		testenv.Eventually(t, settle, func() string {
-			paths, err := l.r.bgpPaths(l.vip)
+			paths, err := bgpPaths(l.r, l.vip)
 			if err != nil {
 				return err.Error()
 			}
@@ -606,7 +516,7 @@ func TestFRRGracefulRestart(t *testing.T) {
 	deadline := time.Now().Add(hold)
 	for time.Now().Before(deadline) {
 		if !kernelRoute(l.routerNS, l.vip) {
-			paths, _ := l.r.bgpPaths(l.vip)
+			paths, _ := bgpPaths(l.r, l.vip)
 			t.Fatalf("route to %v dropped %v after a graceful stop (FRR's paths %+v)", l.vip, hold-time.Until(deadline), paths)
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -621,7 +531,7 @@ func TestFRRGracefulRestart(t *testing.T) {
 				Stale bool `json:"stale"`
 			} `json:"paths"`
 		}
-		if err := l.r.vtyJSON("show bgp ipv4 unicast "+l.vip.String()+" json", &r); err != nil {
+		if err := l.r.VtyJSON("show bgp ipv4 unicast "+l.vip.String()+" json", &r); err != nil {
 			return err.Error()
 		}
 		if len(r.Paths) != 1 || r.Paths[0].Stale {
