@@ -26,8 +26,14 @@ type BGPFile struct {
 	ASN uint32 `json:"asn"`
 	// RouterID defaults to the node's IPv4 address on the edge interface.
 	RouterID string `json:"routerID,omitempty"`
-	// GracefulRestart (default true): an agent restart or upgrade leaves the
-	// routes at the routers for RestartTime while the pinned XDP program forwards.
+	// GracefulRestart (default false, as MetalLB's): the routers keep this edge's
+	// routes for RestartTime when its session drops. That spares the ECMP rehash of
+	// an agent restart, which Portico does not need (every edge steers a flow to
+	// the same replica), and keeps a dead edge's routes as long: a router in
+	// graceful-restart helper mode does not drop them when BFD or the hold timer
+	// finds the session down. Without it a restarting agent's routes go at once
+	// (its session ends with a Cease), the other edges take its flows, and it
+	// announces again within seconds of starting.
 	GracefulRestart *bool            `json:"gracefulRestart,omitempty"`
 	RestartTime     *metav1.Duration `json:"restartTime,omitempty"`
 	// NextHop6 is this node's IPv6 next hop, needed to announce IPv6 VIPs over
@@ -82,7 +88,7 @@ const defaultWithdrawAfter = 10 * time.Second
 // SpeakerConfig turns the file into node's speaker configuration. routerID is
 // used when the file names none (the node's address).
 func (f BGPFile) SpeakerConfig(node string, routerID, nextHop6 netip.Addr) (bgp.Config, error) {
-	c := bgp.Config{ASN: f.ASN, RouterID: routerID, GracefulRestart: true, ListenPort: -1, NextHop6: nextHop6}
+	c := bgp.Config{ASN: f.ASN, RouterID: routerID, ListenPort: -1, NextHop6: nextHop6}
 	if f.RouterID != "" {
 		a, err := netip.ParseAddr(f.RouterID)
 		if err != nil {
@@ -171,8 +177,7 @@ type routes interface {
 //     de-preferenced first (routers move flows to the other edges, which steer
 //     them to the same replicas), and after withdrawAfter of being unhealthy,
 //     withdrawn; a drained or stopping node stays de-preferenced until its agent
-//     stops (graceful restart then keeps the route, de-preferenced, while the
-//     pinned XDP program forwards).
+//     stops and its session ends (the pinned XDP program forwards meanwhile).
 type bgpSink struct {
 	group         string
 	log           *zap.Logger

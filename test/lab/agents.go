@@ -42,11 +42,20 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 	// nsenter --net, not `ip netns exec`: the latter gives the agent a private
 	// mount namespace with a fresh /sys, hiding the node's bpffs, where pins must
 	// outlive the agent (as the DaemonSet's /sys/fs/bpf hostPath does).
-	a.cmd = exec.Command("nsenter", "--net=/run/netns/"+e.NS, l.Portico, "agent",
-		"-group", GroupNamespace+"/"+GroupName, "-iface", "eth0", "-node-name", e.Name,
+	args := []string{"--net=/run/netns/" + e.NS, l.Portico, "agent",
+		"-group", GroupNamespace + "/" + GroupName, "-iface", "eth0", "-node-name", e.Name,
 		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
 		"-metrics-addr", "127.0.0.1:9101", "-vrrp-interval", "100ms", "-log-level", "debug",
-		"-state-dir", filepath.Join(a.Dir, "state"), "-shutdown-delay", "1500ms")
+		"-state-dir", filepath.Join(a.Dir, "state"), "-shutdown-delay", "1500ms"}
+	if l.bgp != nil {
+		conf, err := l.bgpConfig()
+		if err != nil {
+			logf.Close()
+			return nil, err
+		}
+		args = append(args, "-announce", "bgp", "-bgp-config", conf)
+	}
+	a.cmd = exec.Command("nsenter", args...)
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf
 	a.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := a.cmd.Start(); err != nil {

@@ -63,6 +63,8 @@ type Lab struct {
 	Client  *Node
 	Edges   []*Node
 	Pods    []*Node
+	// Router is the BGP lab's router (Options.BGP), nil otherwise.
+	Router  *Router
 	Portico string // the portico binary
 	Dir     string
 	// Target sends the client's traffic to the VIP (Dial, Get, OpenKeepConn,
@@ -70,6 +72,7 @@ type Lab struct {
 	traffic.Target
 
 	apiPort string
+	bgp     *BGPOptions
 	mu      sync.Mutex
 	agents  map[int]*Agent
 	closers []func() error
@@ -82,6 +85,9 @@ type Options struct {
 	Pods    int    // backend pods, default 2
 	// VRRPInterval is the agents' advert interval (default 100ms).
 	VRRPInterval time.Duration
+	// BGP, if set, puts the client behind a router (FRR) and runs the agents with
+	// --announce=bgp: see BGPOptions.
+	BGP *BGPOptions
 }
 
 // Start builds the lab. Close removes everything, also after a failed Start.
@@ -102,7 +108,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
-	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}}
+	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: o.BGP}
 	defer func() {
 		if err != nil {
 			l.Close()
@@ -137,14 +143,20 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 		}
 		return &Node{Node: n}, nil
 	}
-	if l.Client, err = add("cl", 2); err != nil {
-		return l, err
-	}
-	l.Target = traffic.Target{NS: l.Client.NS, VIP: VIP}
-	// The VIP is outside the nodes' subnet: the client reaches it on-link, and
-	// the VRRP master answers ARP for it.
-	if err := netlab.IP("-n", l.Client.NS, "route", "add", VIP.String()+"/32", "dev", "eth0"); err != nil {
-		return l, err
+	if o.BGP != nil {
+		if err := l.startRouter(o.BGP, o.Edges); err != nil {
+			return l, err
+		}
+	} else {
+		if l.Client, err = add("cl", 2); err != nil {
+			return l, err
+		}
+		l.Target = traffic.Target{NS: l.Client.NS, VIP: VIP}
+		// The VIP is outside the nodes' subnet: the client reaches it on-link, and
+		// the VRRP master answers ARP for it.
+		if err := netlab.IP("-n", l.Client.NS, "route", "add", VIP.String()+"/32", "dev", "eth0"); err != nil {
+			return l, err
+		}
 	}
 	for i := range o.Edges {
 		e, err := add(fmt.Sprintf("e%d", i+1), 11+i)
@@ -152,6 +164,12 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 			return l, err
 		}
 		l.Edges = append(l.Edges, e)
+		if o.BGP != nil {
+			// Replies (direct server return) go to the client through the router.
+			if err := netlab.IP("-n", e.NS, "route", "add", clientSubnet.String(), "via", routerAddr.String()); err != nil {
+				return l, err
+			}
+		}
 		// xdp_lb's XDP_TX frames leave a veth only if its peer runs XDP.
 		if err := netlab.Do(l.Net.Switch, func() error {
 			c, err := xdpaux.AttachPass(e.Port)
@@ -275,7 +293,11 @@ func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
 					return err
 				}
 			}
-			if _, err := l.Owner(); err != nil {
+			if l.Router != nil {
+				if err := l.Router.announced(len(l.Edges)); err != nil {
+					return err
+				}
+			} else if _, err := l.Owner(); err != nil {
 				return err
 			}
 			if _, err := l.Get(ctx, c, ExampleHost, "/"); err != nil {

@@ -1,0 +1,212 @@
+package lab
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/test/frr"
+	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+// BGP lab (Options.BGP): the client is no longer on the edges' segment but behind
+// a router namespace, "rt", which runs FRR (zebra, bgpd, bfdd) in AS 65000 with L4
+// ECMP (fib_multipath_hash_policy=1) over every edge that announces the VIP; the
+// agents run with --announce=bgp and peer with it.
+//
+//	client 10.217.0.2 --- rt 10.217.0.1 | 10.216.0.1 --- bridge --- edges, pods
+const (
+	routerASN = 65000
+	edgeASN   = 64512
+)
+
+var (
+	routerAddr   = netip.MustParseAddr("10.216.0.1")
+	clientSubnet = netip.MustParsePrefix("10.217.0.0/24")
+	bgpClient    = netip.MustParsePrefix("10.217.0.2/24")
+	bgpRouterOut = netip.MustParsePrefix("10.217.0.1/24")
+)
+
+// BGPOptions turn the lab into the BGP lab.
+type BGPOptions struct {
+	// BFD is the BFD transmit and receive interval, 0 for no BFD (the hold
+	// timer, 3 s, then finds a dead edge). Detection is 3 intervals.
+	BFD time.Duration
+	// T receives FRR's logs if the test fails; the router stops with the test.
+	T testing.TB
+}
+
+// Router is the BGP lab's router namespace.
+type Router struct {
+	*Node
+	FRR *frr.Router
+}
+
+// startRouter builds the router and the client behind it and starts FRR.
+func (l *Lab) startRouter(o *BGPOptions, edges int) error {
+	rt, err := l.Net.AddNode("rt", netip.PrefixFrom(routerAddr, 24), net.HardwareAddr{0x02, 0, 10, 216, 0, 1})
+	if err != nil {
+		return err
+	}
+	l.Router = &Router{Node: &Node{Node: rt}}
+	ns := l.Net.Prefix + "cl"
+	if err := netlab.IP("netns", "add", ns); err != nil {
+		return err
+	}
+	l.Net.OnClose(func() error { return netlab.IP("netns", "del", ns) })
+	for _, args := range [][]string{
+		{"-n", rt.NS, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"-n", rt.NS, "addr", "add", bgpRouterOut.String(), "dev", "eth1"},
+		{"-n", rt.NS, "link", "set", "eth1", "up"},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", ns, "addr", "add", bgpClient.String(), "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+		{"-n", ns, "route", "add", "default", "via", bgpRouterOut.Addr().String()},
+	} {
+		if err := netlab.IP(args...); err != nil {
+			return err
+		}
+	}
+	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.fib_multipath_hash_policy", "1"}} {
+		if err := netlab.Sysctl(rt.NS, kv[0], kv[1]); err != nil {
+			return err
+		}
+	}
+	l.Client = &Node{Node: &netlab.Node{Name: "cl", NS: ns, Addr: bgpClient}}
+	l.Target = traffic.Target{NS: ns, VIP: VIP}
+
+	dir, err := os.MkdirTemp("", "portico-lab-frr-")
+	if err != nil {
+		return err
+	}
+	l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "hostname rt\nrouter bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n", routerASN, routerAddr)
+	b.WriteString(" bgp bestpath as-path multipath-relax\n neighbor EDGES peer-group\n")
+	fmt.Fprintf(&b, " neighbor EDGES remote-as %d\n neighbor EDGES timers 1 3\n neighbor EDGES timers connect 1\n", edgeASN)
+	b.WriteString(" neighbor EDGES advertisement-interval 0\n")
+	bfdd := "hostname rt\n"
+	if o.BFD > 0 {
+		ms := o.BFD.Milliseconds()
+		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", ms, ms)
+		b.WriteString(" neighbor EDGES bfd\n neighbor EDGES bfd profile edges\n")
+	}
+	for i := range edges {
+		fmt.Fprintf(&b, " neighbor %s peer-group EDGES\n", edgeAddr(i))
+	}
+	b.WriteString(" address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n")
+	zebra := "hostname rt\n"
+	t := o.T
+	if t == nil {
+		return fmt.Errorf("BGPOptions.T is required")
+	}
+	l.Router.FRR = frr.Start(t, rt.NS, dir, map[string]string{"zebra": zebra, "bfdd": bfdd, "bgpd": b.String()})
+	return nil
+}
+
+// edgeAddr is edge i's address on the bridge (add in Start gives it).
+func edgeAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 216, 0, byte(11 + i)}) }
+
+// bgpConfig writes the agents' --bgp-config file.
+func (l *Lab) bgpConfig() (string, error) {
+	p := filepath.Join(l.Dir, "bgp.yaml")
+	var b strings.Builder
+	fmt.Fprintf(&b, "asn: %d\nwithdrawAfter: 3s\n", edgeASN)
+	if l.bgp.BFD > 0 {
+		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: 3}\n", l.bgp.BFD, l.bgp.BFD)
+	}
+	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", routerAddr, routerASN)
+	if l.bgp.BFD > 0 {
+		b.WriteString("  bfdProfile: lab\n")
+	}
+	return p, os.WriteFile(p, []byte(b.String()), 0o644)
+}
+
+// Nexthops is the set of edge addresses the router's kernel sends the VIP to.
+func (r *Router) Nexthops() ([]netip.Addr, error) {
+	out, err := exec.Command("ip", "-n", r.NS, "route", "show", "exact", VIP.String()+"/32").Output()
+	if err != nil {
+		return nil, fmt.Errorf("ip route show in %s: %w", r.NS, err)
+	}
+	var hops []netip.Addr
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "via" {
+			if a, err := netip.ParseAddr(f[i+1]); err == nil {
+				hops = append(hops, a)
+			}
+		}
+	}
+	if len(hops) == 0 && strings.Contains(string(out), "nhid") {
+		return r.groupNexthops(string(out))
+	}
+	return hops, nil
+}
+
+// groupNexthops reads the members of the next-hop group a route names (nhid N).
+func (r *Router) groupNexthops(route string) ([]netip.Addr, error) {
+	f := strings.Fields(route)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] != "nhid" {
+			continue
+		}
+		out, err := exec.Command("ip", "-n", r.NS, "nexthop", "show", "id", f[i+1]).Output()
+		if err != nil {
+			return nil, err
+		}
+		var hops []netip.Addr
+		for _, id := range groupIDs(string(out)) {
+			o, err := exec.Command("ip", "-n", r.NS, "nexthop", "show", "id", id).Output()
+			if err != nil {
+				return nil, err
+			}
+			g := strings.Fields(string(o))
+			for j := 0; j+1 < len(g); j++ {
+				if g[j] == "via" {
+					if a, err := netip.ParseAddr(g[j+1]); err == nil {
+						hops = append(hops, a)
+					}
+				}
+			}
+		}
+		return hops, nil
+	}
+	return nil, nil
+}
+
+// groupIDs parses "id 7 group 3/4/5 ..." (weights as 3,2 are dropped).
+func groupIDs(s string) []string {
+	f := strings.Fields(s)
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "group" {
+			var ids []string
+			for _, m := range strings.Split(f[i+1], "/") {
+				ids = append(ids, strings.SplitN(m, ",", 2)[0])
+			}
+			return ids
+		}
+	}
+	return nil
+}
+
+// announced reports an error until the router's route to the VIP has want next hops.
+func (r *Router) announced(want int) error {
+	hops, err := r.Nexthops()
+	if err != nil {
+		return err
+	}
+	if len(hops) != want {
+		return fmt.Errorf("the router's route to %s has next hops %v, want %d", VIP, hops, want)
+	}
+	return nil
+}

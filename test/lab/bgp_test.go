@@ -1,0 +1,174 @@
+package lab
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/frr"
+	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+// startBGPLab is startLab for the BGP lab: the client behind an FRR router, the
+// agents with --announce=bgp and BFD at bfd x 3.
+func startBGPLab(t *testing.T, bfd time.Duration) *Lab {
+	t.Helper()
+	testenv.RequireRoot(t, "network namespaces, XDP, FRR")
+	kapi.Require(t)
+	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
+		testenv.Unavailable(t, "FRR is not installed (%v); test/setup/deps.sh installs it", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	l, err := Start(ctx, Options{Portico: porticoBin, BGP: &BGPOptions{BFD: bfd, T: t}})
+	if err != nil {
+		t.Fatalf("start lab: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i := range l.Edges {
+				if a := l.Agent(i); a != nil {
+					log := a.Log()
+					if len(log) > 6000 {
+						log = log[len(log)-6000:]
+					}
+					t.Logf("agent %s log (tail):\n%s", a.Edge.Name, log)
+				}
+			}
+		}
+		if err := l.Close(); err != nil {
+			t.Errorf("close lab: %v", err)
+		}
+	})
+	if err := l.Up(ctx, 90*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// directed reads, per edge, how many new connections its xdp_lb steered (as a
+// director: the router sent them to it).
+func (l *Lab) directed(t *testing.T) map[string]uint64 {
+	t.Helper()
+	out := map[string]uint64{}
+	for i, e := range l.Edges {
+		in, err := dataplane.OpenPinned(l.Agent(i).PinPath)
+		if err != nil {
+			t.Fatalf("%s: %v", e.Name, err)
+		}
+		vs, err := in.VIPs()
+		in.Close()
+		if err != nil {
+			t.Fatalf("%s: %v", e.Name, err)
+		}
+		for _, v := range vs {
+			if v.Addr == VIP {
+				out[e.Name] += v.Counters.NewFlows
+			}
+		}
+	}
+	return out
+}
+
+// TestBGPEveryEdge: with --announce=bgp every edge announces the VIP and the
+// router spreads new connections over all of them by ECMP; each edge steers what
+// it receives to the same replica. Then an edge dies (agent kill -9, link cut):
+// its next hop is gone within the BFD bound, and no established connection on a
+// surviving replica breaks, also those the router moved to another edge.
+func TestBGPEveryEdge(t *testing.T) {
+	const bfd = 50 * time.Millisecond
+	l := startBGPLab(t, bfd)
+	ctx := context.Background()
+
+	hops, err := l.Router.Nexthops()
+	if err != nil || len(hops) != len(l.Edges) {
+		t.Fatalf("the router's route to the VIP: next hops %v (%v), want one per edge", hops, err)
+	}
+	t.Logf("the router's route to %s: next hops %v", VIP, hops)
+	before := l.directed(t)
+	c := l.HTTPClient(false, 2*time.Second)
+	perReplica := map[string]int{}
+	for range 300 {
+		r, err := l.Get(ctx, c, "echo.lab", "/spread")
+		if err != nil {
+			t.Fatal(err)
+		}
+		perReplica[r.Edge]++
+	}
+	after := l.directed(t)
+	for _, e := range l.Edges {
+		n := after[e.Name] - before[e.Name]
+		if n < 30 {
+			t.Errorf("edge %s directed %d of 300 new connections, want a share (>= 30)", e.Name, n)
+		}
+	}
+	t.Logf("300 new connections: directed per edge (ECMP) %v before, %v after; served per replica %v", before, after, perReplica)
+
+	// An edge dies while 90 connections are held and new ones keep coming.
+	held, err := l.OpenKeepConns(ctx, "echo.lab", 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	stopped := false
+	defer func() {
+		if !stopped {
+			stream.Stop()
+		}
+	}()
+	time.Sleep(time.Second)
+	victim := l.Edges[len(l.Edges)-1]
+	fault := time.Now()
+	if err := l.KillEdge(victim); err != nil {
+		t.Fatal(err)
+	}
+	var gone time.Duration
+	for {
+		hops, err := l.Router.Nexthops()
+		if err == nil && len(hops) == len(l.Edges)-1 && !slices.Contains(hops, victim.Addr.Addr()) {
+			gone = time.Since(fault)
+			break
+		}
+		if time.Since(fault) > 10*time.Second {
+			t.Fatalf("the dead edge's next hop still there 10 s after the fault: %v (%v)", hops, err)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Logf("%s killed (agent -9, link down): its next hop left the router's route after %v (BFD %v x 3)", victim.Name, gone.Round(time.Millisecond), bfd)
+	if bound := 3*bfd + 300*time.Millisecond; gone > bound {
+		t.Errorf("next hop gone after %v, want within %v", gone, bound)
+	}
+	time.Sleep(2 * time.Second)
+	atts := stream.Stop()
+	stopped = true
+	total, kept := 0, 0
+	var failed []string
+	for _, k := range held {
+		if k.Edge == victim.Addr.Addr().String() {
+			continue
+		}
+		total++
+		if _, err := k.Do("echo.lab", "/after", 3*time.Second); err == nil {
+			kept++
+		} else {
+			failed = append(failed, k.Edge+": "+err.Error())
+		}
+	}
+	t.Logf("%d/%d long-lived connections on surviving replicas kept", kept, total)
+	if kept != total {
+		t.Errorf("%d long-lived connections on surviving replicas broke: %v", total-kept, failed)
+	}
+	news := traffic.FailuresAround(atts, fault)
+	late := traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
+	t.Logf("new connections after the fault: %v; after the next hop left (+300 ms): %v", news, late)
+	if late.Failed > 0 {
+		t.Errorf("%d new connections failed (refused or reset) after the dead edge left the route", late.Failed)
+	}
+}
