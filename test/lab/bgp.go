@@ -47,6 +47,7 @@ type BGPOptions struct {
 type Router struct {
 	*Node
 	FRR *frr.Router
+	bfd bool // BFD runs with the edges
 }
 
 // startRouter builds the router and the client behind it and starts FRR.
@@ -111,6 +112,7 @@ func (l *Lab) startRouter(o *BGPOptions, edges int) error {
 		return fmt.Errorf("BGPOptions.T is required")
 	}
 	l.Router.FRR = frr.Start(t, rt.NS, dir, map[string]string{"zebra": zebra, "bfdd": bfdd, "bgpd": b.String()})
+	l.Router.bfd = o.BFD > 0
 	return nil
 }
 
@@ -199,7 +201,9 @@ func groupIDs(s string) []string {
 	return nil
 }
 
-// announced reports an error until the router's route to the VIP has want next hops.
+// announced reports an error until the router's route to the VIP has want next
+// hops and, with BFD, the router's BFD sessions with want edges are up (a
+// session whose BFD never came up is reset a few seconds later).
 func (r *Router) announced(want int) error {
 	hops, err := r.Nexthops()
 	if err != nil {
@@ -207,6 +211,25 @@ func (r *Router) announced(want int) error {
 	}
 	if len(hops) != want {
 		return fmt.Errorf("the router's route to %s has next hops %v, want %d", VIP, hops, want)
+	}
+	if !r.bfd {
+		return nil
+	}
+	var peers []struct {
+		Peer   string `json:"peer"`
+		Status string `json:"status"`
+	}
+	if err := r.FRR.VtyJSON("show bfd peers json", &peers); err != nil {
+		return err
+	}
+	up := 0
+	for _, p := range peers {
+		if p.Status == "up" {
+			up++
+		}
+	}
+	if up < want {
+		return fmt.Errorf("the router's BFD sessions: %+v, want %d up", peers, want)
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -80,7 +82,9 @@ func (l *Lab) directed(t *testing.T) map[string]uint64 {
 // router spreads new connections over all of them by ECMP; each edge steers what
 // it receives to the same replica. Then an edge dies (agent kill -9, link cut):
 // its next hop is gone within the BFD bound, and no established connection on a
-// surviving replica breaks, also those the router moved to another edge.
+// surviving replica breaks, also those the router moved to another edge (all it
+// had sent to the dead one). The edge comes back: the router rehashes flows onto
+// it, and no connection breaks. An agent restarts under load: no request fails.
 func TestBGPEveryEdge(t *testing.T) {
 	const bfd = 50 * time.Millisecond
 	l := startBGPLab(t, bfd)
@@ -171,4 +175,97 @@ func TestBGPEveryEdge(t *testing.T) {
 	if late.Failed > 0 {
 		t.Errorf("%d new connections failed (refused or reset) after the dead edge left the route", late.Failed)
 	}
+
+	// The edge comes back: its next hop returns and the router moves flows onto it.
+	held2, err := l.OpenKeepConns(ctx, "echo.lab", 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held2.Close()
+	stream = l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	stopped = false
+	back := time.Now()
+	// Link up, and the route to the client that taking the link down removed.
+	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", routerAddr.String()}} {
+		if err := netlab.IP(append([]string{"-n", victim.NS}, args...)...); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := l.StartAgent(l.EdgeNo(victim)); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s back: announced again %v after its link came up", victim.Name, time.Since(back).Round(time.Millisecond))
+	time.Sleep(2 * time.Second)
+	atts = stream.Stop()
+	stopped = true
+	var older traffic.KeepConns
+	for _, k := range held {
+		if k.Edge != victim.Addr.Addr().String() {
+			older = append(older, k)
+		}
+	}
+	kept, total, failed = checkKeepConns(older, "/after-return")
+	t.Logf("%d/%d long-lived connections opened before the edge died kept while the router rehashed flows onto %s; new connections: %v",
+		kept, total, victim.Name, traffic.FailuresAround(atts, back))
+	if kept != total {
+		t.Errorf("%d long-lived connections broke when %s came back: %v", total-kept, victim.Name, failed)
+	}
+	// Known gap (issue 12, open): a connection opened while the edge was away,
+	// in a slot that was the edge's, is pinned only at the director that saw its
+	// SYN; the returning edge, now a director for a third of the flows, has no
+	// such pin and no transition, picks itself and resets it. Measured, not
+	// asserted, until directors share those pins.
+	k2, t2, _ := checkKeepConns(held2, "/after-return")
+	t.Logf("known gap: %d/%d long-lived connections opened while %s was away kept", k2, t2, victim.Name)
+	if f := traffic.FailuresAround(atts, back); f.Failed > 0 {
+		t.Errorf("%d new connections failed when %s came back", f.Failed, victim.Name)
+	}
+
+	// An agent dies and starts again (kill -9, as TestAgentRestartUnderLoad) under
+	// load: its session ends, the router moves its flows to the other edges, the
+	// pinned program and nginx keep serving, and it announces again.
+	stream = l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	stopped = false
+	restart := time.Now()
+	if err := l.Agent(0).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.StartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		if err := l.Ready(0); err != nil {
+			return err
+		}
+		return l.Router.announced(len(l.Edges))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s's agent restarted and announced again %v after the kill", l.Edges[0].Name, time.Since(restart).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	atts = stream.Stop()
+	stopped = true
+	kept, total, failed = checkKeepConns(older, "/after-restart")
+	f := traffic.FailuresAround(atts, restart)
+	t.Logf("agent restart: %v; %d/%d long-lived connections kept", f, kept, total)
+	if f.Failed > 0 || kept != total {
+		t.Errorf("agent restart: %d new connections failed, %d long-lived connections broke (%v)", f.Failed, total-kept, failed)
+	}
+}
+
+// checkKeepConns sends a request on every held connection: how many answered, of
+// how many, and the failures.
+func checkKeepConns(held traffic.KeepConns, path string) (kept, total int, failed []string) {
+	for _, k := range held {
+		total++
+		if _, err := k.Do("echo.lab", path, 3*time.Second); err == nil {
+			kept++
+		} else {
+			failed = append(failed, k.Edge+": "+err.Error())
+		}
+	}
+	return kept, total, failed
 }
