@@ -106,4 +106,3 @@ func (f *Router) VtyJSON(cmd string, v any) error {
 	}
 	return nil
 }
-

@@ -57,12 +57,12 @@ type Node struct {
 
 // Lab is one running lab.
 type Lab struct {
-	Net     *netlab.Lab
-	API     *kapi.Server
-	Kube    kubernetes.Interface
-	Client  *Node
-	Edges   []*Node
-	Pods    []*Node
+	Net    *netlab.Lab
+	API    *kapi.Server
+	Kube   kubernetes.Interface
+	Client *Node
+	Edges  []*Node
+	Pods   []*Node
 	// Router is the BGP lab's router (Options.BGP), nil otherwise.
 	Router  *Router
 	Portico string // the portico binary
