@@ -205,18 +205,9 @@ func (b *bgpSink) Name() string { return "bgp" }
 func (b *bgpSink) Apply(_ context.Context, snap model.Snapshot) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var g model.Group
-	for _, x := range snap.Groups {
-		if x.Name == b.group {
-			g = x
-		}
-	}
-	if !b.loSynced || !slices.Equal(g.VIPs, b.managed) {
-		b.loSynced = false
-		if err := b.setLoVIPs(g.VIPs, b.managed); err != nil {
-			return err
-		}
-		b.managed, b.loSynced = slices.Clone(g.VIPs), true
+	g := groupNamed(snap, b.group)
+	if err := syncLo(b.setLoVIPs, &b.loSynced, &b.managed, g.VIPs); err != nil {
+		return err
 	}
 	b.vips = slices.Clone(g.VIPs)
 	isLocal, err := b.localAddrs()

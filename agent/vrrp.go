@@ -108,20 +108,9 @@ func (v *vrrpSink) currentPriority() uint8 {
 func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	var g model.Group
-	for _, x := range snap.Groups {
-		if x.Name == v.group {
-			g = x
-		}
-	}
-	// lo is written when the VIPs change, and once after start: what an
-	// earlier agent recorded is not proof of what lo holds.
-	if !v.loSynced || !slices.Equal(g.VIPs, v.managed) {
-		v.loSynced = false
-		if err := v.setLoVIPs(g.VIPs, v.managed); err != nil {
-			return err
-		}
-		v.managed, v.loSynced = slices.Clone(g.VIPs), true
+	g := groupNamed(snap, v.group)
+	if err := syncLo(v.setLoVIPs, &v.loSynced, &v.managed, g.VIPs); err != nil {
+		return err
 	}
 	key := fmt.Sprint(g.VRID, g.VIPs)
 	if key == v.key {
@@ -158,6 +147,31 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 		v.names = append(v.names, in.Name)
 	}
 	v.log.Info("vrrp announcing", zap.String("group", v.group), zap.Uint8("vrid", g.VRID), zap.Stringers("vip", g.VIPs))
+	return nil
+}
+
+// groupNamed is the snapshot's group of that name (zero if it has none).
+func groupNamed(snap model.Snapshot, name string) model.Group {
+	for _, g := range snap.Groups {
+		if g.Name == name {
+			return g
+		}
+	}
+	return model.Group{}
+}
+
+// syncLo keeps the group's VIPs on lo (the replicas answer for them, direct
+// server return): written when they change, and once after start, since what an
+// earlier agent recorded is not proof of what lo holds.
+func syncLo(set func(want, managed []netip.Addr) error, synced *bool, managed *[]netip.Addr, want []netip.Addr) error {
+	if *synced && slices.Equal(want, *managed) {
+		return nil
+	}
+	*synced = false
+	if err := set(want, *managed); err != nil {
+		return err
+	}
+	*managed, *synced = slices.Clone(want), true
 	return nil
 }
 

@@ -12,7 +12,6 @@ import (
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
-	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
 )
@@ -22,36 +21,10 @@ import (
 func startBGPLab(t *testing.T, bfd time.Duration) *Lab {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, XDP, FRR")
-	kapi.Require(t)
 	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
 		testenv.Unavailable(t, "FRR is not installed (%v); test/setup/deps.sh installs it", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	l, err := Start(ctx, Options{Portico: porticoBin, BGP: &BGPOptions{BFD: bfd, T: t}})
-	if err != nil {
-		t.Fatalf("start lab: %v", err)
-	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for i := range l.Edges {
-				if a := l.Agent(i); a != nil {
-					log := a.Log()
-					if len(log) > 6000 {
-						log = log[len(log)-6000:]
-					}
-					t.Logf("agent %s log (tail):\n%s", a.Edge.Name, log)
-				}
-			}
-		}
-		if err := l.Close(); err != nil {
-			t.Errorf("close lab: %v", err)
-		}
-	})
-	if err := l.Up(ctx, 90*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	return l
+	return startLabWith(t, Options{Portico: porticoBin, BGP: &BGPOptions{BFD: bfd, T: t}})
 }
 
 // directed reads, per edge, how many new connections its xdp_lb steered (as a

@@ -57,10 +57,17 @@ func TestMain(m *testing.M) {
 func startLab(t *testing.T) *Lab {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, XDP, VRRP")
+	return startLabWith(t, Options{Portico: porticoBin})
+}
+
+// startLabWith starts a lab of o and brings it up; the agents' logs are printed
+// if the test fails, and the lab is closed when it ends.
+func startLabWith(t *testing.T, o Options) *Lab {
+	t.Helper()
 	kapi.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	l, err := Start(ctx, Options{Portico: porticoBin})
+	l, err := Start(ctx, o)
 	if err != nil {
 		t.Fatalf("start lab: %v", err)
 	}
