@@ -51,9 +51,12 @@ type ReplicaLiveness struct {
 
 // VIPState is one VIP as the node sees it: the table digest and the replicas.
 type VIPState struct {
-	VIP      string         `json:"vip"`
-	Digest   string         `json:"digest"`
-	Replicas []ReplicaState `json:"replicas"`
+	VIP    string `json:"vip"`
+	Digest string `json:"digest"`
+	// TransitionSeconds is how long the previous ring still counts (flows older
+	// than the last replica change keep their replicas); 0 outside a transition.
+	TransitionSeconds float64        `json:"transitionSeconds,omitempty"`
+	Replicas          []ReplicaState `json:"replicas"`
 }
 
 // ReplicaState is one replica of a VIP as the node sees it.
@@ -104,7 +107,7 @@ func (n nodeView) collect() State {
 		return st
 	}
 	for _, v := range vips {
-		vsx := VIPState{VIP: v.Addr.String(), Digest: v.Digest}
+		vsx := VIPState{VIP: v.Addr.String(), Digest: v.Digest, TransitionSeconds: v.Transition.Seconds()}
 		for _, b := range v.Backends {
 			r := ReplicaState{Addr: b.Addr.String(), State: "ready", Local: b.Local, Packets: b.Counters.Packets, MACKnown: b.Local || len(b.MAC) == 6}
 			if b.Draining {

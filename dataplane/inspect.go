@@ -43,7 +43,7 @@ func OpenPinned(pinPath string) (*Inspector, error) {
 	}{
 		{&in.m.vips, lbMapVips}, {&in.m.backends, lbMapBackends}, {&in.m.flows, lbMapFlows},
 		{&in.m.rings, lbMapRings}, {&in.m.cfg, lbMapLbCfg}, {&in.m.vipStats, lbMapVipStats},
-		{&in.m.backendStats, lbMapBackendStats}, {&in.m.reasonStats, lbMapReasonStats},
+		{&in.m.backendStats, lbMapBackendStats}, {&in.m.reasonStats, lbMapReasonStats}, {&in.m.ringsMeta, lbMapRingsMeta},
 	} {
 		if *p.dst, err = open(p.name); err != nil {
 			in.Close()
@@ -56,7 +56,7 @@ func OpenPinned(pinPath string) (*Inspector, error) {
 // Close releases the map handles.
 func (in *Inspector) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{in.m.vips, in.m.backends, in.m.flows, in.m.rings, in.m.cfg, in.m.vipStats, in.m.backendStats, in.m.reasonStats} {
+	for _, m := range []*ebpf.Map{in.m.vips, in.m.backends, in.m.flows, in.m.rings, in.m.cfg, in.m.vipStats, in.m.backendStats, in.m.reasonStats, in.m.ringsMeta} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -80,8 +80,11 @@ type VIPView struct {
 	Ports    []model.Port // sorted; Port 0 means every port
 	RingSize int          // 0 when the VIP has no ring (no ready backend)
 	Digest   string       // Table.Digest of the ring's content
-	Counters VIPCounters
-	Backends []BackendView // sorted by address
+	// Transition is how long the previous ring still counts (see the package
+	// doc); 0 outside a transition.
+	Transition time.Duration
+	Counters   VIPCounters
+	Backends   []BackendView // sorted by address
 }
 
 // BackendView is one backend of a VIP.
@@ -141,7 +144,15 @@ func (m maps) vipViews() ([]VIPView, error) {
 		return nil, &mapReadError{lbMapLbCfg, err}
 	}
 	var out []VIPView
+	now := monotonicNow()
 	for _, v := range byID {
+		var meta lbRingMeta
+		if err := m.ringsMeta.Lookup(v.ID, &meta); err != nil {
+			return nil, &mapReadError{lbMapRingsMeta, err}
+		}
+		if until := time.Duration(meta.PrevUntilNs); until > now {
+			v.Transition = until - now
+		}
 		slots, err := m.ring(v.ID, cfg.RingSize)
 		if err != nil {
 			return nil, err

@@ -66,12 +66,12 @@ type BackendCounters struct{ Packets, Bytes uint64 }
 // maps is the set of pinned maps the readers need, whether this process loaded
 // the program (Dataplane) or only opened the pins (Inspector).
 type maps struct {
-	vips, backends, flows, rings, cfg, vipStats, backendStats, reasonStats *ebpf.Map
+	vips, backends, flows, rings, cfg, vipStats, backendStats, reasonStats, ringsMeta *ebpf.Map
 }
 
 func (d *Dataplane) maps() maps {
 	o := d.objs.lbMaps
-	return maps{o.Vips, o.Backends, o.Flows, o.Rings, o.LbCfg, o.VipStats, o.BackendStats, o.ReasonStats}
+	return maps{o.Vips, o.Backends, o.Flows, o.Rings, o.LbCfg, o.VipStats, o.BackendStats, o.ReasonStats, o.RingsMeta}
 }
 
 // Counters reads every counter.

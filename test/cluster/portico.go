@@ -548,6 +548,30 @@ func (p *Portico) WaitDraining(ctx context.Context, n *Node, timeout time.Durati
 	return seen, err
 }
 
+// WaitNoTransition waits until no edge reports a ring transition under way for
+// the group VIP (agent status), and returns how long that took.
+func (p *Portico) WaitNoTransition(ctx context.Context, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	err := until(ctx, start.Add(timeout), func() error {
+		states, stale, err := agent.ReadStates(ctx, p.C.Kube, PorticoNamespace)
+		if err != nil {
+			return err
+		}
+		for _, st := range states {
+			if stale[st.Node] {
+				continue
+			}
+			for _, v := range st.VIPs {
+				if v.VIP == GroupVIP.String() && v.TransitionSeconds > 0 {
+					return fmt.Errorf("%s: transition for %.0f s more", st.Node, v.TransitionSeconds)
+				}
+			}
+		}
+		return nil
+	})
+	return time.Since(start), err
+}
+
 // ServedEverywhere returns nil once 30 new connections in a row to host+path are
 // answered and reach every edge of edges, or the last reason they did not.
 func (p *Portico) ServedEverywhere(ctx context.Context, host, path string, edges []*Node, timeout time.Duration) error {
