@@ -411,6 +411,20 @@ func TestExpireEndsTransitions(t *testing.T) {
 	if len(leases) == 0 {
 		t.Fatal("no transition after a change")
 	}
+	transitions := func() []time.Duration {
+		vs, err := d.VIPs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []time.Duration
+		for _, v := range vs {
+			out = append(out, v.Transition)
+		}
+		return out
+	}
+	if got := transitions(); len(got) == 0 || got[0] <= 0 || got[0] > 300*time.Millisecond {
+		t.Errorf("VIPs report transitions %v, want under way (at most 300ms)", got)
+	}
 	if err := d.Expire(); err != nil {
 		t.Fatal(err)
 	}
@@ -442,6 +456,9 @@ func TestExpireEndsTransitions(t *testing.T) {
 	}
 	if got := dr.send(t, old, after...); got.Addr != r4.Addr {
 		t.Errorf("after the transition the older flow went to %s, want the current ring's %s", got.Addr, r4.Addr)
+	}
+	if got := transitions(); slices.ContainsFunc(got, func(d time.Duration) bool { return d != 0 }) {
+		t.Errorf("VIPs report transitions %v after Expire, want none", got)
 	}
 	if pinned, news := dr.state(t); pinned+news != 0 {
 		t.Errorf("%d pinned and %d new entries after the transition, want none", pinned, news)
