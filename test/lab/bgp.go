@@ -233,3 +233,20 @@ func (r *Router) announced(want int) error {
 	}
 	return nil
 }
+
+// Choose asks the router's kernel which edge it sends a TCP flow from the client
+// (source port sport) to the VIP's port 80 to: its L4 ECMP choice.
+func (r *Router) Choose(sport uint16) (netip.Addr, error) {
+	out, err := exec.Command("ip", "-n", r.NS, "route", "get", VIP.String(), "from", bgpClient.Addr().String(),
+		"iif", "eth1", "ipproto", "tcp", "sport", fmt.Sprint(sport), "dport", "80").Output()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("ip route get in %s: %w", r.NS, err)
+	}
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "via" {
+			return netip.ParseAddr(f[i+1])
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("ip route get: no next hop in %q", out)
+}
