@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -149,56 +150,7 @@ func (r *Router) Nexthops() ([]netip.Addr, error) {
 			}
 		}
 	}
-	if len(hops) == 0 && strings.Contains(string(out), "nhid") {
-		return r.groupNexthops(string(out))
-	}
 	return hops, nil
-}
-
-// groupNexthops reads the members of the next-hop group a route names (nhid N).
-func (r *Router) groupNexthops(route string) ([]netip.Addr, error) {
-	f := strings.Fields(route)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] != "nhid" {
-			continue
-		}
-		out, err := exec.Command("ip", "-n", r.NS, "nexthop", "show", "id", f[i+1]).Output()
-		if err != nil {
-			return nil, err
-		}
-		var hops []netip.Addr
-		for _, id := range groupIDs(string(out)) {
-			o, err := exec.Command("ip", "-n", r.NS, "nexthop", "show", "id", id).Output()
-			if err != nil {
-				return nil, err
-			}
-			g := strings.Fields(string(o))
-			for j := 0; j+1 < len(g); j++ {
-				if g[j] == "via" {
-					if a, err := netip.ParseAddr(g[j+1]); err == nil {
-						hops = append(hops, a)
-					}
-				}
-			}
-		}
-		return hops, nil
-	}
-	return nil, nil
-}
-
-// groupIDs parses "id 7 group 3/4/5 ..." (weights as 3,2 are dropped).
-func groupIDs(s string) []string {
-	f := strings.Fields(s)
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "group" {
-			var ids []string
-			for _, m := range strings.Split(f[i+1], "/") {
-				ids = append(ids, strings.SplitN(m, ",", 2)[0])
-			}
-			return ids
-		}
-	}
-	return nil
 }
 
 // announced reports an error until the router's route to the VIP has want next
@@ -249,4 +201,31 @@ func (r *Router) Choose(sport uint16) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("ip route get: no next hop in %q", out)
+}
+
+// waitGone waits until the router's route to the VIP has lost victim's next hop
+// (and kept the others'), and returns how long after since that took.
+func (r *Router) waitGone(victim *Node, edges int, since time.Time, timeout time.Duration) (time.Duration, error) {
+	for {
+		hops, err := r.Nexthops()
+		if err == nil && len(hops) == edges-1 && !slices.Contains(hops, victim.Addr.Addr()) {
+			return time.Since(since), nil
+		}
+		if time.Since(since) > timeout {
+			return 0, fmt.Errorf("%s's next hop still in the route %v after the fault: %v (%v)", victim.Name, timeout, hops, err)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// reviveEdge brings back an edge KillEdge took down: its link, the route to the
+// client that taking the link down removed, and its agent.
+func (l *Lab) reviveEdge(n *Node) error {
+	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", routerAddr.String()}} {
+		if err := netlab.IP(append([]string{"-n", n.NS}, args...)...); err != nil {
+			return err
+		}
+	}
+	_, err := l.StartAgent(l.EdgeNo(n))
+	return err
 }

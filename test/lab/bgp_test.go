@@ -4,7 +4,6 @@ import (
 	"context"
 	"os"
 	"path/filepath"
-	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -12,7 +11,6 @@ import (
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
-	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -106,17 +104,9 @@ func TestBGPEveryEdge(t *testing.T) {
 	if err := l.KillEdge(victim); err != nil {
 		t.Fatal(err)
 	}
-	var gone time.Duration
-	for {
-		hops, err := l.Router.Nexthops()
-		if err == nil && len(hops) == len(l.Edges)-1 && !slices.Contains(hops, victim.Addr.Addr()) {
-			gone = time.Since(fault)
-			break
-		}
-		if time.Since(fault) > 10*time.Second {
-			t.Fatalf("the dead edge's next hop still there 10 s after the fault: %v (%v)", hops, err)
-		}
-		time.Sleep(5 * time.Millisecond)
+	gone, err := l.Router.waitGone(victim, len(l.Edges), fault, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Logf("%s killed (agent -9, link down): its next hop left the router's route after %v (BFD %v x 3)", victim.Name, gone.Round(time.Millisecond), bfd)
 	if bound := 3*bfd + 300*time.Millisecond; gone > bound {
@@ -158,13 +148,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	stream = l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
 	stopped = false
 	back := time.Now()
-	// Link up, and the route to the client that taking the link down removed.
-	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", routerAddr.String()}} {
-		if err := netlab.IP(append([]string{"-n", victim.NS}, args...)...); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := l.StartAgent(l.EdgeNo(victim)); err != nil {
+	if err := l.reviveEdge(victim); err != nil {
 		t.Fatal(err)
 	}
 	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
