@@ -401,10 +401,8 @@ int xdp_lb(struct xdp_md *ctx)
 			if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
 				ce->generation = 0;
 		}
-		if (pbid != bid) {
-			pin = CACHE_NEW;
-			write = CACHE_NEW;
-		}
+		if (pbid != bid)
+			write = CACHE_NEW; /* a SYN is never cached: pin stays unused */
 	} else {
 		/* A packet of a flow: remembered as new in the transition, pinned, older
 		 * than the change (the previous ring's replica, while it can take it),
