@@ -400,6 +400,18 @@ func (l *frrLab) waitUp(sp *speakerProc) {
 	})
 }
 
+// sessionDrops is how many times FRR's BGP session with the speaker went down.
+func (l *frrLab) sessionDrops() int {
+	l.t.Helper()
+	var n map[string]struct {
+		Dropped int `json:"connectionsDropped"`
+	}
+	if err := l.r.VtyJSON("show bgp neighbors 10.99.2.11 json", &n); err != nil {
+		l.t.Fatal(err)
+	}
+	return n["10.99.2.11"].Dropped
+}
+
 // bfdDowns is FRR's count of BFD session-down events, for the log.
 func (l *frrLab) bfdDowns() string {
 	var counters []struct {
@@ -422,6 +434,13 @@ func TestFRRInterop(t *testing.T) {
 	l := newFRRLab(t)
 	sp := l.startSpeaker(l.cfg)
 	l.waitUp(sp)
+
+	// The session comes up once and stays: FRR replaces its BFD session when
+	// BGP comes up, which made GoBGP reset the session once (bfdStartDelay).
+	time.Sleep(4 * time.Second)
+	if d := l.sessionDrops(); d != 0 {
+		t.Fatalf("FRR's BGP session with the speaker dropped %d times after it came up, want 0 (BFD session-down events at FRR: %s)", d, l.bfdDowns())
+	}
 
 	// Depreferenced: FRR sees the AS path prepended and the GRACEFUL_SHUTDOWN
 	// community; withdrawn: the route goes; normal: it is back as it was.

@@ -26,6 +26,15 @@ const (
 	idleHoldAfterReset = 1 // seconds
 	// bfdPollInterval is how often BFD states are read: GoBGP has no BFD event.
 	bfdPollInterval = 100 * time.Millisecond
+	// bfdStartDelay is how long after a session comes up its BFD session
+	// starts. FRR replaces its BFD session when BGP comes up (it deregisters
+	// the old one, sending AdminDown), and GoBGP, against RFC 5882 section
+	// 3.2, takes a received AdminDown for a failure and resets the BGP
+	// session; a BFD session begun while the old one lived (bound to it) also
+	// times out and resets BGP. Starting BFD once both ends are up, after
+	// FRR's swap, gives one session that stays. BFD only guards an
+	// established session, so nothing is lost before.
+	bfdStartDelay = time.Second
 )
 
 // Speaker is the embedded BGP speaker. Create it with New, start it with Run;
@@ -58,8 +67,10 @@ const (
 
 // peerTrack is what the event watch and the BFD poll last saw of a peer.
 type peerTrack struct {
-	session string // "idle" … "established"
-	bfd     string // "" until the first poll, then "down", "init", "up", "admin-down"
+	session string    // "idle" … "established"
+	since   time.Time // when session last changed
+	bfd     string    // "" until the first poll, then "down", "init", "up", "admin-down"
+	bfdOn   bool      // BFD is enabled in GoBGP (see bfdStartDelay)
 }
 
 // New checks cfg (after applying its defaults) and prepares a speaker.
@@ -126,6 +137,7 @@ func (s *Speaker) Run(ctx context.Context) error {
 			s.log.Info("bgp speaker stopped", zap.Bool("graceful_restart", s.cfg.GracefulRestart))
 			return nil
 		case <-t.C:
+			s.syncBFD(ctx)
 			s.pollBFD(ctx)
 		}
 	}
@@ -148,7 +160,7 @@ func (s *Speaker) start(ctx context.Context) error {
 		return fmt.Errorf("watch bgp peer events: %w", err)
 	}
 	for _, p := range s.cfg.Peers {
-		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.apiPeer(p)}); err != nil {
+		if err := s.srv.AddPeer(ctx, &api.AddPeerRequest{Peer: s.apiPeer(p, false)}); err != nil {
 			return fmt.Errorf("add bgp peer %v: %w", p.Addr, err)
 		}
 	}
@@ -160,8 +172,8 @@ func (s *Speaker) start(ctx context.Context) error {
 	return nil
 }
 
-// apiPeer is GoBGP's configuration of p.
-func (s *Speaker) apiPeer(p Peer) *api.Peer {
+// apiPeer is GoBGP's configuration of p, with its BFD session if bfd.
+func (s *Speaker) apiPeer(p Peer, bfd bool) *api.Peer {
 	secs := func(d time.Duration) uint64 { return uint64(d / time.Second) }
 	families := []*api.Family{{Afi: api.Family_AFI_IP, Safi: api.Family_SAFI_UNICAST}}
 	if s.cfg.NextHop6.IsValid() {
@@ -191,7 +203,7 @@ func (s *Speaker) apiPeer(p Peer) *api.Peer {
 	if s.cfg.GracefulRestart {
 		ap.GracefulRestart = &api.GracefulRestart{Enabled: true, RestartTime: uint32(s.cfg.RestartTime / time.Second)}
 	}
-	if b := p.BFD; b != nil {
+	if b := p.BFD; b != nil && bfd {
 		us := func(d time.Duration) uint32 { return uint32(d / time.Microsecond) }
 		ap.Bfd = &api.BfdPeerConfig{
 			Enabled:                  true,
@@ -357,6 +369,7 @@ func (s *Speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Ti
 	}
 	from := pt.session
 	pt.session = to
+	pt.since = time.Now()
 	s.met.sessionTransitions.WithLabelValues(addr.String(), to).Inc()
 	n := 0
 	for _, p := range s.peers {
@@ -373,6 +386,39 @@ func (s *Speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Ti
 			zap.String("reason", ev.Peer.State.DisconnectReason.String()), zap.String("message", ev.Peer.State.DisconnectMessage))
 	default:
 		s.log.Debug("bgp session state changed", zap.Stringer("peer", addr), zap.String("from", from), zap.String("to", to))
+	}
+}
+
+// syncBFD runs each peer's BFD session while its BGP session has been
+// established for bfdStartDelay, and ends it when the session ends.
+func (s *Speaker) syncBFD(ctx context.Context) {
+	type change struct {
+		p  Peer
+		on bool
+	}
+	var changes []change
+	s.peerMu.Lock()
+	for _, p := range s.cfg.Peers {
+		pt := s.peers[p.Addr]
+		want := p.BFD != nil && pt.session == sessionEstablished && time.Since(pt.since) >= bfdStartDelay
+		if want != pt.bfdOn {
+			changes = append(changes, change{p, want})
+		}
+	}
+	s.peerMu.Unlock()
+	for _, c := range changes {
+		if _, err := s.srv.UpdatePeer(ctx, &api.UpdatePeerRequest{Peer: s.apiPeer(c.p, c.on)}); err != nil {
+			s.log.Error("bfd session not changed", zap.Stringer("peer", c.p.Addr), zap.Bool("enable", c.on), zap.Error(err))
+			continue
+		}
+		s.peerMu.Lock()
+		pt := s.peers[c.p.Addr]
+		pt.bfdOn = c.on
+		if !c.on {
+			pt.bfd = "" // the next session starts down: not a change
+		}
+		s.peerMu.Unlock()
+		s.log.Debug("bfd session", zap.Stringer("peer", c.p.Addr), zap.Bool("enabled", c.on))
 	}
 }
 
@@ -472,7 +518,13 @@ func (s *Speaker) Status() Status {
 				ps.UptimeSeconds = now.Sub(ps.EstablishedAt).Round(time.Second).Seconds()
 			}
 			if c.BFD != nil {
-				ps.BFD = bfdName(p.GetState().GetBfdState().GetSessionState())
+				ps.BFD = "down" // until bfdStartDelay after the session is up
+				s.peerMu.Lock()
+				on := s.peers[c.Addr].bfdOn
+				s.peerMu.Unlock()
+				if on {
+					ps.BFD = bfdName(p.GetState().GetBfdState().GetSessionState())
+				}
 			}
 			for _, af := range p.GetAfiSafis() {
 				ps.Received += af.GetState().GetReceived()

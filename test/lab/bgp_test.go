@@ -99,6 +99,11 @@ func TestBGPEveryEdge(t *testing.T) {
 		}
 	}()
 	time.Sleep(time.Second)
+	// What is measured is BFD's detection: every session must be up now (on a
+	// loaded machine a 50 ms session flaps now and then, and comes back).
+	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+		t.Fatal(err)
+	}
 	victim := l.Edges[len(l.Edges)-1]
 	fault := time.Now()
 	if err := l.KillEdge(victim); err != nil {
