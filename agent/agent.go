@@ -104,7 +104,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err := rlimit.RemoveMemlock(); err != nil {
 		return fmt.Errorf("remove memlock rlimit: %w", err)
 	}
-	dp, err := dataplane.Load(dataplane.Options{PinPath: cfg.PinPath, RingSize: cfg.RingSize, Logger: log.Named("dataplane")})
+	// In BGP mode the router sends an edge established flows the moment it
+	// announces: a new (or rebooted) edge starts from the ring the others held.
+	dp, err := dataplane.Load(dataplane.Options{PinPath: cfg.PinPath, RingSize: cfg.RingSize,
+		Arrival: cfg.Announce == "bgp", Logger: log.Named("dataplane")})
 	if err != nil {
 		return err
 	}

@@ -168,6 +168,21 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.digests[vip] = plan.digests[vip]
 		stats.Rings++
 	}
+	if d.arriving && len(plan.rings) > 0 {
+		d.arriving = false
+		started := 0
+		for vip, slots := range plan.arrival {
+			if slices.Equal(slots, plan.rings[vip]) {
+				continue
+			}
+			if err := d.startArrival(vip, slots); err != nil {
+				return stats, err
+			}
+			started++
+		}
+		d.log.Info("new director: flows older than this node's replica go where the others sent them",
+			zap.Int("vips_in_transition", started), zap.Duration("for", d.opts.Transition))
+	}
 	for k, v := range plan.vipKeys {
 		if old, ok := d.st.vipKeys[k]; ok && old == v {
 			continue
@@ -270,6 +285,7 @@ type plan struct {
 	backends map[uint32]lbBackend
 	rings    map[uint32][]uint32
 	digests  map[uint32]string
+	arrival  map[uint32][]uint32 // with d.arriving: vip id -> the ring before this node joined
 }
 
 // plan validates want and assigns ids, reusing the ones already in the maps. It
@@ -282,6 +298,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		backends: map[uint32]lbBackend{},
 		rings:    map[uint32][]uint32{},
 		digests:  map[uint32]string{},
+		arrival:  map[uint32][]uint32{},
 	}
 	var problems []string
 	groupOf := map[netip.Addr]string{}
@@ -403,8 +420,14 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				serving[mb.Addr] = true
 			}
 		}
-		var tab Table
+		var tab, arrival Table
 		var digest string
+		if len(ring) > 0 && d.arriving {
+			var err error
+			if arrival, err = arrivalTable(g.Backends, members, d.opts.RingSize); err != nil {
+				return p, fmt.Errorf("group %s: %w", g.Name, err)
+			}
+		}
 		if len(ring) > 0 {
 			var err error
 			if tab, err = BuildTable(ring, d.opts.RingSize); err != nil {
@@ -467,6 +490,13 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			}
 			p.rings[vipID] = slots
 			p.digests[vipID] = digest
+			if len(arrival.Slots) > 0 {
+				a := make([]uint32, len(arrival.Slots))
+				for i, s := range arrival.Slots {
+					a[i] = idOf[arrival.Backends[s]]
+				}
+				p.arrival[vipID] = a
+			}
 		}
 	}
 	d.st.nextID = nextB
@@ -474,6 +504,61 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		d.st.backendIDs[k] = id
 	}
 	return p, nil
+}
+
+// arrivalTable is the table the other directors most likely held before this
+// node's replica joined (Options.Arrival): members without the local replica and
+// the down ones, draining ones still serving, in the same structure as Apply's
+// (the missing replicas' slots refilled from a table of the others). Empty when
+// no replica would serve.
+func arrivalTable(backends []Backend, members []MaglevBackend, size uint32) (Table, error) {
+	serving := map[netip.Addr]bool{}
+	var ring []MaglevBackend
+	for _, b := range backends {
+		if !b.Local && !b.Down {
+			ring = append(ring, MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight})
+			serving[b.Addr.Unmap()] = true
+		}
+	}
+	if len(ring) == 0 {
+		return Table{}, nil
+	}
+	tab, err := BuildTable(ring, size)
+	if err != nil || len(ring) == len(members) {
+		return tab, err
+	}
+	all, err := BuildTable(members, size)
+	if err != nil {
+		return Table{}, err
+	}
+	return all.Fill(func(a netip.Addr) bool { return serving[a] }, tab), nil
+}
+
+// startArrival makes slots the VIP's previous ring for a transition
+// (Options.Arrival). The ring goes in before its lease, so no packet sees a
+// lease without it.
+func (d *Dataplane) startArrival(vip uint32, slots []uint32) error {
+	inner, err := ebpf.NewMap(d.inner)
+	if err != nil {
+		return fmt.Errorf("create ring for vip id %d: %w", vip, err)
+	}
+	defer inner.Close()
+	mem, err := inner.Memory()
+	if err != nil {
+		return fmt.Errorf("map ring for vip id %d: %w", vip, err)
+	}
+	if _, err := mem.WriteAt(packRing(slots), 0); err != nil {
+		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
+	}
+	if err := d.objs.PrevRings.Put(vip, inner); err != nil {
+		return fmt.Errorf("update map prev_rings: %w", err)
+	}
+	until := monotonicNow() + d.opts.Transition
+	if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
+		return fmt.Errorf("update map rings_meta: %w", err)
+	}
+	d.st.prevUntil[vip] = until
+	return nil
 }
 
 // swapRing fills a new inner map with slots and puts it in place of the VIP's ring

@@ -43,7 +43,18 @@ type Options struct {
 	// Transition is how long the previous ring of a VIP counts after its last
 	// change (see the package doc). 0 means DefaultTransition.
 	Transition time.Duration
-	Logger     *zap.Logger
+	// Arrival: when Load finds no pinned rings (a new node, or one back from a
+	// reboot), the first Apply that writes rings starts each VIP in a
+	// transition whose previous ring is the one the other directors most
+	// likely held before this node's replica joined: built without the local
+	// replica, with draining replicas still serving. A director that the
+	// network starts sending established flows at once (BGP: the router
+	// rehashes flows onto an edge the moment it announces) then sends them
+	// where they are, not to its own replica, which has no socket for them.
+	// Where the guess is wrong, the replica it names finds no socket and hands
+	// the packet on (IPv4, see the package doc).
+	Arrival bool
+	Logger  *zap.Logger
 }
 
 // Dataplane is a loaded xdp_lb: its program and pinned maps, and the state Apply
@@ -56,6 +67,9 @@ type Dataplane struct {
 	link  link.Link
 	cfg   lbLbConfig
 	st    applied
+	// arriving: Options.Arrival and Load found no pinned rings; cleared by
+	// the first Apply that writes a ring.
+	arriving bool
 }
 
 // Load loads xdp_lb and its maps, reusing maps already pinned at opts.PinPath, so
@@ -97,6 +111,8 @@ func Load(opts Options) (*Dataplane, error) {
 	if err := os.Remove(filepath.Join(opts.PinPath, lbMapFlowCache)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("unpin the old flow_cache: %w", err)
 	}
+	_, err = os.Stat(filepath.Join(opts.PinPath, lbMapRings))
+	arriving := opts.Arrival && errors.Is(err, os.ErrNotExist)
 	if err := replaceOldRings(opts, opts.Logger); err != nil {
 		return nil, err
 	}
@@ -106,7 +122,7 @@ func Load(opts Options) (*Dataplane, error) {
 	if opts.FlowEntries != 0 {
 		spec.Maps[lbMapFlows].MaxEntries = opts.FlowEntries
 	}
-	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy()}
+	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy(), arriving: arriving}
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
 	if err != nil {
 		var ve *ebpf.VerifierError

@@ -556,3 +556,118 @@ func TestLoadReplacesRingsItCannotUse(t *testing.T) {
 		t.Errorf("over an earlier version's rings, rings of %v slots before the first Apply, want none", got)
 	}
 }
+
+// TestArrival: a new director (Options.Arrival, nothing pinned) starts in a
+// transition from the ring the others held before its replica joined: older
+// flows go where that ring says, also those of a draining replica and those whose
+// slot is now its own replica's; new connections follow the current ring. Without
+// Arrival, or with rings already pinned (a restart), no transition starts.
+func TestArrival(t *testing.T) {
+	bpftest.Require(t)
+	load := func(pin string, arrival bool) *Dataplane {
+		t.Helper()
+		d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096, Arrival: arrival})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.SetMAC(nicMAC); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	transition := func(d *Dataplane) time.Duration {
+		t.Helper()
+		vs, err := d.VIPs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			if v.Addr == vip4 {
+				return v.Transition
+			}
+		}
+		t.Fatal("vip4 not in the maps")
+		return 0
+	}
+	bs := []Backend{r1, draining(r2), r3}
+	members := []MaglevBackend{{Addr: r1.Addr}, {Addr: r2.Addr}, {Addr: r3.Addr}}
+	before, err := arrivalTable(bs, members, testRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving := func(a netip.Addr) bool { return a == r1.Addr || a == r3.Addr }
+	all, err := BuildTable(members, testRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	some, err := BuildTable([]MaglevBackend{{Addr: r1.Addr}, {Addr: r3.Addr}}, testRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := all.Fill(serving, some)
+	pickOf := func(tab Table, p xdptest.Packet) netip.Addr {
+		f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+		return tab.Backends[tab.Slots[FlowHash(f, testSeed)%testRing]]
+	}
+
+	pin := testPinPath()
+	d := load(pin, true)
+	t.Cleanup(func() { Uninstall(pin) })
+	dr := director{"new", d}
+	dr.apply(t, desired(bs...))
+	if tr := transition(d); tr <= 0 {
+		t.Fatalf("a new director with Arrival: transition %v, want one under way", tr)
+	}
+	onDraining, onOwnSlots := 0, 0
+	for i := range 400 {
+		p := tcp4(uint16(30000+i), xdptest.ACK)
+		was, is := pickOf(before, p), pickOf(now, p)
+		if was == r3.Addr {
+			t.Fatalf("the arrival ring names the local replica for %v", p.SPort)
+		}
+		if got := dr.send(t, p, r1, r2); got.Addr != was {
+			t.Fatalf("older flow %d went to %s, want %s (where the others sent it; the current ring says %s)", p.SPort, got.Addr, was, is)
+		}
+		switch {
+		case was == r2.Addr:
+			onDraining++
+		case was != is && is == r3.Addr:
+			onOwnSlots++
+		}
+	}
+	if onDraining == 0 || onOwnSlots == 0 {
+		t.Fatalf("flows on the draining replica %d, in slots that are now the local replica's %d: the test proves nothing", onDraining, onOwnSlots)
+	}
+	t.Logf("of 400 older flows, %d on the draining replica and %d in the local replica's new slots went where the others sent them", onDraining, onOwnSlots)
+	for i := range 400 {
+		p := tcp4(uint16(40000+i), xdptest.SYN)
+		if pickOf(now, p) != r3.Addr {
+			continue
+		}
+		verdict, _, err := xdptest.Run(d.Program(), p.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if verdict != xdptest.Pass {
+			t.Fatalf("a new connection in the local replica's slot: verdict %s, want PASS", xdptest.VerdictName(verdict))
+		}
+		break
+	}
+	d.Close()
+
+	// A restart finds the rings pinned: nothing new starts (the lease above runs on).
+	d = load(pin, true)
+	if d.arriving {
+		t.Error("a restart with pinned rings arrives again")
+	}
+	d.Close()
+
+	// Without Arrival a new data plane starts without a transition.
+	pin2 := testPinPath()
+	d = load(pin2, false)
+	t.Cleanup(func() { d.Close(); Uninstall(pin2) })
+	director{"plain", d}.apply(t, desired(bs...))
+	if tr := transition(d); tr != 0 {
+		t.Errorf("without Arrival: transition %v, want none", tr)
+	}
+}
