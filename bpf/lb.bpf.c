@@ -432,8 +432,21 @@ int xdp_lb(struct xdp_md *ctx)
 				if (pbid != bid && active_backend(pbid))
 					bid = pbid; /* the pin is stale; the rings still know */
 			}
-		} else if (pbid != bid && active_backend(pbid)) {
-			bid = pbid;
+		} else if (pbid != bid && (be = active_backend(pbid))) {
+			/* Older than the change: the previous ring's replica, unless this
+			 * node's own stack settles it. A connection this node has stays
+			 * here, though the previous ring names another replica (it was
+			 * opened in the transition, at a director that has since gone, or
+			 * before this director arrived: Options.Arrival); one the previous
+			 * ring places here but this node does not have was opened in the
+			 * transition, where the current ring sent it. */
+			struct backend *cb = active_backend(bid);
+			int here_now = cb && (cb->flags & BACKEND_F_LOCAL);
+			int here_before = be->flags & BACKEND_F_LOCAL;
+
+			if (!(p.flow.proto == IPPROTO_TCP && (here_now || here_before) &&
+			      has_connection(ctx, eth, &p.flow) == here_now))
+				bid = pbid;
 			pin = CACHE_PINNED;
 			write = CACHE_PINNED;
 		}

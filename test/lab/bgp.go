@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
@@ -42,6 +43,11 @@ type BGPOptions struct {
 	BFD time.Duration
 	// T receives FRR's logs if the test fails; the router stops with the test.
 	T testing.TB
+	// Resilient: the router forwards the VIP by a resilient nexthop group
+	// (ip nexthop ... type resilient) that follows FRR's route, as a router
+	// with resilient ECMP hashing does; otherwise by FRR's own multipath
+	// route (hash-threshold).
+	Resilient bool
 }
 
 // Router is the BGP lab's router namespace.
@@ -49,6 +55,9 @@ type Router struct {
 	*Node
 	FRR *frr.Router
 	bfd bool // BFD runs with the edges
+	// res, with BGPOptions.Resilient, keeps the resilient group in step
+	// with FRR's route.
+	res *resilientGroup
 }
 
 // startRouter builds the router and the client behind it and starts FRR.
@@ -114,6 +123,14 @@ func (l *Lab) startRouter(o *BGPOptions, edges int) error {
 	}
 	l.Router.FRR = frr.Start(t, rt.NS, dir, map[string]string{"zebra": zebra, "bfdd": bfdd, "bgpd": b.String()})
 	l.Router.bfd = o.BFD > 0
+	if o.Resilient {
+		res, err := startResilientGroup(rt.NS, edges)
+		if err != nil {
+			return err
+		}
+		l.Router.res = res
+		l.closers = append(l.closers, res.stop)
+	}
 	return nil
 }
 
@@ -135,9 +152,10 @@ func (l *Lab) bgpConfig() (string, error) {
 	return p, os.WriteFile(p, []byte(b.String()), 0o644)
 }
 
-// Nexthops is the set of edge addresses the router's kernel sends the VIP to.
+// Nexthops is the set of edge addresses FRR's route to the VIP names (with
+// BGPOptions.Resilient the router forwards by a group that follows it).
 func (r *Router) Nexthops() ([]netip.Addr, error) {
-	out, err := exec.Command("ip", "-n", r.NS, "route", "show", "exact", VIP.String()+"/32").Output()
+	out, err := exec.Command("ip", "-n", r.NS, "route", "show", "exact", VIP.String()+"/32", "proto", "bgp").Output()
 	if err != nil {
 		return nil, fmt.Errorf("ip route show in %s: %w", r.NS, err)
 	}
@@ -218,9 +236,14 @@ func (r *Router) waitGone(victim *Node, edges int, since time.Time, timeout time
 	}
 }
 
-// reviveEdge brings back an edge KillEdge took down: its link, the route to the
-// client that taking the link down removed, and its agent.
+// reviveEdge brings back an edge KillEdge took down, as a node back from a
+// reboot: its data plane is gone (program detached, pins removed), its link comes
+// up with the route to the client that taking the link down removed, and its
+// agent starts.
 func (l *Lab) reviveEdge(n *Node) error {
+	if err := dataplane.Uninstall(l.Agent(l.EdgeNo(n)).PinPath); err != nil {
+		return err
+	}
 	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", routerAddr.String()}} {
 		if err := netlab.IP(append([]string{"-n", n.NS}, args...)...); err != nil {
 			return err
