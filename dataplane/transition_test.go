@@ -13,6 +13,7 @@ import (
 
 	"github.com/portico-edge/portico/dataplane/bpftest"
 	"github.com/portico-edge/portico/dataplane/xdptest"
+	"github.com/portico-edge/portico/test/netlab"
 )
 
 var (
@@ -669,5 +670,91 @@ func TestArrival(t *testing.T) {
 	director{"plain", d}.apply(t, desired(bs...))
 	if tr := transition(d); tr != 0 {
 		t.Errorf("without Arrival: transition %v, want none", tr)
+	}
+}
+
+// TestLocalConnectionSettles: for a packet older than a ring change, in a slot
+// the change moved to or from this node's replica, this node's own stack decides
+// (bpf_skc_lookup_tcp in a namespace that really has, or lacks, the connection):
+// a connection it has stays here, whatever the previous ring says; one the
+// previous ring places here but it does not have goes where the current ring
+// sends it.
+func TestLocalConnectionSettles(t *testing.T) {
+	bpftest.Require(t)
+	lab, err := netlab.New("pc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := lab.Close(); err != nil {
+			t.Errorf("clean up lab: %v", err)
+		}
+	})
+	node, err := lab.AddNode("ed", netip.MustParsePrefix("10.214.0.10/24"), mustMAC("02:00:0a:d6:00:0a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []netip.Addr{vip4, client4} {
+		must(t, netlab.IP("-n", node.NS, "addr", "add", a.String()+"/32", "dev", "lo"))
+	}
+	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
+	toOld := flowWhere(t, 41000, [][]Backend{before, after}, r1, r3) // r1's before, here now
+	toNew := flowWhere(t, 42000, [][]Backend{before, after}, r3, r4) // here before, r4's now
+	dr := newDirector(t, "here")
+	dr.apply(t, desired(before...))
+	dr.apply(t, desired(after...))
+	run := func(p xdptest.Packet) (uint32, []byte) {
+		t.Helper()
+		var verdict uint32
+		var out []byte
+		must(t, netlab.Do(node.NS, func() error {
+			var err error
+			verdict, out, err = xdptest.Run(dr.d.Program(), p.Bytes())
+			return err
+		}))
+		return verdict, out
+	}
+	// Without connections: the previous ring for a flow it places elsewhere, the
+	// current ring for one it places here.
+	if v, out := run(toOld); v != xdptest.TX || net.HardwareAddr(out[0:6]).String() != r1.MAC.String() {
+		t.Errorf("no local connection, r1's before: verdict %s to %s, want TX to r1", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+	}
+	if v, out := run(toNew); v != xdptest.TX || net.HardwareAddr(out[0:6]).String() != r4.MAC.String() {
+		t.Errorf("no local connection, here before, r4's now: verdict %s to %s, want TX to r4", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+	}
+	must(t, dr.d.ClearFlows()) // the packets above pinned their flows
+
+	// With the connections open in this node's stack.
+	var conns []net.Conn
+	t.Cleanup(func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	must(t, netlab.Do(node.NS, func() error {
+		ln, err := net.Listen("tcp4", netip.AddrPortFrom(vip4, 80).String())
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		for _, p := range []xdptest.Packet{toOld, toNew} {
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: client4.AsSlice(), Port: int(p.SPort)}}
+			c, err := d.Dial("tcp4", netip.AddrPortFrom(vip4, 80).String())
+			if err != nil {
+				return err
+			}
+			s, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			conns = append(conns, c, s)
+		}
+		return nil
+	}))
+	if v, out := run(toOld); v != xdptest.Pass {
+		t.Errorf("local connection, r1's before, here now: verdict %s (to %s), want PASS", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+	}
+	if v, out := run(toNew); v != xdptest.Pass {
+		t.Errorf("local connection, here before, r4's now: verdict %s (to %s), want PASS", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 	}
 }
