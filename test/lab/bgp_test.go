@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"syscall"
 	"testing"
 	"time"
@@ -365,5 +366,122 @@ func TestBGPResilient(t *testing.T) {
 	}
 	if late.Failed > 0 {
 		t.Errorf("%d new connections failed (refused or reset) after the dead edge left the route", late.Failed)
+	}
+}
+
+// TestBGPReplicaChange: a replica drains and another is added while the router
+// moves flows between edges (one edge's agent restarts, so its session ends and
+// its flows go to the others, then come back): every held connection keeps
+// working, on the draining replica too, and no new connection fails.
+func TestBGPReplicaChange(t *testing.T) {
+	l := startBGPLab(t, 50*time.Millisecond)
+	ctx := context.Background()
+	e1, e2, e3 := l.Edges[0], l.Edges[1], l.Edges[2]
+	slots := func(n, of *Node) (dataplane.BackendView, error) {
+		bs, err := l.ownerBackends(n)
+		if err != nil {
+			return dataplane.BackendView{}, err
+		}
+		return bs[of.Addr.Addr().String()], nil
+	}
+	// e3's replica starts out of the group (its edge still announces and steers).
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e3: "gone"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		for _, n := range l.Edges {
+			if b, err := slots(n, e3); err != nil || b.Slots != 0 {
+				return fmt.Errorf("%s: %s's replica still has ring slots (%+v, %v)", n.Name, e3.Name, b, err)
+			}
+		}
+		return l.Router.announced(len(l.Edges))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.OpenKeepConns(ctx, "echo.lab", 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	onDrained := len(held) - len(onSurvivors(held, e2))
+	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	stopped := false
+	defer func() {
+		if !stopped {
+			stream.Stop()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+
+	change := time.Now()
+	if err := l.Agent(0).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The router has moved e1's flows to e2 and e3 before the replicas change.
+	if _, err := l.Router.waitGone(e1, len(l.Edges), change, 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e2: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.StartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(60*time.Second, func() error {
+		for _, n := range l.Edges {
+			b2, err := slots(n, e2)
+			if err != nil {
+				return err
+			}
+			b3, err := slots(n, e3)
+			if err != nil {
+				return err
+			}
+			if !b2.Draining || b2.Slots != 0 || b3.Slots == 0 {
+				return fmt.Errorf("%s: %s draining %v with %d slots, %s with %d slots", n.Name, e2.Name, b2.Draining, b2.Slots, e3.Name, b3.Slots)
+			}
+		}
+		if err := l.Ready(0); err != nil {
+			return err
+		}
+		// e2's edge de-preferences its routes while its replica drains, so
+		// the router moves the flows it sent e2 to e1 and e3.
+		hops, err := l.Router.Nexthops()
+		if err != nil {
+			return err
+		}
+		if len(hops) != 2 || slices.Contains(hops, e2.Addr.Addr()) {
+			return fmt.Errorf("the router's next hops %v, want %s and %s", hops, e1.Name, e3.Name)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s drained (its edge de-preferenced) and %s added while %s's agent restarted: settled after %v", e2.Name, e3.Name, e1.Name, time.Since(change).Round(time.Millisecond))
+	time.Sleep(time.Second)
+	atts := stream.Stop()
+	stopped = true
+	kept, total, failed := checkKeepConns(held, "/after-change")
+	f := traffic.FailuresAround(atts, change)
+	t.Logf("%d/%d long-lived connections kept (%d on the draining replica); new connections: %v", kept, total, onDrained, f)
+	if onDrained == 0 {
+		t.Error("no held connection on the draining replica: the test proves less than it says")
+	}
+	if kept != total {
+		t.Errorf("%d long-lived connections broke: %v", total-kept, failed)
+	}
+	if f.Failed > 0 {
+		t.Errorf("%d new connections failed", f.Failed)
+	}
+	// A new connection never reaches the draining replica.
+	c := l.HTTPClient(false, 2*time.Second)
+	for range 100 {
+		r, err := l.Get(ctx, c, "echo.lab", "/new")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Edge == e2.Addr.Addr().String() {
+			t.Fatalf("a new connection reached the draining replica %s", e2.Name)
+		}
 	}
 }
