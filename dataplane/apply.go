@@ -534,22 +534,32 @@ func arrivalTable(backends []Backend, members []MaglevBackend, size uint32) (Tab
 	return all.Fill(func(a netip.Addr) bool { return serving[a] }, tab), nil
 }
 
+// newRing is a new inner ring map holding slots; the caller closes it.
+func (d *Dataplane) newRing(vip uint32, slots []uint32) (*ebpf.Map, error) {
+	inner, err := ebpf.NewMap(d.inner)
+	if err != nil {
+		return nil, fmt.Errorf("create ring for vip id %d: %w", vip, err)
+	}
+	mem, err := inner.Memory()
+	if err == nil {
+		_, err = mem.WriteAt(packRing(slots), 0)
+	}
+	if err != nil {
+		inner.Close()
+		return nil, fmt.Errorf("fill ring for vip id %d: %w", vip, err)
+	}
+	return inner, nil
+}
+
 // startArrival makes slots the VIP's previous ring for a transition
 // (Options.Arrival). The ring goes in before its lease, so no packet sees a
 // lease without it.
 func (d *Dataplane) startArrival(vip uint32, slots []uint32) error {
-	inner, err := ebpf.NewMap(d.inner)
+	inner, err := d.newRing(vip, slots)
 	if err != nil {
-		return fmt.Errorf("create ring for vip id %d: %w", vip, err)
+		return err
 	}
 	defer inner.Close()
-	mem, err := inner.Memory()
-	if err != nil {
-		return fmt.Errorf("map ring for vip id %d: %w", vip, err)
-	}
-	if _, err := mem.WriteAt(packRing(slots), 0); err != nil {
-		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
-	}
 	if err := d.objs.PrevRings.Put(vip, inner); err != nil {
 		return fmt.Errorf("update map prev_rings: %w", err)
 	}
@@ -567,18 +577,11 @@ func (d *Dataplane) startArrival(vip uint32, slots []uint32) error {
 // the previous ring stays the one from before its first change, so a burst of
 // changes is one transition.
 func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
-	inner, err := ebpf.NewMap(d.inner)
+	inner, err := d.newRing(vip, slots)
 	if err != nil {
-		return fmt.Errorf("create ring for vip id %d: %w", vip, err)
+		return err
 	}
 	defer inner.Close()
-	mem, err := inner.Memory()
-	if err != nil {
-		return fmt.Errorf("map ring for vip id %d: %w", vip, err)
-	}
-	if _, err := mem.WriteAt(packRing(slots), 0); err != nil {
-		return fmt.Errorf("fill ring for vip id %d: %w", vip, err)
-	}
 	// The order keeps every packet's answer sound: the previous ring is set to
 	// the current one (no slot differs yet), then its lease, then the swap.
 	var cur *ebpf.Map

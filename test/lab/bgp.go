@@ -221,6 +221,20 @@ func (r *Router) Choose(sport uint16) (netip.Addr, error) {
 	return netip.Addr{}, fmt.Errorf("ip route get: no next hop in %q", out)
 }
 
+// Choices is the router's choice of edge for n TCP flows from the client, source
+// ports from on (Choose for each).
+func (r *Router) Choices(from uint16, n int) (map[uint16]netip.Addr, error) {
+	out := map[uint16]netip.Addr{}
+	for i := range n {
+		a, err := r.Choose(from + uint16(i))
+		if err != nil {
+			return nil, err
+		}
+		out[from+uint16(i)] = a
+	}
+	return out, nil
+}
+
 // waitGone waits until the router's route to the VIP has lost victim's next hop
 // (and kept the others'), and returns how long after since that took.
 func (r *Router) waitGone(victim *Node, edges int, since time.Time, timeout time.Duration) (time.Duration, error) {

@@ -38,13 +38,9 @@ func TestBGPOutageBench(t *testing.T) {
 			var movedOut, movedBack []float64
 			broken, held, failed, total := 0, 0, 0, 0
 			choices := func() map[uint16]netip.Addr {
-				out := map[uint16]netip.Addr{}
-				for sport := uint16(20000); sport < 20300; sport++ {
-					a, err := l.Router.Choose(sport)
-					if err != nil {
-						t.Fatal(err)
-					}
-					out[sport] = a
+				out, err := l.Router.Choices(20000, 300)
+				if err != nil {
+					t.Fatal(err)
 				}
 				return out
 			}
