@@ -121,7 +121,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ropts.Group = cfg.Group
 	ropts.HTTPPort, ropts.HTTPSPort, ropts.StatusPort = cfg.HTTPPort, cfg.HTTPSPort, cfg.StatusPort
 	ropts.LivenessPort = cfg.LivenessPort
-	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts},
+	served := &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
+	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: served.set},
 		nginx.Exec{Log: log.Named("nginx.master")}, log.Named("nginx"), reg)
 	if err != nil {
 		return err
@@ -246,8 +247,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
 		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vrrpStates, vips: dp.VIPs,
-			replicas: l4.replicas, bgp: bgpStatus}
-		publishStatus(ctx, client, cfg.PodNamespace, view.collect, log.Named("status"))
+			replicas: l4.replicas, bgp: bgpStatus, served: served.get}
+		publishStatus(ctx, client, cfg.PodNamespace, view.collect, served.kick, log.Named("status"))
 		return nil
 	})
 	go srv.Serve(ln)

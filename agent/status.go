@@ -3,13 +3,16 @@ package agent
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"net"
 	"net/netip"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/vrrp"
 )
@@ -36,8 +39,12 @@ type State struct {
 	// node's liveness verdict on each (a dead one is in no VIP's ring).
 	Replicas []ReplicaLiveness `json:"replicas,omitempty"`
 	// BGP is the node's sessions and announcements (--announce=bgp).
-	BGP     *BGPState `json:"bgp,omitempty"`
-	Updated time.Time `json:"updated"`
+	BGP *BGPState `json:"bgp,omitempty"`
+	// Served is, for each Ingress bound to the group, the generation the
+	// node's nginx serves ("namespace/name" -> metadata.generation): the
+	// controller writes an Ingress's address once every edge serves it.
+	Served  map[string]int64 `json:"served,omitempty"`
+	Updated time.Time        `json:"updated"`
 }
 
 // ReplicaLiveness is one replica of the group: what Kubernetes says of it and
@@ -77,6 +84,41 @@ type nodeView struct {
 	vips               func() ([]dataplane.VIPView, error) // the VIPs in the maps
 	replicas           func() []ReplicaLiveness            // the group's replicas and their liveness
 	bgp                func() *BGPState                    // nil in VRRP mode
+	served             func() map[string]int64             // the Ingress generations nginx serves
+}
+
+// servedIngresses is what the node's nginx serves of its group's Ingresses
+// (nginx.ReloaderConfig.OnServed); each change asks for a publish at once.
+type servedIngresses struct {
+	group string
+	kick  chan struct{}
+	mu    sync.Mutex
+	gens  map[string]int64
+}
+
+func (s *servedIngresses) set(snap model.Snapshot) {
+	var gens map[string]int64
+	for _, g := range snap.Groups {
+		if g.Name == s.group {
+			gens = maps.Clone(g.Ingresses)
+		}
+	}
+	s.mu.Lock()
+	changed := !maps.Equal(s.gens, gens)
+	s.gens = gens
+	s.mu.Unlock()
+	if changed {
+		select {
+		case s.kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (s *servedIngresses) get() map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.gens)
 }
 
 // collect reads this node's view.
@@ -101,6 +143,9 @@ func (n nodeView) collect() State {
 	if n.bgp != nil {
 		st.BGP = n.bgp()
 	}
+	if n.served != nil {
+		st.Served = n.served()
+	}
 	vips, err := n.vips()
 	if err != nil {
 		st.Healthy, st.Reason = false, err.Error()
@@ -123,9 +168,9 @@ func (n nodeView) collect() State {
 	return st
 }
 
-// publishStatus renews this agent's Lease with its state until ctx ends. Two
-// missed renewals and the report counts as stale.
-func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, collect func() State, log *zap.Logger) {
+// publishStatus renews this agent's Lease with its state until ctx ends, and at
+// once on a kick (nil: never). Two missed renewals and the report counts as stale.
+func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, collect func() State, kick <-chan struct{}, log *zap.Logger) {
 	t := time.NewTicker(statusInterval)
 	defer t.Stop()
 	for {
@@ -141,6 +186,7 @@ func publishStatus(ctx context.Context, client kubernetes.Interface, ns string, 
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-kick:
 		}
 	}
 }

@@ -21,6 +21,24 @@ var cmpAddrs = cmp.Options{
 	cmp.Comparer(func(x, y netip.AddrPort) bool { return x == y }),
 	cmp.Comparer(func(x, y netip.Prefix) bool { return x == y }),
 	cmpopts.EquateEmpty(),
+	// Snapshots compare field by field (not by their Equal method), without
+	// the bound Ingresses' generations: TestBuildIngressGenerations checks those.
+	cmp.Transformer("withoutGenerations", func(s model.Snapshot) snapshotFields {
+		out := snapshotFields{Servers: s.Servers, Upstreams: s.Upstreams, Certificates: s.Certificates}
+		for _, g := range s.Groups {
+			g.Ingresses = nil
+			out.Groups = append(out.Groups, g)
+		}
+		return out
+	}),
+}
+
+// snapshotFields is model.Snapshot without its Equal method.
+type snapshotFields struct {
+	Groups       []model.Group
+	Servers      []model.Server
+	Upstreams    []model.Upstream
+	Certificates []model.Certificate
 }
 
 var ignoreDetail = cmpopts.IgnoreFields(model.Problem{}, "Detail")
@@ -596,5 +614,28 @@ func TestBuildBindings(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, views); diff != "" {
 		t.Errorf("bindings (-want +got):\n%s", diff)
+	}
+}
+
+// TestBuildIngressGenerations: each group lists the generation of every Ingress
+// bound to it (what agents report once their nginx serves it), and only those.
+func TestBuildIngressGenerations(t *testing.T) {
+	gs, gsl := g1Objects()
+	ws, wsl := webObjects()
+	pfx := networkingv1.PathTypePrefix
+	a := ingress("app", "a", 1, "a.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
+	a.Generation = 7
+	b := ingress("app", "b", 2, "b.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
+	b.Generation = 2
+	other := ingress("app", "other", 3, "c.example", []path{{"/", pfx, "web", 80}})
+	other.Generation = 4
+	other.Spec.IngressClassName = ptr("not-portico")
+	snap, _, _ := Build(state(gs, gsl, ws, wsl, a, b, other), Options{})
+	if len(snap.Groups) != 1 {
+		t.Fatalf("groups %+v, want one", snap.Groups)
+	}
+	want := map[string]int64{"app/a": 7, "app/b": 2}
+	if diff := cmp.Diff(want, snap.Groups[0].Ingresses); diff != "" {
+		t.Errorf("group %s's Ingresses (-want +got):\n%s", snap.Groups[0].Name, diff)
 	}
 }

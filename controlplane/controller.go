@@ -68,6 +68,9 @@ type Config struct {
 	ReleaseOnCancel bool
 	// ResyncPeriod is the informers' resync (default 10 min).
 	ResyncPeriod time.Duration
+	// ServeTimeout bounds how long a new Ingress's address waits for every
+	// edge of its group to serve it (default DefaultServeTimeout; see served.go).
+	ServeTimeout time.Duration
 	// SinkBackoff bounds the retry delay of a failing sink (defaults 50 ms, 30 s).
 	SinkMinBackoff, SinkMaxBackoff time.Duration
 }
@@ -94,6 +97,10 @@ type Controller struct {
 	pods          cache.Indexer
 	nodes         cache.Indexer
 	claimInformer cache.SharedIndexInformer
+	agentLeases   cache.Indexer // the agents' status Leases
+	// waits: since when each Ingress generation's first address waits for
+	// the edges to serve it (leader's sync only).
+	waits map[servedWait]time.Time
 
 	leader atomic.Bool
 
@@ -121,6 +128,7 @@ func New(cfg Config) (*Controller, error) {
 		return nil, errors.New("controlplane: Client, Logger and Registerer are required")
 	}
 	setDefault(&cfg.LeaseDuration, 15*time.Second)
+	setDefault(&cfg.ServeTimeout, DefaultServeTimeout)
 	setDefault(&cfg.RenewDeadline, 10*time.Second)
 	setDefault(&cfg.RetryPeriod, 2*time.Second)
 	setDefault(&cfg.ResyncPeriod, 10*time.Minute)
@@ -146,6 +154,7 @@ func New(cfg Config) (*Controller, error) {
 		reported:    map[string]bool{},
 		provisioned: map[types.UID]time.Time{},
 		written:     map[writtenKey]written{},
+		waits:       map[servedWait]time.Time{},
 	}
 	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(c.queue.Len()) })
 	if err != nil {
@@ -181,6 +190,9 @@ func New(cfg Config) (*Controller, error) {
 			return nil, err
 		}
 		*inf.dst = inf.i.GetIndexer()
+	}
+	if err := c.watchAgents(); err != nil {
+		return nil, err
 	}
 	return c, nil
 }

@@ -18,6 +18,12 @@ func (b *builder) ingresses() {
 	for _, ing := range b.boundIngresses() {
 		group := b.bindings[key(ing)].Group
 		src := key(ing)
+		if g := b.groupsOut[group]; g != nil {
+			if g.Ingresses == nil {
+				g.Ingresses = map[string]int64{}
+			}
+			g.Ingresses[src] = ing.Generation
+		}
 		redirect := false
 		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
 			r, err := strconv.ParseBool(v)

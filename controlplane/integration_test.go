@@ -3,6 +3,7 @@ package controlplane
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/netip"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -845,5 +847,109 @@ func TestIntegrationExamples(t *testing.T) {
 			},
 			Upstreams: []model.Upstream{{Name: ns + "-web-80"}},
 		}
+	})
+}
+
+// TestIntegrationIngressAddressWaitsForEdges: an Ingress's first address waits
+// until every edge of its group with a ready replica reports serving its generation (in the
+// agents' status Leases); an edge that never does holds it back only for
+// ServeTimeout, after which the address is written with a Warning Event.
+func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
+	e := newEnv(t)
+	ns, cs := e.ns, e.cs
+	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7"))
+	e.slice(slice("", "g1", "g1-a", "http", 80, ep{addr: "10.1.0.1", node: "n1", ready: true}, ep{addr: "10.1.0.2", node: "n2", ready: true},
+		ep{addr: "10.1.0.3", node: "n3"}))
+	e.svc(backendSvc("", "web", sport("http", 80)))
+	e.slice(slice("", "web", "web-1", "http", 8080, ep{addr: "10.2.0.1", ready: true}))
+	report := func(node string, served map[string]int64) {
+		t.Helper()
+		b, err := json.Marshal(map[string]any{"node": node, "group": ns + "/g1", "served": served})
+		if err != nil {
+			t.Fatal(err)
+		}
+		now, secs := metav1.NewMicroTime(time.Now()), int32(60)
+		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "portico-agent-" + node, Namespace: ns,
+			Labels: map[string]string{agentLeaseLabel: "true"}, Annotations: map[string]string{agentStateAnnotation: string(b)}},
+			Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, RenewTime: &now, LeaseDurationSeconds: &secs}}
+		old, err := cs.CoordinationV1().Leases(ns).Get(e.ctx, l.Name, metav1.GetOptions{})
+		if err == nil {
+			l.ResourceVersion = old.ResourceVersion
+			e.must(cs.CoordinationV1().Leases(ns).Update(e.ctx, l, metav1.UpdateOptions{}))
+			return
+		}
+		e.must(cs.CoordinationV1().Leases(ns).Create(e.ctx, l, metav1.CreateOptions{}))
+	}
+	address := func(name string) string {
+		got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		if len(got.Status.LoadBalancer.Ingress) == 0 {
+			return ""
+		}
+		return got.Status.LoadBalancer.Ingress[0].IP
+	}
+	report("n1", nil)
+	report("n2", nil)
+	report("n3", nil) // not ready: not waited for
+	e.start(func(c *Config) { c.ServeTimeout = 4 * time.Second })
+
+	created := time.Now()
+	ing := ingress(ns, "a", 0, "a.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing.CreationTimestamp = metav1.Time{}
+	got, err := cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gen := got.Generation
+	time.Sleep(1500 * time.Millisecond)
+	if a := address("a"); a != "" {
+		t.Fatalf("address %s written before any edge served the Ingress", a)
+	}
+	report("n1", map[string]int64{ns + "/a": gen})
+	time.Sleep(1500 * time.Millisecond)
+	if a := address("a"); a != "" {
+		t.Fatalf("address %s written while edge n2 did not serve the Ingress", a)
+	}
+	served := time.Now()
+	report("n2", map[string]int64{ns + "/a": gen})
+	eventually(t, converge, func() string {
+		if a := address("a"); a != "192.0.2.10" {
+			return fmt.Sprintf("address %q, want 192.0.2.10", a)
+		}
+		return ""
+	})
+	t.Logf("address written %v after the last edge reported serving the Ingress (%v after its creation)",
+		time.Since(served).Round(time.Millisecond), time.Since(created).Round(time.Millisecond))
+	if since := time.Since(served); since > 3*time.Second {
+		t.Errorf("address written %v after every edge served the Ingress, want well within the 4s bound", since)
+	}
+
+	// An edge that never serves it: the bound, then the address and an Event.
+	ing = ingress(ns, "b", 0, "b.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing.CreationTimestamp = metav1.Time{}
+	created = time.Now()
+	e.must(cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{}))
+	eventually(t, converge, func() string {
+		if a := address("b"); a != "192.0.2.10" {
+			return fmt.Sprintf("address %q, want 192.0.2.10", a)
+		}
+		return ""
+	})
+	took := time.Since(created)
+	t.Logf("address of an Ingress no edge serves written after %v (bound 4s)", took.Round(time.Millisecond))
+	if took < 3500*time.Millisecond {
+		t.Errorf("address written after %v, before the 4s bound", took)
+	}
+	eventually(t, converge, func() string {
+		evs, err := cs.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=b,reason=EdgesNotServing"})
+		if err != nil {
+			return err.Error()
+		}
+		if len(evs.Items) == 0 || !strings.Contains(evs.Items[0].Message, "n1, n2") {
+			return fmt.Sprintf("no EdgesNotServing Event naming n1, n2: %+v", evs.Items)
+		}
+		return ""
 	})
 }

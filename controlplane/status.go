@@ -55,7 +55,19 @@ func (c *Controller) writeIngressStatus(ctx context.Context, ingresses []*networ
 			allVIPs[a.String()] = true
 		}
 	}
+	groups := map[string]model.Group{}
+	for _, g := range snap.Groups {
+		groups[g.Name] = g
+	}
 	var errs []error
+	seen := map[servedWait]bool{}
+	defer func() {
+		for w := range c.waits {
+			if !seen[w] {
+				delete(c.waits, w) // deleted, changed again, or written
+			}
+		}
+	}()
 	for _, ing := range ingresses {
 		bd := bindings[key(ing)]
 		if !bd.Ours && !onlyOurVIPs(ing.Status.LoadBalancer.Ingress, allVIPs) {
@@ -64,6 +76,13 @@ func (c *Controller) writeIngressStatus(ctx context.Context, ingresses []*networ
 		want := ingressLB(vips[bd.Group])
 		if equality.Semantic.DeepEqual(ing.Status.LoadBalancer.Ingress, want) {
 			continue
+		}
+		// A first address waits until the group's edges serve the Ingress.
+		if len(ing.Status.LoadBalancer.Ingress) == 0 && len(want) > 0 {
+			seen[servedWait{key(ing), ing.Generation}] = true
+			if !c.readyForAddress(ing, groups[bd.Group]) {
+				continue
+			}
 		}
 		cp := ing.DeepCopy()
 		cp.Status.LoadBalancer.Ingress = want

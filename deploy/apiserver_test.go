@@ -219,6 +219,8 @@ var codeNeeds = []struct {
 	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; agent/lease.go WriteLease"},
 	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; agent/lease.go WriteLease"},
 	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "list", ""}, "served.go watchAgents: status Lease informer"},
+	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "served.go watchAgents: status Lease informer"},
 }
 
 // mustDeny are things the agent must not be able to do (sample checks of what the
@@ -259,8 +261,6 @@ var mustDeny = []grant{
 	{"tenant-a", "", "events", "delete", ""},
 	{"kube-system", "coordination.k8s.io", "leases", "create", ""},
 	{"kube-system", "coordination.k8s.io", "leases", "update", "kube-controller-manager"},
-	{namespace, "coordination.k8s.io", "leases", "list", ""},
-	{namespace, "coordination.k8s.io", "leases", "watch", ""},
 	{namespace, "coordination.k8s.io", "leases", "delete", leaseName},
 	{"", "rbac.authorization.k8s.io", "clusterroles", "escalate", ""},
 	{"", "rbac.authorization.k8s.io", "clusterrolebindings", "create", ""},

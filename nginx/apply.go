@@ -35,6 +35,9 @@ type ApplyResult struct {
 	// are the time to write the table and hand it to nginx, after which every
 	// worker uses it.
 	Render, Serve, Switch time.Duration
+	// Serving: nginx now runs the snapshot's configuration (its own, not the
+	// last good one kept because nginx -t refused the snapshot's).
+	Serving bool
 }
 
 // ResultUnchanged is ApplyResult.Result when nothing had to be done.
@@ -88,7 +91,9 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 			return r.keepRunning(ctx, s, res)
 		}
 		if bytes.Equal(cfg.Text, r.applied) {
-			return r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
+			res, err := r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
+			res.Serving = err == nil
+			return res, err
 		}
 		// Keep the running configuration's files until the new one has replaced it.
 		if err := addCertificates(certDir, cfg.Certificates); err != nil {
@@ -179,7 +184,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	if err := WriteCertificates(certDir, cfg.Certificates); err != nil {
 		r.log.Warn("remove stale certificates", zap.Error(err))
 	}
-	res.Result = ResultSuccess
+	res.Result, res.Serving = ResultSuccess, true
 	r.m.reloads.WithLabelValues(ResultSuccess).Inc()
 	r.m.lastSuccess.SetToCurrentTime()
 	r.log.Info("nginx config applied", zap.String("to", cfg.Checksum[:12]),

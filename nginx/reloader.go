@@ -34,6 +34,9 @@ type ReloaderConfig struct {
 	// StopTimeout bounds the graceful shutdown on exit before nginx is killed. Zero
 	// means 30s.
 	StopTimeout time.Duration
+	// OnServed, if set, is called by Run with each snapshot nginx has started
+	// serving (its configuration confirmed live, or only its endpoints changed).
+	OnServed func(model.Snapshot)
 }
 
 // DefaultDebounce is the default coalescing window for configuration changes.

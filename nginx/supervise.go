@@ -40,6 +40,13 @@ func (r *Reloader) adoptRunning(ctx context.Context) {
 	r.log.Info("adopted nginx serves the configuration on disk", zap.String("checksum", sum))
 }
 
+// served tells OnServed that nginx serves s.
+func (r *Reloader) served(s model.Snapshot) {
+	if r.cfg.OnServed != nil {
+		r.cfg.OnServed(s)
+	}
+}
+
 // Run starts nginx with the pending snapshot (or an empty one), applies updates
 // until ctx ends, restarts the master whenever it dies, and stops it on return.
 func (r *Reloader) Run(ctx context.Context) error {
@@ -66,7 +73,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 		r.log.Info("adopted running nginx master", zap.Int("pid", m.PID()))
 		r.adoptRunning(ctx)
 	}
-	_, err := r.ApplyNow(ctx, *first)
+	res, err := r.ApplyNow(ctx, *first)
 	if ctx.Err() != nil {
 		return nil
 	}
@@ -87,6 +94,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 			}
 			return err
 		}
+	}
+	if err == nil && res.Serving {
+		r.served(*first)
 	}
 
 	var debounce <-chan time.Time
@@ -117,7 +127,11 @@ func (r *Reloader) Run(ctx context.Context) error {
 				// again (unless a newer snapshot came): a refused configuration is
 				// remembered and cheap to skip, and an endpoint table that did not
 				// reach nginx must not wait for the next change.
-				if _, err := r.ApplyNow(ctx, *s); err != nil && ctx.Err() == nil {
+				res, err := r.ApplyNow(ctx, *s)
+				if err == nil && res.Serving {
+					r.served(*s)
+				}
+				if err != nil && ctx.Err() == nil {
 					r.mu.Lock()
 					if r.pending == nil {
 						r.pending = s

@@ -33,6 +33,11 @@ type Group struct {
 	// UnmatchedHost is how the group's nginx answers a host none of its Servers
 	// names when it has no catch-all Server (portico.io/unmatched-host).
 	UnmatchedHost UnmatchedHost
+	// Ingresses are the Ingresses bound to the group, "namespace/name" ->
+	// metadata.generation: an agent whose nginx serves this snapshot reports
+	// them, and the controller writes an Ingress's address once every edge of
+	// its group serves its generation.
+	Ingresses map[string]int64
 }
 
 // UnmatchedHost is how nginx answers a request for a host it has no Server for.

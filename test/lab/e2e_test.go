@@ -530,3 +530,72 @@ func TestIngressPropagation(t *testing.T) {
 		}
 	}
 }
+
+// TestIngressAddressAfterServing: a new Ingress gets its address in status only
+// once every edge's nginx serves it, so a client that waits for the address (as
+// kubectl wait, CD pipelines and conformance runners do) never sees a request
+// fail: 100 new connections right after the address appears, spread over every
+// replica, all answered.
+func TestIngressAddressAfterServing(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	c := l.HTTPClient(false, 2*time.Second)
+	created := time.Now()
+	if err := l.Ingress(ctx, "fresh", "fresh.lab", "echo"); err != nil {
+		t.Fatal(err)
+	}
+	// First answer through the VIP, polled beside the status.
+	firstServed := make(chan time.Duration, 1)
+	pollCtx, stopPoll := context.WithTimeout(ctx, 30*time.Second)
+	defer stopPoll()
+	go func() {
+		for pollCtx.Err() == nil {
+			if _, err := l.Get(pollCtx, c, "fresh.lab", "/probe"); err == nil {
+				firstServed <- time.Since(created)
+				return
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	var status time.Duration
+	if err := waitFor(30*time.Second, func() error {
+		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "fresh", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if lb := ing.Status.LoadBalancer.Ingress; len(lb) != 1 || lb[0].IP != VIP.String() {
+			return fmt.Errorf("status %+v, want %s", lb, VIP)
+		}
+		status = time.Since(created)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	failed, replicas := 0, map[string]int{}
+	var first error
+	for range 100 {
+		r, err := l.Get(ctx, c, "fresh.lab", "/after-status")
+		if err != nil {
+			failed++
+			if first == nil {
+				first = err
+			}
+			continue
+		}
+		replicas[r.Edge]++
+	}
+	var served time.Duration
+	select {
+	case served = <-firstServed:
+	case <-time.After(5 * time.Second):
+		t.Error("the poller never got an answer")
+	}
+	t.Logf("Ingress created: first answer through the VIP after %v, address in status after %v; then %d of 100 requests failed (per replica %v)",
+		served.Round(time.Millisecond), status.Round(time.Millisecond), failed, replicas)
+	if failed > 0 {
+		t.Errorf("%d of 100 requests failed after the address appeared (first: %v)", failed, first)
+	}
+	if len(replicas) != len(l.Edges) {
+		t.Errorf("requests reached replicas %v, want all %d: the test proves less than it says", replicas, len(l.Edges))
+	}
+}

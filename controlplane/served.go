@@ -1,0 +1,164 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+)
+
+// An Ingress gets its address in status only once its routes are served: tools
+// that take "has an address" for "ready" (CD pipelines, conformance runners,
+// kubectl wait) would otherwise send requests before nginx has the routes. Every
+// agent publishes, in its status Lease, the generation of each of its group's
+// Ingresses its nginx serves (agent.State.Served); the leader writes an
+// Ingress's first address once every edge of its group with a ready replica
+// serves that generation, or, if one lags, after Config.ServeTimeout with a Warning Event
+// naming the lagging edges. A group no agent reports on (none runs yet, or the
+// controller runs alone) has nothing to wait for. An address already written
+// stays while the Ingress changes: a change of routes is not an outage.
+
+const (
+	// agentLeaseLabel and agentStateAnnotation are where agents publish their
+	// state (agent.WriteLease).
+	agentLeaseLabel      = "portico.io/agent"
+	agentStateAnnotation = "portico.io/agent-state"
+	// DefaultServeTimeout bounds the wait for every edge to serve an Ingress.
+	DefaultServeTimeout = 30 * time.Second
+)
+
+// agentReport is the part of an agent's published state the leader reads.
+type agentReport struct {
+	Node   string           `json:"node"`
+	Group  string           `json:"group"`
+	Served map[string]int64 `json:"served"`
+}
+
+// reportOf parses a status Lease; ok is false for one that is not an agent's,
+// cannot be read, or has not been renewed within its duration (a dead agent's).
+func reportOf(l *coordinationv1.Lease, now time.Time) (agentReport, bool) {
+	var r agentReport
+	s, has := l.Annotations[agentStateAnnotation]
+	if !has || json.Unmarshal([]byte(s), &r) != nil || r.Node == "" {
+		return r, false
+	}
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil ||
+		now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second)) {
+		return r, false
+	}
+	return r, true
+}
+
+// watchAgents adds the informer on the agents' status Leases (in the lease
+// namespace). A renewal that changes nothing the leader reads queues no sync.
+func (c *Controller) watchAgents() error {
+	f := informers.NewSharedInformerFactoryWithOptions(c.cfg.Client, c.cfg.ResyncPeriod,
+		informers.WithNamespace(c.cfg.LeaseNamespace),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agentLeaseLabel + "=true" }))
+	i := f.Coordination().V1().Leases().Informer()
+	enqueue := func(any) { c.queue.Add(syncKey) }
+	if _, err := i.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: enqueue,
+		UpdateFunc: func(old, cur any) {
+			o, ok1 := old.(*coordinationv1.Lease)
+			n, ok2 := cur.(*coordinationv1.Lease)
+			if !ok1 || !ok2 {
+				return
+			}
+			ro, _ := reportOf(o, time.Time{})
+			rn, _ := reportOf(n, time.Time{})
+			if ro.Group != rn.Group || !maps.Equal(ro.Served, rn.Served) {
+				c.queue.Add(syncKey)
+			}
+		},
+		DeleteFunc: enqueue,
+	}); err != nil {
+		return fmt.Errorf("add event handler: %w", err)
+	}
+	c.factories = append(c.factories, f)
+	c.synced = append(c.synced, i.HasSynced)
+	c.agentLeases = i.GetIndexer()
+	return nil
+}
+
+// lagging returns the edges of g that do not serve ing's generation yet, and
+// how many edges it waited for: those whose replica is ready in the snapshot
+// (they get new connections) and whose agent reports. An agent's own health is
+// not asked: it is published every few seconds and lags its nginx.
+func (c *Controller) lagging(ing *networkingv1.Ingress, g model.Group, now time.Time) (lag []string, edges int) {
+	if c.agentLeases == nil {
+		return nil, 0
+	}
+	ready := map[string]bool{}
+	for _, r := range g.Replicas {
+		if r.State == model.Ready && r.Node != "" {
+			ready[r.Node] = true
+		}
+	}
+	k := key(ing)
+	for _, o := range c.agentLeases.List() {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok {
+			continue
+		}
+		r, ok := reportOf(l, now)
+		if !ok || r.Group != g.Name || !ready[r.Node] {
+			continue
+		}
+		edges++
+		if r.Served[k] < ing.Generation {
+			lag = append(lag, r.Node)
+		}
+	}
+	slices.Sort(lag)
+	return lag, edges
+}
+
+// readyForAddress reports whether ing's first address may be written now. While
+// edges lag it records since when, and asks for a sync when the bound ends.
+func (c *Controller) readyForAddress(ing *networkingv1.Ingress, g model.Group) bool {
+	now := time.Now()
+	lag, edges := c.lagging(ing, g, now)
+	w := servedWait{key(ing), ing.Generation}
+	since, waiting := c.waits[w]
+	if len(lag) == 0 {
+		if waiting {
+			delete(c.waits, w)
+			c.log.Info("ingress served by every edge: address written", zap.String("ingress", w.ingress),
+				zap.Int64("generation", w.generation), zap.Int("edges", edges), zap.Duration("waited", now.Sub(since)))
+		}
+		return true
+	}
+	if !waiting {
+		since = now
+		c.waits[w] = since
+	}
+	timeout := c.cfg.ServeTimeout
+	if left := timeout - now.Sub(since); left > 0 {
+		c.queue.AddAfter(syncKey, left)
+		return false
+	}
+	delete(c.waits, w)
+	msg := fmt.Sprintf("edges %s did not serve generation %d within %v: address written anyway", strings.Join(lag, ", "), ing.Generation, timeout)
+	c.recorder.Event(ing, corev1.EventTypeWarning, "EdgesNotServing", msg)
+	c.log.Warn("ingress address written before every edge serves it", zap.String("ingress", w.ingress), zap.Strings("lagging", lag))
+	return true
+}
+
+// servedWait is one Ingress generation whose address waits for the edges.
+type servedWait struct {
+	ingress    string
+	generation int64
+}
