@@ -347,6 +347,9 @@ type NodeDeath struct {
 	// KeptAfterTakeover and KeptAtEnd how many of them answered a request two
 	// seconds after the takeover and at the end.
 	Held, KeptAfterTakeover, KeptAtEnd int
+	// HeldFailed are the held connections that did not answer (after the
+	// takeover, then at the end): edge and error, for the log.
+	HeldFailed []string
 	// New counts the new connections (one every 5 ms, 500 ms to answer) from the
 	// fault on; AfterBound those from Takeover + LivenessBound after it on, less
 	// the ones that connected and were answered late (Unanswered: slowness under
@@ -407,7 +410,9 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	}
 	d.Takeover = time.Since(fault)
 	time.Sleep(2 * time.Second)
-	d.Held, d.KeptAfterTakeover, _ = p.checkHeld(held, owner)
+	var failed []string
+	d.Held, d.KeptAfterTakeover, failed = p.checkHeld(held, owner)
+	d.HeldFailed = append(d.HeldFailed, prefixed("after the takeover ", failed)...)
 	if waitCaughtUp {
 		if err := until(ctx, fault.Add(time.Minute), func() error { return p.deadToKubernetes(ctx, owner) }); err != nil {
 			return d, err
@@ -421,8 +426,17 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	after := traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
 	d.AfterBound = traffic.FailuresAround(traffic.Hard(atts), fault.Add(d.Takeover+LivenessBound))
 	d.Unanswered = after.Unanswered
-	_, d.KeptAtEnd, _ = p.checkHeld(held, owner)
+	_, d.KeptAtEnd, failed = p.checkHeld(held, owner)
+	d.HeldFailed = append(d.HeldFailed, prefixed("at the end ", failed)...)
 	return d, nil
+}
+
+func prefixed(p string, ss []string) []string {
+	out := make([]string, len(ss))
+	for i, s := range ss {
+		out[i] = p + s
+	}
+	return out
 }
 
 // checkHeld sends a request on every held connection whose edge is not one of

@@ -471,11 +471,11 @@ func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
 	if d.Unanswered > d.AfterBound.Total/20 {
 		t.Errorf("%d of %d new connections after the bound connected but were not answered in 500 ms, want < 5%%", d.Unanswered, d.AfterBound.Total)
 	}
-	if t.Failed() {
-		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy"))
-	}
 	if d.Held < 30 || d.KeptAfterTakeover != d.Held || d.KeptAtEnd != d.Held {
-		t.Errorf("of %d long-lived connections on surviving replicas, %d worked after the takeover and %d at the end; want all (and >= 30)",
-			d.Held, d.KeptAfterTakeover, d.KeptAtEnd)
+		t.Errorf("of %d long-lived connections on surviving replicas, %d worked after the takeover and %d at the end; want all (and >= 30): %s",
+			d.Held, d.KeptAfterTakeover, d.KeptAtEnd, strings.Join(d.HeldFailed, "; "))
+	}
+	if t.Failed() {
+		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy", "new director"))
 	}
 }
