@@ -44,7 +44,8 @@ func vipAnnotation(s *corev1.Service) (string, string, bool) {
 	return v, AnnotationVIPAlias, ok
 }
 
-// parseVIPs parses a comma-separated VIP list: at most one address per family.
+// parseVIPs parses a comma-separated VIP list: at most model.MaxVIPsPerFamily
+// addresses per family, none twice.
 func parseVIPs(v string) ([]netip.Addr, error) {
 	var out []netip.Addr
 	for f := range strings.SplitSeq(v, ",") {
@@ -60,10 +61,17 @@ func parseVIPs(v string) ([]netip.Addr, error) {
 			return nil, fmt.Errorf("%s is not a usable unicast address", a)
 		}
 		a = a.Unmap()
+		same := 0
 		for _, o := range out {
-			if o.Is4() == a.Is4() {
-				return nil, fmt.Errorf("more than one %s address", family(a))
+			if o == a {
+				return nil, fmt.Errorf("%s twice", a)
 			}
+			if o.Is4() == a.Is4() {
+				same++
+			}
+		}
+		if same == model.MaxVIPsPerFamily {
+			return nil, fmt.Errorf("more than %d %s addresses", model.MaxVIPsPerFamily, family(a))
 		}
 		out = append(out, a)
 	}

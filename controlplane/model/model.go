@@ -26,7 +26,7 @@ func (s Snapshot) Equal(o Snapshot) bool { return reflect.DeepEqual(s, o) }
 // are Portico agents.
 type Group struct {
 	Name     string       // "namespace/name" of the group Service
-	VIPs     []netip.Addr // sorted; at most one IPv4 and one IPv6 address
+	VIPs     []netip.Addr // sorted; at most MaxVIPsPerFamily of each address family
 	VRID     uint8        // VRRP virtual router id, 1..255; 0 until one is assigned
 	Ports    []Port       // sorted by (Protocol, Port); empty means every port
 	Replicas []Replica    // sorted by Addr
@@ -39,6 +39,10 @@ type Group struct {
 	// its group serves its generation.
 	Ingresses map[string]int64
 }
+
+// MaxVIPsPerFamily bounds a group's VIPs of one address family (one VRRP
+// virtual router carries them all).
+const MaxVIPsPerFamily = 8
 
 // UnmatchedHost is how nginx answers a request for a host it has no Server for.
 type UnmatchedHost string

@@ -9,8 +9,8 @@ import (
 )
 
 // Validate reports every way s breaks the rules the types of this package document:
-// each list sorted by its key with no key twice, addresses valid, at most one VIP per
-// address family, protocols, replica states, unmatched-host answers and path types
+// each list sorted by its key with no key twice, addresses valid, at most
+// MaxVIPsPerFamily VIPs per address family, protocols, replica states, unmatched-host answers and path types
 // known, and every name a Server refers to (its group, upstreams and certificate)
 // present. Build's snapshots pass; a snapshot that does not is a bug, not a bad
 // object.
@@ -60,8 +60,8 @@ func (g Group) validate() error {
 		}
 		families[a.Is4()]++
 	}
-	if families[true] > 1 || families[false] > 1 {
-		errs = append(errs, errors.New("more than one vip of an address family"))
+	if families[true] > MaxVIPsPerFamily || families[false] > MaxVIPsPerFamily {
+		errs = append(errs, fmt.Errorf("more than %d vips of an address family", MaxVIPsPerFamily))
 	}
 	errs = appendErr(errs, ordered("ports", g.Ports, func(x, y Port) int {
 		return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))

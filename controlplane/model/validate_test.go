@@ -46,7 +46,12 @@ func TestValidate(t *testing.T) {
 	}{
 		{"groups out of order", func(s *Snapshot) { s.Groups[0], s.Groups[1] = s.Groups[1], s.Groups[0] }, `groups: "edge/b" before "edge/a", out of order`},
 		{"group twice", func(s *Snapshot) { s.Groups[1].Name = "edge/a" }, `groups: "edge/a" twice`},
-		{"two IPv4 VIPs", func(s *Snapshot) { s.Groups[0].VIPs[1] = netip.MustParseAddr("192.0.2.2") }, "group edge/a: more than one vip of an address family"},
+		{"nine IPv4 VIPs", func(s *Snapshot) {
+			s.Groups[0].VIPs = nil
+			for i := range 9 {
+				s.Groups[0].VIPs = append(s.Groups[0].VIPs, netip.AddrFrom4([4]byte{192, 0, 2, byte(1 + i)}))
+			}
+		}, "group edge/a: more than 8 vips of an address family"},
 		{"mapped VIP", func(s *Snapshot) { s.Groups[0].VIPs[0] = netip.MustParseAddr("::ffff:192.0.2.1") }, `group edge/a: vip "::ffff:192.0.2.1" is not a plain`},
 		{"ports out of order", func(s *Snapshot) { s.Groups[0].Ports[0].Port = 8080 }, `group edge/a: ports: "TCP/8080" before "TCP/443", out of order`},
 		{"unknown protocol", func(s *Snapshot) { s.Groups[0].Ports[2].Protocol = "SCTP" }, `group edge/a: port 443 has protocol "SCTP"`},

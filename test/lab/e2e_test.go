@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 
@@ -597,5 +599,63 @@ func TestIngressAddressAfterServing(t *testing.T) {
 	}
 	if len(replicas) != len(l.Edges) {
 		t.Errorf("requests reached replicas %v, want all %d: the test proves less than it says", replicas, len(l.Edges))
+	}
+}
+
+// TestSeveralVIPs: a group with two IPv4 VIPs (portico.io/vip lists both) serves
+// an Ingress on each, steered by the same data plane over every replica, and the
+// Ingress's status lists both addresses.
+func TestSeveralVIPs(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	second := VIP.Next()
+	svc, err := l.Kube.CoreV1().Services(GroupNamespace).Get(ctx, GroupName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.Annotations["portico.io/vip"] = VIP.String() + "," + second.String()
+	if _, err := l.Kube.CoreV1().Services(GroupNamespace).Update(ctx, svc, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := netlab.IP("-n", l.Client.NS, "route", "add", second.String()+"/32", "dev", "eth0"); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "echo", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var got []string
+		for _, e := range ing.Status.LoadBalancer.Ingress {
+			got = append(got, e.IP)
+		}
+		if want := []string{VIP.String(), second.String()}; !slices.Equal(got, want) {
+			return fmt.Errorf("Ingress echo's status lists %v, want %v", got, want)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, vip := range []netip.Addr{VIP, second} {
+		target := traffic.Target{NS: l.Client.NS, VIP: vip}
+		c := target.HTTPClient(false, 2*time.Second)
+		replicas := map[string]int{}
+		if err := waitFor(30*time.Second, func() error {
+			_, err := target.Get(ctx, c, "echo.lab", "/first")
+			return err
+		}); err != nil {
+			t.Fatalf("%s: %v", vip, err)
+		}
+		for range 150 {
+			r, err := target.Get(ctx, c, "echo.lab", "/several")
+			if err != nil {
+				t.Fatalf("%s: %v", vip, err)
+			}
+			replicas[r.Edge]++
+		}
+		t.Logf("%s: 150 requests answered, per replica %v", vip, replicas)
+		if len(replicas) != len(l.Edges) {
+			t.Errorf("%s: requests reached replicas %v, want all %d", vip, replicas, len(l.Edges))
+		}
 	}
 }
