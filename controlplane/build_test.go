@@ -71,7 +71,8 @@ func g1Objects() ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
 
 var g1Group = model.Group{
 	Name: "edge/g1", VIPs: addrs("192.0.2.10"), VRID: 7,
-	Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}},
+	Ports:    []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}},
+	HTTPPort: 80, HTTPSPort: 443,
 	Replicas: []model.Replica{
 		{Node: "n1", Addr: netip.MustParseAddr("10.1.0.1"), Weight: 1, State: model.Draining},
 		{Node: "n2", Addr: netip.MustParseAddr("10.1.0.2"), Weight: 1, State: model.Ready},
@@ -181,7 +182,23 @@ func TestBuild(t *testing.T) {
 				{Name: "edge/lb", VIPs: addrs("192.0.2.20", "2001:db8::10"),
 					Ports:    []model.Port{{Protocol: model.TCP, Port: 443}, {Protocol: model.UDP, Port: 53}},
 					Replicas: []model.Replica{{Node: "n6", Addr: netip.MustParseAddr("2001:db8:1::2"), Weight: 1, State: model.Ready}}},
-				{Name: "edge/not-a-group", Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}},
+				{Name: "edge/not-a-group", Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, HTTPPort: 80, HTTPSPort: 443},
+			}},
+		},
+		{
+			name: "group: public ports from the Service's ports named http and https (TCP only)",
+			st: state(func() *corev1.Service {
+				s := groupSvc("edge", "custom", 0)
+				s.Spec.Ports = []corev1.ServicePort{
+					{Name: "http", Port: 8080, Protocol: corev1.ProtocolTCP},
+					{Name: "https", Port: 8443, Protocol: corev1.ProtocolUDP},
+					{Name: "h3", Port: 8443, Protocol: corev1.ProtocolTCP},
+				}
+				return s
+			}()),
+			want: model.Snapshot{Groups: []model.Group{
+				{Name: "edge/custom", HTTPPort: 8080,
+					Ports: []model.Port{{Protocol: model.TCP, Port: 8080}, {Protocol: model.TCP, Port: 8443}, {Protocol: model.UDP, Port: 8443}}},
 			}},
 		},
 		{
@@ -195,12 +212,12 @@ func TestBuild(t *testing.T) {
 				groupSvc("edge", "several", 6, AnnotationVIP, "192.0.2.41, 2001:db8::41, 192.0.2.40"),
 			),
 			want: model.Snapshot{Groups: []model.Group{
-				{Name: "edge/alias", VIPs: addrs("192.0.2.30"), Ports: g1Group.Ports},
-				{Name: "edge/bad", Ports: g1Group.Ports},
-				{Name: "edge/new", VIPs: addrs("2001:db8::1"), Ports: g1Group.Ports},
-				{Name: "edge/old", VIPs: addrs("192.0.2.10"), VRID: 5, Ports: g1Group.Ports},
-				{Name: "edge/several", VIPs: addrs("192.0.2.40", "192.0.2.41", "2001:db8::41"), Ports: g1Group.Ports},
-				{Name: "edge/twice", Ports: g1Group.Ports},
+				{Name: "edge/alias", VIPs: addrs("192.0.2.30"), Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/bad", Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/new", VIPs: addrs("2001:db8::1"), Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/old", VIPs: addrs("192.0.2.10"), VRID: 5, Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/several", VIPs: addrs("192.0.2.40", "192.0.2.41", "2001:db8::41"), Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/twice", Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
 			}},
 			problems: []model.Problem{
 				{Object: "Service edge/new", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPConflict},
@@ -245,10 +262,10 @@ func TestBuild(t *testing.T) {
 				groupSvc("edge", "unset", 4),
 			),
 			want: model.Snapshot{Groups: []model.Group{
-				{Name: "edge/bad", Ports: g1Group.Ports},
-				{Name: "edge/close", Ports: g1Group.Ports},
-				{Name: "edge/not-found", Ports: g1Group.Ports, UnmatchedHost: model.UnmatchedHostNotFound},
-				{Name: "edge/unset", Ports: g1Group.Ports},
+				{Name: "edge/bad", Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/close", Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: "edge/not-found", Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443, UnmatchedHost: model.UnmatchedHostNotFound},
+				{Name: "edge/unset", Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
 			}},
 			problems: []model.Problem{
 				{Object: "Service edge/bad", Field: "metadata.annotations[portico.io/unmatched-host]", Reason: model.ReasonInvalidAnnotation},

@@ -16,7 +16,8 @@
 // portico.io/group=true, or a LoadBalancer Service with loadBalancerClass
 // portico.io/vip. Its EndpointSlices list the Portico agents (hostNetwork, so endpoint
 // address = node address): ready endpoints are Ready replicas, terminating ones
-// Draining. Its VIPs come from the annotation portico.io/vip (comma-separated, up to
+// Draining. Its ports are the ports its VIPs serve; the TCP ports named "http" and
+// "https" are where its nginx serves HTTP and HTTPS. Its VIPs come from the annotation portico.io/vip (comma-separated, up to
 // model.MaxVIPsPerFamily of each family; ingress.alpha.k8s.io/ingress-vip is read as an alias) or are
 // allocated from the configured pools by the leader, which writes the annotation and,
 // for LoadBalancer Services, status.loadBalancer.ingress. Its VRRP id is the

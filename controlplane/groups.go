@@ -176,6 +176,12 @@ func (b *builder) groups() {
 			if !slices.Contains(g.Ports, mp) {
 				g.Ports = append(g.Ports, mp)
 			}
+			if proto == model.TCP && p.Name == "http" {
+				g.HTTPPort = mp.Port
+			}
+			if proto == model.TCP && p.Name == "https" {
+				g.HTTPSPort = mp.Port
+			}
 		}
 		slices.SortFunc(g.Ports, func(x, y model.Port) int {
 			return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))

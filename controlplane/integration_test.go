@@ -80,7 +80,7 @@ func TestIntegrationConverges(t *testing.T) {
 	podUp := ns + "-pod-" + shortHash("test.k8s.local|/nodejs") + "-3000"
 	group := func(replicas ...model.Replica) model.Group {
 		return model.Group{Name: ns + "/g1", VIPs: addrs("192.0.2.10"), VRID: 7,
-			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, Replicas: replicas}
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, HTTPPort: 80, HTTPSPort: 443, Replicas: replicas}
 	}
 	rep := func(node, addr string, st model.ReplicaState) model.Replica {
 		return model.Replica{Node: node, Addr: netip.MustParseAddr(addr), Weight: 1, State: st}
@@ -282,7 +282,7 @@ func TestIntegrationSinkRetries(t *testing.T) {
 	r.sink = sink
 	waitSnapshot(t, r, func() model.Snapshot {
 		return model.Snapshot{Groups: []model.Group{{Name: e.ns + "/g1", VIPs: addrs("192.0.2.10"), VRID: 1,
-			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}}}}
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, HTTPPort: 80, HTTPSPort: 443}}}
 	})
 	if _, n := sink.latest(); n != 1 {
 		t.Errorf("sink applied %d snapshots, want 1 (the same snapshot retried)", n)
@@ -743,7 +743,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 	// Both read: the follower's sink has the allocated VIP too.
 	waitSnapshot(t, follower, func() model.Snapshot {
 		return model.Snapshot{Groups: []model.Group{{Name: e.ns + "/g1", VIPs: addrs("192.0.2.1"), VRID: 1,
-			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}}}}
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, HTTPPort: 80, HTTPSPort: 443}}}
 	})
 
 	// A write is counted once its request returns, which can be after the informers
@@ -838,8 +838,8 @@ func TestIntegrationExamples(t *testing.T) {
 		ports := []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}
 		return model.Snapshot{
 			Groups: []model.Group{
-				{Name: ns + "/edge", VIPs: addrs("192.0.2.80"), VRID: 1, Ports: ports},
-				{Name: ns + "/shop", VIPs: addrs("198.18.0.1"), VRID: 2, Ports: ports},
+				{Name: ns + "/edge", VIPs: addrs("192.0.2.80"), VRID: 1, Ports: ports, HTTPPort: 80, HTTPSPort: 443},
+				{Name: ns + "/shop", VIPs: addrs("198.18.0.1"), VRID: 2, Ports: ports, HTTPPort: 80, HTTPSPort: 443},
 			},
 			Servers: []model.Server{
 				{Group: ns + "/edge", Host: "web.example.com", Locations: []model.Location{loc("/", model.PathPrefix, ns+"-web-80", ns+"/web")}},

@@ -114,6 +114,8 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	for _, c := range snap.Certificates {
 		r.certsIn = append(r.certsIn, c)
 	}
+	r.opt = r.groupPorts(snap)
+	opt = r.opt
 	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, LuaDigest: luaDigest, WorkerConnections: opt.WorkerConnections}
 	if d.WorkerConnections == 0 {
 		d.WorkerConnections = 16384
@@ -206,6 +208,42 @@ type renderer struct {
 	refused       map[string]string     // certificate files nginx refused, and why
 	refusedSeen   []string
 	problems      []model.Problem
+}
+
+// groupPorts returns the options with the HTTP and HTTPS ports of the rendered
+// group (Options.Group) when its Service names them (model.Group.HTTPPort,
+// HTTPSPort). A port that another server of this nginx already uses (the status
+// or liveness port) is reported and the option's kept.
+func (r *renderer) groupPorts(snap model.Snapshot) Options {
+	opt := r.opt
+	if opt.Group == "" {
+		return opt
+	}
+	for _, g := range snap.Groups {
+		if g.Name != opt.Group {
+			continue
+		}
+		for _, p := range []struct {
+			name  string
+			port  uint16
+			field *uint16
+		}{{"http", g.HTTPPort, &opt.HTTPPort}, {"https", g.HTTPSPort, &opt.HTTPSPort}} {
+			switch {
+			case p.port == 0:
+			case p.port == opt.StatusPort || p.port == opt.LivenessPort:
+				r.problem("Service "+g.Name, "spec.ports["+p.name+"]", model.ReasonPortConflict,
+					fmt.Sprintf("port %d is this node's status or liveness port; serving %s on %d", p.port, p.name, *p.field))
+			default:
+				*p.field = p.port
+			}
+		}
+		if opt.HTTPPort == opt.HTTPSPort { // one of them conflicted with the other's default
+			r.problem("Service "+g.Name, "spec.ports", model.ReasonPortConflict,
+				fmt.Sprintf("http and https would share port %d; serving the defaults", opt.HTTPPort))
+			opt.HTTPPort, opt.HTTPSPort = r.opt.HTTPPort, r.opt.HTTPSPort
+		}
+	}
+	return opt
 }
 
 func (r *renderer) problem(obj, field string, reason model.Reason, detail string) {

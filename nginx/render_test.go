@@ -80,6 +80,18 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 			}}},
 			Upstreams: []model.Upstream{web},
 		},
+		// Group edge/a serves HTTP on 8080 and HTTPS on 8443 (its Service's ports
+		// named http and https); the redirect names the HTTPS port.
+		"custom-ports": {
+			Groups: []model.Group{{Name: "edge/a", HTTPPort: 8080, HTTPSPort: 8443}, {Name: "edge/b", HTTPPort: 9080}},
+			Servers: []model.Server{
+				{Group: "edge/a", Host: "secure.example.com", TLSCertificate: "shop/secure-tls", SSLRedirect: true, Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/secure"},
+				}},
+			},
+			Upstreams:    []model.Upstream{web},
+			Certificates: []model.Certificate{testCert(t, "shop/secure-tls")},
+		},
 		"tls-redirect": {
 			Servers: []model.Server{
 				{Group: "edge/a", Host: "bad-cert.example.com", TLSCertificate: "shop/broken", Locations: []model.Location{
@@ -182,6 +194,56 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 				web,
 			},
 		},
+	}
+}
+
+// TestRenderGroupPorts: a group port that this nginx's status or liveness server
+// already uses is reported and the agent's port kept; so are http and https
+// ending up on one port.
+func TestRenderGroupPorts(t *testing.T) {
+	opt := goldenOptions()
+	opt.Group = "edge/a"
+	opt.LivenessPort = 10247
+	for _, tc := range []struct {
+		name            string
+		http, https     uint16
+		wantHTTP, wantS string
+		problems        int
+	}{
+		{name: "both", http: 8080, https: 8443, wantHTTP: "listen 8080", wantS: "listen 8443 ssl"},
+		{name: "liveness port", http: 10247, https: 8443, wantHTTP: "listen 80", wantS: "listen 8443 ssl", problems: 1},
+		{name: "status port", http: 8080, https: opt.StatusPort, wantHTTP: "listen 8080", wantS: "listen 443 ssl", problems: 1},
+		{name: "http on the default https port", http: 443, wantHTTP: "listen 80", wantS: "listen 443 ssl", problems: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := model.Snapshot{
+				Groups: []model.Group{{Name: "edge/a", HTTPPort: tc.http, HTTPSPort: tc.https}},
+				Servers: []model.Server{{Group: "edge/a", Host: "secure.example.com", TLSCertificate: "shop/secure-tls", Locations: []model.Location{
+					{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/secure"},
+				}}},
+				Upstreams:    []model.Upstream{{Name: "shop-web-80", Endpoints: []netip.AddrPort{ap("10.0.1.10:8080")}}},
+				Certificates: []model.Certificate{testCert(t, "shop/secure-tls")},
+			}
+			cfg, err := Render(snap, opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			text := string(cfg.Text)
+			for _, want := range []string{tc.wantHTTP + ";", tc.wantS} {
+				if !strings.Contains(text, want) {
+					t.Errorf("config lacks %q", want)
+				}
+			}
+			var conflicts []model.Problem
+			for _, p := range cfg.Problems {
+				if p.Reason == model.ReasonPortConflict {
+					conflicts = append(conflicts, p)
+				}
+			}
+			if len(conflicts) != tc.problems {
+				t.Errorf("port conflicts reported: %v, want %d", conflicts, tc.problems)
+			}
+		})
 	}
 }
 

@@ -30,6 +30,10 @@ type Group struct {
 	VRID     uint8        // VRRP virtual router id, 1..255; 0 until one is assigned
 	Ports    []Port       // sorted by (Protocol, Port); empty means every port
 	Replicas []Replica    // sorted by Addr
+	// HTTPPort and HTTPSPort are the public ports the group's nginx serves HTTP
+	// and HTTPS on: the group Service's TCP ports named "http" and "https". 0
+	// leaves the agent's own (--http-port, --https-port; 80 and 443).
+	HTTPPort, HTTPSPort uint16
 	// UnmatchedHost is how the group's nginx answers a host none of its Servers
 	// names when it has no catch-all Server (portico.io/unmatched-host).
 	UnmatchedHost UnmatchedHost

@@ -47,4 +47,5 @@ const (
 	ReasonInvalidCertificate      Reason = "InvalidCertificate"
 	ReasonCertificateHostMismatch Reason = "CertificateHostMismatch"
 	ReasonRedirectWithoutTLS      Reason = "RedirectWithoutTLS"
+	ReasonPortConflict            Reason = "PortConflict"
 )

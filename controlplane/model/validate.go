@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 )
 
@@ -70,6 +71,17 @@ func (g Group) validate() error {
 		if p.Protocol != TCP && p.Protocol != UDP {
 			errs = append(errs, fmt.Errorf("port %d has protocol %q", p.Port, p.Protocol))
 		}
+	}
+	for _, p := range []struct {
+		name string
+		port uint16
+	}{{"http", g.HTTPPort}, {"https", g.HTTPSPort}} {
+		if p.port != 0 && len(g.Ports) > 0 && !slices.Contains(g.Ports, Port{TCP, p.port}) {
+			errs = append(errs, fmt.Errorf("%s port %d is not one of the group's TCP ports", p.name, p.port))
+		}
+	}
+	if g.HTTPPort != 0 && g.HTTPPort == g.HTTPSPort {
+		errs = append(errs, fmt.Errorf("http and https share port %d", g.HTTPPort))
 	}
 	errs = appendErr(errs, ordered("replicas", g.Replicas, func(x, y Replica) int { return x.Addr.Compare(y.Addr) },
 		func(r Replica) string { return r.Addr.String() }))
