@@ -205,7 +205,7 @@ func (b *bgpSink) Name() string { return "bgp" }
 func (b *bgpSink) Apply(_ context.Context, snap model.Snapshot) error {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	g := groupNamed(snap, b.group)
+	g := announcedGroup(snap, b.group)
 	if err := syncLo(b.setLoVIPs, &b.loSynced, &b.managed, g.VIPs); err != nil {
 		return err
 	}

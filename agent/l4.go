@@ -80,6 +80,22 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 			dg.Backends = append(dg.Backends, b)
 		}
 		want.Groups = append(want.Groups, dg)
+		// The group's L4 Services: their VIPs and ports go to the same replicas,
+		// by rings of their own built from the same members, so every node
+		// steers them alike.
+		for _, svc := range snap.Services {
+			if svc.Group != g.Name || len(svc.VIPs) == 0 {
+				continue
+			}
+			sg := dataplane.Group{Name: "service " + svc.Name, VIPs: svc.VIPs, Backends: dg.Backends}
+			for _, p := range svc.Ports {
+				sg.Ports = append(sg.Ports, model.Port{Protocol: p.Protocol, Port: p.Port})
+			}
+			if len(sg.Ports) == 0 {
+				continue // no port to serve: an empty list would mean every port
+			}
+			want.Groups = append(want.Groups, sg)
+		}
 	}
 	return want, unresolved, out, overruled
 }

@@ -54,6 +54,26 @@ func TestDesiredFor(t *testing.T) {
 	if len(out) != 0 || overruled {
 		t.Errorf("nothing dead, yet out %v, overruled %v", out, overruled)
 	}
+	// The group's L4 Services ride the same replicas, each VIP with its ports;
+	// another group's Service, and one without a VIP yet, are not steered here.
+	svcVIP := netip.MustParseAddr("192.0.2.53")
+	withSvc := snap
+	withSvc.Services = []model.Service{
+		{Name: "shop/dns", Group: "edge/web", VIPs: []netip.Addr{svcVIP}, Ports: []model.ServicePort{
+			{Protocol: model.TCP, Port: 53, Upstream: "shop-dns-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-dns-53-udp"}}},
+		{Name: "shop/novip", Group: "edge/web", Ports: []model.ServicePort{{Protocol: model.TCP, Port: 1, Upstream: "x"}}},
+		{Name: "shop/other", Group: "edge/other", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.54")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 1, Upstream: "y"}}},
+	}
+	got, _, _, _ = desiredFor(withSvc, "edge/web", 42, local, none, mac)
+	want.Groups = append(want.Groups, dataplane.Group{Name: "service shop/dns", VIPs: []netip.Addr{svcVIP},
+		Ports:    []model.Port{{Protocol: model.TCP, Port: 53}, {Protocol: model.UDP, Port: 53}},
+		Backends: want.Groups[0].Backends})
+	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+		t.Errorf("desired with L4 Services (-want +got):\n%s", diff)
+	}
+	if g := announcedGroup(withSvc, "edge/web"); !slices.Equal(g.VIPs, []netip.Addr{vip, svcVIP}) {
+		t.Errorf("announced VIPs %v, want the group's and its Service's", g.VIPs)
+	}
 	if got, _, _, _ := desiredFor(snap, "edge/novip", 42, local, none, mac); len(got.Groups) != 0 {
 		t.Errorf("a group without VIPs gave %+v", got.Groups)
 	}

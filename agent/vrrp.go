@@ -108,7 +108,7 @@ func (v *vrrpSink) currentPriority() uint8 {
 func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	g := groupNamed(snap, v.group)
+	g := announcedGroup(snap, v.group)
 	if err := syncLo(v.setLoVIPs, &v.loSynced, &v.managed, g.VIPs); err != nil {
 		return err
 	}
@@ -151,11 +151,23 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 }
 
 // groupNamed is the snapshot's group of that name (zero if it has none).
-func groupNamed(snap model.Snapshot, name string) model.Group {
+// announcedGroup returns the named group with the VIPs of the L4 Services it
+// serves added to its own (sorted): the addresses its announcer claims and its
+// replicas hold on lo.
+func announcedGroup(snap model.Snapshot, name string) model.Group {
 	for _, g := range snap.Groups {
-		if g.Name == name {
-			return g
+		if g.Name != name {
+			continue
 		}
+		vips := slices.Clone(g.VIPs)
+		for _, s := range snap.Services {
+			if s.Group == name {
+				vips = append(vips, s.VIPs...)
+			}
+		}
+		slices.SortFunc(vips, netip.Addr.Compare)
+		g.VIPs = slices.Compact(vips)
+		return g
 	}
 	return model.Group{}
 }

@@ -103,12 +103,13 @@ func lastAddr(p netip.Prefix) netip.Addr {
 	return a
 }
 
-// AllocateVIPs picks VIPs for the groups that have none (no VIP annotation at all),
-// oldest group first, one per address family that has a pool, the lowest free
-// address first. Addresses in every group's annotation count as used. It returns the
-// new VIPs by group and a problem for each group a family's pools could not serve.
+// AllocateVIPs picks VIPs for the groups and L4 Services that have none (no VIP
+// annotation at all), oldest first, one per address family that has a pool, the
+// lowest free address first. Addresses in every such Service's annotation count as
+// used. It returns the new VIPs by Service and a problem for each Service a
+// family's pools could not serve.
 func AllocateVIPs(services []*corev1.Service, pools []Pool) (map[string][]netip.Addr, []model.Problem) {
-	groups := sortedGroups(services)
+	groups := sortedVIPHolders(services)
 	used := map[netip.Addr]bool{}
 	for _, s := range groups {
 		if v, _, ok := vipAnnotation(s); ok {

@@ -30,8 +30,8 @@ type State struct {
 
 // Options are the settings Build depends on besides the objects.
 type Options struct {
-	// PodRouteGroup ("namespace/name") serves pod routes without a portico.io/group
-	// annotation; "" leaves them unbound.
+	// PodRouteGroup ("namespace/name") serves pod routes and L4 Services without a
+	// portico.io/group annotation; "" leaves them unbound.
 	PodRouteGroup string
 }
 
@@ -43,6 +43,7 @@ func Build(st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
 	b.groups()
 	b.ingresses()
 	b.podRoutes(opts.PodRouteGroup)
+	b.l4Services(opts.PodRouteGroup)
 	return b.snapshot(), b.bindings, b.problems
 }
 
@@ -58,6 +59,8 @@ type builder struct {
 	nodes     map[string]*corev1.Node
 	groupList []*corev1.Service // groups, oldest first
 	groupsOut map[string]*model.Group
+	vipOwner  map[netip.Addr]string // group or L4 Service ("ns/name") each VIP is applied to
+	l4        []l4Acc               // L4 Services, by name
 	bindings  Bindings
 
 	servers   map[serverKey]*serverAcc
@@ -213,6 +216,14 @@ func (b *builder) snapshot() model.Snapshot {
 		snap.Upstreams = append(snap.Upstreams, up)
 	}
 	slices.SortFunc(snap.Upstreams, func(x, y model.Upstream) int { return cmp.Compare(x.Name, y.Name) })
+
+	for _, acc := range b.l4 {
+		svc := acc.svc
+		for i, id := range acc.upstreams {
+			svc.Ports[i].Upstream = names[id]
+		}
+		snap.Services = append(snap.Services, svc)
+	}
 
 	for _, s := range b.servers {
 		srv := s.srv

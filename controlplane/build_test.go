@@ -170,7 +170,6 @@ func TestBuild(t *testing.T) {
 			name: "group: LoadBalancer class, ingress-vip alias annotation, dual stack, node from Node addresses",
 			st: state(func() *corev1.Service {
 				s := groupSvc("edge", "lb", 0, AnnotationVIPAlias, "2001:db8::10, 192.0.2.20")
-				s.Labels = nil
 				s.Spec.Type = corev1.ServiceTypeLoadBalancer
 				s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
 				s.Spec.Ports = []corev1.ServicePort{{Port: 53, Protocol: corev1.ProtocolUDP}, {Port: 443}}
@@ -184,6 +183,59 @@ func TestBuild(t *testing.T) {
 					Replicas: []model.Replica{{Node: "n6", Addr: netip.MustParseAddr("2001:db8:1::2"), Weight: 1, State: model.Ready}}},
 				{Name: "edge/not-a-group", Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}, HTTPPort: 80, HTTPSPort: 443},
 			}},
+		},
+		{
+			name: "L4 Services: VIPs, ports to upstreams, group by annotation or default, affinity, PROXY protocol; bad ones reported",
+			st: func() State {
+				l4 := func(name string, age int, kv ...string) *corev1.Service {
+					s := backendSvc("shop", name,
+						corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP},
+						corev1.ServicePort{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP},
+						corev1.ServicePort{Name: "sctp", Port: 9, Protocol: corev1.ProtocolSCTP})
+					s.ObjectMeta = meta("shop", name, age, kv...)
+					s.Spec.Type = corev1.ServiceTypeLoadBalancer
+					s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+					return s
+				}
+				dns := l4("dns", 1, AnnotationVIP, "192.0.2.53", AnnotationProxyProtocol, "true")
+				dns.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+				udp := slice("shop", "dns", "dns-u", "dns", 5353, ep{addr: "10.2.0.1", ready: true}, ep{addr: "10.2.0.2", ready: false})
+				udp.Ports[0].Protocol = ptr(corev1.ProtocolUDP)
+				other := backendSvc("shop", "other-class", sport("x", 1))
+				other.Spec.Type = corev1.ServiceTypeLoadBalancer
+				other.Spec.LoadBalancerClass = ptr("example.com/lb")
+				return state(gs, gsl, dns, udp, slice("shop", "dns", "dns-t", "dns-tcp", 5353, ep{addr: "10.2.0.1", ready: true}),
+					l4("defaulted", 2, AnnotationVIP, "192.0.2.54"),
+					l4("taken", 3, AnnotationVIP, "192.0.2.10", AnnotationGroup, "edge/g1", AnnotationProxyProtocol, "maybe"),
+					l4("nogroup", 4, AnnotationGroup, "missing"),
+					other)
+			}(),
+			opts: Options{PodRouteGroup: "edge/g1"},
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Services: []model.Service{
+					{Name: "shop/defaulted", Group: "edge/g1", VIPs: addrs("192.0.2.54"), Ports: []model.ServicePort{
+						{Protocol: model.TCP, Port: 53, Upstream: "shop-defaulted-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-defaulted-53-udp"}}},
+					{Name: "shop/dns", Group: "edge/g1", VIPs: addrs("192.0.2.53"), ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
+						{Protocol: model.TCP, Port: 53, Upstream: "shop-dns-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-dns-53-udp"}}},
+					{Name: "shop/taken", Group: "edge/g1", Ports: []model.ServicePort{
+						{Protocol: model.TCP, Port: 53, Upstream: "shop-taken-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-taken-53-udp"}}},
+				},
+				Upstreams: []model.Upstream{
+					{Name: "shop-defaulted-53-tcp"}, {Name: "shop-defaulted-53-udp"},
+					{Name: "shop-dns-53-tcp", Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.2.0.1:5353")}},
+					{Name: "shop-dns-53-udp", Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.2.0.1:5353")}},
+					{Name: "shop-taken-53-tcp"}, {Name: "shop-taken-53-udp"},
+				},
+			},
+			problems: []model.Problem{
+				{Object: "Service shop/dns", Field: "spec.ports[2].protocol", Reason: model.ReasonUnsupportedProtocol},
+				{Object: "Service shop/defaulted", Field: "spec.ports[2].protocol", Reason: model.ReasonUnsupportedProtocol},
+				{Object: "Service shop/taken", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPConflict},
+				{Object: "Service shop/taken", Field: "metadata.annotations[portico.io/proxy-protocol]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Service shop/taken", Field: "spec.ports[2].protocol", Reason: model.ReasonUnsupportedProtocol},
+				{Object: "Service shop/nogroup", Field: "metadata.annotations[portico.io/group]", Reason: model.ReasonGroupNotFound},
+			},
 		},
 		{
 			name: "group: public ports from the Service's ports named http and https (TCP only)",

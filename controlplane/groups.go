@@ -14,25 +14,39 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-// IsGroup reports whether a Service is a Portico group.
+// IsGroup reports whether a Service is a Portico group: labelled
+// portico.io/group=true (of any type; a LoadBalancer group's status shows its VIPs).
 func IsGroup(s *corev1.Service) bool {
-	if s.Labels[LabelGroup] == "true" {
-		return true
-	}
-	return s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerClass != nil &&
+	return s.Labels[LabelGroup] == "true"
+}
+
+// IsL4Service reports whether a Service is an L4 Service Portico serves: a
+// LoadBalancer Service of class portico.io/vip that is not a group.
+func IsL4Service(s *corev1.Service) bool {
+	return !IsGroup(s) && s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerClass != nil &&
 		*s.Spec.LoadBalancerClass == LoadBalancerClass
 }
 
 // sortedGroups returns the group Services oldest first.
 func sortedGroups(services []*corev1.Service) []*corev1.Service {
-	var gs []*corev1.Service
+	return sortedServices(services, IsGroup)
+}
+
+// sortedVIPHolders returns the Services that hold VIPs, groups and L4
+// Services, oldest first.
+func sortedVIPHolders(services []*corev1.Service) []*corev1.Service {
+	return sortedServices(services, func(s *corev1.Service) bool { return IsGroup(s) || IsL4Service(s) })
+}
+
+func sortedServices(services []*corev1.Service, keep func(*corev1.Service) bool) []*corev1.Service {
+	var out []*corev1.Service
 	for _, s := range services {
-		if IsGroup(s) {
-			gs = append(gs, s)
+		if keep(s) {
+			out = append(out, s)
 		}
 	}
-	slices.SortFunc(gs, func(x, y *corev1.Service) int { return older(x, y) })
-	return gs
+	slices.SortFunc(out, func(x, y *corev1.Service) int { return older(x, y) })
+	return out
 }
 
 // vipAnnotation returns a Service's VIP annotation (portico.io/vip, else the alias).
@@ -129,7 +143,8 @@ func parseUnmatchedHost(v string) (model.UnmatchedHost, error) {
 
 func (b *builder) groups() {
 	b.groupList = sortedGroups(b.st.Services)
-	vipOwner := map[netip.Addr]string{}
+	b.vipOwner = map[netip.Addr]string{}
+	vipOwner := b.vipOwner
 	vridOwner := map[uint8]string{}
 	for _, s := range b.groupList {
 		g := &model.Group{Name: key(s)}

@@ -342,7 +342,6 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 	// Created in name order; ties in creation time are decided by name.
 	e.svc(groupSvc("", "a-manual", 0, AnnotationVIP, "198.51.100.3"))
 	lb := groupSvc("", "b-lb", 0)
-	lb.Labels = nil
 	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
 	lb.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
 	e.svc(lb)

@@ -4,7 +4,8 @@ package controlplane
 const (
 	// ControllerName is the IngressClass spec.controller Portico serves.
 	ControllerName = "portico.io/ingress-controller"
-	// LoadBalancerClass marks a LoadBalancer Service as a Portico group.
+	// LoadBalancerClass marks a LoadBalancer Service as an L4 Service Portico
+	// serves (a group when it is also labelled portico.io/group=true).
 	LoadBalancerClass = "portico.io/vip"
 	// LabelGroup ("true") marks a Service as a Portico group.
 	LabelGroup = "portico.io/group"
@@ -22,6 +23,9 @@ const (
 	// answers a host no Ingress of the group names: close the connection (the
 	// default) or answer 404.
 	AnnotationUnmatchedHost = "portico.io/unmatched-host"
+	// AnnotationProxyProtocol ("true"/"false") on an L4 Service sends a PROXY
+	// protocol header with the client's address to the endpoints of its TCP ports.
+	AnnotationProxyProtocol = "portico.io/proxy-protocol"
 	// AnnotationSSLRedirect ("true"/"false") redirects HTTP to HTTPS for an Ingress's hosts.
 	AnnotationSSLRedirect = "portico.io/ssl-redirect"
 	// LabelMicroservice ("true") marks a pod route.

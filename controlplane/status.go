@@ -24,12 +24,16 @@ func vipsByGroup(snap model.Snapshot) map[string][]netip.Addr {
 }
 
 // writeServiceStatus sets status.loadBalancer.ingress of every LoadBalancer group
-// Service to its VIPs (only those: the API server refuses the field on other types).
+// and every L4 Service to its VIPs (only those: the API server refuses the field on
+// other types). An L4 Service that is not served (no group) gets none.
 func (c *Controller) writeServiceStatus(ctx context.Context, services []*corev1.Service, snap model.Snapshot) error {
 	vips := vipsByGroup(snap)
+	for _, v := range snap.Services {
+		vips[v.Name] = v.VIPs
+	}
 	var errs []error
 	for _, s := range services {
-		if !IsGroup(s) || s.Spec.Type != corev1.ServiceTypeLoadBalancer {
+		if s.Spec.Type != corev1.ServiceTypeLoadBalancer || !IsGroup(s) && !IsL4Service(s) {
 			continue
 		}
 		want := lbIngress(vips[key(s)])

@@ -112,6 +112,15 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		if err == nil {
 			break
 		}
+		if unboundAddress(err.Error()) {
+			// An L4 Service's VIP not on lo yet (the announcer adds it
+			// concurrently): not a verdict on the text. The running configuration
+			// stays, and the error makes the sink try again.
+			res, _ = fail(ResultError, err)
+			res, _ = r.keepRunning(ctx, s, res)
+			res.Result = ResultError
+			return res, err
+		}
 		file := blamedCertificate(cfg, err.Error())
 		if file == "" || r.refused[file] != "" {
 			r.rejected = cfg.Text
@@ -270,6 +279,12 @@ func (r *Reloader) setProblems(ps []model.Problem) {
 }
 
 // nginxReason extracts the "[emerg] ..." part of an nginx -t failure.
+// unboundAddress reports whether nginx -t failed to bind a listen address that
+// is not (yet) this node's.
+func unboundAddress(msg string) bool {
+	return strings.Contains(msg, "bind() to ") && strings.Contains(msg, "(99: ")
+}
+
 func nginxReason(msg string) string {
 	if i := strings.Index(msg, "[emerg] "); i >= 0 {
 		msg = msg[i+len("[emerg] "):]

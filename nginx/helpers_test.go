@@ -13,14 +13,15 @@ import (
 	"github.com/portico-edge/portico/internal/testenv"
 )
 
-// nginxBinary finds nginx and checks that the Lua module rendered configurations load
-// is installed. Without them the test is skipped, except in CI, where the deps script
+// nginxBinary finds nginx and checks that the modules rendered configurations load
+// (Lua, stream) are installed. Without them the test is skipped, except in CI, where the deps script
 // installs them and a missing one is a failure.
 func nginxBinary(t testing.TB) string {
 	t.Helper()
-	for _, m := range []string{"ndk_http_module.so", "ngx_http_lua_module.so"} {
+	for m, pkg := range map[string]string{"ndk_http_module.so": "libnginx-mod-http-lua", "ngx_http_lua_module.so": "libnginx-mod-http-lua",
+		"ngx_stream_module.so": "libnginx-mod-stream"} {
 		if _, err := os.Stat(filepath.Join(DefaultOptions("").ModulesDir, m)); err != nil {
-			testenv.Unavailable(t, "the nginx Lua module (libnginx-mod-http-lua) is not installed")
+			testenv.Unavailable(t, "the nginx module %s (%s) is not installed", m, pkg)
 		}
 	}
 	if p, err := exec.LookPath("nginx"); err == nil {

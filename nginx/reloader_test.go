@@ -187,6 +187,36 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 	}
 }
 
+// TestApplyRetriesAnAddressNotYetLocal: nginx -t failing to bind a listen address
+// the node does not have yet (an L4 Service's VIP the announcer is adding to lo)
+// is an error to retry, not a refusal: the same text is tested again.
+func TestApplyRetriesAnAddressNotYetLocal(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{})
+	ctx := context.Background()
+	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
+	r.master = m
+	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com")); err != nil || res.Result != ResultSuccess {
+		t.Fatalf("first apply: %+v, %v", res, err)
+	}
+	runner.mu.Lock()
+	runner.testErr = errors.New("nginx: [emerg] 7#7: bind() to 192.0.2.53:53 failed (99: Cannot assign requested address)")
+	runner.mu.Unlock()
+	snap := hostSnapshot("a.example.com", "b.example.com")
+	if res, err := r.ApplyNow(ctx, snap); err == nil || res.Result != ResultError {
+		t.Fatalf("apply while the address is missing: %+v, %v, want error", res, err)
+	}
+	runner.mu.Lock()
+	runner.testErr = nil
+	runner.mu.Unlock()
+	if res, err := r.ApplyNow(ctx, snap); err != nil || res.Result != ResultSuccess {
+		t.Fatalf("apply once the address is there: %+v, %v, want success", res, err)
+	}
+	if tests, _ := runner.snapshot(); tests != 3 {
+		t.Errorf("nginx -t ran %d times, want 3", tests)
+	}
+}
+
 func TestApplyReportsProblemsAndKeepsTheRest(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})

@@ -67,6 +67,7 @@ type (
 		LuaDigest      string // of the Lua module nginx.conf loads
 		Servers        []tmplServer
 		Default        tmplServer
+		Stream         *tmplStream // nil: no L4 Service, no stream module
 		Checksum       string
 		// WorkerConnections and RlimitNofile: each connection may need two files
 		// (client and upstream).
@@ -170,6 +171,8 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	if catchAll != nil {
 		d.Default = r.server(catchAll)
 	}
+
+	d.Stream = r.stream(snap)
 
 	table := endpointTable{}
 	for n := range r.usedUpstreams {

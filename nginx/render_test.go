@@ -92,6 +92,28 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 			Upstreams:    []model.Upstream{web},
 			Certificates: []model.Certificate{testCert(t, "shop/secure-tls")},
 		},
+		// L4 Services: TCP and UDP ports, PROXY protocol (TCP only) and
+		// client-address affinity; a port without endpoints gets no server;
+		// another group's Service is not rendered. nginx -t binds the listen
+		// addresses, so the VIPs here are loopback ones.
+		"l4-services": {
+			Groups: []model.Group{{Name: "edge/a"}, {Name: "edge/b"}},
+			Services: []model.Service{
+				{Name: "shop/dns", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("127.0.0.153")},
+					ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
+						{Protocol: model.TCP, Port: 15353, Upstream: "shop-dns-15353-tcp"}, {Protocol: model.UDP, Port: 15353, Upstream: "shop-dns-15353-udp"}}},
+				{Name: "shop/empty", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.54")}, Ports: []model.ServicePort{
+					{Protocol: model.TCP, Port: 15432, Upstream: "shop-empty-15432-tcp"}}},
+				{Name: "shop/other", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.55")}, Ports: []model.ServicePort{
+					{Protocol: model.TCP, Port: 15022, Upstream: "shop-other-15022-tcp"}}},
+			},
+			Upstreams: []model.Upstream{
+				{Name: "shop-dns-15353-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("10.0.5.2:5353")}},
+				{Name: "shop-dns-15353-udp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("[2001:db8:5::2]:5353")}},
+				{Name: "shop-empty-15432-tcp"},
+				{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
+			},
+		},
 		"tls-redirect": {
 			Servers: []model.Server{
 				{Group: "edge/a", Host: "bad-cert.example.com", TLSCertificate: "shop/broken", Locations: []model.Location{

@@ -17,6 +17,7 @@ type Snapshot struct {
 	Servers      []Server      // sorted by (Group, Host)
 	Upstreams    []Upstream    // sorted by Name
 	Certificates []Certificate // sorted by Name
+	Services     []Service     // sorted by Name
 }
 
 // Equal reports whether two snapshots describe the same desired state.
@@ -67,6 +68,29 @@ const (
 	TCP Protocol = "TCP"
 	UDP Protocol = "UDP"
 )
+
+// Service is an L4 Service: a LoadBalancer Service of class portico.io/vip. Its
+// VIPs are announced and steered like its group's, over the group's replicas,
+// and every replica's nginx forwards each of its ports to the port's upstream.
+type Service struct {
+	Name  string        // "namespace/name" of the Service
+	Group string        // Group.Name whose replicas serve it
+	VIPs  []netip.Addr  // sorted; at most MaxVIPsPerFamily of each address family
+	Ports []ServicePort // sorted by (Protocol, Port)
+	// ProxyProtocol sends a PROXY protocol (v1) header to the endpoints of its
+	// TCP ports, carrying the client's address (portico.io/proxy-protocol).
+	ProxyProtocol bool
+	// ClientIPAffinity sends every connection and datagram of one client
+	// address to the same endpoint (spec.sessionAffinity: ClientIP).
+	ClientIPAffinity bool
+}
+
+// ServicePort is one public port of an L4 Service and where it goes.
+type ServicePort struct {
+	Protocol Protocol
+	Port     uint16
+	Upstream string // Upstream.Name
+}
 
 // Port is one L4 port of a group's VIPs.
 type Port struct {

@@ -45,17 +45,59 @@ func (s Snapshot) Validate() error {
 	for _, v := range s.Servers {
 		add(v.validate(groups, upstreams, certs))
 	}
+	add(ordered("services", s.Services, func(x, y Service) int { return cmp.Compare(x.Name, y.Name) }, func(v Service) string { return v.Name }))
+	for _, v := range s.Services {
+		add(v.validate(groups, upstreams))
+	}
+	vipOf := map[netip.Addr]string{}
+	for _, g := range s.Groups {
+		for _, a := range g.VIPs {
+			vipOf[a] = "group " + g.Name
+		}
+	}
+	for _, v := range s.Services {
+		for _, a := range v.VIPs {
+			if other, ok := vipOf[a]; ok {
+				errs = append(errs, fmt.Errorf("service %s: vip %s is also %s's", v.Name, a, other))
+			}
+			vipOf[a] = "service " + v.Name
+		}
+	}
 	return errors.Join(errs...)
 }
 
-func (g Group) validate() error {
+func (v Service) validate(groups, upstreams map[string]bool) error {
 	var errs []error
-	if g.Name == "" {
-		errs = append(errs, errors.New("group without a name"))
+	if !groups[v.Group] {
+		errs = append(errs, fmt.Errorf("group %q does not exist", v.Group))
 	}
-	errs = appendErr(errs, ordered("vips", g.VIPs, netip.Addr.Compare, netip.Addr.String))
+	errs = appendErr(errs, validVIPs(v.VIPs))
+	errs = appendErr(errs, ordered("ports", v.Ports, func(x, y ServicePort) int {
+		return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
+	}, func(p ServicePort) string { return string(p.Protocol) + "/" + strconv.Itoa(int(p.Port)) }))
+	for _, p := range v.Ports {
+		if p.Protocol != TCP && p.Protocol != UDP {
+			errs = append(errs, fmt.Errorf("port %d has protocol %q", p.Port, p.Protocol))
+		}
+		if p.Port == 0 {
+			errs = append(errs, errors.New("port 0"))
+		}
+		if !upstreams[p.Upstream] {
+			errs = append(errs, fmt.Errorf("port %s/%d: upstream %q does not exist", p.Protocol, p.Port, p.Upstream))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("service %s: %w", v.Name, err)
+	}
+	return nil
+}
+
+// validVIPs checks a VIP list: sorted, no address twice, plain addresses, at most
+// MaxVIPsPerFamily of a family.
+func validVIPs(vips []netip.Addr) error {
+	errs := []error{ordered("vips", vips, netip.Addr.Compare, netip.Addr.String)}
 	families := map[bool]int{}
-	for _, a := range g.VIPs {
+	for _, a := range vips {
 		if !a.IsValid() || a.Is4In6() || a.Zone() != "" {
 			errs = append(errs, fmt.Errorf("vip %q is not a plain IPv4 or IPv6 address", a))
 		}
@@ -64,6 +106,15 @@ func (g Group) validate() error {
 	if families[true] > MaxVIPsPerFamily || families[false] > MaxVIPsPerFamily {
 		errs = append(errs, fmt.Errorf("more than %d vips of an address family", MaxVIPsPerFamily))
 	}
+	return errors.Join(errs...)
+}
+
+func (g Group) validate() error {
+	var errs []error
+	if g.Name == "" {
+		errs = append(errs, errors.New("group without a name"))
+	}
+	errs = appendErr(errs, validVIPs(g.VIPs))
 	errs = appendErr(errs, ordered("ports", g.Ports, func(x, y Port) int {
 		return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
 	}, func(p Port) string { return string(p.Protocol) + "/" + strconv.Itoa(int(p.Port)) }))
