@@ -178,6 +178,17 @@ static __always_inline struct backend *active_backend(__u32 id)
 	return be && (be->flags & BACKEND_F_ACTIVE) ? be : 0;
 }
 
+/* kept reports whether a flow that names backend be stays with it. A replica the
+ * liveness checks call down keeps its TCP connections (they are lost either way
+ * if it is dead, and kept if the check was wrong), but not other flows: without
+ * a handshake nothing tells a new UDP flow from an old one, so keeping them would
+ * send every new flow of its slots to a dead node for as long as the transition
+ * lasts; picked again, a DNS query or a new QUIC connection is answered. */
+static __always_inline int kept(const struct backend *be, const struct flow_key *f)
+{
+	return !(be->flags & BACKEND_F_DOWN) || f->proto == IPPROTO_TCP;
+}
+
 static __always_inline int flow_key_eq(const struct flow_key *a, const struct flow_key *b)
 {
 	const __u64 *x = (const __u64 *)a, *y = (const __u64 *)b;
@@ -418,7 +429,7 @@ int xdp_lb(struct xdp_md *ctx)
 			write = CACHE_PINNED;
 			bpf_map_delete_elem(&new_pins, &p.flow);
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
-			if (active_backend(fv->backend_id)) {
+			if ((be = active_backend(fv->backend_id)) && kept(be, &p.flow)) {
 				bid = fv->backend_id;
 				pin = CACHE_PINNED;
 				if (vs)
@@ -429,10 +440,10 @@ int xdp_lb(struct xdp_md *ctx)
 				}
 			} else {
 				count(REASON_FLOW_REPICK, 0);
-				if (pbid != bid && active_backend(pbid))
+				if (pbid != bid && (be = active_backend(pbid)) && kept(be, &p.flow))
 					bid = pbid; /* the pin is stale; the rings still know */
 			}
-		} else if (pbid != bid && (be = active_backend(pbid))) {
+		} else if (pbid != bid && (be = active_backend(pbid)) && kept(be, &p.flow)) {
 			/* Older than the change: the previous ring's replica, unless this
 			 * node's own stack settles it. A connection this node has stays
 			 * here, though the previous ring names another replica (it was

@@ -47,6 +47,7 @@ enum backend_flags {
 	BACKEND_F_ACTIVE = 1,   /* the entry is in use; a cleared entry is a gone backend */
 	BACKEND_F_LOCAL = 2,    /* the replica is this node: XDP_PASS */
 	BACKEND_F_DRAINING = 4, /* keeps existing flows, not in the ring */
+	BACKEND_F_DOWN = 8,     /* liveness says it cannot serve: only TCP flows are kept on it */
 };
 
 /* backends: backend id -> where to send. One backend per (VIP address, replica).

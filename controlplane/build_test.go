@@ -197,7 +197,7 @@ func TestBuild(t *testing.T) {
 					s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
 					return s
 				}
-				dns := l4("dns", 1, AnnotationVIP, "192.0.2.53", AnnotationProxyProtocol, "true")
+				dns := l4("dns", 1, AnnotationVIP, "192.0.2.53", AnnotationProxyProtocol, "true", AnnotationUDPIdleTimeout, "10s")
 				dns.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 				udp := slice("shop", "dns", "dns-u", "dns", 5353, ep{addr: "10.2.0.1", ready: true}, ep{addr: "10.2.0.2", ready: false})
 				udp.Ports[0].Protocol = ptr(corev1.ProtocolUDP)
@@ -206,7 +206,7 @@ func TestBuild(t *testing.T) {
 				other.Spec.LoadBalancerClass = ptr("example.com/lb")
 				return state(gs, gsl, dns, udp, slice("shop", "dns", "dns-t", "dns-tcp", 5353, ep{addr: "10.2.0.1", ready: true}),
 					l4("defaulted", 2, AnnotationVIP, "192.0.2.54"),
-					l4("taken", 3, AnnotationVIP, "192.0.2.10", AnnotationGroup, "edge/g1", AnnotationProxyProtocol, "maybe"),
+					l4("taken", 3, AnnotationVIP, "192.0.2.10", AnnotationGroup, "edge/g1", AnnotationProxyProtocol, "maybe", AnnotationUDPIdleTimeout, "500ms"),
 					l4("nogroup", 4, AnnotationGroup, "missing"),
 					other)
 			}(),
@@ -216,7 +216,7 @@ func TestBuild(t *testing.T) {
 				Services: []model.Service{
 					{Name: "shop/defaulted", Group: "edge/g1", VIPs: addrs("192.0.2.54"), Ports: []model.ServicePort{
 						{Protocol: model.TCP, Port: 53, Upstream: "shop-defaulted-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-defaulted-53-udp"}}},
-					{Name: "shop/dns", Group: "edge/g1", VIPs: addrs("192.0.2.53"), ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
+					{Name: "shop/dns", Group: "edge/g1", VIPs: addrs("192.0.2.53"), ProxyProtocol: true, ClientIPAffinity: true, UDPIdleTimeout: 10, Ports: []model.ServicePort{
 						{Protocol: model.TCP, Port: 53, Upstream: "shop-dns-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-dns-53-udp"}}},
 					{Name: "shop/taken", Group: "edge/g1", Ports: []model.ServicePort{
 						{Protocol: model.TCP, Port: 53, Upstream: "shop-taken-53-tcp"}, {Protocol: model.UDP, Port: 53, Upstream: "shop-taken-53-udp"}}},
@@ -233,6 +233,7 @@ func TestBuild(t *testing.T) {
 				{Object: "Service shop/defaulted", Field: "spec.ports[2].protocol", Reason: model.ReasonUnsupportedProtocol},
 				{Object: "Service shop/taken", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPConflict},
 				{Object: "Service shop/taken", Field: "metadata.annotations[portico.io/proxy-protocol]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Service shop/taken", Field: "metadata.annotations[portico.io/udp-idle-timeout]", Reason: model.ReasonInvalidAnnotation},
 				{Object: "Service shop/taken", Field: "spec.ports[2].protocol", Reason: model.ReasonUnsupportedProtocol},
 				{Object: "Service shop/nogroup", Field: "metadata.annotations[portico.io/group]", Reason: model.ReasonGroupNotFound},
 			},

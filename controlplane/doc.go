@@ -13,8 +13,8 @@
 // # Objects and annotations
 //
 // A group (a set of ingress replicas sharing VIPs) is a Service labelled
-// portico.io/group=true, or a LoadBalancer Service with loadBalancerClass
-// portico.io/vip. Its EndpointSlices list the Portico agents (hostNetwork, so endpoint
+// portico.io/group=true (a LoadBalancer one also gets its VIPs in its status).
+// Its EndpointSlices list the Portico agents (hostNetwork, so endpoint
 // address = node address): ready endpoints are Ready replicas, terminating ones
 // Draining. Its ports are the ports its VIPs serve; the TCP ports named "http" and
 // "https" are where its nginx serves HTTP and HTTPS. Its VIPs come from the annotation portico.io/vip (comma-separated, up to
@@ -27,6 +27,18 @@
 // for a host none of its Ingresses names (when none has a default backend): "close"
 // (the default) closes the connection without an answer, "not-found" answers 404, as
 // ingress-nginx does; any other value is reported and the default kept.
+//
+// An L4 Service is a LoadBalancer Service with loadBalancerClass portico.io/vip that
+// is not a group. The group its annotation portico.io/group names ("name" in its
+// namespace, or "namespace/name"; else the default group, Options.PodRouteGroup)
+// serves it: its VIPs (portico.io/vip, or allocated from the pools like a group's,
+// and written to status.loadBalancer.ingress) are announced with the group's and
+// steered over the group's replicas, whose nginx forwards each TCP and UDP port to
+// the Service's ready endpoints. portico.io/proxy-protocol: "true" sends a PROXY
+// protocol (v1) header with the client's address to the endpoints of its TCP ports
+// (without it they see the replica's address, as behind any L4 proxy);
+// spec.sessionAffinity ClientIP keeps a client address on one endpoint (a
+// consistent hash, the same on every replica).
 //
 // An Ingress is bound to a group by, in order: its annotation portico.io/group ("name"
 // in the Ingress's namespace, or "namespace/name"); its IngressClass, when the class's

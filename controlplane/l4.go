@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -58,6 +59,15 @@ func (b *builder) l4Services(defaultGroup string) {
 					"%q is not true or false; no PROXY protocol", v)
 			}
 			svc.ProxyProtocol = on
+		}
+		if v, ok := s.Annotations[AnnotationUDPIdleTimeout]; ok {
+			d, err := time.ParseDuration(strings.TrimSpace(v))
+			if err != nil || d < time.Second || d > time.Hour {
+				b.problem("Service", s, "metadata.annotations["+AnnotationUDPIdleTimeout+"]", model.ReasonInvalidAnnotation,
+					"%q is not a duration from 1s to 1h; %ds is used", v, model.DefaultUDPIdleTimeout)
+			} else {
+				svc.UDPIdleTimeout = uint32(d / time.Second)
+			}
 		}
 		acc := l4Acc{svc: svc}
 		type port struct {

@@ -26,6 +26,9 @@ const (
 	// AnnotationProxyProtocol ("true"/"false") on an L4 Service sends a PROXY
 	// protocol header with the client's address to the endpoints of its TCP ports.
 	AnnotationProxyProtocol = "portico.io/proxy-protocol"
+	// AnnotationUDPIdleTimeout (a duration, 1s to 1h) on an L4 Service ends a UDP
+	// session after that long without a datagram (default 30s).
+	AnnotationUDPIdleTimeout = "portico.io/udp-idle-timeout"
 	// AnnotationSSLRedirect ("true"/"false") redirects HTTP to HTTPS for an Ingress's hosts.
 	AnnotationSSLRedirect = "portico.io/ssl-redirect"
 	// LabelMicroservice ("true") marks a pod route.

@@ -45,7 +45,9 @@ type Backend struct {
 	// a draining replica's do: a check that was wrong (a replica too slow for a
 	// moment under load) then breaks no connection, and a replica that is really
 	// dead loses nothing more (its connections are gone either way). Without a
-	// MAC it gets no entry and its flows are picked again, as if removed.
+	// MAC it gets no entry and its flows are picked again, as if removed. Only
+	// TCP flows stay: a UDP flow cannot be told from a new one, so it is picked
+	// again rather than sent to a node that may be dead.
 	Down bool
 }
 
@@ -473,6 +475,9 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				}
 				if b.Draining || b.Down {
 					flags |= uint16(lbBackendFlagsBACKEND_F_DRAINING)
+				}
+				if b.Down {
+					flags |= uint16(lbBackendFlagsBACKEND_F_DOWN)
 				}
 				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
 				idOf[a] = id

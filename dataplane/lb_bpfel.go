@@ -34,6 +34,7 @@ const (
 	lbBackendFlagsBACKEND_F_ACTIVE   lbBackendFlags = 1
 	lbBackendFlagsBACKEND_F_LOCAL    lbBackendFlags = 2
 	lbBackendFlagsBACKEND_F_DRAINING lbBackendFlags = 4
+	lbBackendFlagsBACKEND_F_DOWN     lbBackendFlags = 8
 )
 
 type lbCachePin uint32

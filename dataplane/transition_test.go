@@ -362,8 +362,9 @@ func TestRestartStartsNoTransition(t *testing.T) {
 }
 
 // TestDownKeepsItsFlows: a replica the liveness checks call dead gets no new flows;
-// its own flows stay with it while its MAC is known (a wrong verdict breaks no
-// connection), and are picked again once it is not.
+// its own TCP flows stay with it while its MAC is known (a wrong verdict breaks no
+// connection), and are picked again once it is not; its UDP flows are picked
+// again (a draining replica keeps them).
 func TestDownKeepsItsFlows(t *testing.T) {
 	dr := newDirector(t, "d1")
 	all := []Backend{r1, r2, r4}
@@ -376,6 +377,21 @@ func TestDownKeepsItsFlows(t *testing.T) {
 	}
 	if got := dr.send(t, syn(f), all...); got.Addr == r1.Addr {
 		t.Errorf("a new connection went to the down replica")
+	}
+	// A UDP flow cannot be told from a new one: one that the previous ring put
+	// on the down replica is picked again, not sent to a node that may be dead.
+	var u xdptest.Packet
+	for sport := uint16(23000); sport < 28000; sport++ {
+		if u = udp4(sport); pick(t, u, all...) == r1.Addr {
+			break
+		}
+	}
+	if got := dr.send(t, u, all...); got.Addr == r1.Addr {
+		t.Errorf("a UDP flow of the down replica's slot went to it (%s), want it picked again", got.Addr)
+	}
+	dr.apply(t, desired(draining(r1), r2, r4))
+	if got := dr.send(t, u, all...); got.Addr != r1.Addr {
+		t.Errorf("a UDP flow of a draining replica went to %s, want it kept on %s", got.Addr, r1.Addr)
 	}
 	g := flowWhere(t, f.SPort+1, [][]Backend{all, {r2, r4}}, r1, r4)
 	noMAC := down(r1)

@@ -512,8 +512,9 @@ func (g withoutWatchList) Enabled(f clientfeatures.Feature) bool {
 	return f != clientfeatures.WatchListClient && g.Gates.Enabled(f)
 }
 
-// setupTenant makes a LoadBalancer group in another namespace: its VIP annotation and
-// status.loadBalancer are written cluster-wide.
+// setupTenant makes an L4 Service (LoadBalancer, class portico.io/vip) in another
+// namespace, served by the edge group: its VIP annotation and status.loadBalancer
+// are written cluster-wide.
 func setupTenant(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	t.Helper()
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "tenant-a"}}, metav1.CreateOptions{}); err != nil {
@@ -521,7 +522,7 @@ func setupTenant(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	}
 	lbClass := "portico.io/vip"
 	if _, err := cs.CoreV1().Services("tenant-a").Create(ctx, &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "lb"},
+		ObjectMeta: metav1.ObjectMeta{Name: "lb", Annotations: map[string]string{"portico.io/group": namespace + "/edge"}},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &lbClass,
 			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(80)}}},
 	}, metav1.CreateOptions{}); err != nil {
@@ -627,7 +628,7 @@ func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config
 		lb, err := cs.CoreV1().Services("tenant-a").Get(ctx, "lb", metav1.GetOptions{})
 		if err != nil || annotation(lb, "portico.io/vip") == "" || len(lb.Status.LoadBalancer.Ingress) == 0 ||
 			lb.Status.LoadBalancer.Ingress[0].IP != annotation(lb, "portico.io/vip") {
-			return fmt.Sprintf("LoadBalancer group has no VIP in annotation and status (%v)", err)
+			return fmt.Sprintf("L4 Service has no VIP in annotation and status (%v)", err)
 		}
 		claim, err := claims.Get(ctx, "shop", metav1.GetOptions{})
 		if err != nil {

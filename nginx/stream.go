@@ -1,6 +1,7 @@
 package nginx
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -24,6 +25,7 @@ type (
 		Comment       string // Service and port
 		Listen        []string
 		UDP           bool
+		Timeout       string // proxy_timeout
 		Upstream      string
 		ProxyProtocol bool
 	}
@@ -71,7 +73,10 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 			}
 			udp := p.Protocol == model.UDP
 			srv := tmplStreamServer{Comment: fmt.Sprintf("%s %s/%d", svc.Name, p.Protocol, p.Port), UDP: udp,
-				Upstream: p.Upstream, ProxyProtocol: svc.ProxyProtocol && !udp}
+				Upstream: p.Upstream, ProxyProtocol: svc.ProxyProtocol && !udp, Timeout: "1h"}
+			if udp {
+				srv.Timeout = strconv.Itoa(int(cmp.Or(svc.UDPIdleTimeout, model.DefaultUDPIdleTimeout))) + "s"
+			}
 			for _, v := range svc.VIPs {
 				srv.Listen = append(srv.Listen, netip.AddrPortFrom(v, p.Port).String())
 			}

@@ -83,7 +83,15 @@ type Service struct {
 	// ClientIPAffinity sends every connection and datagram of one client
 	// address to the same endpoint (spec.sessionAffinity: ClientIP).
 	ClientIPAffinity bool
+	// UDPIdleTimeout ends a UDP session (one client address and port, one
+	// endpoint) after this many seconds without a datagram
+	// (portico.io/udp-idle-timeout); 0 means DefaultUDPIdleTimeout.
+	UDPIdleTimeout uint32
 }
+
+// DefaultUDPIdleTimeout is a UDP session's idle timeout in seconds when its
+// Service does not set one: the kernel's for an unreplied UDP flow.
+const DefaultUDPIdleTimeout = 30
 
 // ServicePort is one public port of an L4 Service and where it goes.
 type ServicePort struct {

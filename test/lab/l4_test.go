@@ -1,0 +1,351 @@
+package lab
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+const (
+	l4TCPPort = 9000 // where the pods' line echo listens
+	l4UDPPort = 9053 // where the pods' datagram echo listens
+)
+
+// serveL4 starts, in every pod namespace, a TCP line echo on l4TCPPort and a UDP
+// echo on l4UDPPort. Each answer is "pod=<name> peer=<address the pod sees>
+// client=<address a PROXY protocol header gave, or ->".
+func (l *Lab) serveL4(t *testing.T) {
+	t.Helper()
+	for _, p := range l.Pods {
+		var ln net.Listener
+		var pc net.PacketConn
+		if err := netlab.Do(p.NS, func() (err error) {
+			if ln, err = net.Listen("tcp4", fmt.Sprintf(":%d", l4TCPPort)); err != nil {
+				return err
+			}
+			pc, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", l4UDPPort))
+			return err
+		}); err != nil {
+			t.Fatalf("listen in %s: %v", p.NS, err)
+		}
+		t.Cleanup(func() { ln.Close(); pc.Close() })
+		name := p.Name
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				go func() {
+					defer c.Close()
+					peer, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+					client := "-"
+					r := bufio.NewReader(c)
+					for i := 0; i < 1000; i++ {
+						c.SetReadDeadline(time.Now().Add(2 * time.Minute))
+						line, err := r.ReadString('\n')
+						if err != nil {
+							return
+						}
+						if f := strings.Fields(line); i == 0 && len(f) == 6 && f[0] == "PROXY" {
+							client = f[2]
+							continue
+						}
+						fmt.Fprintf(c, "pod=%s peer=%s client=%s\n", name, peer, client)
+					}
+				}()
+			}
+		}()
+		go func() {
+			buf := make([]byte, 512)
+			for {
+				n, from, err := pc.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_ = n
+				peer, _, _ := net.SplitHostPort(from.String())
+				pc.WriteTo([]byte(fmt.Sprintf("pod=%s peer=%s client=-\n", name, peer)), from)
+			}
+		}()
+	}
+}
+
+type l4Reply struct{ Pod, Peer, Client string }
+
+func parseL4Reply(s string) (l4Reply, error) {
+	var r l4Reply
+	for _, f := range strings.Fields(s) {
+		k, v, _ := strings.Cut(f, "=")
+		switch k {
+		case "pod":
+			r.Pod = v
+		case "peer":
+			r.Peer = v
+		case "client":
+			r.Client = v
+		}
+	}
+	if r.Pod == "" {
+		return r, fmt.Errorf("reply %q", s)
+	}
+	return r, nil
+}
+
+// l4Service creates a LoadBalancer Service of class portico.io/vip served by
+// the lab's group, with one port to the pods' port target, and its EndpointSlice.
+func (l *Lab) l4Service(ctx context.Context, name string, vip netip.Addr, proto corev1.Protocol, port, target int32, kv ...string) error {
+	class := "portico.io/vip"
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name, Annotations: map[string]string{
+			"portico.io/group": GroupNamespace + "/" + GroupName, "portico.io/vip": vip.String()}},
+		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class,
+			Ports: []corev1.ServicePort{{Name: "l4", Port: port, Protocol: proto}}},
+	}
+	for i := 0; i+1 < len(kv); i += 2 {
+		svc.Annotations[kv[i]] = kv[i+1]
+	}
+	if name == "udp-echo" {
+		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	}
+	if _, err := l.Kube.CoreV1().Services(AppNamespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	es := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: AppNamespace, Name: name + "-lab", Labels: map[string]string{discoveryv1.LabelServiceName: name}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: ptr("l4"), Port: ptr(target), Protocol: ptr(proto)}},
+	}
+	for _, p := range l.Pods {
+		es.Endpoints = append(es.Endpoints, discoveryv1.Endpoint{Addresses: []string{p.Addr.Addr().String()},
+			Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}})
+	}
+	if _, err := l.Kube.DiscoveryV1().EndpointSlices(AppNamespace).Create(ctx, es, metav1.CreateOptions{}); err != nil {
+		return err
+	}
+	return netlab.IP("-n", l.Client.NS, "route", "replace", vip.String()+"/32", "dev", "eth0")
+}
+
+// tcpLine opens a connection from the client namespace to addr and exchanges one
+// line; the connection is returned open.
+func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader, l4Reply, error) {
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	c, err := l.Dial(dctx, "tcp", addr)
+	if err != nil {
+		return nil, nil, l4Reply{}, err
+	}
+	r := bufio.NewReader(c)
+	rep, err := lineOn(c, r)
+	if err != nil {
+		c.Close()
+		return nil, nil, rep, err
+	}
+	return c, r, rep, nil
+}
+
+func lineOn(c net.Conn, r *bufio.Reader) (l4Reply, error) {
+	c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := fmt.Fprintln(c, "hello"); err != nil {
+		return l4Reply{}, err
+	}
+	s, err := r.ReadString('\n')
+	if err != nil {
+		return l4Reply{}, err
+	}
+	return parseL4Reply(s)
+}
+
+// udpQuery sends one datagram from a new socket in the client namespace.
+func (l *Lab) udpQuery(addr string) (l4Reply, error) {
+	var c net.Conn
+	if err := netlab.Do(l.Client.NS, func() (err error) {
+		c, err = net.Dial("udp4", addr)
+		return err
+	}); err != nil {
+		return l4Reply{}, err
+	}
+	defer c.Close()
+	buf := make([]byte, 512)
+	for try := 0; try < 3; try++ {
+		c.SetDeadline(time.Now().Add(time.Second))
+		if _, err := c.Write([]byte("query\n")); err != nil {
+			return l4Reply{}, err
+		}
+		n, err := c.Read(buf)
+		if err == nil {
+			return parseL4Reply(string(buf[:n]))
+		}
+	}
+	return l4Reply{}, fmt.Errorf("no answer from %s", addr)
+}
+
+// TestL4Services: a TCP Service (PROXY protocol on) and a UDP Service (ClientIP
+// affinity), LoadBalancer Services of class portico.io/vip, get their VIPs in
+// their status and are served through them by every replica's nginx, the TCP
+// endpoints learning the client's address; then the VIP owner dies with TCP
+// connections held: the backup takes over and every connection on a surviving
+// replica keeps working, and new TCP connections and UDP queries are answered.
+func TestL4Services(t *testing.T) {
+	l := startLab(t)
+	ctx := context.Background()
+	l.serveL4(t)
+	tcpVIP, udpVIP := netip.MustParseAddr("192.0.2.90"), netip.MustParseAddr("192.0.2.91")
+	if err := l.l4Service(ctx, "tcp-echo", tcpVIP, corev1.ProtocolTCP, 7000, l4TCPPort, "portico.io/proxy-protocol", "true"); err != nil {
+		t.Fatal(err)
+	}
+	// A short UDP idle timeout: the agents' graceful stop at the end of the test
+	// waits for nginx's UDP sessions.
+	if err := l.l4Service(ctx, "udp-echo", udpVIP, corev1.ProtocolUDP, 53, l4UDPPort, "portico.io/udp-idle-timeout", "3s"); err != nil {
+		t.Fatal(err)
+	}
+	for name, vip := range map[string]netip.Addr{"tcp-echo": tcpVIP, "udp-echo": udpVIP} {
+		if err := waitFor(30*time.Second, func() error {
+			s, err := l.Kube.CoreV1().Services(AppNamespace).Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if lb := s.Status.LoadBalancer.Ingress; len(lb) != 1 || lb[0].IP != vip.String() {
+				return fmt.Errorf("Service %s status %+v, want %s", name, lb, vip)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tcpAddr := netip.AddrPortFrom(tcpVIP, 7000).String()
+	udpAddr := netip.AddrPortFrom(udpVIP, 53).String()
+	client := l.Client.Addr.Addr().String()
+
+	// Every replica's nginx loads its stream servers on its own: wait until 30
+	// new connections in a row are answered.
+	if err := waitFor(30*time.Second, func() error {
+		for range 30 {
+			c, _, _, err := l.tcpLine(ctx, tcpAddr)
+			if err != nil {
+				return err
+			}
+			c.Close()
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("TCP through %s: %v", tcpAddr, err)
+	}
+	edges, pods := map[string]int{}, map[string]int{}
+	type held struct {
+		c   net.Conn
+		r   *bufio.Reader
+		rep l4Reply
+	}
+	var conns []held
+	t.Cleanup(func() {
+		for _, h := range conns {
+			h.c.Close()
+		}
+	})
+	for range 90 {
+		c, r, rep, err := l.tcpLine(ctx, tcpAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Client != client {
+			t.Fatalf("the TCP endpoint saw client %q (peer %s), want %s from the PROXY protocol header", rep.Client, rep.Peer, client)
+		}
+		edges[rep.Peer]++
+		pods[rep.Pod]++
+		conns = append(conns, held{c, r, rep})
+	}
+	t.Logf("90 TCP connections held through %s: per replica %v, per pod %v, client address %s at every endpoint", tcpAddr, edges, pods, client)
+	if len(edges) != len(l.Edges) || len(pods) != len(l.Pods) {
+		t.Errorf("TCP connections reached replicas %v and pods %v, want all %d and %d", edges, pods, len(l.Edges), len(l.Pods))
+	}
+
+	// UDP: each query from a socket of its own (a new flow, so any replica);
+	// ClientIP affinity keeps this client on one pod whichever replica's nginx
+	// forwards it.
+	if err := waitFor(30*time.Second, func() error {
+		_, err := l.udpQuery(udpAddr)
+		return err
+	}); err != nil {
+		t.Fatalf("UDP through %s: %v", udpAddr, err)
+	}
+	uedges, upods := map[string]int{}, map[string]int{}
+	for range 60 {
+		rep, err := l.udpQuery(udpAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		uedges[rep.Peer]++
+		upods[rep.Pod]++
+	}
+	t.Logf("60 UDP queries through %s: per replica %v, per pod %v", udpAddr, uedges, upods)
+	if len(uedges) < 2 || len(upods) != 1 {
+		t.Errorf("UDP queries reached replicas %v and pods %v, want several replicas and one pod (ClientIP affinity)", uedges, upods)
+	}
+
+	// The VIP owner dies with the connections held.
+	owner, err := l.Owner()
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := l.Agent(l.EdgeNo(owner)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
+	takeover := time.Since(start)
+	kept, onSurvivors := 0, 0
+	for _, h := range conns {
+		if h.rep.Peer == owner.Addr.Addr().String() {
+			continue
+		}
+		onSurvivors++
+		rep, err := lineOn(h.c, h.r)
+		switch {
+		case err != nil:
+			t.Logf("held connection via %s to %s: %v", h.rep.Peer, h.rep.Pod, err)
+		case rep != h.rep:
+			t.Logf("held connection via %s to %s now answers %+v", h.rep.Peer, h.rep.Pod, rep)
+		default:
+			kept++
+		}
+	}
+	newFailed, udpFailed := 0, 0
+	for range 30 {
+		c, _, _, err := l.tcpLine(ctx, tcpAddr)
+		if err != nil {
+			newFailed++
+			continue
+		}
+		c.Close()
+	}
+	for range 30 {
+		if _, err := l.udpQuery(udpAddr); err != nil {
+			t.Logf("UDP query %v after the takeover: %v", time.Since(start).Round(time.Millisecond), err)
+			udpFailed++
+		}
+	}
+	t.Logf("owner %s died; %s took over in %v; %d of %d held TCP connections on surviving replicas kept working; after takeover %d of 30 new TCP connections and %d of 30 UDP queries failed",
+		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, onSurvivors, newFailed, udpFailed)
+	if onSurvivors == 0 || kept != onSurvivors {
+		t.Errorf("%d of %d held connections on surviving replicas kept working, want all", kept, onSurvivors)
+	}
+	if newFailed > 0 || udpFailed > 0 {
+		t.Errorf("after the takeover %d new TCP connections and %d UDP queries failed, want none", newFailed, udpFailed)
+	}
+}
