@@ -93,6 +93,21 @@ func TestAllocateVIPs(t *testing.T) {
 			want:  map[string][]netip.Addr{"e/new": addrs("192.0.2.2")},
 		},
 		{
+			name: "L4 Services are allocated like groups, oldest first; other LoadBalancer classes are not",
+			services: func() []*corev1.Service {
+				lb := func(name string, age int, class string) *corev1.Service {
+					s := backendSvc("app", name, sport("x", 53))
+					s.ObjectMeta = meta("app", name, age)
+					s.Spec.Type = corev1.ServiceTypeLoadBalancer
+					s.Spec.LoadBalancerClass = ptr(class)
+					return s
+				}
+				return []*corev1.Service{lb("dns", 2, LoadBalancerClass), groupSvc("e", "g", 1), lb("other", 3, "example.com/lb")}
+			}(),
+			pools: []string{"192.0.2.0/29"},
+			want:  map[string][]netip.Addr{"e/g": addrs("192.0.2.1"), "app/dns": addrs("192.0.2.2")},
+		},
+		{
 			name:     "no pools: nothing allocated, nothing reported",
 			services: []*corev1.Service{groupSvc("e", "a", 1)},
 			want:     map[string][]netip.Addr{},
