@@ -30,8 +30,8 @@
 //
 // An L4 Service is a LoadBalancer Service with loadBalancerClass portico.io/vip that
 // is not a group. The group its annotation portico.io/group names ("name" in its
-// namespace, or "namespace/name"; else the default group, Options.PodRouteGroup)
-// serves it: its VIPs (portico.io/vip, or allocated from the pools like a group's,
+// namespace, or "namespace/name"; without it, Options.PodRouteGroup, which the agent
+// leaves empty, so the annotation is required and its absence reported) serves it: its VIPs (portico.io/vip, or allocated from the pools like a group's,
 // and written to status.loadBalancer.ingress) are announced with the group's and
 // steered over the group's replicas, whose nginx forwards each TCP and UDP port to
 // the Service's ready endpoints. portico.io/proxy-protocol: "true" sends a PROXY
