@@ -141,6 +141,20 @@ func parseUnmatchedHost(v string) (model.UnmatchedHost, error) {
 	return model.UnmatchedHostClose, fmt.Errorf("%q is not close or not-found; unmatched hosts are closed", v)
 }
 
+// portProtocol is the protocol of a Service's port i (TCP when unset); SCTP is
+// reported, and not served.
+func (b *builder) portProtocol(s *corev1.Service, i int) (model.Protocol, bool) {
+	p := s.Spec.Ports[i].Protocol
+	switch p {
+	case "", corev1.ProtocolTCP:
+		return model.TCP, true
+	case corev1.ProtocolUDP:
+		return model.UDP, true
+	}
+	b.problem("Service", s, fmt.Sprintf("spec.ports[%d].protocol", i), model.ReasonUnsupportedProtocol, "protocol %s is not served", p)
+	return "", false
+}
+
 func (b *builder) groups() {
 	b.groupList = sortedGroups(b.st.Services)
 	b.vipOwner = map[netip.Addr]string{}
@@ -178,13 +192,8 @@ func (b *builder) groups() {
 			g.UnmatchedHost = u
 		}
 		for i, p := range s.Spec.Ports {
-			proto := model.Protocol(p.Protocol)
-			if p.Protocol == "" {
-				proto = model.TCP
-			}
-			if proto != model.TCP && proto != model.UDP {
-				b.problem("Service", s, fmt.Sprintf("spec.ports[%d].protocol", i), model.ReasonUnsupportedProtocol,
-					"protocol %s is not served", p.Protocol)
+			proto, ok := b.portProtocol(s, i)
+			if !ok {
 				continue
 			}
 			mp := model.Port{Protocol: proto, Port: uint16(p.Port)}

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"cmp"
-	"fmt"
 	"slices"
 	"strconv"
 	"strings"
@@ -77,13 +76,8 @@ func (b *builder) l4Services(defaultGroup string) {
 		var ports []port
 		for i := range s.Spec.Ports {
 			sp := &s.Spec.Ports[i]
-			proto := model.Protocol(sp.Protocol)
-			if sp.Protocol == "" {
-				proto = model.TCP
-			}
-			if proto != model.TCP && proto != model.UDP {
-				b.problem("Service", s, fmt.Sprintf("spec.ports[%d].protocol", i), model.ReasonUnsupportedProtocol,
-					"protocol %s is not served", sp.Protocol)
+			proto, ok := b.portProtocol(s, i)
+			if !ok {
 				continue
 			}
 			num := strconv.Itoa(int(sp.Port))

@@ -338,15 +338,7 @@ func TestDirectorFailover(t *testing.T) {
 	}
 	t.Logf("owner %s; connections per edge: %v", owner.Name, byEdge)
 
-	start := time.Now()
-	if err := l.Agent(l.EdgeNo(owner)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
-		t.Fatal(err)
-	}
-	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
-	takeover := time.Since(start)
+	newOwner, takeover := l.killOwner(t, owner)
 	// Master down interval at 100 ms adverts: 3 × 100 ms + skew (< 100 ms).
 	if takeover > 2*time.Second {
 		t.Errorf("takeover took %v", takeover)
@@ -371,6 +363,21 @@ func TestDirectorFailover(t *testing.T) {
 	if float64(survived) < 0.99*float64(onSurvivors) {
 		t.Errorf("%d of %d connections survived, want >= 99%%", survived, onSurvivors)
 	}
+}
+
+// killOwner kills the VIP owner's agent (-9) and cuts its link, and waits for
+// another edge to take the VIP: the new owner, and how long it took.
+func (l *Lab) killOwner(t *testing.T, owner *Node) (*Node, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	if err := l.Agent(l.EdgeNo(owner)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
+	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
+	return newOwner, time.Since(start)
 }
 
 // ownerMaps reads the owner's pinned maps: the replica states it steers with.

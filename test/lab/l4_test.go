@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/netip"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -300,15 +299,34 @@ func TestL4Services(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A bounded stream of new connections runs through the failover (one every
+	// 20 ms, at most 10 s): the ones the dead owner's replica would have taken
+	// fail until the liveness checks call it down.
+	type attempt struct {
+		at  time.Duration
+		err error
+	}
+	stream := make(chan []attempt, 1)
+	stop := make(chan struct{})
 	start := time.Now()
-	if err := l.Agent(l.EdgeNo(owner)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
-		t.Fatal(err)
-	}
-	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
-	takeover := time.Since(start)
+	go func() {
+		var as []attempt
+		for i := 0; i < 500; i++ {
+			select {
+			case <-stop:
+				stream <- as
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			c, _, _, err := l.tcpLine(ctx, tcpAddr)
+			if err == nil {
+				c.Close()
+			}
+			as = append(as, attempt{time.Since(start), err})
+		}
+		stream <- as
+	}()
+	newOwner, takeover := l.killOwner(t, owner)
 	kept, onSurvivors := 0, 0
 	for _, h := range conns {
 		if h.rep.Peer == owner.Addr.Addr().String() {
@@ -325,6 +343,17 @@ func TestL4Services(t *testing.T) {
 			kept++
 		}
 	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	as := <-stream
+	failed, last := 0, time.Duration(0)
+	for _, a := range as {
+		if a.err != nil {
+			failed++
+			last = a.at
+		}
+	}
+	t.Logf("stream of new TCP connections through the failover: %d of %d failed, the last %v after the kill", failed, len(as), last.Round(time.Millisecond))
 	newFailed, udpFailed := 0, 0
 	for range 30 {
 		c, _, _, err := l.tcpLine(ctx, tcpAddr)
