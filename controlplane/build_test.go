@@ -120,6 +120,11 @@ func state(objs ...any) State {
 	return st
 }
 
+func affine(l model.Location, cookie string, maxAge uint32) model.Location {
+	l.Affinity = model.CookieAffinity{Cookie: cookie, MaxAge: maxAge}
+	return l
+}
+
 func loc(path string, typ model.PathType, up, src string) model.Location {
 	return model.Location{Path: path, Type: typ, Upstream: up, Source: src}
 }
@@ -422,6 +427,37 @@ func TestBuild(t *testing.T) {
 				{Object: "Ingress app/no-match", Field: "metadata.annotations[portico.io/group-selector]", Reason: model.ReasonNoMatchingGroup},
 				{Object: "Ingress app/bad-redirect", Field: "metadata.annotations[portico.io/ssl-redirect]", Reason: model.ReasonInvalidAnnotation},
 				{Object: "Ingress app/relative-path", Field: "spec.rules[0].http.paths[0].path", Reason: model.ReasonInvalidPath},
+			},
+		},
+		{
+			name: "cookie affinity: default and named cookies, max-age; bad values reported, the rest served",
+			st: state(gs, gsl, ws, wsl,
+				ingress("app", "plain", 1, "a.example", []path{{"/", pfx, "web", 80}}, append(bind, AnnotationAffinity, "cookie")...),
+				ingress("app", "named", 2, "b.example", []path{{"/cart", pfx, "web", 80}, {"/pay", exact, "web", 80}},
+					append(bind, AnnotationAffinity, "cookie", AnnotationSessionCookieName, "SHOP_id-1", AnnotationSessionCookieMaxAge, "3600")...),
+				ingress("app", "bad-kind", 3, "c.example", []path{{"/", pfx, "web", 80}}, append(bind, AnnotationAffinity, "ip")...),
+				ingress("app", "bad-name", 4, "d.example", []path{{"/", pfx, "web", 80}},
+					append(bind, AnnotationAffinity, "cookie", AnnotationSessionCookieName, "a;b=c")...),
+				ingress("app", "bad-age", 5, "e.example", []path{{"/", pfx, "web", 80}},
+					append(bind, AnnotationAffinity, "cookie", AnnotationSessionCookieMaxAge, "-1")...),
+			),
+			want: model.Snapshot{
+				Groups: []model.Group{g1Group},
+				Servers: []model.Server{
+					{Group: "edge/g1", Host: "a.example", Locations: []model.Location{affine(loc("/", model.PathPrefix, "app-web-80", "app/plain"), DefaultSessionCookie, 0)}},
+					{Group: "edge/g1", Host: "b.example", Locations: []model.Location{
+						affine(loc("/cart", model.PathPrefix, "app-web-80", "app/named"), "SHOP_id-1", 3600),
+						affine(loc("/pay", model.PathExact, "app-web-80", "app/named"), "SHOP_id-1", 3600)}},
+					{Group: "edge/g1", Host: "c.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/bad-kind")}},
+					{Group: "edge/g1", Host: "d.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/bad-name")}},
+					{Group: "edge/g1", Host: "e.example", Locations: []model.Location{affine(loc("/", model.PathPrefix, "app-web-80", "app/bad-age"), DefaultSessionCookie, 0)}},
+				},
+				Upstreams: []model.Upstream{webHTTP},
+			},
+			problems: []model.Problem{
+				{Object: "Ingress app/bad-kind", Field: "metadata.annotations[portico.io/affinity]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Ingress app/bad-name", Field: "metadata.annotations[portico.io/session-cookie-name]", Reason: model.ReasonInvalidAnnotation},
+				{Object: "Ingress app/bad-age", Field: "metadata.annotations[portico.io/session-cookie-max-age]", Reason: model.ReasonInvalidAnnotation},
 			},
 		},
 		{

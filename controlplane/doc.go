@@ -49,6 +49,12 @@
 // records it in portico.io/group. Bindings are sticky: a recorded group is never
 // replaced, and a missing one is reported.
 //
+// An Ingress annotated portico.io/affinity: "cookie" keeps each client on one
+// endpoint of every path it routes, by a cookie (portico.io/session-cookie-name,
+// default portico-affinity; portico.io/session-cookie-max-age in seconds, else a
+// session cookie). Another affinity value or a bad cookie name leaves the Ingress
+// without affinity, a bad max-age leaves a session cookie; each is reported.
+//
 // An Ingress's spec.defaultBackend answers what none of its rules match, as the
 // Ingress specification says and ingress-nginx does: paths of its own hosts that no
 // rule matches, and hosts no Ingress of the group names (the group's catch-all; when

@@ -33,6 +33,7 @@ func (b *builder) ingresses() {
 			}
 			redirect = r
 		}
+		aff := b.affinity(ing)
 		// TLS: host -> certificate name.
 		tlsFor := map[string]string{}
 		for i, t := range ing.Spec.TLS {
@@ -127,10 +128,44 @@ func (b *builder) ingresses() {
 				}
 				touch(s)
 				s.locs[lk] = src
-				s.locations = append(s.locations, model.Location{Path: path, Type: typ, Upstream: up, Source: src})
+				s.locations = append(s.locations, model.Location{Path: path, Type: typ, Upstream: up, Source: src, Affinity: aff})
 			}
 		}
 	}
+}
+
+// affinity reads an Ingress's cookie affinity annotations. A bad value is
+// reported: an unknown affinity or a bad cookie name leaves the Ingress without
+// affinity, a bad max-age leaves a session cookie.
+func (b *builder) affinity(ing *networkingv1.Ingress) model.CookieAffinity {
+	field := func(a string) string { return "metadata.annotations[" + a + "]" }
+	v, ok := ing.Annotations[AnnotationAffinity]
+	if !ok {
+		return model.CookieAffinity{}
+	}
+	if strings.TrimSpace(v) != "cookie" {
+		b.problem("Ingress", ing, field(AnnotationAffinity), model.ReasonInvalidAnnotation, "%q is not cookie; no affinity", v)
+		return model.CookieAffinity{}
+	}
+	a := model.CookieAffinity{Cookie: DefaultSessionCookie}
+	if n, ok := ing.Annotations[AnnotationSessionCookieName]; ok {
+		if !model.CookieNameRE.MatchString(n) {
+			b.problem("Ingress", ing, field(AnnotationSessionCookieName), model.ReasonInvalidAnnotation,
+				"%q is not a cookie name of 1 to 64 letters, digits, _ and -; no affinity", n)
+			return model.CookieAffinity{}
+		}
+		a.Cookie = n
+	}
+	if s, ok := ing.Annotations[AnnotationSessionCookieMaxAge]; ok {
+		n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
+		if err != nil || n == 0 || n > model.MaxCookieAge {
+			b.problem("Ingress", ing, field(AnnotationSessionCookieMaxAge), model.ReasonInvalidAnnotation,
+				"%q is not a number of seconds from 1 to %d; a session cookie is used", s, model.MaxCookieAge)
+		} else {
+			a.MaxAge = uint32(n)
+		}
+	}
+	return a
 }
 
 // certificate returns the Certificate name of an Ingress TLS entry's Secret.

@@ -29,6 +29,16 @@ const (
 	// AnnotationUDPIdleTimeout (a duration, 1s to 1h) on an L4 Service ends a UDP
 	// session after that long without a datagram (default 30s).
 	AnnotationUDPIdleTimeout = "portico.io/udp-idle-timeout"
+	// AnnotationAffinity ("cookie") on an Ingress keeps each client on one
+	// endpoint of every path it routes, by a cookie.
+	AnnotationAffinity = "portico.io/affinity"
+	// AnnotationSessionCookieName names that cookie (default DefaultSessionCookie).
+	AnnotationSessionCookieName = "portico.io/session-cookie-name"
+	// AnnotationSessionCookieMaxAge (seconds) makes it outlive the browser
+	// session; without it, it is a session cookie.
+	AnnotationSessionCookieMaxAge = "portico.io/session-cookie-max-age"
+	// DefaultSessionCookie is the affinity cookie's name when none is given.
+	DefaultSessionCookie = "portico-affinity"
 	// AnnotationSSLRedirect ("true"/"false") redirects HTTP to HTTPS for an Ingress's hosts.
 	AnnotationSSLRedirect = "portico.io/ssl-redirect"
 	// LabelMicroservice ("true") marks a pod route.

@@ -67,6 +67,19 @@
 // the endpoints of the latest snapshot (none for an upstream the snapshot no longer
 // has), pushed as above, so one bad object does not freeze every host's endpoints.
 //
+// # Cookie affinity
+//
+// A location with cookie affinity (model.CookieAffinity) passes its cookie's
+// name, path and max-age after the upstream name in $portico_upstream. The cookie
+// names an endpoint by the first 16 hex digits of the MD5 of its "address:port":
+// derived from the address alone, so the nginx of every replica, each with its
+// own round robin, sends a cookie to the same endpoint, and a change of the
+// endpoint table (no reload) moves only the clients whose endpoint left. A
+// request whose cookie names an endpoint the upstream has goes there first (the
+// next endpoints on a failed connection, as without affinity); the response sets
+// the cookie (Path the Ingress path, HttpOnly, Max-Age when given) whenever the
+// endpoint that answered is not the one it named.
+//
 // The price is paid by full reloads: Debian 12's Lua module (0.10.23) creates an
 // OpenSSL context for every location and server block it merges, used or not (for
 // Lua's TLS sockets), about 0.13 ms and 14 KiB each. At 5,000 hosts (15,000 blocks)

@@ -1,6 +1,7 @@
 package nginx
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -44,6 +45,16 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 	add := func(match string, rank int, l model.Location, obj string) {
 		tl := tmplLocation{Match: match, Source: commentSafe(l.Source)}
 		tl.Upstream, tl.Status = r.upstream(l.Upstream, obj)
+		if a := l.Affinity; a.Cookie != "" && tl.Upstream != "" {
+			if !model.CookieNameRE.MatchString(a.Cookie) || a.MaxAge > model.MaxCookieAge {
+				r.problem(obj, "affinity", model.ReasonInvalidAnnotation, fmt.Sprintf("affinity cookie %q, max-age %d: not applied", a.Cookie, a.MaxAge))
+			} else {
+				tl.Affinity, tl.AffinityPath = a.Cookie, cmp.Or(strings.TrimRight(l.Path, "/"), "/")
+				if a.MaxAge > 0 {
+					tl.AffinityMaxAge = strconv.Itoa(int(a.MaxAge))
+				}
+			}
+		}
 		c, ok := byMatch[match]
 		if ok {
 			// Exact over Prefix is the Ingress rule, not a conflict; two paths of the

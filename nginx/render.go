@@ -90,6 +90,10 @@ type (
 		Upstream string // "" answers 503
 		Status   int    // non-zero: return this status instead of proxying
 		Source   string // for a comment, validated
+		// Cookie affinity (model.CookieAffinity): the cookie's name, "" for none;
+		// its Path attribute (the Ingress path); its Max-Age, "" for a session
+		// cookie. All validated.
+		Affinity, AffinityPath, AffinityMaxAge string
 	}
 )
 

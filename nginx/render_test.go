@@ -114,6 +114,15 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 				{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
 			},
 		},
+		// Cookie affinity on two paths (one with a max-age), none on a third.
+		"cookie-affinity": {
+			Servers: []model.Server{{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/web"},
+				{Path: "/cart/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/cart", Affinity: model.CookieAffinity{Cookie: "portico-affinity"}},
+				{Path: "/pay", Type: model.PathExact, Upstream: "shop-api-http", Source: "shop/pay", Affinity: model.CookieAffinity{Cookie: "PAY_id", MaxAge: 3600}},
+			}}},
+			Upstreams: []model.Upstream{api, web},
+		},
 		"tls-redirect": {
 			Servers: []model.Server{
 				{Group: "edge/a", Host: "bad-cert.example.com", TLSCertificate: "shop/broken", Locations: []model.Location{

@@ -8,6 +8,7 @@ package model
 import (
 	"net/netip"
 	"reflect"
+	"regexp"
 )
 
 // Snapshot is everything one build of the cluster state produced. Every slice is
@@ -149,7 +150,26 @@ type Location struct {
 	Type     PathType
 	Upstream string // Upstream.Name
 	Source   string // "namespace/name" of the Ingress or Pod that asked for it
+	// Affinity keeps a client on one endpoint of the upstream by a cookie
+	// (portico.io/affinity: cookie); its zero value is none.
+	Affinity CookieAffinity
 }
+
+// CookieAffinity is session affinity by cookie: the cookie names the client's
+// endpoint by an opaque id derived from the endpoint's address alone, so every
+// replica's nginx sends it to the same endpoint, and only clients whose endpoint
+// left are moved.
+type CookieAffinity struct {
+	Cookie string // the cookie's name (CookieNameRE); "" means no affinity
+	MaxAge uint32 // seconds; 0 makes it a session cookie
+}
+
+// Cookie names Portico accepts: a strict subset of RFC 6265's token, which
+// needs no quoting in nginx.conf, Lua or a Set-Cookie header.
+var CookieNameRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// MaxCookieAge bounds CookieAffinity.MaxAge: one year.
+const MaxCookieAge = 365 * 24 * 3600
 
 // Upstream is one Service port and its ready endpoints.
 type Upstream struct {

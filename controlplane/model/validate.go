@@ -191,6 +191,9 @@ func (v Server) validate(groups, upstreams, certs map[string]bool) error {
 		if !upstreams[l.Upstream] {
 			errs = append(errs, fmt.Errorf("path %q: upstream %q does not exist", l.Path, l.Upstream))
 		}
+		if a := l.Affinity; (a.Cookie != "" && !CookieNameRE.MatchString(a.Cookie)) || (a.Cookie == "" && a.MaxAge != 0) || a.MaxAge > MaxCookieAge {
+			errs = append(errs, fmt.Errorf("path %q: affinity cookie %q with max-age %d", l.Path, a.Cookie, a.MaxAge))
+		}
 	}
 	if len(errs) == 0 {
 		return nil // no prefix built: Validate runs on every sync

@@ -54,6 +54,7 @@ func TestValidate(t *testing.T) {
 		}, "group edge/a: more than 8 vips of an address family"},
 		{"http port not served", func(s *Snapshot) { s.Groups[0].HTTPPort = 8080 }, "group edge/a: http port 8080 is not one of the group's TCP ports"},
 		{"http and https on one port", func(s *Snapshot) { s.Groups[0].HTTPPort, s.Groups[0].HTTPSPort = 443, 443 }, "group edge/a: http and https share port 443"},
+		{"bad affinity cookie", func(s *Snapshot) { s.Servers[1].Locations[0].Affinity.Cookie = "a b" }, `server edge/a "example.com": path "/": affinity cookie "a b"`},
 		{"mapped VIP", func(s *Snapshot) { s.Groups[0].VIPs[0] = netip.MustParseAddr("::ffff:192.0.2.1") }, `group edge/a: vip "::ffff:192.0.2.1" is not a plain`},
 		{"ports out of order", func(s *Snapshot) { s.Groups[0].Ports[0].Port = 8080 }, `group edge/a: ports: "TCP/8080" before "TCP/443", out of order`},
 		{"unknown protocol", func(s *Snapshot) { s.Groups[0].Ports[2].Protocol = "SCTP" }, `group edge/a: port 443 has protocol "SCTP"`},

@@ -11,7 +11,7 @@
 -- Format: a header "# portico endpoints <version>", then one line per
 -- upstream: its name and its endpoints ("10.0.0.1:80", "[fd00::1]:80").
 local balancer = require "ngx.balancer"
-local byte, sub, find, match = string.byte, string.sub, string.find, string.match
+local byte, sub, find, match, gmatch = string.byte, string.sub, string.find, string.match, string.gmatch
 
 local M = {}
 local dict = ngx.shared.portico_endpoints
@@ -190,13 +190,47 @@ local function endpoints(name)
     return by_name[name]
 end
 
+-- id names an endpoint in an affinity cookie: derived from its address
+-- alone, so every replica's nginx reads a cookie the same way. Computed
+-- once per endpoint and table.
+local function id(peer)
+    local v = peer[3]
+    if not v then
+        v = sub(ngx.md5(peer[1] .. ":" .. peer[2]), 1, 16)
+        peer[3] = v
+    end
+    return v
+end
+
+-- cookie returns the value of the request's cookie called name.
+local function cookie(name)
+    local h = ngx.var.http_cookie
+    if not h then
+        return nil
+    end
+    for k, v in gmatch(h, "%s*([^=;%s]+)=([^;]*)") do
+        if k == name then
+            return v
+        end
+    end
+    return nil
+end
+
 -- route runs at the end of every request's rewrite phase: a location that
 -- proxies names its upstream in $portico_upstream; one without endpoints
--- answers 503.
+-- answers 503. A location with cookie affinity follows the name with its
+-- cookie's name, path and max-age, if any ("up cookie /path 600"): the
+-- endpoint the request's cookie names, when the upstream still has it, is the
+-- one balance tries first.
 function M.route()
     local name = ngx.var.portico_upstream
     if not name or name == "" then
         return
+    end
+    local aff
+    local sp = find(name, " ", 1, true)
+    if sp then
+        name, aff = sub(name, 1, sp - 1), sub(name, sp + 1)
     end
     local list = endpoints(name)
     if not list or #list == 0 then
@@ -205,6 +239,24 @@ function M.route()
     local ctx = ngx.ctx
     ctx.portico_name = name
     ctx.portico_peers = list
+    if aff then
+        local cname, path, age = match(aff, "^(%S+) (%S+) ?(%d*)$")
+        if not cname then
+            ngx.log(ngx.ERR, "portico: bad affinity ", aff)
+            return
+        end
+        ctx.portico_cookie, ctx.portico_path, ctx.portico_age = cname, path, age
+        local want = cookie(cname)
+        ctx.portico_had = want
+        if want then
+            for i = 1, #list do
+                if id(list[i]) == want then
+                    ctx.portico_sticky = i
+                    break
+                end
+            end
+        end
+    end
 end
 
 -- balance picks the endpoint: round robin per worker, and the next
@@ -220,6 +272,14 @@ function M.balance()
     local i = ctx.portico_index
     if i then
         i = i % n + 1
+    elseif ctx.portico_sticky then
+        i = ctx.portico_sticky
+        if n > 1 then
+            local ok, err = balancer.set_more_tries(math.min(n, max_tries) - 1)
+            if not ok then
+                ngx.log(ngx.ERR, "portico: set more tries: ", err)
+            end
+        end
     else
         local name = ctx.portico_name
         i = (next_index[name] or ngx.worker.pid()) % n + 1
@@ -237,6 +297,37 @@ function M.balance()
     if not ok then
         ngx.log(ngx.ERR, "portico: set peer ", peer[1], ":", peer[2], ": ", err)
         return ngx.exit(ngx.ERROR)
+    end
+end
+
+-- stick runs in every response's header filter: when the request had cookie
+-- affinity and the endpoint that answered is not the one its cookie named
+-- (none yet, one that left, or one that failed), the response sets the cookie
+-- to it, beside any cookie the upstream set.
+function M.stick()
+    local ctx = ngx.ctx
+    local cname = ctx.portico_cookie
+    local i = ctx.portico_index
+    if not cname or not i then
+        return
+    end
+    local v = id(ctx.portico_peers[i])
+    if v == ctx.portico_had then
+        return
+    end
+    local c = cname .. "=" .. v .. "; Path=" .. ctx.portico_path .. "; HttpOnly"
+    local age = ctx.portico_age
+    if age ~= "" then
+        c = c .. "; Max-Age=" .. age
+    end
+    local h = ngx.header["Set-Cookie"]
+    if h == nil then
+        ngx.header["Set-Cookie"] = c
+    elseif type(h) == "table" then
+        h[#h + 1] = c
+        ngx.header["Set-Cookie"] = h
+    else
+        ngx.header["Set-Cookie"] = { h, c }
     end
 end
 
