@@ -36,13 +36,16 @@ func ownerAmong(edges []*Node) (*Node, error) {
 }
 
 // holdsVIP reports whether n's eth0 holds the VIP.
-func (n *Node) holdsVIP() (bool, error) {
-	out, err := netlab.Exec(n.NS, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+func (n *Node) holdsVIP() (bool, error) { return n.holds(VIP) }
+
+// holds reports whether the node's edge interface has vip (the VRRP master's).
+func (n *Node) holds(vip netip.Addr) (bool, error) {
+	out, err := netlab.Exec(n.NS, "ip", "-o", "addr", "show", "dev", "eth0")
 	if err != nil {
 		return false, err
 	}
 	for _, f := range strings.Fields(out) {
-		if p, err := netip.ParsePrefix(f); err == nil && p.Addr() == VIP {
+		if p, err := netip.ParsePrefix(f); err == nil && p.Addr() == vip {
 			return true, nil
 		}
 	}

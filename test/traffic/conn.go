@@ -20,7 +20,7 @@ type KeepConn struct {
 // OpenKeepConn connects to the VIP's port 80 and sends a first request, which
 // tells which edge node holds the connection.
 func (l Target) OpenKeepConn(ctx context.Context, host string) (*KeepConn, error) {
-	c, err := l.Dial(ctx, "tcp4", net.JoinHostPort(l.VIP.String(), "80"))
+	c, err := l.Dial(ctx, "tcp", net.JoinHostPort(l.VIP.String(), "80"))
 	if err != nil {
 		return nil, err
 	}

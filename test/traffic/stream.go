@@ -94,7 +94,7 @@ func (l Target) attempt(ctx context.Context, host string, timeout time.Duration)
 	a := Attempt{Start: time.Now()}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := l.Dial(actx, "tcp4", net.JoinHostPort(l.VIP.String(), "80"))
+	c, err := l.Dial(actx, "tcp", net.JoinHostPort(l.VIP.String(), "80"))
 	if err != nil {
 		a.Err = err
 		return a

@@ -19,7 +19,7 @@ import (
 )
 
 // Target is where a lab's client traffic goes: the client's network namespace and the
-// VIP (port 80 for HTTP).
+// VIP (port 80 for HTTP), IPv4 or IPv6.
 type Target struct {
 	NS  string     // the client's network namespace
 	VIP netip.Addr // the address requests go to
@@ -72,7 +72,7 @@ func ParseReply(body string) (Reply, error) {
 
 // Get requests http://VIP<path> with the given Host and parses the reply.
 func (l Target) Get(ctx context.Context, c *http.Client, host, path string) (Reply, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.VIP.String()+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(l.VIP.String(), "80")+path, nil)
 	if err != nil {
 		return Reply{}, err
 	}
