@@ -34,9 +34,10 @@
 // leaves empty, so the annotation is required and its absence reported) serves it: its VIPs (portico.io/vip, or allocated from the pools like a group's,
 // and written to status.loadBalancer.ingress) are announced with the group's and
 // steered over the group's replicas, whose nginx forwards each TCP and UDP port to
-// the Service's ready endpoints. portico.io/proxy-protocol: "true" sends a PROXY
-// protocol (v1) header with the client's address to the endpoints of its TCP ports
-// (without it they see the replica's address, as behind any L4 proxy);
+// the Service's ready endpoints. portico.io/proxy-protocol: "true" gives the
+// endpoints the client's address: a PROXY protocol v1 header on each TCP
+// connection, a v2 header on every UDP datagram (without it they see the
+// replica's address, as behind any L4 proxy);
 // spec.sessionAffinity ClientIP keeps a client address on one endpoint (a
 // consistent hash, the same on every replica).
 //

@@ -23,8 +23,9 @@ const (
 	// answers a host no Ingress of the group names: close the connection (the
 	// default) or answer 404.
 	AnnotationUnmatchedHost = "portico.io/unmatched-host"
-	// AnnotationProxyProtocol ("true"/"false") on an L4 Service sends a PROXY
-	// protocol header with the client's address to the endpoints of its TCP ports.
+	// AnnotationProxyProtocol ("true"/"false") on an L4 Service sends the
+	// client's address to its endpoints in a PROXY protocol header (v1 on TCP,
+	// v2 on every UDP datagram).
 	AnnotationProxyProtocol = "portico.io/proxy-protocol"
 	// AnnotationUDPIdleTimeout (a duration, 1s to 1h) on an L4 Service ends a UDP
 	// session after that long without a datagram (default 30s).

@@ -19,7 +19,7 @@ import (
 func nginxBinary(t testing.TB) string {
 	t.Helper()
 	for m, pkg := range map[string]string{"ndk_http_module.so": "libnginx-mod-http-lua", "ngx_http_lua_module.so": "libnginx-mod-http-lua",
-		"ngx_stream_module.so": "libnginx-mod-stream"} {
+		"ngx_stream_module.so": "libnginx-mod-stream", "ngx_stream_js_module.so": "libnginx-mod-stream-js"} {
 		if _, err := os.Stat(filepath.Join(DefaultOptions("").ModulesDir, m)); err != nil {
 			testenv.Unavailable(t, "the nginx module %s (%s) is not installed", m, pkg)
 		}

@@ -15,6 +15,9 @@ type (
 	tmplStream struct {
 		Upstreams []tmplStreamUpstream
 		Servers   []tmplStreamServer
+		// JS is the digest of the njs module, imported when a UDP server
+		// sends the PROXY protocol; "" when none does.
+		JS string
 	}
 	tmplStreamUpstream struct {
 		Name      string
@@ -22,12 +25,13 @@ type (
 		Endpoints []string // address:port
 	}
 	tmplStreamServer struct {
-		Comment       string // Service and port
-		Listen        []string
-		UDP           bool
-		Timeout       string // proxy_timeout
-		Upstream      string
-		ProxyProtocol bool
+		Comment        string // Service and port
+		Listen         []string
+		UDP            bool
+		Timeout        string // proxy_timeout
+		Upstream       string
+		ProxyProtocol  bool // TCP: nginx's PROXY v1 header
+		ProxyDatagrams bool // UDP: the njs filter's PROXY v2 header on every datagram
 	}
 )
 
@@ -73,7 +77,10 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 			}
 			udp := p.Protocol == model.UDP
 			srv := tmplStreamServer{Comment: fmt.Sprintf("%s %s/%d", svc.Name, p.Protocol, p.Port), UDP: udp,
-				Upstream: p.Upstream, ProxyProtocol: svc.ProxyProtocol && !udp, Timeout: "1h"}
+				Upstream: p.Upstream, ProxyProtocol: svc.ProxyProtocol && !udp, ProxyDatagrams: svc.ProxyProtocol && udp, Timeout: "1h"}
+			if srv.ProxyDatagrams {
+				st.JS = jsDigest
+			}
 			if udp {
 				srv.Timeout = strconv.Itoa(int(cmp.Or(svc.UDPIdleTimeout, model.DefaultUDPIdleTimeout))) + "s"
 			}

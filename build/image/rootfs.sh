@@ -27,9 +27,10 @@ suite=bookworm
 mirror=${PORTICO_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # What the agent runs besides itself: nginx (nginx/runner.go execs it) with the Lua
 # module its configuration loads (nginx/templates: ndk + ngx_http_lua, lua-resty-core);
-# the stream module for L4 Services (libnginx-mod-stream); CA certificates; iproute2 (`ip`) to inspect a node's VIPs, neighbours and XDP
+# the stream module for L4 Services and njs for their PROXY protocol on UDP
+# (libnginx-mod-stream, libnginx-mod-stream-js); CA certificates; iproute2 (`ip`) to inspect a node's VIPs, neighbours and XDP
 # attachments from `kubectl exec`.
-packages=nginx-light,libnginx-mod-http-lua,libnginx-mod-stream,ca-certificates,iproute2
+packages=nginx-light,libnginx-mod-http-lua,libnginx-mod-stream,libnginx-mod-stream-js,ca-certificates,iproute2
 
 epoch=${PORTICO_ROOTFS_EPOCH:-$(git -C "$here" log -1 --format=%ct -- "$self" 2>/dev/null || true)}
 epoch=${epoch:-1700000000} # outside git, or before this file's first commit

@@ -78,8 +78,9 @@ type Service struct {
 	Group string        // Group.Name whose replicas serve it
 	VIPs  []netip.Addr  // sorted; at most MaxVIPsPerFamily of each address family
 	Ports []ServicePort // sorted by (Protocol, Port)
-	// ProxyProtocol sends a PROXY protocol (v1) header to the endpoints of its
-	// TCP ports, carrying the client's address (portico.io/proxy-protocol).
+	// ProxyProtocol gives the endpoints the client's address
+	// (portico.io/proxy-protocol): a PROXY protocol v1 header on each TCP
+	// connection, a v2 header on every UDP datagram.
 	ProxyProtocol bool
 	// ClientIPAffinity sends every connection and datagram of one client
 	// address to the same endpoint (spec.sessionAffinity: ClientIP).

@@ -2,6 +2,7 @@ package lab
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -74,9 +75,13 @@ func (l *Lab) serveL4(t *testing.T) {
 				if err != nil {
 					return
 				}
-				_ = n
 				peer, _, _ := net.SplitHostPort(from.String())
-				pc.WriteTo([]byte(fmt.Sprintf("pod=%s peer=%s client=-\n", name, peer)), from)
+				client := "-"
+				// A PROXY v2 header (IPv4, DGRAM) names the client.
+				if d := buf[:n]; n >= 28 && bytes.Equal(d[:12], []byte("\r\n\r\n\x00\r\nQUIT\n")) && d[13] == 0x12 {
+					client = netip.AddrFrom4([4]byte(d[16:20])).String()
+				}
+				pc.WriteTo([]byte(fmt.Sprintf("pod=%s peer=%s client=%s\n", name, peer, client)), from)
 			}
 		}()
 	}
@@ -191,10 +196,11 @@ func (l *Lab) udpQuery(addr string) (l4Reply, error) {
 	return l4Reply{}, fmt.Errorf("no answer from %s", addr)
 }
 
-// TestL4Services: a TCP Service (PROXY protocol on) and a UDP Service (ClientIP
-// affinity), LoadBalancer Services of class portico.io/vip, get their VIPs in
-// their status and are served through them by every replica's nginx, the TCP
-// endpoints learning the client's address; then the VIP owner dies with TCP
+// TestL4Services: a TCP Service and a UDP Service (ClientIP affinity), both with
+// the PROXY protocol, LoadBalancer Services of class portico.io/vip, get their
+// VIPs in their status and are served through them by every replica's nginx,
+// the endpoints learning the client's address (PROXY v1 on TCP, v2 on every
+// datagram); then the VIP owner dies with TCP
 // connections held: the backup takes over and every connection on a surviving
 // replica keeps working, and new TCP connections and UDP queries are answered.
 func TestL4Services(t *testing.T) {
@@ -207,7 +213,7 @@ func TestL4Services(t *testing.T) {
 	}
 	// A short UDP idle timeout: the agents' graceful stop at the end of the test
 	// waits for nginx's UDP sessions.
-	if err := l.l4Service(ctx, "udp-echo", udpVIP, corev1.ProtocolUDP, 53, l4UDPPort, "portico.io/udp-idle-timeout", "3s"); err != nil {
+	if err := l.l4Service(ctx, "udp-echo", udpVIP, corev1.ProtocolUDP, 53, l4UDPPort, "portico.io/udp-idle-timeout", "3s", "portico.io/proxy-protocol", "true"); err != nil {
 		t.Fatal(err)
 	}
 	for name, vip := range map[string]netip.Addr{"tcp-echo": tcpVIP, "udp-echo": udpVIP} {
@@ -286,10 +292,13 @@ func TestL4Services(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		if rep.Client != client {
+			t.Fatalf("the UDP endpoint saw client %q (peer %s), want %s from the PROXY v2 header", rep.Client, rep.Peer, client)
+		}
 		uedges[rep.Peer]++
 		upods[rep.Pod]++
 	}
-	t.Logf("60 UDP queries through %s: per replica %v, per pod %v", udpAddr, uedges, upods)
+	t.Logf("60 UDP queries through %s: per replica %v, per pod %v, client address %s at the endpoint", udpAddr, uedges, upods, client)
 	if len(uedges) < 2 || len(upods) != 1 {
 		t.Errorf("UDP queries reached replicas %v and pods %v, want several replicas and one pod (ClientIP affinity)", uedges, upods)
 	}

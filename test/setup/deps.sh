@@ -10,6 +10,7 @@ pkgs=(
   nginx-light                            # L7 layer: nginx -t on rendered configs, real serving
   libnginx-mod-http-lua                  # L7 layer: endpoint changes without a reload (balancer_by_lua; pulls NDK, lua-resty-core)
   libnginx-mod-stream                    # L4 Services: nginx's stream module (TCP/UDP proxying)
+  libnginx-mod-stream-js                 # L4 Services: njs, for the PROXY protocol on UDP (nginx/js/portico.js)
   keepalived                             # VRRP interop peer
   frr                                    # BGP interop peer (bgp/): zebra, bgpd and bfdd, one instance per namespace
   openssl                                # certificates for TLS tests and the API server
