@@ -259,8 +259,9 @@ function M.route()
     end
 end
 
--- balance picks the endpoint: round robin per worker, and the next
--- endpoint when nginx retries after a failed connection.
+-- balance picks the endpoint: the one the affinity cookie names, else round
+-- robin per worker; and the next endpoint when nginx retries after a failed
+-- connection.
 function M.balance()
     local ctx = ngx.ctx
     local list = ctx.portico_peers
@@ -272,18 +273,13 @@ function M.balance()
     local i = ctx.portico_index
     if i then
         i = i % n + 1
-    elseif ctx.portico_sticky then
-        i = ctx.portico_sticky
-        if n > 1 then
-            local ok, err = balancer.set_more_tries(math.min(n, max_tries) - 1)
-            if not ok then
-                ngx.log(ngx.ERR, "portico: set more tries: ", err)
-            end
-        end
     else
-        local name = ctx.portico_name
-        i = (next_index[name] or ngx.worker.pid()) % n + 1
-        next_index[name] = i
+        i = ctx.portico_sticky
+        if not i then
+            local name = ctx.portico_name
+            i = (next_index[name] or ngx.worker.pid()) % n + 1
+            next_index[name] = i
+        end
         if n > 1 then
             local ok, err = balancer.set_more_tries(math.min(n, max_tries) - 1)
             if not ok then

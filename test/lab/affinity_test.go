@@ -46,12 +46,7 @@ func TestCookieAffinityAcrossEdges(t *testing.T) {
 	if err := l.Ingress(ctx, "sticky", "sticky.lab", "sticky"); err != nil {
 		t.Fatal(err)
 	}
-	ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "sticky", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ing.Annotations["portico.io/affinity"] = "cookie"
-	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Update(ctx, ing, metav1.UpdateOptions{}); err != nil {
+	if err := l.annotateIngress(ctx, "sticky", "portico.io/affinity", "cookie"); err != nil {
 		t.Fatal(err)
 	}
 	c := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: l.Dial, DisableKeepAlives: true}}

@@ -609,6 +609,37 @@ func TestIngressAddressAfterServing(t *testing.T) {
 	}
 }
 
+// waitIngressAddrs waits until Ingress name's status lists want, in order.
+func (l *Lab) waitIngressAddrs(ctx context.Context, d time.Duration, name string, want ...netip.Addr) error {
+	return waitFor(d, func() error {
+		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		var got []netip.Addr
+		for _, e := range ing.Status.LoadBalancer.Ingress {
+			a, _ := netip.ParseAddr(e.IP)
+			got = append(got, a)
+		}
+		if !slices.Equal(got, want) {
+			return fmt.Errorf("Ingress %s's status lists %v, want %v", name, got, want)
+		}
+		return nil
+	})
+}
+
+// annotateIngress sets an annotation on Ingress name.
+func (l *Lab) annotateIngress(ctx context.Context, name, key, value string) error {
+	c := l.Kube.NetworkingV1().Ingresses(AppNamespace)
+	ing, err := c.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	ing.Annotations[key] = value
+	_, err = c.Update(ctx, ing, metav1.UpdateOptions{})
+	return err
+}
+
 // TestSeveralVIPs: a group with two IPv4 VIPs (portico.io/vip lists both) serves
 // an Ingress on each, steered by the same data plane over every replica, and the
 // Ingress's status lists both addresses.
@@ -627,20 +658,7 @@ func TestSeveralVIPs(t *testing.T) {
 	if err := netlab.IP("-n", l.Client.NS, "route", "add", second.String()+"/32", "dev", "eth0"); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, func() error {
-		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "echo", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		var got []string
-		for _, e := range ing.Status.LoadBalancer.Ingress {
-			got = append(got, e.IP)
-		}
-		if want := []string{VIP.String(), second.String()}; !slices.Equal(got, want) {
-			return fmt.Errorf("Ingress echo's status lists %v, want %v", got, want)
-		}
-		return nil
-	}); err != nil {
+	if err := l.waitIngressAddrs(ctx, 30*time.Second, "echo", VIP, second); err != nil {
 		t.Fatal(err)
 	}
 	for _, vip := range []netip.Addr{VIP, second} {

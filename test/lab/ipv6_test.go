@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"slices"
 	"testing"
 	"time"
 
@@ -82,20 +81,7 @@ func TestIPv6EndToEnd(t *testing.T) {
 	if len(replicas) != len(l.Edges) {
 		t.Errorf("IPv6 requests reached replicas %v, want all %d", replicas, len(l.Edges))
 	}
-	if err := waitFor(10*time.Second, func() error {
-		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "echo", metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		var got []string
-		for _, e := range ing.Status.LoadBalancer.Ingress {
-			got = append(got, e.IP)
-		}
-		if want := []string{VIP.String(), VIP6.String()}; !slices.Equal(got, want) {
-			return fmt.Errorf("Ingress echo's status lists %v, want %v", got, want)
-		}
-		return nil
-	}); err != nil {
+	if err := l.waitIngressAddrs(ctx, 10*time.Second, "echo", VIP, VIP6); err != nil {
 		t.Fatal(err)
 	}
 

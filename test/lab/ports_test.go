@@ -35,12 +35,7 @@ func TestCustomPorts(t *testing.T) {
 	if err := l.IngressRoutes(ctx, "secure", "secure.lab", "secure-tls", Route{"/", "echo"}); err != nil {
 		t.Fatal(err)
 	}
-	ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "secure", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ing.Annotations["portico.io/ssl-redirect"] = "true"
-	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Update(ctx, ing, metav1.UpdateOptions{}); err != nil {
+	if err := l.annotateIngress(ctx, "secure", "portico.io/ssl-redirect", "true"); err != nil {
 		t.Fatal(err)
 	}
 	svc, err := l.Kube.CoreV1().Services(GroupNamespace).Get(ctx, GroupName, metav1.GetOptions{})
