@@ -370,14 +370,20 @@ func TestDirectorFailover(t *testing.T) {
 func (l *Lab) killOwner(t *testing.T, owner *Node) (*Node, time.Duration) {
 	t.Helper()
 	start := time.Now()
-	if err := l.Agent(l.EdgeNo(owner)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := netlab.Exec(owner.NS, "ip", "link", "set", "eth0", "down"); err != nil {
-		t.Fatal(err)
-	}
+	l.killAndCut(t, owner)
 	newOwner := waitNewOwner(t, l, owner, 5*time.Second)
 	return newOwner, time.Since(start)
+}
+
+// killAndCut kills an edge's agent (-9) and cuts its link.
+func (l *Lab) killAndCut(t *testing.T, n *Node) {
+	t.Helper()
+	if err := l.Agent(l.EdgeNo(n)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := netlab.Exec(n.NS, "ip", "link", "set", "eth0", "down"); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // ownerMaps reads the owner's pinned maps: the replica states it steers with.
