@@ -1,0 +1,24 @@
+// Package federation sits above the clusters: a host cluster's FederatedIngress is
+// rendered, per member cluster, into an ordinary Ingress that the member's own Portico
+// serves, and what the members report comes back as the FederatedIngress's status
+// (seed 001, issue 13).
+//
+// The host only propagates and aggregates (fail-static): every member keeps serving the
+// Ingresses it was given when the host cluster, its controller or the link to it is
+// lost, and nothing here deletes a member's Ingress except a change of the
+// FederatedIngress itself (a cluster leaving its placement, or its deletion).
+//
+// Member clusters are Secrets in the controller's namespace labelled
+// portico.io/member-cluster (its value, or the Secret's name, names the cluster) whose key
+// "kubeconfig" reaches the member's API server. A per-cluster override is an RFC 7386
+// JSON merge patch applied to the rendered Ingress, as Karmada's overriders and
+// kustomize patches do. Propagation is server-side apply with the field manager
+// portico-federation, so fields other managers own on a member's Ingress (its status,
+// labels added there) are left alone, and a member edited by hand is put back.
+//
+// What exists so far is the API, propagation with overrides and placement changes,
+// deletion through a finalizer, and per-site status (propagated generation, the
+// member's addresses, its ready backends). The site side of the issue (anycast
+// announce state, the failover ladder, overflow, cross-site hand-off, DNS) is not built
+// yet; the status reports nothing it does not measure.
+package federation

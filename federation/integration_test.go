@@ -1,0 +1,447 @@
+package federation
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/zap/zaptest"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/kapi"
+)
+
+// cluster is one real API server of the test: the host or a member.
+type cluster struct {
+	name   string
+	srv    *kapi.Server
+	client kubernetes.Interface
+	dyn    dynamic.Interface
+}
+
+// launchClusters starts the named API servers side by side.
+func launchClusters(t *testing.T, names ...string) map[string]*cluster {
+	t.Helper()
+	kapi.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	out := map[string]*cluster{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	errs := make(chan error, len(names))
+	for _, n := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			srv, err := kapi.Launch(ctx, kapi.Options{})
+			if err != nil {
+				errs <- fmt.Errorf("start %s: %w", n, err)
+				return
+			}
+			c := &cluster{name: n, srv: srv}
+			c.client = kubernetes.NewForConfigOrDie(srv.Config)
+			c.dyn = dynamic.NewForConfigOrDie(srv.Config)
+			mu.Lock()
+			out[n] = c
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	for _, c := range out {
+		t.Cleanup(func() { _ = c.srv.Stop() })
+	}
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// apply applies every object of the manifests under deploy/federation named by files,
+// in order, the CRD's resource waited for.
+func apply(t *testing.T, ctx context.Context, c *cluster, files ...string) {
+	t.Helper()
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.client.Discovery()))
+	for _, f := range files {
+		data, err := os.ReadFile("../deploy/federation/" + f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096)
+		for {
+			u := &unstructured.Unstructured{}
+			if err := dec.Decode(&u.Object); err == io.EOF {
+				break
+			} else if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if len(u.Object) == 0 {
+				continue
+			}
+			gvk := u.GroupVersionKind()
+			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			var ri dynamic.ResourceInterface = c.dyn.Resource(m.Resource)
+			if u.GetNamespace() != "" {
+				ri = c.dyn.Resource(m.Resource).Namespace(u.GetNamespace())
+			}
+			if _, err := ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "test", Force: true}); err != nil {
+				t.Fatalf("%s: apply %s %s: %v", f, u.GetKind(), u.GetName(), err)
+			}
+			if u.GetKind() == "CustomResourceDefinition" {
+				if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, func() bool {
+					_, err := c.dyn.Resource(Resource).Namespace("default").List(ctx, metav1.ListOptions{})
+					return err == nil
+				}); !ok {
+					t.Fatal("FederatedIngress CRD not served after 30 s")
+				}
+				mapper.Reset()
+			}
+		}
+	}
+}
+
+// serviceAccount is the identity of a ServiceAccount of deploy/federation, for
+// impersonation: the tests run as what the manifests grant.
+func serviceAccount(name string) (user string, groups []string) {
+	return "system:serviceaccount:portico-federation:" + name,
+		[]string{"system:serviceaccounts", "system:serviceaccounts:portico-federation", "system:authenticated"}
+}
+
+// memberKubeconfig is the member's admin kubeconfig made to act as the member
+// ServiceAccount of member-rbac.yaml.
+func memberKubeconfig(t *testing.T, c *cluster) []byte {
+	t.Helper()
+	kc, err := clientcmd.LoadFromFile(c.srv.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	user, groups := serviceAccount("portico-federation-member")
+	for _, ai := range kc.AuthInfos {
+		ai.Impersonate, ai.ImpersonateGroups = user, groups
+	}
+	out, err := clientcmd.Write(*kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func toUnstructured(t *testing.T, fi *FederatedIngress) *unstructured.Unstructured {
+	t.Helper()
+	fi.APIVersion, fi.Kind = Resource.GroupVersion().String(), "FederatedIngress"
+	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(fi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	delete(m, "status")
+	return &unstructured.Unstructured{Object: m}
+}
+
+// memberIngress is the member's Ingress web/name, nil when it has none.
+func memberIngress(ctx context.Context, c *cluster, name string) *networkingv1.Ingress {
+	ing, err := c.client.NetworkingV1().Ingresses("web").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil
+	}
+	return ing
+}
+
+// waitMembers waits until ok holds for every named member's Ingress and prints how long
+// that took.
+func waitMembers(t *testing.T, ctx context.Context, cs map[string]*cluster, what, name string, ok func(*networkingv1.Ingress) bool, members ...string) {
+	t.Helper()
+	start := time.Now()
+	if _, done := testenv.Until(30*time.Second, 20*time.Millisecond, func() bool {
+		for _, m := range members {
+			if !ok(memberIngress(ctx, cs[m], name)) {
+				return false
+			}
+		}
+		return true
+	}); !done {
+		for _, m := range members {
+			t.Logf("%s: %+v", m, memberIngress(ctx, cs[m], name))
+		}
+		t.Fatalf("%s: not on %v after 30 s", what, members)
+	}
+	t.Logf("%s: on %v after %v", what, members, time.Since(start).Round(time.Millisecond))
+}
+
+func atGeneration(gen int64) func(*networkingv1.Ingress) bool {
+	return func(ing *networkingv1.Ingress) bool {
+		return ing != nil && ing.Annotations[AnnotationGeneration] == fmt.Sprint(gen)
+	}
+}
+
+func getFI(t *testing.T, ctx context.Context, host *cluster, name string) *FederatedIngress {
+	t.Helper()
+	u, err := host.dyn.Resource(Resource).Namespace("web").Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi := &FederatedIngress{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi); err != nil {
+		t.Fatal(err)
+	}
+	return fi
+}
+
+func waitStatus(t *testing.T, ctx context.Context, host *cluster, name, what string, ok func(*FederatedIngress) bool) *FederatedIngress {
+	t.Helper()
+	var fi *FederatedIngress
+	start := time.Now()
+	if _, done := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
+		fi = getFI(t, ctx, host, name)
+		return ok(fi)
+	}); !done {
+		js, _ := json.MarshalIndent(fi.Status, "", "  ")
+		t.Fatalf("status: %s not reached after 30 s; status:\n%s", what, js)
+	}
+	t.Logf("status: %s after %v", what, time.Since(start).Round(time.Millisecond))
+	return fi
+}
+
+func site(fi *FederatedIngress, cluster string) *SiteStatus {
+	for i := range fi.Status.Sites {
+		if fi.Status.Sites[i].Cluster == cluster {
+			return &fi.Status.Sites[i]
+		}
+	}
+	return nil
+}
+
+func updateFI(t *testing.T, ctx context.Context, host *cluster, name string, change func(*FederatedIngress)) int64 {
+	t.Helper()
+	fi := getFI(t, ctx, host, name)
+	change(fi)
+	u := toUnstructured(t, fi)
+	out, err := host.dyn.Resource(Resource).Namespace("web").Update(ctx, u, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out.GetGeneration()
+}
+
+// TestPropagation runs the controller against four real API servers (a host and
+// members a, b, c): create, override, update, drift, a bad override, a member down,
+// placement changes, deletion, and the host lost (fail-static), with the time each
+// took printed.
+func TestPropagation(t *testing.T) {
+	cs := launchClusters(t, "host", "a", "b", "c")
+	host := cs["host"]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	apply(t, ctx, host, "federatedingresses.portico.io.yaml", "controller.yaml")
+	if _, err := host.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{"a", "b", "c"} {
+		apply(t, ctx, cs[m], "member-rbac.yaml")
+		kc := memberKubeconfig(t, cs[m])
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + m, Namespace: "portico-federation", Labels: map[string]string{LabelMember: m}},
+			Data: map[string][]byte{KeyKubeconfig: kc}}
+		if _, err := host.client.CoreV1().Secrets("portico-federation").Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A broken member Secret is reported and skipped.
+	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-broken", Namespace: "portico-federation", Labels: map[string]string{LabelMember: "true"}},
+		Data: map[string][]byte{KeyKubeconfig: []byte("not: [a kubeconfig")}}
+	if _, err := host.client.CoreV1().Secrets("portico-federation").Create(ctx, broken, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Site a has two endpoints behind the Ingress's Service, one ready.
+	a := cs["a"]
+	if _, err := a.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "web"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	yes, no := true, false
+	slice := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Name: "shop-1", Namespace: "web", Labels: map[string]string{discoveryv1.LabelServiceName: "shop"}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Endpoints: []discoveryv1.Endpoint{
+			{Addresses: []string{"10.1.0.1"}, Conditions: discoveryv1.EndpointConditions{Ready: &yes}},
+			{Addresses: []string{"10.1.0.2"}, Conditions: discoveryv1.EndpointConditions{Ready: &no}},
+		},
+	}
+	if _, err := a.client.DiscoveryV1().EndpointSlices("web").Create(ctx, slice, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	runCtx, stopController := context.WithCancel(ctx)
+	// The controller runs as its ServiceAccount (controller.yaml), and reaches the
+	// members as theirs (member-rbac.yaml): a missing grant fails the test.
+	asController := rest.CopyConfig(host.srv.Config)
+	asController.Impersonate.UserName, asController.Impersonate.Groups = serviceAccount("portico-federation")
+	ctrl, err := New(Config{Host: asController, Logger: zaptest.NewLogger(t), Resync: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- ctrl.Run(runCtx) }()
+	defer func() {
+		stopController()
+		if err := <-done; err != nil {
+			t.Errorf("controller: %v", err)
+		}
+	}()
+
+	// Create: every member serves it, c with its own host.
+	fi := fixture()
+	fi.Generation = 0
+	fi.Spec.Overrides = []Override{{Cluster: "c", Patch: json.RawMessage(`{"spec":{"rules":[{"host":"c.shop.example.com","http":{"paths":[{"path":"/","pathType":"Prefix","backend":{"service":{"name":"shop","port":{"number":80}}}}]}}]}}`)}}
+	if _, err := host.dyn.Resource(Resource).Namespace("web").Create(ctx, toUnstructured(t, fi), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, ctx, cs, "create", "shop", atGeneration(1), "a", "b", "c")
+	for m, host := range map[string]string{"a": "shop.example.com", "b": "shop.example.com", "c": "c.shop.example.com"} {
+		if got := memberIngress(ctx, cs[m], "shop").Spec.Rules[0].Host; got != host {
+			t.Errorf("%s serves host %q, want %q", m, got, host)
+		}
+	}
+	// Status: a's backends; then the address a's own Portico writes comes back.
+	waitStatus(t, ctx, host, "shop", "3 propagated, a: 1 of 2 backends ready", func(fi *FederatedIngress) bool {
+		s := site(fi, "a")
+		return fi.Status.Propagated == 3 && fi.Status.Ready == 1 && s != nil && s.ReadyBackends == 1 && s.Backends == 2
+	})
+	ing := memberIngress(ctx, a, "shop")
+	ing.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.80"}}
+	if _, err := a.client.NetworkingV1().Ingresses("web").UpdateStatus(ctx, ing, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, ctx, host, "shop", "a's address", func(fi *FederatedIngress) bool {
+		s := site(fi, "a")
+		return s != nil && len(s.Addresses) == 1 && s.Addresses[0] == "192.0.2.80"
+	})
+
+	// Update: every member follows, and a's status (another manager's) stays.
+	gen := updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "b" })
+	waitMembers(t, ctx, cs, "update", "shop", atGeneration(gen), "a", "b", "c")
+	if got := memberIngress(ctx, a, "shop"); got.Annotations["team"] != "b" || len(got.Status.LoadBalancer.Ingress) != 1 {
+		t.Errorf("a after update: annotations %v, status %+v", got.Annotations, got.Status.LoadBalancer)
+	}
+
+	// Drift: b's Ingress edited by hand is put back; a label another manager adds stays.
+	b := cs["b"]
+	ing = memberIngress(ctx, b, "shop")
+	ing.Spec.Rules[0].Host = "hand.example.com"
+	ing.Labels["owner"] = "ops"
+	if _, err := b.client.NetworkingV1().Ingresses("web").Update(ctx, ing, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, ctx, cs, "drift repaired", "shop", func(ing *networkingv1.Ingress) bool {
+		return ing != nil && ing.Spec.Rules[0].Host == "shop.example.com"
+	}, "b")
+	if got := memberIngress(ctx, b, "shop").Labels["owner"]; got != "ops" {
+		t.Errorf("b's own label removed: %q", got)
+	}
+
+	// A bad override for b: b keeps what it had and reports it; a and c move on.
+	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+		fi.Spec.Template.Metadata.Annotations["team"] = "c"
+		fi.Spec.Overrides = append(fi.Spec.Overrides, Override{Cluster: "b", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)})
+	})
+	waitMembers(t, ctx, cs, "update beside a bad override", "shop", atGeneration(gen), "a", "c")
+	waitStatus(t, ctx, host, "shop", "b reports its bad override", func(fi *FederatedIngress) bool {
+		s := site(fi, "b")
+		return s != nil && strings.Contains(s.Error, "not an Ingress") && fi.Status.Propagated == 2
+	})
+	if got := memberIngress(ctx, b, "shop"); got == nil || got.Annotations["team"] != "b" {
+		t.Errorf("b lost its Ingress over a bad override: %+v", got)
+	}
+	waitEvent(t, ctx, host, "web", "shop", "InvalidOverride")
+	waitEvent(t, ctx, host, "portico-federation", "site-broken", "InvalidMemberCluster")
+	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Overrides = fi.Spec.Overrides[:1] })
+	waitMembers(t, ctx, cs, "bad override removed", "shop", atGeneration(gen), "a", "b", "c")
+
+	// A member down holds back no other member.
+	if err := cs["c"].srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "d" })
+	waitMembers(t, ctx, cs, "update with c down", "shop", atGeneration(gen), "a", "b")
+	waitStatus(t, ctx, host, "shop", "c down reported", func(fi *FederatedIngress) bool {
+		s := site(fi, "c")
+		return s != nil && s.Error != "" && fi.Status.Propagated == 2
+	})
+
+	// Placement: b leaves and loses the Ingress; a keeps it.
+	updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Placement.Clusters = []string{"a", "c"} })
+	waitMembers(t, ctx, cs, "b left the placement", "shop", func(ing *networkingv1.Ingress) bool { return ing == nil }, "b")
+	if memberIngress(ctx, a, "shop") == nil {
+		t.Fatal("a lost its Ingress when b left the placement")
+	}
+
+	// Deletion: a second FederatedIngress goes from every member, then from the host.
+	blog := fixture()
+	blog.Name, blog.Generation = "blog", 0
+	blog.Spec.Placement.Clusters = []string{"a", "b"}
+	if _, err := host.dyn.Resource(Resource).Namespace("web").Create(ctx, toUnstructured(t, blog), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, ctx, cs, "create blog", "blog", atGeneration(1), "a", "b")
+	if err := host.dyn.Resource(Resource).Namespace("web").Delete(ctx, "blog", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitMembers(t, ctx, cs, "delete blog", "blog", func(ing *networkingv1.Ingress) bool { return ing == nil }, "a", "b")
+	if _, ok := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
+		_, err := host.dyn.Resource(Resource).Namespace("web").Get(ctx, "blog", metav1.GetOptions{})
+		return apierrors.IsNotFound(err)
+	}); !ok {
+		t.Fatal("blog still on the host: finalizer not removed")
+	}
+
+	// Fail-static: the host API server stops; a's Ingress stays as it was.
+	before := memberIngress(ctx, a, "shop")
+	if err := host.srv.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second) // longer than the resync period: the controller tried
+	after := memberIngress(ctx, a, "shop")
+	if after == nil || after.ResourceVersion != before.ResourceVersion {
+		t.Fatalf("a's Ingress changed when the host was lost: before rv %s, after %+v", before.ResourceVersion, after)
+	}
+	t.Logf("host lost: a's Ingress unchanged 3 s later (resourceVersion %s)", after.ResourceVersion)
+}
+
+// waitEvent waits for a Warning Event with reason on ns/name in the host.
+func waitEvent(t *testing.T, ctx context.Context, host *cluster, ns, name, reason string) {
+	t.Helper()
+	if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, func() bool {
+		list, err := host.client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range list.Items {
+			if e.InvolvedObject.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
+				return true
+			}
+		}
+		return false
+	}); !ok {
+		t.Fatalf("no Warning Event %s on %s/%s", reason, ns, name)
+	}
+}

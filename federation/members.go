@@ -1,0 +1,134 @@
+package federation
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// member is one member cluster: clients built from its Secret's kubeconfig and an
+// informer on the Ingresses this controller propagated there.
+type member struct {
+	name     string
+	secretRV string // the Secret's resourceVersion the clients were built from
+	client   kubernetes.Interface
+	dyn      dynamic.Interface
+	lister   networkinglisters.IngressLister
+	synced   cache.InformerSynced
+	stop     context.CancelFunc
+
+	mu        sync.Mutex
+	downUntil time.Time // calls are not tried before then
+	downErr   string    // what the last failed call said
+}
+
+// unreachable reports whether the member failed to answer within the last resync
+// period, and how: its FederatedIngresses skip it until then, so one silent member
+// does not stall the sync of every other (each call to it could wait for the
+// client timeout).
+func (m *member) unreachable(now time.Time) (string, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.downErr, now.Before(m.downUntil)
+}
+
+// noteCall records the result of a call to the member: a transport error (no API
+// status: refused, timed out, TLS) marks it unreachable for hold; anything else,
+// including an API error, shows that it answers.
+func (m *member) noteCall(err error, now time.Time, hold time.Duration) {
+	var status apierrors.APIStatus
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if err != nil && !errors.As(err, &status) {
+		m.downUntil, m.downErr = now.Add(hold), err.Error()
+		return
+	}
+	m.downUntil, m.downErr = time.Time{}, ""
+}
+
+// memberName is the cluster a member Secret names.
+func memberName(s *corev1.Secret) string {
+	if v := s.Labels[LabelMember]; v != "" && v != "true" {
+		return v
+	}
+	return s.Name
+}
+
+// startMember builds a member's clients from s and starts its Ingress informer; onChange
+// is called with the namespace and FederatedIngress name of every propagated Ingress
+// that changes there.
+func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, onChange func(ns, name string)) (*member, error) {
+	kc := s.Data[KeyKubeconfig]
+	if len(kc) == 0 {
+		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, KeyKubeconfig)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		return nil, fmt.Errorf("secret %s/%s: kubeconfig: %w", s.Namespace, s.Name, err)
+	}
+	// A member that does not answer must not stall the others' syncs for long.
+	cfg.Timeout = 10 * time.Second
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("secret %s/%s: client: %w", s.Namespace, s.Name, err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("secret %s/%s: client: %w", s.Namespace, s.Name, err)
+	}
+	f := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSource }))
+	inf := f.Networking().V1().Ingresses()
+	notify := func(obj any) {
+		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			obj = t.Obj
+		}
+		if m, ok := obj.(interface {
+			GetNamespace() string
+			GetLabels() map[string]string
+		}); ok {
+			onChange(m.GetNamespace(), m.GetLabels()[LabelSource])
+		}
+	}
+	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    notify,
+		UpdateFunc: func(_, n any) { notify(n) },
+		DeleteFunc: notify,
+	}); err != nil {
+		return nil, fmt.Errorf("add event handler: %w", err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
+	m := &member{
+		name: memberName(s), secretRV: s.ResourceVersion, client: client, dyn: dyn,
+		lister: inf.Lister(), synced: inf.Informer().HasSynced, stop: cancel,
+	}
+	f.Start(mctx.Done())
+	return m, nil
+}
+
+// propagated lists the Ingresses in ns that this controller propagated for name.
+func (m *member) propagated(ns, name string) ([]string, error) {
+	sel := labels.SelectorFromSet(labels.Set{LabelSource: name})
+	list, err := m.lister.Ingresses(ns).List(sel)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]string, 0, len(list))
+	for _, ing := range list {
+		out = append(out, ing.Name)
+	}
+	return out, nil
+}

@@ -1,0 +1,114 @@
+package federation
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+
+	jsonpatch "gopkg.in/evanphx/json-patch.v4"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Validate reports what makes a FederatedIngress unusable as a whole; a problem of one
+// cluster's override is reported by MemberIngress for that cluster only.
+func Validate(fi *FederatedIngress) error {
+	if len(fi.Spec.Placement.Clusters) == 0 {
+		return fmt.Errorf("spec.placement.clusters: empty")
+	}
+	seen := map[string]bool{}
+	for i, c := range fi.Spec.Placement.Clusters {
+		if errs := validation.IsDNS1123Subdomain(c); len(errs) > 0 {
+			return fmt.Errorf("spec.placement.clusters[%d]: %q: %s", i, c, errs[0])
+		}
+		if seen[c] {
+			return fmt.Errorf("spec.placement.clusters[%d]: %q listed twice", i, c)
+		}
+		seen[c] = true
+	}
+	for i, o := range fi.Spec.Overrides {
+		if o.Cluster == "" {
+			return fmt.Errorf("spec.overrides[%d].cluster: empty", i)
+		}
+	}
+	return nil
+}
+
+// MemberIngress renders the Ingress that cluster serves: the template, then every
+// override for cluster in order, then the controller's label and generation
+// annotation. It is a pure function of its inputs, so every sync of the same
+// generation writes the same object.
+func MemberIngress(fi *FederatedIngress, cluster string) (*unstructured.Unstructured, error) {
+	ing := networkingv1.Ingress{
+		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "Ingress"},
+		ObjectMeta: metav1.ObjectMeta{
+			Name:        fi.Name,
+			Namespace:   fi.Namespace,
+			Labels:      fi.Spec.Template.Metadata.Labels,
+			Annotations: fi.Spec.Template.Metadata.Annotations,
+		},
+		Spec: fi.Spec.Template.Spec,
+	}
+	doc, err := json.Marshal(ing)
+	if err != nil {
+		return nil, fmt.Errorf("encode template: %w", err)
+	}
+	for i, o := range fi.Spec.Overrides {
+		if o.Cluster != cluster {
+			continue
+		}
+		if doc, err = jsonpatch.MergePatch(doc, o.Patch); err != nil {
+			return nil, fmt.Errorf("spec.overrides[%d]: apply merge patch: %w", i, err)
+		}
+	}
+	// Decode strictly, so an override that misspells a field or gives it the wrong
+	// type is an error here, not an Ingress the member silently serves without it.
+	var out networkingv1.Ingress
+	dec := json.NewDecoder(bytes.NewReader(doc))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&out); err != nil {
+		return nil, fmt.Errorf("overrides for %s: not an Ingress: %w", cluster, err)
+	}
+	if out.Name != fi.Name || out.Namespace != fi.Namespace || out.Kind != "Ingress" || out.APIVersion != "networking.k8s.io/v1" {
+		return nil, fmt.Errorf("overrides for %s: may not change apiVersion, kind, name or namespace", cluster)
+	}
+	if out.Labels == nil {
+		out.Labels = map[string]string{}
+	}
+	out.Labels[LabelSource] = fi.Name
+	if out.Annotations == nil {
+		out.Annotations = map[string]string{}
+	}
+	out.Annotations[AnnotationGeneration] = strconv.FormatInt(fi.Generation, 10)
+	obj := map[string]any{
+		"apiVersion": out.APIVersion,
+		"kind":       out.Kind,
+		"metadata": map[string]any{
+			"name":        out.Name,
+			"namespace":   out.Namespace,
+			"labels":      stringMap(out.Labels),
+			"annotations": stringMap(out.Annotations),
+		},
+	}
+	spec, err := json.Marshal(out.Spec)
+	if err != nil {
+		return nil, fmt.Errorf("encode spec: %w", err)
+	}
+	var specMap map[string]any
+	if err := json.Unmarshal(spec, &specMap); err != nil {
+		return nil, fmt.Errorf("decode spec: %w", err)
+	}
+	obj["spec"] = specMap
+	return &unstructured.Unstructured{Object: obj}, nil
+}
+
+func stringMap(m map[string]string) map[string]any {
+	out := make(map[string]any, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

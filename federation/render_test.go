@@ -1,0 +1,183 @@
+package federation
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+)
+
+func fixture() *FederatedIngress {
+	prefix := networkingv1.PathTypePrefix
+	return &FederatedIngress{
+		ObjectMeta: metav1.ObjectMeta{Name: "shop", Namespace: "web", Generation: 3},
+		Spec: Spec{
+			Template: Template{
+				Metadata: TemplateMeta{Annotations: map[string]string{"portico.io/affinity": "cookie", "team": "a"}},
+				Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{
+					Host: "shop.example.com",
+					IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{
+						Path: "/", PathType: &prefix,
+						Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: "shop", Port: networkingv1.ServiceBackendPort{Number: 80}}},
+					}}}},
+				}}},
+			},
+			Placement: Placement{Clusters: []string{"a", "b", "c"}},
+		},
+	}
+}
+
+func TestMemberIngress(t *testing.T) {
+	tests := []struct {
+		name      string
+		overrides []Override
+		cluster   string
+		check     func(t *testing.T, ing *networkingv1.Ingress)
+		wantErr   string
+	}{
+		{
+			name: "template only", cluster: "a",
+			check: func(t *testing.T, ing *networkingv1.Ingress) {
+				want := map[string]string{"portico.io/affinity": "cookie", "team": "a", AnnotationGeneration: "3"}
+				if diff := cmp.Diff(want, ing.Annotations); diff != "" {
+					t.Errorf("annotations (-want +got):\n%s", diff)
+				}
+				if diff := cmp.Diff(map[string]string{LabelSource: "shop"}, ing.Labels); diff != "" {
+					t.Errorf("labels (-want +got):\n%s", diff)
+				}
+				if ing.Name != "shop" || ing.Namespace != "web" || ing.Spec.Rules[0].Host != "shop.example.com" {
+					t.Errorf("got %s/%s host %s", ing.Namespace, ing.Name, ing.Spec.Rules[0].Host)
+				}
+			},
+		},
+		{
+			name: "override for this cluster: a host changed, an annotation deleted, a label added", cluster: "c",
+			overrides: []Override{
+				{Cluster: "b", Patch: json.RawMessage(`{"spec":{"ingressClassName":"other"}}`)},
+				{Cluster: "c", Patch: json.RawMessage(`{"metadata":{"annotations":{"team":null},"labels":{"site":"c"}}}`)},
+				{Cluster: "c", Patch: json.RawMessage(`{"spec":{"rules":[{"host":"c.shop.example.com","http":{"paths":[{"path":"/","pathType":"Prefix","backend":{"service":{"name":"shop-c","port":{"number":8080}}}}]}}]}}`)},
+			},
+			check: func(t *testing.T, ing *networkingv1.Ingress) {
+				if _, ok := ing.Annotations["team"]; ok {
+					t.Errorf("annotation team not deleted: %v", ing.Annotations)
+				}
+				if ing.Labels["site"] != "c" || ing.Labels[LabelSource] != "shop" {
+					t.Errorf("labels %v", ing.Labels)
+				}
+				if ing.Spec.IngressClassName != nil {
+					t.Errorf("cluster b's override reached c")
+				}
+				b := ing.Spec.Rules[0].HTTP.Paths[0].Backend.Service
+				if ing.Spec.Rules[0].Host != "c.shop.example.com" || b.Name != "shop-c" || b.Port.Number != 8080 {
+					t.Errorf("rules not overridden: %+v", ing.Spec.Rules)
+				}
+			},
+		},
+		{
+			name: "the generation annotation cannot be overridden", cluster: "a",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-generation":"99"}}}`)}},
+			check: func(t *testing.T, ing *networkingv1.Ingress) {
+				if ing.Annotations[AnnotationGeneration] != "3" {
+					t.Errorf("generation annotation %q", ing.Annotations[AnnotationGeneration])
+				}
+			},
+		},
+		{
+			name: "misspelled field", cluster: "a",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)}},
+			wantErr:   "not an Ingress",
+		},
+		{
+			name: "wrong type", cluster: "a",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"rules":"all"}}`)}},
+			wantErr:   "not an Ingress",
+		},
+		{
+			name: "renames the Ingress", cluster: "a",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"name":"other"}}`)}},
+			wantErr:   "may not change",
+		},
+		{
+			name: "not JSON", cluster: "a",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":`)}},
+			wantErr:   "merge patch",
+		},
+		{
+			name: "a bad override of another cluster does not matter", cluster: "b",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"name":"other"}}`)}},
+			check:     func(t *testing.T, ing *networkingv1.Ingress) {},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fi := fixture()
+			fi.Spec.Overrides = tc.overrides
+			u, err := MemberIngress(fi, tc.cluster)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := u.Object["status"]; ok {
+				t.Error("rendered object carries a status")
+			}
+			if _, ok := u.Object["metadata"].(map[string]any)["creationTimestamp"]; ok {
+				t.Error("rendered object carries a creationTimestamp")
+			}
+			ing := &networkingv1.Ingress{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, ing); err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, ing)
+			again, err := MemberIngress(fi, tc.cluster)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(u.Object, again.Object); diff != "" {
+				t.Errorf("not deterministic (-first +second):\n%s", diff)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name     string
+		clusters []string
+		override string
+		wantErr  string
+	}{
+		{name: "fine", clusters: []string{"a", "b"}},
+		{name: "no clusters", wantErr: "empty"},
+		{name: "twice", clusters: []string{"a", "a"}, wantErr: "twice"},
+		{name: "bad name", clusters: []string{"Site_A"}, wantErr: "Site_A"},
+		{name: "override without cluster", clusters: []string{"a"}, override: "-", wantErr: "overrides[0].cluster"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			fi := fixture()
+			fi.Spec.Placement.Clusters = tc.clusters
+			if tc.override != "" {
+				fi.Spec.Overrides = []Override{{Patch: json.RawMessage(`{}`)}}
+			}
+			err := Validate(fi)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("err = %v, want it to contain %q", err, tc.wantErr)
+			}
+		})
+	}
+}

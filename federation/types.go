@@ -1,0 +1,94 @@
+package federation
+
+import (
+	"encoding/json"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Resource is the FederatedIngress CRD (deploy/federation/federatedingresses.portico.io.yaml).
+var Resource = schema.GroupVersionResource{Group: "portico.io", Version: "v1alpha1", Resource: "federatedingresses"}
+
+// Labels and annotations the controller puts on what it writes.
+const (
+	// LabelMember marks a Secret in the controller's namespace as a member cluster's
+	// kubeconfig; a non-empty value names the cluster (else the Secret's name).
+	LabelMember = "portico.io/member-cluster"
+	// LabelSource marks a member's Ingress as propagated; its value is the
+	// FederatedIngress's name (the namespace is the Ingress's own).
+	LabelSource = "portico.io/federated-ingress"
+	// AnnotationGeneration is the FederatedIngress generation a member's Ingress was
+	// rendered from.
+	AnnotationGeneration = "portico.io/federation-generation"
+	// Finalizer holds a FederatedIngress until its Ingresses are gone from every member.
+	Finalizer = "portico.io/federation"
+	// KeyKubeconfig is the member Secret's key holding the kubeconfig.
+	KeyKubeconfig = "kubeconfig"
+)
+
+// FederatedIngress is one Ingress for many clusters.
+type FederatedIngress struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+	Spec              Spec   `json:"spec"`
+	Status            Status `json:"status,omitempty"`
+}
+
+// Spec is the Ingress to propagate, where, and how it differs per cluster.
+type Spec struct {
+	Template  Template   `json:"template"`
+	Placement Placement  `json:"placement"`
+	Overrides []Override `json:"overrides,omitempty"`
+}
+
+// Template is the member Ingress before overrides: its labels, annotations and spec.
+type Template struct {
+	Metadata TemplateMeta             `json:"metadata,omitempty"`
+	Spec     networkingv1.IngressSpec `json:"spec"`
+}
+
+// TemplateMeta is the part of the Ingress metadata a template sets.
+type TemplateMeta struct {
+	Labels      map[string]string `json:"labels,omitempty"`
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// Placement names the member clusters that serve the Ingress.
+type Placement struct {
+	Clusters []string `json:"clusters"`
+}
+
+// Override changes the Ingress for one cluster.
+type Override struct {
+	Cluster string `json:"cluster"`
+	// Patch is an RFC 7386 JSON merge patch on the rendered Ingress object
+	// (metadata.labels, metadata.annotations and spec; null deletes a key).
+	Patch json.RawMessage `json:"patch"`
+}
+
+// Status is per site, sorted by cluster.
+type Status struct {
+	ObservedGeneration int64        `json:"observedGeneration,omitempty"`
+	Sites              []SiteStatus `json:"sites,omitempty"`
+	// Propagated counts the placed sites serving the current generation's Ingress; Ready
+	// those of them with at least one ready backend (for kubectl get).
+	Propagated int32 `json:"propagated"`
+	Ready      int32 `json:"ready"`
+}
+
+// SiteStatus is what one member cluster reports.
+type SiteStatus struct {
+	Cluster string `json:"cluster"`
+	// PropagatedGeneration is the FederatedIngress generation the member's Ingress holds.
+	PropagatedGeneration int64 `json:"propagatedGeneration,omitempty"`
+	// Addresses are the member Ingress's status.loadBalancer addresses (its VIPs).
+	Addresses []string `json:"addresses,omitempty"`
+	// ReadyBackends counts the ready endpoints of the Services the Ingress names, in
+	// that cluster; Backends all of them.
+	ReadyBackends int32 `json:"readyBackends"`
+	Backends      int32 `json:"backends"`
+	// Error says why the site is not propagated (unreachable, rejected, bad override).
+	Error string `json:"error,omitempty"`
+}
