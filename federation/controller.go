@@ -373,7 +373,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	for _, s := range status.Sites {
 		if s.Error == "" && s.PropagatedGeneration == fi.Generation {
 			status.Propagated++
-			if s.ReadyBackends > 0 {
+			if s.ReadyBackends > 0 && s.EdgesServing > 0 {
 				status.Ready++
 			}
 		}
@@ -451,6 +451,13 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 		return site
 	}
 	site.ReadyBackends, site.Backends = ready, all
+	ev, err := edges(ctx, m.client, m.agents, fi.Namespace+"/"+fi.Name, cur.Generation)
+	m.noteCall(err, time.Now(), c.cfg.Resync)
+	if err != nil {
+		site.Error = fmt.Sprintf("read the agents' reports: %v", err)
+		return site
+	}
+	site.Edges, site.EdgesServing, site.Announce = ev.edges, ev.serving, ev.announce
 	return site
 }
 

@@ -27,6 +27,8 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -323,9 +325,44 @@ func TestPropagation(t *testing.T) {
 		}
 	}
 	// Status: a's backends; then the address a's own Portico writes comes back.
-	waitStatus(t, ctx, host, "shop", "3 propagated, a: 1 of 2 backends ready", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "3 propagated, a: 1 of 2 backends ready, no edge", func(fi *FederatedIngress) bool {
 		s := site(fi, "a")
-		return fi.Status.Propagated == 3 && fi.Status.Ready == 1 && s != nil && s.ReadyBackends == 1 && s.Backends == 2
+		return fi.Status.Propagated == 3 && fi.Status.Ready == 0 && s != nil && s.ReadyBackends == 1 && s.Backends == 2 &&
+			s.Edges == 0 && s.Announce == Withdrawn
+	})
+	// Site a's edges report through their status Leases, as agents write them: one
+	// serves the current generation and announces, one lags and is de-preferenced,
+	// one stopped renewing (stale: it counts for nothing).
+	gen := memberIngress(ctx, a, "shop").Generation
+	edge := func(node string, served int64, pref string, ttl time.Duration) {
+		st := agent.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
+			BGP: &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}}
+		b, err := json.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := agent.WriteLease(ctx, a.client, "portico-system", node, b, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	edge("edge-3", gen, "normal", time.Second)
+	edge("edge-1", gen, "normal", time.Minute)
+	edge("edge-2", gen-1, "depreferenced", time.Minute)
+	time.Sleep(2 * time.Second) // edge-3's report goes stale
+	waitStatus(t, ctx, host, "shop", "a: 2 edges, 1 serving, announced; ready", func(fi *FederatedIngress) bool {
+		s := site(fi, "a")
+		return s != nil && s.Edges == 2 && s.EdgesServing == 1 && s.Announce == Announced && fi.Status.Ready == 1
+	})
+	edge("edge-1", gen, "depreferenced", time.Minute)
+	waitStatus(t, ctx, host, "shop", "a: de-preferenced", func(fi *FederatedIngress) bool {
+		s := site(fi, "a")
+		return s != nil && s.Announce == Depreferenced
+	})
+	edge("edge-1", gen, "withdrawn", time.Minute)
+	edge("edge-2", gen, "withdrawn", time.Minute)
+	waitStatus(t, ctx, host, "shop", "a: withdrawn, 2 serving", func(fi *FederatedIngress) bool {
+		s := site(fi, "a")
+		return s != nil && s.Announce == Withdrawn && s.EdgesServing == 2
 	})
 	ing := memberIngress(ctx, a, "shop")
 	ing.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.80"}}
@@ -338,7 +375,7 @@ func TestPropagation(t *testing.T) {
 	})
 
 	// Update: every member follows, and a's status (another manager's) stays.
-	gen := updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "b" })
+	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "b" })
 	waitMembers(t, ctx, cs, "update", "shop", atGeneration(gen), "a", "b", "c")
 	if got := memberIngress(ctx, a, "shop"); got.Annotations["team"] != "b" || len(got.Status.LoadBalancer.Ingress) != 1 {
 		t.Errorf("a after update: annotations %v, status %+v", got.Annotations, got.Status.LoadBalancer)

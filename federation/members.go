@@ -24,6 +24,7 @@ import (
 type member struct {
 	name     string
 	secretRV string // the Secret's resourceVersion the clients were built from
+	agents   string // the namespace of the member's agents' status Leases
 	client   kubernetes.Interface
 	dyn      dynamic.Interface
 	lister   networkinglisters.IngressLister
@@ -111,8 +112,12 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 		return nil, fmt.Errorf("add event handler: %w", err)
 	}
 	mctx, cancel := context.WithCancel(ctx)
+	agents := s.Annotations[AnnotationAgents]
+	if agents == "" {
+		agents = "portico-system"
+	}
 	m := &member{
-		name: memberName(s), secretRV: s.ResourceVersion, client: client, dyn: dyn,
+		name: memberName(s), secretRV: s.ResourceVersion, agents: agents, client: client, dyn: dyn,
 		lister: inf.Lister(), synced: inf.Informer().HasSynced, stop: cancel,
 	}
 	f.Start(mctx.Done())

@@ -26,6 +26,9 @@ const (
 	Finalizer = "portico.io/federation"
 	// KeyKubeconfig is the member Secret's key holding the kubeconfig.
 	KeyKubeconfig = "kubeconfig"
+	// AnnotationAgents on a member Secret names the namespace of the member's Portico
+	// agents (their status Leases); default portico-system.
+	AnnotationAgents = "portico.io/agents-namespace"
 )
 
 // FederatedIngress is one Ingress for many clusters.
@@ -72,8 +75,9 @@ type Override struct {
 type Status struct {
 	ObservedGeneration int64        `json:"observedGeneration,omitempty"`
 	Sites              []SiteStatus `json:"sites,omitempty"`
-	// Propagated counts the placed sites serving the current generation's Ingress; Ready
-	// those of them with at least one ready backend (for kubectl get).
+	// Propagated counts the placed sites holding the current generation's Ingress;
+	// Ready those of them with a ready backend and an edge whose nginx serves it (for
+	// kubectl get).
 	Propagated int32 `json:"propagated"`
 	Ready      int32 `json:"ready"`
 }
@@ -89,6 +93,13 @@ type SiteStatus struct {
 	// that cluster; Backends all of them.
 	ReadyBackends int32 `json:"readyBackends"`
 	Backends      int32 `json:"backends"`
+	// Edges counts the site's edges whose group serves the Ingress (from their status
+	// Leases, renewed); EdgesServing those whose nginx serves its current generation.
+	Edges        int32 `json:"edges"`
+	EdgesServing int32 `json:"edgesServing"`
+	// Announce is what those edges do with the group's VIPs: Announced,
+	// Depreferenced or Withdrawn.
+	Announce string `json:"announce,omitempty"`
 	// Error says why the site is not propagated (unreachable, rejected, bad override).
 	Error string `json:"error,omitempty"`
 }
