@@ -168,7 +168,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return err
 		}
 		bs = &bgpSink{group: cfg.Group, log: blog, speaker: speaker, setLoVIPs: host.setLoVIPs, localAddrs: localAddrs,
-			withdrawAfter: cfg.BGP.withdrawAfter(), now: time.Now, managed: host.managedVIPs()}
+			withdrawAfter: cfg.BGP.withdrawAfter(), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: host.managedVIPs()}
 		announcer, setHealthy, release, bgpStatus = bs, bs.setHealthy, bs.stop, bs.status
 	default:
 		vmet, err := vrrp.NewMetrics(reg)

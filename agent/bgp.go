@@ -85,6 +85,10 @@ func LoadBGPFile(path string) (BGPFile, error) {
 // defaultWithdrawAfter is BGPFile.WithdrawAfter's default.
 const defaultWithdrawAfter = 10 * time.Second
 
+// defaultSiteUpAfter is how long a federated site's Ingresses must have a ready
+// backend again before its VIPs are announced as preferred again.
+const defaultSiteUpAfter = 3 * time.Second
+
 // SpeakerConfig turns the file into node's speaker configuration. routerID is
 // used when the file names none (the node's address).
 func (f BGPFile) SpeakerConfig(node string, routerID, nextHop6 netip.Addr) (bgp.Config, error) {
@@ -177,7 +181,14 @@ type routes interface {
 //     de-preferenced first (routers move flows to the other edges, which steer
 //     them to the same replicas), and after withdrawAfter of being unhealthy,
 //     withdrawn; a drained or stopping node stays de-preferenced until its agent
-//     stops and its session ends (the pinned XDP program forwards meanwhile).
+//     stops and its session ends (the pinned XDP program forwards meanwhile);
+//   - in a federation, the site's own health: when none of the group's federated
+//     Ingresses (propagated by a host cluster, model.Group.Federated) has a ready
+//     backend in this cluster, the site cannot serve what the anycast VIP promises,
+//     so its edges de-prefer the VIP (routers move clients to another site), and
+//     withdraw after withdrawAfter; when a backend is ready again they keep it
+//     de-preferred for siteUpAfter (a flapping Deployment does not flap routes).
+//     This needs no host cluster and no peer site (fail-static).
 type bgpSink struct {
 	group         string
 	log           *zap.Logger
@@ -195,8 +206,14 @@ type bgpSink struct {
 	healthy        bool
 	unhealthySince time.Time
 	stopping       bool
-	pref           bgp.Preference
-	announced      []netip.Prefix
+	// The site's health in a federation: siteDownSince is when the group's last
+	// federated Ingress lost its ready backends (zero while one has some),
+	// siteUpSince when one got them back.
+	siteDownSince time.Time
+	siteUpSince   time.Time
+	siteUpAfter   time.Duration
+	pref          bgp.Preference
+	announced     []netip.Prefix
 }
 
 func (b *bgpSink) Name() string { return "bgp" }
@@ -210,6 +227,7 @@ func (b *bgpSink) Apply(_ context.Context, snap model.Snapshot) error {
 		return err
 	}
 	b.vips = slices.Clone(g.VIPs)
+	b.setSiteHealth(g.Federated)
 	isLocal, err := b.localAddrs()
 	if err != nil {
 		return err
@@ -221,6 +239,37 @@ func (b *bgpSink) Apply(_ context.Context, snap model.Snapshot) error {
 		}
 	}
 	return b.announceLocked()
+}
+
+// setSiteHealth follows the group's federated Ingresses: the site is up while any
+// of them has a ready backend here, or when the group has none.
+func (b *bgpSink) setSiteHealth(federated map[string]bool) {
+	up := len(federated) == 0
+	for _, ready := range federated {
+		up = up || ready
+	}
+	now := b.now()
+	switch {
+	case !up && b.siteDownSince.IsZero():
+		b.siteDownSince, b.siteUpSince = now, time.Time{}
+		b.log.Warn("no federated ingress of the group has a ready backend: the site's VIPs go de-preferenced", zap.Int("ingresses", len(federated)))
+	case up && !b.siteDownSince.IsZero():
+		b.siteDownSince, b.siteUpSince = time.Time{}, now
+		b.log.Info("a federated ingress of the group has a ready backend again")
+	}
+}
+
+// siteDown reports whether the site counts as down for its announcement, and for
+// how long it has been.
+func (b *bgpSink) siteDown() (bool, time.Duration) {
+	now := b.now()
+	if !b.siteDownSince.IsZero() {
+		return true, now.Sub(b.siteDownSince)
+	}
+	if !b.siteUpSince.IsZero() && now.Sub(b.siteUpSince) < b.siteUpAfter {
+		return true, 0
+	}
+	return false, 0
 }
 
 // setHealthy is the health loop's callback.
@@ -257,6 +306,12 @@ func (b *bgpSink) preference() bgp.Preference {
 	case b.stopping || b.draining:
 		return bgp.Depreferenced
 	case b.healthy:
+		if down, since := b.siteDown(); down {
+			if since >= b.withdrawAfter {
+				return bgp.Withdrawn
+			}
+			return bgp.Depreferenced
+		}
 		return bgp.Normal
 	case !b.unhealthySince.IsZero() && b.now().Sub(b.unhealthySince) >= b.withdrawAfter:
 		return bgp.Withdrawn
@@ -279,7 +334,8 @@ func (b *bgpSink) announceLocked() error {
 	}
 	if pref != b.pref {
 		b.log.Info("bgp announcement changed", zap.Stringer("preference", pref), zap.Stringers("vips", b.vips),
-			zap.Bool("healthy", b.healthy), zap.Bool("draining", b.draining), zap.Bool("stopping", b.stopping))
+			zap.Bool("healthy", b.healthy), zap.Bool("draining", b.draining), zap.Bool("stopping", b.stopping),
+			zap.Bool("siteDown", !b.siteDownSince.IsZero()))
 	}
 	b.pref, b.announced = pref, prefixes
 	return nil

@@ -95,3 +95,63 @@ func TestBGPSinkPreference(t *testing.T) {
 	b.stop()
 	step("stopping", bgp.Depreferenced)
 }
+
+// TestBGPSinkSiteHealth: in a federation, a healthy node announces its group's VIPs
+// by the site's own health: normal while a federated Ingress of the group has a
+// ready backend here; de-preferenced when none has, withdrawn after withdrawAfter;
+// de-preferenced for siteUpAfter once one has again, then normal. A group without
+// federated Ingresses is never judged by them.
+func TestBGPSinkSiteHealth(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.80")
+	clock := time.Unix(1000, 0)
+	r := &recordedRoutes{}
+	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
+		now:        func() time.Time { return clock },
+		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
+		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil }}
+	ctx := context.Background()
+	apply := func(federated map[string]bool) {
+		t.Helper()
+		snap := model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip}, Federated: federated}}}
+		if err := b.Apply(ctx, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func(d time.Duration) {
+		clock = clock.Add(d)
+		b.mu.Lock()
+		_ = b.announceLocked()
+		b.mu.Unlock()
+	}
+	step := func(name string, want bgp.Preference) {
+		t.Helper()
+		if r.pref != want {
+			t.Errorf("%s: announced %v, want %v", name, r.pref, want)
+		}
+	}
+	b.setHealthy(ctx, true)
+	apply(nil)
+	step("no federated ingress", bgp.Normal)
+	apply(map[string]bool{"web/shop": true, "web/blog": false})
+	step("one of two with a ready backend", bgp.Normal)
+	apply(map[string]bool{"web/shop": false, "web/blog": false})
+	step("none with a ready backend", bgp.Depreferenced)
+	tick(9 * time.Second)
+	apply(map[string]bool{"web/shop": false, "web/blog": false}) // a resync: the clock keeps running
+	step("down for 9 s", bgp.Depreferenced)
+	tick(time.Second)
+	step("down for 10 s", bgp.Withdrawn)
+	apply(map[string]bool{"web/shop": true, "web/blog": false})
+	step("a backend ready again", bgp.Depreferenced)
+	tick(2 * time.Second)
+	step("up for 2 s", bgp.Depreferenced)
+	apply(map[string]bool{"web/shop": false, "web/blog": false})
+	step("down again before it counted as up", bgp.Depreferenced)
+	tick(10 * time.Second)
+	step("down for 10 s again", bgp.Withdrawn)
+	apply(map[string]bool{"web/shop": true, "web/blog": true})
+	tick(3 * time.Second)
+	step("up for 3 s", bgp.Normal)
+	b.setHealthy(ctx, false)
+	step("the node unhealthy outranks a healthy site", bgp.Depreferenced)
+}

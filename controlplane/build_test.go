@@ -747,3 +747,36 @@ func TestBuildIngressGenerations(t *testing.T) {
 		t.Errorf("group %s's Ingresses (-want +got):\n%s", snap.Groups[0].Name, diff)
 	}
 }
+
+// TestBuildFederated: a federated Ingress (labelled by the federation controller)
+// counts as ready in its group when a backend it names has a ready endpoint here,
+// whichever rule or the default backend names it, and another Ingress naming the
+// same Service port does not change that; Ingresses not federated are not listed.
+func TestBuildFederated(t *testing.T) {
+	gs, gsl := g1Objects()
+	ws, wsl := webObjects()
+	empty := backendSvc("app", "empty", sport("http", 80))
+	emptySlice := slice("app", "empty", "empty-1", "http", 8080, ep{addr: "10.3.0.1", ready: false})
+	pfx := networkingv1.PathTypePrefix
+	fed := func(ing *networkingv1.Ingress) *networkingv1.Ingress {
+		ing.Labels = map[string]string{LabelFederatedIngress: ing.Name}
+		return ing
+	}
+	shop := fed(ingress("app", "shop", 1, "shop.example", []path{{"/", pfx, "empty", 80}, {"/api", pfx, "web", 80}}, AnnotationGroup, "edge/g1"))
+	blog := fed(ingress("app", "blog", 2, "blog.example", []path{{"/", pfx, "empty", 80}}, AnnotationGroup, "edge/g1"))
+	wiki := fed(ingress("app", "wiki", 3, "", nil, AnnotationGroup, "edge/g1"))
+	wiki.Spec.DefaultBackend = ptr(backend("web", 80))
+	plain := ingress("app", "plain", 4, "plain.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
+	snap, _, problems := Build(state(gs, gsl, ws, wsl, empty, emptySlice, shop, blog, wiki, plain), Options{})
+	if len(snap.Groups) != 1 {
+		t.Fatalf("groups %+v (problems %v), want one", snap.Groups, problems)
+	}
+	want := map[string]bool{"app/shop": true, "app/blog": false, "app/wiki": true}
+	if diff := cmp.Diff(want, snap.Groups[0].Federated); diff != "" {
+		t.Errorf("group %s's federated Ingresses (-want +got):\n%s", snap.Groups[0].Name, diff)
+	}
+	snap, _, _ = Build(state(gs, gsl, ws, wsl, plain), Options{})
+	if snap.Groups[0].Federated != nil {
+		t.Errorf("no federated Ingress, Federated = %v", snap.Groups[0].Federated)
+	}
+}

@@ -18,11 +18,18 @@ func (b *builder) ingresses() {
 	for _, ing := range b.boundIngresses() {
 		group := b.bindings[key(ing)].Group
 		src := key(ing)
-		if g := b.groupsOut[group]; g != nil {
+		g := b.groupsOut[group]
+		if g != nil {
 			if g.Ingresses == nil {
 				g.Ingresses = map[string]int64{}
 			}
 			g.Ingresses[src] = ing.Generation
+		}
+		var ups []string // the upstreams this Ingress names
+		if g != nil && ing.Labels[LabelFederatedIngress] != "" {
+			// Upstreams gather endpoints over the whole loop (another Ingress may
+			// name the same Service port): judged after it.
+			defer func() { b.federated(g, src, ups) }()
 		}
 		redirect := false
 		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
@@ -60,6 +67,9 @@ func (b *builder) ingresses() {
 		defUp := ""
 		if db := ing.Spec.DefaultBackend; db != nil {
 			defUp, _ = b.backend(ing, "spec.defaultBackend", *db)
+			if defUp != "" {
+				ups = append(ups, defUp)
+			}
 		}
 		// touch applies the Ingress's host-wide settings to a server it contributes to.
 		touched := map[string]bool{}
@@ -116,6 +126,9 @@ func (b *builder) ingresses() {
 					continue
 				}
 				up, ok := b.backend(ing, field+".backend", p.Backend)
+				if ok {
+					ups = append(ups, up)
+				}
 				if !ok {
 					continue
 				}
@@ -194,6 +207,19 @@ func (b *builder) certificate(ing *networkingv1.Ingress, i int, name string) (st
 
 // backend resolves an Ingress backend to an upstream name. A missing Service still
 // gets an (empty, so 503) upstream, so the path does not fall through to another route.
+// federated records whether a federated Ingress of group g has a ready endpoint
+// behind any upstream it names.
+func (b *builder) federated(g *model.Group, src string, ups []string) {
+	if g.Federated == nil {
+		g.Federated = map[string]bool{}
+	}
+	ready := false
+	for _, id := range ups {
+		ready = ready || len(b.upstreams[id].endpoints) > 0
+	}
+	g.Federated[src] = ready
+}
+
 func (b *builder) backend(ing *networkingv1.Ingress, field string, be networkingv1.IngressBackend) (string, bool) {
 	if be.Service == nil {
 		b.problem("Ingress", ing, field, model.ReasonUnsupportedBackend, "only Service backends are served")

@@ -44,6 +44,9 @@ const (
 	AnnotationSSLRedirect = "portico.io/ssl-redirect"
 	// LabelMicroservice ("true") marks a pod route.
 	LabelMicroservice = "microservice"
+	// LabelFederatedIngress marks an Ingress a federation controller propagated
+	// (its value names the FederatedIngress in the host cluster).
+	LabelFederatedIngress = "portico.io/federated-ingress"
 	// AnnotationTrafficHosts lists a pod route's hosts.
 	AnnotationTrafficHosts = "trafficHosts"
 	// AnnotationPublicPaths lists a pod route's PORT:PATH entries.

@@ -6,6 +6,8 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+
+	"github.com/portico-edge/portico/controlplane"
 )
 
 // Resource is the FederatedIngress CRD (deploy/federation/federatedingresses.portico.io.yaml).
@@ -17,8 +19,10 @@ const (
 	// kubeconfig; a non-empty value names the cluster (else the Secret's name).
 	LabelMember = "portico.io/member-cluster"
 	// LabelSource marks a member's Ingress as propagated; its value is the
-	// FederatedIngress's name (the namespace is the Ingress's own).
-	LabelSource = "portico.io/federated-ingress"
+	// FederatedIngress's name (the namespace is the Ingress's own). The member's
+	// control plane reads it: in BGP mode its edges announce by the health of such
+	// Ingresses (model.Group.Federated).
+	LabelSource = controlplane.LabelFederatedIngress
 	// AnnotationGeneration is the FederatedIngress generation a member's Ingress was
 	// rendered from.
 	AnnotationGeneration = "portico.io/federation-generation"

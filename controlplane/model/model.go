@@ -44,6 +44,11 @@ type Group struct {
 	// them, and the controller writes an Ingress's address once every edge of
 	// its group serves its generation.
 	Ingresses map[string]int64
+	// Federated are the group's Ingresses a federation propagated (labelled
+	// portico.io/federated-ingress), "namespace/name" -> whether a backend it names
+	// has a ready endpoint in this cluster; nil when there are none. In BGP mode
+	// the group's edges announce its VIPs by it (the site's own health).
+	Federated map[string]bool
 }
 
 // MaxVIPsPerFamily bounds a group's VIPs of one address family (one VRRP
