@@ -2,11 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
@@ -14,8 +11,6 @@ import (
 
 	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.uber.org/zap"
 	"k8s.io/klog/v2"
 
 	"github.com/portico-edge/portico/federation"
@@ -51,19 +46,11 @@ func runFederation(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *metricsAddr != "" {
-		ln, err := net.Listen("tcp", *metricsAddr)
-		if err != nil {
-			return fmt.Errorf("listen for metrics: %w", err)
-		}
-		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("serve metrics", zap.Error(err))
-			}
-		}()
-		defer srv.Close()
+	stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+	if err != nil {
+		return err
 	}
+	defer stopMetrics()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return ctrl.Run(ctx)

@@ -115,19 +115,11 @@ func runVRRP(args []string) error {
 	if err != nil {
 		return err
 	}
-	if flags.metricsAddr != "" {
-		ln, err := net.Listen("tcp", flags.metricsAddr)
-		if err != nil {
-			return fmt.Errorf("listen for metrics: %w", err)
-		}
-		srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("serve metrics", zap.Error(err))
-			}
-		}()
-		defer srv.Close()
+	stopMetrics, err := serveMetrics(flags.metricsAddr, reg, log)
+	if err != nil {
+		return err
 	}
+	defer stopMetrics()
 	a, err := vrrp.New(cfg, log.Named("vrrp"), met)
 	if err != nil {
 		return err
@@ -150,4 +142,23 @@ func parseAddrs(s string) ([]netip.Addr, error) {
 		out = append(out, a)
 	}
 	return out, nil
+}
+
+// serveMetrics serves reg's metrics on addr ("" serves none) until the returned
+// function is called.
+func serveMetrics(addr string, reg *prometheus.Registry, log *zap.Logger) (func(), error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen for metrics: %w", err)
+	}
+	srv := &http.Server{Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("serve metrics", zap.Error(err))
+		}
+	}()
+	return func() { srv.Close() }, nil
 }
