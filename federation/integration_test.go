@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/bgp"
@@ -235,16 +236,24 @@ func site(fi *FederatedIngress, cluster string) *SiteStatus {
 	return nil
 }
 
+// updateFI changes the FederatedIngress as a user would, again on a conflict with
+// the controller's status writes.
 func updateFI(t *testing.T, ctx context.Context, host *cluster, name string, change func(*FederatedIngress)) int64 {
 	t.Helper()
-	fi := getFI(t, ctx, host, name)
-	change(fi)
-	u := toUnstructured(t, fi)
-	out, err := host.dyn.Resource(Resource).Namespace("web").Update(ctx, u, metav1.UpdateOptions{})
+	var gen int64
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		fi := getFI(t, ctx, host, name)
+		change(fi)
+		out, err := host.dyn.Resource(Resource).Namespace("web").Update(ctx, toUnstructured(t, fi), metav1.UpdateOptions{})
+		if err == nil {
+			gen = out.GetGeneration()
+		}
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out.GetGeneration()
+	return gen
 }
 
 // TestPropagation runs the controller against four real API servers (a host and
@@ -364,9 +373,12 @@ func TestPropagation(t *testing.T) {
 		s := site(fi, "a")
 		return s != nil && s.Announce == Withdrawn && s.EdgesServing == 2
 	})
-	ing := memberIngress(ctx, a, "shop")
-	ing.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.80"}}
-	if _, err := a.client.NetworkingV1().Ingresses("web").UpdateStatus(ctx, ing, metav1.UpdateOptions{}); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ing := memberIngress(ctx, a, "shop")
+		ing.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.80"}}
+		_, err := a.client.NetworkingV1().Ingresses("web").UpdateStatus(ctx, ing, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitStatus(t, ctx, host, "shop", "a's address", func(fi *FederatedIngress) bool {
@@ -383,10 +395,13 @@ func TestPropagation(t *testing.T) {
 
 	// Drift: b's Ingress edited by hand is put back; a label another manager adds stays.
 	b := cs["b"]
-	ing = memberIngress(ctx, b, "shop")
-	ing.Spec.Rules[0].Host = "hand.example.com"
-	ing.Labels["owner"] = "ops"
-	if _, err := b.client.NetworkingV1().Ingresses("web").Update(ctx, ing, metav1.UpdateOptions{}); err != nil {
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ing := memberIngress(ctx, b, "shop")
+		ing.Spec.Rules[0].Host = "hand.example.com"
+		ing.Labels["owner"] = "ops"
+		_, err := b.client.NetworkingV1().Ingresses("web").Update(ctx, ing, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	waitMembers(t, ctx, cs, "drift repaired", "shop", func(ing *networkingv1.Ingress) bool {

@@ -10,6 +10,6 @@ func registerAll() {
 	register("maglev", "build a Maglev table for given replicas and print shares and digest", runMaglev)
 	register("bench", "benchmarks: 'bench xdp' measures xdp_lb's per-packet cost", runBench)
 	register("uninstall", "detach xdp_lb and remove its pinned maps", runUninstall)
-	register("federation", "run the FederatedIngress controller in a host cluster: propagate to member clusters, aggregate their status", runFederation)
+	register("federation", "run the FederatedIngress controller in a host cluster (propagate, aggregate status), or with dns a site's DNS server", runFederation)
 	register("vrrp", "run the VRRP announcer alone (VIP failover, keepalived-compatible)", runVRRP)
 }

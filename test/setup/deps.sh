@@ -13,6 +13,7 @@ pkgs=(
   libnginx-mod-stream-js                 # L4 Services: njs, for the PROXY protocol on UDP (nginx/js/portico.js)
   keepalived                             # VRRP interop peer
   frr                                    # BGP interop peer (bgp/): zebra, bgpd and bfdd, one instance per namespace
+  unbound                                # federation DNS (federation/gslb): a caching resolver in front of the sites' servers
   openssl                                # certificates for TLS tests and the API server
   wrk                                    # bounded load in benchmarks
   containerd runc                        # real-cluster lab (test/cluster): one containerd per kubelet node; runc, not crun
@@ -37,7 +38,7 @@ export DEBIAN_FRONTEND=noninteractive
 apt-get -o DPkg::Lock::Timeout=300 update -qq
 apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 # Debian starts these daemons on install; Portico's tests start their own.
-for svc in nginx keepalived frr; do
+for svc in nginx keepalived frr unbound; do
   if command -v systemctl >/dev/null 2>&1; then systemctl disable --now "$svc" >/dev/null 2>&1 || true; fi
   if [ -f "/run/$svc.pid" ]; then kill "$(cat /run/$svc.pid)" 2>/dev/null || true; fi
 done

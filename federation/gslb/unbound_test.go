@@ -1,0 +1,154 @@
+package gslb
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/miekg/dns"
+
+	"github.com/portico-edge/portico/internal/testenv"
+)
+
+// startUnbound runs Debian's unbound on a loopback port as a caching resolver
+// whose only zone, example.test, is a stub to server; it returns its address.
+func startUnbound(t *testing.T, server string) string {
+	t.Helper()
+	bin, err := exec.LookPath("unbound")
+	if err != nil {
+		if _, statErr := os.Stat("/usr/sbin/unbound"); statErr != nil {
+			testenv.Unavailable(t, "unbound is not installed (test/setup/deps.sh installs it)")
+		}
+		bin = "/usr/sbin/unbound"
+	}
+	l, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := l.LocalAddr().(*net.UDPAddr).Port
+	l.Close()
+	dir := t.TempDir()
+	host, sport, _ := net.SplitHostPort(server)
+	conf := fmt.Sprintf(`server:
+  interface: 127.0.0.1
+  port: %d
+  do-daemonize: no
+  username: ""
+  chroot: ""
+  directory: %q
+  pidfile: %q
+  use-syslog: no
+  logfile: ""
+  verbosity: 1
+  num-threads: 1
+  so-reuseport: no
+  do-ip6: no
+  access-control: 127.0.0.0/8 allow
+  do-not-query-localhost: no
+  module-config: "iterator"
+  qname-minimisation: no
+  domain-insecure: "example.test"
+  # .test is a special-use name (RFC 6761) that unbound answers itself by default.
+  local-zone: "test." nodefault
+stub-zone:
+  name: "example.test"
+  stub-addr: %s@%s
+`, port, dir, filepath.Join(dir, "unbound.pid"), host, sport)
+	cf := filepath.Join(dir, "unbound.conf")
+	if err := os.WriteFile(cf, []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-d", "-c", cf)
+	out, err := os.Create(filepath.Join(dir, "unbound.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start unbound: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("unbound log:\n%s", b)
+		}
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	c := &dns.Client{Timeout: 500 * time.Millisecond}
+	if _, ok := testenv.Until(10*time.Second, 100*time.Millisecond, func() bool {
+		m := new(dns.Msg)
+		m.SetQuestion("shop.example.test.", dns.TypeA)
+		r, _, err := c.Exchange(m, addr)
+		return err == nil && r.Rcode == dns.RcodeSuccess
+	}); !ok {
+		b, _ := os.ReadFile(out.Name())
+		t.Fatalf("unbound on %s did not answer within 10 s; log:\n%s", addr, b)
+	}
+	return addr
+}
+
+// resolve asks the resolver for shop.example.test's A records.
+func resolve(t *testing.T, resolver string) []string {
+	t.Helper()
+	m := new(dns.Msg)
+	m.SetQuestion("shop.example.test.", dns.TypeA)
+	r, _, err := (&dns.Client{Timeout: time.Second}).Exchange(m, resolver)
+	if err != nil {
+		t.Fatalf("resolve through %s: %v", resolver, err)
+	}
+	return answerAddrs(r)
+}
+
+// TestThroughUnbound: clients behind a caching resolver (Debian's unbound) move to
+// another site within the detection time plus the TTL, and never get an empty
+// answer.
+func TestThroughUnbound(t *testing.T) {
+	const interval, ttl = 200 * time.Millisecond, 2 * time.Second
+	f := startFederation(t, interval, ttl)
+	a := f.sites["a"]
+	resolver := startUnbound(t, a.dns)
+	if got := resolve(t, resolver); len(got) != 1 || got[0] != "192.0.2.1" {
+		t.Fatalf("through unbound: %v, want site a (no locality for the resolver's address)", got)
+	}
+	// Site a goes unhealthy by its own report; the resolver's cached answer lasts
+	// at most the TTL.
+	a.ok.Store(false)
+	start := time.Now()
+	var got []string
+	bound := 3*interval + 2*interval + ttl + time.Second // FailAfter rounds, a round's skew, the TTL, slack
+	if _, ok := testenv.Until(bound+5*time.Second, 50*time.Millisecond, func() bool {
+		got = resolve(t, resolver)
+		return len(got) == 1 && got[0] == "192.0.2.2"
+	}); !ok {
+		t.Fatalf("through unbound: %v after %v, want site b", got, time.Since(start))
+	}
+	took := time.Since(start)
+	t.Logf("site a unhealthy: clients behind unbound sent to b after %v (bound %v: 3 probe rounds of %v + TTL %v)",
+		took.Round(time.Millisecond), bound, interval, ttl)
+	if took > bound {
+		t.Errorf("failover through the resolver took %v, more than the bound %v", took, bound)
+	}
+	// Every site unhealthy: never an empty answer.
+	f.sites["b"].ok.Store(false)
+	f.sites["c"].ok.Store(false)
+	time.Sleep(5*interval + ttl)
+	empty := 0
+	for i := 0; i < 20; i++ {
+		if len(resolve(t, resolver)) == 0 {
+			empty++
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := resolve(t, resolver); len(got) != 3 || empty > 0 {
+		t.Errorf("no site healthy: through unbound %v (%d of 20 answers empty), want every site's address", got, empty)
+	}
+}
