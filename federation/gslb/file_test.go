@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes/fake"
+	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/bgp"
@@ -91,5 +92,43 @@ func TestAgentsHealth(t *testing.T) {
 	write("edge-3", agent.State{VRRP: map[string]string{"v4": "master"}}, time.Minute)
 	if r := health(ctx); !r.Healthy {
 		t.Errorf("a VRRP master: %+v", r)
+	}
+}
+
+// TestDeployedConfig: the example configuration in deploy/federation/dns.yaml loads
+// and validates.
+func TestDeployedConfig(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/federation/dns.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, doc := range strings.Split(string(b), "\n---\n") {
+		var cm struct {
+			Kind string            `json:"kind"`
+			Data map[string]string `json:"data"`
+		}
+		if err := yaml.Unmarshal([]byte(doc), &cm); err != nil {
+			t.Fatal(err)
+		}
+		if cm.Kind != "ConfigMap" {
+			continue
+		}
+		found = true
+		p := filepath.Join(t.TempDir(), "sites.yaml")
+		if err := os.WriteFile(p, []byte(cm.Data["sites.yaml"]), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c, err := LoadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.OwnHealth = healthy
+		if err := c.Validate(); err != nil {
+			t.Fatalf("the deployed example: %v", err)
+		}
+	}
+	if !found {
+		t.Fatal("no ConfigMap in deploy/federation/dns.yaml")
 	}
 }
