@@ -11,6 +11,7 @@ import (
 
 	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -52,14 +53,7 @@ func runFederation(args []string) error {
 	if err != nil {
 		return err
 	}
-	stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
-	if err != nil {
-		return err
-	}
-	defer stopMetrics()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return ctrl.Run(ctx)
+	return untilSignal(*metricsAddr, reg, log, ctrl.Run)
 }
 
 // runFederationDNS runs one site's authoritative DNS server for the federated names,
@@ -103,12 +97,17 @@ func runFederationDNS(args []string) error {
 	if err != nil {
 		return err
 	}
-	stopMetrics, err := serveMetrics(*metricsAddr, reg, log)
+	return untilSignal(*metricsAddr, reg, log, func(ctx context.Context) error { return srv.Run(ctx, *dnsAddr, *healthAddr) })
+}
+
+// untilSignal serves reg's metrics on metricsAddr and runs run until SIGINT or SIGTERM.
+func untilSignal(metricsAddr string, reg *prometheus.Registry, log *zap.Logger, run func(context.Context) error) error {
+	stopMetrics, err := serveMetrics(metricsAddr, reg, log)
 	if err != nil {
 		return err
 	}
 	defer stopMetrics()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return srv.Run(ctx, *dnsAddr, *healthAddr)
+	return run(ctx)
 }
