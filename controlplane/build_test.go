@@ -767,11 +767,24 @@ func TestBuildFederated(t *testing.T) {
 	wiki := fed(ingress("app", "wiki", 3, "", nil, AnnotationGroup, "edge/g1"))
 	wiki.Spec.DefaultBackend = ptr(backend("web", 80))
 	plain := ingress("app", "plain", 4, "plain.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
-	snap, _, problems := Build(state(gs, gsl, ws, wsl, empty, emptySlice, shop, blog, wiki, plain), Options{})
+	// With the All policy every backend Service named must have a ready endpoint.
+	shopAll := fed(ingress("app", "shop-all", 5, "shop-all.example", []path{{"/", pfx, "empty", 80}, {"/api", pfx, "web", 80}},
+		AnnotationGroup, "edge/g1", AnnotationFederationHealth, "All"))
+	webAll := fed(ingress("app", "web-all", 6, "web-all.example", []path{{"/", pfx, "web", 80}, {"/x", pfx, "web", 80}},
+		AnnotationGroup, "edge/g1", AnnotationFederationHealth, "All"))
+	bad := fed(ingress("app", "bad", 7, "bad.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1", AnnotationFederationHealth, "Most"))
+	snap, _, problems := Build(state(gs, gsl, ws, wsl, empty, emptySlice, shop, blog, wiki, plain, shopAll, webAll, bad), Options{})
 	if len(snap.Groups) != 1 {
 		t.Fatalf("groups %+v (problems %v), want one", snap.Groups, problems)
 	}
-	want := map[string]bool{"app/shop": true, "app/blog": false, "app/wiki": true}
+	reported := false
+	for _, p := range problems {
+		reported = reported || (p.Object == "Ingress app/bad" && p.Reason == model.ReasonInvalidAnnotation)
+	}
+	if !reported {
+		t.Errorf("an unknown health policy is not reported: %v", problems)
+	}
+	want := map[string]bool{"app/shop": true, "app/blog": false, "app/wiki": true, "app/shop-all": false, "app/web-all": true, "app/bad": true}
 	if diff := cmp.Diff(want, snap.Groups[0].Federated); diff != "" {
 		t.Errorf("group %s's federated Ingresses (-want +got):\n%s", snap.Groups[0].Name, diff)
 	}

@@ -29,7 +29,7 @@ func (b *builder) ingresses() {
 		if g != nil && ing.Labels[LabelFederatedIngress] != "" {
 			// Upstreams gather endpoints over the whole loop (another Ingress may
 			// name the same Service port): judged after it.
-			defer func() { b.federated(g, src, ups) }()
+			defer func() { b.federated(g, ing, src, ups) }()
 		}
 		redirect := false
 		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
@@ -207,15 +207,30 @@ func (b *builder) certificate(ing *networkingv1.Ingress, i int, name string) (st
 
 // backend resolves an Ingress backend to an upstream name. A missing Service still
 // gets an (empty, so 503) upstream, so the path does not fall through to another route.
-// federated records whether a federated Ingress of group g has a ready endpoint
-// behind any upstream it names.
-func (b *builder) federated(g *model.Group, src string, ups []string) {
+// federated records whether a federated Ingress of group g can be served here: a
+// ready endpoint behind any upstream it names, or with portico.io/federation-health
+// "All" behind every one.
+func (b *builder) federated(g *model.Group, ing *networkingv1.Ingress, src string, ups []string) {
 	if g.Federated == nil {
 		g.Federated = map[string]bool{}
 	}
-	ready := false
+	all := false
+	switch v := ing.Annotations[AnnotationFederationHealth]; v {
+	case "", "Any":
+	case "All":
+		all = true
+	default:
+		b.problem("Ingress", ing, "metadata.annotations["+AnnotationFederationHealth+"]", model.ReasonInvalidAnnotation,
+			"%q is not Any or All; Any is used", v)
+	}
+	ready := all && len(ups) > 0
 	for _, id := range ups {
-		ready = ready || len(b.upstreams[id].endpoints) > 0
+		has := len(b.upstreams[id].endpoints) > 0
+		if all {
+			ready = ready && has
+		} else {
+			ready = ready || has
+		}
 	}
 	g.Federated[src] = ready
 }

@@ -47,6 +47,10 @@ const (
 	// LabelFederatedIngress marks an Ingress a federation controller propagated
 	// (its value names the FederatedIngress in the host cluster).
 	LabelFederatedIngress = "portico.io/federated-ingress"
+	// AnnotationFederationHealth ("All") on a federated Ingress: the site counts as
+	// serving it only while every backend Service it names has a ready endpoint
+	// (default: any of them).
+	AnnotationFederationHealth = "portico.io/federation-health"
 	// AnnotationTrafficHosts lists a pod route's hosts.
 	AnnotationTrafficHosts = "trafficHosts"
 	// AnnotationPublicPaths lists a pod route's PORT:PATH entries.

@@ -387,9 +387,13 @@ func TestPropagation(t *testing.T) {
 	})
 
 	// Update: every member follows, and a's status (another manager's) stays.
-	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "b" })
+	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+		fi.Spec.Template.Metadata.Annotations["team"] = "b"
+		fi.Spec.Policy.Health = HealthAll
+	})
 	waitMembers(t, ctx, cs, "update", "shop", atGeneration(gen), "a", "b", "c")
-	if got := memberIngress(ctx, a, "shop"); got.Annotations["team"] != "b" || len(got.Status.LoadBalancer.Ingress) != 1 {
+	if got := memberIngress(ctx, a, "shop"); got.Annotations["team"] != "b" || len(got.Status.LoadBalancer.Ingress) != 1 ||
+		got.Annotations["portico.io/federation-health"] != "All" {
 		t.Errorf("a after update: annotations %v, status %+v", got.Annotations, got.Status.LoadBalancer)
 	}
 

@@ -11,6 +11,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/portico-edge/portico/controlplane"
 )
 
 // Validate reports what makes a FederatedIngress unusable as a whole; a problem of one
@@ -33,6 +35,11 @@ func Validate(fi *FederatedIngress) error {
 		if o.Cluster == "" {
 			return fmt.Errorf("spec.overrides[%d].cluster: empty", i)
 		}
+	}
+	switch fi.Spec.Policy.Health {
+	case "", HealthAny, HealthAll:
+	default:
+		return fmt.Errorf("spec.policy.health: %q is not Any or All", fi.Spec.Policy.Health)
 	}
 	return nil
 }
@@ -83,6 +90,10 @@ func MemberIngress(fi *FederatedIngress, cluster string) (*unstructured.Unstruct
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[AnnotationGeneration] = strconv.FormatInt(fi.Generation, 10)
+	delete(out.Annotations, controlplane.AnnotationFederationHealth)
+	if fi.Spec.Policy.Health == HealthAll {
+		out.Annotations[controlplane.AnnotationFederationHealth] = string(HealthAll)
+	}
 	obj := map[string]any{
 		"apiVersion": out.APIVersion,
 		"kind":       out.Kind,

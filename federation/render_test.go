@@ -35,6 +35,7 @@ func TestMemberIngress(t *testing.T) {
 	tests := []struct {
 		name      string
 		overrides []Override
+		policy    HealthPolicy
 		cluster   string
 		check     func(t *testing.T, ing *networkingv1.Ingress)
 		wantErr   string
@@ -87,6 +88,23 @@ func TestMemberIngress(t *testing.T) {
 			},
 		},
 		{
+			name: "health policy All travels as an annotation", cluster: "a", policy: HealthAll,
+			check: func(t *testing.T, ing *networkingv1.Ingress) {
+				if ing.Annotations["portico.io/federation-health"] != "All" {
+					t.Errorf("annotations %v", ing.Annotations)
+				}
+			},
+		},
+		{
+			name: "the policy wins over a template's annotation", cluster: "a",
+			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-health":"All"}}}`)}},
+			check: func(t *testing.T, ing *networkingv1.Ingress) {
+				if v, ok := ing.Annotations["portico.io/federation-health"]; ok {
+					t.Errorf("policy Any, annotation %q", v)
+				}
+			},
+		},
+		{
 			name: "misspelled field", cluster: "a",
 			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)}},
 			wantErr:   "not an Ingress",
@@ -116,6 +134,7 @@ func TestMemberIngress(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			fi := fixture()
 			fi.Spec.Overrides = tc.overrides
+			fi.Spec.Policy.Health = tc.policy
 			u, err := MemberIngress(fi, tc.cluster)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
@@ -153,6 +172,7 @@ func TestValidate(t *testing.T) {
 		name     string
 		clusters []string
 		override string
+		health   HealthPolicy
 		wantErr  string
 	}{
 		{name: "fine", clusters: []string{"a", "b"}},
@@ -160,6 +180,7 @@ func TestValidate(t *testing.T) {
 		{name: "twice", clusters: []string{"a", "a"}, wantErr: "twice"},
 		{name: "bad name", clusters: []string{"Site_A"}, wantErr: "Site_A"},
 		{name: "override without cluster", clusters: []string{"a"}, override: "-", wantErr: "overrides[0].cluster"},
+		{name: "unknown health policy", clusters: []string{"a"}, health: "Most", wantErr: "spec.policy.health"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -168,6 +189,7 @@ func TestValidate(t *testing.T) {
 			if tc.override != "" {
 				fi.Spec.Overrides = []Override{{Patch: json.RawMessage(`{}`)}}
 			}
+			fi.Spec.Policy.Health = tc.health
 			err := Validate(fi)
 			if tc.wantErr == "" {
 				if err != nil {

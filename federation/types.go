@@ -48,6 +48,26 @@ type Spec struct {
 	Template  Template   `json:"template"`
 	Placement Placement  `json:"placement"`
 	Overrides []Override `json:"overrides,omitempty"`
+	Policy    Policy     `json:"policy,omitempty"`
+}
+
+// HealthPolicy says when a site counts as able to serve the Ingress.
+type HealthPolicy string
+
+const (
+	// HealthAny (the default): a backend Service the Ingress names has a ready
+	// endpoint in the site.
+	HealthAny HealthPolicy = "Any"
+	// HealthAll: every backend Service the Ingress names has one (a site that
+	// can serve only part of the paths gives the clients to another site).
+	HealthAll HealthPolicy = "All"
+)
+
+// Policy is how the sites judge themselves for this Ingress. It travels with the
+// member's Ingress (annotation portico.io/federation-health), so each site decides
+// alone (fail-static).
+type Policy struct {
+	Health HealthPolicy `json:"health,omitempty"`
 }
 
 // Template is the member Ingress before overrides: its labels, annotations and spec.
