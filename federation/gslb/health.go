@@ -63,18 +63,28 @@ func newProber(cfg Config, log *zap.Logger) *prober {
 	return p
 }
 
-// run probes until ctx ends.
+// run probes every interval until ctx ends (the caller ran the first round).
 func (p *prober) run(ctx context.Context) {
 	t := time.NewTicker(p.cfg.Interval)
 	defer t.Stop()
 	for {
-		p.round(ctx)
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		p.round(ctx)
 	}
+}
+
+// judgeOwn records the own site's health before the first round, so the health
+// endpoint has something true to say from its start.
+func (p *prober) judgeOwn(ctx context.Context) {
+	own := p.cfg.OwnHealth(ctx)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := p.sites[p.cfg.Self]
+	st.report, st.up = own, own.Healthy
 }
 
 // round probes every peer at once, then judges every site.

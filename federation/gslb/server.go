@@ -176,15 +176,18 @@ func (s *Server) Run(ctx context.Context, dnsAddr, healthAddr string) error {
 
 // Serve is Run on listeners the caller opened; it closes them when ctx ends.
 func (s *Server) Serve(ctx context.Context, udpConn net.PacketConn, tcpLn, healthLn net.Listener) error {
-	s.probe.round(ctx) // know before answering
-	go s.probe.run(ctx)
+	// The health endpoint first, with this site's own verdict: the peers are
+	// starting too, and each one's first round asks the others.
+	s.probe.judgeOwn(ctx)
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /health", s.serveHealth)
 	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	udp := &dns.Server{PacketConn: udpConn, Handler: s}
-	tcp := &dns.Server{Listener: tcpLn, Handler: s}
 	errs := make(chan error, 3)
 	go func() { errs <- hs.Serve(healthLn) }()
+	s.probe.round(ctx) // know before answering
+	go s.probe.run(ctx)
+	udp := &dns.Server{PacketConn: udpConn, Handler: s}
+	tcp := &dns.Server{Listener: tcpLn, Handler: s}
 	go func() { errs <- udp.ActivateAndServe() }()
 	go func() { errs <- tcp.ActivateAndServe() }()
 	var err error

@@ -199,6 +199,9 @@ type site struct {
 	stopped chan struct{}
 }
 
+// probeTimeout bounds the test servers' probes.
+const probeTimeout = time.Second
+
 // federation starts a server per site, every one probing the others every
 // interval; cut reports whether the link from one site to another is cut (the
 // probes' dialer refuses it).
@@ -215,14 +218,7 @@ func startFederation(t *testing.T, interval, ttl time.Duration) *federation {
 	cfgSites := testSites()
 	byHealth := map[string]string{} // health host:port -> site
 	for i := range cfgSites {
-		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		tl, err := net.Listen("tcp", pc.LocalAddr().String())
-		if err != nil {
-			t.Fatal(err)
-		}
+		pc, tl := listenDNS(t)
 		hl, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -236,7 +232,9 @@ func startFederation(t *testing.T, interval, ttl time.Duration) *federation {
 		st := f.sites[cs.Name]
 		st.ok.Store(true)
 		self := cs.Name
-		cfg := Config{Self: self, Names: []string{"shop.example.test"}, Sites: testSites(), TTL: ttl, Interval: interval,
+		// Probes may take up to probeTimeout: a loaded machine must not make a slow
+		// answer look like a cut link.
+		cfg := Config{Self: self, Names: []string{"shop.example.test"}, Sites: testSites(), TTL: ttl, Interval: interval, ProbeTimeout: probeTimeout,
 			OwnHealth: func(context.Context) Report { return Report{Healthy: st.ok.Load()} },
 			Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
 				f.mu.Lock()
@@ -268,6 +266,26 @@ func startFederation(t *testing.T, interval, ttl time.Duration) *federation {
 		t.Cleanup(func() { st.stop() })
 	}
 	return f
+}
+
+// listenDNS opens a UDP socket and a TCP listener on one free loopback port (a
+// free UDP port may be taken for TCP: try others).
+func listenDNS(t *testing.T) (net.PacketConn, net.Listener) {
+	t.Helper()
+	for try := 0; ; try++ {
+		pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		tl, err := net.Listen("tcp", pc.LocalAddr().String())
+		if err == nil {
+			return pc, tl
+		}
+		pc.Close()
+		if try == 20 {
+			t.Fatalf("no loopback port free for both UDP and TCP: %v", err)
+		}
+	}
 }
 
 func (s *site) stop() {

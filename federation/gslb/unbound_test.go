@@ -27,12 +27,43 @@ func startUnbound(t *testing.T, server string) string {
 		}
 		bin = "/usr/sbin/unbound"
 	}
-	l, err := net.ListenPacket("udp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// The port is found free and released, so another process may take it
+	// before unbound binds it: then unbound exits, and another port is tried.
+	for try := 1; ; try++ {
+		addr, exited := runUnbound(t, bin, server)
+		c := &dns.Client{Timeout: 500 * time.Millisecond}
+		if _, ok := testenv.Until(10*time.Second, 100*time.Millisecond, func() bool {
+			select {
+			case <-exited:
+				return true
+			default:
+			}
+			m := new(dns.Msg)
+			m.SetQuestion("shop.example.test.", dns.TypeA)
+			r, _, err := c.Exchange(m, addr)
+			return err == nil && r.Rcode == dns.RcodeSuccess
+		}); ok {
+			select {
+			case <-exited:
+				if try < 3 {
+					continue
+				}
+				t.Fatalf("unbound exited %d times at start", try)
+			default:
+				return addr
+			}
+		}
+		t.Fatalf("unbound on %s did not answer within 10 s", addr)
 	}
-	port := l.LocalAddr().(*net.UDPAddr).Port
-	l.Close()
+}
+
+// runUnbound starts unbound on a free port; exited closes when it ends.
+func runUnbound(t *testing.T, bin, server string) (string, <-chan struct{}) {
+	t.Helper()
+	pc, tl := listenDNS(t)
+	port := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close()
+	tl.Close()
 	dir := t.TempDir()
 	host, sport, _ := net.SplitHostPort(server)
 	conf := fmt.Sprintf(`server:
@@ -74,26 +105,20 @@ stub-zone:
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start unbound: %v", err)
 	}
+	exited := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-exited
 		if t.Failed() {
 			b, _ := os.ReadFile(out.Name())
 			t.Logf("unbound log:\n%s", b)
 		}
 	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	c := &dns.Client{Timeout: 500 * time.Millisecond}
-	if _, ok := testenv.Until(10*time.Second, 100*time.Millisecond, func() bool {
-		m := new(dns.Msg)
-		m.SetQuestion("shop.example.test.", dns.TypeA)
-		r, _, err := c.Exchange(m, addr)
-		return err == nil && r.Rcode == dns.RcodeSuccess
-	}); !ok {
-		b, _ := os.ReadFile(out.Name())
-		t.Fatalf("unbound on %s did not answer within 10 s; log:\n%s", addr, b)
-	}
-	return addr
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), exited
 }
 
 // resolve asks the resolver for shop.example.test's A records.
@@ -124,7 +149,9 @@ func TestThroughUnbound(t *testing.T) {
 	a.ok.Store(false)
 	start := time.Now()
 	var got []string
-	bound := 3*interval + 2*interval + ttl + time.Second // FailAfter rounds, a round's skew, the TTL, slack
+	// FailAfter rounds (each an interval, or longer while a probe takes up to
+	// probeTimeout), a round's skew, the TTL, slack.
+	bound := 3*(interval+probeTimeout) + interval + ttl + time.Second
 	if _, ok := testenv.Until(bound+5*time.Second, 50*time.Millisecond, func() bool {
 		got = resolve(t, resolver)
 		return len(got) == 1 && got[0] == "192.0.2.2"
@@ -132,8 +159,8 @@ func TestThroughUnbound(t *testing.T) {
 		t.Fatalf("through unbound: %v after %v, want site b", got, time.Since(start))
 	}
 	took := time.Since(start)
-	t.Logf("site a unhealthy: clients behind unbound sent to b after %v (bound %v: 3 probe rounds of %v + TTL %v)",
-		took.Round(time.Millisecond), bound, interval, ttl)
+	t.Logf("site a unhealthy: clients behind unbound sent to b after %v (bound %v: 3 probe rounds of %v, up to %v each, + TTL %v)",
+		took.Round(time.Millisecond), bound, interval, interval+probeTimeout, ttl)
 	if took > bound {
 		t.Errorf("failover through the resolver took %v, more than the bound %v", took, bound)
 	}
