@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -520,6 +521,27 @@ func (p *Portico) AgentLogs(ctx context.Context, name string, words ...string) s
 				b.WriteString(l + "\n")
 			}
 		}
+	}
+	return b.String()
+}
+
+// AgentCommand runs `portico args...` in every agent pod it can reach and returns
+// the outputs, for a failure's report (what xdp_lb counted, which flows it pinned).
+func (p *Portico) AgentCommand(ctx context.Context, name string, args ...string) string {
+	agents, err := p.Agents(ctx, name)
+	if err != nil {
+		return err.Error()
+	}
+	nodes := slices.Sorted(maps.Keys(agents))
+	var b strings.Builder
+	for _, node := range nodes {
+		pod := agents[node]
+		out, err := p.C.Kubectl(ctx, nil, append([]string{"-n", PorticoNamespace, "exec", pod, "-c", "agent", "--", "portico"}, args...)...)
+		if err != nil {
+			fmt.Fprintf(&b, "--- %s (%s): portico %s: %v\n", pod, node, strings.Join(args, " "), err)
+			continue
+		}
+		fmt.Fprintf(&b, "--- %s (%s): portico %s\n%s\n", pod, node, strings.Join(args, " "), out)
 	}
 	return b.String()
 }

@@ -477,5 +477,7 @@ func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
 	}
 	if t.Failed() {
 		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy", "new director"))
+		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
+		t.Logf("what xdp_lb pinned:\n%s", p.AgentCommand(ctx, "portico-agent", "flows", "-n", "20"))
 	}
 }
