@@ -300,20 +300,27 @@ func (b *bgpSink) stop() {
 	}
 }
 
-// preference is what the node announces now.
+// preference is what the node announces now. Ill health, the node's own or its
+// site's in a federation, climbs one ladder: de-preferenced at once, withdrawn once
+// it has lasted withdrawAfter (counted from the earlier cause).
 func (b *bgpSink) preference() bgp.Preference {
-	switch {
-	case b.stopping || b.draining:
+	if b.stopping || b.draining {
 		return bgp.Depreferenced
-	case b.healthy:
-		if down, since := b.siteDown(); down {
-			if since >= b.withdrawAfter {
-				return bgp.Withdrawn
-			}
-			return bgp.Depreferenced
+	}
+	ill, since := false, time.Duration(0)
+	if !b.healthy {
+		ill = true
+		if !b.unhealthySince.IsZero() {
+			since = b.now().Sub(b.unhealthySince)
 		}
+	}
+	if down, d := b.siteDown(); down {
+		ill, since = true, max(since, d)
+	}
+	switch {
+	case !ill:
 		return bgp.Normal
-	case !b.unhealthySince.IsZero() && b.now().Sub(b.unhealthySince) >= b.withdrawAfter:
+	case since >= b.withdrawAfter:
 		return bgp.Withdrawn
 	default:
 		return bgp.Depreferenced

@@ -154,4 +154,10 @@ func TestBGPSinkSiteHealth(t *testing.T) {
 	step("up for 3 s", bgp.Normal)
 	b.setHealthy(ctx, false)
 	step("the node unhealthy outranks a healthy site", bgp.Depreferenced)
+	b.setHealthy(ctx, true)
+	apply(map[string]bool{"web/shop": false})
+	tick(6 * time.Second)
+	b.setHealthy(ctx, false)
+	tick(4 * time.Second)
+	step("site down 10 s, node unhealthy 4 s: one ladder from the earlier cause", bgp.Withdrawn)
 }
