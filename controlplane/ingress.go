@@ -26,11 +26,6 @@ func (b *builder) ingresses() {
 			g.Ingresses[src] = ing.Generation
 		}
 		var ups []string // the upstreams this Ingress names
-		if g != nil && ing.Labels[LabelFederatedIngress] != "" {
-			// Upstreams gather endpoints over the whole loop (another Ingress may
-			// name the same Service port): judged after it.
-			defer func() { b.federated(g, ing, src, ups) }()
-		}
 		redirect := false
 		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
 			r, err := strconv.ParseBool(v)
@@ -143,6 +138,9 @@ func (b *builder) ingresses() {
 				s.locs[lk] = src
 				s.locations = append(s.locations, model.Location{Path: path, Type: typ, Upstream: up, Source: src, Affinity: aff})
 			}
+		}
+		if g != nil && ing.Labels[LabelFederatedIngress] != "" {
+			b.federated(g, ing, src, ups)
 		}
 	}
 }
