@@ -62,6 +62,8 @@ type Controller struct {
 	queue    workqueue.TypedRateLimitingInterface[string]
 	recorder record.EventRecorder
 	events   record.EventBroadcaster
+	dynF     dynamicinformer.DynamicSharedInformerFactory
+	fiInf    informers.GenericInformer
 	fis      cache.GenericLister
 	secrets  corelisters.SecretLister
 	synced   []cache.InformerSynced
@@ -69,13 +71,43 @@ type Controller struct {
 
 	mu       sync.Mutex
 	members  map[string]*member // by cluster name
-	reported map[string]string  // Secret key -> the problem last reported on it
+	reported map[string]string  // problem key -> the problem last reported under it (warnOnce)
 }
 
 type metrics struct {
 	syncs        *prometheus.CounterVec
 	propagations *prometheus.CounterVec
-	sites        *prometheus.GaugeVec
+}
+
+// sitesDesc is the sites gauge, computed on scrape from the cached objects' status
+// (nothing to keep in step on every sync).
+var sitesDesc = prometheus.NewDesc("portico_federation_sites",
+	"Placed sites of all FederatedIngresses by state (propagated, pending, error).", []string{"state"}, nil)
+
+// Describe and Collect make the controller the sites gauge's collector.
+func (c *Controller) Describe(ch chan<- *prometheus.Desc) { ch <- sitesDesc }
+
+func (c *Controller) Collect(ch chan<- prometheus.Metric) {
+	counts := map[string]float64{"propagated": 0, "pending": 0, "error": 0}
+	for _, obj := range c.fisAll() {
+		fi := &FederatedIngress{}
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(obj.(*unstructured.Unstructured).Object, fi) != nil {
+			continue
+		}
+		for _, s := range fi.Status.Sites {
+			switch {
+			case s.Error != "":
+				counts["error"]++
+			case s.PropagatedGeneration == fi.Generation:
+				counts["propagated"]++
+			default:
+				counts["pending"]++
+			}
+		}
+	}
+	for state, n := range counts {
+		ch <- prometheus.MustNewConstMetric(sitesDesc, prometheus.GaugeValue, n, state)
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -85,11 +117,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "FederatedIngress syncs by result (ok, error)."}, []string{"result"}),
 		propagations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "propagations_total",
 			Help: "Writes of a member's Ingress by action (apply, delete) and result (ok, error)."}, []string{"action", "result"}),
-		sites: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "sites",
-			Help: "Placed sites of all FederatedIngresses by state (propagated, pending, error)."}, []string{"state"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.syncs, m.propagations, m.sites} {
+		for _, c := range []prometheus.Collector{m.syncs, m.propagations} {
 			if err := reg.Register(c); err != nil {
 				return nil, err
 			}
@@ -131,6 +161,14 @@ func New(cfg Config) (*Controller, error) {
 		members:  map[string]*member{},
 		reported: map[string]string{},
 	}
+	c.dynF = dynamicinformer.NewDynamicSharedInformerFactory(dyn, cfg.Resync)
+	c.fiInf = c.dynF.ForResource(Resource)
+	c.fis = c.fiInf.Lister()
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(c); err != nil {
+			return nil, fmt.Errorf("register metrics: %w", err)
+		}
+	}
 	c.events = record.NewBroadcaster()
 	c.recorder = c.events.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "portico-federation"})
 	return c, nil
@@ -143,9 +181,7 @@ func (c *Controller) Run(ctx context.Context) error {
 	defer c.events.Shutdown()
 	defer c.stopMembers()
 
-	dynF := dynamicinformer.NewDynamicSharedInformerFactory(c.dyn, c.cfg.Resync)
-	fiInf := dynF.ForResource(Resource)
-	c.fis = fiInf.Lister()
+	dynF, fiInf := c.dynF, c.fiInf
 	enqueue := func(obj any) {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			c.queue.Add(key)
@@ -188,9 +224,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		var err error
 		if key == membersKey {
 			c.syncMembers(ctx)
-			for _, obj := range c.fisAll() {
-				enqueue(obj)
-			}
+			c.enqueueAll()
 		} else {
 			err = c.sync(ctx, key)
 		}
@@ -206,6 +240,15 @@ func (c *Controller) Run(ctx context.Context) error {
 			// informer's resync brings every FederatedIngress back each period.
 			c.metrics.syncs.WithLabelValues("ok").Inc()
 			c.queue.Forget(key)
+		}
+	}
+}
+
+// enqueueAll asks for a sync of every FederatedIngress.
+func (c *Controller) enqueueAll() {
+	for _, obj := range c.fisAll() {
+		if key, err := cache.MetaNamespaceKeyFunc(obj); err == nil {
+			c.queue.Add(key)
 		}
 	}
 }
@@ -235,7 +278,7 @@ func (c *Controller) syncMembers(ctx context.Context) {
 		name := memberName(s)
 		key := s.Namespace + "/" + s.Name
 		if want[name] {
-			c.reportSecret(s, key, fmt.Sprintf("cluster %q is already named by another Secret", name))
+			c.warnLocked(s, key, "InvalidMemberCluster", fmt.Sprintf("cluster %q is already named by another Secret", name))
 			continue
 		}
 		want[name] = true
@@ -246,9 +289,9 @@ func (c *Controller) syncMembers(ctx context.Context) {
 			if fi != "" {
 				c.queue.Add(ns + "/" + fi)
 			}
-		})
+		}, c.enqueueAll)
 		if err != nil {
-			c.reportSecret(s, key, err.Error())
+			c.warnLocked(s, key, "InvalidMemberCluster", err.Error())
 			continue
 		}
 		if old := c.members[name]; old != nil {
@@ -265,15 +308,6 @@ func (c *Controller) syncMembers(ctx context.Context) {
 			c.log.Info("member cluster removed", zap.String("cluster", name))
 		}
 	}
-}
-
-func (c *Controller) reportSecret(s *corev1.Secret, key, problem string) {
-	if c.reported[key] == problem {
-		return
-	}
-	c.reported[key] = problem
-	c.recorder.Event(s, corev1.EventTypeWarning, "InvalidMemberCluster", problem)
-	c.log.Warn("member secret skipped", zap.String("secret", key), zap.String("detail", problem))
 }
 
 func (c *Controller) stopMembers() {
@@ -341,7 +375,6 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	}
 
 	status := Status{ObservedGeneration: fi.Generation}
-	var retry error
 	if err := Validate(fi); err != nil {
 		c.warnOnce(u, key, "InvalidFederatedIngress", err.Error())
 		for _, cl := range fi.Spec.Placement.Clusters {
@@ -378,11 +411,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 			}
 		}
 	}
-	if err := c.writeStatus(ctx, u, fi, status); err != nil {
-		retry = errors.Join(retry, err)
-	}
-	c.countSites()
-	return retry
+	return c.writeStatus(ctx, u, fi, status)
 }
 
 // propagate applies the cluster's Ingress (unless it already holds this generation
@@ -413,10 +442,13 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 		return site
 	}
 	if cur == nil || !holds(cur, desired) {
-		err := c.ensureNamespace(ctx, m, fi.Namespace)
+		obj, err := applyObject(desired)
+		if err == nil {
+			err = c.ensureNamespace(ctx, m, fi.Namespace)
+		}
 		var applied *unstructured.Unstructured
 		if err == nil {
-			applied, err = m.dyn.Resource(ingressResource).Namespace(fi.Namespace).Apply(ctx, fi.Name, desired,
+			applied, err = m.dyn.Resource(ingressResource).Namespace(fi.Namespace).Apply(ctx, fi.Name, obj,
 				metav1.ApplyOptions{FieldManager: FieldManager, Force: true})
 		}
 		m.noteCall(err, time.Now(), c.cfg.Resync)
@@ -451,8 +483,7 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 		return site
 	}
 	site.ReadyBackends, site.Backends = ready, all
-	ev, err := edges(ctx, m.client, m.agents, fi.Namespace+"/"+fi.Name, cur.Generation)
-	m.noteCall(err, time.Now(), c.cfg.Resync)
+	ev, err := edges(m.leases, fi.Namespace+"/"+fi.Name, cur.Generation)
 	if err != nil {
 		site.Error = fmt.Sprintf("read the agents' reports: %v", err)
 		return site
@@ -463,11 +494,7 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 
 // holds reports whether the member's Ingress already carries everything desired
 // says (labels, annotations, spec): other managers' additions do not count.
-func holds(cur *networkingv1.Ingress, desired *unstructured.Unstructured) bool {
-	want := &networkingv1.Ingress{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(desired.Object, want); err != nil {
-		return false
-	}
+func holds(cur, want *networkingv1.Ingress) bool {
 	for k, v := range want.Labels {
 		if cur.Labels[k] != v {
 			return false
@@ -615,35 +642,16 @@ func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructur
 	return nil
 }
 
-// countSites sets the sites gauge from the cached objects' last written status.
-func (c *Controller) countSites() {
-	counts := map[string]float64{"propagated": 0, "pending": 0, "error": 0}
-	for _, obj := range c.fisAll() {
-		fi := &FederatedIngress{}
-		if runtime.DefaultUnstructuredConverter.FromUnstructured(obj.(*unstructured.Unstructured).Object, fi) != nil {
-			continue
-		}
-		for _, s := range fi.Status.Sites {
-			switch {
-			case s.Error != "":
-				counts["error"]++
-			case s.PropagatedGeneration == fi.Generation:
-				counts["propagated"]++
-			default:
-				counts["pending"]++
-			}
-		}
-	}
-	for state, n := range counts {
-		c.metrics.sites.WithLabelValues(state).Set(n)
-	}
-}
-
 // warnOnce sends a Warning Event on obj and logs it, once while the same problem lasts
 // under key; an empty problem clears key.
 func (c *Controller) warnOnce(obj runtime.Object, key, reason, problem string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.warnLocked(obj, key, reason, problem)
+}
+
+// warnLocked is warnOnce with c.mu held.
+func (c *Controller) warnLocked(obj runtime.Object, key, reason, problem string) {
 	if problem == "" {
 		delete(c.reported, key)
 		return

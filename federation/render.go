@@ -10,6 +10,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/portico-edge/portico/controlplane"
@@ -48,7 +49,7 @@ func Validate(fi *FederatedIngress) error {
 // override for cluster in order, then the controller's label and generation
 // annotation. It is a pure function of its inputs, so every sync of the same
 // generation writes the same object.
-func MemberIngress(fi *FederatedIngress, cluster string) (*unstructured.Unstructured, error) {
+func MemberIngress(fi *FederatedIngress, cluster string) (*networkingv1.Ingress, error) {
 	ing := networkingv1.Ingress{
 		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "Ingress"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -94,32 +95,17 @@ func MemberIngress(fi *FederatedIngress, cluster string) (*unstructured.Unstruct
 	if fi.Spec.Policy.Health == HealthAll {
 		out.Annotations[controlplane.AnnotationFederationHealth] = string(HealthAll)
 	}
-	obj := map[string]any{
-		"apiVersion": out.APIVersion,
-		"kind":       out.Kind,
-		"metadata": map[string]any{
-			"name":        out.Name,
-			"namespace":   out.Namespace,
-			"labels":      stringMap(out.Labels),
-			"annotations": stringMap(out.Annotations),
-		},
-	}
-	spec, err := json.Marshal(out.Spec)
-	if err != nil {
-		return nil, fmt.Errorf("encode spec: %w", err)
-	}
-	var specMap map[string]any
-	if err := json.Unmarshal(spec, &specMap); err != nil {
-		return nil, fmt.Errorf("decode spec: %w", err)
-	}
-	obj["spec"] = specMap
-	return &unstructured.Unstructured{Object: obj}, nil
+	return &out, nil
 }
 
-func stringMap(m map[string]string) map[string]any {
-	out := make(map[string]any, len(m))
-	for k, v := range m {
-		out[k] = v
+// applyObject is what a server-side apply of ing sends: the object without the
+// fields the controller does not own (status, server-set metadata).
+func applyObject(ing *networkingv1.Ingress) (*unstructured.Unstructured, error) {
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(ing)
+	if err != nil {
+		return nil, fmt.Errorf("encode ingress: %w", err)
 	}
-	return out
+	delete(obj, "status")
+	unstructured.RemoveNestedField(obj, "metadata", "creationTimestamp")
+	return &unstructured.Unstructured{Object: obj}, nil
 }
