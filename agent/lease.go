@@ -18,8 +18,8 @@ import (
 // `portico status` reads it.
 
 const (
-	// labelAgent marks the agents' status Leases.
-	labelAgent = "portico.io/agent"
+	// LabelAgent ("true") marks the agents' status Leases.
+	LabelAgent = "portico.io/agent"
 	// annotationState holds an agent's published state.
 	annotationState = "portico.io/agent-state"
 )
@@ -36,7 +36,7 @@ func WriteLease(ctx context.Context, client kubernetes.Interface, ns, node strin
 	l, err := leases.Get(ctx, leaseName(node), metav1.GetOptions{})
 	if apierrors.IsNotFound(err) {
 		l = &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leaseName(node),
-			Labels: map[string]string{labelAgent: "true"}, Annotations: map[string]string{annotationState: string(state)}},
+			Labels: map[string]string{LabelAgent: "true"}, Annotations: map[string]string{annotationState: string(state)}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, LeaseDurationSeconds: &secs, RenewTime: &now}}
 		if _, err := leases.Create(ctx, l, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("create status lease %s/%s: %w", ns, l.Name, err)
@@ -67,20 +67,25 @@ type Lease struct {
 
 // ListLeases reads every agent's status Lease in ns, sorted by node.
 func ListLeases(ctx context.Context, client kubernetes.Interface, ns string) ([]Lease, error) {
-	list, err := client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: labelAgent + "=true"})
+	list, err := client.CoordinationV1().Leases(ns).List(ctx, metav1.ListOptions{LabelSelector: LabelAgent + "=true"})
 	if err != nil {
 		return nil, fmt.Errorf("list agent leases in %s: %w", ns, err)
 	}
-	var out []Lease
-	for _, l := range list.Items {
-		a := Lease{State: []byte(l.Annotations[annotationState])}
-		if l.Spec.HolderIdentity != nil {
-			a.Node = *l.Spec.HolderIdentity
-		}
-		a.Stale = l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil ||
-			time.Since(l.Spec.RenewTime.Time) > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
-		out = append(out, a)
+	out := make([]Lease, 0, len(list.Items))
+	for i := range list.Items {
+		out = append(out, LeaseOf(&list.Items[i]))
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
 	return out, nil
+}
+
+// LeaseOf reads one agent's published state from its status Lease.
+func LeaseOf(l *coordinationv1.Lease) Lease {
+	a := Lease{State: []byte(l.Annotations[annotationState])}
+	if l.Spec.HolderIdentity != nil {
+		a.Node = *l.Spec.HolderIdentity
+	}
+	a.Stale = l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil ||
+		time.Since(l.Spec.RenewTime.Time) > time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second
+	return a
 }

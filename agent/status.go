@@ -197,6 +197,13 @@ func ReadStates(ctx context.Context, client kubernetes.Interface, ns string) ([]
 	if err != nil {
 		return nil, nil, err
 	}
+	states, stale := DecodeStates(leases)
+	return states, stale, nil
+}
+
+// DecodeStates reads the states the leases hold and which reports are stale; an
+// unreadable report is left out.
+func DecodeStates(leases []Lease) ([]State, map[string]bool) {
 	var out []State
 	stale := map[string]bool{}
 	for _, l := range leases {
@@ -207,7 +214,7 @@ func ReadStates(ctx context.Context, client kubernetes.Interface, ns string) ([]
 		stale[st.Node] = l.Stale
 		out = append(out, st)
 	}
-	return out, stale, nil
+	return out, stale
 }
 
 // Owners names the agents whose VRRP instance for a VIP's family is Master.

@@ -1,10 +1,11 @@
 package federation
 
 import (
-	"context"
+	"maps"
 	"slices"
 
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/apimachinery/pkg/labels"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 
 	"github.com/portico-edge/portico/agent"
 )
@@ -24,21 +25,26 @@ const (
 // edgeView is what a site's edges say of one Ingress: how many edges serve its
 // group (their nginx lists it), how many serve the member's current generation, and
 // what they announce.
-type edgeView struct {
+type edgeCount struct {
 	edges, serving int32
 	announce       string
 }
 
-// edges reads the status Leases the site's agents publish in ns (agent.WriteLease)
-// and sums them up for the Ingress ingKey ("namespace/name") at generation gen. A
-// stale report (an agent that stopped renewing) counts for nothing: that edge is
-// neither serving nor announcing.
-func edges(ctx context.Context, client kubernetes.Interface, ns, ingKey string, gen int64) (edgeView, error) {
-	states, stale, err := agent.ReadStates(ctx, client, ns)
+// edges sums up, for the Ingress ingKey ("namespace/name") at generation gen, the
+// status Leases the site's agents publish (agent.WriteLease), as the member's Lease
+// informer holds them. A stale report (an agent that stopped renewing) counts for
+// nothing: that edge is neither serving nor announcing.
+func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen int64) (edgeCount, error) {
+	list, err := leases.List(labels.Everything())
 	if err != nil {
-		return edgeView{}, err
+		return edgeCount{}, err
 	}
-	v := edgeView{announce: Withdrawn}
+	ls := make([]agent.Lease, 0, len(list))
+	for _, l := range list {
+		ls = append(ls, agent.LeaseOf(l))
+	}
+	states, stale := agent.DecodeStates(ls)
+	v := edgeCount{announce: Withdrawn}
 	depref := false
 	for _, st := range states {
 		served, ok := st.Served[ingKey]
@@ -54,7 +60,7 @@ func edges(ctx context.Context, client kubernetes.Interface, ns, ingKey string, 
 			v.announce = Announced
 		case st.BGP != nil && st.BGP.Preference == "depreferenced" && len(st.BGP.Announced) > 0:
 			depref = true
-		case st.BGP == nil && slices.Contains(mapValues(st.VRRP), "master"):
+		case st.BGP == nil && slices.Contains(slices.Collect(maps.Values(st.VRRP)), "master"):
 			v.announce = Announced
 		}
 	}
@@ -62,12 +68,4 @@ func edges(ctx context.Context, client kubernetes.Interface, ns, ingKey string, 
 		v.announce = Depreferenced
 	}
 	return v, nil
-}
-
-func mapValues(m map[string]string) []string {
-	out := make([]string, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -470,17 +471,26 @@ func TestPropagation(t *testing.T) {
 		t.Fatal("blog still on the host: finalizer not removed")
 	}
 
-	// Fail-static: the host API server stops; a's Ingress stays as it was.
+	// Fail-static: the host API server stops; the controller goes on syncing from its
+	// cache (waited for by its sync count, not by time), and a's Ingress stays as
+	// it was.
 	before := memberIngress(ctx, a, "shop")
 	if err := host.srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(3 * time.Second) // longer than the resync period: the controller tried
+	syncs := func() float64 {
+		return testutil.ToFloat64(ctrl.metrics.syncs.WithLabelValues("ok")) + testutil.ToFloat64(ctrl.metrics.syncs.WithLabelValues("error"))
+	}
+	stopped, start := syncs(), time.Now()
+	if _, ok := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool { return syncs() >= stopped+4 }); !ok {
+		t.Fatalf("the controller synced %v times in 30 s after the host stopped, want 4", syncs()-stopped)
+	}
 	after := memberIngress(ctx, a, "shop")
 	if after == nil || after.ResourceVersion != before.ResourceVersion {
 		t.Fatalf("a's Ingress changed when the host was lost: before rv %s, after %+v", before.ResourceVersion, after)
 	}
-	t.Logf("host lost: a's Ingress unchanged 3 s later (resourceVersion %s)", after.ResourceVersion)
+	t.Logf("host lost: 4 syncs in %v without it, a's Ingress unchanged (resourceVersion %s)",
+		time.Since(start).Round(time.Millisecond), after.ResourceVersion)
 }
 
 // waitEvent waits for a Warning Event with reason on ns/name in the host.

@@ -2,11 +2,13 @@ package federation
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,17 +16,20 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/portico-edge/portico/agent"
 )
 
 // member is one member cluster: clients built from its Secret's kubeconfig and an
 // informer on the Ingresses this controller propagated there.
 type member struct {
 	name     string
-	secretRV string // the Secret's resourceVersion the clients were built from
-	agents   string // the namespace of the member's agents' status Leases
+	secretRV string                                   // the Secret's resourceVersion the clients were built from
+	leases   coordinationlisters.LeaseNamespaceLister // the member's agents' status Leases
 	client   kubernetes.Interface
 	dyn      dynamic.Interface
 	lister   networkinglisters.IngressLister
@@ -68,10 +73,10 @@ func memberName(s *corev1.Secret) string {
 	return s.Name
 }
 
-// startMember builds a member's clients from s and starts its Ingress informer; onChange
-// is called with the namespace and FederatedIngress name of every propagated Ingress
-// that changes there.
-func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, onChange func(ns, name string)) (*member, error) {
+// startMember builds a member's clients from s and starts its informers: onChange is
+// called with the namespace and FederatedIngress name of every propagated Ingress
+// that changes there, onAgents when what an agent of the site reports changes.
+func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, onChange func(ns, name string), onAgents func()) (*member, error) {
 	kc := s.Data[KeyKubeconfig]
 	if len(kc) == 0 {
 		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, KeyKubeconfig)
@@ -111,17 +116,65 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 	}); err != nil {
 		return nil, fmt.Errorf("add event handler: %w", err)
 	}
-	mctx, cancel := context.WithCancel(ctx)
 	agents := s.Annotations[AnnotationAgents]
 	if agents == "" {
 		agents = "portico-system"
 	}
+	// The site's agents' status Leases: renewed every few seconds, so a change
+	// counts only when what the site status shows of them changes.
+	lf := informers.NewSharedInformerFactoryWithOptions(client, resync, informers.WithNamespace(agents),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agent.LabelAgent + "=true" }))
+	leases := lf.Coordination().V1().Leases()
+	onLease := func(old, cur any) {
+		if edgeView(old) != edgeView(cur) {
+			onAgents()
+		}
+	}
+	if _, err := leases.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { onLease(nil, obj) },
+		UpdateFunc: onLease,
+		DeleteFunc: func(obj any) { onLease(obj, nil) },
+	}); err != nil {
+		return nil, fmt.Errorf("add event handler: %w", err)
+	}
+	mctx, cancel := context.WithCancel(ctx)
 	m := &member{
-		name: memberName(s), secretRV: s.ResourceVersion, agents: agents, client: client, dyn: dyn,
-		lister: inf.Lister(), synced: inf.Informer().HasSynced, stop: cancel,
+		name: memberName(s), secretRV: s.ResourceVersion, client: client, dyn: dyn,
+		lister: inf.Lister(), leases: leases.Lister().Leases(agents), stop: cancel,
+		synced: func() bool { return inf.Informer().HasSynced() && leases.Informer().HasSynced() },
 	}
 	f.Start(mctx.Done())
+	lf.Start(mctx.Done())
 	return m, nil
+}
+
+// edgeView is the part of an agent's status Lease the site status shows (what it
+// serves and announces, and whether it renews), so renewals alone are not changes.
+func edgeView(obj any) string {
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	l, ok := obj.(*coordinationv1.Lease)
+	if !ok {
+		return ""
+	}
+	states, stale := agent.DecodeStates([]agent.Lease{agent.LeaseOf(l)})
+	if len(states) == 0 {
+		return ""
+	}
+	st := states[0]
+	v := struct {
+		Served map[string]int64
+		Pref   string
+		Routes int
+		VRRP   map[string]string
+		Stale  bool
+	}{Served: st.Served, VRRP: st.VRRP, Stale: stale[st.Node]}
+	if st.BGP != nil {
+		v.Pref, v.Routes = st.BGP.Preference, len(st.BGP.Announced)
+	}
+	b, _ := json.Marshal(v) // maps marshal in key order
+	return string(b)
 }
 
 // propagated lists the Ingresses in ns that this controller propagated for name.

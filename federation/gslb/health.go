@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
@@ -22,12 +23,11 @@ type Report struct {
 
 // siteState is one site's standing with the hysteresis applied.
 type siteState struct {
-	up          bool
-	downVotes   int // consecutive rounds judged down
-	upVotes     int // consecutive rounds judged up
-	reached     bool
-	report      Report
-	lastChanged time.Time
+	up        bool
+	downVotes int // consecutive rounds judged down
+	upVotes   int // consecutive rounds judged up
+	reached   bool
+	report    Report
 }
 
 // probeResult is one peer's probe in a round.
@@ -46,8 +46,10 @@ type prober struct {
 	log    *zap.Logger
 	client *http.Client
 
-	mu    sync.Mutex
-	sites map[string]*siteState
+	mu     sync.Mutex
+	sites  map[string]*siteState
+	rounds int // probe rounds judged so far
+	view   atomic.Pointer[map[string]bool]
 	// onChange is called (outside the lock) with a site's name and new standing.
 	onChange func(site string, up bool)
 }
@@ -60,6 +62,7 @@ func newProber(cfg Config, log *zap.Logger) *prober {
 		// one site before it has looked.
 		p.sites[s.Name] = &siteState{up: true, reached: true}
 	}
+	p.publishLocked()
 	return p
 }
 
@@ -85,6 +88,7 @@ func (p *prober) judgeOwn(ctx context.Context) {
 	defer p.mu.Unlock()
 	st := p.sites[p.cfg.Self]
 	st.report, st.up = own, own.Healthy
+	p.publishLocked()
 }
 
 // round probes every peer at once, then judges every site.
@@ -114,6 +118,7 @@ func (p *prober) round(ctx context.Context) {
 
 	var changes []func()
 	p.mu.Lock()
+	p.rounds++
 	for _, s := range p.cfg.Sites {
 		st := p.sites[s.Name]
 		var up bool
@@ -135,14 +140,17 @@ func (p *prober) round(ctx context.Context) {
 		}
 		switch {
 		case st.up && st.downVotes >= p.cfg.FailAfter:
-			st.up, st.lastChanged = false, time.Now()
+			st.up = false
 		case !st.up && st.upVotes >= p.cfg.RiseAfter:
-			st.up, st.lastChanged = true, time.Now()
+			st.up = true
 		default:
 			continue
 		}
 		name, now := s.Name, st.up
 		changes = append(changes, func() { p.onChange(name, now) })
+	}
+	if len(changes) > 0 {
+		p.publishLocked()
 	}
 	p.mu.Unlock()
 	for _, c := range changes {
@@ -183,15 +191,25 @@ func (p *prober) fetch(ctx context.Context, url string) (Report, error) {
 	return rep, nil
 }
 
-// up reports each site's standing.
-func (p *prober) up() map[string]bool {
+// roundsDone is how many probe rounds have been judged.
+func (p *prober) roundsDone() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.rounds
+}
+
+// up reports each site's standing.
+// Every DNS answer reads it: it is a snapshot, replaced when a standing changes, so
+// an answer takes no lock and copies nothing.
+func (p *prober) up() map[string]bool { return *p.view.Load() }
+
+// publishLocked replaces the standings snapshot (p.mu held).
+func (p *prober) publishLocked() {
 	out := make(map[string]bool, len(p.sites))
 	for n, s := range p.sites {
 		out[n] = s.up
 	}
-	return out
+	p.view.Store(&out)
 }
 
 // report is this site's own Report, with what it reached in the last round.

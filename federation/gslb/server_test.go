@@ -27,21 +27,16 @@ func testSites() []Site {
 	}
 }
 
-func addrs(s ...string) []netip.Addr {
-	var out []netip.Addr
-	for _, a := range s {
-		out = append(out, netip.MustParseAddr(a))
+func parseAll[T any](parse func(string) T, s ...string) []T {
+	out := make([]T, 0, len(s))
+	for _, v := range s {
+		out = append(out, parse(v))
 	}
 	return out
 }
 
-func prefixes(s ...string) []netip.Prefix {
-	var out []netip.Prefix
-	for _, p := range s {
-		out = append(out, netip.MustParsePrefix(p))
-	}
-	return out
-}
+func addrs(s ...string) []netip.Addr      { return parseAll(netip.MustParseAddr, s...) }
+func prefixes(s ...string) []netip.Prefix { return parseAll(netip.MustParsePrefix, s...) }
 
 func healthy(context.Context) Report { return Report{Healthy: true} }
 
@@ -83,9 +78,12 @@ func TestAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	setUp := func(up map[string]bool) {
+		s.probe.mu.Lock()
+		defer s.probe.mu.Unlock()
 		for n, st := range s.probe.sites {
 			st.up = up[n]
 		}
+		s.probe.publishLocked()
 	}
 	all := map[string]bool{"a": true, "b": true, "c": true}
 	tests := []struct {
@@ -340,14 +338,32 @@ func TestFailover(t *testing.T) {
 	// A partition between a and b: c still reaches both, so neither fails the
 	// other over.
 	f.cutLink("a", "b")
-	time.Sleep(10 * interval) // three times FailAfter rounds
+	// Wait on rounds, not time: every server judges 2×FailAfter rounds after the cut
+	// (a loaded machine makes rounds slower, not fewer).
+	cutAt := map[string]int{}
+	for n, st := range f.sites {
+		cutAt[n] = st.server.probe.roundsDone()
+	}
+	if _, ok := testenv.Until(30*time.Second, 20*time.Millisecond, func() bool {
+		for n, st := range f.sites {
+			if st.server.probe.roundsDone() < cutAt[n]+2*3 {
+				return false
+			}
+		}
+		return true
+	}); !ok {
+		t.Fatal("the servers did not probe 6 rounds within 30 s")
+	}
+	if reaches := a.server.probe.report().Reaches; reaches["b"] {
+		t.Fatalf("the cut did not take: a reaches b (%v)", reaches)
+	}
 	if got := ask(t, a.dns, bClients); len(got) != 1 || got[0] != "192.0.2.2" {
 		t.Errorf("after a partition between a and b, a answers b's clients with %v, want b (192.0.2.2)", got)
 	}
 	if got := ask(t, b.dns, "10.1.3.0/24"); len(got) != 1 || got[0] != "192.0.2.1" {
 		t.Errorf("after a partition between a and b, b answers a's clients with %v, want a (192.0.2.1)", got)
 	}
-	t.Logf("partition a-b for %v: a still sends b's clients to b, b a's to a", 10*interval)
+	t.Logf("partition a-b for 6 probe rounds: a still sends b's clients to b, b a's to a")
 
 	// b dies: a cannot reach it and c confirms; b's clients go to a.
 	b.stop()
