@@ -158,6 +158,9 @@ func (n nodeView) collect() State {
 			if b.Draining {
 				r.State = "draining"
 			}
+			if b.Remote {
+				r.State = "other site"
+			}
 			if v.RingSize > 0 {
 				r.Share = float64(b.Slots) / float64(v.RingSize)
 			}

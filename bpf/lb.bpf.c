@@ -277,6 +277,107 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 	return has;
 }
 
+/* to_site sends a packet to another site's edge (a BACKEND_F_REMOTE backend) in
+ * an IPv4 tunnel: a 20-byte IPv4 header goes in front of the IP packet (IPIP, or
+ * protocol 41 for IPv6), from this node's tunnel address (tunnel) to be->addr,
+ * in a frame to be->mac, the next hop's. DF is set: the path between the sites
+ * must carry 20 bytes more than the clients' MTU. It returns the verdict, or -1
+ * (the packet untouched) when this node has no tunnel address. */
+static __always_inline int to_site(struct xdp_md *ctx, const struct backend *be, const struct lb_config *cfg)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct tunnel_cfg *tc;
+	struct iphdr *ip;
+	__u32 zero = 0, sum = 0;
+	__be16 proto;
+	__u16 *w;
+
+	tc = bpf_map_lookup_elem(&tunnel, &zero);
+	if (!tc || !*(__u32 *)tc->src4 || (void *)(eth + 1) > data_end)
+		return -1;
+	proto = eth->h_proto;
+	if (bpf_xdp_adjust_head(ctx, -(int)sizeof(struct iphdr)))
+		return -1;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	eth = data;
+	ip = (void *)(eth + 1);
+	if ((void *)(ip + 1) > data_end)
+		return XDP_DROP; /* unreachable: adjust_head made the room */
+	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	eth->h_proto = bpf_htons(ETH_P_IP);
+	ip->version = 4;
+	ip->ihl = 5;
+	ip->tos = 0;
+	ip->tot_len = bpf_htons((__u16)(data_end - (void *)ip));
+	ip->id = 0;
+	ip->frag_off = bpf_htons(0x4000); /* DF */
+	ip->ttl = 64;
+	ip->protocol = proto == bpf_htons(ETH_P_IP) ? IPPROTO_IPIP : IPPROTO_IPV6;
+	ip->check = 0;
+	ip->saddr = *(__u32 *)tc->src4;
+	ip->daddr = ((const __u32 *)be->addr)[3];
+	w = (__u16 *)ip;
+#pragma unroll
+	for (int i = 0; i < 10; i++)
+		sum += w[i];
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	ip->check = (__u16)~sum;
+	return XDP_TX;
+}
+
+/* from_site takes out of its tunnel a packet another site's edge sent to this
+ * node's tunnel address (to_site there): 1, with the packet now the inner one
+ * and p describing it, if the inner packet is VIP traffic; 0, the packet
+ * untouched, for anything else (the stack gets it as it came). */
+static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const struct lb_config *cfg)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	struct ethhdr *eth = data;
+	struct iphdr *ip = (void *)(eth + 1);
+	struct tunnel_cfg *tc;
+	__u8 dst[ETH_ALEN], src[ETH_ALEN];
+	__u32 zero = 0, vip_id;
+	__be16 proto;
+	int rc;
+
+	if ((void *)(ip + 1) > data_end || eth->h_proto != bpf_htons(ETH_P_IP) || ip->ihl != 5 ||
+	    (ip->protocol != IPPROTO_IPIP && ip->protocol != IPPROTO_IPV6) ||
+	    (ip->frag_off & bpf_htons(IPV4_FRAG_MASK)))
+		return 0;
+	tc = bpf_map_lookup_elem(&tunnel, &zero);
+	if (!tc || !ip->daddr || ip->daddr != *(__u32 *)tc->src4)
+		return 0;
+	__builtin_memset(p, 0, sizeof(*p));
+	if (ip->protocol == IPPROTO_IPIP) {
+		proto = bpf_htons(ETH_P_IP);
+		rc = parse_ipv4(ip + 1, data_end, p);
+	} else {
+		proto = bpf_htons(ETH_P_IPV6);
+		rc = parse_ipv6(ip + 1, data_end, p);
+	}
+	if (rc != PARSE_OK || !lookup_vip(&p->flow, cfg, &vip_id))
+		return 0;
+	__builtin_memcpy(dst, eth->h_dest, ETH_ALEN);
+	__builtin_memcpy(src, eth->h_source, ETH_ALEN);
+	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct iphdr)))
+		return 0;
+	data = (void *)(long)ctx->data;
+	data_end = (void *)(long)ctx->data_end;
+	eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return 0; /* unreachable: the inner packet was parsed */
+	__builtin_memcpy(eth->h_dest, dst, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, src, ETH_ALEN);
+	eth->h_proto = proto;
+	return 1;
+}
+
 /* from_director handles a frame another edge (a director) sent here: it chose
  * this node. This node serves it, with one exception. A packet of a TCP
  * connection this node does not have, during a ring transition, was sent by a
@@ -311,6 +412,12 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	be = alt ? active_backend(alt) : 0;
 	if (!be || (be->flags & BACKEND_F_LOCAL))
 		return count(REASON_FROM_PEER, XDP_PASS);
+	if (be->flags & BACKEND_F_REMOTE) {
+		/* A site hand-over: the connection is another site's. */
+		int rc = to_site(ctx, be, cfg);
+
+		return rc < 0 ? count(REASON_FROM_PEER, XDP_PASS) : count(REASON_SITE_OUT, rc);
+	}
 	set_mark(eth, data_end, 1);
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
@@ -333,7 +440,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
-	int rc, prev, pins;
+	int rc, prev, pins, tunneled = 0;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -343,19 +450,35 @@ int xdp_lb(struct xdp_md *ctx)
 		rc = parse_ipv6(eth + 1, data_end, &p);
 	else
 		return count(REASON_NOT_IP, XDP_PASS);
-	if (rc != PARSE_OK)
-		return count(rc, XDP_PASS);
 	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
 	if (!cfg)
 		return count(REASON_NO_BACKEND, XDP_PASS);
-	/* Only frames sent to this NIC are steered. A switch floods frames for a
-	 * MAC it no longer knows (the old VIP owner's, after its link failed): if
-	 * every edge steered its copy, backends would see each packet twice. */
-	if (!mac_eq(eth->h_dest, cfg->mac))
-		return count(REASON_OTHER_HOST, XDP_PASS);
-	/* Another edge steered it here: never steered again, but for a hand-off. */
-	if (from_peer(eth, cfg))
-		return from_director(ctx, eth, data_end, &p, cfg);
+	if (rc != PARSE_OK) {
+		/* Another site's edge sent here, in a tunnel, a packet of a connection
+		 * this site holds: steered here as if it came from a router, but
+		 * never sent on to another site (one hop at most). */
+		if (rc != REASON_NOT_VIP || !mac_eq(eth->h_dest, cfg->mac) || !from_site(ctx, &p, cfg))
+			return count(rc, XDP_PASS);
+		data = (void *)(long)ctx->data;
+		data_end = (void *)(long)ctx->data_end;
+		eth = data;
+		if ((void *)(eth + 1) > data_end)
+			return count(REASON_MALFORMED, XDP_PASS);
+		len = data_end - data;
+		tunneled = 1;
+		count(REASON_SITE_IN, 0);
+	} else {
+		/* Only frames sent to this NIC are steered. A switch floods frames for
+		 * a MAC it no longer knows (the old VIP owner's, after its link
+		 * failed): if every edge steered its copy, backends would see each
+		 * packet twice. */
+		if (!mac_eq(eth->h_dest, cfg->mac))
+			return count(REASON_OTHER_HOST, XDP_PASS);
+		/* Another edge steered it here: never steered again, but for a
+		 * hand-off. */
+		if (from_peer(eth, cfg))
+			return from_director(ctx, eth, data_end, &p, cfg);
+	}
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
 	 * a new connection: it always follows the ring, never an old entry of the
 	 * same 5-tuple (a reused port), so every director agrees where it goes; it
@@ -455,11 +578,28 @@ int xdp_lb(struct xdp_md *ctx)
 			int here_now = cb && (cb->flags & BACKEND_F_LOCAL);
 			int here_before = be->flags & BACKEND_F_LOCAL;
 
-			if (!(p.flow.proto == IPPROTO_TCP && (here_now || here_before) &&
-			      has_connection(ctx, eth, &p.flow) == here_now))
-				bid = pbid;
-			pin = CACHE_PINNED;
-			write = CACHE_PINNED;
+			if (be->flags & BACKEND_F_REMOTE) {
+				/* A site hand-over (Dataplane.Handover): another site
+				 * held this VIP's flows, some of which the routers now
+				 * bring here. Which ones is known only where a
+				 * connection lives, so the current ring's replica is
+				 * asked first: this node's stack, or the replica's
+				 * node (from_director), which sends what it does not
+				 * have on to the other site. Only TCP, and never what
+				 * another site sent. */
+				if (!tunneled && p.flow.proto == IPPROTO_TCP && here_now) {
+					if (!has_connection(ctx, eth, &p.flow))
+						bid = pbid;
+					pin = CACHE_PINNED;
+					write = CACHE_PINNED;
+				}
+			} else {
+				if (!(p.flow.proto == IPPROTO_TCP && (here_now || here_before) &&
+				      has_connection(ctx, eth, &p.flow) == here_now))
+					bid = pbid;
+				pin = CACHE_PINNED;
+				write = CACHE_PINNED;
+			}
 		}
 	}
 	be = bid ? active_backend(bid) : 0;
@@ -492,6 +632,25 @@ int xdp_lb(struct xdp_md *ctx)
 	}
 
 forward:
+	if (be->flags & BACKEND_F_REMOTE) {
+		if (!tunneled && p.flow.proto == IPPROTO_TCP) {
+			rc = to_site(ctx, be, cfg);
+			if (rc >= 0)
+				return count(REASON_SITE_OUT, rc);
+			/* No tunnel: the packet is as it was, but the verifier
+			 * wants its pointers anew after bpf_xdp_adjust_head. */
+			data = (void *)(long)ctx->data;
+			data_end = (void *)(long)ctx->data_end;
+			eth = data;
+			if ((void *)(eth + 1) > data_end)
+				return count(REASON_MALFORMED, XDP_PASS);
+		}
+		/* Never on to a second site, nor without a tunnel: the ring's. */
+		bid = pick_from_ring(&rings, vip_id, flow_hash(&p.flow, cfg->seed), cfg);
+		be = bid ? active_backend(bid) : 0;
+		if (!be || (be->flags & BACKEND_F_REMOTE))
+			return count(REASON_NO_BACKEND, XDP_PASS);
+	}
 	if (p.ip_options)
 		count(REASON_IP_OPTIONS, 0);
 	if (p.icmp_error)
@@ -507,6 +666,9 @@ forward:
 	/* The parser's reads proved at least an Ethernet header is there. */
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	/* What another site sent is served where it goes, not handed on. */
+	if (tunneled)
+		set_mark(eth, data_end, 1);
 	return count(REASON_TX, XDP_TX);
 }
 

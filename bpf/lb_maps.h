@@ -140,6 +140,14 @@ struct {
 	__type(value, __u32);
 } peers SEC(".maps");
 
+/* This node's tunnel end (struct tunnel_cfg), one entry. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct tunnel_cfg);
+} tunnel SEC(".maps");
+
 /* Per-CPU memo of vips lookups (struct vip_memo), not pinned. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -48,6 +48,9 @@ enum backend_flags {
 	BACKEND_F_LOCAL = 2,    /* the replica is this node: XDP_PASS */
 	BACKEND_F_DRAINING = 4, /* keeps existing flows, not in the ring */
 	BACKEND_F_DOWN = 8,     /* liveness says it cannot serve: only TCP flows are kept on it */
+	BACKEND_F_REMOTE = 16,  /* an edge of another site (federation): addr is its
+				 * tunnel address, mac the next hop's; only ever in a
+				 * previous ring (Dataplane.Handover), never in a ring */
 };
 
 /* backends: backend id -> where to send. One backend per (VIP address, replica).
@@ -58,6 +61,15 @@ struct backend {
 	__u16 flags;  /* enum backend_flags */
 	__u32 vip_id; /* the VIP this backend serves (operator view, recovery) */
 	__u32 weight;
+};
+
+/* tunnel[0]: this node's end of the tunnels between sites (federation). A VIP
+ * packet for another site's edge leaves in IPv4 (IPIP for IPv4, proto 41 for
+ * IPv6) from src4; an IPIP or proto-41 packet to src4 whose inner packet is VIP
+ * traffic is taken out and steered here. src4 zero: no tunnel. */
+struct tunnel_cfg {
+	__u8 src4[4];
+	__u32 pad;
 };
 
 /* peers: the MAC of every other edge (replica) of this node's groups. A VIP
@@ -178,6 +190,10 @@ enum reason {
 				  * node does not have: sent on to the other ring's
 				  * choice, marked, once */
 	REASON_HANDOFF_IN,       /* a packet handed on by another edge: served here */
+	REASON_SITE_OUT,         /* a packet of a connection another site holds (a site
+				  * hand-over): sent in a tunnel to that site's edge */
+	REASON_SITE_IN,          /* a packet another site sent in a tunnel: taken out
+				  * and steered here, never on to a third site */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

@@ -22,6 +22,11 @@ import (
 type Desired struct {
 	Seed   uint32 // cluster-wide flow hash seed, equal on every node
 	Groups []Group
+	// Tunnel is this node's IPv4 address for tunnels between sites (a
+	// federation, Group.Remotes): packets for another site's edge leave from
+	// it, and packets other sites send to it are steered here. Required with
+	// Remotes.
+	Tunnel netip.Addr
 }
 
 // Group is a set of VIP addresses served by the same replicas.
@@ -30,6 +35,16 @@ type Group struct {
 	VIPs     []netip.Addr
 	Ports    []model.Port // empty: every TCP and UDP port
 	Backends []Backend
+	// Remotes are the edges of the other sites that serve the group's VIPs
+	// (anycast, in a federation), where a site hand-over (Handover) sends the
+	// connections this site does not have. They are never in the ring.
+	Remotes []Remote
+}
+
+// Remote is an edge of another site, reached through a tunnel.
+type Remote struct {
+	Addr netip.Addr       // the edge's IPv4 tunnel address
+	MAC  net.HardwareAddr // the next hop's MAC towards it
 }
 
 // Backend is one replica of a group as this node sees it.
@@ -68,6 +83,14 @@ type applied struct {
 	digests   map[uint32]string
 	peers     map[lbPeerKey]bool
 	nextID    uint32 // where the round-robin backend id search starts
+	// handover: vip id -> the ring of its group's remote edges, for Handover;
+	// handGroup: vip id -> its group's name.
+	handover  map[uint32][]uint32
+	handGroup map[uint32]string
+	// handing: vip id -> the hand-over ring its previous ring is (Handover),
+	// until its transition ends or a ring change makes its own ring previous.
+	handing map[uint32][]uint32
+	tunnel  netip.Addr
 }
 
 // ApplyStats says what one Apply changed.
@@ -88,6 +111,9 @@ func (d *Dataplane) recover() error {
 		digests:    map[uint32]string{},
 		peers:      map[lbPeerKey]bool{},
 		nextID:     1,
+		handover:   map[uint32][]uint32{},
+		handGroup:  map[uint32]string{},
+		handing:    map[uint32][]uint32{},
 	}
 	pinned, err := d.maps().read()
 	if err != nil {
@@ -97,6 +123,13 @@ func (d *Dataplane) recover() error {
 	var pv uint32
 	for it := d.objs.Peers.Iterate(); it.Next(&pk, &pv); {
 		st.peers[pk] = true
+	}
+	var tc lbTunnelCfg
+	if err := d.objs.Tunnel.Lookup(uint32(0), &tc); err != nil {
+		return fmt.Errorf("read map tunnel: %w", err)
+	}
+	if tc.Src4 != [4]byte{} {
+		st.tunnel = netip.AddrFrom4(tc.Src4)
 	}
 	for vk, vv := range pinned.vips {
 		st.vipKeys[vk] = vv
@@ -218,6 +251,17 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	}
 	seedChanged := d.cfg.Seed != want.Seed
 	d.cfg.Seed = want.Seed
+	if want.Tunnel != d.st.tunnel {
+		var tc lbTunnelCfg
+		if want.Tunnel.IsValid() {
+			tc.Src4 = want.Tunnel.Unmap().As4()
+		}
+		if err := d.objs.Tunnel.Put(uint32(0), &tc); err != nil {
+			return stats, fmt.Errorf("update map tunnel: %w", err)
+		}
+		d.st.tunnel = want.Tunnel
+	}
+	d.st.handover, d.st.handGroup = plan.handover, plan.handGroup
 
 	for k := range d.st.vipKeys {
 		if _, ok := plan.vipKeys[k]; ok {
@@ -288,6 +332,9 @@ type plan struct {
 	rings    map[uint32][]uint32
 	digests  map[uint32]string
 	arrival  map[uint32][]uint32 // with d.arriving: vip id -> the ring before this node joined
+	// handover, handGroup: see applied.
+	handover  map[uint32][]uint32
+	handGroup map[uint32]string
 }
 
 // plan validates want and assigns ids, reusing the ones already in the maps. It
@@ -299,10 +346,15 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		vipKeys:  map[lbVipKey]lbVipVal{},
 		backends: map[uint32]lbBackend{},
 		rings:    map[uint32][]uint32{},
-		digests:  map[uint32]string{},
-		arrival:  map[uint32][]uint32{},
+		digests:   map[uint32]string{},
+		arrival:   map[uint32][]uint32{},
+		handover:  map[uint32][]uint32{},
+		handGroup: map[uint32]string{},
 	}
 	var problems []string
+	if want.Tunnel.IsValid() && !want.Tunnel.Unmap().Is4() {
+		problems = append(problems, fmt.Sprintf("tunnel address %s is not IPv4", want.Tunnel))
+	}
 	groupOf := map[netip.Addr]string{}
 	for _, g := range want.Groups {
 		for _, v := range g.VIPs {
@@ -331,6 +383,19 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				p.peers[k] = true
 			}
 			seen[b.Addr.Unmap()] = true
+		}
+		for _, r := range g.Remotes {
+			switch {
+			case !r.Addr.IsValid() || !r.Addr.Unmap().Is4():
+				problems = append(problems, fmt.Sprintf("group %s: remote edge %s is not an IPv4 address", g.Name, r.Addr))
+			case len(r.MAC) != 6:
+				problems = append(problems, fmt.Sprintf("group %s: remote edge %s has no next-hop MAC", g.Name, r.Addr))
+			case !want.Tunnel.IsValid():
+				problems = append(problems, fmt.Sprintf("group %s: remote edges need a tunnel address", g.Name))
+			case seen[r.Addr.Unmap()]:
+				problems = append(problems, fmt.Sprintf("group %s: %s is a replica and a remote edge", g.Name, r.Addr))
+			}
+			seen[r.Addr.Unmap()] = true
 		}
 		for _, port := range g.Ports {
 			if port.Protocol != model.TCP && port.Protocol != model.UDP {
@@ -375,8 +440,8 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 	usedB := map[uint32]bool{}
 	for _, g := range want.Groups {
 		for _, v := range g.VIPs {
-			for _, b := range g.Backends {
-				k := backendKey{p.vipIDs[v.Unmap()], b.Addr.Unmap()}
+			for _, a := range g.addrs() {
+				k := backendKey{p.vipIDs[v.Unmap()], a}
 				if id, ok := d.st.backendIDs[k]; ok {
 					ids[k] = id
 					usedB[id] = true
@@ -422,8 +487,18 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				serving[mb.Addr] = true
 			}
 		}
-		var tab, arrival Table
+		var tab, arrival, remotes Table
 		var digest string
+		if len(g.Remotes) > 0 {
+			var rm []MaglevBackend
+			for _, r := range g.Remotes {
+				rm = append(rm, MaglevBackend{Addr: r.Addr.Unmap()})
+			}
+			var err error
+			if remotes, err = BuildTable(rm, d.opts.RingSize); err != nil {
+				return p, fmt.Errorf("group %s remotes: %w", g.Name, err)
+			}
+		}
 		if len(ring) > 0 && d.arriving {
 			var err error
 			if arrival, err = arrivalTable(g.Backends, members, d.opts.RingSize); err != nil {
@@ -482,6 +557,29 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
 				idOf[a] = id
 			}
+			if len(remotes.Slots) > 0 {
+				for _, r := range g.Remotes {
+					a := r.Addr.Unmap()
+					k := backendKey{vipID, a}
+					id, ok := ids[k]
+					if !ok {
+						var err error
+						if id, err = alloc(); err != nil {
+							return p, err
+						}
+						ids[k] = id
+					}
+					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE)
+					p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
+					idOf[a] = id
+				}
+				h := make([]uint32, len(remotes.Slots))
+				for i, s := range remotes.Slots {
+					h[i] = idOf[remotes.Backends[s]]
+				}
+				p.handover[vipID] = h
+				p.handGroup[vipID] = g.Name
+			}
 			if len(ring) == 0 {
 				continue
 			}
@@ -509,6 +607,64 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		d.st.backendIDs[k] = id
 	}
 	return p, nil
+}
+
+// addrs lists the group's replicas and remote edges.
+func (g Group) addrs() []netip.Addr {
+	var out []netip.Addr
+	for _, b := range g.Backends {
+		out = append(out, b.Addr.Unmap())
+	}
+	for _, r := range g.Remotes {
+		out = append(out, r.Addr.Unmap())
+	}
+	return out
+}
+
+// Handover starts a site hand-over for the VIPs of the named groups that have
+// remote edges (Group.Remotes), all such groups if none is named: for
+// Options.Transition, a TCP packet that no replica of this site has a
+// connection for is sent, in a tunnel, to the other sites' edges (by a Maglev
+// ring of them), which serve it and never send it on. A site calls it when it
+// starts to announce a VIP that other sites held, and while it stays away:
+// the routers then bring it connections that live elsewhere. A VIP already in
+// a hand-over has its lease extended; one in an ordinary transition has its
+// previous ring replaced (this site's replicas are asked first either way).
+// It returns how many VIPs are in a hand-over.
+func (d *Dataplane) Handover(groups ...string) (int, error) {
+	n, started := 0, 0
+	defer func() {
+		if started > 0 {
+			// Every CPU's flow cache holds the rings' answers of before.
+			d.cfg.Generation++
+			if err := d.writeConfig(); err != nil {
+				d.log.Warn("hand-over: write lb_cfg", zap.Error(err))
+			}
+		}
+	}()
+	for vip, slots := range d.st.handover {
+		if len(groups) > 0 && !slices.Contains(groups, d.st.handGroup[vip]) {
+			continue
+		}
+		if _, ok := d.st.rings[vip]; !ok {
+			continue // no ring: nothing steers the VIP here
+		}
+		if slices.Equal(d.st.handing[vip], slots) && d.st.prevUntil[vip] > monotonicNow() {
+			until := monotonicNow() + d.opts.Transition
+			if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
+				return n, fmt.Errorf("update map rings_meta: %w", err)
+			}
+			d.st.prevUntil[vip] = until
+		} else {
+			if err := d.startArrival(vip, slots); err != nil {
+				return n, err
+			}
+			started++
+		}
+		d.st.handing[vip] = slots
+		n++
+	}
+	return n, nil
 }
 
 // arrivalTable is the table the other directors most likely held before this
@@ -653,5 +809,6 @@ func (d *Dataplane) endTransition(vip uint32) error {
 		return fmt.Errorf("delete from map prev_rings: %w", err)
 	}
 	delete(d.st.prevUntil, vip)
+	delete(d.st.handing, vip)
 	return nil
 }

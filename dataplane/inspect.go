@@ -93,6 +93,7 @@ type BackendView struct {
 	Addr            netip.Addr
 	MAC             net.HardwareAddr
 	Local, Draining bool
+	Remote          bool // another site's edge (Desired.Groups[].Remotes)
 	Weight          uint32
 	Slots           int // ring slots pointing at it
 	Counters        BackendCounters
@@ -136,6 +137,7 @@ func (m maps) vipViews() ([]VIPView, error) {
 			ID: id, Addr: addrFrom16(be.Addr), MAC: net.HardwareAddr(be.Mac[:]),
 			Local:    be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL) != 0,
 			Draining: be.Flags&uint16(lbBackendFlagsBACKEND_F_DRAINING) != 0,
+			Remote:   be.Flags&uint16(lbBackendFlagsBACKEND_F_REMOTE) != 0,
 			Weight:   be.Weight, Counters: cnt.Backends[id],
 		})
 	}

@@ -35,6 +35,7 @@ const (
 	lbBackendFlagsBACKEND_F_LOCAL    lbBackendFlags = 2
 	lbBackendFlagsBACKEND_F_DRAINING lbBackendFlags = 4
 	lbBackendFlagsBACKEND_F_DOWN     lbBackendFlags = 8
+	lbBackendFlagsBACKEND_F_REMOTE   lbBackendFlags = 16
 )
 
 type lbCachePin uint32
@@ -136,12 +137,20 @@ const (
 	lbReasonREASON_NEW_PINNED   lbReason = 15
 	lbReasonREASON_HANDOFF      lbReason = 16
 	lbReasonREASON_HANDOFF_IN   lbReason = 17
-	lbReasonREASON_MAX          lbReason = 18
+	lbReasonREASON_SITE_OUT     lbReason = 18
+	lbReasonREASON_SITE_IN      lbReason = 19
+	lbReasonREASON_MAX          lbReason = 20
 )
 
 type lbRingMeta struct {
 	_           structs.HostLayout
 	PrevUntilNs uint64
+}
+
+type lbTunnelCfg struct {
+	_    structs.HostLayout
+	Src4 [4]uint8
+	Pad  uint32
 }
 
 type lbVipCounters struct {
@@ -192,6 +201,7 @@ const (
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
 	lbMapSrcMacs            = "src_macs"
+	lbMapTunnel             = "tunnel"
 	lbMapVipMemos           = "vip_memos"
 	lbMapVipStats           = "vip_stats"
 	lbMapVips               = "vips"
@@ -263,6 +273,7 @@ type lbMapSpecs struct {
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
+	Tunnel       *ebpf.MapSpec `ebpf:"tunnel"`
 	VipMemos     *ebpf.MapSpec `ebpf:"vip_memos"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
@@ -310,6 +321,7 @@ type lbMaps struct {
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
+	Tunnel       *ebpf.Map `ebpf:"tunnel"`
 	VipMemos     *ebpf.Map `ebpf:"vip_memos"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
@@ -330,6 +342,7 @@ func (m *lbMaps) Close() error {
 		m.Rings,
 		m.RingsMeta,
 		m.SrcMacs,
+		m.Tunnel,
 		m.VipMemos,
 		m.VipStats,
 		m.Vips,

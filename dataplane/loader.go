@@ -103,7 +103,7 @@ func Load(opts Options) (*Dataplane, error) {
 		// which no cached entry counts anyway.
 		switch name {
 		case lbMapRings, lbMapPrevRings, lbMapRingsMeta, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
-			lbMapPinClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers:
+			lbMapPinClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers, lbMapTunnel:
 			m.Pinning = ebpf.PinByName
 		}
 	}

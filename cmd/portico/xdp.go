@@ -89,6 +89,9 @@ func printVIPs(out io.Writer, cfg dataplane.Config, vips []dataplane.VIPView) er
 			if b.Draining {
 				state = "draining"
 			}
+			if b.Remote {
+				state = "other site"
+			}
 			if b.Local {
 				state += ",local"
 			}

@@ -1,0 +1,238 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+// The site hand-over's world: this node (nicMAC, tunnel address here) in a site
+// whose replicas are r1 and r3 (r3 this node), and two edges of another site, s1
+// and s2, reached through the router gwMAC.
+var (
+	gwMAC  = mustMAC("02:00:00:00:0f:01")
+	here   = netip.MustParseAddr("10.8.0.1")
+	s1     = Remote{Addr: netip.MustParseAddr("10.9.0.1"), MAC: gwMAC}
+	s2     = Remote{Addr: netip.MustParseAddr("10.9.0.2"), MAC: gwMAC}
+	siteBs = []Backend{{Addr: s1.Addr}, {Addr: s2.Addr}} // the remotes' table, for pick
+)
+
+// withRemotes is desired(bs...) with the other site's edges and this node's
+// tunnel address.
+func withRemotes(tunnel netip.Addr, remotes []Remote, bs ...Backend) Desired {
+	d := desired(bs...)
+	d.Tunnel = tunnel
+	d.Groups[0].Remotes = remotes
+	return d
+}
+
+// ipip is the frame to_site makes of an IP packet: an IPv4 header from src to
+// dst (protocol 4 for IPv4, 41 for IPv6; DF, TTL 64, id 0) in front of it.
+func ipip(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, inner []byte) []byte {
+	h := make([]byte, 20)
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:], uint16(20+len(inner)))
+	binary.BigEndian.PutUint16(h[6:], 0x4000)
+	h[8] = 64
+	h[9] = 4
+	if inner[0]>>4 == 6 {
+		h[9] = 41
+	}
+	s, d := src.As4(), dst.As4()
+	copy(h[12:], s[:])
+	copy(h[16:], d[:])
+	binary.BigEndian.PutUint16(h[10:], ipv4Checksum(h))
+	frame := append(append(slices.Clone([]byte(dstMAC)), srcMAC...), 0x08, 0x00)
+	return append(append(frame, h...), inner...)
+}
+
+// TestSiteHandover: in a site hand-over, a TCP packet that no replica of the site
+// has goes to the other site's edge in a tunnel; what this node has, new
+// connections, UDP and other replicas' flows stay in the site.
+func TestSiteHandover(t *testing.T) {
+	dr := newDirector(t, "b")
+	run := func(name string, frame []byte, verdict uint32) []byte {
+		t.Helper()
+		v, out, err := xdptest.Run(dr.d.Program(), frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != verdict {
+			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
+		}
+		return out
+	}
+	bs := []Backend{r1, r3}
+	mine := sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r3, bs...)
+	theirs := sportFrom(t, 30000, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r1, bs...)
+	dr.apply(t, withRemotes(here, []Remote{s1, s2}, bs...))
+	run("before the hand-over, a flow of this node's replica", tcp4(mine, xdptest.ACK).Bytes(), xdptest.Pass)
+
+	n, err := dr.d.Handover()
+	if err != nil || n != 2 {
+		t.Fatalf("Handover: %d VIPs, %v; want 2 (vip4, vip6)", n, err)
+	}
+	for _, mk := range []func(uint16, uint8) xdptest.Packet{tcp4, tcp6} {
+		p := mk(sportFor(t, func(s uint16) xdptest.Packet { return mk(s, xdptest.ACK) }, r3, bs...), xdptest.ACK)
+		dst := pick(t, p, siteBs...)
+		want := ipip(gwMAC, nicMAC, here, dst, p.IP())
+		if out := run("a connection this node does not have", p.Bytes(), xdptest.TX); !slices.Equal(out, want) {
+			t.Fatalf("sent % x,\nwant % x", out, want)
+		}
+		if out := run("its next packet (pinned)", p.Bytes(), xdptest.TX); !slices.Equal(out, want) {
+			t.Fatalf("next packet sent % x", out[:34])
+		}
+	}
+	if pinned, _ := dr.state(t); pinned != 2 {
+		t.Errorf("%d flows pinned, want the 2 sent to the other site", pinned)
+	}
+	// Another replica's flow goes to it: its node knows whether it has it.
+	p := tcp4(theirs, xdptest.ACK)
+	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, to(p, r1)) {
+		t.Errorf("another replica's flow sent % x", out[:14])
+	}
+	// ... and there, from a director, what that node does not have goes on.
+	p = tcp4(mine+1, xdptest.ACK)
+	for pick(t, p, bs...) != r3.Addr {
+		p.SPort++
+	}
+	want := ipip(gwMAC, nicMAC, here, pick(t, p, siteBs...), p.IP())
+	if out := run("from a director, a connection this node does not have", p.WithMACs(r1MAC, nicMAC).Bytes(), xdptest.TX); !slices.Equal(out, want) {
+		t.Errorf("from a director: sent % x", out[:34])
+	}
+	// A new connection stays, and so do its later packets; UDP is never handed over.
+	s := sportFrom(t, 20000, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.SYN) }, r3, bs...)
+	run("a new connection", tcp4(s, xdptest.SYN).Bytes(), xdptest.Pass)
+	run("its handshake's ACK", tcp4(s, xdptest.ACK).Bytes(), xdptest.Pass)
+	run("its data", tcp4(s, xdptest.ACK|xdptest.PSH).Bytes(), xdptest.Pass)
+	u := sportFor(t, udp4, r3, bs...)
+	run("UDP", udp4(u).Bytes(), xdptest.Pass)
+
+	c, err := dr.d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Reasons[lbReasonREASON_SITE_OUT]; got != 5 {
+		t.Errorf("%d packets sent to the other site, want 5", got)
+	}
+	// Once the transition is over, nothing new goes there.
+	dr.endTransitions(t)
+	run("after the hand-over, a new flow of this node's replica", tcp4(mine+7, xdptest.ACK).Bytes(), verdictFor(pickB(t, tcp4(mine+7, xdptest.ACK), bs)))
+}
+
+// pickB is pick returning the backend.
+func pickB(t testing.TB, p xdptest.Packet, bs []Backend) Backend {
+	t.Helper()
+	a := pick(t, p, bs...)
+	for _, b := range bs {
+		if b.Addr == a {
+			return b
+		}
+	}
+	t.Fatalf("pick gave %s", a)
+	return Backend{}
+}
+
+// TestSiteTunnelIn: the other site's edge takes the packet out of the tunnel and
+// steers it as its own, and never sends it on to a site, even in a hand-over of
+// its own.
+func TestSiteTunnelIn(t *testing.T) {
+	dr := newDirector(t, "a")
+	run := func(name string, frame []byte, verdict uint32) []byte {
+		t.Helper()
+		v, out, err := xdptest.Run(dr.d.Program(), frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v != verdict {
+			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
+		}
+		return out
+	}
+	bs := []Backend{r1, r3}
+	dr.apply(t, withRemotes(s1.Addr, []Remote{{Addr: here, MAC: gwMAC}}, bs...))
+	if _, err := dr.d.Handover(); err != nil {
+		t.Fatal(err)
+	}
+	for _, mk := range []func(uint16, uint8) xdptest.Packet{tcp4, tcp6} {
+		s := sportFor(t, func(s uint16) xdptest.Packet { return mk(s, xdptest.ACK) }, r3, bs...)
+		p := mk(s, xdptest.ACK)
+		in := ipip(nicMAC, gwMAC, here, s1.Addr, p.IP())
+		out := run("to this node's replica", in, xdptest.Pass)
+		if want := p.WithMACs(gwMAC, nicMAC).Bytes(); !slices.Equal(out, want) {
+			t.Errorf("passed % x,\nwant % x", out, want)
+		}
+	}
+	s := sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r1, bs...)
+	p := tcp4(s, xdptest.ACK)
+	out := run("to another replica", ipip(nicMAC, gwMAC, here, s1.Addr, p.IP()), xdptest.TX)
+	if net.HardwareAddr(out[0:6]).String() != r1MAC.String() || out[20]&0x80 == 0 || ipv4Checksum(out[14:34]) != 0 {
+		t.Errorf("to another replica: sent % x, want to r1, marked (served there)", out[:34])
+	}
+	// Not for this node, or not VIP traffic: untouched.
+	for name, frame := range map[string][]byte{
+		"to another tunnel address": ipip(nicMAC, gwMAC, here, s2.Addr, p.IP()),
+		"inner packet to no VIP": func() []byte {
+			q := p
+			q.Dst = other4
+			return ipip(nicMAC, gwMAC, here, s1.Addr, q.IP())
+		}(),
+	} {
+		if out := run(name, slices.Clone(frame), xdptest.Pass); !slices.Equal(out, frame) {
+			t.Errorf("%s: changed to % x", name, out[:34])
+		}
+	}
+	c, err := dr.d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Reasons[lbReasonREASON_SITE_IN] != 3 || c.Reasons[lbReasonREASON_SITE_OUT] != 0 {
+		t.Errorf("%d taken out of the tunnel (want 3), %d sent to a site (want 0)", c.Reasons[lbReasonREASON_SITE_IN], c.Reasons[lbReasonREASON_SITE_OUT])
+	}
+}
+
+// TestRemotesValidation: remote edges need a tunnel address, IPv4 and a MAC.
+func TestRemotesValidation(t *testing.T) {
+	d := loadForTest(t)
+	for name, tc := range map[string]struct {
+		want Desired
+		err  string
+	}{
+		"no tunnel":       {withRemotes(netip.Addr{}, []Remote{s1}, r1, r3), "need a tunnel address"},
+		"IPv6 tunnel":     {withRemotes(netip.MustParseAddr("2001:db8::1"), []Remote{s1}, r1, r3), "not IPv4"},
+		"no MAC":          {withRemotes(here, []Remote{{Addr: s1.Addr}}, r1, r3), "no next-hop MAC"},
+		"IPv6 remote":     {withRemotes(here, []Remote{{Addr: vip6, MAC: gwMAC}}, r1, r3), "not an IPv4 address"},
+		"a replica twice": {withRemotes(here, []Remote{{Addr: r1.Addr, MAC: gwMAC}}, r1, r3), "a replica and a remote edge"},
+	} {
+		if _, err := d.Apply(tc.want); err == nil || !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("%s: error %v, want one saying %q", name, err, tc.err)
+		}
+	}
+	// Valid: the remotes get backends, flagged, outside the ring.
+	if _, err := d.Apply(withRemotes(here, []Remote{s1, s2}, r1, r3)); err != nil {
+		t.Fatal(err)
+	}
+	vips, err := d.VIPs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vips {
+		remote := 0
+		for _, b := range v.Backends {
+			if b.Remote {
+				remote++
+				if b.Slots != 0 {
+					t.Errorf("%s: remote edge %s has %d ring slots", v.Addr, b.Addr, b.Slots)
+				}
+			}
+		}
+		if remote != 2 {
+			t.Errorf("%s: %d remote edges, want 2", v.Addr, remote)
+		}
+	}
+}
