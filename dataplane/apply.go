@@ -341,11 +341,11 @@ type plan struct {
 // only reserves new ids in d.st once the whole of want is valid.
 func (d *Dataplane) plan(want Desired) (plan, error) {
 	p := plan{
-		peers:    map[lbPeerKey]bool{},
-		vipIDs:   map[netip.Addr]uint32{},
-		vipKeys:  map[lbVipKey]lbVipVal{},
-		backends: map[uint32]lbBackend{},
-		rings:    map[uint32][]uint32{},
+		peers:     map[lbPeerKey]bool{},
+		vipIDs:    map[netip.Addr]uint32{},
+		vipKeys:   map[lbVipKey]lbVipVal{},
+		backends:  map[uint32]lbBackend{},
+		rings:     map[uint32][]uint32{},
 		digests:   map[uint32]string{},
 		arrival:   map[uint32][]uint32{},
 		handover:  map[uint32][]uint32{},
