@@ -69,6 +69,11 @@ type Config struct {
 	// are told the same.
 	APIServer string
 
+	// Sites is the federation peers file (--federation-peers, SitesFile);
+	// empty: no site hand-over. Tunnel is this node's tunnel address for it.
+	Sites  string
+	Tunnel netip.Addr
+
 	StateDir      string        // records what the agent changed on the host
 	ShutdownDelay time.Duration // serving, unready, after ctx ends and before the VIP is released
 }
@@ -130,6 +135,14 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 
 	l4 := &l4Sink{dp: dp, group: cfg.Group, seed: cfg.Seed, log: log.Named("l4"),
 		neigh: &neighbors{ifc: ifc, log: log.Named("neighbors"), resolved: map[netip.Addr]net.HardwareAddr{}}}
+	if cfg.Sites != "" {
+		l4.tunnel = cfg.Tunnel
+		if !l4.tunnel.IsValid() {
+			l4.tunnel = firstAddr(ifc, true)
+		}
+		l4.sites = &sites{path: cfg.Sites, ifc: ifc, neigh: l4.neigh, log: log.Named("sites")}
+		l4.sites.reload()
+	}
 	// Every node checks every replica, the VRRP backups too: a takeover starts
 	// with a ring that already leaves out a replica that died before it.
 	var checker *liveness.Checker
@@ -169,6 +182,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		}
 		bs = &bgpSink{group: cfg.Group, log: blog, speaker: speaker, setLoVIPs: host.setLoVIPs, localAddrs: localAddrs,
 			withdrawAfter: cfg.BGP.withdrawAfter(), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: host.managedVIPs()}
+		if l4.sites != nil {
+			bs.handover = l4.handover
+		}
 		announcer, setHealthy, release, bgpStatus = bs, bs.setHealthy, bs.stop, bs.status
 	default:
 		vmet, err := vrrp.NewMetrics(reg)
@@ -240,6 +256,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		goRun("liveness-follow", l4.followLiveness)
 	}
 	goRun("transitions", l4.expireTransitions)
+	if l4.sites != nil {
+		goRun("sites", func(ctx context.Context) error { return l4.sites.watch(ctx, l4.reapply) })
+	}
 	if speaker != nil {
 		goRun("bgp", speaker.Run)
 		goRun("bgp-announce", bs.run)

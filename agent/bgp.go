@@ -214,6 +214,11 @@ type bgpSink struct {
 	siteUpAfter   time.Duration
 	pref          bgp.Preference
 	announced     []netip.Prefix
+	// handover, in a federation, makes the data plane send connections no
+	// replica here has to the other sites (l4Sink.handover); siteAway is set
+	// while the site is down and until it is announced normally again.
+	handover func()
+	siteAway bool
 }
 
 func (b *bgpSink) Name() string { return "bgp" }
@@ -333,6 +338,18 @@ func (b *bgpSink) announceLocked() error {
 		prefixes = append(prefixes, netip.PrefixFrom(v.Unmap(), v.Unmap().BitLen()))
 	}
 	pref := b.preference()
+	// A site that was down comes back to connections the other sites took
+	// meanwhile: the hand-over is kept up while it is away and renewed as it
+	// is announced normally again, before the routers bring them.
+	if down, _ := b.siteDown(); down {
+		b.siteAway = true
+	}
+	if b.siteAway && b.handover != nil {
+		b.handover()
+	}
+	if pref == bgp.Normal {
+		b.siteAway = false
+	}
 	if pref == b.pref && slices.Equal(prefixes, b.announced) {
 		return nil
 	}

@@ -161,3 +161,58 @@ func TestBGPSinkSiteHealth(t *testing.T) {
 	tick(4 * time.Second)
 	step("site down 10 s, node unhealthy 4 s: one ladder from the earlier cause", bgp.Withdrawn)
 }
+
+// TestBGPSinkHandover: a site hand-over is kept up while the site is down and
+// renewed as it is announced normally again, before the announcement; node
+// health alone never starts one (the site's own replicas have those flows).
+func TestBGPSinkHandover(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.80")
+	clock := time.Unix(1000, 0)
+	r := &recordedRoutes{}
+	var calls []bgp.Preference // what was announced when the hand-over was renewed
+	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
+		now:        func() time.Time { return clock },
+		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
+		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil },
+		handover:   func() { calls = append(calls, r.pref) }}
+	ctx := context.Background()
+	apply := func(ready bool) {
+		t.Helper()
+		snap := model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip}, Federated: map[string]bool{"web/shop": ready}}}}
+		if err := b.Apply(ctx, snap); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tick := func(d time.Duration) {
+		clock = clock.Add(d)
+		b.mu.Lock()
+		_ = b.announceLocked()
+		b.mu.Unlock()
+	}
+	b.setHealthy(ctx, true)
+	apply(true)
+	b.setHealthy(ctx, false)
+	tick(time.Second)
+	b.setHealthy(ctx, true)
+	if len(calls) != 0 {
+		t.Fatalf("node health alone renewed a hand-over %d times", len(calls))
+	}
+	apply(false)
+	tick(11 * time.Second)
+	if r.pref != bgp.Withdrawn || len(calls) < 2 {
+		t.Fatalf("site down 11 s: announced %v, hand-over renewed %d times; want withdrawn, renewed while away", r.pref, len(calls))
+	}
+	apply(true)
+	tick(3 * time.Second)
+	if r.pref != bgp.Normal {
+		t.Fatalf("site up 3 s: announced %v", r.pref)
+	}
+	if last := calls[len(calls)-1]; last == bgp.Normal {
+		t.Errorf("the last renewal came after the normal announcement")
+	}
+	n := len(calls)
+	tick(time.Second)
+	if len(calls) != n {
+		t.Errorf("the hand-over was renewed after the site was back")
+	}
+}

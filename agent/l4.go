@@ -137,6 +137,11 @@ type l4Sink struct {
 	neigh *neighbors
 	live  livenessChecker // nil: Kubernetes' view only
 	log   *zap.Logger
+	// sites, in a federation (--federation-peers), gives the other sites' edges
+	// for a site hand-over, reached from tunnel, this node's tunnel address.
+	sites   *sites
+	tunnel  netip.Addr
+	handing bool // the last Handover found VIPs to hand over
 
 	mu      sync.Mutex
 	last    model.Snapshot
@@ -195,6 +200,16 @@ func (s *l4Sink) applyLocked() error {
 	if !slices.Equal(out, s.deadOut) {
 		s.log.Info("ring follows replica liveness", zap.Stringers("dead", out))
 	}
+	if s.sites != nil {
+		if remotes := s.sites.remotes(); len(remotes) > 0 {
+			want.Tunnel = s.tunnel
+			for i := range want.Groups {
+				if want.Groups[i].Name == s.group {
+					want.Groups[i].Remotes = remotes
+				}
+			}
+		}
+	}
 	if _, err := s.dp.Apply(want); err != nil {
 		return err
 	}
@@ -230,6 +245,35 @@ func (s *l4Sink) followLiveness(ctx context.Context) error {
 			}
 		}
 		s.mu.Unlock()
+	}
+}
+
+// handover starts (or extends) a site hand-over of the group's VIPs
+// (dataplane.Dataplane.Handover): bgpSink calls it while the site is down and
+// as it comes back.
+func (s *l4Sink) handover() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n, err := s.dp.Handover(s.group)
+	if err != nil {
+		s.log.Warn("site hand-over failed", zap.Error(err))
+		return
+	}
+	if n > 0 && !s.handing {
+		s.log.Info("site hand-over: connections no replica here has go to the other sites' edges", zap.Int("vips", n))
+	}
+	s.handing = n > 0
+}
+
+// reapply applies the last snapshot again (the other sites' edges changed).
+func (s *l4Sink) reapply() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.last.Groups) == 0 {
+		return
+	}
+	if err := s.applyLocked(); err != nil {
+		s.log.Warn("re-apply after the federation peers changed failed", zap.Error(err))
 	}
 }
 

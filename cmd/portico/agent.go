@@ -45,6 +45,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		livenessPort, rise              uint
 		priority, degraded, version     uint
 		bgpConfig, nextHop6             string
+		tunnel                          string
 	)
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&c.Group, "group", "", "the group Service this node serves, namespace/name (required)")
@@ -71,6 +72,8 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
 	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see the README)")
 	fs.StringVar(&nextHop6, "bgp-nexthop6", "", "with -announce=bgp: this node's IPv6 next hop, to announce IPv6 VIPs")
+	fs.StringVar(&c.Sites, "federation-peers", "", "with -announce=bgp, in a federation: the file naming the other sites' edges (YAML: site, peers; written by portico federation), for site hand-overs")
+	fs.StringVar(&tunnel, "tunnel-address", "", "with -federation-peers: this node's IPv4 address for tunnels between sites; empty: the edge interface's first IPv4 address")
 	fs.UintVar(&priority, "vrrp-priority", 100, "VRRP priority while healthy (1-254)")
 	fs.UintVar(&degraded, "vrrp-degraded-priority", 10, "VRRP priority while unhealthy (XDP detached, maps stale, nginx down)")
 	fs.UintVar(&version, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
@@ -154,6 +157,21 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		c.BGP = f
 	default:
 		return c, fmt.Errorf("-announce %q: want vrrp or bgp", c.Announce)
+	}
+	if c.Sites != "" {
+		if c.Announce != "bgp" {
+			return c, fmt.Errorf("-federation-peers needs -announce=bgp (anycast)")
+		}
+		if _, _, err := agent.LoadSitesFile(c.Sites); err != nil {
+			return c, err
+		}
+	}
+	if tunnel != "" {
+		a, err := netip.ParseAddr(tunnel)
+		if err != nil || !a.Unmap().Is4() {
+			return c, fmt.Errorf("-tunnel-address %q: want an IPv4 address", tunnel)
+		}
+		c.Tunnel = a.Unmap()
 	}
 	c.LivenessPort, c.Liveness.Rise = uint16(livenessPort), int(rise)
 	c.Seed, c.RingSize = uint32(seed), uint32(ringSize)

@@ -1,0 +1,81 @@
+package agent
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// TestLoadSitesFile: the peers' edges, sorted and without duplicates; a bad file
+// is an error naming what is wrong.
+func TestLoadSitesFile(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct {
+		body  string
+		edges []string
+		err   string
+	}{
+		"two sites":     {"site: b\npeers:\n- {name: a, edges: [10.0.0.2, 10.0.0.1]}\n- {name: c, edges: [10.1.0.1, 10.0.0.1]}\n", []string{"10.0.0.1", "10.0.0.2", "10.1.0.1"}, ""},
+		"no peers":      {"site: b\n", nil, ""},
+		"IPv6 edge":     {"site: b\npeers:\n- {name: a, edges: ['2001:db8::1']}\n", nil, "not an IPv4 address"},
+		"this site":     {"site: b\npeers:\n- {name: b, edges: [10.0.0.1]}\n", nil, "not this site's"},
+		"unknown field": {"site: b\npeer: []\n", nil, "unknown field"},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
+		if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, edges, err := LoadSitesFile(p)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%s: error %v, want one saying %q", name, err, tc.err)
+			}
+			continue
+		}
+		var got []string
+		for _, e := range edges {
+			got = append(got, e.String())
+		}
+		if err != nil || !slices.Equal(got, tc.edges) {
+			t.Errorf("%s: %v, %v; want %v", name, got, err, tc.edges)
+		}
+	}
+}
+
+// TestSitesReload: a changed file is followed; an invalid one is reported and
+// the last good peers kept.
+func TestSitesReload(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "peers.yaml")
+	write := func(body string, stamp time.Time) {
+		t.Helper()
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chtimes(p, stamp, stamp); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := &sites{path: p, log: zap.NewNop()}
+	now := time.Now()
+	write("site: b\npeers:\n- {name: a, edges: [10.0.0.1]}\n", now)
+	if !s.reload() || !slices.Equal(s.edges, []netip.Addr{netip.MustParseAddr("10.0.0.1")}) {
+		t.Fatalf("first read: %v", s.edges)
+	}
+	if s.reload() {
+		t.Error("an unchanged file counted as a change")
+	}
+	write("site: b\npeers:\n- {name: a, edges: [nonsense]}\n", now.Add(time.Second))
+	if s.reload() || len(s.edges) != 1 {
+		t.Errorf("an invalid file changed the peers to %v", s.edges)
+	}
+	write("site: b\npeers:\n- {name: a, edges: [10.0.0.1, 10.0.0.2]}\n", now.Add(2*time.Second))
+	if !s.reload() || len(s.edges) != 2 {
+		t.Errorf("a good file after a bad one: %v", s.edges)
+	}
+}
