@@ -16,6 +16,13 @@ import (
 // Reason is why xdp_lb gave a packet its verdict (bpf/lb_types.h, enum reason).
 type Reason = lbReason
 
+// The reasons of a site hand-over (Dataplane.Handover): a packet sent to another
+// site's edge through a tunnel, and one taken out of a tunnel here.
+const (
+	ReasonSiteOut = lbReasonREASON_SITE_OUT
+	ReasonSiteIn  = lbReasonREASON_SITE_IN
+)
+
 // ReasonCount is the number of reasons; reasons are 0..ReasonCount-1.
 const ReasonCount = int(lbReasonREASON_MAX)
 

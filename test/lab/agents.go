@@ -54,6 +54,9 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 			return nil, err
 		}
 		args = append(args, "-announce", "bgp", "-bgp-config", conf)
+		if l.sitesFile != "" {
+			args = append(args, "-federation-peers", l.sitesFile)
+		}
 	}
 	a.cmd = exec.Command("nsenter", args...)
 	a.cmd.Stdout, a.cmd.Stderr = logf, logf

@@ -30,7 +30,6 @@ const (
 )
 
 var (
-	routerAddr   = netip.MustParseAddr("10.216.0.1")
 	clientSubnet = netip.MustParsePrefix("10.217.0.0/24")
 	bgpClient    = netip.MustParsePrefix("10.217.0.2/24")
 	bgpRouterOut = netip.MustParsePrefix("10.217.0.1/24")
@@ -60,12 +59,23 @@ type Router struct {
 	res *resilientGroup
 }
 
-// startRouter builds the router and the client behind it and starts FRR.
-func (l *Lab) startRouter(o *BGPOptions, edges int) error {
-	rt, err := l.Net.AddNode("rt", netip.PrefixFrom(routerAddr, 24), net.HardwareAddr{0x02, 0, 10, 216, 0, 1})
+// routerAddr is the router's address in the lab's (or site's) subnet.
+func (l *Lab) routerAddr() netip.Addr { return netip.AddrFrom4([4]byte{10, l.subnet, 0, 1}) }
+
+// startRouter builds the router, with an address in each of the subnets (the
+// first one's on its node), and the client behind it, and starts FRR peering
+// with the edges.
+func (l *Lab) startRouter(o *BGPOptions, subnets []byte, edges []netip.Addr) error {
+	rt, err := l.Net.AddNode("rt", netip.PrefixFrom(netip.AddrFrom4([4]byte{10, subnets[0], 0, 1}), 24), net.HardwareAddr{0x02, 0, 10, subnets[0], 0, 1})
 	if err != nil {
 		return err
 	}
+	for _, sn := range subnets[1:] {
+		if err := netlab.IP("-n", rt.NS, "addr", "add", fmt.Sprintf("10.%d.0.1/24", sn), "dev", "eth0"); err != nil {
+			return err
+		}
+	}
+	routerAddr := rt.Addr.Addr()
 	l.Router = &Router{Node: &Node{Node: rt}}
 	ns := l.Net.Prefix + "cl"
 	if err := netlab.IP("netns", "add", ns); err != nil {
@@ -112,8 +122,8 @@ func (l *Lab) startRouter(o *BGPOptions, edges int) error {
 		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", ms, ms)
 		b.WriteString(" neighbor EDGES bfd\n neighbor EDGES bfd profile edges\n")
 	}
-	for i := range edges {
-		fmt.Fprintf(&b, " neighbor %s peer-group EDGES\n", edgeAddr(i))
+	for _, e := range edges {
+		fmt.Fprintf(&b, " neighbor %s peer-group EDGES\n", e)
 	}
 	b.WriteString(" address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n")
 	zebra := "hostname rt\n"
@@ -134,8 +144,10 @@ func (l *Lab) startRouter(o *BGPOptions, edges int) error {
 	return nil
 }
 
-// edgeAddr is edge i's address on the bridge (add in Start gives it).
-func edgeAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 216, 0, byte(11 + i)}) }
+// edgeAddr is edge i's address on the bridge (buildSite gives it).
+func (l *Lab) edgeAddr(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, l.subnet, 0, byte(11 + i)})
+}
 
 // bgpConfig writes the agents' --bgp-config file.
 func (l *Lab) bgpConfig() (string, error) {
@@ -145,7 +157,7 @@ func (l *Lab) bgpConfig() (string, error) {
 	if l.bgp.BFD > 0 {
 		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: 3}\n", l.bgp.BFD, l.bgp.BFD)
 	}
-	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", routerAddr, routerASN)
+	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.routerAddr(), routerASN)
 	if l.bgp.BFD > 0 {
 		b.WriteString("  bfdProfile: lab\n")
 	}
@@ -258,7 +270,7 @@ func (l *Lab) reviveEdge(n *Node) error {
 	if err := dataplane.Uninstall(l.Agent(l.EdgeNo(n)).PinPath); err != nil {
 		return err
 	}
-	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", routerAddr.String()}} {
+	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", l.routerAddr().String()}} {
 		if err := netlab.IP(append([]string{"-n", n.NS}, args...)...); err != nil {
 			return err
 		}

@@ -127,14 +127,6 @@ func ownerUnderLoad(t *testing.T) (*Lab, *traffic.Load, *Node) {
 	return l, load, owner
 }
 
-// waitFor polls cond every 100 ms until it returns nil or d passes, and returns
-// its last error.
-func waitFor(d time.Duration, cond func() error) error {
-	var err error
-	testenv.Until(d, 100*time.Millisecond, func() bool { err = cond(); return err == nil })
-	return err
-}
-
 // waitServed waits until host+path is served through every edge node: 30
 // consecutive new connections succeed, pass check, and reach all edges.
 func (l *Lab) waitServed(ctx context.Context, d time.Duration, host, path string, check func(traffic.Reply) error) error {

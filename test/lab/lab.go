@@ -73,9 +73,15 @@ type Lab struct {
 
 	apiPort string
 	bgp     *BGPOptions
-	mu      sync.Mutex
-	agents  map[int]*Agent
-	closers []func() error
+	// subnet is the second octet of the nodes' 10.x.0.0/24 (216 unless the
+	// lab is one site of several, StartSites); name prefixes the site's nodes.
+	subnet byte
+	name   string
+	// sitesFile, for a site of StartSites, is the agents' --federation-peers.
+	sitesFile string
+	mu        sync.Mutex
+	agents    map[int]*Agent
+	closers   []func() error
 }
 
 // Options size a lab.
@@ -108,7 +114,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
-	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: o.BGP}
+	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: o.BGP, subnet: 216}
 	defer func() {
 		if err != nil {
 			l.Close()
@@ -116,39 +122,20 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 		}
 	}()
 	l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
-
-	if l.API, err = kapi.Launch(ctx, kapi.Options{}); err != nil {
-		return l, err
-	}
-	l.closers = append(l.closers, l.API.Stop)
-	u, err := url.Parse(l.API.Config.Host)
-	if err != nil {
-		return l, err
-	}
-	l.apiPort = u.Port()
-	if l.Kube, err = kubernetes.NewForConfig(l.API.Config); err != nil {
-		return l, err
-	}
-
 	if l.Net, err = netlab.New("pl"); err != nil {
 		return l, err
 	}
 	l.closers = append(l.closers, l.Net.Close)
-	add := func(name string, host int) (*Node, error) {
-		addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 216, 0, byte(host)}), 24)
-		mac := net.HardwareAddr{0x02, 0, 10, 216, 0, byte(host)}
-		n, err := l.Net.AddNode(name, addr, mac)
-		if err != nil {
-			return nil, err
-		}
-		return &Node{Node: n}, nil
-	}
 	if o.BGP != nil {
-		if err := l.startRouter(o.BGP, o.Edges); err != nil {
+		var edges []netip.Addr
+		for i := range o.Edges {
+			edges = append(edges, l.edgeAddr(i))
+		}
+		if err := l.startRouter(o.BGP, []byte{l.subnet}, edges); err != nil {
 			return l, err
 		}
 	} else {
-		if l.Client, err = add("cl", 2); err != nil {
+		if l.Client, err = l.add("cl", 2); err != nil {
 			return l, err
 		}
 		l.Target = traffic.Target{NS: l.Client.NS, VIP: VIP}
@@ -158,16 +145,46 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 			return l, err
 		}
 	}
+	return l, l.buildSite(ctx, o)
+}
+
+// add creates the node 10.<subnet>.0.<host>/24 on the lab's bridge.
+func (l *Lab) add(name string, host int) (*Node, error) {
+	addr := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, l.subnet, 0, byte(host)}), 24)
+	mac := net.HardwareAddr{0x02, 0, 10, l.subnet, 0, byte(host)}
+	n, err := l.Net.AddNode(l.name+name, addr, mac)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{Node: n}, nil
+}
+
+// buildSite builds one cluster on the lab's network: its API server, its edges
+// and pods, and the objects it starts from. The network (and, for BGP, the router
+// and the client) is there already.
+func (l *Lab) buildSite(ctx context.Context, o Options) (err error) {
+	if l.API, err = kapi.Launch(ctx, kapi.Options{}); err != nil {
+		return err
+	}
+	l.closers = append(l.closers, l.API.Stop)
+	u, err := url.Parse(l.API.Config.Host)
+	if err != nil {
+		return err
+	}
+	l.apiPort = u.Port()
+	if l.Kube, err = kubernetes.NewForConfig(l.API.Config); err != nil {
+		return err
+	}
 	for i := range o.Edges {
-		e, err := add(fmt.Sprintf("e%d", i+1), 11+i)
+		e, err := l.add(fmt.Sprintf("e%d", i+1), 11+i)
 		if err != nil {
-			return l, err
+			return err
 		}
 		l.Edges = append(l.Edges, e)
 		if o.BGP != nil {
 			// Replies (direct server return) go to the client through the router.
-			if err := netlab.IP("-n", e.NS, "route", "add", clientSubnet.String(), "via", routerAddr.String()); err != nil {
-				return l, err
+			if err := netlab.IP("-n", e.NS, "route", "add", clientSubnet.String(), "via", l.routerAddr().String()); err != nil {
+				return err
 			}
 		}
 		// xdp_lb's XDP_TX frames leave a veth only if its peer runs XDP.
@@ -178,23 +195,20 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 			}
 			return err
 		}); err != nil {
-			return l, err
+			return err
 		}
 		if err := l.forwardAPI(e); err != nil {
-			return l, err
+			return err
 		}
 	}
 	for i := range o.Pods {
-		p, err := add(fmt.Sprintf("p%d", i+1), 21+i)
+		p, err := l.add(fmt.Sprintf("p%d", i+1), 21+i)
 		if err != nil {
-			return l, err
+			return err
 		}
 		l.Pods = append(l.Pods, p)
 	}
-	if err := l.createObjects(ctx); err != nil {
-		return l, err
-	}
-	return l, nil
+	return l.createObjects(ctx)
 }
 
 // forwardAPI listens on 127.0.0.1:<api port> inside the edge's namespace and

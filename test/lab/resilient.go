@@ -45,7 +45,7 @@ const (
 // nexthopID is the router's nexthop object for the edge at a.
 func nexthopID(a netip.Addr) int { return resilientGroupID + 1 + int(a.As4()[3]) }
 
-func startResilientGroup(ns string, edges int) (*resilientGroup, error) {
+func startResilientGroup(ns string, edges []netip.Addr) (*resilientGroup, error) {
 	nsh, err := netns.GetFromName(ns)
 	if err != nil {
 		return nil, fmt.Errorf("open netns %s: %w", ns, err)
@@ -55,8 +55,7 @@ func startResilientGroup(ns string, edges int) (*resilientGroup, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink in %s: %w", ns, err)
 	}
-	for i := range edges {
-		a := edgeAddr(i)
+	for _, a := range edges {
 		if err := netlab.IP("-n", ns, "nexthop", "add", "id", fmt.Sprint(nexthopID(a)), "via", a.String(), "dev", "eth0"); err != nil {
 			h.Close()
 			return nil, err

@@ -61,6 +61,14 @@ func (k *KeepConn) Do(host, path string, timeout time.Duration) (Reply, error) {
 // Close closes the connection.
 func (k *KeepConn) Close() error { return k.c.Close() }
 
+// LocalPort is the connection's source port (what a router's L4 ECMP hashes).
+func (k *KeepConn) LocalPort() uint16 {
+	if a, ok := k.c.LocalAddr().(*net.TCPAddr); ok {
+		return uint16(a.Port)
+	}
+	return 0
+}
+
 // OpenKeepConns opens n long-lived connections (see OpenKeepConn); on error it
 // closes the ones it opened.
 func (l Target) OpenKeepConns(ctx context.Context, host string, n int) (KeepConns, error) {

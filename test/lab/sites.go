@@ -1,0 +1,357 @@
+package lab
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+// Sites is the anycast lab of a federation: two clusters, sites "a" and "b",
+// each with its own API server, edges (agents with --announce=bgp) and pods, on
+// a subnet of its own (10.216.0.0/24 and 10.218.0.0/24, one bridge), behind one
+// FRR router that spreads the client's flows over every edge announcing the VIP
+// (L4 ECMP). Both sites serve the same VIP and the same Ingress, federated (as
+// `portico federation` propagates it), so a site whose Ingress has no ready
+// backend de-prefers, then withdraws, the VIP. Each site's agents read
+// --federation-peers files naming the other site's edges (SetPeers): what a host
+// cluster's federation controller writes.
+//
+//	client 10.217.0.2 --- rt 10.217.0.1 | 10.216.0.1, 10.218.0.1 --- bridge --- a: edges .11.., pods .21..
+//	                                                                          b: edges .11.., pods .21..
+type Sites struct {
+	A, B   *Lab
+	Router *Router
+	traffic.Target
+	shared *Lab // the network, the router and the client
+}
+
+// SitesOptions size a Sites lab.
+type SitesOptions struct {
+	Portico string
+	// Edges and Pods per site, default 2 and 1.
+	Edges, Pods int
+	// BFD is the router's and the agents' BFD interval.
+	BFD time.Duration
+	T   testing.TB
+}
+
+// StartSites builds both sites (Up starts them). Close removes everything, also
+// after a failed StartSites.
+func StartSites(ctx context.Context, o SitesOptions) (s *Sites, err error) {
+	if o.Edges == 0 {
+		o.Edges = 2
+	}
+	if o.Pods == 0 {
+		o.Pods = 1
+	}
+	if _, err := os.Stat(o.Portico); err != nil {
+		return nil, fmt.Errorf("portico binary: %w", err)
+	}
+	bgpo := &BGPOptions{BFD: o.BFD, T: o.T}
+	s = &Sites{}
+	defer func() {
+		if err != nil {
+			s.Close()
+			s = nil
+		}
+	}()
+	newLab := func(subnet byte, name string) (*Lab, error) {
+		dir, err := os.MkdirTemp("", "portico-lab-"+name+"-")
+		if err != nil {
+			return nil, err
+		}
+		l := &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: bgpo, subnet: subnet, name: name}
+		l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
+		return l, nil
+	}
+	if s.shared, err = newLab(216, ""); err != nil {
+		return s, err
+	}
+	if s.shared.Net, err = netlab.New("pf"); err != nil {
+		return s, err
+	}
+	s.shared.closers = append(s.shared.closers, s.shared.Net.Close)
+	if s.A, err = newLab(216, "a"); err != nil {
+		return s, err
+	}
+	if s.B, err = newLab(218, "b"); err != nil {
+		return s, err
+	}
+	var edges []netip.Addr
+	for _, site := range []*Lab{s.A, s.B} {
+		site.Net = s.shared.Net
+		site.sitesFile = filepath.Join(site.Dir, "peers.yaml")
+		for i := range o.Edges {
+			edges = append(edges, site.edgeAddr(i))
+		}
+	}
+	if err := s.shared.startRouter(bgpo, []byte{216, 218}, edges); err != nil {
+		return s, err
+	}
+	s.Router, s.Target = s.shared.Router, s.shared.Target
+	for _, site := range []*Lab{s.A, s.B} {
+		site.Router, site.Client, site.Target = s.shared.Router, s.shared.Client, s.shared.Target
+		if err := s.SetPeers(site, false); err != nil {
+			return s, err
+		}
+		if err := site.buildSite(ctx, Options{Edges: o.Edges, Pods: o.Pods, BGP: bgpo}); err != nil {
+			return s, fmt.Errorf("site %s: %w", site.name, err)
+		}
+	}
+	// The sites reach each other's edges through the router (the tunnels of a
+	// site hand-over).
+	for _, site := range []*Lab{s.A, s.B} {
+		o := s.other(site)
+		for _, e := range site.Edges {
+			if err := netlab.IP("-n", e.NS, "route", "add", fmt.Sprintf("10.%d.0.0/24", o.subnet), "via", site.routerAddr().String()); err != nil {
+				return s, err
+			}
+		}
+	}
+	return s, nil
+}
+
+// Close stops both sites and removes the lab.
+func (s *Sites) Close() error {
+	var errs []error
+	for _, l := range []*Lab{s.A, s.B, s.shared} {
+		if l != nil {
+			errs = append(errs, l.Close())
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// other is the other site.
+func (s *Sites) other(l *Lab) *Lab {
+	if l == s.A {
+		return s.B
+	}
+	return s.A
+}
+
+// SetPeers writes a site's --federation-peers file: the other site's edges with
+// peers, none without (each site on its own, the baseline). Agents follow the
+// file within seconds.
+func (s *Sites) SetPeers(l *Lab, peers bool) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "site: %s\n", l.name)
+	if peers {
+		o := s.other(l)
+		fmt.Fprintf(&b, "peers:\n- name: %s\n  edges:\n", o.name)
+		for i := range o.Edges {
+			fmt.Fprintf(&b, "  - %s\n", o.edgeAddr(i))
+		}
+	}
+	tmp := l.sitesFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, l.sitesFile)
+}
+
+// Remotes counts, per edge of a site, the other site's edges its maps hold for
+// the VIP (SetPeers followed).
+func (s *Sites) Remotes(l *Lab) ([]int, error) {
+	var out []int
+	for i, e := range l.Edges {
+		in, err := dataplane.OpenPinned(l.Agent(i).PinPath)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		vs, err := in.VIPs()
+		in.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		n := 0
+		for _, v := range vs {
+			if v.Addr != VIP {
+				continue
+			}
+			for _, b := range v.Backends {
+				if b.Remote {
+					n++
+				}
+			}
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// Reasons sums a site's edges' xdp_lb counters of one reason.
+func (s *Sites) Reasons(l *Lab, r dataplane.Reason) (uint64, error) {
+	var n uint64
+	for i, e := range l.Edges {
+		in, err := dataplane.OpenPinned(l.Agent(i).PinPath)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		c, err := in.Counters()
+		in.Close()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		n += c.Reasons[r]
+	}
+	return n, nil
+}
+
+// Up serves each site's pods behind the Service "echo" and the federated Ingress
+// for echo.lab, starts every agent, and waits until every edge of both sites is
+// ready and in the router's route and echo.lab is served.
+func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
+	for _, l := range []*Lab{s.A, s.B} {
+		if err := l.ServePods(); err != nil {
+			return err
+		}
+		if err := l.Backend(ctx, "echo", l.Pods...); err != nil {
+			return err
+		}
+		if err := l.FederatedIngress(ctx, "echo", "echo.lab", "echo"); err != nil {
+			return err
+		}
+		for i := range l.Edges {
+			if _, err := l.StartAgent(i); err != nil {
+				return err
+			}
+		}
+	}
+	c := s.HTTPClient(false, 2*time.Second)
+	return waitFor(timeout, func() error {
+		for _, l := range []*Lab{s.A, s.B} {
+			for i := range l.Edges {
+				if a := l.Agent(i); a.Exited() {
+					return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
+				}
+				if err := l.Ready(i); err != nil {
+					return err
+				}
+			}
+		}
+		if err := s.Router.announced(len(s.A.Edges) + len(s.B.Edges)); err != nil {
+			return err
+		}
+		_, err := s.Get(ctx, c, "echo.lab", "/")
+		return err
+	})
+}
+
+// Hops is the set of sites whose edges are in the router's route to the VIP,
+// and how many edges of each.
+func (s *Sites) Hops() (map[string]int, error) {
+	hops, err := s.Router.Nexthops()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, h := range hops {
+		out[s.SiteOf(h.String())]++
+	}
+	return out, nil
+}
+
+// SiteOf names the site of an edge address ("" for none).
+func (s *Sites) SiteOf(addr string) string {
+	for _, l := range []*Lab{s.A, s.B} {
+		for _, e := range l.Edges {
+			if e.Addr.Addr().String() == addr {
+				return l.name
+			}
+		}
+	}
+	return ""
+}
+
+// Paths counts the router's BGP paths to the VIP by site: a withdrawn site has
+// none, a de-preferenced one still has its paths (not in the route).
+func (s *Sites) Paths() (map[string]int, error) {
+	var route struct {
+		Paths []struct {
+			Nexthops []struct {
+				IP string `json:"ip"`
+			} `json:"nexthops"`
+		} `json:"paths"`
+	}
+	if err := s.Router.FRR.VtyJSON("show ip bgp "+VIP.String()+"/32 json", &route); err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, p := range route.Paths {
+		for _, h := range p.Nexthops {
+			out[s.SiteOf(h.IP)]++
+		}
+	}
+	return out, nil
+}
+
+// SetBackendReady marks a site's echo pods ready or not (the site's federated
+// Ingress then has a ready backend there, or none).
+func (l *Lab) SetBackendReady(ctx context.Context, ready bool) error {
+	c := l.Kube.DiscoveryV1().EndpointSlices(AppNamespace)
+	es, err := c.Get(ctx, "echo-lab", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for i := range es.Endpoints {
+		es.Endpoints[i].Conditions.Ready = ptr(ready)
+	}
+	_, err = c.Update(ctx, es, metav1.UpdateOptions{})
+	return err
+}
+
+// FederatedIngress is Ingress with the label `portico federation` gives the
+// Ingresses it propagates.
+func (l *Lab) FederatedIngress(ctx context.Context, name, host, service string) error {
+	if err := l.Ingress(ctx, name, host, service); err != nil {
+		return err
+	}
+	c := l.Kube.NetworkingV1().Ingresses(AppNamespace)
+	ing, err := c.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	ing.Labels = map[string]string{controlplane.LabelFederatedIngress: name}
+	_, err = c.Update(ctx, ing, metav1.UpdateOptions{})
+	return err
+}
+
+// logs returns the tails of every agent's log.
+func (s *Sites) logs() string {
+	var b strings.Builder
+	for _, l := range []*Lab{s.A, s.B} {
+		for i := range l.Edges {
+			if a := l.Agent(i); a != nil {
+				log := a.Log()
+				if len(log) > 5000 {
+					log = log[len(log)-5000:]
+				}
+				fmt.Fprintf(&b, "agent %s log (tail):\n%s\n", a.Edge.Name, log)
+			}
+		}
+	}
+	return b.String()
+}
+
+// waitFor polls cond every 100 ms until it returns nil or d passes, and returns
+// its last error.
+func waitFor(d time.Duration, cond func() error) error {
+	var err error
+	testenv.Until(d, 100*time.Millisecond, func() bool { err = cond(); return err == nil })
+	return err
+}
