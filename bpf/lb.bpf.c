@@ -390,15 +390,34 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 {
 	__u32 vip_id, hash, cur, alt;
 	struct backend *cb, *be;
+	struct flow_val *fv;
 	__u64 now = 0;
+	int rc;
 
 	if (marked(eth, data_end)) {
 		set_mark(eth, data_end, 0);
 		return count(REASON_HANDOFF_IN, XDP_PASS);
 	}
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error ||
+	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->icmp_error ||
 	    !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(REASON_FROM_PEER, XDP_PASS);
+	if (p->syn) {
+		/* A new connection is served here; an old pin of its 5-tuple goes. */
+		if (pins_live(&now))
+			bpf_map_delete_elem(&flows, &p->flow);
+		return count(REASON_FROM_PEER, XDP_PASS);
+	}
+	/* A connection this node sent to another site (below) keeps going there,
+	 * also once the hand-over's transition is over. */
+	if (pins_live(&now) && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
+	    (be = active_backend(fv->backend_id)) && (be->flags & BACKEND_F_REMOTE)) {
+		if (now - fv->last_seen_ns > NSEC_PER_SEC) {
+			fv->last_seen_ns = now;
+			pin_seen(now);
+		}
+		rc = to_site(ctx, be, cfg);
+		return rc < 0 ? count(REASON_FROM_PEER, XDP_PASS) : count(REASON_SITE_OUT, rc);
+	}
 	if (!prev_live(vip_id, &now))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	if (has_connection(ctx, eth, &p->flow))
@@ -413,9 +432,13 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	if (!be || (be->flags & BACKEND_F_LOCAL))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	if (be->flags & BACKEND_F_REMOTE) {
-		/* A site hand-over: the connection is another site's. */
-		int rc = to_site(ctx, be, cfg);
+		/* A site hand-over: the connection is another site's, and stays
+		 * pinned to it here. */
+		struct flow_val nv = { .backend_id = alt, .last_seen_ns = clock(&now) };
 
+		bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
+		pin_seen(now);
+		rc = to_site(ctx, be, cfg);
 		return rc < 0 ? count(REASON_FROM_PEER, XDP_PASS) : count(REASON_SITE_OUT, rc);
 	}
 	set_mark(eth, data_end, 1);

@@ -120,9 +120,16 @@ func TestSiteHandover(t *testing.T) {
 	if got := c.Reasons[lbReasonREASON_SITE_OUT]; got != 5 {
 		t.Errorf("%d packets sent to the other site, want 5", got)
 	}
-	// Once the transition is over, nothing new goes there.
+	// Once the transition is over, nothing new goes there; what went there
+	// stays, from a director too, until a new connection reuses its 5-tuple.
 	dr.endTransitions(t)
 	run("after the hand-over, a new flow of this node's replica", tcp4(mine+7, xdptest.ACK).Bytes(), verdictFor(pickB(t, tcp4(mine+7, xdptest.ACK), bs)))
+	fromDir := p.WithMACs(r1MAC, nicMAC)
+	if out := run("from a director, after the hand-over", fromDir.Bytes(), xdptest.TX); !slices.Equal(out, want) {
+		t.Errorf("from a director, after the hand-over: sent % x", out[:34])
+	}
+	run("a new connection of its 5-tuple, from a director", syn(fromDir).Bytes(), xdptest.Pass)
+	run("its next packet", fromDir.Bytes(), xdptest.Pass)
 }
 
 // pickB is pick returning the backend.
