@@ -183,7 +183,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		bs = &bgpSink{group: cfg.Group, log: blog, speaker: speaker, setLoVIPs: host.setLoVIPs, localAddrs: localAddrs,
 			withdrawAfter: cfg.BGP.withdrawAfter(), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: host.managedVIPs()}
 		if l4.sites != nil {
-			bs.handover = l4.handover
+			bs.handover, bs.siteDrain = l4.handover, l4.sites.drainingNow
 		}
 		announcer, setHealthy, release, bgpStatus = bs, bs.setHealthy, bs.stop, bs.status
 	default:
@@ -257,7 +257,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	}
 	goRun("transitions", l4.expireTransitions)
 	if l4.sites != nil {
-		goRun("sites", func(ctx context.Context) error { return l4.sites.watch(ctx, l4.reapply) })
+		goRun("sites", func(ctx context.Context) error { return l4.sites.watch(ctx, l4.reapply, l4.handoverDraining) })
 	}
 	if speaker != nil {
 		goRun("bgp", speaker.Run)

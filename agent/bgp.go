@@ -219,6 +219,9 @@ type bgpSink struct {
 	// while the site is down and until it is announced normally again.
 	handover func()
 	siteAway bool
+	// siteDrain reports whether the site drains now (a planned drain in a
+	// federation, SitesFile.Draining): de-preferenced, and away.
+	siteDrain func(time.Time) bool
 }
 
 func (b *bgpSink) Name() string { return "bgp" }
@@ -277,6 +280,9 @@ func (b *bgpSink) siteDown() (bool, time.Duration) {
 	return false, 0
 }
 
+// siteDraining reports whether the site drains now (siteDrain).
+func (b *bgpSink) siteDraining() bool { return b.siteDrain != nil && b.siteDrain(b.now()) }
+
 // setHealthy is the health loop's callback.
 func (b *bgpSink) setHealthy(_ context.Context, ok bool) {
 	b.mu.Lock()
@@ -309,7 +315,7 @@ func (b *bgpSink) stop() {
 // site's in a federation, climbs one ladder: de-preferenced at once, withdrawn once
 // it has lasted withdrawAfter (counted from the earlier cause).
 func (b *bgpSink) preference() bgp.Preference {
-	if b.stopping || b.draining {
+	if b.stopping || b.draining || b.siteDraining() {
 		return bgp.Depreferenced
 	}
 	ill, since := false, time.Duration(0)
@@ -341,7 +347,7 @@ func (b *bgpSink) announceLocked() error {
 	// A site that was down comes back to connections the other sites took
 	// meanwhile: the hand-over is kept up while it is away and renewed as it
 	// is announced normally again, before the routers bring them.
-	if down, _ := b.siteDown(); down {
+	if down, _ := b.siteDown(); down || b.siteDraining() {
 		b.siteAway = true
 	}
 	if b.siteAway && b.handover != nil {

@@ -216,3 +216,41 @@ func TestBGPSinkHandover(t *testing.T) {
 		t.Errorf("the hand-over was renewed after the site was back")
 	}
 }
+
+// TestBGPSinkSiteDrain: a site that drains (a planned drain in a federation) is
+// de-preferenced, never withdrawn for it, and comes back with a hand-over.
+func TestBGPSinkSiteDrain(t *testing.T) {
+	vip := netip.MustParseAddr("192.0.2.80")
+	clock := time.Unix(1000, 0)
+	r := &recordedRoutes{}
+	drain, calls := false, 0
+	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
+		now:        func() time.Time { return clock },
+		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
+		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil },
+		handover:   func() { calls++ },
+		siteDrain:  func(time.Time) bool { return drain }}
+	ctx := context.Background()
+	b.setHealthy(ctx, true)
+	if err := b.Apply(ctx, model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip}}}}); err != nil {
+		t.Fatal(err)
+	}
+	tick := func(d time.Duration) {
+		clock = clock.Add(d)
+		b.mu.Lock()
+		_ = b.announceLocked()
+		b.mu.Unlock()
+	}
+	drain = true
+	tick(time.Second)
+	tick(30 * time.Second)
+	if r.pref != bgp.Depreferenced {
+		t.Errorf("draining 31 s: announced %v, want de-preferenced", r.pref)
+	}
+	n := calls
+	drain = false
+	tick(time.Second)
+	if r.pref != bgp.Normal || calls != n+1 {
+		t.Errorf("drain over: announced %v, hand-over renewed %d times; want normal, once", r.pref, calls-n)
+	}
+}

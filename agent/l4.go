@@ -139,9 +139,10 @@ type l4Sink struct {
 	log   *zap.Logger
 	// sites, in a federation (--federation-peers), gives the other sites' edges
 	// for a site hand-over, reached from tunnel, this node's tunnel address.
-	sites   *sites
-	tunnel  netip.Addr
-	handing bool // the last Handover found VIPs to hand over
+	sites    *sites
+	tunnel   netip.Addr
+	handing  bool      // the last Handover found VIPs to hand over
+	allSince time.Time // when handover (towards every site) was last called
 
 	mu      sync.Mutex
 	last    model.Snapshot
@@ -248,19 +249,36 @@ func (s *l4Sink) followLiveness(ctx context.Context) error {
 	}
 }
 
-// handover starts (or extends) a site hand-over of the group's VIPs
-// (dataplane.Dataplane.Handover): bgpSink calls it while the site is down and
-// as it comes back.
+// handover starts (or extends) a site hand-over of the group's VIPs towards
+// every other site (dataplane.Dataplane.Handover): bgpSink calls it while the
+// site is away and as it comes back.
 func (s *l4Sink) handover() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	n, err := s.dp.Handover(s.group)
+	s.allSince = time.Now()
+	s.handoverLocked()
+}
+
+// handoverDraining keeps a hand-over towards the draining peers up (the sites
+// watch calls it every second): the routers bring this site their connections.
+// A hand-over towards every site (handover) takes precedence while it is renewed.
+func (s *l4Sink) handoverDraining(draining []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(draining) == 0 || time.Since(s.allSince) < 3*time.Second {
+		return
+	}
+	s.handoverLocked(draining...)
+}
+
+func (s *l4Sink) handoverLocked(sites ...string) {
+	n, err := s.dp.Handover(s.group, sites...)
 	if err != nil {
 		s.log.Warn("site hand-over failed", zap.Error(err))
 		return
 	}
 	if n > 0 && !s.handing {
-		s.log.Info("site hand-over: connections no replica here has go to the other sites' edges", zap.Int("vips", n))
+		s.log.Info("site hand-over: connections no replica here has go to the other sites' edges", zap.Int("vips", n), zap.Strings("sites", sites))
 	}
 	s.handing = n > 0
 }

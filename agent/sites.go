@@ -13,6 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/dataplane"
@@ -28,8 +29,16 @@ import (
 // here has to those sites' edges (dataplane.Dataplane.Handover).
 type SitesFile struct {
 	// Site is this cluster's name in the federation.
-	Site  string     `json:"site"`
-	Peers []PeerSite `json:"peers,omitempty"`
+	Site string `json:"site"`
+	// Draining: this site drains (a planned drain), from DrainFrom on if set.
+	// Its edges de-prefer the VIPs, so the routers take every flow to the
+	// other sites, whose edges send the connections that live here back
+	// through tunnels (they see this site draining in their files); new
+	// connections go to the other sites. DrainFrom leaves the other sites'
+	// agents, which read their files at their own pace, time to be ready first.
+	Draining  bool         `json:"draining,omitempty"`
+	DrainFrom *metav1.Time `json:"drainFrom,omitempty"`
+	Peers     []PeerSite   `json:"peers,omitempty"`
 }
 
 // PeerSite is another site of the federation.
@@ -38,11 +47,14 @@ type PeerSite struct {
 	// Edges are the site's edge nodes' IPv4 tunnel addresses (their
 	// --tunnel-address, by default their edge interface's first IPv4 address).
 	Edges []string `json:"edges"`
+	// Draining: the site drains (its SitesFile.Draining). This site's edges
+	// hand over to it the connections the routers bring here meanwhile.
+	Draining bool `json:"draining,omitempty"`
 }
 
 // LoadSitesFile reads a SitesFile (YAML or JSON), rejecting unknown fields and
 // addresses that are not IPv4.
-func LoadSitesFile(path string) (SitesFile, []netip.Addr, error) {
+func LoadSitesFile(path string) (SitesFile, []siteEdge, error) {
 	var f SitesFile
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -51,7 +63,8 @@ func LoadSitesFile(path string) (SitesFile, []netip.Addr, error) {
 	if err := yaml.UnmarshalStrict(b, &f); err != nil {
 		return f, nil, fmt.Errorf("federation peers %s: %w", path, err)
 	}
-	var edges []netip.Addr
+	var edges []siteEdge
+	seen := map[netip.Addr]string{}
 	for _, p := range f.Peers {
 		if p.Name == "" || p.Name == f.Site {
 			return f, nil, fmt.Errorf("federation peers %s: peer %q: a name, not this site's", path, p.Name)
@@ -61,11 +74,25 @@ func LoadSitesFile(path string) (SitesFile, []netip.Addr, error) {
 			if err != nil || !a.Unmap().Is4() {
 				return f, nil, fmt.Errorf("federation peers %s: site %s: edge %q is not an IPv4 address", path, p.Name, e)
 			}
-			edges = append(edges, a.Unmap())
+			a = a.Unmap()
+			if other, dup := seen[a]; dup {
+				if other == p.Name {
+					continue
+				}
+				return f, nil, fmt.Errorf("federation peers %s: edge %s in sites %s and %s", path, a, other, p.Name)
+			}
+			seen[a] = p.Name
+			edges = append(edges, siteEdge{site: p.Name, addr: a})
 		}
 	}
-	slices.SortFunc(edges, netip.Addr.Compare)
-	return f, slices.Compact(edges), nil
+	slices.SortFunc(edges, func(x, y siteEdge) int { return x.addr.Compare(y.addr) })
+	return f, edges, nil
+}
+
+// siteEdge is another site's edge.
+type siteEdge struct {
+	site string
+	addr netip.Addr
 }
 
 // sites follows the --federation-peers file and finds how to reach the other
@@ -78,8 +105,9 @@ type sites struct {
 	log   *zap.Logger
 
 	mu    sync.Mutex
-	stamp time.Time    // the file's modification time when read
-	edges []netip.Addr // the other sites' edges, sorted
+	stamp time.Time  // the file's modification time when read
+	file  SitesFile  // the last good file
+	edges []siteEdge // the other sites' edges, sorted by address
 }
 
 // reload reads the file if it changed and reports whether the edges did. A file
@@ -102,12 +130,39 @@ func (s *sites) reload() bool {
 		return false
 	}
 	s.stamp = st.ModTime()
+	s.file = f
+	s.log.Info("federation peers", zap.String("site", f.Site), zap.Int("sites", len(f.Peers)), zap.Int("edges", len(edges)),
+		zap.Bool("draining", f.Draining), zap.Strings("peersDraining", s.drainingLocked()))
 	if slices.Equal(edges, s.edges) {
 		return false
 	}
 	s.edges = edges
-	s.log.Info("federation peers", zap.String("site", f.Site), zap.Int("sites", len(f.Peers)), zap.Stringers("edges", edges))
 	return true
+}
+
+// draining lists the peers that drain.
+func (s *sites) draining() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.drainingLocked()
+}
+
+func (s *sites) drainingLocked() []string {
+	var out []string
+	for _, p := range s.file.Peers {
+		if p.Draining {
+			out = append(out, p.Name)
+		}
+	}
+	return out
+}
+
+// drainingNow reports whether this site drains now (SitesFile.Draining, from
+// DrainFrom).
+func (s *sites) drainingNow(now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.file.Draining && (s.file.DrainFrom == nil || !now.Before(s.file.DrainFrom.Time))
 }
 
 // remotes are the other sites' edges with their next hops' MACs; an edge whose
@@ -119,12 +174,12 @@ func (s *sites) remotes() []dataplane.Remote {
 	var out []dataplane.Remote
 	var errs []error
 	for _, e := range edges {
-		mac, err := s.nextHopMAC(e)
+		mac, err := s.nextHopMAC(e.addr)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", e, err))
+			errs = append(errs, fmt.Errorf("%s: %w", e.addr, err))
 			continue
 		}
-		out = append(out, dataplane.Remote{Addr: e, MAC: mac})
+		out = append(out, dataplane.Remote{Site: e.site, Addr: e.addr, MAC: mac})
 	}
 	if len(errs) > 0 {
 		s.log.Warn("other sites' edges left out of the hand-over", zap.Error(errors.Join(errs...)))
@@ -158,10 +213,10 @@ func (s *sites) nextHopMAC(a netip.Addr) (net.HardwareAddr, error) {
 	return nil, fmt.Errorf("next hop %s unresolved", hop)
 }
 
-// watch re-reads the file every few seconds (a mounted ConfigMap changes under
-// it) and calls changed when the edges did.
-func (s *sites) watch(ctx context.Context, changed func()) error {
-	t := time.NewTicker(3 * time.Second)
+// watch re-reads the file every second (a mounted ConfigMap changes under it),
+// calls changed when the edges did, and every second tick(the draining peers).
+func (s *sites) watch(ctx context.Context, changed func(), tick func(draining []string)) error {
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
@@ -172,5 +227,6 @@ func (s *sites) watch(ctx context.Context, changed func()) error {
 		if s.reload() {
 			changed()
 		}
+		tick(s.draining())
 	}
 }

@@ -21,11 +21,12 @@ func TestLoadSitesFile(t *testing.T) {
 		edges []string
 		err   string
 	}{
-		"two sites":     {"site: b\npeers:\n- {name: a, edges: [10.0.0.2, 10.0.0.1]}\n- {name: c, edges: [10.1.0.1, 10.0.0.1]}\n", []string{"10.0.0.1", "10.0.0.2", "10.1.0.1"}, ""},
-		"no peers":      {"site: b\n", nil, ""},
-		"IPv6 edge":     {"site: b\npeers:\n- {name: a, edges: ['2001:db8::1']}\n", nil, "not an IPv4 address"},
-		"this site":     {"site: b\npeers:\n- {name: b, edges: [10.0.0.1]}\n", nil, "not this site's"},
-		"unknown field": {"site: b\npeer: []\n", nil, "unknown field"},
+		"two sites":            {"site: b\npeers:\n- {name: a, edges: [10.0.0.2, 10.0.0.1, 10.0.0.2]}\n- {name: c, edges: [10.1.0.1]}\n", []string{"a/10.0.0.1", "a/10.0.0.2", "c/10.1.0.1"}, ""},
+		"an edge in two sites": {"site: b\npeers:\n- {name: a, edges: [10.0.0.1]}\n- {name: c, edges: [10.0.0.1]}\n", nil, "in sites a and c"},
+		"no peers":             {"site: b\n", nil, ""},
+		"IPv6 edge":            {"site: b\npeers:\n- {name: a, edges: ['2001:db8::1']}\n", nil, "not an IPv4 address"},
+		"this site":            {"site: b\npeers:\n- {name: b, edges: [10.0.0.1]}\n", nil, "not this site's"},
+		"unknown field":        {"site: b\npeer: []\n", nil, "unknown field"},
 	} {
 		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
 		if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
@@ -40,7 +41,7 @@ func TestLoadSitesFile(t *testing.T) {
 		}
 		var got []string
 		for _, e := range edges {
-			got = append(got, e.String())
+			got = append(got, e.site+"/"+e.addr.String())
 		}
 		if err != nil || !slices.Equal(got, tc.edges) {
 			t.Errorf("%s: %v, %v; want %v", name, got, err, tc.edges)
@@ -64,7 +65,7 @@ func TestSitesReload(t *testing.T) {
 	s := &sites{path: p, log: zap.NewNop()}
 	now := time.Now()
 	write("site: b\npeers:\n- {name: a, edges: [10.0.0.1]}\n", now)
-	if !s.reload() || !slices.Equal(s.edges, []netip.Addr{netip.MustParseAddr("10.0.0.1")}) {
+	if !s.reload() || !slices.Equal(s.edges, []siteEdge{{"a", netip.MustParseAddr("10.0.0.1")}}) {
 		t.Fatalf("first read: %v", s.edges)
 	}
 	if s.reload() {
@@ -77,5 +78,24 @@ func TestSitesReload(t *testing.T) {
 	write("site: b\npeers:\n- {name: a, edges: [10.0.0.1, 10.0.0.2]}\n", now.Add(2*time.Second))
 	if !s.reload() || len(s.edges) != 2 {
 		t.Errorf("a good file after a bad one: %v", s.edges)
+	}
+}
+
+// TestSitesDrain: a site drains from drainFrom on; its peers see it draining at
+// once.
+func TestSitesDrain(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "peers.yaml")
+	from := time.Date(2026, 11, 26, 2, 0, 0, 0, time.UTC)
+	body := "site: b\ndraining: true\ndrainFrom: " + from.Format(time.RFC3339) + "\npeers:\n- {name: a, edges: [10.0.0.1], draining: true}\n- {name: c, edges: [10.0.0.2]}\n"
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &sites{path: p, log: zap.NewNop()}
+	s.reload()
+	if s.drainingNow(from.Add(-time.Second)) || !s.drainingNow(from) {
+		t.Errorf("draining a second before drainFrom: %v, at it: %v; want false, true", s.drainingNow(from.Add(-time.Second)), s.drainingNow(from))
+	}
+	if got := s.draining(); !slices.Equal(got, []string{"a"}) {
+		t.Errorf("peers draining: %v, want [a]", got)
 	}
 }

@@ -43,6 +43,7 @@ type Group struct {
 
 // Remote is an edge of another site, reached through a tunnel.
 type Remote struct {
+	Site string           // the site's name (Handover selects by it)
 	Addr netip.Addr       // the edge's IPv4 tunnel address
 	MAC  net.HardwareAddr // the next hop's MAC towards it
 }
@@ -83,9 +84,9 @@ type applied struct {
 	digests   map[uint32]string
 	peers     map[lbPeerKey]bool
 	nextID    uint32 // where the round-robin backend id search starts
-	// handover: vip id -> the ring of its group's remote edges, for Handover;
-	// handGroup: vip id -> its group's name.
-	handover  map[uint32][]uint32
+	// remotes: vip id -> its group's remote edges with their backend ids, for
+	// Handover; handGroup: vip id -> its group's name.
+	remotes   map[uint32][]remoteID
 	handGroup map[uint32]string
 	// handing: vip id -> the hand-over ring its previous ring is (Handover),
 	// until its transition ends or a ring change makes its own ring previous.
@@ -111,7 +112,7 @@ func (d *Dataplane) recover() error {
 		digests:    map[uint32]string{},
 		peers:      map[lbPeerKey]bool{},
 		nextID:     1,
-		handover:   map[uint32][]uint32{},
+		remotes:    map[uint32][]remoteID{},
 		handGroup:  map[uint32]string{},
 		handing:    map[uint32][]uint32{},
 	}
@@ -261,7 +262,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		}
 		d.st.tunnel = want.Tunnel
 	}
-	d.st.handover, d.st.handGroup = plan.handover, plan.handGroup
+	d.st.remotes, d.st.handGroup = plan.remotes, plan.handGroup
 
 	for k := range d.st.vipKeys {
 		if _, ok := plan.vipKeys[k]; ok {
@@ -332,8 +333,8 @@ type plan struct {
 	rings    map[uint32][]uint32
 	digests  map[uint32]string
 	arrival  map[uint32][]uint32 // with d.arriving: vip id -> the ring before this node joined
-	// handover, handGroup: see applied.
-	handover  map[uint32][]uint32
+	// remotes, handGroup: see applied.
+	remotes   map[uint32][]remoteID
 	handGroup map[uint32]string
 }
 
@@ -348,7 +349,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		rings:     map[uint32][]uint32{},
 		digests:   map[uint32]string{},
 		arrival:   map[uint32][]uint32{},
-		handover:  map[uint32][]uint32{},
+		remotes:   map[uint32][]remoteID{},
 		handGroup: map[uint32]string{},
 	}
 	var problems []string
@@ -487,18 +488,8 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				serving[mb.Addr] = true
 			}
 		}
-		var tab, arrival, remotes Table
+		var tab, arrival Table
 		var digest string
-		if len(g.Remotes) > 0 {
-			var rm []MaglevBackend
-			for _, r := range g.Remotes {
-				rm = append(rm, MaglevBackend{Addr: r.Addr.Unmap()})
-			}
-			var err error
-			if remotes, err = BuildTable(rm, d.opts.RingSize); err != nil {
-				return p, fmt.Errorf("group %s remotes: %w", g.Name, err)
-			}
-		}
 		if len(ring) > 0 && d.arriving {
 			var err error
 			if arrival, err = arrivalTable(g.Backends, members, d.opts.RingSize); err != nil {
@@ -557,7 +548,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
 				idOf[a] = id
 			}
-			if len(remotes.Slots) > 0 {
+			if len(ring) > 0 && len(g.Remotes) > 0 {
 				for _, r := range g.Remotes {
 					a := r.Addr.Unmap()
 					k := backendKey{vipID, a}
@@ -571,13 +562,8 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 					}
 					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE)
 					p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
-					idOf[a] = id
+					p.remotes[vipID] = append(p.remotes[vipID], remoteID{site: r.Site, addr: a, id: id})
 				}
-				h := make([]uint32, len(remotes.Slots))
-				for i, s := range remotes.Slots {
-					h[i] = idOf[remotes.Backends[s]]
-				}
-				p.handover[vipID] = h
 				p.handGroup[vipID] = g.Name
 			}
 			if len(ring) == 0 {
@@ -621,17 +607,25 @@ func (g Group) addrs() []netip.Addr {
 	return out
 }
 
-// Handover starts a site hand-over for the VIPs of the named groups that have
-// remote edges (Group.Remotes), all such groups if none is named: for
-// Options.Transition, a TCP packet that no replica of this site has a
-// connection for is sent, in a tunnel, to the other sites' edges (by a Maglev
-// ring of them), which serve it and never send it on. A site calls it when it
-// starts to announce a VIP that other sites held, and while it stays away:
-// the routers then bring it connections that live elsewhere. A VIP already in
-// a hand-over has its lease extended; one in an ordinary transition has its
-// previous ring replaced (this site's replicas are asked first either way).
-// It returns how many VIPs are in a hand-over.
-func (d *Dataplane) Handover(groups ...string) (int, error) {
+// remoteID is a remote edge's backend for one VIP.
+type remoteID struct {
+	site string
+	addr netip.Addr
+	id   uint32
+}
+
+// Handover starts a site hand-over for the VIPs of the named group that have
+// remote edges (Group.Remotes) of the named sites (all of them if none is
+// named): for Options.Transition, a TCP packet that no replica of this site has
+// a connection for is sent, in a tunnel, to those sites' edges (by a Maglev
+// ring of them), which serve it and never send it on; this node pins what it
+// sent, so the connection keeps going there after the transition. A site calls
+// it when the routers may bring it connections that live at another site: as it
+// starts to announce a VIP again after being away, and while another site
+// drains. A VIP already in the same hand-over has its lease extended; one in
+// another transition has its previous ring replaced (this site's replicas are
+// asked first either way). It returns how many VIPs are in a hand-over.
+func (d *Dataplane) Handover(group string, sites ...string) (int, error) {
 	n, started := 0, 0
 	defer func() {
 		if started > 0 {
@@ -642,12 +636,31 @@ func (d *Dataplane) Handover(groups ...string) (int, error) {
 			}
 		}
 	}()
-	for vip, slots := range d.st.handover {
-		if len(groups) > 0 && !slices.Contains(groups, d.st.handGroup[vip]) {
+	for vip, remotes := range d.st.remotes {
+		if d.st.handGroup[vip] != group {
 			continue
 		}
 		if _, ok := d.st.rings[vip]; !ok {
 			continue // no ring: nothing steers the VIP here
+		}
+		var members []MaglevBackend
+		ids := map[netip.Addr]uint32{}
+		for _, r := range remotes {
+			if len(sites) == 0 || slices.Contains(sites, r.site) {
+				members = append(members, MaglevBackend{Addr: r.addr})
+				ids[r.addr] = r.id
+			}
+		}
+		if len(members) == 0 {
+			continue
+		}
+		tab, err := BuildTable(members, d.opts.RingSize)
+		if err != nil {
+			return n, err
+		}
+		slots := make([]uint32, len(tab.Slots))
+		for i, s := range tab.Slots {
+			slots[i] = ids[tab.Backends[s]]
 		}
 		if slices.Equal(d.st.handing[vip], slots) && d.st.prevUntil[vip] > monotonicNow() {
 			until := monotonicNow() + d.opts.Transition

@@ -17,8 +17,8 @@ import (
 var (
 	gwMAC  = mustMAC("02:00:00:00:0f:01")
 	here   = netip.MustParseAddr("10.8.0.1")
-	s1     = Remote{Addr: netip.MustParseAddr("10.9.0.1"), MAC: gwMAC}
-	s2     = Remote{Addr: netip.MustParseAddr("10.9.0.2"), MAC: gwMAC}
+	s1     = Remote{Site: "a", Addr: netip.MustParseAddr("10.9.0.1"), MAC: gwMAC}
+	s2     = Remote{Site: "a", Addr: netip.MustParseAddr("10.9.0.2"), MAC: gwMAC}
 	siteBs = []Backend{{Addr: s1.Addr}, {Addr: s2.Addr}} // the remotes' table, for pick
 )
 
@@ -73,7 +73,13 @@ func TestSiteHandover(t *testing.T) {
 	dr.apply(t, withRemotes(here, []Remote{s1, s2}, bs...))
 	run("before the hand-over, a flow of this node's replica", tcp4(mine, xdptest.ACK).Bytes(), xdptest.Pass)
 
-	n, err := dr.d.Handover()
+	if n, err := dr.d.Handover("edge/web", "c"); err != nil || n != 0 {
+		t.Fatalf("Handover to a site with no edges: %d VIPs, %v; want none", n, err)
+	}
+	if n, err := dr.d.Handover("other/group"); err != nil || n != 0 {
+		t.Fatalf("Handover of another group: %d VIPs, %v; want none", n, err)
+	}
+	n, err := dr.d.Handover("edge/web", "a")
 	if err != nil || n != 2 {
 		t.Fatalf("Handover: %d VIPs, %v; want 2 (vip4, vip6)", n, err)
 	}
@@ -163,7 +169,7 @@ func TestSiteTunnelIn(t *testing.T) {
 	}
 	bs := []Backend{r1, r3}
 	dr.apply(t, withRemotes(s1.Addr, []Remote{{Addr: here, MAC: gwMAC}}, bs...))
-	if _, err := dr.d.Handover(); err != nil {
+	if _, err := dr.d.Handover("edge/web"); err != nil {
 		t.Fatal(err)
 	}
 	for _, mk := range []func(uint16, uint8) xdptest.Packet{tcp4, tcp6} {
