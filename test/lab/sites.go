@@ -12,7 +12,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
@@ -148,17 +150,40 @@ func (s *Sites) other(l *Lab) *Lab {
 // peers, none without (each site on its own, the baseline). Agents follow the
 // file within seconds.
 func (s *Sites) SetPeers(l *Lab, peers bool) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "site: %s\n", l.name)
-	if peers {
+	return s.WriteSites(l, SiteFile{Peers: peers})
+}
+
+// SiteFile is what the test tells a site's agents (agent.SitesFile).
+type SiteFile struct {
+	Peers bool // the other site's edges are listed
+	// Draining: this site drains from DrainFrom on; PeerDraining: the other
+	// site drains.
+	Draining     bool
+	DrainFrom    time.Time
+	PeerDraining bool
+}
+
+// WriteSites writes a site's --federation-peers file (atomically, as the
+// kubelet updates a mounted ConfigMap).
+func (s *Sites) WriteSites(l *Lab, sf SiteFile) error {
+	f := agent.SitesFile{Site: l.name, Draining: sf.Draining}
+	if !sf.DrainFrom.IsZero() {
+		f.DrainFrom = &metav1.Time{Time: sf.DrainFrom}
+	}
+	if sf.Peers {
 		o := s.other(l)
-		fmt.Fprintf(&b, "peers:\n- name: %s\n  edges:\n", o.name)
+		p := agent.PeerSite{Name: o.name, Draining: sf.PeerDraining}
 		for i := range o.Edges {
-			fmt.Fprintf(&b, "  - %s\n", o.edgeAddr(i))
+			p.Edges = append(p.Edges, o.edgeAddr(i).String())
 		}
+		f.Peers = append(f.Peers, p)
+	}
+	b, err := yaml.Marshal(f)
+	if err != nil {
+		return err
 	}
 	tmp := l.sitesFile + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
 		return err
 	}
 	return os.Rename(tmp, l.sitesFile)

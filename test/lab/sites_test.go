@@ -189,3 +189,267 @@ func TestSiteReturn(t *testing.T) {
 		}
 	}
 }
+
+// TestSiteDrain (issue 13, test 5): a planned drain of site b while clients hold
+// connections to both sites and new ones keep coming. b's file says it drains
+// from a moment on; b's edges then de-prefer the VIP and the router takes every
+// flow to a. Run twice: first a is not told (the baseline: b's connections reach
+// a's edges, which have none of them), then a is told, and hands b's
+// connections back to b's edges through tunnels: none is reset, and no new
+// connection fails. Each round ends the drain: b comes back, with a hand-over of
+// its own for the connections opened at a meanwhile.
+func TestSiteDrain(t *testing.T) {
+	s := startSites(t)
+	ctx := context.Background()
+	for _, l := range []*Lab{s.A, s.B} {
+		if err := s.SetPeers(l, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := waitFor(30*time.Second, func() error {
+		for _, l := range []*Lab{s.A, s.B} {
+			n, err := s.Remotes(l)
+			if err != nil {
+				return err
+			}
+			for _, r := range n {
+				if r != len(s.other(l).Edges) {
+					return fmt.Errorf("site %s's edges hold %v remote edges", l.name, n)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	hopsAre := func(a, b int) func() error {
+		return func() error {
+			h, err := s.Hops()
+			if err != nil {
+				return err
+			}
+			if h["a"] != a || h["b"] != b {
+				return fmt.Errorf("the router's next hops by site: %v, want a %d, b %d", h, a, b)
+			}
+			return nil
+		}
+	}
+	for _, told := range []bool{false, true} {
+		name := "baseline, a not told that b drains"
+		if told {
+			name = "planned drain"
+		}
+		if err := waitFor(30*time.Second, hopsAre(len(s.A.Edges), len(s.B.Edges))); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		onB := 0
+		for _, k := range held {
+			if s.SiteOf(k.Edge) == "b" {
+				onB++
+			}
+		}
+		if onB == 0 {
+			t.Fatalf("%s: none of 64 connections is held by b", name)
+		}
+		out0, _ := s.Reasons(s.A, dataplane.ReasonSiteOut)
+		in0, _ := s.Reasons(s.B, dataplane.ReasonSiteIn)
+		stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+		// drainFrom is written to the second.
+		from := time.Now().Add(2 * time.Second).Truncate(time.Second)
+		if err := s.WriteSites(s.A, SiteFile{Peers: true, PeerDraining: told}); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.WriteSites(s.B, SiteFile{Peers: true, Draining: true, DrainFrom: from}); err != nil {
+			t.Fatal(err)
+		}
+		err = waitFor(30*time.Second, hopsAre(len(s.A.Edges), 0))
+		gone := time.Since(from)
+		if err != nil {
+			stream.Stop()
+			t.Fatalf("%s: b still in the route: %v", name, err)
+		}
+		time.Sleep(2 * time.Second)
+		kept, total, failed := checkKeepConns(held, "/during-drain")
+		atts := stream.Stop()
+		news := traffic.FailuresAround(atts, from)
+		out1, _ := s.Reasons(s.A, dataplane.ReasonSiteOut)
+		in1, _ := s.Reasons(s.B, dataplane.ReasonSiteIn)
+		t.Logf("%s: b left the route %v after its drain began; %d/%d held kept (%d of them held by b; %d reset); new connections: %v; packets a sent to b through the tunnel: %d, b took out: %d",
+			name, gone.Round(time.Millisecond), kept, total, onB, total-kept, news, out1-out0, in1-in0)
+		if told {
+			if kept != total {
+				t.Errorf("planned drain: %d of %d held connections broke: %v", total-kept, total, failed)
+			}
+			if news.Failed > 0 {
+				t.Errorf("planned drain: %d new connections failed", news.Failed)
+			}
+			if out1 == out0 || in1 == in0 {
+				t.Errorf("planned drain: no packet went through the tunnel (%d out of a, %d into b)", out1-out0, in1-in0)
+			}
+		} else if kept == total {
+			t.Errorf("baseline: all %d held connections kept though b, holding %d, left the route: the lab does not show the problem", total, onB)
+		}
+
+		// The drain ends: b comes back while the connections opened at a
+		// meanwhile are held, and the older ones too.
+		during, err := s.OpenKeepConns(ctx, "echo.lab", 32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		stream = s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+		back := time.Now()
+		for _, l := range []*Lab{s.A, s.B} {
+			if err := s.SetPeers(l, true); err != nil {
+				t.Fatal(err)
+			}
+		}
+		err = waitFor(30*time.Second, hopsAre(len(s.A.Edges), len(s.B.Edges)))
+		returned := time.Since(back)
+		if err != nil {
+			stream.Stop()
+			t.Fatalf("%s: b not back: %v", name, err)
+		}
+		time.Sleep(2 * time.Second)
+		atts = stream.Stop()
+		k2, t2, f2 := checkKeepConns(during, "/after-drain")
+		news = traffic.FailuresAround(atts, back)
+		t.Logf("%s: drain over, b back in the route after %v; %d/%d connections opened during the drain kept; new connections: %v", name, returned.Round(time.Millisecond), k2, t2, news)
+		if k2 != t2 || news.Failed > 0 {
+			t.Errorf("%s: b's return broke %d of %d connections opened during the drain (%v); %d new connections failed", name, t2-k2, t2, f2, news.Failed)
+		}
+		held.Close()
+		during.Close()
+	}
+}
+
+// TestSiteFailures (issue 13, tests 2, 3 and 8) with new connections coming all
+// along:
+//   - site b's federated Ingress has no ready backend: b's edges de-prefer the
+//     VIP at once and withdraw it withdrawAfter (3 s in the lab) later; no new
+//     connection fails once the router has left b; b comes back when a backend
+//     is ready again (after 3 s of it);
+//   - fail-static: b's API server stops: nothing in the routing changes and no
+//     connection fails;
+//   - site a's edges die (agents killed, links cut): BFD takes them out of the
+//     router's route in under a second, and no new connection fails after that.
+func TestSiteFailures(t *testing.T) {
+	s := startSites(t)
+	ctx := context.Background()
+	hops := func() map[string]int {
+		h, err := s.Hops()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return h
+	}
+	hopsAre := func(a, b int) func() error {
+		return func() error {
+			if h := hops(); h["a"] != a || h["b"] != b {
+				return fmt.Errorf("the router's next hops by site: %v, want a %d, b %d", h, a, b)
+			}
+			return nil
+		}
+	}
+	na, nb := len(s.A.Edges), len(s.B.Edges)
+
+	// b's backends go not ready.
+	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	time.Sleep(500 * time.Millisecond)
+	fault := time.Now()
+	if err := s.B.SetBackendReady(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, hopsAre(na, 0)); err != nil {
+		t.Fatal(err)
+	}
+	deprefered := time.Since(fault)
+	if err := waitFor(20*time.Second, func() error {
+		p, err := s.Paths()
+		if err != nil {
+			return err
+		}
+		if p["b"] != 0 {
+			return fmt.Errorf("b still has %d paths at the router", p["b"])
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	withdrawn := time.Since(fault)
+	time.Sleep(time.Second)
+	atts := stream.Stop()
+	late := traffic.FailuresAround(atts, fault.Add(deprefered+300*time.Millisecond))
+	t.Logf("b's backends not ready: out of the router's route (de-preferenced) after %v, withdrawn after %v; new connections: %v, after the route left b (+300 ms): %v",
+		deprefered.Round(time.Millisecond), withdrawn.Round(time.Millisecond), traffic.FailuresAround(atts, fault), late)
+	if late.Failed > 0 {
+		t.Errorf("%d new connections failed after the router left b", late.Failed)
+	}
+	back := time.Now()
+	if err := s.B.SetBackendReady(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(20*time.Second, hopsAre(na, nb)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("b's backends ready again: b back in the route after %v", time.Since(back).Round(time.Millisecond))
+
+	// Fail-static: b's API server stops.
+	stream = s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	stop := time.Now()
+	if err := s.B.API.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	changes := 0
+	for time.Since(stop) < 10*time.Second {
+		if err := hopsAre(na, nb)(); err != nil {
+			changes++
+			t.Errorf("b's API server stopped %v ago: %v", time.Since(stop).Round(time.Millisecond), err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	atts = stream.Stop()
+	f := traffic.FailuresAround(atts, stop)
+	t.Logf("b's API server stopped: %d changes of the router's route in 10 s; new connections: %v", changes, f)
+	if f.Failed > 0 {
+		t.Errorf("%d new connections failed while b's API server was down", f.Failed)
+	}
+
+	// a's edges die.
+	if err := waitFor(30*time.Second, func() error { return s.Router.announced(na + nb) }); err != nil {
+		t.Fatal(err)
+	}
+	stream = s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	time.Sleep(500 * time.Millisecond)
+	fault = time.Now()
+	for _, e := range s.A.Edges {
+		if err := s.A.KillEdge(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var gone time.Duration
+	for {
+		if h := hops(); h["a"] == 0 && h["b"] == nb {
+			gone = time.Since(fault)
+			break
+		}
+		if time.Since(fault) > 10*time.Second {
+			t.Fatalf("a's edges still in the route 10 s after they died: %v", hops())
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	time.Sleep(2 * time.Second)
+	atts = stream.Stop()
+	late = traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
+	t.Logf("a's edges died: their next hops left the router's route after %v (BFD 50 ms x 3); new connections: %v, after that (+300 ms): %v",
+		gone.Round(time.Millisecond), traffic.FailuresAround(atts, fault), late)
+	if gone > time.Second {
+		t.Errorf("a's next hops left the route after %v, want under 1 s", gone)
+	}
+	if late.Failed > 0 {
+		t.Errorf("%d new connections failed after a left the route", late.Failed)
+	}
+}
