@@ -104,22 +104,27 @@ type sites struct {
 	neigh *neighbors
 	log   *zap.Logger
 
-	mu    sync.Mutex
-	stamp time.Time  // the file's modification time when read
-	file  SitesFile  // the last good file
-	edges []siteEdge // the other sites' edges, sorted by address
+	mu      sync.Mutex
+	stamp   time.Time  // the file's modification time when read
+	statErr string     // the last failure to find the file (reported once)
+	file    SitesFile  // the last good file
+	edges   []siteEdge // the other sites' edges, sorted by address
 }
 
 // reload reads the file if it changed and reports whether the edges did. A file
 // that cannot be read or is invalid is reported and the last good one kept.
 func (s *sites) reload() bool {
 	st, err := os.Stat(s.path)
-	if err != nil {
-		s.log.Warn("federation peers file unreadable: keeping the peers known", zap.Error(err))
-		return false
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err != nil {
+		if err.Error() != s.statErr {
+			s.log.Warn("federation peers file unreadable: keeping the peers known", zap.Error(err))
+		}
+		s.statErr = err.Error()
+		return false
+	}
+	s.statErr = ""
 	if st.ModTime().Equal(s.stamp) {
 		return false
 	}

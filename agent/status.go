@@ -28,8 +28,12 @@ const statusInterval = 3 * time.Second
 // State is what an agent publishes: its view of the node and of every VIP of
 // its group, as JSON.
 type State struct {
-	Node    string            `json:"node"`
-	Addrs   []string          `json:"addrs"` // the edge interface's addresses
+	Node  string   `json:"node"`
+	Addrs []string `json:"addrs"` // the edge interface's addresses
+	// Tunnel is the node's tunnel address in a federation (--tunnel-address, or
+	// its default), where other sites send connections a site hand-over gives
+	// them.
+	Tunnel  string            `json:"tunnel,omitempty"`
 	Group   string            `json:"group"`
 	Healthy bool              `json:"healthy"`
 	Reason  string            `json:"reason,omitempty"`
@@ -85,6 +89,7 @@ type nodeView struct {
 	replicas           func() []ReplicaLiveness            // the group's replicas and their liveness
 	bgp                func() *BGPState                    // nil in VRRP mode
 	served             func() map[string]int64             // the Ingress generations nginx serves
+	tunnel             netip.Addr                          // the tunnel address, in a federation
 }
 
 // servedIngresses is what the node's nginx serves of its group's Ingresses
@@ -131,6 +136,9 @@ func (n nodeView) collect() State {
 				st.Addrs = append(st.Addrs, p.Addr().String())
 			}
 		}
+	}
+	if n.tunnel.IsValid() {
+		st.Tunnel = n.tunnel.String()
 	}
 	st.Reason = n.health()
 	st.Healthy = st.Reason == ""

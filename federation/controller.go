@@ -38,6 +38,12 @@ import (
 // FieldManager owns what the controller writes on members.
 const FieldManager = "portico-federation"
 
+// Work queue keys besides FederatedIngresses' namespace/name.
+const (
+	membersKey = "\x00members" // rebuild the members from their Secrets
+	peersKey   = "\x00peers"   // write every member's peers (syncPeers)
+)
+
 var ingressResource = schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "ingresses"}
 
 // Config is what Run needs.
@@ -72,6 +78,8 @@ type Controller struct {
 	mu       sync.Mutex
 	members  map[string]*member // by cluster name
 	reported map[string]string  // problem key -> the problem last reported under it (warnOnce)
+	// peerEdges: cluster -> the last edges it reported (syncPeers).
+	peerEdges map[string][]string
 }
 
 type metrics struct {
@@ -158,8 +166,9 @@ func New(cfg Config) (*Controller, error) {
 		cfg: cfg, log: cfg.Logger, host: host, dyn: dyn, metrics: m,
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(workqueue.DefaultTypedControllerRateLimiter[string](),
 			workqueue.TypedRateLimitingQueueConfig[string]{Name: "portico-federation"}),
-		members:  map[string]*member{},
-		reported: map[string]string{},
+		members:   map[string]*member{},
+		reported:  map[string]string{},
+		peerEdges: map[string][]string{},
 	}
 	c.dynF = dynamicinformer.NewDynamicSharedInformerFactory(dyn, cfg.Resync)
 	c.fiInf = c.dynF.ForResource(Resource)
@@ -197,7 +206,6 @@ func (c *Controller) Run(ctx context.Context) error {
 	secInf := secF.Core().V1().Secrets()
 	c.secrets = secInf.Lister()
 	// A member added, changed or removed: rebuild the members, then sync everything.
-	const membersKey = "\x00members"
 	onSecret := func(any) { c.queue.Add(membersKey) }
 	if _, err := secInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: onSecret, UpdateFunc: func(_, _ any) { onSecret(nil) }, DeleteFunc: onSecret,
@@ -216,16 +224,34 @@ func (c *Controller) Run(ctx context.Context) error {
 		<-ctx.Done()
 		c.queue.ShutDown()
 	}()
+	// The sites' edges are re-read every resync period too (their addresses
+	// are not part of what a Lease change signals).
+	go func() {
+		t := time.NewTicker(c.cfg.Resync)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				c.queue.Add(peersKey)
+			}
+		}
+	}()
 	for {
 		key, quit := c.queue.Get()
 		if quit {
 			return nil
 		}
 		var err error
-		if key == membersKey {
+		switch key {
+		case membersKey:
 			c.syncMembers(ctx)
 			c.enqueueAll()
-		} else {
+			c.queue.Add(peersKey)
+		case peersKey:
+			c.syncPeers(ctx)
+		default:
 			err = c.sync(ctx, key)
 		}
 		c.queue.Done(key)
@@ -235,7 +261,7 @@ func (c *Controller) Run(ctx context.Context) error {
 			c.queue.AddRateLimited(key)
 			continue
 		}
-		if key != membersKey {
+		if key != membersKey && key != peersKey {
 			// Sites report through objects not all watched (endpoints): the
 			// informer's resync brings every FederatedIngress back each period.
 			c.metrics.syncs.WithLabelValues("ok").Inc()
@@ -282,14 +308,14 @@ func (c *Controller) syncMembers(ctx context.Context) {
 			continue
 		}
 		want[name] = true
-		if m := c.members[name]; m != nil && m.secretRV == s.ResourceVersion {
+		if m := c.members[name]; m != nil && m.source == memberSource(s) {
 			continue
 		}
 		m, err := startMember(ctx, s, c.cfg.Resync, func(ns, fi string) {
 			if fi != "" {
 				c.queue.Add(ns + "/" + fi)
 			}
-		}, c.enqueueAll)
+		}, func() { c.enqueueAll(); c.queue.Add(peersKey) })
 		if err != nil {
 			c.warnLocked(s, key, "InvalidMemberCluster", err.Error())
 			continue

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
@@ -28,6 +30,7 @@ import (
 	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/bgp"
@@ -346,6 +349,7 @@ func TestPropagation(t *testing.T) {
 	gen := memberIngress(ctx, a, "shop").Generation
 	edge := func(node string, served int64, pref string, ttl time.Duration) {
 		st := agent.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
+			Addrs: []string{"10.1.0." + node[len(node)-1:], "fd00::1"},
 			BGP: &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}}
 		b, err := json.Marshal(st)
 		if err != nil {
@@ -434,6 +438,44 @@ func TestPropagation(t *testing.T) {
 	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Overrides = fi.Spec.Overrides[:1] })
 	waitMembers(t, ctx, cs, "bad override removed", "shop", atGeneration(gen), "a", "b", "c")
 
+	// Peers: every member is told the other sites' edges (a's two fresh ones,
+	// b's, which reports a tunnel address of its own), and who drains.
+	bst, err := json.Marshal(agent.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.WriteLease(ctx, b.client, "portico-system", "b-edge-1", bst, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	aEdges, bEdges := []string{"10.1.0.1", "10.1.0.2"}, []string{"10.2.0.1"}
+	waitPeers(t, ctx, cs["a"], "a told b's edges", func(f agent.SitesFile) bool {
+		return f.Site == "a" && len(f.Peers) == 1 && f.Peers[0].Name == "b" && slices.Equal(f.Peers[0].Edges, bEdges) && !f.Draining
+	})
+	waitPeers(t, ctx, cs["c"], "c told a's and b's edges", func(f agent.SitesFile) bool {
+		return len(f.Peers) == 2 && slices.Equal(f.Peers[0].Edges, aEdges) && slices.Equal(f.Peers[1].Edges, bEdges)
+	})
+	drain := func(v string) {
+		t.Helper()
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, AnnotationDrain, v)
+		if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	asked := time.Now()
+	drain("true")
+	bf := waitPeers(t, ctx, b, "b drains", func(f agent.SitesFile) bool { return f.Draining && f.DrainFrom != nil })
+	if lead := bf.DrainFrom.Sub(asked); lead < DrainLead-2*time.Second || lead > DrainLead+10*time.Second {
+		t.Errorf("b drains from %v, %v after it was asked, want about %v", bf.DrainFrom, lead, DrainLead)
+	}
+	waitPeers(t, ctx, cs["a"], "a told b drains", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && f.Peers[0].Draining })
+	sec, err := host.client.CoreV1().Secrets("portico-federation").Get(ctx, "site-b", metav1.GetOptions{})
+	if err != nil || sec.Annotations[AnnotationDrainFrom] != bf.DrainFrom.UTC().Format(time.RFC3339) {
+		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[AnnotationDrainFrom], err, bf.DrainFrom)
+	}
+	drain("false")
+	waitPeers(t, ctx, b, "b's drain over", func(f agent.SitesFile) bool { return !f.Draining })
+	waitPeers(t, ctx, cs["a"], "a told b's drain is over", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && !f.Peers[0].Draining })
+
 	// A member down holds back no other member.
 	if err := cs["c"].srv.Stop(); err != nil {
 		t.Fatal(err)
@@ -473,8 +515,12 @@ func TestPropagation(t *testing.T) {
 
 	// Fail-static: the host API server stops; the controller goes on syncing from its
 	// cache (waited for by its sync count, not by time), and a's Ingress stays as
-	// it was.
+	// it was, and so does what a was told of its peers.
 	before := memberIngress(ctx, a, "shop")
+	peersBefore, err := a.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := host.srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -488,6 +534,9 @@ func TestPropagation(t *testing.T) {
 	after := memberIngress(ctx, a, "shop")
 	if after == nil || after.ResourceVersion != before.ResourceVersion {
 		t.Fatalf("a's Ingress changed when the host was lost: before rv %s, after %+v", before.ResourceVersion, after)
+	}
+	if cm, err := a.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{}); err != nil || cm.ResourceVersion != peersBefore.ResourceVersion {
+		t.Fatalf("a's peers changed when the host was lost: %v", err)
 	}
 	t.Logf("host lost: 4 syncs in %v without it, a's Ingress unchanged (resourceVersion %s)",
 		time.Since(start).Round(time.Millisecond), after.ResourceVersion)
@@ -510,4 +559,24 @@ func waitEvent(t *testing.T, ctx context.Context, host *cluster, ns, name, reaso
 	}); !ok {
 		t.Fatalf("no Warning Event %s on %s/%s", reason, ns, name)
 	}
+}
+
+// waitPeers waits until the member's PeersConfigMap satisfies ok, and returns it.
+func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok func(agent.SitesFile) bool) agent.SitesFile {
+	t.Helper()
+	var f agent.SitesFile
+	var last string
+	if _, done := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
+		cm, err := c.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
+		if err != nil {
+			last = err.Error()
+			return false
+		}
+		last = cm.Data[PeersKey]
+		f = agent.SitesFile{}
+		return sigsyaml.UnmarshalStrict([]byte(last), &f) == nil && ok(f)
+	}); !done {
+		t.Fatalf("%s: peers never did; last: %s", what, last)
+	}
+	return f
 }

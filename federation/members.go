@@ -27,14 +27,15 @@ import (
 // member is one member cluster: clients built from its Secret's kubeconfig and an
 // informer on the Ingresses this controller propagated there.
 type member struct {
-	name     string
-	secretRV string                                   // the Secret's resourceVersion the clients were built from
-	leases   coordinationlisters.LeaseNamespaceLister // the member's agents' status Leases
-	client   kubernetes.Interface
-	dyn      dynamic.Interface
-	lister   networkinglisters.IngressLister
-	synced   cache.InformerSynced
-	stop     context.CancelFunc
+	name   string
+	source string                                   // what of the Secret the clients were built from (memberSource)
+	agents string                                   // the namespace of the member's agents
+	leases coordinationlisters.LeaseNamespaceLister // the member's agents' status Leases
+	client kubernetes.Interface
+	dyn    dynamic.Interface
+	lister networkinglisters.IngressLister
+	synced cache.InformerSynced
+	stop   context.CancelFunc
 
 	mu        sync.Mutex
 	downUntil time.Time // calls are not tried before then
@@ -63,6 +64,12 @@ func (m *member) noteCall(err error, now time.Time, hold time.Duration) {
 		return
 	}
 	m.downUntil, m.downErr = time.Time{}, ""
+}
+
+// memberSource is what of a member Secret its member is built from: a change
+// of anything else (the drain annotations) does not rebuild it.
+func memberSource(s *corev1.Secret) string {
+	return s.Annotations[AnnotationAgents] + "\x00" + string(s.Data[KeyKubeconfig])
 }
 
 // memberName is the cluster a member Secret names.
@@ -139,7 +146,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 	}
 	mctx, cancel := context.WithCancel(ctx)
 	m := &member{
-		name: memberName(s), secretRV: s.ResourceVersion, client: client, dyn: dyn,
+		name: memberName(s), source: memberSource(s), agents: agents, client: client, dyn: dyn,
 		lister: inf.Lister(), leases: leases.Lister().Leases(agents), stop: cancel,
 		synced: func() bool { return inf.Informer().HasSynced() && leases.Informer().HasSynced() },
 	}

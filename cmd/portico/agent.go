@@ -162,8 +162,12 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		if c.Announce != "bgp" {
 			return c, fmt.Errorf("-federation-peers needs -announce=bgp (anycast)")
 		}
-		if _, _, err := agent.LoadSitesFile(c.Sites); err != nil {
-			return c, err
+		// The file may come later (a ConfigMap the federation controller has not
+		// written yet, mounted optional): the agent waits for it.
+		if _, err := os.Stat(c.Sites); err == nil {
+			if _, _, err := agent.LoadSitesFile(c.Sites); err != nil {
+				return c, err
+			}
 		}
 	}
 	if tunnel != "" {

@@ -1,0 +1,221 @@
+package federation
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/yaml"
+
+	"github.com/portico-edge/portico/agent"
+)
+
+const (
+	// PeersConfigMap is the ConfigMap the controller writes into every member's
+	// agents namespace: key PeersKey holds the agent.SitesFile of that site (the
+	// other sites' edges, and who drains), which the chart mounts for the
+	// agents' --federation-peers.
+	PeersConfigMap = "portico-federation-peers"
+	PeersKey       = "peers.yaml"
+	// AnnotationDrain on a member Secret drains the site (a planned drain):
+	// "true", or the RFC 3339 time the drain begins. With "true" the controller
+	// fixes the time, DrainLead from when it first sees it, in
+	// AnnotationDrainFrom, so every site's agents (which read their mounted
+	// ConfigMap at their own pace) agree on it and the others are ready first.
+	AnnotationDrain     = "portico.io/drain"
+	AnnotationDrainFrom = "portico.io/drain-from"
+	// DrainLead is how long after a drain is asked for it begins (a mounted
+	// ConfigMap reaches the agents within the kubelet's sync period, a minute
+	// by default).
+	DrainLead = 90 * time.Second
+)
+
+// siteInfo is what the controller tells the other sites of one.
+type siteInfo struct {
+	edges     []string // the edges' tunnel addresses, sorted
+	draining  bool
+	drainFrom *metav1.Time
+}
+
+// syncPeers writes every reachable member's PeersConfigMap. A site's edges are
+// its agents' (their status Leases: the tunnel address each reports, else its
+// edge interface's first IPv4 address); the last edges seen of a site are kept
+// while it reports none (an unreachable member's informer holds only stale
+// Leases), so losing a member, or the host, changes nothing the sites were told.
+func (c *Controller) syncPeers(ctx context.Context) {
+	list, err := c.secrets.List(labels.Everything())
+	if err != nil {
+		c.log.Warn("list member secrets", zap.Error(err))
+		return
+	}
+	secrets := map[string]*corev1.Secret{}
+	for _, s := range list {
+		secrets[memberName(s)] = s
+	}
+	sites := map[string]siteInfo{}
+	for _, name := range c.memberNames() {
+		s := secrets[name]
+		if s == nil {
+			continue
+		}
+		info := siteInfo{}
+		if m := c.member(name); m != nil {
+			info.edges = tunnelEdges(m)
+		}
+		c.mu.Lock()
+		if len(info.edges) == 0 {
+			info.edges = c.peerEdges[name]
+		} else {
+			c.peerEdges[name] = info.edges
+		}
+		c.mu.Unlock()
+		info.draining, info.drainFrom = c.drain(ctx, s)
+		sites[name] = info
+	}
+	for name := range sites {
+		m := c.member(name)
+		if m == nil {
+			continue
+		}
+		if _, down := m.unreachable(time.Now()); down {
+			continue
+		}
+		f := agent.SitesFile{Site: name, Draining: sites[name].draining, DrainFrom: sites[name].drainFrom}
+		for _, other := range sortedKeys(sites) {
+			if other == name || len(sites[other].edges) == 0 {
+				continue
+			}
+			f.Peers = append(f.Peers, agent.PeerSite{Name: other, Edges: sites[other].edges, Draining: sites[other].draining})
+		}
+		err := writePeers(ctx, m, f)
+		m.noteCall(err, time.Now(), c.cfg.Resync)
+		if err != nil {
+			c.log.Warn("write federation peers", zap.String("cluster", name), zap.Error(err))
+		}
+	}
+}
+
+// drain reads a member Secret's drain annotations, fixing the drain's start in
+// AnnotationDrainFrom when the annotation says only "true" (and dropping it
+// when the drain is over).
+func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1.Time) {
+	v, ok := s.Annotations[AnnotationDrain]
+	if !ok || v == "false" {
+		if _, set := s.Annotations[AnnotationDrainFrom]; set {
+			c.annotate(ctx, s, nil)
+		}
+		return false, nil
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return true, &metav1.Time{Time: t}
+	}
+	if v != "true" {
+		c.warnOnce(s, s.Namespace+"/"+s.Name+"/drain", "InvalidDrain",
+			fmt.Sprintf("annotation %s=%q: want true, false or an RFC 3339 time; the site is not drained", AnnotationDrain, v))
+		return false, nil
+	}
+	if t, err := time.Parse(time.RFC3339, s.Annotations[AnnotationDrainFrom]); err == nil {
+		return true, &metav1.Time{Time: t}
+	}
+	from := time.Now().Add(DrainLead).Truncate(time.Second)
+	if !c.annotate(ctx, s, &from) {
+		return false, nil // not recorded: not told to anyone yet
+	}
+	c.log.Info("site drain asked for", zap.String("cluster", memberName(s)), zap.Time("from", from))
+	return true, &metav1.Time{Time: from}
+}
+
+// annotate sets (or, with nil, removes) a member Secret's AnnotationDrainFrom.
+func (c *Controller) annotate(ctx context.Context, s *corev1.Secret, from *time.Time) bool {
+	val := "null"
+	if from != nil {
+		val = `"` + from.UTC().Format(time.RFC3339) + `"`
+	}
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, AnnotationDrainFrom, val)
+	if _, err := c.host.CoreV1().Secrets(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
+		c.log.Warn("annotate member secret", zap.String("secret", s.Namespace+"/"+s.Name), zap.Error(err))
+		return false
+	}
+	return true
+}
+
+// tunnelEdges lists a member's edges' tunnel addresses from its agents' fresh
+// status Leases.
+func tunnelEdges(m *member) []string {
+	list, err := m.leases.List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	ls := make([]agent.Lease, 0, len(list))
+	for _, l := range list {
+		ls = append(ls, agent.LeaseOf(l))
+	}
+	states, stale := agent.DecodeStates(ls)
+	var out []string
+	for _, st := range states {
+		if stale[st.Node] {
+			continue
+		}
+		if a := tunnelOf(st); a != "" {
+			out = append(out, a)
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// tunnelOf is an edge's tunnel address: the one it reports, else its edge
+// interface's first IPv4 address (the agent's default).
+func tunnelOf(st agent.State) string {
+	if st.Tunnel != "" {
+		return st.Tunnel
+	}
+	for _, a := range st.Addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Unmap().Is4() {
+			return ip.Unmap().String()
+		}
+	}
+	return ""
+}
+
+// writePeers creates or updates the member's PeersConfigMap when it differs.
+func writePeers(ctx context.Context, m *member, f agent.SitesFile) error {
+	b, err := yaml.Marshal(f)
+	if err != nil {
+		return err
+	}
+	c := m.client.CoreV1().ConfigMaps(m.agents)
+	cur, err := c.Get(ctx, PeersConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: PeersConfigMap, Namespace: m.agents,
+			Labels: map[string]string{"app.kubernetes.io/part-of": "portico", "app.kubernetes.io/managed-by": FieldManager}},
+			Data: map[string]string{PeersKey: string(b)}}
+		_, err = c.Create(ctx, cm, metav1.CreateOptions{FieldManager: FieldManager})
+		return err
+	case err != nil:
+		return err
+	case cur.Data[PeersKey] == string(b):
+		return nil
+	}
+	cur.Data = map[string]string{PeersKey: string(b)}
+	_, err = c.Update(ctx, cur, metav1.UpdateOptions{FieldManager: FieldManager})
+	return err
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
