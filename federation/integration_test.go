@@ -350,7 +350,7 @@ func TestPropagation(t *testing.T) {
 	edge := func(node string, served int64, pref string, ttl time.Duration) {
 		st := agent.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
 			Addrs: []string{"10.1.0." + node[len(node)-1:], "fd00::1"},
-			BGP: &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}}
+			BGP:   &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}}
 		b, err := json.Marshal(st)
 		if err != nil {
 			t.Fatal(err)
