@@ -95,7 +95,7 @@ func TestChartLint(t *testing.T) {
 	}
 	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
-		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y"} {
+		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true"} {
 		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("schema")) {
 			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
@@ -164,6 +164,7 @@ func testChartDryRun(t *testing.T, ctx context.Context, srv *kapi.Server, a *app
 		{name: "defaults", namespace: namespace},
 		{name: "other values", namespace: "edge-infra", sets: otherValues, check: checkOtherValues},
 		{name: "bgp", namespace: namespace, sets: bgpValues, check: checkBGPValues},
+		{name: "federation member", namespace: namespace, sets: append(slices.Clone(bgpValues), "federation.member=true"), check: checkFederationValues},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"template", "portico", chart, "--namespace", tc.namespace, "--include-crds"}, setArgs(tc.sets)...)
@@ -211,6 +212,9 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "bgp" && m.MountPath == "/etc/portico/bgp" }) {
 		t.Errorf("volume mounts %v, want the bgp ConfigMap at /etc/portico/bgp", c.VolumeMounts)
 	}
+	if m := federationPeers(ds); m != [3]bool{} {
+		t.Errorf("federation peers (flag, mount, optional volume) %v without federation.member", m)
+	}
 	if ds.Spec.Template.Annotations["portico.io/bgp-config"] == "" {
 		t.Errorf("pod template annotations %v, want the bgp config's checksum", ds.Spec.Template.Annotations)
 	}
@@ -226,6 +230,32 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	sc, err := f.SpeakerConfig("n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
 	if err != nil || sc.ASN != 64600 || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].HoldTime != 3*time.Second {
 		t.Errorf("speaker config from the ConfigMap: %+v, %v", sc, err)
+	}
+}
+
+// federationPeers reports whether the agents get --federation-peers, the
+// ConfigMap portico-federation-peers mounted where it says, and that volume
+// optional (the federation controller writes it later).
+func federationPeers(ds *appsv1.DaemonSet) [3]bool {
+	c := ds.Spec.Template.Spec.Containers[0]
+	return [3]bool{
+		slices.Contains(c.Args, "--federation-peers=/etc/portico/federation/peers.yaml"),
+		slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool {
+			return m.Name == "federation" && m.MountPath == "/etc/portico/federation"
+		}),
+		slices.ContainsFunc(ds.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+			return v.Name == "federation" && v.ConfigMap != nil && v.ConfigMap.Name == "portico-federation-peers" &&
+				v.ConfigMap.Optional != nil && *v.ConfigMap.Optional
+		}),
+	}
+}
+
+// checkFederationValues: a federation member's agents read the peers the
+// federation controller writes.
+func checkFederationValues(t *testing.T, objs []*unstructured.Unstructured) {
+	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
+	if m := federationPeers(ds); m != [3]bool{true, true, true} {
+		t.Errorf("federation peers (flag, mount, optional volume) %v, want all", m)
 	}
 }
 
