@@ -601,7 +601,17 @@ int xdp_lb(struct xdp_md *ctx)
 			int here_now = cb && (cb->flags & BACKEND_F_LOCAL);
 			int here_before = be->flags & BACKEND_F_LOCAL;
 
-			if (be->flags & BACKEND_F_REMOTE) {
+			if (be->flags & BACKEND_F_SPILL) {
+				/* The slot spilled to another site before the change
+				 * (and does no longer, or to another edge): a TCP flow
+				 * here started there (older ones were pinned when the
+				 * slot began to spill), and stays. */
+				if (!tunneled && p.flow.proto == IPPROTO_TCP) {
+					bid = pbid;
+					pin = CACHE_PINNED;
+					write = CACHE_PINNED;
+				}
+			} else if (be->flags & BACKEND_F_REMOTE) {
 				/* A site hand-over (Dataplane.Handover): another site
 				 * held this VIP's flows, some of which the routers now
 				 * bring here. Which ones is known only where a
@@ -656,7 +666,7 @@ int xdp_lb(struct xdp_md *ctx)
 
 forward:
 	if (be->flags & BACKEND_F_REMOTE) {
-		if (!tunneled && p.flow.proto == IPPROTO_TCP) {
+		if (!tunneled) {
 			rc = to_site(ctx, be, cfg);
 			if (rc >= 0)
 				return count(REASON_SITE_OUT, rc);
@@ -668,10 +678,20 @@ forward:
 			if ((void *)(eth + 1) > data_end)
 				return count(REASON_MALFORMED, XDP_PASS);
 		}
-		/* Never on to a second site, nor without a tunnel: the ring's. */
-		bid = pick_from_ring(&rings, vip_id, flow_hash(&p.flow, cfg->seed), cfg);
-		be = bid ? active_backend(bid) : 0;
-		if (!be || (be->flags & BACKEND_F_REMOTE))
+		/* Never on to a second site, nor without a tunnel: a slot of the
+		 * ring that is this site's (this site may spill too: the next
+		 * slots, at the same place on every director, are tried). */
+		hash = flow_hash(&p.flow, cfg->seed);
+		be = 0;
+#pragma unroll
+		for (int i = 0; i < LB_SPILL_PROBES; i++) {
+			bid = pick_from_ring(&rings, vip_id, hash + i * 0x9e3779b9, cfg);
+			be = bid ? active_backend(bid) : 0;
+			if (be && !(be->flags & BACKEND_F_REMOTE))
+				break;
+			be = 0;
+		}
+		if (!be)
 			return count(REASON_NO_BACKEND, XDP_PASS);
 	}
 	if (p.ip_options)

@@ -27,6 +27,8 @@ enum lb_limits {
 	LB_PIN_IDLE_SEC = 3600,   /* a pinned flow silent this long is forgotten */
 	LB_MAX_REASONS = 32,      /* reason_stats slots: room for new reasons, so pinned
 				   * maps stay compatible across upgrades */
+	LB_SPILL_PROBES = 8,      /* slots a packet from another site tries for one
+				   * that is not a spill (never on to a third site) */
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */
@@ -49,8 +51,10 @@ enum backend_flags {
 	BACKEND_F_DRAINING = 4, /* keeps existing flows, not in the ring */
 	BACKEND_F_DOWN = 8,     /* liveness says it cannot serve: only TCP flows are kept on it */
 	BACKEND_F_REMOTE = 16,  /* an edge of another site (federation): addr is its
-				 * tunnel address, mac the next hop's; only ever in a
-				 * previous ring (Dataplane.Handover), never in a ring */
+				 * tunnel address, mac the next hop's; without SPILL
+				 * only ever in a previous ring (Dataplane.Handover) */
+	BACKEND_F_SPILL = 32,   /* with REMOTE: where this site spills new connections
+				 * above its capacity (Group.Spill), in its ring */
 };
 
 /* backends: backend id -> where to send. One backend per (VIP address, replica).

@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -39,6 +40,14 @@ type Group struct {
 	// (anycast, in a federation), where a site hand-over (Handover) sends the
 	// connections this site does not have. They are never in the ring.
 	Remotes []Remote
+	// Spill are the edges of the site this one overflows to, and SpillRatio
+	// (0 to 0.9) the share of the ring's slots that go to them: new
+	// connections there are sent through tunnels and served by that site; the
+	// slots are always the same ones for a ratio (a fixed order of slots), so
+	// a higher ratio only adds slots and a lower one only takes the last ones
+	// back, and the ring transition keeps every connection where it started.
+	Spill      []Remote
+	SpillRatio float64
 }
 
 // Remote is an edge of another site, reached through a tunnel.
@@ -68,8 +77,14 @@ type Backend struct {
 }
 
 type backendKey struct {
-	vip  uint32
-	addr netip.Addr
+	vip   uint32
+	addr  netip.Addr
+	spill bool // a Group.Spill entry (another site's edge can be both)
+}
+
+// keyOf is the key of a backend entry as the maps hold it.
+func keyOf(be lbBackend) backendKey {
+	return backendKey{be.VipId, addrFrom16(be.Addr), be.Flags&uint16(lbBackendFlagsBACKEND_F_SPILL) != 0}
 }
 
 // applied is what the maps hold, as this process last wrote or recovered it.
@@ -138,7 +153,7 @@ func (d *Dataplane) recover() error {
 	}
 	for id, be := range pinned.backends {
 		st.backends[id] = be
-		st.backendIDs[backendKey{be.VipId, addrFrom16(be.Addr)}] = id
+		st.backendIDs[keyOf(be)] = id
 		st.nextID = max(st.nextID, id+1)
 	}
 	if st.nextID >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
@@ -296,7 +311,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 			return stats, fmt.Errorf("clear entry of map backends: %w", err)
 		}
 		delete(d.st.backends, id)
-		delete(d.st.backendIDs, backendKey{be.VipId, addrFrom16(be.Addr)})
+		delete(d.st.backendIDs, keyOf(be))
 		stats.Backends++
 	}
 	d.st.vipIDs = plan.vipIDs
@@ -398,6 +413,19 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			}
 			seen[r.Addr.Unmap()] = true
 		}
+		for _, r := range g.Spill {
+			switch {
+			case !r.Addr.IsValid() || !r.Addr.Unmap().Is4():
+				problems = append(problems, fmt.Sprintf("group %s: spill edge %s is not an IPv4 address", g.Name, r.Addr))
+			case len(r.MAC) != 6:
+				problems = append(problems, fmt.Sprintf("group %s: spill edge %s has no next-hop MAC", g.Name, r.Addr))
+			case !want.Tunnel.IsValid():
+				problems = append(problems, fmt.Sprintf("group %s: spill edges need a tunnel address", g.Name))
+			}
+		}
+		if g.SpillRatio < 0 || g.SpillRatio > MaxSpill || (g.SpillRatio > 0 && len(g.Spill) == 0) {
+			problems = append(problems, fmt.Sprintf("group %s: spill ratio %v: want 0 to %v, and spill edges", g.Name, g.SpillRatio, MaxSpill))
+		}
 		for _, port := range g.Ports {
 			if port.Protocol != model.TCP && port.Protocol != model.UDP {
 				problems = append(problems, fmt.Sprintf("group %s: protocol %q", g.Name, port.Protocol))
@@ -441,8 +469,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 	usedB := map[uint32]bool{}
 	for _, g := range want.Groups {
 		for _, v := range g.VIPs {
-			for _, a := range g.addrs() {
-				k := backendKey{p.vipIDs[v.Unmap()], a}
+			for _, k := range g.keys(p.vipIDs[v.Unmap()]) {
 				if id, ok := d.st.backendIDs[k]; ok {
 					ids[k] = id
 					usedB[id] = true
@@ -526,7 +553,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 					continue // no entry: flows that name it are picked again
 				}
 				a := b.Addr.Unmap()
-				k := backendKey{vipID, a}
+				k := backendKey{vip: vipID, addr: a}
 				id, ok := ids[k]
 				if !ok {
 					var err error
@@ -551,7 +578,7 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			if len(ring) > 0 && len(g.Remotes) > 0 {
 				for _, r := range g.Remotes {
 					a := r.Addr.Unmap()
-					k := backendKey{vipID, a}
+					k := backendKey{vip: vipID, addr: a}
 					id, ok := ids[k]
 					if !ok {
 						var err error
@@ -577,8 +604,29 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			for i, s := range tab.Slots {
 				slots[i] = idByIndex[s]
 			}
-			p.rings[vipID] = slots
 			p.digests[vipID] = digest
+			if n := spillSlots(g.SpillRatio, len(slots)); n > 0 {
+				spill := make([]uint32, len(g.Spill))
+				for i, r := range sortedRemotes(g.Spill) {
+					k := backendKey{vip: vipID, addr: r.Addr.Unmap(), spill: true}
+					id, ok := ids[k]
+					if !ok {
+						var err error
+						if id, err = alloc(); err != nil {
+							return p, err
+						}
+						ids[k] = id
+					}
+					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE | lbBackendFlagsBACKEND_F_SPILL)
+					p.backends[id] = lbBackend{Addr: addr16(k.addr), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
+					spill[i] = id
+				}
+				for j, slot := range spillOrder(len(slots))[:n] {
+					slots[slot] = spill[j%len(spill)]
+				}
+				p.digests[vipID] = fmt.Sprintf("%s+spill%d", digest, n)
+			}
+			p.rings[vipID] = slots
 			if len(arrival.Slots) > 0 {
 				a := make([]uint32, len(arrival.Slots))
 				for i, s := range arrival.Slots {
@@ -595,14 +643,61 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 	return p, nil
 }
 
-// addrs lists the group's replicas and remote edges.
-func (g Group) addrs() []netip.Addr {
-	var out []netip.Addr
+// MaxSpill is the highest Group.SpillRatio: a site keeps at least a tenth of its
+// new connections.
+const MaxSpill = 0.9
+
+// spillSlots is how many of a ring's slots a spill ratio takes.
+func spillSlots(ratio float64, size int) int {
+	if ratio <= 0 {
+		return 0
+	}
+	return min(int(ratio*float64(size)+0.5), size)
+}
+
+// spillOrder is the order in which a ring's slots spill: a fixed pseudo-random
+// permutation of the slot indices (the same on every node, for every ratio), so
+// that the slots a ratio spills are spread over the ring and a higher ratio
+// spills the same ones and more.
+func spillOrder(size int) []int {
+	order := make([]int, size)
+	keys := make([]uint32, size)
+	for i := range order {
+		order[i] = i
+		x := uint32(i) * 0x9e3779b1
+		x ^= x >> 15
+		x *= 0x85ebca6b
+		x ^= x >> 13
+		keys[i] = x
+	}
+	slices.SortFunc(order, func(a, b int) int {
+		if keys[a] != keys[b] {
+			return cmp.Compare(keys[a], keys[b])
+		}
+		return cmp.Compare(a, b)
+	})
+	return order
+}
+
+// sortedRemotes is rs by address.
+func sortedRemotes(rs []Remote) []Remote {
+	out := slices.Clone(rs)
+	slices.SortFunc(out, func(a, b Remote) int { return a.Addr.Compare(b.Addr) })
+	return out
+}
+
+// keys lists the backend keys of the group's replicas, remote and spill edges
+// for one VIP.
+func (g Group) keys(vip uint32) []backendKey {
+	var out []backendKey
 	for _, b := range g.Backends {
-		out = append(out, b.Addr.Unmap())
+		out = append(out, backendKey{vip: vip, addr: b.Addr.Unmap()})
 	}
 	for _, r := range g.Remotes {
-		out = append(out, r.Addr.Unmap())
+		out = append(out, backendKey{vip: vip, addr: r.Addr.Unmap()})
+	}
+	for _, r := range g.Spill {
+		out = append(out, backendKey{vip: vip, addr: r.Addr.Unmap(), spill: true})
 	}
 	return out
 }

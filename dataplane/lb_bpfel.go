@@ -36,6 +36,7 @@ const (
 	lbBackendFlagsBACKEND_F_DRAINING lbBackendFlags = 4
 	lbBackendFlagsBACKEND_F_DOWN     lbBackendFlags = 8
 	lbBackendFlagsBACKEND_F_REMOTE   lbBackendFlags = 16
+	lbBackendFlagsBACKEND_F_SPILL    lbBackendFlags = 32
 )
 
 type lbCachePin uint32
@@ -100,6 +101,7 @@ const (
 	lbLbLimitsLB_VIP_MEMO      lbLbLimits = 64
 	lbLbLimitsLB_PIN_IDLE_SEC  lbLbLimits = 3600
 	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
+	lbLbLimitsLB_SPILL_PROBES  lbLbLimits = 8
 )
 
 type lbMacVerdict struct {

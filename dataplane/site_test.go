@@ -249,3 +249,157 @@ func TestRemotesValidation(t *testing.T) {
 		}
 	}
 }
+
+// withSpill is withRemotes with the site spilling ratio of its slots to spill.
+func withSpill(tunnel netip.Addr, spill []Remote, ratio float64, bs ...Backend) Desired {
+	d := withRemotes(tunnel, nil, bs...)
+	d.Groups[0].Spill, d.Groups[0].SpillRatio = spill, ratio
+	return d
+}
+
+// spilled reports whether the frame xdp_lb sent went to the other site (a
+// tunnel frame to the router), and to which edge.
+func spilled(out []byte) (netip.Addr, bool) {
+	if len(out) < 34 || net.HardwareAddr(out[0:6]).String() != gwMAC.String() || out[23] != 4 && out[23] != 41 {
+		return netip.Addr{}, false
+	}
+	return netip.AddrFrom4([4]byte(out[30:34])), true
+}
+
+// TestSpill: a site above its capacity spills the share of its ring's slots
+// that its ratio says, and only new connections move: a lower ratio keeps the
+// connections that spilled where they are, a higher one keeps the older ones
+// here; another site's packets are never spilled on.
+func TestSpill(t *testing.T) {
+	dr := newDirector(t, "b")
+	run := func(frame []byte) (uint32, []byte) {
+		t.Helper()
+		v, out, err := xdptest.Run(dr.d.Program(), frame)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v, out
+	}
+	bs := []Backend{r1, r2}
+	const flows = 600
+	// spillsAt says whether a flow's slot spills at a ratio (the order Apply
+	// uses), to choose flows; what xdp_lb does is what is checked.
+	spillsAt := func(p xdptest.Packet, ratio float64) bool {
+		f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+		slot := int(FlowHash(f, testSeed) % testRing)
+		return slices.Contains(spillOrder(testRing)[:spillSlots(ratio, testRing)], slot)
+	}
+	isSpilled := func(frame []byte) bool {
+		t.Helper()
+		_, o := run(frame)
+		_, sp := spilled(o)
+		return sp
+	}
+	newConns := func(ratio float64, from uint16) {
+		t.Helper()
+		dr.apply(t, withSpill(here, []Remote{s1, s2}, ratio, bs...))
+		edges := map[netip.Addr]int{}
+		n := 0
+		for i := range flows {
+			p := tcp4(from+uint16(i), xdptest.SYN)
+			v, o := run(p.Bytes())
+			if v != xdptest.TX {
+				t.Fatalf("SYN %d: verdict %s", i, xdptest.VerdictName(v))
+			}
+			a, sp := spilled(o)
+			if sp != spillsAt(p, ratio) {
+				t.Fatalf("ratio %.1f: SYN from %d spilled %v, its slot says %v", ratio, p.SPort, sp, !sp)
+			}
+			if sp {
+				n++
+				edges[a]++
+			}
+			if isSpilled(tcp4(p.SPort, xdptest.ACK).Bytes()) != sp {
+				t.Fatalf("flow %d: SYN spilled %v, its next packet not alike", p.SPort, sp)
+			}
+		}
+		t.Logf("ratio %.1f: %d of %d new connections spilled, by edge %v", ratio, n, flows, edges)
+		if want := int(ratio * flows); n < want-flows/10 || n > want+flows/10 {
+			t.Errorf("ratio %.1f: %d of %d spilled", ratio, n, flows)
+		}
+		if n > 0 && len(edges) != 2 {
+			t.Errorf("ratio %.1f: spilled to %v, want both edges", ratio, edges)
+		}
+	}
+	newConns(0, 10000)
+	newConns(0.5, 11000)
+	// A lower ratio: new connections in the slots it takes back stay here; the
+	// connections that spilled in them stay there.
+	newConns(0.2, 12000)
+	back := 0
+	for i := range flows {
+		p := tcp4(11000+uint16(i), xdptest.ACK)
+		if spillsAt(p, 0.5) && !spillsAt(p, 0.2) {
+			back++
+			if !isSpilled(p.Bytes()) {
+				t.Errorf("flow %d spilled at 0.5, its slot was taken back at 0.2: its packets came back", p.SPort)
+			}
+		}
+	}
+	if back == 0 {
+		t.Fatal("no slot taken back")
+	}
+	// A higher ratio: older connections (on r1 and r2) stay where they are.
+	dr.endTransitions(t)
+	var older []xdptest.Packet
+	for sport := uint16(40000); len(older) < 50 && sport < 45000; sport++ {
+		if p := tcp4(sport, xdptest.ACK); !spillsAt(p, 0.2) && spillsAt(p, 0.8) {
+			if isSpilled(p.Bytes()) {
+				t.Fatalf("flow %d spilled at 0.2", sport)
+			}
+			older = append(older, p)
+		}
+	}
+	dr.apply(t, withSpill(here, []Remote{s1, s2}, 0.8, bs...))
+	for _, p := range older {
+		if isSpilled(p.Bytes()) {
+			t.Errorf("flow %d, older than the higher ratio, spilled", p.SPort)
+		}
+	}
+	// UDP spills too (once the transition is over: in one, a UDP flow cannot
+	// be told from an older one).
+	dr.endTransitions(t)
+	udp := 0
+	for i := range 200 {
+		if p := udp4(uint16(30000 + i)); isSpilled(p.Bytes()) != spillsAt(p, 0.8) {
+			t.Fatalf("UDP flow %d: spilled %v", p.SPort, !spillsAt(p, 0.8))
+		} else if spillsAt(p, 0.8) {
+			udp++
+		}
+	}
+	if udp == 0 {
+		t.Error("no UDP flow spilled at 0.8")
+	}
+
+	// The site spilled to spills too: what it gets is served there.
+	a := newDirector(t, "a")
+	a.apply(t, withSpill(s1.Addr, []Remote{{Site: "b", Addr: here, MAC: gwMAC}}, 0.8, r1, r3))
+	for i := range 200 {
+		p := tcp4(uint16(50000+i), xdptest.SYN)
+		v, o, err := xdptest.Run(a.d.Program(), ipip(nicMAC, gwMAC, here, s1.Addr, p.IP()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, sp := spilled(o); sp || (v != xdptest.Pass && v != xdptest.TX) {
+			t.Fatalf("a packet from b, at a spilling: verdict %s, spilled on %v", xdptest.VerdictName(v), sp)
+		}
+	}
+	c, err := a.d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Reasons[lbReasonREASON_SITE_OUT] != 0 || c.Reasons[lbReasonREASON_SITE_IN] != 200 {
+		t.Errorf("a: %d sent to a site, %d taken in; want 0 and 200", c.Reasons[lbReasonREASON_SITE_OUT], c.Reasons[lbReasonREASON_SITE_IN])
+	}
+	// Validation.
+	for _, bad := range []Desired{withSpill(here, []Remote{s1}, 0.95, bs...), withSpill(here, nil, 0.3, bs...), withSpill(netip.Addr{}, []Remote{s1}, 0.3, bs...)} {
+		if _, err := dr.d.Apply(bad); err == nil {
+			t.Errorf("spill ratio %v to %v (tunnel %v) accepted", bad.Groups[0].SpillRatio, bad.Groups[0].Spill, bad.Tunnel)
+		}
+	}
+}
