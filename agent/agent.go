@@ -142,6 +142,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		}
 		l4.sites = &sites{path: cfg.Sites, ifc: ifc, neigh: l4.neigh, log: log.Named("sites")}
 		l4.sites.reload()
+		l4.spillGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "portico_site_spill_ratio",
+			Help: "The share of this edge's new connections it spills to another site above its capacity (federation overflow)."})
+		reg.MustRegister(l4.spillGauge)
 	}
 	// Every node checks every replica, the VRRP backups too: a takeover starts
 	// with a ring that already leaves out a replica that died before it.
@@ -258,6 +261,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	goRun("transitions", l4.expireTransitions)
 	if l4.sites != nil {
 		goRun("sites", func(ctx context.Context) error { return l4.sites.watch(ctx, l4.reapply, l4.handoverDraining) })
+		goRun("overflow", l4.followLoad)
 	}
 	if speaker != nil {
 		goRun("bgp", speaker.Run)

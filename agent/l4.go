@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
@@ -143,6 +144,10 @@ type l4Sink struct {
 	tunnel   netip.Addr
 	handing  bool      // the last Handover found VIPs to hand over
 	allSince time.Time // when handover (towards every site) was last called
+	// spill is the share of new connections this edge sends to the site its
+	// overflow names (followLoad); spillGauge shows it.
+	spill      float64
+	spillGauge prometheus.Gauge
 
 	mu      sync.Mutex
 	last    model.Snapshot
@@ -204,9 +209,19 @@ func (s *l4Sink) applyLocked() error {
 	if s.sites != nil {
 		if remotes := s.sites.remotes(); len(remotes) > 0 {
 			want.Tunnel = s.tunnel
+			o := s.sites.overflow()
+			var spill []dataplane.Remote
+			for _, r := range remotes {
+				if o != nil && r.Site == o.To {
+					spill = append(spill, r)
+				}
+			}
 			for i := range want.Groups {
 				if want.Groups[i].Name == s.group {
 					want.Groups[i].Remotes = remotes
+					if len(spill) > 0 {
+						want.Groups[i].Spill, want.Groups[i].SpillRatio = spill, s.spill
+					}
 				}
 			}
 		}

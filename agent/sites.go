@@ -38,7 +38,9 @@ type SitesFile struct {
 	// agents, which read their files at their own pace, time to be ready first.
 	Draining  bool         `json:"draining,omitempty"`
 	DrainFrom *metav1.Time `json:"drainFrom,omitempty"`
-	Peers     []PeerSite   `json:"peers,omitempty"`
+	// Overflow, if set, is this site's capacity and where it spills above it.
+	Overflow *Overflow  `json:"overflow,omitempty"`
+	Peers    []PeerSite `json:"peers,omitempty"`
 }
 
 // PeerSite is another site of the federation.
@@ -86,6 +88,16 @@ func LoadSitesFile(path string) (SitesFile, []siteEdge, error) {
 		}
 	}
 	slices.SortFunc(edges, func(x, y siteEdge) int { return x.addr.Compare(y.addr) })
+	if o := f.Overflow; o != nil {
+		switch {
+		case o.CapacityPerEdge <= 0:
+			return f, nil, fmt.Errorf("federation peers %s: overflow.capacityPerEdge %v: want a positive rate", path, o.CapacityPerEdge)
+		case !slices.ContainsFunc(f.Peers, func(p PeerSite) bool { return p.Name == o.To }):
+			return f, nil, fmt.Errorf("federation peers %s: overflow.to %q: not a peer", path, o.To)
+		case o.Limit < 0 || o.Limit > dataplane.MaxSpill:
+			return f, nil, fmt.Errorf("federation peers %s: overflow.limit %v: want 0 to %v", path, o.Limit, dataplane.MaxSpill)
+		}
+	}
 	return f, edges, nil
 }
 
@@ -160,6 +172,16 @@ func (s *sites) drainingLocked() []string {
 		}
 	}
 	return out
+}
+
+// overflow is the site's overflow, nil without one (or without the file).
+func (s *sites) overflow() *Overflow {
+	if s == nil {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.file.Overflow
 }
 
 // drainingNow reports whether this site drains now (SitesFile.Draining, from

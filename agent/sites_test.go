@@ -99,3 +99,24 @@ func TestSitesDrain(t *testing.T) {
 		t.Errorf("peers draining: %v, want [a]", got)
 	}
 }
+
+// TestSitesOverflow: an overflow must name a peer, a positive capacity and a
+// limit in range.
+func TestSitesOverflow(t *testing.T) {
+	dir := t.TempDir()
+	for name, tc := range map[string]struct{ body, err string }{
+		"good":        {"site: b\noverflow: {capacityPerEdge: 100, to: a, limit: 0.4}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", ""},
+		"not a peer":  {"site: b\noverflow: {capacityPerEdge: 100, to: c}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", "not a peer"},
+		"no capacity": {"site: b\noverflow: {to: a}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", "positive rate"},
+		"limit":       {"site: b\noverflow: {capacityPerEdge: 1, to: a, limit: 0.95}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", "want 0 to"},
+	} {
+		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
+		if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err := LoadSitesFile(p)
+		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
+			t.Errorf("%s: %v, want %q", name, err, tc.err)
+		}
+	}
+}

@@ -91,6 +91,27 @@ func (d *Dataplane) Counters() (Counters, error) {
 	return m.counters(st)
 }
 
+// NewFlows sums the new connections (SYNs) this node directed to the given VIP
+// addresses (their vip_stats new_flows), for a load estimate; VIPs not in the
+// maps count nothing.
+func (d *Dataplane) NewFlows(vips []netip.Addr) (uint64, error) {
+	var n uint64
+	var vs []lbVipCounters
+	for _, a := range vips {
+		id, ok := d.st.vipIDs[a.Unmap()]
+		if !ok {
+			continue
+		}
+		if err := d.objs.VipStats.Lookup(id, &vs); err != nil {
+			return n, &mapReadError{lbMapVipStats, err}
+		}
+		for _, v := range vs {
+			n += v.NewFlows
+		}
+	}
+	return n, nil
+}
+
 // mapReadError is a failed read of one map. Its map name is the label of
 // portico_xdp_scrape_errors, bounded by the maps a scrape reads.
 type mapReadError struct {
