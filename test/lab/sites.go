@@ -161,12 +161,14 @@ type SiteFile struct {
 	Draining     bool
 	DrainFrom    time.Time
 	PeerDraining bool
+	// Overflow: this site's capacity and where it spills above it.
+	Overflow *agent.Overflow
 }
 
 // WriteSites writes a site's --federation-peers file (atomically, as the
 // kubelet updates a mounted ConfigMap).
 func (s *Sites) WriteSites(l *Lab, sf SiteFile) error {
-	f := agent.SitesFile{Site: l.name, Draining: sf.Draining}
+	f := agent.SitesFile{Site: l.name, Draining: sf.Draining, Overflow: sf.Overflow}
 	if !sf.DrainFrom.IsZero() {
 		f.DrainFrom = &metav1.Time{Time: sf.DrainFrom}
 	}
@@ -217,6 +219,29 @@ func (s *Sites) Remotes(l *Lab) ([]int, error) {
 		out = append(out, n)
 	}
 	return out, nil
+}
+
+// NewFlows sums the new connections (SYNs) a site's edges directed to the VIP:
+// the ones the router sent them, and the ones another site spilled to them.
+func (s *Sites) NewFlows(l *Lab) (uint64, error) {
+	var n uint64
+	for i, e := range l.Edges {
+		in, err := dataplane.OpenPinned(l.Agent(i).PinPath)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		vs, err := in.VIPs()
+		in.Close()
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", e.Name, err)
+		}
+		for _, v := range vs {
+			if v.Addr == VIP {
+				n += v.Counters.NewFlows
+			}
+		}
+	}
+	return n, nil
 }
 
 // Reasons sums a site's edges' xdp_lb counters of one reason.
@@ -323,6 +348,24 @@ func (s *Sites) Paths() (map[string]int, error) {
 		}
 	}
 	return out, nil
+}
+
+// UpdatesReceived sums the BGP UPDATE messages the router received from every
+// edge: a change of routing would add to it.
+func (s *Sites) UpdatesReceived() (int, error) {
+	var peers map[string]struct {
+		MessageStats struct {
+			UpdatesRecv int `json:"updatesRecv"`
+		} `json:"messageStats"`
+	}
+	if err := s.Router.FRR.VtyJSON("show bgp neighbors json", &peers); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, p := range peers {
+		n += p.MessageStats.UpdatesRecv
+	}
+	return n, nil
 }
 
 // SetBackendReady marks a site's echo pods ready or not (the site's federated

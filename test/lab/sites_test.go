@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
@@ -451,5 +453,143 @@ func TestSiteFailures(t *testing.T) {
 	}
 	if late.Failed > 0 {
 		t.Errorf("%d new connections failed after a left the route", late.Failed)
+	}
+}
+
+// TestSiteOverflow (issue 13, test 6): site b declares a capacity (10 new
+// connections a second per edge) and overflows to a, at most half of its new
+// connections. About 80 new connections a second come in, a quarter through each
+// of the four edges, so each of b's edges gets about twice its capacity: it
+// spills half of its new connections to a's edges through tunnels, which serve
+// them. Connections held at b since before stay where they are, a's own new
+// connections stay at a, no BGP update is sent, and none fails. When the load
+// falls below the capacity, b keeps its new connections again.
+// spillDownLab is how long after the load falls the test waits for b's edges to
+// stop spilling: the agent's hold-down (2 s) and its measuring window (1 s), and
+// a second.
+const spillDownLab = 4 * time.Second
+
+func TestSiteOverflow(t *testing.T) {
+	s := startSites(t)
+	ctx := context.Background()
+	if err := s.SetPeers(s.A, true); err != nil {
+		t.Fatal(err)
+	}
+	overflow := &agent.Overflow{CapacityPerEdge: 10, To: "a", Limit: 0.5}
+	if err := s.WriteSites(s.B, SiteFile{Peers: true, Overflow: overflow}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		for _, l := range []*Lab{s.A, s.B} {
+			n, err := s.Remotes(l)
+			if err != nil {
+				return err
+			}
+			for _, r := range n {
+				if r != len(s.other(l).Edges) {
+					return fmt.Errorf("site %s's edges hold %v remote edges", l.name, n)
+				}
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := s.OpenKeepConns(ctx, "echo.lab", 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	updates0, err := s.UpdatesReceived()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hops0, err := s.Router.Nexthops()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A phase of load: new connections at one every `every` for d. What the
+	// router sent b's edges is what they directed (they never get spilled
+	// ones: a does not spill); what stayed at b is what b's replicas answered.
+	type phase struct {
+		atts           []traffic.Attempt
+		failed, fromB  int
+		servedB        int
+		outB, inA, inB uint64
+		spilled        float64
+	}
+	counter := func(f func() (uint64, error)) uint64 {
+		t.Helper()
+		n, err := f()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	load := func(every, d, ramp time.Duration) phase {
+		t.Helper()
+		stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: every, Timeout: time.Second, For: d})
+		time.Sleep(ramp)
+		b0 := counter(func() (uint64, error) { return s.NewFlows(s.B) })
+		out0 := counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) })
+		inA0 := counter(func() (uint64, error) { return s.Reasons(s.A, dataplane.ReasonSiteIn) })
+		inB0 := counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteIn) })
+		measured := time.Now()
+		time.Sleep(d - ramp)
+		ph := phase{atts: stream.Stop()}
+		ph.fromB = int(counter(func() (uint64, error) { return s.NewFlows(s.B) }) - b0)
+		ph.outB = counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) }) - out0
+		ph.inA = counter(func() (uint64, error) { return s.Reasons(s.A, dataplane.ReasonSiteIn) }) - inA0
+		ph.inB = counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteIn) }) - inB0
+		for _, a := range ph.atts {
+			switch {
+			case a.Err != nil:
+				ph.failed++
+			case !a.Start.Before(measured) && s.SiteOf(a.Edge) == "b":
+				ph.servedB++
+			}
+		}
+		ph.spilled = 1 - float64(ph.servedB)/float64(max(ph.fromB, 1))
+		return ph
+	}
+	// The edges measure over a second and go up a step at a time: the first
+	// 2 s are the ramp.
+	ph := load(12*time.Millisecond, 8*time.Second, 2*time.Second)
+	updates1, err := s.UpdatesReceived()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hops1, err := s.Router.Nexthops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d new connections in 8 s (%d failed); after the first 2 s, the router sent b's edges %d, b's replicas served %d: b spilled %.0f%% (limit %.0f%%); tunnel packets out of b %d, into a %d, into b %d; BGP updates received during the load: %d",
+		len(ph.atts), ph.failed, ph.fromB, ph.servedB, 100*ph.spilled, 100*overflow.Limit, ph.outB, ph.inA, ph.inB, updates1-updates0)
+	if ph.failed > 0 {
+		t.Errorf("%d new connections failed", ph.failed)
+	}
+	if ph.spilled < 0.35 || ph.spilled > 0.6 {
+		t.Errorf("b spilled %.0f%% of its new connections, want about %.0f%%", 100*ph.spilled, 100*overflow.Limit)
+	}
+	if ph.inB > 0 {
+		t.Errorf("a sent %d packets to b: a is below its capacity (it has none)", ph.inB)
+	}
+	if updates1 != updates0 || !slices.Equal(hops0, hops1) {
+		t.Errorf("routing changed: %d BGP updates, next hops %v -> %v", updates1-updates0, hops0, hops1)
+	}
+	for _, k := range held {
+		r, err := k.Do("echo.lab", "/after-overflow", 3*time.Second)
+		if err != nil || r.Edge != k.Edge {
+			t.Errorf("a connection held by %s before the overflow: %v, answered by %q", k.Edge, err, r.Edge)
+		}
+	}
+
+	// The load falls: b keeps its new connections again.
+	time.Sleep(spillDownLab)
+	ph = load(50*time.Millisecond, 4*time.Second, time.Second)
+	t.Logf("low load (20 a second): the router sent b's edges %d, b's replicas served %d (%d failed)", ph.fromB, ph.servedB, ph.failed)
+	if ph.servedB < ph.fromB || ph.failed > 0 {
+		t.Errorf("below capacity, b still spilled %d of %d new connections; %d failed", ph.fromB-ph.servedB, ph.fromB, ph.failed)
 	}
 }

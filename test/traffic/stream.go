@@ -13,6 +13,7 @@ import (
 // Attempt is one new connection of a Stream.
 type Attempt struct {
 	Start time.Time
+	SPort uint16 // the connection's source port (0 if it was not made)
 	Edge  string // the replica that answered
 	Err   error  // nil when it was answered in time
 	// Connected: the TCP handshake completed. A failure after it that is a
@@ -100,6 +101,9 @@ func (l Target) attempt(ctx context.Context, host string, timeout time.Duration)
 		return a
 	}
 	defer c.Close()
+	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
+		a.SPort = uint16(ta.Port)
+	}
 	k := NewKeepConn(c)
 	r, err := k.Do(host, "/stream", time.Until(a.Start.Add(timeout)))
 	a.Connected = true
