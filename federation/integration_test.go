@@ -474,6 +474,14 @@ func TestPropagation(t *testing.T) {
 	}
 	drain("false")
 	waitPeers(t, ctx, b, "b's drain over", func(f agent.SitesFile) bool { return !f.Draining })
+	// b's capacity, and where it overflows: its one edge takes all of it.
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"300",%q:"a",%q:"0.4"}}}`, AnnotationCapacity, AnnotationOverflowTo, AnnotationOverflowLimit)
+	if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitPeers(t, ctx, b, "b overflows to a", func(f agent.SitesFile) bool {
+		return f.Overflow != nil && *f.Overflow == agent.Overflow{CapacityPerEdge: 300, To: "a", Limit: 0.4}
+	})
 	waitPeers(t, ctx, cs["a"], "a told b's drain is over", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && !f.Peers[0].Draining })
 
 	// A member down holds back no other member.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"time"
 
 	"go.uber.org/zap"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/dataplane"
 )
 
 const (
@@ -32,6 +34,14 @@ const (
 	// ConfigMap at their own pace) agree on it and the others are ready first.
 	AnnotationDrain     = "portico.io/drain"
 	AnnotationDrainFrom = "portico.io/drain-from"
+	// AnnotationCapacity on a member Secret is the site's capacity in new
+	// connections a second; above it the site spills new connections to the
+	// site AnnotationOverflowTo names, at most the share
+	// AnnotationOverflowLimit says (default 0.5). Each edge is told its share of
+	// the capacity (the routers spread new connections evenly over the edges).
+	AnnotationCapacity      = "portico.io/capacity"
+	AnnotationOverflowTo    = "portico.io/overflow-to"
+	AnnotationOverflowLimit = "portico.io/overflow-limit"
 	// DrainLead is how long after a drain is asked for it begins (a mounted
 	// ConfigMap reaches the agents within the kubelet's sync period, a minute
 	// by default).
@@ -43,6 +53,7 @@ type siteInfo struct {
 	edges     []string // the edges' tunnel addresses, sorted
 	draining  bool
 	drainFrom *metav1.Time
+	overflow  *agent.Overflow
 }
 
 // syncPeers writes every reachable member's PeersConfigMap. A site's edges are
@@ -78,6 +89,7 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		}
 		c.mu.Unlock()
 		info.draining, info.drainFrom = c.drain(ctx, s)
+		info.overflow = c.overflow(s, len(info.edges))
 		sites[name] = info
 	}
 	for name := range sites {
@@ -88,7 +100,12 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		if _, down := m.unreachable(time.Now()); down {
 			continue
 		}
-		f := agent.SitesFile{Site: name, Draining: sites[name].draining, DrainFrom: sites[name].drainFrom}
+		f := agent.SitesFile{Site: name, Draining: sites[name].draining, DrainFrom: sites[name].drainFrom, Overflow: sites[name].overflow}
+		if o := f.Overflow; o != nil && len(sites[o.To].edges) == 0 {
+			c.warnOnce(secrets[name], secrets[name].Namespace+"/"+secrets[name].Name+"/overflow", "InvalidOverflow",
+				fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", AnnotationOverflowTo, o.To))
+			f.Overflow = nil
+		}
 		for _, other := range sortedKeys(sites) {
 			if other == name || len(sites[other].edges) == 0 {
 				continue
@@ -131,6 +148,34 @@ func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1
 	}
 	c.log.Info("site drain asked for", zap.String("cluster", memberName(s)), zap.Time("from", from))
 	return true, &metav1.Time{Time: from}
+}
+
+// overflow reads a member Secret's capacity annotations: nil without a capacity;
+// a bad value is reported and the site does not overflow.
+func (c *Controller) overflow(s *corev1.Secret, edges int) *agent.Overflow {
+	capv, ok := s.Annotations[AnnotationCapacity]
+	if !ok {
+		return nil
+	}
+	key := s.Namespace + "/" + s.Name + "/overflow"
+	bad := func(what string) *agent.Overflow {
+		c.warnOnce(s, key, "InvalidOverflow", what+"; the site does not overflow")
+		return nil
+	}
+	capacity, err := strconv.ParseFloat(capv, 64)
+	if err != nil || capacity <= 0 {
+		return bad(fmt.Sprintf("annotation %s=%q: want a positive number of new connections a second", AnnotationCapacity, capv))
+	}
+	o := &agent.Overflow{To: s.Annotations[AnnotationOverflowTo], CapacityPerEdge: capacity / float64(max(edges, 1))}
+	if o.To == "" || o.To == memberName(s) {
+		return bad(fmt.Sprintf("annotation %s=%q: want another member cluster", AnnotationOverflowTo, o.To))
+	}
+	if v, ok := s.Annotations[AnnotationOverflowLimit]; ok {
+		if o.Limit, err = strconv.ParseFloat(v, 64); err != nil || o.Limit <= 0 || o.Limit > dataplane.MaxSpill {
+			return bad(fmt.Sprintf("annotation %s=%q: want more than 0, at most %v", AnnotationOverflowLimit, v, dataplane.MaxSpill))
+		}
+	}
+	return o
 }
 
 // annotate sets (or, with nil, removes) a member Secret's AnnotationDrainFrom.
