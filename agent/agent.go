@@ -270,7 +270,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
 		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vrrpStates, vips: dp.VIPs,
-			replicas: l4.replicas, bgp: bgpStatus, served: served.get, tunnel: l4.tunnel}
+			replicas: l4.replicas, bgp: bgpStatus, served: served.get, tunnel: l4.tunnel, spill: l4.spillRatio}
 		publishStatus(ctx, client, cfg.PodNamespace, view.collect, served.kick, log.Named("status"))
 		return nil
 	})

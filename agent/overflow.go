@@ -100,6 +100,13 @@ func (s *spiller) observe(now time.Time, flows uint64, o *Overflow) (float64, bo
 	return s.ratio, false
 }
 
+// spillRatio is the edge's spill ratio now.
+func (s *l4Sink) spillRatio() float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.spill
+}
+
 // followLoad measures the edge's new connections to the group's VIPs every
 // spillEvery and applies the spill ratio the site's overflow asks for.
 func (s *l4Sink) followLoad(ctx context.Context) error {

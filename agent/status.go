@@ -33,7 +33,10 @@ type State struct {
 	// Tunnel is the node's tunnel address in a federation (--tunnel-address, or
 	// its default), where other sites send connections a site hand-over gives
 	// them.
-	Tunnel  string            `json:"tunnel,omitempty"`
+	Tunnel string `json:"tunnel,omitempty"`
+	// Spill is the share of the node's new connections it spills to another
+	// site above its capacity (federation overflow).
+	Spill   float64           `json:"spill,omitempty"`
 	Group   string            `json:"group"`
 	Healthy bool              `json:"healthy"`
 	Reason  string            `json:"reason,omitempty"`
@@ -90,6 +93,7 @@ type nodeView struct {
 	bgp                func() *BGPState                    // nil in VRRP mode
 	served             func() map[string]int64             // the Ingress generations nginx serves
 	tunnel             netip.Addr                          // the tunnel address, in a federation
+	spill              func() float64                      // the spill ratio, in a federation
 }
 
 // servedIngresses is what the node's nginx serves of its group's Ingresses
@@ -139,6 +143,9 @@ func (n nodeView) collect() State {
 	}
 	if n.tunnel.IsValid() {
 		st.Tunnel = n.tunnel.String()
+	}
+	if n.spill != nil {
+		st.Spill = n.spill()
 	}
 	st.Reason = n.health()
 	st.Healthy = st.Reason == ""

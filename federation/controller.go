@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strconv"
@@ -429,6 +430,18 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 		}
 	}
 	sort.Slice(status.Sites, func(i, j int) bool { return status.Sites[i].Cluster < status.Sites[j].Cluster })
+	// When each site's announcement last changed: kept from the status written.
+	for i, s := range status.Sites {
+		for _, old := range fi.Status.Sites {
+			if old.Cluster != s.Cluster {
+				continue
+			}
+			status.Sites[i].AnnounceChanged = old.AnnounceChanged
+			if old.Announce != s.Announce && s.Announce != "" {
+				status.Sites[i].AnnounceChanged = &metav1.Time{Time: time.Now().Truncate(time.Second)}
+			}
+		}
+	}
 	for _, s := range status.Sites {
 		if s.Error == "" && s.PropagatedGeneration == fi.Generation {
 			status.Propagated++
@@ -515,7 +528,31 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 		return site
 	}
 	site.Edges, site.EdgesServing, site.Announce = ev.edges, ev.serving, ev.announce
+	site.Overflow = int32(math.Round(100 * ev.spill))
+	if site.Announce == Depreferenced && c.siteDraining(cluster, time.Now()) {
+		site.Announce = Draining
+	}
 	return site
+}
+
+// siteDraining reports whether a member's Secret says it drains now.
+func (c *Controller) siteDraining(cluster string, now time.Time) bool {
+	list, err := c.secrets.List(labels.Everything())
+	if err != nil {
+		return false
+	}
+	for _, s := range list {
+		if memberName(s) != cluster {
+			continue
+		}
+		v := s.Annotations[AnnotationDrain]
+		from, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			from, err = time.Parse(time.RFC3339, s.Annotations[AnnotationDrainFrom])
+		}
+		return err == nil && !now.Before(from)
+	}
+	return false
 }
 
 // holds reports whether the member's Ingress already carries everything desired

@@ -20,6 +20,9 @@ const (
 	Depreferenced = "Depreferenced"
 	// Withdrawn: no edge of the site announces.
 	Withdrawn = "Withdrawn"
+	// Draining: the site drains (portico.io/drain on its member Secret) and its
+	// edges are de-preferenced.
+	Draining = "Draining"
 )
 
 // edgeView is what a site's edges say of one Ingress: how many edges serve its
@@ -28,6 +31,7 @@ const (
 type edgeCount struct {
 	edges, serving int32
 	announce       string
+	spill          float64 // the edges' mean spill ratio
 }
 
 // edges sums up, for the Ingress ingKey ("namespace/name") at generation gen, the
@@ -52,6 +56,7 @@ func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen i
 			continue
 		}
 		v.edges++
+		v.spill += st.Spill
 		if served == gen {
 			v.serving++
 		}
@@ -66,6 +71,9 @@ func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen i
 	}
 	if v.announce != Announced && depref {
 		v.announce = Depreferenced
+	}
+	if v.edges > 0 {
+		v.spill /= float64(v.edges)
 	}
 	return v, nil
 }

@@ -440,7 +440,9 @@ func TestPropagation(t *testing.T) {
 
 	// Peers: every member is told the other sites' edges (a's two fresh ones,
 	// b's, which reports a tunnel address of its own), and who drains.
-	bst, err := json.Marshal(agent.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1"})
+	bst, err := json.Marshal(agent.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1",
+		Served: map[string]int64{"web/shop": memberIngress(ctx, b, "shop").Generation}, Spill: 0.3,
+		BGP: &agent.BGPState{Preference: "depreferenced", Status: bgp.Status{Announced: []bgp.Announcement{{}}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,6 +470,18 @@ func TestPropagation(t *testing.T) {
 		t.Errorf("b drains from %v, %v after it was asked, want about %v", bf.DrainFrom, lead, DrainLead)
 	}
 	waitPeers(t, ctx, cs["a"], "a told b drains", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && f.Peers[0].Draining })
+	// b's status: de-preferenced, not yet draining (its drain begins DrainLead
+	// later), spilling 30 %.
+	waitStatus(t, ctx, host, "shop", "b de-preferenced, overflowing 30%", func(fi *FederatedIngress) bool {
+		s := site(fi, "b")
+		return s != nil && s.Announce == Depreferenced && s.Overflow == 30 && s.AnnounceChanged != nil
+	})
+	// A drain from a time already passed: b is Draining.
+	drain(time.Now().Add(-time.Second).UTC().Format(time.RFC3339))
+	waitStatus(t, ctx, host, "shop", "b draining", func(fi *FederatedIngress) bool {
+		s := site(fi, "b")
+		return s != nil && s.Announce == Draining
+	})
 	sec, err := host.client.CoreV1().Secrets("portico-federation").Get(ctx, "site-b", metav1.GetOptions{})
 	if err != nil || sec.Annotations[AnnotationDrainFrom] != bf.DrainFrom.UTC().Format(time.RFC3339) {
 		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[AnnotationDrainFrom], err, bf.DrainFrom)

@@ -176,7 +176,8 @@ func edgeView(obj any) string {
 		Routes int
 		VRRP   map[string]string
 		Stale  bool
-	}{Served: st.Served, VRRP: st.VRRP, Stale: stale[st.Node]}
+		Spill  float64
+	}{Served: st.Served, VRRP: st.VRRP, Stale: stale[st.Node], Spill: st.Spill}
 	if st.BGP != nil {
 		v.Pref, v.Routes = st.BGP.Preference, len(st.BGP.Announced)
 	}

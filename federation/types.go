@@ -122,8 +122,14 @@ type SiteStatus struct {
 	Edges        int32 `json:"edges"`
 	EdgesServing int32 `json:"edgesServing"`
 	// Announce is what those edges do with the group's VIPs: Announced,
-	// Depreferenced or Withdrawn.
+	// Depreferenced (Draining when the site drains, portico.io/drain) or
+	// Withdrawn.
 	Announce string `json:"announce,omitempty"`
+	// AnnounceChanged is when Announce last changed (a failover, a return).
+	AnnounceChanged *metav1.Time `json:"announceChanged,omitempty"`
+	// Overflow is the share of the site's new connections its edges spill to
+	// another site above its capacity, in percent (their mean).
+	Overflow int32 `json:"overflow,omitempty"`
 	// Error says why the site is not propagated (unreachable, rejected, bad override).
 	Error string `json:"error,omitempty"`
 }
