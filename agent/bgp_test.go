@@ -96,6 +96,29 @@ func TestBGPSinkPreference(t *testing.T) {
 	step("stopping", bgp.Depreferenced)
 }
 
+// siteSink is a bgpSink for the site tests, on a clock the test moves: tick
+// moves it and re-evaluates the announcement, as the sink's loop does.
+type siteSink struct {
+	*bgpSink
+	clock time.Time
+}
+
+func newSiteSink(r *recordedRoutes) *siteSink {
+	s := &siteSink{clock: time.Unix(1000, 0)}
+	s.bgpSink = &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
+		now:        func() time.Time { return s.clock },
+		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
+		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil }}
+	return s
+}
+
+func (s *siteSink) tick(d time.Duration) {
+	s.clock = s.clock.Add(d)
+	s.mu.Lock()
+	_ = s.announceLocked()
+	s.mu.Unlock()
+}
+
 // TestBGPSinkSiteHealth: in a federation, a healthy node announces its group's VIPs
 // by the site's own health: normal while a federated Ingress of the group has a
 // ready backend here; de-preferenced when none has, withdrawn after withdrawAfter;
@@ -103,12 +126,8 @@ func TestBGPSinkPreference(t *testing.T) {
 // federated Ingresses is never judged by them.
 func TestBGPSinkSiteHealth(t *testing.T) {
 	vip := netip.MustParseAddr("192.0.2.80")
-	clock := time.Unix(1000, 0)
 	r := &recordedRoutes{}
-	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
-		now:        func() time.Time { return clock },
-		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
-		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil }}
+	b := newSiteSink(r)
 	ctx := context.Background()
 	apply := func(federated map[string]bool) {
 		t.Helper()
@@ -116,12 +135,6 @@ func TestBGPSinkSiteHealth(t *testing.T) {
 		if err := b.Apply(ctx, snap); err != nil {
 			t.Fatal(err)
 		}
-	}
-	tick := func(d time.Duration) {
-		clock = clock.Add(d)
-		b.mu.Lock()
-		_ = b.announceLocked()
-		b.mu.Unlock()
 	}
 	step := func(name string, want bgp.Preference) {
 		t.Helper()
@@ -136,29 +149,29 @@ func TestBGPSinkSiteHealth(t *testing.T) {
 	step("one of two with a ready backend", bgp.Normal)
 	apply(map[string]bool{"web/shop": false, "web/blog": false})
 	step("none with a ready backend", bgp.Depreferenced)
-	tick(9 * time.Second)
+	b.tick(9 * time.Second)
 	apply(map[string]bool{"web/shop": false, "web/blog": false}) // a resync: the clock keeps running
 	step("down for 9 s", bgp.Depreferenced)
-	tick(time.Second)
+	b.tick(time.Second)
 	step("down for 10 s", bgp.Withdrawn)
 	apply(map[string]bool{"web/shop": true, "web/blog": false})
 	step("a backend ready again", bgp.Depreferenced)
-	tick(2 * time.Second)
+	b.tick(2 * time.Second)
 	step("up for 2 s", bgp.Depreferenced)
 	apply(map[string]bool{"web/shop": false, "web/blog": false})
 	step("down again before it counted as up", bgp.Depreferenced)
-	tick(10 * time.Second)
+	b.tick(10 * time.Second)
 	step("down for 10 s again", bgp.Withdrawn)
 	apply(map[string]bool{"web/shop": true, "web/blog": true})
-	tick(3 * time.Second)
+	b.tick(3 * time.Second)
 	step("up for 3 s", bgp.Normal)
 	b.setHealthy(ctx, false)
 	step("the node unhealthy outranks a healthy site", bgp.Depreferenced)
 	b.setHealthy(ctx, true)
 	apply(map[string]bool{"web/shop": false})
-	tick(6 * time.Second)
+	b.tick(6 * time.Second)
 	b.setHealthy(ctx, false)
-	tick(4 * time.Second)
+	b.tick(4 * time.Second)
 	step("site down 10 s, node unhealthy 4 s: one ladder from the earlier cause", bgp.Withdrawn)
 }
 
@@ -167,14 +180,10 @@ func TestBGPSinkSiteHealth(t *testing.T) {
 // health alone never starts one (the site's own replicas have those flows).
 func TestBGPSinkHandover(t *testing.T) {
 	vip := netip.MustParseAddr("192.0.2.80")
-	clock := time.Unix(1000, 0)
 	r := &recordedRoutes{}
 	var calls []bgp.Preference // what was announced when the hand-over was renewed
-	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
-		now:        func() time.Time { return clock },
-		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
-		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil },
-		handover:   func() { calls = append(calls, r.pref) }}
+	b := newSiteSink(r)
+	b.handover = func() { calls = append(calls, r.pref) }
 	ctx := context.Background()
 	apply := func(ready bool) {
 		t.Helper()
@@ -183,27 +192,21 @@ func TestBGPSinkHandover(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tick := func(d time.Duration) {
-		clock = clock.Add(d)
-		b.mu.Lock()
-		_ = b.announceLocked()
-		b.mu.Unlock()
-	}
 	b.setHealthy(ctx, true)
 	apply(true)
 	b.setHealthy(ctx, false)
-	tick(time.Second)
+	b.tick(time.Second)
 	b.setHealthy(ctx, true)
 	if len(calls) != 0 {
 		t.Fatalf("node health alone renewed a hand-over %d times", len(calls))
 	}
 	apply(false)
-	tick(11 * time.Second)
+	b.tick(11 * time.Second)
 	if r.pref != bgp.Withdrawn || len(calls) < 2 {
 		t.Fatalf("site down 11 s: announced %v, hand-over renewed %d times; want withdrawn, renewed while away", r.pref, len(calls))
 	}
 	apply(true)
-	tick(3 * time.Second)
+	b.tick(3 * time.Second)
 	if r.pref != bgp.Normal {
 		t.Fatalf("site up 3 s: announced %v", r.pref)
 	}
@@ -211,7 +214,7 @@ func TestBGPSinkHandover(t *testing.T) {
 		t.Errorf("the last renewal came after the normal announcement")
 	}
 	n := len(calls)
-	tick(time.Second)
+	b.tick(time.Second)
 	if len(calls) != n {
 		t.Errorf("the hand-over was renewed after the site was back")
 	}
@@ -221,35 +224,25 @@ func TestBGPSinkHandover(t *testing.T) {
 // de-preferenced, never withdrawn for it, and comes back with a hand-over.
 func TestBGPSinkSiteDrain(t *testing.T) {
 	vip := netip.MustParseAddr("192.0.2.80")
-	clock := time.Unix(1000, 0)
 	r := &recordedRoutes{}
 	drain, calls := false, 0
-	b := &bgpSink{group: "edge/web", log: zap.NewNop(), speaker: r, withdrawAfter: 10 * time.Second, siteUpAfter: 3 * time.Second,
-		now:        func() time.Time { return clock },
-		setLoVIPs:  func(_, _ []netip.Addr) error { return nil },
-		localAddrs: func() (func(netip.Addr) bool, error) { return func(netip.Addr) bool { return false }, nil },
-		handover:   func() { calls++ },
-		siteDrain:  func(time.Time) bool { return drain }}
+	b := newSiteSink(r)
+	b.handover = func() { calls++ }
+	b.siteDrain = func(time.Time) bool { return drain }
 	ctx := context.Background()
 	b.setHealthy(ctx, true)
 	if err := b.Apply(ctx, model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip}}}}); err != nil {
 		t.Fatal(err)
 	}
-	tick := func(d time.Duration) {
-		clock = clock.Add(d)
-		b.mu.Lock()
-		_ = b.announceLocked()
-		b.mu.Unlock()
-	}
 	drain = true
-	tick(time.Second)
-	tick(30 * time.Second)
+	b.tick(time.Second)
+	b.tick(30 * time.Second)
 	if r.pref != bgp.Depreferenced {
 		t.Errorf("draining 31 s: announced %v, want de-preferenced", r.pref)
 	}
 	n := calls
 	drain = false
-	tick(time.Second)
+	b.tick(time.Second)
 	if r.pref != bgp.Normal || calls != n+1 {
 		t.Errorf("drain over: announced %v, hand-over renewed %d times; want normal, once", r.pref, calls-n)
 	}

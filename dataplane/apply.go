@@ -492,6 +492,17 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		}
 		return 0, fmt.Errorf("more than %d backends", lbLbLimitsLB_MAX_BACKENDS-1)
 	}
+	// idFor is a key's backend id: the one it has, or a new one.
+	idFor := func(k backendKey) (uint32, error) {
+		if id, ok := ids[k]; ok {
+			return id, nil
+		}
+		id, err := alloc()
+		if err == nil {
+			ids[k] = id
+		}
+		return id, err
+	}
 
 	for _, g := range want.Groups {
 		var ports []model.Port
@@ -553,14 +564,9 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 					continue // no entry: flows that name it are picked again
 				}
 				a := b.Addr.Unmap()
-				k := backendKey{vip: vipID, addr: a}
-				id, ok := ids[k]
-				if !ok {
-					var err error
-					if id, err = alloc(); err != nil {
-						return p, err
-					}
-					ids[k] = id
+				id, err := idFor(backendKey{vip: vipID, addr: a})
+				if err != nil {
+					return p, err
 				}
 				flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE)
 				if b.Local {
@@ -578,14 +584,9 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			if len(ring) > 0 && len(g.Remotes) > 0 {
 				for _, r := range g.Remotes {
 					a := r.Addr.Unmap()
-					k := backendKey{vip: vipID, addr: a}
-					id, ok := ids[k]
-					if !ok {
-						var err error
-						if id, err = alloc(); err != nil {
-							return p, err
-						}
-						ids[k] = id
+					id, err := idFor(backendKey{vip: vipID, addr: a})
+					if err != nil {
+						return p, err
 					}
 					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE)
 					p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
@@ -609,13 +610,9 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				spill := make([]uint32, len(g.Spill))
 				for i, r := range sortedRemotes(g.Spill) {
 					k := backendKey{vip: vipID, addr: r.Addr.Unmap(), spill: true}
-					id, ok := ids[k]
-					if !ok {
-						var err error
-						if id, err = alloc(); err != nil {
-							return p, err
-						}
-						ids[k] = id
+					id, err := idFor(k)
+					if err != nil {
+						return p, err
 					}
 					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE | lbBackendFlagsBACKEND_F_SPILL)
 					p.backends[id] = lbBackend{Addr: addr16(k.addr), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}

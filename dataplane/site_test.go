@@ -58,14 +58,7 @@ func TestSiteHandover(t *testing.T) {
 	dr := newDirector(t, "b")
 	run := func(name string, frame []byte, verdict uint32) []byte {
 		t.Helper()
-		v, out, err := xdptest.Run(dr.d.Program(), frame)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != verdict {
-			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
-		}
-		return out
+		return dr.run(t, name, frame, verdict)
 	}
 	bs := []Backend{r1, r3}
 	mine := sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r3, bs...)
@@ -158,14 +151,7 @@ func TestSiteTunnelIn(t *testing.T) {
 	dr := newDirector(t, "a")
 	run := func(name string, frame []byte, verdict uint32) []byte {
 		t.Helper()
-		v, out, err := xdptest.Run(dr.d.Program(), frame)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != verdict {
-			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
-		}
-		return out
+		return dr.run(t, name, frame, verdict)
 	}
 	bs := []Backend{r1, r3}
 	dr.apply(t, withRemotes(s1.Addr, []Remote{{Addr: here, MAC: gwMAC}}, bs...))

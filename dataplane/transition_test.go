@@ -68,6 +68,19 @@ func (dr director) sendFrame(t *testing.T, frame []byte, bs ...Backend) Backend 
 	return Backend{}
 }
 
+// run sends a frame through the director, wants verdict, and returns what it sent.
+func (dr director) run(t *testing.T, name string, frame []byte, verdict uint32) []byte {
+	t.Helper()
+	v, out, err := xdptest.Run(dr.d.Program(), frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v != verdict {
+		t.Fatalf("%s: %s: verdict %s, want %s", dr.name, name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
+	}
+	return out
+}
+
 // state counts the entries of flows and new_pins.
 func (dr director) state(t *testing.T) (pinned, news int) {
 	t.Helper()
@@ -269,14 +282,7 @@ func TestHandoff(t *testing.T) {
 	dr.apply(t, desired(before...))
 	run := func(name string, frame []byte, verdict uint32) []byte {
 		t.Helper()
-		v, out, err := xdptest.Run(dr.d.Program(), frame)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if v != verdict {
-			t.Fatalf("%s: verdict %s, want %s", name, xdptest.VerdictName(v), xdptest.VerdictName(verdict))
-		}
-		return out
+		return dr.run(t, name, frame, verdict)
 	}
 	run("no transition: served here", fromPeer(toNew).Bytes(), xdptest.Pass)
 

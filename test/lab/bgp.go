@@ -66,75 +66,13 @@ func (l *Lab) routerAddr() netip.Addr { return netip.AddrFrom4([4]byte{10, l.sub
 // first one's on its node), and the client behind it, and starts FRR peering
 // with the edges.
 func (l *Lab) startRouter(o *BGPOptions, subnets []byte, edges []netip.Addr) error {
-	rt, err := l.Net.AddNode("rt", netip.PrefixFrom(netip.AddrFrom4([4]byte{10, subnets[0], 0, 1}), 24), net.HardwareAddr{0x02, 0, 10, subnets[0], 0, 1})
+	r, c, err := l.newRouter(o, routerSpec{name: "rt", asn: routerASN, subnets: subnets, client: bgpClient, edges: edges})
 	if err != nil {
 		return err
 	}
-	for _, sn := range subnets[1:] {
-		if err := netlab.IP("-n", rt.NS, "addr", "add", fmt.Sprintf("10.%d.0.1/24", sn), "dev", "eth0"); err != nil {
-			return err
-		}
-	}
-	routerAddr := rt.Addr.Addr()
-	l.Router = &Router{Node: &Node{Node: rt}}
-	ns := l.Net.Prefix + "cl"
-	if err := netlab.IP("netns", "add", ns); err != nil {
-		return err
-	}
-	l.Net.OnClose(func() error { return netlab.IP("netns", "del", ns) })
-	for _, args := range [][]string{
-		{"-n", rt.NS, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", ns},
-		{"-n", rt.NS, "addr", "add", bgpRouterOut.String(), "dev", "eth1"},
-		{"-n", rt.NS, "link", "set", "eth1", "up"},
-		{"-n", ns, "link", "set", "lo", "up"},
-		{"-n", ns, "addr", "add", bgpClient.String(), "dev", "eth0"},
-		{"-n", ns, "link", "set", "eth0", "up"},
-		{"-n", ns, "route", "add", "default", "via", bgpRouterOut.Addr().String()},
-	} {
-		if err := netlab.IP(args...); err != nil {
-			return err
-		}
-	}
-	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.fib_multipath_hash_policy", "1"}} {
-		if err := netlab.Sysctl(rt.NS, kv[0], kv[1]); err != nil {
-			return err
-		}
-	}
-	l.Client = &Node{Node: &netlab.Node{Name: "cl", NS: ns, Addr: bgpClient}}
-	l.Target = traffic.Target{NS: ns, VIP: VIP}
-
-	dir, err := os.MkdirTemp("", "portico-lab-frr-")
-	if err != nil {
-		return err
-	}
-	l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		return err
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "hostname rt\nrouter bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n", routerASN, routerAddr)
-	b.WriteString(" bgp bestpath as-path multipath-relax\n neighbor EDGES peer-group\n")
-	fmt.Fprintf(&b, " neighbor EDGES remote-as %d\n neighbor EDGES timers 1 3\n neighbor EDGES timers connect 1\n", edgeASN)
-	b.WriteString(" neighbor EDGES advertisement-interval 0\n")
-	bfdd := "hostname rt\n"
-	if o.BFD > 0 {
-		ms := o.BFD.Milliseconds()
-		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", ms, ms)
-		b.WriteString(" neighbor EDGES bfd\n neighbor EDGES bfd profile edges\n")
-	}
-	for _, e := range edges {
-		fmt.Fprintf(&b, " neighbor %s peer-group EDGES\n", e)
-	}
-	b.WriteString(" address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n")
-	zebra := "hostname rt\n"
-	t := o.T
-	if t == nil {
-		return fmt.Errorf("BGPOptions.T is required")
-	}
-	l.Router.FRR = frr.Start(t, rt.NS, dir, map[string]string{"zebra": zebra, "bfdd": bfdd, "bgpd": b.String()})
-	l.Router.bfd = o.BFD > 0
+	l.Router, l.Client, l.Target = r, c, traffic.Target{NS: c.NS, VIP: VIP}
 	if o.Resilient {
-		res, err := startResilientGroup(rt.NS, edges)
+		res, err := startResilientGroup(r.NS, edges)
 		if err != nil {
 			return err
 		}
@@ -142,6 +80,102 @@ func (l *Lab) startRouter(o *BGPOptions, subnets []byte, edges []netip.Addr) err
 		l.closers = append(l.closers, res.stop)
 	}
 	return nil
+}
+
+// routerSpec is one router of a lab: its node's name and AS, its addresses on
+// the bridge (10.s.0.1 for each subnet s), its client's address behind it (the
+// router is .1 of that /24), the edges that peer with it, and other routers it
+// peers with (eBGP, by their address and AS).
+type routerSpec struct {
+	name    string
+	asn     uint32
+	subnets []byte
+	client  netip.Prefix
+	edges   []netip.Addr
+	routers []routerPeer
+}
+
+type routerPeer struct {
+	addr netip.Addr
+	asn  uint32
+}
+
+// newRouter builds a router and its client (a namespace behind it) and starts
+// FRR: zebra, bgpd (ECMP over the edges, multipath-relax) and, with BFD, bfdd.
+func (l *Lab) newRouter(o *BGPOptions, sp routerSpec) (*Router, *Node, error) {
+	rt, err := l.Net.AddNode(sp.name, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, sp.subnets[0], 0, 1}), 24), net.HardwareAddr{0x02, 0, 10, sp.subnets[0], 0, 1})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, sn := range sp.subnets[1:] {
+		if err := netlab.IP("-n", rt.NS, "addr", "add", fmt.Sprintf("10.%d.0.1/24", sn), "dev", "eth0"); err != nil {
+			return nil, nil, err
+		}
+	}
+	routerAddr := rt.Addr.Addr()
+	r := &Router{Node: &Node{Node: rt}}
+	clName := "cl" + strings.TrimPrefix(sp.name, "rt")
+	ns := l.Net.Prefix + clName
+	if err := netlab.IP("netns", "add", ns); err != nil {
+		return nil, nil, err
+	}
+	l.Net.OnClose(func() error { return netlab.IP("netns", "del", ns) })
+	out := netip.PrefixFrom(netip.AddrFrom4([4]byte{sp.client.Addr().As4()[0], sp.client.Addr().As4()[1], sp.client.Addr().As4()[2], 1}), 24)
+	for _, args := range [][]string{
+		{"-n", rt.NS, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"-n", rt.NS, "addr", "add", out.String(), "dev", "eth1"},
+		{"-n", rt.NS, "link", "set", "eth1", "up"},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", ns, "addr", "add", sp.client.String(), "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+		{"-n", ns, "route", "add", "default", "via", out.Addr().String()},
+	} {
+		if err := netlab.IP(args...); err != nil {
+			return nil, nil, err
+		}
+	}
+	for _, kv := range [][2]string{{"net.ipv4.ip_forward", "1"}, {"net.ipv4.fib_multipath_hash_policy", "1"}} {
+		if err := netlab.Sysctl(rt.NS, kv[0], kv[1]); err != nil {
+			return nil, nil, err
+		}
+	}
+	client := &Node{Node: &netlab.Node{Name: clName, NS: ns, Addr: sp.client}}
+
+	dir, err := os.MkdirTemp("", "portico-lab-frr-")
+	if err != nil {
+		return nil, nil, err
+	}
+	l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, nil, err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "hostname %s\nrouter bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n", sp.name, sp.asn, routerAddr)
+	b.WriteString(" bgp bestpath as-path multipath-relax\n neighbor EDGES peer-group\n")
+	fmt.Fprintf(&b, " neighbor EDGES remote-as %d\n neighbor EDGES timers 1 3\n neighbor EDGES timers connect 1\n", edgeASN)
+	b.WriteString(" neighbor EDGES advertisement-interval 0\n")
+	bfdd := "hostname " + sp.name + "\n"
+	if o.BFD > 0 {
+		ms := o.BFD.Milliseconds()
+		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", ms, ms)
+		b.WriteString(" neighbor EDGES bfd\n neighbor EDGES bfd profile edges\n")
+	}
+	for _, e := range sp.edges {
+		fmt.Fprintf(&b, " neighbor %s peer-group EDGES\n", e)
+	}
+	for _, p := range sp.routers {
+		fmt.Fprintf(&b, " neighbor %s remote-as %d\n neighbor %s timers 1 3\n neighbor %s timers connect 1\n neighbor %s advertisement-interval 0\n",
+			p.addr, p.asn, p.addr, p.addr, p.addr)
+	}
+	b.WriteString(" address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n")
+	zebra := "hostname " + sp.name + "\n"
+	t := o.T
+	if t == nil {
+		return nil, nil, fmt.Errorf("BGPOptions.T is required")
+	}
+	r.FRR = frr.Start(t, rt.NS, dir, map[string]string{"zebra": zebra, "bfdd": bfdd, "bgpd": b.String()})
+	r.bfd = o.BFD > 0
+	return r, client, nil
 }
 
 // edgeAddr is edge i's address on the bridge (buildSite gives it).

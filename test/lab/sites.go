@@ -38,7 +38,22 @@ type Sites struct {
 	A, B   *Lab
 	Router *Router
 	traffic.Target
-	shared *Lab // the network, the router and the client
+	// C, with SitesOptions.Third, is a third site behind a second router,
+	// Router2 (AS 65001, peering with Router), with a client of its own
+	// (Client2): another region.
+	C       *Lab
+	Router2 *Router
+	Client2 traffic.Target
+	shared  *Lab // the network, the routers and the clients
+}
+
+// all lists the sites.
+func (s *Sites) all() []*Lab {
+	out := []*Lab{s.A, s.B}
+	if s.C != nil {
+		out = append(out, s.C)
+	}
+	return out
 }
 
 // SitesOptions size a Sites lab.
@@ -49,6 +64,11 @@ type SitesOptions struct {
 	// BFD is the router's and the agents' BFD interval.
 	BFD time.Duration
 	T   testing.TB
+	// Third adds site c behind a second router (another region):
+	//
+	//	client2 10.221.0.2 --- rt2 10.221.0.1 | 10.220.0.1 --- bridge --- c: edges .11.., pods .21..
+	//	                        rt2 10.219.0.2 --- 10.219.0.1 rt
+	Third bool
 }
 
 // StartSites builds both sites (Up starts them). Close removes everything, also
@@ -93,20 +113,65 @@ func StartSites(ctx context.Context, o SitesOptions) (s *Sites, err error) {
 	if s.B, err = newLab(218, "b"); err != nil {
 		return s, err
 	}
-	var edges []netip.Addr
-	for _, site := range []*Lab{s.A, s.B} {
-		site.Net = s.shared.Net
-		site.sitesFile = filepath.Join(site.Dir, "peers.yaml")
-		for i := range o.Edges {
-			edges = append(edges, site.edgeAddr(i))
+	if o.Third {
+		if s.C, err = newLab(220, "c"); err != nil {
+			return s, err
 		}
 	}
-	if err := s.shared.startRouter(bgpo, []byte{216, 218}, edges); err != nil {
+	edgesOf := func(sites ...*Lab) []netip.Addr {
+		var edges []netip.Addr
+		for _, site := range sites {
+			for i := range o.Edges {
+				edges = append(edges, site.edgeAddr(i))
+			}
+		}
+		return edges
+	}
+	for _, site := range s.all() {
+		site.Net = s.shared.Net
+		site.sitesFile = filepath.Join(site.Dir, "peers.yaml")
+	}
+	rt := routerSpec{name: "rt", asn: routerASN, subnets: []byte{216, 218}, client: bgpClient, edges: edgesOf(s.A, s.B)}
+	if o.Third {
+		rt.routers = []routerPeer{{rt2Link.Addr(), router2ASN}}
+	}
+	r, c, err := s.shared.newRouter(bgpo, rt)
+	if err != nil {
 		return s, err
 	}
-	s.Router, s.Target = s.shared.Router, s.shared.Target
-	for _, site := range []*Lab{s.A, s.B} {
-		site.Router, site.Client, site.Target = s.shared.Router, s.shared.Client, s.shared.Target
+	s.Router, s.Target = r, traffic.Target{NS: c.NS, VIP: VIP}
+	if o.Third {
+		r2, c2, err := s.shared.newRouter(bgpo, routerSpec{name: "rt2", asn: router2ASN, subnets: []byte{220},
+			client: client2, edges: edgesOf(s.C), routers: []routerPeer{{rtLink.Addr(), routerASN}}})
+		if err != nil {
+			return s, err
+		}
+		s.Router2, s.Client2 = r2, traffic.Target{NS: c2.NS, VIP: VIP}
+		// The link between the routers, and the routes over it: each router
+		// reaches the other's subnets and client through it.
+		for _, args := range [][]string{
+			{"-n", r.NS, "link", "add", "eth2", "type", "veth", "peer", "name", "eth2", "netns", r2.NS},
+			{"-n", r.NS, "addr", "add", rtLink.String(), "dev", "eth2"},
+			{"-n", r2.NS, "addr", "add", rt2Link.String(), "dev", "eth2"},
+			{"-n", r.NS, "link", "set", "eth2", "up"},
+			{"-n", r2.NS, "link", "set", "eth2", "up"},
+			{"-n", r.NS, "route", "add", "10.220.0.0/24", "via", rt2Link.Addr().String()},
+			{"-n", r.NS, "route", "add", client2.Masked().String(), "via", rt2Link.Addr().String()},
+			{"-n", r2.NS, "route", "add", "10.216.0.0/24", "via", rtLink.Addr().String()},
+			{"-n", r2.NS, "route", "add", "10.218.0.0/24", "via", rtLink.Addr().String()},
+			{"-n", r2.NS, "route", "add", clientSubnet.String(), "via", rtLink.Addr().String()},
+		} {
+			if err := netlab.IP(args...); err != nil {
+				return s, err
+			}
+		}
+	}
+	for _, site := range s.all() {
+		router := s.Router
+		if site == s.C {
+			router = s.Router2
+		}
+		site.Router, site.Client, site.Target = router, c, s.Target
 		if err := s.SetPeers(site, false); err != nil {
 			return s, err
 		}
@@ -114,23 +179,41 @@ func StartSites(ctx context.Context, o SitesOptions) (s *Sites, err error) {
 			return s, fmt.Errorf("site %s: %w", site.name, err)
 		}
 	}
-	// The sites reach each other's edges through the router (the tunnels of a
-	// site hand-over).
-	for _, site := range []*Lab{s.A, s.B} {
-		o := s.other(site)
+	// The sites reach each other's edges, and both clients, through their
+	// routers (the tunnels of a site hand-over, replies to another region).
+	for _, site := range s.all() {
+		var dsts []string
+		for _, o := range s.others(site) {
+			dsts = append(dsts, fmt.Sprintf("10.%d.0.0/24", o.subnet))
+		}
+		if o.Third {
+			dsts = append(dsts, client2.Masked().String())
+		}
 		for _, e := range site.Edges {
-			if err := netlab.IP("-n", e.NS, "route", "add", fmt.Sprintf("10.%d.0.0/24", o.subnet), "via", site.routerAddr().String()); err != nil {
-				return s, err
+			for _, d := range dsts {
+				if err := netlab.IP("-n", e.NS, "route", "add", d, "via", site.routerAddr().String()); err != nil {
+					return s, err
+				}
 			}
 		}
 	}
 	return s, nil
 }
 
-// Close stops both sites and removes the lab.
+// The second router of SitesOptions.Third: its AS, its client, and the link
+// between the routers.
+const router2ASN = 65001
+
+var (
+	client2 = netip.MustParsePrefix("10.221.0.2/24")
+	rtLink  = netip.MustParsePrefix("10.219.0.1/30")
+	rt2Link = netip.MustParsePrefix("10.219.0.2/30")
+)
+
+// Close stops every site and removes the lab.
 func (s *Sites) Close() error {
 	var errs []error
-	for _, l := range []*Lab{s.A, s.B, s.shared} {
+	for _, l := range []*Lab{s.A, s.B, s.C, s.shared} {
 		if l != nil {
 			errs = append(errs, l.Close())
 		}
@@ -138,15 +221,21 @@ func (s *Sites) Close() error {
 	return errors.Join(errs...)
 }
 
-// other is the other site.
-func (s *Sites) other(l *Lab) *Lab {
-	if l == s.A {
-		return s.B
+// others lists the other sites.
+func (s *Sites) others(l *Lab) []*Lab {
+	var out []*Lab
+	for _, o := range s.all() {
+		if o != l {
+			out = append(out, o)
+		}
 	}
-	return s.A
+	return out
 }
 
-// SetPeers writes a site's --federation-peers file: the other site's edges with
+// other is the other site of a two-site lab.
+func (s *Sites) other(l *Lab) *Lab { return s.others(l)[0] }
+
+// SetPeers writes a site's --federation-peers file: the other sites' edges with
 // peers, none without (each site on its own, the baseline). Agents follow the
 // file within seconds.
 func (s *Sites) SetPeers(l *Lab, peers bool) error {
@@ -157,7 +246,7 @@ func (s *Sites) SetPeers(l *Lab, peers bool) error {
 type SiteFile struct {
 	Peers bool // the other site's edges are listed
 	// Draining: this site drains from DrainFrom on; PeerDraining: the other
-	// site drains.
+	// sites drain.
 	Draining     bool
 	DrainFrom    time.Time
 	PeerDraining bool
@@ -173,12 +262,13 @@ func (s *Sites) WriteSites(l *Lab, sf SiteFile) error {
 		f.DrainFrom = &metav1.Time{Time: sf.DrainFrom}
 	}
 	if sf.Peers {
-		o := s.other(l)
-		p := agent.PeerSite{Name: o.name, Draining: sf.PeerDraining}
-		for i := range o.Edges {
-			p.Edges = append(p.Edges, o.edgeAddr(i).String())
+		for _, o := range s.others(l) {
+			p := agent.PeerSite{Name: o.name, Draining: sf.PeerDraining}
+			for i := range o.Edges {
+				p.Edges = append(p.Edges, o.edgeAddr(i).String())
+			}
+			f.Peers = append(f.Peers, p)
 		}
-		f.Peers = append(f.Peers, p)
 	}
 	b, err := yaml.Marshal(f)
 	if err != nil {
@@ -244,6 +334,31 @@ func (s *Sites) NewFlows(l *Lab) (uint64, error) {
 	return n, nil
 }
 
+// WaitRemotes waits until every edge of every site holds the other sites' edges
+// for the VIP (peers), or none (!peers): the agents followed SetPeers.
+func (s *Sites) WaitRemotes(timeout time.Duration, peers bool) error {
+	return waitFor(timeout, func() error {
+		for _, l := range s.all() {
+			want := 0
+			if peers {
+				for _, o := range s.others(l) {
+					want += len(o.Edges)
+				}
+			}
+			n, err := s.Remotes(l)
+			if err != nil {
+				return err
+			}
+			for _, r := range n {
+				if r != want {
+					return fmt.Errorf("site %s's edges hold %v remote edges, want %d each", l.name, n, want)
+				}
+			}
+		}
+		return nil
+	})
+}
+
 // Reasons sums a site's edges' xdp_lb counters of one reason.
 func (s *Sites) Reasons(l *Lab, r dataplane.Reason) (uint64, error) {
 	var n uint64
@@ -266,7 +381,7 @@ func (s *Sites) Reasons(l *Lab, r dataplane.Reason) (uint64, error) {
 // for echo.lab, starts every agent, and waits until every edge of both sites is
 // ready and in the router's route and echo.lab is served.
 func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
-	for _, l := range []*Lab{s.A, s.B} {
+	for _, l := range s.all() {
 		if err := l.ServePods(); err != nil {
 			return err
 		}
@@ -284,7 +399,7 @@ func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 	}
 	c := s.HTTPClient(false, 2*time.Second)
 	return waitFor(timeout, func() error {
-		for _, l := range []*Lab{s.A, s.B} {
+		for _, l := range s.all() {
 			for i := range l.Edges {
 				if a := l.Agent(i); a.Exited() {
 					return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
@@ -296,6 +411,14 @@ func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 		}
 		if err := s.Router.announced(len(s.A.Edges) + len(s.B.Edges)); err != nil {
 			return err
+		}
+		if s.C != nil {
+			if err := s.Router2.announced(len(s.C.Edges)); err != nil {
+				return err
+			}
+			if _, err := s.Client2.Get(ctx, s.Client2.HTTPClient(false, 2*time.Second), "echo.lab", "/"); err != nil {
+				return err
+			}
 		}
 		_, err := s.Get(ctx, c, "echo.lab", "/")
 		return err
@@ -318,7 +441,7 @@ func (s *Sites) Hops() (map[string]int, error) {
 
 // SiteOf names the site of an edge address ("" for none).
 func (s *Sites) SiteOf(addr string) string {
-	for _, l := range []*Lab{s.A, s.B} {
+	for _, l := range s.all() {
 		for _, e := range l.Edges {
 			if e.Addr.Addr().String() == addr {
 				return l.name
@@ -402,7 +525,7 @@ func (l *Lab) FederatedIngress(ctx context.Context, name, host, service string) 
 // logs returns the tails of every agent's log.
 func (s *Sites) logs() string {
 	var b strings.Builder
-	for _, l := range []*Lab{s.A, s.B} {
+	for _, l := range s.all() {
 		for i := range l.Edges {
 			if a := l.Agent(i); a != nil {
 				log := a.Log()

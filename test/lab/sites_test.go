@@ -14,12 +14,19 @@ import (
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
 // startSites starts the two-site lab and brings it up; the agents' logs are
 // printed if the test fails, and the lab is closed when it ends.
 func startSites(t *testing.T) *Sites {
+	t.Helper()
+	return startSitesWith(t, SitesOptions{})
+}
+
+// startSitesWith is startSites with more options (the rest are set here).
+func startSitesWith(t *testing.T, o SitesOptions) *Sites {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, XDP, FRR")
 	kapi.Require(t)
@@ -28,7 +35,8 @@ func startSites(t *testing.T) *Sites {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	s, err := StartSites(ctx, SitesOptions{Portico: porticoBin, BFD: 50 * time.Millisecond, T: t})
+	o.Portico, o.BFD, o.T = porticoBin, 50*time.Millisecond, t
+	s, err := StartSites(ctx, o)
 	if err != nil {
 		t.Fatalf("start sites: %v", err)
 	}
@@ -63,29 +71,12 @@ func TestSiteReturn(t *testing.T) {
 		if handover {
 			name = "site hand-over"
 		}
-		want := 0
-		if handover {
-			want = len(s.A.Edges)
-		}
 		for _, l := range []*Lab{s.A, s.B} {
 			if err := s.SetPeers(l, handover); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := waitFor(30*time.Second, func() error {
-			for _, l := range []*Lab{s.A, s.B} {
-				n, err := s.Remotes(l)
-				if err != nil {
-					return err
-				}
-				for _, r := range n {
-					if r != want {
-						return fmt.Errorf("site %s's edges hold %v remote edges, want %d each", l.name, n, want)
-					}
-				}
-			}
-			return nil
-		}); err != nil {
+		if err := s.WaitRemotes(30*time.Second, handover); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 
@@ -208,20 +199,7 @@ func TestSiteDrain(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := waitFor(30*time.Second, func() error {
-		for _, l := range []*Lab{s.A, s.B} {
-			n, err := s.Remotes(l)
-			if err != nil {
-				return err
-			}
-			for _, r := range n {
-				if r != len(s.other(l).Edges) {
-					return fmt.Errorf("site %s's edges hold %v remote edges", l.name, n)
-				}
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := s.WaitRemotes(30*time.Second, true); err != nil {
 		t.Fatal(err)
 	}
 	hopsAre := func(a, b int) func() error {
@@ -479,20 +457,7 @@ func TestSiteOverflow(t *testing.T) {
 	if err := s.WriteSites(s.B, SiteFile{Peers: true, Overflow: overflow}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, func() error {
-		for _, l := range []*Lab{s.A, s.B} {
-			n, err := s.Remotes(l)
-			if err != nil {
-				return err
-			}
-			for _, r := range n {
-				if r != len(s.other(l).Edges) {
-					return fmt.Errorf("site %s's edges hold %v remote edges", l.name, n)
-				}
-			}
-		}
-		return nil
-	}); err != nil {
+	if err := s.WaitRemotes(30*time.Second, true); err != nil {
 		t.Fatal(err)
 	}
 	held, err := s.OpenKeepConns(ctx, "echo.lab", 32)
@@ -592,4 +557,127 @@ func TestSiteOverflow(t *testing.T) {
 	if ph.servedB < ph.fromB || ph.failed > 0 {
 		t.Errorf("below capacity, b still spilled %d of %d new connections; %d failed", ph.fromB-ph.servedB, ph.fromB, ph.failed)
 	}
+}
+
+// TestSiteLocality (issue 13, tests 7 and 10): two regions, each with its router
+// and clients: a and b behind one, c behind the other, the routers peering. Each
+// region's client reaches its own region's sites (the routers prefer the shorter
+// AS path). The link between the regions goes down for 5 s: nothing fails over.
+// Then c's backends go not ready: c de-prefers the VIP, and its region's client
+// goes to a and b (through both routers) until c is back.
+func TestSiteLocality(t *testing.T) {
+	s := startSitesWith(t, SitesOptions{Third: true})
+	ctx := context.Background()
+	served := func(tg traffic.Target, n int) (map[string]int, int) {
+		t.Helper()
+		c := tg.HTTPClient(false, time.Second)
+		by, failed := map[string]int{}, 0
+		for range n {
+			r, err := tg.Get(ctx, c, "echo.lab", "/where")
+			if err != nil {
+				failed++
+				continue
+			}
+			by[s.SiteOf(r.Edge)]++
+		}
+		return by, failed
+	}
+	by1, f1 := served(s.Target, 100)
+	by2, f2 := served(s.Client2, 100)
+	t.Logf("region 1's client: served by site %v (%d failed); region 2's: %v (%d failed)", by1, f1, by2, f2)
+	if f1+f2 > 0 || by1["c"] > 0 || by1["a"] == 0 || by1["b"] == 0 || by2["c"] != 100 {
+		t.Errorf("locality: region 1 %v, region 2 %v, %d failed; want a and b, and c only", by1, by2, f1+f2)
+	}
+
+	// A partition between the regions: no site fails over.
+	hops1, _ := s.Router.Nexthops()
+	hops2, _ := s.Router2.Nexthops()
+	st1 := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 20 * time.Millisecond, For: time.Minute})
+	st2 := s.Client2.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 20 * time.Millisecond, For: time.Minute})
+	cut := time.Now()
+	if err := netlab.IP("-n", s.Router.NS, "link", "set", "eth2", "down"); err != nil {
+		t.Fatal(err)
+	}
+	changes := 0
+	for time.Since(cut) < 5*time.Second {
+		h1, _ := s.Router.Nexthops()
+		h2, _ := s.Router2.Nexthops()
+		if !slices.Equal(h1, hops1) || !slices.Equal(h2, hops2) {
+			changes++
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := netlab.IP("-n", s.Router.NS, "link", "set", "eth2", "up"); err != nil {
+		t.Fatal(err)
+	}
+	a1, a2 := st1.Stop(), st2.Stop()
+	p1, p2 := traffic.FailuresAround(a1, cut), traffic.FailuresAround(a2, cut)
+	t.Logf("regions cut off from each other for 5 s: %d polls saw a router's route change; region 1: %v; region 2: %v", changes, p1, p2)
+	if changes > 0 || p1.Failed+p2.Failed > 0 {
+		t.Errorf("partition: %d route changes, %d and %d new connections failed", changes, p1.Failed, p2.Failed)
+	}
+	// The routers peer again before c fails (its region then needs the other).
+	if err := waitFor(30*time.Second, func() error {
+		var peers map[string]struct {
+			State string `json:"state"`
+		}
+		if err := s.Router2.FRR.VtyJSON("show bgp neighbors "+rtLink.Addr().String()+" json", &peers); err != nil {
+			return err
+		}
+		if st := peers[rtLink.Addr().String()].State; st != "Established" {
+			return fmt.Errorf("rt2's session with rt: %q", st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// c fails: its region's client goes to the other region's sites.
+	st2 = s.Client2.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 20 * time.Millisecond, For: time.Minute})
+	time.Sleep(500 * time.Millisecond)
+	fault := time.Now()
+	if err := s.C.SetBackendReady(ctx, false); err != nil {
+		st2.Stop()
+		t.Fatal(err)
+	}
+	var moved time.Duration
+	c2 := s.Client2.HTTPClient(false, time.Second)
+	if err := waitFor(20*time.Second, func() error {
+		r, err := s.Client2.Get(ctx, c2, "echo.lab", "/moved")
+		if err != nil {
+			return err
+		}
+		if site := s.SiteOf(r.Edge); site == "c" {
+			return fmt.Errorf("still served by c")
+		}
+		moved = time.Since(fault)
+		return nil
+	}); err != nil {
+		st2.Stop()
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	by2, f2 = served(s.Client2, 60)
+	a2 = st2.Stop()
+	t.Logf("c's backends not ready: region 2's client served by the other region after %v; then by site %v (%d failed); new connections: %v, after (+300 ms): %v",
+		moved.Round(time.Millisecond), by2, f2, traffic.FailuresAround(a2, fault), traffic.FailuresAround(a2, fault.Add(moved+300*time.Millisecond)))
+	if by2["c"] > 0 || f2 > 0 || traffic.FailuresAround(a2, fault.Add(moved+300*time.Millisecond)).Failed > 0 {
+		t.Errorf("c down: region 2 served by %v, %d failed", by2, f2)
+	}
+
+	// c is back: its region comes back to it.
+	back := time.Now()
+	if err := s.C.SetBackendReady(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(20*time.Second, func() error {
+		by, _ := served(s.Client2, 20)
+		if by["c"] != 20 {
+			return fmt.Errorf("region 2 served by %v", by)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("c's backends ready again: region 2 back at c after %v", time.Since(back).Round(time.Millisecond))
 }
