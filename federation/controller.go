@@ -58,6 +58,9 @@ type Config struct {
 	Registerer prometheus.Registerer
 	// Resync refreshes every site's status this often (default 10 s).
 	Resync time.Duration
+	// DrainLead is how long after a site's drain is asked for it begins
+	// (default DrainLead).
+	DrainLead time.Duration
 }
 
 // Controller propagates FederatedIngresses to member clusters and aggregates their status.
@@ -150,6 +153,9 @@ func New(cfg Config) (*Controller, error) {
 	}
 	if cfg.Resync == 0 {
 		cfg.Resync = 10 * time.Second
+	}
+	if cfg.DrainLead <= 0 {
+		cfg.DrainLead = DrainLead
 	}
 	host, err := kubernetes.NewForConfig(cfg.Host)
 	if err != nil {

@@ -42,9 +42,9 @@ const (
 	AnnotationCapacity      = "portico.io/capacity"
 	AnnotationOverflowTo    = "portico.io/overflow-to"
 	AnnotationOverflowLimit = "portico.io/overflow-limit"
-	// DrainLead is how long after a drain is asked for it begins (a mounted
-	// ConfigMap reaches the agents within the kubelet's sync period, a minute
-	// by default).
+	// DrainLead is how long after a drain is asked for it begins, by default
+	// (Config.DrainLead): a mounted ConfigMap reaches the agents within the
+	// kubelet's sync period, a minute by default.
 	DrainLead = 90 * time.Second
 )
 
@@ -142,7 +142,7 @@ func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1
 	if t, err := time.Parse(time.RFC3339, s.Annotations[AnnotationDrainFrom]); err == nil {
 		return true, &metav1.Time{Time: t}
 	}
-	from := time.Now().Add(DrainLead).Truncate(time.Second)
+	from := time.Now().Add(c.cfg.DrainLead).Truncate(time.Second)
 	if !c.annotate(ctx, s, &from) {
 		return false, nil // not recorded: not told to anyone yet
 	}

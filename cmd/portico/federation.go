@@ -29,6 +29,7 @@ func runFederation(args []string) error {
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "the host cluster's kubeconfig; empty: in-cluster config")
 	namespace := fs.String("namespace", "portico-federation", "namespace of the member cluster Secrets (labelled "+federation.LabelMember+")")
 	resync := fs.Duration("resync", 10*time.Second, "how often every site's status is read again")
+	drainLead := fs.Duration("drain-lead", federation.DrainLead, "a site's drain (portico.io/drain=true on its member Secret) begins this long after it is asked for, so every site's agents have read it first")
 	metricsAddr := fs.String("metrics-addr", ":9102", "address of /metrics (empty: none)")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -49,7 +50,7 @@ func runFederation(args []string) error {
 	}
 	reg := prometheus.NewRegistry()
 	ctrl, err := federation.New(federation.Config{Host: host, Namespace: *namespace, Logger: log.Named("federation"),
-		Registerer: reg, Resync: *resync})
+		Registerer: reg, Resync: *resync, DrainLead: *drainLead})
 	if err != nil {
 		return err
 	}

@@ -53,7 +53,8 @@ type BGPOptions struct {
 type Router struct {
 	*Node
 	FRR *frr.Router
-	bfd bool // BFD runs with the edges
+	bfd bool   // BFD runs with the edges
+	asn uint32 // its AS
 	// res, with BGPOptions.Resilient, keeps the resilient group in step
 	// with FRR's route.
 	res *resilientGroup
@@ -113,7 +114,7 @@ func (l *Lab) newRouter(o *BGPOptions, sp routerSpec) (*Router, *Node, error) {
 		}
 	}
 	routerAddr := rt.Addr.Addr()
-	r := &Router{Node: &Node{Node: rt}}
+	r := &Router{Node: &Node{Node: rt}, asn: sp.asn}
 	clName := "cl" + strings.TrimPrefix(sp.name, "rt")
 	ns := l.Net.Prefix + clName
 	if err := netlab.IP("netns", "add", ns); err != nil {
@@ -191,7 +192,11 @@ func (l *Lab) bgpConfig() (string, error) {
 	if l.bgp.BFD > 0 {
 		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: 3}\n", l.bgp.BFD, l.bgp.BFD)
 	}
-	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.routerAddr(), routerASN)
+	asn := uint32(routerASN)
+	if l.Router != nil && l.Router.asn != 0 {
+		asn = l.Router.asn
+	}
+	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.routerAddr(), asn)
 	if l.bgp.BFD > 0 {
 		b.WriteString("  bfdProfile: lab\n")
 	}

@@ -147,23 +147,18 @@ func StartSites(ctx context.Context, o SitesOptions) (s *Sites, err error) {
 			return s, err
 		}
 		s.Router2, s.Client2 = r2, traffic.Target{NS: c2.NS, VIP: VIP}
-		// The link between the routers, and the routes over it: each router
-		// reaches the other's subnets and client through it.
+		// The link between the routers, and the routes over it.
 		for _, args := range [][]string{
 			{"-n", r.NS, "link", "add", "eth2", "type", "veth", "peer", "name", "eth2", "netns", r2.NS},
 			{"-n", r.NS, "addr", "add", rtLink.String(), "dev", "eth2"},
 			{"-n", r2.NS, "addr", "add", rt2Link.String(), "dev", "eth2"},
-			{"-n", r.NS, "link", "set", "eth2", "up"},
-			{"-n", r2.NS, "link", "set", "eth2", "up"},
-			{"-n", r.NS, "route", "add", "10.220.0.0/24", "via", rt2Link.Addr().String()},
-			{"-n", r.NS, "route", "add", client2.Masked().String(), "via", rt2Link.Addr().String()},
-			{"-n", r2.NS, "route", "add", "10.216.0.0/24", "via", rtLink.Addr().String()},
-			{"-n", r2.NS, "route", "add", "10.218.0.0/24", "via", rtLink.Addr().String()},
-			{"-n", r2.NS, "route", "add", clientSubnet.String(), "via", rtLink.Addr().String()},
 		} {
 			if err := netlab.IP(args...); err != nil {
 				return s, err
 			}
+		}
+		if err := s.LinkRegions(true); err != nil {
+			return s, err
 		}
 	}
 	for _, site := range s.all() {
@@ -198,6 +193,29 @@ func StartSites(ctx context.Context, o SitesOptions) (s *Sites, err error) {
 		}
 	}
 	return s, nil
+}
+
+// LinkRegions brings the link between the routers up, with the routes over it
+// (each router reaches the other's subnets and client through it), or down (the
+// kernel drops the routes through it).
+func (s *Sites) LinkRegions(up bool) error {
+	if !up {
+		return netlab.IP("-n", s.Router.NS, "link", "set", "eth2", "down")
+	}
+	for _, args := range [][]string{
+		{"-n", s.Router.NS, "link", "set", "eth2", "up"},
+		{"-n", s.Router2.NS, "link", "set", "eth2", "up"},
+		{"-n", s.Router.NS, "route", "replace", "10.220.0.0/24", "via", rt2Link.Addr().String()},
+		{"-n", s.Router.NS, "route", "replace", client2.Masked().String(), "via", rt2Link.Addr().String()},
+		{"-n", s.Router2.NS, "route", "replace", "10.216.0.0/24", "via", rtLink.Addr().String()},
+		{"-n", s.Router2.NS, "route", "replace", "10.218.0.0/24", "via", rtLink.Addr().String()},
+		{"-n", s.Router2.NS, "route", "replace", clientSubnet.String(), "via", rtLink.Addr().String()},
+	} {
+		if err := netlab.IP(args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // The second router of SitesOptions.Third: its AS, its client, and the link

@@ -9,12 +9,15 @@ import (
 	"testing"
 	"time"
 
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/kapi"
-	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -595,7 +598,7 @@ func TestSiteLocality(t *testing.T) {
 	st1 := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 20 * time.Millisecond, For: time.Minute})
 	st2 := s.Client2.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 20 * time.Millisecond, For: time.Minute})
 	cut := time.Now()
-	if err := netlab.IP("-n", s.Router.NS, "link", "set", "eth2", "down"); err != nil {
+	if err := s.LinkRegions(false); err != nil {
 		t.Fatal(err)
 	}
 	changes := 0
@@ -607,7 +610,7 @@ func TestSiteLocality(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := netlab.IP("-n", s.Router.NS, "link", "set", "eth2", "up"); err != nil {
+	if err := s.LinkRegions(true); err != nil {
 		t.Fatal(err)
 	}
 	a1, a2 := st1.Stop(), st2.Stop()
@@ -619,7 +622,7 @@ func TestSiteLocality(t *testing.T) {
 	// The routers peer again before c fails (its region then needs the other).
 	if err := waitFor(30*time.Second, func() error {
 		var peers map[string]struct {
-			State string `json:"state"`
+			State string `json:"bgpState"`
 		}
 		if err := s.Router2.FRR.VtyJSON("show bgp neighbors "+rtLink.Addr().String()+" json", &peers); err != nil {
 			return err
@@ -654,7 +657,8 @@ func TestSiteLocality(t *testing.T) {
 		return nil
 	}); err != nil {
 		st2.Stop()
-		t.Fatal(err)
+		h2, _ := s.Router2.Nexthops()
+		t.Fatalf("%v; rt2's next hops %v", err, h2)
 	}
 	time.Sleep(time.Second)
 	by2, f2 = served(s.Client2, 60)
@@ -680,4 +684,172 @@ func TestSiteLocality(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("c's backends ready again: region 2 back at c after %v", time.Since(back).Round(time.Millisecond))
+}
+
+// TestSiteFederated: the whole chain, with a host cluster: a FederatedIngress
+// on the host is served by both sites; the controller tells each site's agents
+// the other's edges (the peers ConfigMap, as the kubelet mounts it) and
+// aggregates what the agents report; a drain asked on the host (portico.io/drain
+// on b's member Secret) drains b without a reset, and its status says Draining;
+// then (issue 13, test 8) the host's API server stops, and after it b's: nothing
+// in the routing changes and no connection fails.
+func TestSiteFederated(t *testing.T) {
+	s := startSites(t)
+	ctx := context.Background()
+	const lead = 3 * time.Second
+	f, err := s.Federate(ctx, t, lead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pt := networkingv1.PathTypePrefix
+	fi := &federation.FederatedIngress{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "portico.io/v1alpha1", Kind: "FederatedIngress"},
+		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: AppNamespace},
+		Spec: federation.Spec{
+			Placement: federation.Placement{Clusters: []string{"a", "b"}},
+			Template: federation.Template{
+				Metadata: federation.TemplateMeta{Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName}},
+				Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{Host: "echo.lab", IngressRuleValue: networkingv1.IngressRuleValue{
+					HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &pt,
+						Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: "echo", Port: networkingv1.ServiceBackendPort{Name: "http"}}}}}}}}}},
+			},
+		},
+	}
+	created := time.Now()
+	if err := f.Create(ctx, fi); err != nil {
+		t.Fatal(err)
+	}
+	status := func(what string, ok func(a, b federation.SiteStatus) bool) {
+		t.Helper()
+		var last string
+		if err := waitFor(60*time.Second, func() error {
+			fi, err := f.Get(ctx, AppNamespace, "echo")
+			if err != nil {
+				return err
+			}
+			a, errA := site(fi, "a")
+			b, errB := site(fi, "b")
+			if errA != nil || errB != nil {
+				return fmt.Errorf("%v %v", errA, errB)
+			}
+			last = fmt.Sprintf("a %+v, b %+v", a, b)
+			if !ok(a, b) {
+				return fmt.Errorf("%s", last)
+			}
+			return nil
+		}); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+	status("both sites serve and announce", func(a, b federation.SiteStatus) bool {
+		return a.Announce == federation.Announced && b.Announce == federation.Announced && a.EdgesServing == 2 && b.EdgesServing == 2 && a.ReadyBackends == 1
+	})
+	if err := s.WaitRemotes(60*time.Second, true); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("FederatedIngress created: both sites' status Announced, 2 edges serving each, and every edge told the other site's edges after %v", time.Since(created).Round(time.Millisecond))
+
+	// A planned drain of b, asked on the host.
+	held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	onB := 0
+	for _, k := range held {
+		if s.SiteOf(k.Edge) == "b" {
+			onB++
+		}
+	}
+	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 10 * time.Millisecond, For: time.Minute})
+	asked := time.Now()
+	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "true"}); err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	err = waitFor(30*time.Second, func() error {
+		h, err := s.Hops()
+		if err != nil {
+			return err
+		}
+		if h["b"] != 0 {
+			return fmt.Errorf("next hops by site %v", h)
+		}
+		return nil
+	})
+	left := time.Since(asked)
+	if err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	status("b draining", func(a, b federation.SiteStatus) bool {
+		return b.Announce == federation.Draining && b.AnnounceChanged != nil
+	})
+	time.Sleep(time.Second)
+	kept, total, failed := checkKeepConns(held, "/drained")
+	atts := stream.Stop()
+	news := traffic.FailuresAround(atts, asked)
+	t.Logf("drain asked on the host: b left the router's route %v later (drain lead %v), its status Draining; %d/%d held kept (%d on b); new connections: %v",
+		left.Round(time.Millisecond), lead, kept, total, onB, news)
+	if kept != total || news.Failed > 0 {
+		t.Errorf("drain: %d of %d held connections broke (%v), %d new connections failed", total-kept, total, failed, news.Failed)
+	}
+	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "false"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, func() error {
+		h, err := s.Hops()
+		if err != nil {
+			return err
+		}
+		if h["a"] != 2 || h["b"] != 2 {
+			return fmt.Errorf("next hops by site %v", h)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second)
+	if kept, total, failed := checkKeepConns(held, "/undrained"); kept != total {
+		t.Errorf("b back: %d of %d held connections broke: %v", total-kept, total, failed)
+	}
+
+	// Fail-static: the host's API server stops, then b's.
+	hops0, err := s.Router.Nexthops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates0, err := s.UpdatesReceived()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream = s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 10 * time.Millisecond, For: time.Minute})
+	stopped := time.Now()
+	if err := f.Host.Stop(); err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Second)
+	if err := s.B.API.Stop(); err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	time.Sleep(10 * time.Second)
+	atts = stream.Stop()
+	hops1, err := s.Router.Nexthops()
+	if err != nil {
+		t.Fatal(err)
+	}
+	updates1, err := s.UpdatesReceived()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, total, failed = checkKeepConns(held, "/host-lost")
+	news = traffic.FailuresAround(atts, stopped)
+	t.Logf("host API server stopped, b's 5 s later: %d BGP updates in 15 s, next hops %v -> %v; new connections: %v; %d/%d held kept",
+		updates1-updates0, hops0, hops1, news, kept, total)
+	if updates1 != updates0 || !slices.Equal(hops0, hops1) || news.Failed > 0 || kept != total {
+		t.Errorf("fail-static: %d BGP updates, next hops %v -> %v, %d new connections failed, %d held broke (%v)",
+			updates1-updates0, hops0, hops1, news.Failed, total-kept, failed)
+	}
 }
