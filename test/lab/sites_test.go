@@ -486,6 +486,7 @@ func TestSiteOverflow(t *testing.T) {
 		servedB        int
 		outB, inA, inB uint64
 		spilled        float64
+		firstSpill     time.Duration // from the load's start to b's first tunnel packet (-1: none in the ramp)
 	}
 	counter := func(f func() (uint64, error)) uint64 {
 		t.Helper()
@@ -497,15 +498,23 @@ func TestSiteOverflow(t *testing.T) {
 	}
 	load := func(every, d, ramp time.Duration) phase {
 		t.Helper()
+		spill0 := counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) })
+		start := time.Now()
 		stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: every, Timeout: time.Second, For: d})
-		time.Sleep(ramp)
+		ph := phase{firstSpill: -1}
+		for time.Since(start) < ramp {
+			if ph.firstSpill < 0 && counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) }) > spill0 {
+				ph.firstSpill = time.Since(start)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
 		b0 := counter(func() (uint64, error) { return s.NewFlows(s.B) })
 		out0 := counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) })
 		inA0 := counter(func() (uint64, error) { return s.Reasons(s.A, dataplane.ReasonSiteIn) })
 		inB0 := counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteIn) })
 		measured := time.Now()
 		time.Sleep(d - ramp)
-		ph := phase{atts: stream.Stop()}
+		ph.atts = stream.Stop()
 		ph.fromB = int(counter(func() (uint64, error) { return s.NewFlows(s.B) }) - b0)
 		ph.outB = counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) }) - out0
 		ph.inA = counter(func() (uint64, error) { return s.Reasons(s.A, dataplane.ReasonSiteIn) }) - inA0
@@ -532,6 +541,7 @@ func TestSiteOverflow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("b's first spilled packet %v after the load began", ph.firstSpill.Round(time.Millisecond))
 	t.Logf("%d new connections in 8 s (%d failed); after the first 2 s, the router sent b's edges %d, b's replicas served %d: b spilled %.0f%% (limit %.0f%%); tunnel packets out of b %d, into a %d, into b %d; BGP updates received during the load: %d",
 		len(ph.atts), ph.failed, ph.fromB, ph.servedB, 100*ph.spilled, 100*overflow.Limit, ph.outB, ph.inA, ph.inB, updates1-updates0)
 	if ph.failed > 0 {
