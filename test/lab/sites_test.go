@@ -566,9 +566,12 @@ func TestSiteOverflow(t *testing.T) {
 	// The load falls: b keeps its new connections again.
 	time.Sleep(spillDownLab)
 	ph = load(50*time.Millisecond, 4*time.Second, time.Second)
-	t.Logf("low load (20 a second): the router sent b's edges %d, b's replicas served %d (%d failed)", ph.fromB, ph.servedB, ph.failed)
-	if ph.servedB < ph.fromB || ph.failed > 0 {
-		t.Errorf("below capacity, b still spilled %d of %d new connections; %d failed", ph.fromB-ph.servedB, ph.fromB, ph.failed)
+	// Exactly: no packet leaves b through a tunnel (the SYNs b's edges count
+	// include retransmissions, so served vs. directed is only an estimate).
+	t.Logf("low load (20 a second): the router sent b's edges %d SYNs, b's replicas served %d connections, b sent %d packets through the tunnel (%d failed)",
+		ph.fromB, ph.servedB, ph.outB, ph.failed)
+	if ph.outB > 0 || ph.failed > 0 {
+		t.Errorf("below capacity, b still sent %d packets to a; %d new connections failed", ph.outB, ph.failed)
 	}
 }
 
