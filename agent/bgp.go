@@ -220,8 +220,9 @@ type bgpSink struct {
 	handover func()
 	siteAway bool
 	// siteDrain reports whether the site drains now (a planned drain in a
-	// federation, SitesFile.Draining): de-preferenced, and away.
-	siteDrain func(time.Time) bool
+	// federation, SitesFile.Draining): de-preferenced, and away; withdrawn once
+	// its drain grace is over.
+	siteDrain func(time.Time) (draining, withdraw bool)
 }
 
 func (b *bgpSink) Name() string { return "bgp" }
@@ -281,7 +282,13 @@ func (b *bgpSink) siteDown() (bool, time.Duration) {
 }
 
 // siteDraining reports whether the site drains now (siteDrain).
-func (b *bgpSink) siteDraining() bool { return b.siteDrain != nil && b.siteDrain(b.now()) }
+func (b *bgpSink) siteDraining() bool {
+	if b.siteDrain == nil {
+		return false
+	}
+	draining, _ := b.siteDrain(b.now())
+	return draining
+}
 
 // setHealthy is the health loop's callback.
 func (b *bgpSink) setHealthy(_ context.Context, ok bool) {
@@ -315,6 +322,11 @@ func (b *bgpSink) stop() {
 // site's in a federation, climbs one ladder: de-preferenced at once, withdrawn once
 // it has lasted withdrawAfter (counted from the earlier cause).
 func (b *bgpSink) preference() bgp.Preference {
+	if b.siteDrain != nil {
+		if _, withdraw := b.siteDrain(b.now()); withdraw {
+			return bgp.Withdrawn
+		}
+	}
 	if b.stopping || b.draining || b.siteDraining() {
 		return bgp.Depreferenced
 	}

@@ -228,7 +228,8 @@ func TestBGPSinkSiteDrain(t *testing.T) {
 	drain, calls := false, 0
 	b := newSiteSink(r)
 	b.handover = func() { calls++ }
-	b.siteDrain = func(time.Time) bool { return drain }
+	withdraw := false
+	b.siteDrain = func(time.Time) (bool, bool) { return drain, drain && withdraw }
 	ctx := context.Background()
 	b.setHealthy(ctx, true)
 	if err := b.Apply(ctx, model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip}}}}); err != nil {
@@ -240,8 +241,13 @@ func TestBGPSinkSiteDrain(t *testing.T) {
 	if r.pref != bgp.Depreferenced {
 		t.Errorf("draining 31 s: announced %v, want de-preferenced", r.pref)
 	}
+	withdraw = true
+	b.tick(time.Second)
+	if r.pref != bgp.Withdrawn {
+		t.Errorf("drain grace over: announced %v, want withdrawn", r.pref)
+	}
 	n := calls
-	drain = false
+	drain, withdraw = false, false
 	b.tick(time.Second)
 	if r.pref != bgp.Normal || calls != n+1 {
 		t.Errorf("drain over: announced %v, hand-over renewed %d times; want normal, once", r.pref, calls-n)

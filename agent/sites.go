@@ -38,6 +38,9 @@ type SitesFile struct {
 	// agents, which read their files at their own pace, time to be ready first.
 	Draining  bool         `json:"draining,omitempty"`
 	DrainFrom *metav1.Time `json:"drainFrom,omitempty"`
+	// DrainGrace: a draining site withdraws the VIPs this long after its drain
+	// began (nil: it stays de-preferenced until the drain ends).
+	DrainGrace *metav1.Duration `json:"drainGrace,omitempty"`
 	// Overflow, if set, is this site's capacity and where it spills above it.
 	Overflow *Overflow  `json:"overflow,omitempty"`
 	Peers    []PeerSite `json:"peers,omitempty"`
@@ -185,11 +188,22 @@ func (s *sites) overflow() *Overflow {
 }
 
 // drainingNow reports whether this site drains now (SitesFile.Draining, from
-// DrainFrom).
-func (s *sites) drainingNow(now time.Time) bool {
+// DrainFrom), and whether its drain grace is over (it withdraws).
+func (s *sites) drainingNow(now time.Time) (draining, withdraw bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.file.Draining && (s.file.DrainFrom == nil || !now.Before(s.file.DrainFrom.Time))
+	f := s.file
+	if !f.Draining || (f.DrainFrom != nil && now.Before(f.DrainFrom.Time)) {
+		return false, false
+	}
+	if f.DrainGrace == nil {
+		return true, false
+	}
+	from := s.stamp // a drain without a start began when the file said so
+	if f.DrainFrom != nil {
+		from = f.DrainFrom.Time
+	}
+	return true, !now.Before(from.Add(f.DrainGrace.Duration))
 }
 
 // remotes are the other sites' edges with their next hops' MACs; an edge whose

@@ -92,8 +92,25 @@ func TestSitesDrain(t *testing.T) {
 	}
 	s := &sites{path: p, log: zap.NewNop()}
 	s.reload()
-	if s.drainingNow(from.Add(-time.Second)) || !s.drainingNow(from) {
-		t.Errorf("draining a second before drainFrom: %v, at it: %v; want false, true", s.drainingNow(from.Add(-time.Second)), s.drainingNow(from))
+	if d, _ := s.drainingNow(from.Add(-time.Second)); d {
+		t.Error("draining a second before drainFrom")
+	}
+	if d, w := s.drainingNow(from.Add(time.Hour)); !d || w {
+		t.Errorf("an hour into the drain, no grace: draining %v, withdrawn %v; want true, false", d, w)
+	}
+	body = strings.Replace(body, "draining: true\n", "draining: true\ndrainGrace: 10m\n", 1)
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chtimes(p, from.Add(time.Minute), from.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	s.reload()
+	if d, w := s.drainingNow(from.Add(9 * time.Minute)); !d || w {
+		t.Errorf("9 min into the drain, grace 10 min: draining %v, withdrawn %v; want true, false", d, w)
+	}
+	if d, w := s.drainingNow(from.Add(10 * time.Minute)); !d || !w {
+		t.Errorf("10 min into the drain, grace 10 min: draining %v, withdrawn %v; want true, true", d, w)
 	}
 	if got := s.draining(); !slices.Equal(got, []string{"a"}) {
 		t.Errorf("peers draining: %v, want [a]", got)

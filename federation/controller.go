@@ -202,6 +202,7 @@ func (c *Controller) Run(ctx context.Context) error {
 		if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
 			c.queue.Add(key)
 		}
+		c.queue.Add(peersKey) // its site policies
 	}
 	if _, err := fiInf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue, UpdateFunc: func(_, n any) { enqueue(n) }, DeleteFunc: enqueue,
@@ -532,6 +533,12 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 	if err != nil {
 		site.Error = fmt.Sprintf("read the agents' reports: %v", err)
 		return site
+	}
+	if vip := fi.Spec.Policy.AnycastVIP; vip != "" && len(site.Addresses) > 0 && !slices.Contains(site.Addresses, vip) {
+		site.Error = fmt.Sprintf("serves the Ingress on %v, not on the anycast VIP %s (portico.io/vip on the site's group Service)", site.Addresses, vip)
+		c.warnOnce(u, problemKey+" vip", "AnycastVIPMismatch", site.Error)
+	} else {
+		c.warnOnce(u, problemKey+" vip", "", "")
 	}
 	site.Edges, site.EdgesServing, site.Announce = ev.edges, ev.serving, ev.announce
 	site.Overflow = int32(math.Round(100 * ev.spill))

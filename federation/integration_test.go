@@ -498,6 +498,44 @@ func TestPropagation(t *testing.T) {
 	})
 	waitPeers(t, ctx, cs["a"], "a told b's drain is over", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && !f.Peers[0].Draining })
 
+	// The FederatedIngress's site policies: a's capacity (for its two edges)
+	// and overflow, its drain grace; the anycast VIP, which b does not serve.
+	updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+		fi.Spec.Policy.Sites = []SitePolicy{{Cluster: "a", Capacity: 200, OverflowTo: "b"}}
+		fi.Spec.Policy.OverflowLimitPercent = 40
+		fi.Spec.Policy.DrainGrace = &metav1.Duration{Duration: 5 * time.Minute}
+		fi.Spec.Policy.AnycastVIP = "192.0.2.80"
+	})
+	waitPeers(t, ctx, cs["a"], "a overflows to b by the FederatedIngress's policy", func(f agent.SitesFile) bool {
+		return f.Overflow != nil && *f.Overflow == agent.Overflow{CapacityPerEdge: 100, To: "b", Limit: 0.4} &&
+			f.DrainGrace != nil && f.DrainGrace.Duration == 5*time.Minute
+	})
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ing := memberIngress(ctx, b, "shop")
+		ing.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "198.51.100.80"}}
+		_, err := b.client.NetworkingV1().Ingresses("web").UpdateStatus(ctx, ing, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, ctx, host, "shop", "b not on the anycast VIP", func(fi *FederatedIngress) bool {
+		s, a := site(fi, "b"), site(fi, "a")
+		return s != nil && strings.Contains(s.Error, "anycast VIP") && a != nil && a.Error == ""
+	})
+	waitEvent(t, ctx, host, "web", "shop", "AnycastVIPMismatch")
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		ing := memberIngress(ctx, b, "shop")
+		ing.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "192.0.2.80"}}
+		_, err := b.client.NetworkingV1().Ingresses("web").UpdateStatus(ctx, ing, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	waitStatus(t, ctx, host, "shop", "b on the anycast VIP", func(fi *FederatedIngress) bool {
+		s := site(fi, "b")
+		return s != nil && s.Error == ""
+	})
+
 	// A member down holds back no other member.
 	if err := cs["c"].srv.Stop(); err != nil {
 		t.Fatal(err)
@@ -510,7 +548,10 @@ func TestPropagation(t *testing.T) {
 	})
 
 	// Placement: b leaves and loses the Ingress; a keeps it.
-	updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Placement.Clusters = []string{"a", "c"} })
+	updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+		fi.Spec.Placement.Clusters = []string{"a", "c"}
+		fi.Spec.Policy.Sites = nil // a overflowed to b
+	})
 	waitMembers(t, ctx, cs, "b left the placement", "shop", func(ing *networkingv1.Ingress) bool { return ing == nil }, "b")
 	if memberIngress(ctx, a, "shop") == nil {
 		t.Fatal("a lost its Ingress when b left the placement")
@@ -539,6 +580,7 @@ func TestPropagation(t *testing.T) {
 	// cache (waited for by its sync count, not by time), and a's Ingress stays as
 	// it was, and so does what a was told of its peers.
 	before := memberIngress(ctx, a, "shop")
+	waitPeers(t, ctx, a, "a's overflow gone with the policy", func(f agent.SitesFile) bool { return f.Overflow == nil })
 	peersBefore, err := a.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -558,7 +600,7 @@ func TestPropagation(t *testing.T) {
 		t.Fatalf("a's Ingress changed when the host was lost: before rv %s, after %+v", before.ResourceVersion, after)
 	}
 	if cm, err := a.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{}); err != nil || cm.ResourceVersion != peersBefore.ResourceVersion {
-		t.Fatalf("a's peers changed when the host was lost: %v", err)
+		t.Fatalf("a's peers changed when the host was lost: %v\nbefore:\n%s\nafter:\n%s", err, peersBefore.Data[PeersKey], cm.Data[PeersKey])
 	}
 	t.Logf("host lost: 4 syncs in %v without it, a's Ingress unchanged (resourceVersion %s)",
 		time.Since(start).Round(time.Millisecond), after.ResourceVersion)

@@ -1,6 +1,7 @@
 package federation
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -12,7 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
@@ -50,10 +53,57 @@ const (
 
 // siteInfo is what the controller tells the other sites of one.
 type siteInfo struct {
-	edges     []string // the edges' tunnel addresses, sorted
-	draining  bool
-	drainFrom *metav1.Time
-	overflow  *agent.Overflow
+	edges      []string // the edges' tunnel addresses, sorted
+	draining   bool
+	drainFrom  *metav1.Time
+	drainGrace *metav1.Duration
+	overflow   *agent.Overflow
+}
+
+// policies applies the FederatedIngresses' site policies (spec.policy.sites,
+// overflowLimitPercent, drainGrace) to the sites they place: the first
+// FederatedIngress by namespace/name that sets a site's counts, over its member
+// Secret's annotations.
+func (c *Controller) policies(sites map[string]siteInfo) {
+	var fis []*FederatedIngress
+	for _, obj := range c.fisAll() {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		fi := &FederatedIngress{}
+		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi) != nil || Validate(fi) != nil || fi.DeletionTimestamp != nil {
+			continue
+		}
+		fis = append(fis, fi)
+	}
+	slices.SortFunc(fis, func(a, b *FederatedIngress) int {
+		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
+	})
+	set, graced := map[string]bool{}, map[string]bool{}
+	for _, fi := range fis {
+		pol := fi.Spec.Policy
+		for _, sp := range pol.Sites {
+			info, ok := sites[sp.Cluster]
+			if !ok || set[sp.Cluster] {
+				continue
+			}
+			set[sp.Cluster] = true
+			info.overflow = &agent.Overflow{To: sp.OverflowTo, CapacityPerEdge: float64(sp.Capacity) / float64(max(len(info.edges), 1)),
+				Limit: float64(pol.OverflowLimitPercent) / 100}
+			sites[sp.Cluster] = info
+		}
+		if pol.DrainGrace == nil {
+			continue
+		}
+		for _, cl := range fi.Spec.Placement.Clusters {
+			if info, ok := sites[cl]; ok && !graced[cl] {
+				graced[cl] = true
+				info.drainGrace = pol.DrainGrace
+				sites[cl] = info
+			}
+		}
+	}
 }
 
 // syncPeers writes every reachable member's PeersConfigMap. A site's edges are
@@ -92,6 +142,7 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		info.overflow = c.overflow(s, len(info.edges))
 		sites[name] = info
 	}
+	c.policies(sites)
 	for name := range sites {
 		m := c.member(name)
 		if m == nil {
@@ -100,7 +151,8 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		if _, down := m.unreachable(time.Now()); down {
 			continue
 		}
-		f := agent.SitesFile{Site: name, Draining: sites[name].draining, DrainFrom: sites[name].drainFrom, Overflow: sites[name].overflow}
+		f := agent.SitesFile{Site: name, Draining: sites[name].draining, DrainFrom: sites[name].drainFrom, Overflow: sites[name].overflow,
+			DrainGrace: sites[name].drainGrace}
 		if o := f.Overflow; o != nil && len(sites[o.To].edges) == 0 {
 			c.warnOnce(secrets[name], secrets[name].Namespace+"/"+secrets[name].Name+"/overflow", "InvalidOverflow",
 				fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", AnnotationOverflowTo, o.To))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strconv"
 
 	jsonpatch "gopkg.in/evanphx/json-patch.v4"
@@ -41,6 +42,32 @@ func Validate(fi *FederatedIngress) error {
 	case "", HealthAny, HealthAll:
 	default:
 		return fmt.Errorf("spec.policy.health: %q is not Any or All", fi.Spec.Policy.Health)
+	}
+	pol := fi.Spec.Policy
+	if pol.AnycastVIP != "" {
+		if _, err := netip.ParseAddr(pol.AnycastVIP); err != nil {
+			return fmt.Errorf("spec.policy.anycastVIP: %w", err)
+		}
+	}
+	if pol.OverflowLimitPercent < 0 || pol.OverflowLimitPercent > 90 {
+		return fmt.Errorf("spec.policy.overflowLimitPercent: %d: want 1 to 90 (0: the default, 50)", pol.OverflowLimitPercent)
+	}
+	if pol.DrainGrace != nil && pol.DrainGrace.Duration < 0 {
+		return fmt.Errorf("spec.policy.drainGrace: negative")
+	}
+	sites := map[string]bool{}
+	for i, sp := range pol.Sites {
+		switch {
+		case !seen[sp.Cluster]:
+			return fmt.Errorf("spec.policy.sites[%d].cluster: %q is not placed", i, sp.Cluster)
+		case sites[sp.Cluster]:
+			return fmt.Errorf("spec.policy.sites[%d].cluster: %q listed twice", i, sp.Cluster)
+		case sp.Capacity <= 0:
+			return fmt.Errorf("spec.policy.sites[%d].capacity: want a positive number of new connections a second", i)
+		case !seen[sp.OverflowTo] || sp.OverflowTo == sp.Cluster:
+			return fmt.Errorf("spec.policy.sites[%d].overflowTo: %q: want another placed cluster", i, sp.OverflowTo)
+		}
+		sites[sp.Cluster] = true
 	}
 	return nil
 }

@@ -172,6 +172,7 @@ func TestValidate(t *testing.T) {
 		clusters []string
 		override string
 		health   HealthPolicy
+		policy   func(*Policy)
 		wantErr  string
 	}{
 		{name: "fine", clusters: []string{"a", "b"}},
@@ -180,6 +181,21 @@ func TestValidate(t *testing.T) {
 		{name: "bad name", clusters: []string{"Site_A"}, wantErr: "Site_A"},
 		{name: "override without cluster", clusters: []string{"a"}, override: "-", wantErr: "overrides[0].cluster"},
 		{name: "unknown health policy", clusters: []string{"a"}, health: "Most", wantErr: "spec.policy.health"},
+		{name: "site policies", clusters: []string{"a", "b"}, policy: func(p *Policy) {
+			p.AnycastVIP, p.OverflowLimitPercent = "192.0.2.80", 40
+			p.Sites = []SitePolicy{{Cluster: "a", Capacity: 100, OverflowTo: "b"}, {Cluster: "b", Capacity: 100, OverflowTo: "a"}}
+		}},
+		{name: "bad anycast VIP", clusters: []string{"a"}, policy: func(p *Policy) { p.AnycastVIP = "192.0.2" }, wantErr: "anycastVIP"},
+		{name: "limit too high", clusters: []string{"a"}, policy: func(p *Policy) { p.OverflowLimitPercent = 95 }, wantErr: "overflowLimitPercent"},
+		{name: "site not placed", clusters: []string{"a", "b"}, policy: func(p *Policy) {
+			p.Sites = []SitePolicy{{Cluster: "c", Capacity: 100, OverflowTo: "b"}}
+		}, wantErr: "not placed"},
+		{name: "overflow to itself", clusters: []string{"a", "b"}, policy: func(p *Policy) {
+			p.Sites = []SitePolicy{{Cluster: "a", Capacity: 100, OverflowTo: "a"}}
+		}, wantErr: "overflowTo"},
+		{name: "no capacity", clusters: []string{"a", "b"}, policy: func(p *Policy) {
+			p.Sites = []SitePolicy{{Cluster: "a", OverflowTo: "b"}}
+		}, wantErr: "capacity"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -189,6 +205,9 @@ func TestValidate(t *testing.T) {
 				fi.Spec.Overrides = []Override{{Patch: json.RawMessage(`{}`)}}
 			}
 			fi.Spec.Policy.Health = tc.health
+			if tc.policy != nil {
+				tc.policy(&fi.Spec.Policy)
+			}
 			err := Validate(fi)
 			if tc.wantErr == "" {
 				if err != nil {

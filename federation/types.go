@@ -68,6 +68,32 @@ const (
 // alone (fail-static).
 type Policy struct {
 	Health HealthPolicy `json:"health,omitempty"`
+	// AnycastVIP is the address every placed site must serve the Ingress on
+	// (each site's group VIP, portico.io/vip on its group Service): a site whose
+	// Ingress status lists another is reported in its status.
+	AnycastVIP string `json:"anycastVIP,omitempty"`
+	// Sites are per-site capacities: above its capacity a site spills new
+	// connections to the site OverflowTo names (SitesFile.Overflow). They are
+	// the site's (its edges serve every federated Ingress of the group): when
+	// several FederatedIngresses set one site's, the first by namespace/name
+	// counts; a member Secret's portico.io/capacity annotations count only where
+	// none does.
+	Sites []SitePolicy `json:"sites,omitempty"`
+	// OverflowLimitPercent is the most of a site's new connections that spill
+	// (default 50, at most 90).
+	OverflowLimitPercent int32 `json:"overflowLimitPercent,omitempty"`
+	// DrainGrace is how long a draining site stays de-preferenced before it
+	// withdraws the VIPs (default: until the drain ends). Its connections go on
+	// either way: the other sites send them to it through tunnels.
+	DrainGrace *metav1.Duration `json:"drainGrace,omitempty"`
+}
+
+// SitePolicy is one site's capacity and where it overflows.
+type SitePolicy struct {
+	Cluster string `json:"cluster"`
+	// Capacity is in new connections a second, for the whole site.
+	Capacity   int32  `json:"capacity"`
+	OverflowTo string `json:"overflowTo"`
 }
 
 // Template is the member Ingress before overrides: its labels, annotations and spec.
