@@ -277,6 +277,15 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 	return has;
 }
 
+/* has_tunnel reports whether this node has a tunnel address (a federation). */
+static __always_inline int has_tunnel(void)
+{
+	__u32 zero = 0;
+	struct tunnel_cfg *tc = bpf_map_lookup_elem(&tunnel, &zero);
+
+	return tc && *(__u32 *)tc->src4;
+}
+
 /* to_site sends a packet to another site's edge (a BACKEND_F_REMOTE backend) in
  * an IPv4 tunnel: a 20-byte IPv4 header goes in front of the IP packet (IPIP, or
  * protocol 41 for IPv6), from this node's tunnel address (tunnel) to be->addr,
@@ -392,7 +401,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	struct backend *cb, *be;
 	struct flow_val *fv;
 	__u64 now = 0;
-	int rc;
+	int rc, sites;
 
 	if (marked(eth, data_end)) {
 		set_mark(eth, data_end, 0);
@@ -401,15 +410,18 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->icmp_error ||
 	    !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(REASON_FROM_PEER, XDP_PASS);
+	/* Pins of connections sent to another site exist only with a tunnel: a
+	 * node in no federation reads nothing more for a director's frames. */
+	sites = has_tunnel() && pins_live(&now);
 	if (p->syn) {
 		/* A new connection is served here; an old pin of its 5-tuple goes. */
-		if (pins_live(&now))
+		if (sites)
 			bpf_map_delete_elem(&flows, &p->flow);
 		return count(REASON_FROM_PEER, XDP_PASS);
 	}
 	/* A connection this node sent to another site (below) keeps going there,
 	 * also once the hand-over's transition is over. */
-	if (pins_live(&now) && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
+	if (sites && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
 	    (be = active_backend(fv->backend_id)) && (be->flags & BACKEND_F_REMOTE)) {
 		if (now - fv->last_seen_ns > NSEC_PER_SEC) {
 			fv->last_seen_ns = now;
