@@ -401,26 +401,16 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			seen[b.Addr.Unmap()] = true
 		}
 		for _, r := range g.Remotes {
-			switch {
-			case !r.Addr.IsValid() || !r.Addr.Unmap().Is4():
-				problems = append(problems, fmt.Sprintf("group %s: remote edge %s is not an IPv4 address", g.Name, r.Addr))
-			case len(r.MAC) != 6:
-				problems = append(problems, fmt.Sprintf("group %s: remote edge %s has no next-hop MAC", g.Name, r.Addr))
-			case !want.Tunnel.IsValid():
-				problems = append(problems, fmt.Sprintf("group %s: remote edges need a tunnel address", g.Name))
-			case seen[r.Addr.Unmap()]:
+			if problem := r.check("remote", want.Tunnel); problem != "" {
+				problems = append(problems, fmt.Sprintf("group %s: %s", g.Name, problem))
+			} else if seen[r.Addr.Unmap()] {
 				problems = append(problems, fmt.Sprintf("group %s: %s is a replica and a remote edge", g.Name, r.Addr))
 			}
 			seen[r.Addr.Unmap()] = true
 		}
 		for _, r := range g.Spill {
-			switch {
-			case !r.Addr.IsValid() || !r.Addr.Unmap().Is4():
-				problems = append(problems, fmt.Sprintf("group %s: spill edge %s is not an IPv4 address", g.Name, r.Addr))
-			case len(r.MAC) != 6:
-				problems = append(problems, fmt.Sprintf("group %s: spill edge %s has no next-hop MAC", g.Name, r.Addr))
-			case !want.Tunnel.IsValid():
-				problems = append(problems, fmt.Sprintf("group %s: spill edges need a tunnel address", g.Name))
+			if problem := r.check("spill", want.Tunnel); problem != "" {
+				problems = append(problems, fmt.Sprintf("group %s: %s", g.Name, problem))
 			}
 		}
 		if g.SpillRatio < 0 || g.SpillRatio > MaxSpill || (g.SpillRatio > 0 && len(g.Spill) == 0) {
@@ -697,6 +687,20 @@ func (g Group) keys(vip uint32) []backendKey {
 		out = append(out, backendKey{vip: vip, addr: r.Addr.Unmap(), spill: true})
 	}
 	return out
+}
+
+// check says what is wrong with another site's edge (kind: remote or spill), ""
+// when nothing is.
+func (r Remote) check(kind string, tunnel netip.Addr) string {
+	switch {
+	case !r.Addr.IsValid() || !r.Addr.Unmap().Is4():
+		return fmt.Sprintf("%s edge %s is not an IPv4 address", kind, r.Addr)
+	case len(r.MAC) != 6:
+		return fmt.Sprintf("%s edge %s has no next-hop MAC", kind, r.Addr)
+	case !tunnel.IsValid():
+		return kind + " edges need a tunnel address"
+	}
+	return ""
 }
 
 // remoteID is a remote edge's backend for one VIP.

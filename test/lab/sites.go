@@ -457,6 +457,21 @@ func (s *Sites) Hops() (map[string]int, error) {
 	return out, nil
 }
 
+// HopsAre is a condition for waitFor: the router's route to the VIP has a next
+// hops through site a's edges and b through site b's.
+func (s *Sites) HopsAre(a, b int) func() error {
+	return func() error {
+		h, err := s.Hops()
+		if err != nil {
+			return err
+		}
+		if h["a"] != a || h["b"] != b {
+			return fmt.Errorf("the router's next hops by site: %v, want a %d, b %d", h, a, b)
+		}
+		return nil
+	}
+}
+
 // SiteOf names the site of an edge address ("" for none).
 func (s *Sites) SiteOf(addr string) string {
 	for _, l := range s.all() {

@@ -125,16 +125,7 @@ func TestSiteReturn(t *testing.T) {
 			stream.Stop()
 			t.Fatal(err)
 		}
-		err = waitFor(30*time.Second, func() error {
-			h, err := s.Hops()
-			if err != nil {
-				return err
-			}
-			if h["a"] != len(s.A.Edges) || h["b"] != len(s.B.Edges) {
-				return fmt.Errorf("the router's next hops by site: %v", h)
-			}
-			return nil
-		})
+		err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), len(s.B.Edges)))
 		announced := time.Since(back)
 		if err != nil {
 			stream.Stop()
@@ -209,24 +200,12 @@ func TestSiteDrain(t *testing.T) {
 	if err := s.WaitRemotes(30*time.Second, true); err != nil {
 		t.Fatal(err)
 	}
-	hopsAre := func(a, b int) func() error {
-		return func() error {
-			h, err := s.Hops()
-			if err != nil {
-				return err
-			}
-			if h["a"] != a || h["b"] != b {
-				return fmt.Errorf("the router's next hops by site: %v, want a %d, b %d", h, a, b)
-			}
-			return nil
-		}
-	}
 	for _, told := range []bool{false, true} {
 		name := "baseline, a not told that b drains"
 		if told {
 			name = "planned drain"
 		}
-		if err := waitFor(30*time.Second, hopsAre(len(s.A.Edges), len(s.B.Edges))); err != nil {
+		if err := waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), len(s.B.Edges))); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
@@ -253,7 +232,7 @@ func TestSiteDrain(t *testing.T) {
 		if err := s.WriteSites(s.B, SiteFile{Peers: true, Draining: true, DrainFrom: from}); err != nil {
 			t.Fatal(err)
 		}
-		err = waitFor(30*time.Second, hopsAre(len(s.A.Edges), 0))
+		err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), 0))
 		gone := time.Since(from)
 		if err != nil {
 			stream.Stop()
@@ -294,7 +273,7 @@ func TestSiteDrain(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		err = waitFor(30*time.Second, hopsAre(len(s.A.Edges), len(s.B.Edges)))
+		err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), len(s.B.Edges)))
 		returned := time.Since(back)
 		if err != nil {
 			stream.Stop()
@@ -333,14 +312,6 @@ func TestSiteFailures(t *testing.T) {
 		}
 		return h
 	}
-	hopsAre := func(a, b int) func() error {
-		return func() error {
-			if h := hops(); h["a"] != a || h["b"] != b {
-				return fmt.Errorf("the router's next hops by site: %v, want a %d, b %d", h, a, b)
-			}
-			return nil
-		}
-	}
 	na, nb := len(s.A.Edges), len(s.B.Edges)
 
 	// b's backends go not ready.
@@ -350,7 +321,7 @@ func TestSiteFailures(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, hopsAre(na, 0)); err != nil {
+	if err := waitFor(10*time.Second, s.HopsAre(na, 0)); err != nil {
 		t.Fatal(err)
 	}
 	deprefered := time.Since(fault)
@@ -379,7 +350,7 @@ func TestSiteFailures(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(20*time.Second, hopsAre(na, nb)); err != nil {
+	if err := waitFor(20*time.Second, s.HopsAre(na, nb)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("b's backends ready again: b back in the route after %v", time.Since(back).Round(time.Millisecond))
@@ -392,7 +363,7 @@ func TestSiteFailures(t *testing.T) {
 	}
 	changes := 0
 	for time.Since(stop) < 10*time.Second {
-		if err := hopsAre(na, nb)(); err != nil {
+		if err := s.HopsAre(na, nb)(); err != nil {
 			changes++
 			t.Errorf("b's API server stopped %v ago: %v", time.Since(stop).Round(time.Millisecond), err)
 		}
@@ -814,16 +785,7 @@ func TestSiteFederated(t *testing.T) {
 	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "false"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, func() error {
-		h, err := s.Hops()
-		if err != nil {
-			return err
-		}
-		if h["a"] != 2 || h["b"] != 2 {
-			return fmt.Errorf("next hops by site %v", h)
-		}
-		return nil
-	}); err != nil {
+	if err := waitFor(30*time.Second, s.HopsAre(2, 2)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
