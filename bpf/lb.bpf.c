@@ -35,6 +35,12 @@
 
 #define NSEC_PER_SEC 1000000000ULL
 
+/* Set at load by the data-plane model test only (dataplane's Options.sockModel):
+ * has_connection then reads the sock_model map, a model of the node's sockets,
+ * so several simulated nodes share one kernel. The agent never sets it, and the
+ * verifier drops the branch. */
+volatile const __u32 lb_sock_model = 0;
+
 /* Keep the enums Go needs in BTF for bpf2go. */
 const enum lb_limits *unused_limits __attribute__((unused));
 const enum backend_flags *unused_backend_flags __attribute__((unused));
@@ -256,6 +262,8 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 	__u32 size;
 	int has;
 
+	if (lb_sock_model)
+		return bpf_map_lookup_elem(&sock_model, f) != 0;
 	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
 		t.ipv4.saddr = ((const __u32 *)f->src)[3];
 		t.ipv4.daddr = ((const __u32 *)f->dst)[3];

@@ -164,6 +164,18 @@ struct {
 	__type(value, struct mac_verdict);
 } src_macs SEC(".maps");
 
+/* A model of this node's socket table, for the data-plane model test only: a
+ * flow key present here is a connection this node's stack has. has_connection
+ * reads it instead of the kernel's sockets only where lb_sock_model is set at
+ * load (never by the agent); elsewhere the verifier removes the read, and the
+ * map, one entry and unpinned, is never looked at. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 1);
+	__type(key, struct flow_key);
+	__type(value, __u32);
+} sock_model SEC(".maps");
+
 /* Packets by the reason for their verdict. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);

@@ -202,12 +202,14 @@ const (
 	lbMapReasonStats        = "reason_stats"
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
+	lbMapSockModel          = "sock_model"
 	lbMapSrcMacs            = "src_macs"
 	lbMapTunnel             = "tunnel"
 	lbMapVipMemos           = "vip_memos"
 	lbMapVipStats           = "vip_stats"
 	lbMapVips               = "vips"
 	lbProgXdpLb             = "xdp_lb"
+	lbVarLbSockModel        = "lb_sock_model"
 	lbVarUnusedBackendFlags = "unused_backend_flags"
 	lbVarUnusedCachePin     = "unused_cache_pin"
 	lbVarUnusedLimits       = "unused_limits"
@@ -274,6 +276,7 @@ type lbMapSpecs struct {
 	ReasonStats  *ebpf.MapSpec `ebpf:"reason_stats"`
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
+	SockModel    *ebpf.MapSpec `ebpf:"sock_model"`
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
 	Tunnel       *ebpf.MapSpec `ebpf:"tunnel"`
 	VipMemos     *ebpf.MapSpec `ebpf:"vip_memos"`
@@ -285,6 +288,7 @@ type lbMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type lbVariableSpecs struct {
+	LbSockModel        *ebpf.VariableSpec `ebpf:"lb_sock_model"`
 	UnusedBackendFlags *ebpf.VariableSpec `ebpf:"unused_backend_flags"`
 	UnusedCachePin     *ebpf.VariableSpec `ebpf:"unused_cache_pin"`
 	UnusedLimits       *ebpf.VariableSpec `ebpf:"unused_limits"`
@@ -322,6 +326,7 @@ type lbMaps struct {
 	ReasonStats  *ebpf.Map `ebpf:"reason_stats"`
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
+	SockModel    *ebpf.Map `ebpf:"sock_model"`
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
 	Tunnel       *ebpf.Map `ebpf:"tunnel"`
 	VipMemos     *ebpf.Map `ebpf:"vip_memos"`
@@ -343,6 +348,7 @@ func (m *lbMaps) Close() error {
 		m.ReasonStats,
 		m.Rings,
 		m.RingsMeta,
+		m.SockModel,
 		m.SrcMacs,
 		m.Tunnel,
 		m.VipMemos,
@@ -355,6 +361,7 @@ func (m *lbMaps) Close() error {
 //
 // It can be passed to loadLbObjects or ebpf.CollectionSpec.LoadAndAssign.
 type lbVariables struct {
+	LbSockModel        *ebpf.Variable `ebpf:"lb_sock_model"`
 	UnusedBackendFlags *ebpf.Variable `ebpf:"unused_backend_flags"`
 	UnusedCachePin     *ebpf.Variable `ebpf:"unused_cache_pin"`
 	UnusedLimits       *ebpf.Variable `ebpf:"unused_limits"`

@@ -55,6 +55,11 @@ type Options struct {
 	// the packet on (IPv4, see the package doc).
 	Arrival bool
 	Logger  *zap.Logger
+
+	// sockModel (tests only): has_connection reads the sock_model map, of
+	// up to sockModel entries, instead of the kernel's sockets, so that
+	// simulated nodes sharing one kernel each have a socket table of their own.
+	sockModel uint32
 }
 
 // Dataplane is a loaded xdp_lb: its program and pinned maps, and the state Apply
@@ -121,6 +126,12 @@ func Load(opts Options) (*Dataplane, error) {
 	}
 	if opts.FlowEntries != 0 {
 		spec.Maps[lbMapFlows].MaxEntries = opts.FlowEntries
+	}
+	if opts.sockModel != 0 {
+		spec.Maps[lbMapSockModel].MaxEntries = opts.sockModel
+		if err := spec.Variables["lb_sock_model"].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("set lb_sock_model: %w", err)
+		}
 	}
 	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy(), arriving: arriving}
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
