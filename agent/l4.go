@@ -27,9 +27,11 @@ import (
 // table. A remote replica whose MAC is unknown is left out (it cannot be sent
 // to) and returned in unresolved, so the caller can resolve it and try again.
 //
-// A draining replica stays as it is, dead or not: it takes no new flows anyway,
-// and a graceful stop closes nginx's listeners (so its checks fail) while its
-// connections finish. Liveness never empties a group: when it would leave no
+// A draining replica the checks call dead is Down too (and still draining): a
+// graceful stop closes nginx's listeners (so its checks fail) while its
+// connections finish, and those still reach it, asked after the serving
+// replicas in their chains, while no other replica's connection is ever sent to
+// a draining replica that may really be dead. Liveness never empties a group: when it would leave no
 // replica that takes new flows, Kubernetes' view holds (out is then nil and
 // overruled is set), since a checker that sees every replica dead is more
 // likely broken, or cut off itself, than right.
@@ -44,10 +46,9 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 		serving := 0
 		for _, r := range g.Replicas {
 			switch {
-			case r.State == model.Draining:
 			case dead(r.Addr):
 				gout = append(gout, r.Addr)
-			default:
+			case r.State != model.Draining:
 				serving++
 			}
 		}
@@ -62,7 +63,7 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 				// other replica's flows move; its own flows stay with it while its
 				// MAC is known (a wrong verdict breaks nothing), else they are
 				// picked again.
-				b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Down: true, Local: local(r.Addr)}
+				b := dataplane.Backend{Addr: r.Addr, Weight: r.Weight, Down: true, Local: local(r.Addr), Draining: r.State == model.Draining}
 				if m, ok := mac(r.Addr); ok && !b.Local {
 					b.MAC = m
 				}

@@ -115,12 +115,13 @@ func TestDesiredForLiveness(t *testing.T) {
 		t.Errorf("missing %v, overruled %v, out %v", missing, overruled, out)
 	}
 
-	// c is draining and dead: it stays, draining; the dead local replica a goes.
+	// c is draining and dead: Down and draining (asked last, its connections
+	// kept); the dead local replica a goes.
 	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macB}
 	withC := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
 	got, _, out, _ = desiredFor(snap, "edge/web", 1, local, deadSet(a, c), withC)
-	want := []dataplane.Backend{{Addr: a, Down: true, Local: true}, {Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
-	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || !slices.Equal(out, []netip.Addr{a}) {
+	want := []dataplane.Backend{{Addr: a, Down: true, Local: true}, {Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true, Down: true}}
+	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || !slices.Equal(out, []netip.Addr{a, c}) {
 		t.Errorf("backends (-want +got):\n%s; out %v", diff, out)
 	}
 

@@ -6,8 +6,9 @@
  * flows) or the VIP's Maglev ring (new flows): a replica on this node gets
  * XDP_PASS, a replica elsewhere gets the frame with only its two MAC addresses
  * rewritten, sent back out with XDP_TX (L2 direct server return). Everything that
- * is not VIP traffic passes untouched. The program never returns XDP_ABORTED and
- * never drops.
+ * is not VIP traffic passes untouched. The program never returns XDP_ABORTED; it
+ * drops only a handed-on packet of a connection no replica of its chain has,
+ * within LB_SETTLE_MS of a ring change (TCP sends it again).
  *
  * Policy for the awkward cases (each counted in reason_stats):
  *  - IPv4 fragments and IPv6 fragment headers: XDP_PASS to the local stack (a
@@ -122,11 +123,12 @@ static __always_inline int lookup_vip(const struct flow_key *flow, const struct 
 	return v != 0;
 }
 
-/* pick_from_ring returns the backend id a ring map (rings or prev_rings) holds for
- * this hash in the VIP's ring, 0 if none. */
-static __always_inline __u32 pick_from_ring(void *outer, __u32 vip_id, __u32 hash, const struct lb_config *cfg)
+/* ring_slot returns the slot a ring map (rings, prev_rings, mid_rings) holds at
+ * key for this hash: a backend id, with LB_SLOT_MOVED in the current ring where
+ * the transition's rings differ; 0 if none. */
+static __always_inline __u32 ring_slot(void *outer, __u32 key, __u32 hash, const struct lb_config *cfg)
 {
-	void *ring = bpf_map_lookup_elem(outer, &vip_id);
+	void *ring = bpf_map_lookup_elem(outer, &key);
 	__u16 *ids;
 	__u32 slot, idx;
 
@@ -136,6 +138,12 @@ static __always_inline __u32 pick_from_ring(void *outer, __u32 vip_id, __u32 has
 	idx = slot / LB_RING_CHUNK;
 	ids = bpf_map_lookup_elem(ring, &idx);
 	return ids ? ids[slot % LB_RING_CHUNK] : 0;
+}
+
+/* pick_from_ring returns the backend id a ring map holds for this hash, 0 if none. */
+static __always_inline __u32 pick_from_ring(void *outer, __u32 key, __u32 hash, const struct lb_config *cfg)
+{
+	return ring_slot(outer, key, hash, cfg) & ~(__u32)LB_SLOT_MOVED;
 }
 
 /* clock reads bpf_ktime_get_coarse_ns() once per packet, and only for a packet
@@ -157,25 +165,30 @@ static __always_inline int prev_live(__u32 vip_id, __u64 *now)
 	return m && m->prev_until_ns && clock(now) < m->prev_until_ns;
 }
 
-/* pins_live reports whether a pinned flow may exist: one was made or used within
- * LB_PIN_IDLE_SEC. Until then flows is not looked at. */
-static __always_inline int pins_live(__u64 *now)
+/* live reports whether a pin clock (pin_clock: directors' pins; relay_clock:
+ * hand-off pins) was touched within LB_PIN_IDLE_SEC. Until then flows is not
+ * looked at for what that clock guards. */
+static __always_inline int live(void *clock_map, __u64 *now)
 {
 	__u32 zero = 0;
-	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+	__u64 *t = bpf_map_lookup_elem(clock_map, &zero);
 
 	return t && *t && clock(now) - *t < (__u64)LB_PIN_IDLE_SEC * NSEC_PER_SEC;
 }
 
-/* pin_seen moves pin_clock to now, at most once a second (a shared cache line). */
-static __always_inline void pin_seen(__u64 now)
+static __always_inline int pins_live(__u64 *now) { return live(&pin_clock, now); }
+
+/* seen moves a pin clock to now, at most once a second (a shared cache line). */
+static __always_inline void seen(void *clock_map, __u64 now)
 {
 	__u32 zero = 0;
-	__u64 *t = bpf_map_lookup_elem(&pin_clock, &zero);
+	__u64 *t = bpf_map_lookup_elem(clock_map, &zero);
 
 	if (t && now - *t > NSEC_PER_SEC)
 		*t = now;
 }
+
+static __always_inline void pin_seen(__u64 now) { seen(&pin_clock, now); }
 
 static __always_inline struct backend *active_backend(__u32 id)
 {
@@ -219,43 +232,90 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 	pin_seen(now);
 }
 
-/* The hand-off mark: the reserved flag bit of IPv4 (RFC 791), which nothing else
- * sets. Only edges set it, only on frames they hand to each other on the edge
- * segment, and the receiving edge clears it before its stack sees the frame.
- * IPv6 has no such bit (flow labels are random), so IPv6 is never handed off. */
-#define IP4_MARK 0x8000
+/* The hand-off mark, in the TCP header so that IPv4 and IPv6 are marked alike and
+ * a frame keeps its size: three reserved bits (RFC 9293: sent as zero, ignored on
+ * receipt; not the fourth, which AccECN took) say a frame is handed on (1) or is
+ * to be served (7), and a handed-on frame's urgent pointer (which a segment
+ * without URG does not use, and every stack sends as zero) the receiver's place
+ * in the flow's chain, plus one. Only a segment without URG and with a zero
+ * urgent pointer is handed on, so clearing the mark gives back the frame the
+ * client sent; the receiving edge clears it before its stack sees the frame. */
+#define TCP_MARK_BITS 0x0e00 /* in the 16-bit word at offset 12 */
+#define TCP_MARK_HOP 0x0200
+#define TCP_URG 0x20
 
-static __always_inline int marked(struct ethhdr *eth, void *data_end)
+/* tcp_hdr is the TCP header of a parsed TCP packet (no ICMP error), or 0. */
+static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct parsed *p)
 {
-	struct iphdr *ip = (void *)(eth + 1);
+	__u8 *th = data + (p->l4_off & 0xff);
 
-	return eth->h_proto == bpf_htons(ETH_P_IP) && (void *)(ip + 1) <= data_end &&
-	       (ip->frag_off & bpf_htons(IP4_MARK));
+	if (p->flow.proto != IPPROTO_TCP || p->icmp_error || !p->l4_off || (void *)(th + 20) > data_end)
+		return 0;
+	return th;
 }
 
-/* set_mark sets (on) or clears the hand-off mark of an IPv4 frame, keeping its
- * header checksum right (RFC 1624). */
-static __always_inline void set_mark(struct ethhdr *eth, void *data_end, int on)
-{
-	struct iphdr *ip = (void *)(eth + 1);
-	__u16 old, new;
-	__u32 sum;
+static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BITS >> 8); }
 
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || (void *)(ip + 1) > data_end)
+/* get_mark is a frame's mark: 0 (none), a place + 1 (1 to LB_CHAIN), or
+ * LB_MARK_FINAL (also for a mark that names no place). */
+static __always_inline __u32 get_mark(const __u8 *th)
+{
+	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), place = (__u32)th[18] << 8 | th[19];
+
+	if (!bits)
+		return 0;
+	if (bits != TCP_MARK_HOP >> 8 || place == 0 || place > LB_CHAIN)
+		return LB_MARK_FINAL;
+	return place;
+}
+
+/* can_mark reports whether a frame may carry a place: no URG, no urgent pointer. */
+static __always_inline int can_mark(const __u8 *th)
+{
+	return !(th[13] & TCP_URG) && !th[18] && !th[19];
+}
+
+/* csum16 updates a 16-bit checksum for a 16-bit word changed from old to new
+ * (RFC 1624). */
+static __always_inline __u16 csum16(__u16 check, __u16 old, __u16 new)
+{
+	__u32 sum = (__u16)~check + (__u16)~old + new;
+
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return ~sum;
+}
+
+/* put_mark writes mark (0 clears it; LB_MARK_FINAL; a place + 1, which only a
+ * frame can_mark may carry) into a TCP header, keeping its checksum right. */
+static __always_inline void put_mark(__u8 *th, __u32 mark)
+{
+	__u16 old = (__u16)th[12] << 8 | th[13], new = old & ~TCP_MARK_BITS;
+	__u16 ourg = (__u16)th[18] << 8 | th[19], nurg = ourg;
+	__u16 check = (__u16)th[16] << 8 | th[17];
+
+	if (mark == LB_MARK_FINAL) {
+		new |= TCP_MARK_BITS;
+	} else if (mark) {
+		new |= TCP_MARK_HOP;
+		nurg = mark;
+	} else if ((old & TCP_MARK_BITS) == TCP_MARK_HOP && !(th[13] & TCP_URG)) {
+		nurg = 0; /* a place this header carried */
+	}
+	if (old == new && ourg == nurg)
 		return;
-	old = bpf_ntohs(ip->frag_off);
-	new = on ? old | IP4_MARK : old & ~IP4_MARK;
-	ip->frag_off = bpf_htons(new);
-	sum = (__u16)~bpf_ntohs(ip->check) + (__u16)~old + new;
-	sum = (sum & 0xffff) + (sum >> 16);
-	sum = (sum & 0xffff) + (sum >> 16);
-	ip->check = bpf_htons(~sum);
+	check = csum16(csum16(check, old, new), ourg, nurg);
+	th[12] = new >> 8;
+	th[18] = nurg >> 8;
+	th[19] = nurg & 0xff;
+	th[16] = check >> 8;
+	th[17] = check & 0xff;
 }
 
 /* has_connection reports whether this node's stack has the TCP connection of
  * a packet (established, in its handshake, or closing): a listening socket
  * alone does not count. */
-static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhdr *eth, const struct flow_key *f)
+static __always_inline int has_connection(struct xdp_md *ctx, int v4, const struct flow_key *f)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -264,7 +324,7 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 
 	if (lb_sock_model)
 		return bpf_map_lookup_elem(&sock_model, f) != 0;
-	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+	if (v4) {
 		t.ipv4.saddr = ((const __u32 *)f->src)[3];
 		t.ipv4.daddr = ((const __u32 *)f->dst)[3];
 		t.ipv4.sport = f->sport;
@@ -283,15 +343,6 @@ static __always_inline int has_connection(struct xdp_md *ctx, const struct ethhd
 	has = sk->state != BPF_TCP_LISTEN;
 	bpf_sk_release(sk);
 	return has;
-}
-
-/* has_tunnel reports whether this node has a tunnel address (a federation). */
-static __always_inline int has_tunnel(void)
-{
-	__u32 zero = 0;
-	struct tunnel_cfg *tc = bpf_map_lookup_elem(&tunnel, &zero);
-
-	return tc && *(__u32 *)tc->src4;
 }
 
 /* to_site sends a packet to another site's edge (a BACKEND_F_REMOTE backend) in
@@ -395,76 +446,210 @@ static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const
 	return 1;
 }
 
-/* from_director handles a frame another edge (a director) sent here: it chose
- * this node. This node serves it, with one exception. A packet of a TCP
- * connection this node does not have, during a ring transition, was sent by a
- * director that could not know where the connection is: one that took over the
- * VIP after the connection was opened elsewhere, in a slot the transition moved.
- * It then goes to the other ring's choice, marked, and the node there serves it
- * whatever it finds (a packet is handed on at most once). */
-static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
-					 const struct parsed *p, const struct lb_config *cfg)
+
+/* fill_history fills c->h[2...] with what the VIP's mid rings hold for the hash,
+ * newest first (0 where there is none); the caller sets h[0] (the previous ring)
+ * and h[1] (the current one). A global function, verified once. */
+__attribute__((noinline)) int fill_history(struct chain *c, __u32 vip_id, __u32 hash)
 {
-	__u32 vip_id, hash, cur, alt;
-	struct backend *cb, *be;
-	struct flow_val *fv;
-	__u64 now = 0;
-	int rc, sites;
+	__u32 zero = 0;
+	struct lb_config *cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
 
-	if (marked(eth, data_end)) {
-		set_mark(eth, data_end, 0);
-		return count(REASON_HANDOFF_IN, XDP_PASS);
+	if (!c || !cfg || vip_id >= LB_MAX_VIPS)
+		return 0;
+	for (int k = 0; k < LB_MID_RINGS; k++)
+		c->h[2 + k] = pick_from_ring(&mid_rings, vip_id * LB_MID_RINGS + k, hash, cfg);
+	return 0;
+}
+
+
+/* build_chain orders c->h into c->id. A global function, verified once and not
+ * at every place that calls it. It returns c->n. */
+__attribute__((noinline)) int build_chain(struct chain *c)
+{
+	__u32 cls[LB_CHAIN];
+
+	if (!c)
+		return 0;
+	c->n = 0;
+	for (int i = 0; i < LB_CHAIN; i++) {
+		struct backend *be = c->h[i] ? active_backend(c->h[i]) : 0;
+
+		cls[i] = 3; /* none */
+		if (!be)
+			continue;
+		cls[i] = (be->flags & BACKEND_F_REMOTE) ? 2 : (be->flags & BACKEND_F_DOWN) ? 1 : 0;
+		if (cls[i] == 2 && !c->sites)
+			cls[i] = 3;
+		for (int j = 0; j < i; j++)
+			if (c->h[j] == c->h[i])
+				cls[i] = 3;
 	}
-	if (eth->h_proto != bpf_htons(ETH_P_IP) || p->flow.proto != IPPROTO_TCP || p->icmp_error ||
-	    !lookup_vip(&p->flow, cfg, &vip_id))
-		return count(REASON_FROM_PEER, XDP_PASS);
-	/* Pins of connections sent to another site exist only with a tunnel: a
-	 * node in no federation reads nothing more for a director's frames. */
-	sites = has_tunnel() && pins_live(&now);
-	if (p->syn) {
-		/* A new connection is served here; an old pin of its 5-tuple goes. */
-		if (sites)
-			bpf_map_delete_elem(&flows, &p->flow);
-		return count(REASON_FROM_PEER, XDP_PASS);
-	}
-	/* A connection this node sent to another site (below) keeps going there,
-	 * also once the hand-over's transition is over. */
-	if (sites && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
-	    (be = active_backend(fv->backend_id)) && (be->flags & BACKEND_F_REMOTE)) {
-		if (now - fv->last_seen_ns > NSEC_PER_SEC) {
-			fv->last_seen_ns = now;
-			pin_seen(now);
+	for (__u32 pass = 0; pass < 3; pass++)
+		for (int i = 0; i < LB_CHAIN; i++)
+			if (cls[i] == pass && c->n < LB_CHAIN)
+				c->id[c->n++] = c->h[i];
+	return c->n;
+}
+
+/* first_held is where a director sends a TCP packet of a flow along its built
+ * chain: this node's own replica if its stack has the connection (v4: an IPv4
+ * flow), else the first other replica of the chain (whose node hands on what it
+ * does not have); 0 if the chain names only this node. A global function, like
+ * build_chain. */
+__attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, struct flow_key *f, int v4)
+{
+	__u32 other = 0;
+
+	if (!c || !f)
+		return 0;
+	for (int j = 0; j < LB_CHAIN; j++) {
+		struct backend *be;
+
+		if (j >= c->n)
+			break;
+		be = active_backend(c->id[j]);
+		if (!be)
+			continue;
+		if (!(be->flags & BACKEND_F_LOCAL)) {
+			if (!other)
+				other = c->id[j];
+			continue;
 		}
-		rc = to_site(ctx, be, cfg);
-		return rc < 0 ? count(REASON_FROM_PEER, XDP_PASS) : count(REASON_SITE_OUT, rc);
+		if (has_connection(ctx, v4, f))
+			return c->id[j];
 	}
-	if (!prev_live(vip_id, &now))
-		return count(REASON_FROM_PEER, XDP_PASS);
-	if (has_connection(ctx, eth, &p->flow))
-		return count(REASON_FROM_PEER, XDP_PASS);
-	hash = flow_hash(&p->flow, cfg->seed);
-	cur = pick_from_ring(&rings, vip_id, hash, cfg);
-	alt = cur;
-	cb = cur ? active_backend(cur) : 0;
-	if (cb && (cb->flags & BACKEND_F_LOCAL))
-		alt = pick_from_ring(&prev_rings, vip_id, hash, cfg);
-	be = alt ? active_backend(alt) : 0;
-	if (!be || (be->flags & BACKEND_F_LOCAL))
-		return count(REASON_FROM_PEER, XDP_PASS);
-	if (be->flags & BACKEND_F_REMOTE) {
-		/* A site hand-over: the connection is another site's, and stays
-		 * pinned to it here. */
-		struct flow_val nv = { .backend_id = alt, .last_seen_ns = clock(&now) };
+	return other;
+}
 
-		bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
-		pin_seen(now);
-		rc = to_site(ctx, be, cfg);
-		return rc < 0 ? count(REASON_FROM_PEER, XDP_PASS) : count(REASON_SITE_OUT, rc);
+/* chain_next is where a node that does not have a flow's connection sends its
+ * packet on along the built chain, as an index into c->id (-1 if none is left):
+ * the first other replica from the place after the one the frame's mark names
+ * (mark: a place + 1), or, for a frame from a director (no mark), from the
+ * chain's start (a director may have rings that differ from this node's for a
+ * moment, having applied a change later). A frame only ever goes onwards from a
+ * mark, so a packet is sent on at most LB_CHAIN times in all and never circles.
+ * A global function. */
+__attribute__((noinline)) int chain_next(struct chain *c, __u32 mark)
+{
+	if (!c)
+		return -1;
+	for (int j = 0; j < LB_CHAIN; j++) {
+		struct backend *be;
+
+		if (j >= c->n)
+			break;
+		if (j < mark)
+			continue;
+		be = active_backend(c->id[j]);
+		if (be && !(be->flags & BACKEND_F_LOCAL))
+			return j;
 	}
-	set_mark(eth, data_end, 1);
+	return -1;
+}
+
+/* hand_on sends a frame this node does not serve to be: another site's edge
+ * through a tunnel, or another edge of this site marked with mark. */
+static __always_inline int hand_on(struct xdp_md *ctx, struct ethhdr *eth, __u8 *th, const struct backend *be,
+				   __u32 mark, const struct lb_config *cfg)
+{
+	int rc;
+
+	if (be->flags & BACKEND_F_REMOTE) {
+		rc = to_site(ctx, be, cfg);
+		return rc < 0 ? count(REASON_HANDOFF_END, XDP_PASS) : count(REASON_SITE_OUT, rc);
+	}
+	/* A segment with URG carries no place: the next replica serves it. */
+	put_mark(th, can_mark(th) ? mark : LB_MARK_FINAL);
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
 	return count(REASON_HANDOFF, XDP_TX);
+}
+
+/* from_director handles a frame another edge sent here: a director that chose
+ * this node, or an edge handing on a packet it did not have (marked). This node
+ * serves it, unless it is a packet of a TCP connection its stack does not have.
+ * Such a packet goes on along the flow's chain: to where this node sent the
+ * flow before (a hand-off pin), or, in a transition, to the next replica of the
+ * chain after this node's own place, marked with that replica's place; the mark
+ * only grows along the way, so a packet takes at most LB_CHAIN - 1 hops and never
+ * comes back to an edge that sent it on, even while two edges' rings differ (an
+ * edge whose own place is not the one a mark names serves the frame). What no
+ * later replica can have is served here, and the stack resets it. */
+static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
+					 const struct parsed *p, const struct lb_config *cfg)
+{
+	__u32 vip_id, hash, m = 0, zero = 0;
+	__u8 *th = tcp_hdr(eth, data_end, p);
+	struct chain *ch;
+	struct backend *be;
+	struct flow_val *fv;
+	__u64 now = 0;
+	int relays, j;
+
+	if (th && (m = get_mark(th)))
+		put_mark(th, 0);
+	if (m == LB_MARK_FINAL)
+		return count(REASON_HANDOFF_IN, XDP_PASS);
+	if (!th || !lookup_vip(&p->flow, cfg, &vip_id))
+		return count(REASON_FROM_PEER, XDP_PASS);
+	relays = live(&relay_clock, &now);
+	if (p->syn) {
+		/* A new connection is served here; an old pin of its 5-tuple goes. */
+		if (relays)
+			bpf_map_delete_elem(&flows, &p->flow);
+		return count(REASON_FROM_PEER, XDP_PASS);
+	}
+	if (!prev_live(vip_id, &now)) {
+		/* Once the transition is over, what this node sent on keeps
+		 * going there (a SYN of its 5-tuple took the pin away, so the
+		 * stack is not asked); only onwards (a pin's mark above the
+		 * frame's). Nothing else costs more than the flag checks. */
+		if (relays && (fv = bpf_map_lookup_elem(&flows, &p->flow)) && fv->hop > m &&
+		    fv->hop < LB_CHAIN + 1 && (be = active_backend(fv->backend_id)) &&
+		    !(be->flags & BACKEND_F_LOCAL)) {
+			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
+				fv->last_seen_ns = now;
+				seen(&relay_clock, now);
+			}
+			return hand_on(ctx, eth, th, be, fv->hop, cfg);
+		}
+		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
+	}
+	if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
+	/* In the transition, along the chain its rings give now (a pin made
+	 * under other rings would carry a place they no longer give). */
+	ch = bpf_map_lookup_elem(&chains, &zero);
+	if (!ch)
+		return count(REASON_FROM_PEER, XDP_PASS);
+	hash = flow_hash(&p->flow, cfg->seed);
+	ch->h[0] = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+	ch->h[1] = pick_from_ring(&rings, vip_id, hash, cfg);
+	ch->sites = 1;
+	fill_history(ch, vip_id, hash);
+	build_chain(ch);
+	j = chain_next(ch, m);
+	if (j >= 0) {
+		__u32 k = (__u32)j & (LB_CHAIN - 1), id = ch->id[k];
+		struct flow_val nv = { .backend_id = id, .hop = k + 1, .last_seen_ns = clock(&now) };
+
+		if ((be = active_backend(id))) {
+			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
+			seen(&relay_clock, now);
+			return hand_on(ctx, eth, th, be, k + 1, cfg);
+		}
+	}
+	/* No later replica: the connection is nowhere this node can see. Right
+	 * after a change that may be because another edge's rings are not yet
+	 * this node's (a retransmission finds them settled); later it is gone. */
+	{
+		__u64 *changed = bpf_map_lookup_elem(&ring_changed, &vip_id);
+
+		if (changed && (__s64)(clock(&now) - *changed) < (__s64)LB_SETTLE_MS * 1000000)
+			return count(REASON_HANDOFF_WAIT, XDP_DROP);
+	}
+	return count(m ? REASON_HANDOFF_END : REASON_FROM_PEER, XDP_PASS);
 }
 
 SEC("xdp")
@@ -474,7 +659,8 @@ int xdp_lb(struct xdp_md *ctx)
 	void *data_end = (void *)(long)ctx->data_end;
 	struct ethhdr *eth = data;
 	struct parsed p __attribute__((aligned(8))) = {};
-	__u32 zero = 0, bid = 0, pbid, vip_id, hash, slot;
+	__u32 zero = 0, bid = 0, pbid, cur, vip_id, hash, slot;
+	struct chain *ch = 0;
 	__u32 pin = CACHE_UNPINNED, write = CACHE_UNPINNED;
 	struct flow_cache_entry *ce;
 	struct lb_config *cfg;
@@ -483,7 +669,8 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
-	int rc, prev, pins, tunneled = 0;
+	int rc, pins, mv = 0, guess = 0, tunneled = 0;
+	__u8 *th;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
@@ -517,9 +704,12 @@ int xdp_lb(struct xdp_md *ctx)
 		 * packet twice. */
 		if (!mac_eq(eth->h_dest, cfg->mac))
 			return count(REASON_OTHER_HOST, XDP_PASS);
-		/* Another edge steered it here: never steered again, but for a
-		 * hand-off. */
-		if (from_peer(eth, cfg))
+		/* Another edge steered it here, or handed it on (marked: an edge
+		 * that does not know the sender as a peer yet, its changes applied
+		 * a moment later than the others', must not steer it again):
+		 * never steered again, but along its chain. */
+		th = tcp_hdr(data, data_end, &p);
+		if ((th && marked(th)) || from_peer(eth, cfg))
 			return from_director(ctx, eth, data_end, &p, cfg);
 	}
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
@@ -558,13 +748,24 @@ int xdp_lb(struct xdp_md *ctx)
 		vs->bytes += len;
 	}
 
-	/* The rings' answer: the current ring, and the previous one while it counts.
-	 * Every director holds the same two, so where they agree no state is needed,
-	 * and where they differ every director makes the same choice. */
+	/* The rings' answer: the current ring, and the others of a transition while
+	 * it lasts. Every director holds the same rings, so where they agree no
+	 * state is needed, and where they differ every director makes the same
+	 * choice. */
 	hash = flow_hash(&p.flow, cfg->seed);
-	bid = pick_from_ring(&rings, vip_id, hash, cfg);
-	prev = prev_live(vip_id, &now);
-	pbid = prev ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : bid;
+	bid = ring_slot(&rings, vip_id, hash, cfg);
+	mv = (bid & LB_SLOT_MOVED) && prev_live(vip_id, &now);
+	bid &= ~(__u32)LB_SLOT_MOVED;
+	cur = bid;
+	pbid = bid;
+	if (mv && (ch = bpf_map_lookup_elem(&chains, &zero))) {
+		/* Only a slot the transition moved reads its other rings. */
+		pbid = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+		ch->h[0] = pbid;
+		ch->h[1] = bid;
+		fill_history(ch, vip_id, hash);
+	}
+	mv = mv && ch;
 	pins = pins_live(&now);
 	if (p.syn) {
 		/* A new connection follows the current ring. Where the transition moved
@@ -578,13 +779,12 @@ int xdp_lb(struct xdp_md *ctx)
 			if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
 				ce->generation = 0;
 		}
-		if (pbid != bid)
+		if (mv)
 			write = CACHE_NEW; /* a SYN is never cached: pin stays unused */
 	} else {
-		/* A packet of a flow: remembered as new in the transition, pinned, older
-		 * than the change (the previous ring's replica, while it can take it),
-		 * or the current ring's. */
-		fv = prev ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
+		/* A packet of a flow: remembered as new in the transition, pinned, or
+		 * found along its chain (older than a change), or the current ring's. */
+		fv = mv ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
 		if (fv && active_backend(fv->backend_id)) {
 			/* Its first packet after the SYN (the handshake's ACK): a real
 			 * connection, pinned for good. A spoofed SYN never gets here, so a
@@ -594,34 +794,28 @@ int xdp_lb(struct xdp_md *ctx)
 			pin = CACHE_PINNED;
 			write = CACHE_PINNED;
 			bpf_map_delete_elem(&new_pins, &p.flow);
-		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0)) {
-			if ((be = active_backend(fv->backend_id)) && kept(be, &p.flow)) {
-				bid = fv->backend_id;
-				pin = CACHE_PINNED;
-				if (vs)
-					vs->flow_hits++;
-				if (now - fv->last_seen_ns > NSEC_PER_SEC) {
-					fv->last_seen_ns = now;
-					pin_seen(now);
-				}
-			} else {
-				count(REASON_FLOW_REPICK, 0);
-				if (pbid != bid && (be = active_backend(pbid)) && kept(be, &p.flow))
-					bid = pbid; /* the pin is stale; the rings still know */
+			fv = 0;
+		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
+			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
+			   !(mv && fv->hop)) {
+			/* A pin counts, but for a guess (or where this node handed
+			 * the flow on) while the flow's chain is known: the chain is
+			 * walked again, from its start (a replica along it takes a
+			 * frame from a director for one whose earlier places were
+			 * asked, and one called down since is asked last). */
+			bid = fv->backend_id;
+			pin = CACHE_PINNED;
+			if (vs)
+				vs->flow_hits++;
+			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
+				fv->last_seen_ns = now;
+				pin_seen(now);
 			}
-		} else if (pbid != bid && (be = active_backend(pbid)) && kept(be, &p.flow)) {
-			/* Older than the change: the previous ring's replica, unless this
-			 * node's own stack settles it. A connection this node has stays
-			 * here, though the previous ring names another replica (it was
-			 * opened in the transition, at a director that has since gone, or
-			 * before this director arrived: Options.Arrival); one the previous
-			 * ring places here but this node does not have was opened in the
-			 * transition, where the current ring sent it. */
-			struct backend *cb = active_backend(bid);
-			int here_now = cb && (cb->flags & BACKEND_F_LOCAL);
-			int here_before = be->flags & BACKEND_F_LOCAL;
-
-			if (be->flags & BACKEND_F_SPILL) {
+		} else {
+			if (fv)
+				count(REASON_FLOW_REPICK, 0);
+			be = mv ? active_backend(pbid) : 0;
+			if (be && pbid != bid && (be->flags & BACKEND_F_SPILL)) {
 				/* The slot spilled to another site before the change
 				 * (and does no longer, or to another edge): a TCP flow
 				 * here started there (older ones were pinned when the
@@ -631,25 +825,29 @@ int xdp_lb(struct xdp_md *ctx)
 					pin = CACHE_PINNED;
 					write = CACHE_PINNED;
 				}
-			} else if (be->flags & BACKEND_F_REMOTE) {
-				/* A site hand-over (Dataplane.Handover): another site
-				 * held this VIP's flows, some of which the routers now
-				 * bring here. Which ones is known only where a
-				 * connection lives, so the current ring's replica is
-				 * asked first: this node's stack, or the replica's
-				 * node (from_director), which sends what it does not
-				 * have on to the other site. Only TCP, and never what
-				 * another site sent. */
-				if (!tunneled && p.flow.proto == IPPROTO_TCP && here_now) {
-					if (!has_connection(ctx, eth, &p.flow))
-						bid = pbid;
+			} else if (mv && p.flow.proto == IPPROTO_TCP) {
+				/* Along its chain: this node's stack settles its own
+				 * places; the first other replica is asked (its node
+				 * hands on what it does not have, from_director). A
+				 * site's edge comes last, never for what a site sent. */
+				__u32 found;
+
+				ch->sites = !tunneled;
+				build_chain(ch);
+				found = first_held(ctx, ch, &p.flow, eth->h_proto == bpf_htons(ETH_P_IP));
+				if (found && found != cur) {
+					struct backend *fb = active_backend(found);
+
+					bid = found;
 					pin = CACHE_PINNED;
 					write = CACHE_PINNED;
+					guess = fb && !(fb->flags & BACKEND_F_LOCAL);
 				}
-			} else {
-				if (!(p.flow.proto == IPPROTO_TCP && (here_now || here_before) &&
-				      has_connection(ctx, eth, &p.flow) == here_now))
-					bid = pbid;
+			} else if (be && pbid != bid && kept(be, &p.flow) && !(be->flags & BACKEND_F_REMOTE)) {
+				/* A UDP flow cannot be told from a new one: in a moved
+				 * slot it is taken for an older one (never another
+				 * site's: only TCP is handed over). */
+				bid = pbid;
 				pin = CACHE_PINNED;
 				write = CACHE_PINNED;
 			}
@@ -662,7 +860,7 @@ int xdp_lb(struct xdp_md *ctx)
 		vs->new_flows++;
 	/* An ICMP error never creates state: it only follows a flow. */
 	if (write != CACHE_UNPINNED && !p.icmp_error) {
-		struct flow_val nv = { .backend_id = bid, .last_seen_ns = clock(&now) };
+		struct flow_val nv = { .backend_id = bid, .hop = guess ? LB_PIN_GUESS : 0, .last_seen_ns = clock(&now) };
 
 		if (write == CACHE_NEW) {
 			bpf_map_update_elem(&new_pins, &p.flow, &nv, BPF_ANY);
@@ -723,15 +921,20 @@ forward:
 		bs->packets++;
 		bs->bytes += len;
 	}
-	if (be->flags & BACKEND_F_LOCAL)
+	/* What a client set in the mark's bits is no mark (reserved bits, which
+	 * a stack ignores), and what another site sent is served where it goes,
+	 * not handed on. */
+	th = tcp_hdr(data, data_end, &p);
+	if (be->flags & BACKEND_F_LOCAL) {
+		if (th && marked(th))
+			put_mark(th, 0);
 		return count(REASON_LOCAL, XDP_PASS);
-
+	}
 	/* The parser's reads proved at least an Ethernet header is there. */
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
-	/* What another site sent is served where it goes, not handed on. */
-	if (tunneled)
-		set_mark(eth, data_end, 1);
+	if (th && (tunneled || marked(th)))
+		put_mark(th, tunneled ? LB_MARK_FINAL : 0);
 	return count(REASON_TX, XDP_TX);
 }
 

@@ -48,6 +48,24 @@ struct {
 	__array(values, struct ring);
 } prev_rings SEC(".maps");
 
+/* VIP id * LB_MID_RINGS + k -> the ring that was current before the k-th latest
+ * change of the VIP's transition (k = 0 the newest): a connection opened between
+ * two changes lives where that ring sent it. They count while prev_rings does. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, LB_MAX_VIPS * LB_MID_RINGS);
+	__type(key, __u32);
+	__array(values, struct ring);
+} mid_rings SEC(".maps");
+
+/* VIP id -> when its ring last changed (bpf_ktime_get_coarse_ns clock). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, LB_MAX_VIPS);
+	__type(key, __u32);
+	__type(value, __u64);
+} ring_changed SEC(".maps");
+
 /* VIP id -> how long prev_rings[id] counts. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -98,6 +116,16 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } pin_clock SEC(".maps");
+
+/* relay_clock[0]: when this node last made or used a hand-off pin (a flows entry
+ * with a hop: where it sent on a connection it did not have). While none was
+ * touched for LB_PIN_IDLE_SEC, frames from directors do not look at flows. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} relay_clock SEC(".maps");
 
 /* Per-CPU direct-mapped cache of established flows (see struct flow_cache_entry). */
 struct {
@@ -175,6 +203,29 @@ struct {
 	__type(key, struct flow_key);
 	__type(value, __u32);
 } sock_model SEC(".maps");
+
+/* A flow's chain: the replicas the rings of its VIP's transition name for it
+ * (h: previous, current, mids newest first), each once, in an order every edge
+ * derives alike from the same rings: those that serve first (in ring order, so a
+ * connection older than the transition, the likeliest, is found first), then the
+ * ones the liveness checks call down (a replica called dead wrongly keeps its
+ * connections; one that is dead is asked last, so no survivor's connection is
+ * ever sent to it), then another site's edge (a hand-over; only with sites). */
+struct chain {
+	__u32 h[LB_CHAIN];  /* in: what each ring holds for the flow, 0 for none */
+	__u32 sites;        /* in: another site's edge may be in it */
+	__u32 n;            /* out: replicas in id */
+	__u32 id[LB_CHAIN]; /* out: the chain */
+};
+
+/* Per-CPU room for one flow's chain (struct chain: too big for the stack), not
+ * pinned. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct chain);
+} chains SEC(".maps");
 
 /* Packets by the reason for their verdict. */
 struct {

@@ -29,6 +29,21 @@ enum lb_limits {
 				   * maps stay compatible across upgrades */
 	LB_SPILL_PROBES = 8,      /* slots a packet from another site tries for one
 				   * that is not a spill (never on to a third site) */
+	LB_MID_RINGS = 14,        /* rings of a transition kept besides the previous
+				   * and the current one (mid_rings): the newest ones */
+	LB_CHAIN = 16,            /* replicas a flow's chain can name: one per ring
+				   * of the transition (previous, current, mids) */
+	LB_SLOT_MOVED = 0x8000,   /* in a slot of the current ring: some ring of the
+				   * transition names another replica there (ids
+				   * stay below LB_MAX_BACKENDS) */
+	LB_MARK_FINAL = 255,      /* a hand-off mark: serve the frame, never send it
+				   * on (marks 1-LB_CHAIN: the chain position + 1) */
+	LB_SETTLE_MS = 2000,      /* after a VIP's ring changed, a packet no replica
+				   * of its chain has is dropped, not served, this
+				   * long: the edges' rings may differ for a moment,
+				   * and TCP sends it again */
+	LB_PIN_GUESS = 254,       /* flow_val.hop of a director's pin that is a guess
+				   * (the first other replica of a flow's chain) */
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */
@@ -116,7 +131,10 @@ struct flow_key {
 
 struct flow_val {
 	__u32 backend_id;
-	__u32 pad;
+	__u32 hop; /* 0: a director's pin (known: a SYN, a socket of this node);
+		    * LB_PIN_GUESS: a director's guess along the flow's chain;
+		    * 1-LB_CHAIN: a hand-off pin, the mark its frames carry (where this
+		    * node sent on what it did not have) */
 	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns(): set at creation, refreshed on
 			     * the slow path at most once a second and by the fast
 			     * path every 64 packets */
@@ -198,6 +216,10 @@ enum reason {
 				  * hand-over): sent in a tunnel to that site's edge */
 	REASON_SITE_IN,          /* a packet another site sent in a tunnel: taken out
 				  * and steered here, never on to a third site */
+	REASON_HANDOFF_END,      /* a handed-off packet no later replica of its chain
+				  * can have: served here (the stack resets it) */
+	REASON_HANDOFF_WAIT,     /* the same within LB_SETTLE_MS of a ring change:
+				  * dropped (sent again, it finds settled rings) */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

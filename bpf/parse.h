@@ -36,6 +36,9 @@ struct parsed {
 	__u8 icmp_error; /* this is an ICMP error about flow */
 	__u8 ip_options; /* IPv4 header longer than 20 bytes */
 	__u8 syn;        /* a TCP SYN without ACK: a new connection */
+	__u8 pad;
+	__u16 l4_off;    /* the TCP or UDP header's offset from the frame's start
+			  * (0 for an ICMP error) */
 };
 
 static __always_inline void addr_v4mapped(__u8 dst[16], __be32 v4)
@@ -168,6 +171,7 @@ static __always_inline int parse_ipv4(void *l3, void *data_end, struct parsed *p
 	addr_v4mapped(p->flow.src, ip->saddr);
 	addr_v4mapped(p->flow.dst, ip->daddr);
 	p->flow.proto = ip->protocol;
+	p->l4_off = sizeof(struct ethhdr) + hlen;
 	return parse_ports(l3 + hlen, data_end, ip->protocol, &p->flow.sport, &p->flow.dport, &p->syn);
 }
 
@@ -194,6 +198,7 @@ static __always_inline int parse_ipv6(void *l3, void *data_end, struct parsed *p
 	addr_v6(p->flow.src, &ip6->saddr);
 	addr_v6(p->flow.dst, &ip6->daddr);
 	p->flow.proto = nh;
+	p->l4_off = sizeof(struct ethhdr) + sizeof(*ip6);
 	return parse_ports((void *)(ip6 + 1), data_end, nh, &p->flow.sport, &p->flow.dport, &p->syn);
 }
 

@@ -92,10 +92,19 @@ type applied struct {
 	vipIDs     map[netip.Addr]uint32
 	vipKeys    map[lbVipKey]lbVipVal
 	backendIDs map[backendKey]uint32
+	// retired: the ids of backends removed, which a replica that comes back
+	// gets again while no other took it: the rings of a transition still name
+	// it by that id.
+	retired map[backendKey]uint32
 	backends   map[uint32]lbBackend
 	rings      map[uint32][]uint32 // vip id -> slot -> backend id
 	// prevUntil: vip id -> until when its previous ring counts (monotonic ns).
 	prevUntil map[uint32]time.Duration
+	// prevSlots, midSlots: vip id -> the slots of its previous ring and of
+	// its mid rings (newest first), as this process wrote them (unknown after
+	// a restart), so that a ring the history holds already is not kept twice.
+	prevSlots map[uint32][]uint32
+	midSlots  map[uint32][][]uint32
 	digests   map[uint32]string
 	peers     map[lbPeerKey]bool
 	nextID    uint32 // where the round-robin backend id search starts
@@ -121,9 +130,12 @@ func (d *Dataplane) recover() error {
 		vipIDs:     map[netip.Addr]uint32{},
 		vipKeys:    map[lbVipKey]lbVipVal{},
 		backendIDs: map[backendKey]uint32{},
+		retired:    map[backendKey]uint32{},
 		backends:   map[uint32]lbBackend{},
 		rings:      map[uint32][]uint32{},
 		prevUntil:  map[uint32]time.Duration{},
+		prevSlots:  map[uint32][]uint32{},
+		midSlots:   map[uint32][][]uint32{},
 		digests:    map[uint32]string{},
 		peers:      map[lbPeerKey]bool{},
 		nextID:     1,
@@ -176,6 +188,21 @@ func (d *Dataplane) recover() error {
 		}
 		if m.PrevUntilNs != 0 {
 			st.prevUntil[id] = time.Duration(m.PrevUntilNs)
+			// The transition's history, so that the next ring marks its
+			// moved slots right.
+			if st.prevSlots[id], err = readRing(d.objs.PrevRings, id, d.opts.RingSize); err != nil {
+				return err
+			}
+			for k := range int(lbLbLimitsLB_MID_RINGS) {
+				mid, err := readRing(d.objs.MidRings, midKey(id, k), d.opts.RingSize)
+				if err != nil {
+					return err
+				}
+				if mid == nil {
+					break
+				}
+				st.midSlots[id] = append(st.midSlots[id], mid)
+			}
 		}
 	}
 	d.st = st
@@ -312,6 +339,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		}
 		delete(d.st.backends, id)
 		delete(d.st.backendIDs, keyOf(be))
+		d.st.retired[keyOf(be)] = id
 		stats.Backends++
 	}
 	d.st.vipIDs = plan.vipIDs
@@ -467,17 +495,25 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 			}
 		}
 	}
+	retiredID := map[uint32]bool{}
+	for _, id := range d.st.retired {
+		retiredID[id] = true
+	}
 	nextB := d.st.nextID
 	alloc := func() (uint32, error) {
-		for range lbLbLimitsLB_MAX_BACKENDS {
-			id := nextB
-			nextB++
-			if nextB >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
-				nextB = 1
-			}
-			if !usedB[id] && d.st.backends[id] == (lbBackend{}) {
-				usedB[id] = true
-				return id, nil
+		// An id no removed backend may want back first; one that may, if
+		// none is left.
+		for _, spare := range []bool{false, true} {
+			for range lbLbLimitsLB_MAX_BACKENDS {
+				id := nextB
+				nextB++
+				if nextB >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
+					nextB = 1
+				}
+				if !usedB[id] && d.st.backends[id] == (lbBackend{}) && (spare || !retiredID[id]) {
+					usedB[id] = true
+					return id, nil
+				}
 			}
 		}
 		return 0, fmt.Errorf("more than %d backends", lbLbLimitsLB_MAX_BACKENDS-1)
@@ -485,6 +521,11 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 	// idFor is a key's backend id: the one it has, or a new one.
 	idFor := func(k backendKey) (uint32, error) {
 		if id, ok := ids[k]; ok {
+			return id, nil
+		}
+		if id, ok := d.st.retired[k]; ok && !usedB[id] && d.st.backends[id] == (lbBackend{}) {
+			usedB[id] = true
+			ids[k] = id
 			return id, nil
 		}
 		id, err := alloc()
@@ -626,6 +667,12 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 	d.st.nextID = nextB
 	for k, id := range ids {
 		d.st.backendIDs[k] = id
+		delete(d.st.retired, k)
+	}
+	for k, id := range d.st.retired {
+		if usedB[id] {
+			delete(d.st.retired, k) // another backend has it now
+		}
 	}
 	return p, nil
 }
@@ -822,22 +869,94 @@ func (d *Dataplane) newRing(vip uint32, slots []uint32) (*ebpf.Map, error) {
 }
 
 // startArrival makes slots the VIP's previous ring for a transition
-// (Options.Arrival). The ring goes in before its lease, so no packet sees a
-// lease without it.
+// (Options.Arrival, Handover). The ring goes in before its lease, so no packet
+// sees a lease without it. A previous ring it replaces within a transition
+// becomes the newest mid ring: connections there are still found.
 func (d *Dataplane) startArrival(vip uint32, slots []uint32) error {
 	inner, err := d.newRing(vip, slots)
 	if err != nil {
 		return err
 	}
 	defer inner.Close()
+	if d.st.prevUntil[vip] > monotonicNow() {
+		var old *ebpf.Map
+		if err := d.objs.PrevRings.Lookup(vip, &old); err == nil {
+			err = d.pushMid(vip, old, d.st.prevSlots[vip])
+			old.Close()
+			if err != nil {
+				return err
+			}
+		} else if !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("read map prev_rings: %w", err)
+		}
+	} else if err := d.clearMids(vip); err != nil {
+		return err
+	}
 	if err := d.objs.PrevRings.Put(vip, inner); err != nil {
 		return fmt.Errorf("update map prev_rings: %w", err)
 	}
+	d.st.prevSlots[vip] = slots
 	until := monotonicNow() + d.opts.Transition
+	d.st.prevUntil[vip] = until
+	if cur, ok := d.st.rings[vip]; ok {
+		if err := d.putRing(vip, cur); err != nil {
+			return err
+		}
+	}
 	if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
 		return fmt.Errorf("update map rings_meta: %w", err)
 	}
-	d.st.prevUntil[vip] = until
+	return d.changed(vip)
+}
+
+// midKey is the mid_rings index of a VIP's k-th newest mid ring.
+func midKey(vip uint32, k int) uint32 { return vip*uint32(lbLbLimitsLB_MID_RINGS) + uint32(k) }
+
+// pushMid makes ring, of slots (nil: unknown), the VIP's newest mid ring; the
+// oldest one goes. A ring the history holds already is not kept twice (a
+// replica called down and up again, a drain taken back): the history then
+// reaches further back.
+func (d *Dataplane) pushMid(vip uint32, ring *ebpf.Map, slots []uint32) error {
+	if slots != nil {
+		if slices.Equal(slots, d.st.prevSlots[vip]) {
+			return nil
+		}
+		for _, m := range d.st.midSlots[vip] {
+			if slices.Equal(slots, m) {
+				return nil
+			}
+		}
+	}
+	mids := append([][]uint32{slots}, d.st.midSlots[vip]...)
+	d.st.midSlots[vip] = mids[:min(len(mids), int(lbLbLimitsLB_MID_RINGS))]
+	for k := int(lbLbLimitsLB_MID_RINGS) - 1; k > 0; k-- {
+		var older *ebpf.Map
+		switch err := d.objs.MidRings.Lookup(midKey(vip, k-1), &older); {
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+			continue
+		case err != nil:
+			return fmt.Errorf("read map mid_rings: %w", err)
+		}
+		err := d.objs.MidRings.Put(midKey(vip, k), older)
+		older.Close()
+		if err != nil {
+			return fmt.Errorf("update map mid_rings: %w", err)
+		}
+	}
+	if err := d.objs.MidRings.Put(midKey(vip, 0), ring); err != nil {
+		return fmt.Errorf("update map mid_rings: %w", err)
+	}
+	return nil
+}
+
+// clearMids forgets a VIP's mid rings.
+func (d *Dataplane) clearMids(vip uint32) error {
+	delete(d.st.midSlots, vip)
+	for k := range int(lbLbLimitsLB_MID_RINGS) {
+		if err := d.objs.MidRings.Delete(midKey(vip, k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from map mid_rings: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -845,15 +964,12 @@ func (d *Dataplane) startArrival(vip uint32, slots []uint32) error {
 // in one map update. The ring it replaces becomes the previous ring, which counts
 // for the transition (Options.Transition) after this change; within a transition
 // the previous ring stays the one from before its first change, so a burst of
-// changes is one transition.
+// changes is one transition, and the ring replaced becomes the newest mid ring
+// (connections opened between two changes live where it sent them).
 func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
-	inner, err := d.newRing(vip, slots)
-	if err != nil {
-		return err
-	}
-	defer inner.Close()
-	// The order keeps every packet's answer sound: the previous ring is set to
-	// the current one (no slot differs yet), then its lease, then the swap.
+	// The order keeps every packet's answer sound: the history takes the
+	// current ring (no slot differs from it yet), then the lease, then the
+	// swap to the new ring, whose slots say where the history differs.
 	var cur *ebpf.Map
 	switch err := d.objs.Rings.Lookup(vip, &cur); {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
@@ -867,9 +983,15 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 		defer cur.Close()
 		now := monotonicNow()
 		if d.st.prevUntil[vip] <= now {
+			if err := d.clearMids(vip); err != nil {
+				return err
+			}
 			if err := d.objs.PrevRings.Put(vip, cur); err != nil {
 				return fmt.Errorf("update map prev_rings: %w", err)
 			}
+			d.st.prevSlots[vip] = d.st.rings[vip]
+		} else if err := d.pushMid(vip, cur, d.st.rings[vip]); err != nil {
+			return err
 		}
 		until := now + d.opts.Transition
 		if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
@@ -877,8 +999,40 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 		}
 		d.st.prevUntil[vip] = until
 	}
+	return d.putRing(vip, slots)
+}
+
+// putRing makes slots the VIP's current ring, each slot marked LB_SLOT_MOVED
+// where a ring of its transition (previous, mids) names another backend: only
+// there does xdp_lb read the other rings.
+func (d *Dataplane) putRing(vip uint32, slots []uint32) error {
+	marked := slices.Clone(slots)
+	if d.st.prevUntil[vip] > 0 {
+		for _, h := range append([][]uint32{d.st.prevSlots[vip]}, d.st.midSlots[vip]...) {
+			for i := range marked {
+				if h == nil || (i < len(h) && h[i] != slots[i]) {
+					marked[i] |= uint32(lbLbLimitsLB_SLOT_MOVED) // unknown history: every slot
+				}
+			}
+		}
+	}
+	inner, err := d.newRing(vip, marked)
+	if err != nil {
+		return err
+	}
+	defer inner.Close()
 	if err := d.objs.Rings.Put(vip, inner); err != nil {
 		return fmt.Errorf("update map rings: %w", err)
+	}
+	return d.changed(vip)
+}
+
+// changed records that a VIP's rings changed now (ring_changed): for
+// LB_SETTLE_MS xdp_lb drops, rather than serves, a handed-on packet that no
+// replica of its chain has, since another edge may not have applied the change.
+func (d *Dataplane) changed(vip uint32) error {
+	if err := d.objs.RingChanged.Put(vip, uint64(monotonicNow())); err != nil {
+		return fmt.Errorf("update map ring_changed: %w", err)
 	}
 	return nil
 }
@@ -896,14 +1050,16 @@ func (d *Dataplane) Expire() error {
 			}
 		}
 	}
-	var t uint64
-	if err := d.objs.PinClock.Lookup(uint32(0), &t); err != nil {
-		return fmt.Errorf("read map pin_clock: %w", err)
-	}
 	idle := time.Duration(lbLbLimitsLB_PIN_IDLE_SEC) * time.Second
-	if t != 0 && time.Duration(t)+idle <= now {
-		if err := d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
-			return fmt.Errorf("update map pin_clock: %w", err)
+	for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.RelayClock} {
+		var t uint64
+		if err := m.Lookup(uint32(0), &t); err != nil {
+			return fmt.Errorf("read map %s: %w", m, err)
+		}
+		if t != 0 && time.Duration(t)+idle <= now {
+			if err := m.Put(uint32(0), uint64(0)); err != nil {
+				return fmt.Errorf("update map %s: %w", m, err)
+			}
 		}
 	}
 	return nil
@@ -917,7 +1073,11 @@ func (d *Dataplane) endTransition(vip uint32) error {
 	if err := d.objs.PrevRings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("delete from map prev_rings: %w", err)
 	}
+	if err := d.clearMids(vip); err != nil {
+		return err
+	}
 	delete(d.st.prevUntil, vip)
+	delete(d.st.prevSlots, vip)
 	delete(d.st.handing, vip)
 	return nil
 }

@@ -184,12 +184,19 @@ func (m maps) vipViews() ([]VIPView, error) {
 
 // ring reads a VIP's ring of size slots, nil if it has none.
 func (m maps) ring(vipID, size uint32) ([]uint32, error) {
+	return readRing(m.rings, vipID, size)
+}
+
+// readRing reads the ring an outer ring map (rings, prev_rings, mid_rings) holds
+// at key, of size slots; nil if it holds none.
+func readRing(outer *ebpf.Map, key, size uint32) ([]uint32, error) {
+	vipID := key
 	var inner *ebpf.Map
-	if err := m.rings.Lookup(vipID, &inner); err != nil {
+	if err := outer.Lookup(key, &inner); err != nil {
 		if errors.Is(err, ebpf.ErrKeyNotExist) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("read map rings: %w", err)
+		return nil, fmt.Errorf("read map %s: %w", outer, err)
 	}
 	defer inner.Close()
 	n := int(inner.MaxEntries())

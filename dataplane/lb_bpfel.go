@@ -47,6 +47,14 @@ const (
 	lbCachePinCACHE_NEW      lbCachePin = 2
 )
 
+type lbChain struct {
+	_     structs.HostLayout
+	H     [16]uint32
+	Sites uint32
+	N     uint32
+	Id    [16]uint32
+}
+
 type lbFlowCacheEntry struct {
 	_          structs.HostLayout
 	Key        lbFlowKey
@@ -71,7 +79,7 @@ type lbFlowKey struct {
 type lbFlowVal struct {
 	_          structs.HostLayout
 	BackendId  uint32
-	Pad        uint32
+	Hop        uint32
 	LastSeenNs uint64
 }
 
@@ -102,6 +110,12 @@ const (
 	lbLbLimitsLB_PIN_IDLE_SEC  lbLbLimits = 3600
 	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
 	lbLbLimitsLB_SPILL_PROBES  lbLbLimits = 8
+	lbLbLimitsLB_MID_RINGS     lbLbLimits = 14
+	lbLbLimitsLB_CHAIN         lbLbLimits = 16
+	lbLbLimitsLB_SLOT_MOVED    lbLbLimits = 32768
+	lbLbLimitsLB_MARK_FINAL    lbLbLimits = 255
+	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 2000
+	lbLbLimitsLB_PIN_GUESS     lbLbLimits = 254
 )
 
 type lbMacVerdict struct {
@@ -141,7 +155,9 @@ const (
 	lbReasonREASON_HANDOFF_IN   lbReason = 17
 	lbReasonREASON_SITE_OUT     lbReason = 18
 	lbReasonREASON_SITE_IN      lbReason = 19
-	lbReasonREASON_MAX          lbReason = 20
+	lbReasonREASON_HANDOFF_END  lbReason = 20
+	lbReasonREASON_HANDOFF_WAIT lbReason = 21
+	lbReasonREASON_MAX          lbReason = 22
 )
 
 type lbRingMeta struct {
@@ -192,14 +208,18 @@ type lbVipVal struct {
 const (
 	lbMapBackendStats       = "backend_stats"
 	lbMapBackends           = "backends"
+	lbMapChains             = "chains"
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
 	lbMapLbCfg              = "lb_cfg"
+	lbMapMidRings           = "mid_rings"
 	lbMapNewPins            = "new_pins"
 	lbMapPeers              = "peers"
 	lbMapPinClock           = "pin_clock"
 	lbMapPrevRings          = "prev_rings"
 	lbMapReasonStats        = "reason_stats"
+	lbMapRelayClock         = "relay_clock"
+	lbMapRingChanged        = "ring_changed"
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
 	lbMapSockModel          = "sock_model"
@@ -266,14 +286,18 @@ type lbProgramSpecs struct {
 type lbMapSpecs struct {
 	BackendStats *ebpf.MapSpec `ebpf:"backend_stats"`
 	Backends     *ebpf.MapSpec `ebpf:"backends"`
+	Chains       *ebpf.MapSpec `ebpf:"chains"`
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
+	MidRings     *ebpf.MapSpec `ebpf:"mid_rings"`
 	NewPins      *ebpf.MapSpec `ebpf:"new_pins"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
 	PinClock     *ebpf.MapSpec `ebpf:"pin_clock"`
 	PrevRings    *ebpf.MapSpec `ebpf:"prev_rings"`
 	ReasonStats  *ebpf.MapSpec `ebpf:"reason_stats"`
+	RelayClock   *ebpf.MapSpec `ebpf:"relay_clock"`
+	RingChanged  *ebpf.MapSpec `ebpf:"ring_changed"`
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
 	SockModel    *ebpf.MapSpec `ebpf:"sock_model"`
@@ -316,14 +340,18 @@ func (o *lbObjects) Close() error {
 type lbMaps struct {
 	BackendStats *ebpf.Map `ebpf:"backend_stats"`
 	Backends     *ebpf.Map `ebpf:"backends"`
+	Chains       *ebpf.Map `ebpf:"chains"`
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
+	MidRings     *ebpf.Map `ebpf:"mid_rings"`
 	NewPins      *ebpf.Map `ebpf:"new_pins"`
 	Peers        *ebpf.Map `ebpf:"peers"`
 	PinClock     *ebpf.Map `ebpf:"pin_clock"`
 	PrevRings    *ebpf.Map `ebpf:"prev_rings"`
 	ReasonStats  *ebpf.Map `ebpf:"reason_stats"`
+	RelayClock   *ebpf.Map `ebpf:"relay_clock"`
+	RingChanged  *ebpf.Map `ebpf:"ring_changed"`
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
 	SockModel    *ebpf.Map `ebpf:"sock_model"`
@@ -338,14 +366,18 @@ func (m *lbMaps) Close() error {
 	return _LbClose(
 		m.BackendStats,
 		m.Backends,
+		m.Chains,
 		m.FlowCache,
 		m.Flows,
 		m.LbCfg,
+		m.MidRings,
 		m.NewPins,
 		m.Peers,
 		m.PinClock,
 		m.PrevRings,
 		m.ReasonStats,
+		m.RelayClock,
+		m.RingChanged,
 		m.Rings,
 		m.RingsMeta,
 		m.SockModel,

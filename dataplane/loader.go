@@ -107,8 +107,8 @@ func Load(opts Options) (*Dataplane, error) {
 		// flow_cache is not pinned: a new program starts a new generation, in
 		// which no cached entry counts anyway.
 		switch name {
-		case lbMapRings, lbMapPrevRings, lbMapRingsMeta, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
-			lbMapPinClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers, lbMapTunnel:
+		case lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta, lbMapRingChanged, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
+			lbMapPinClock, lbMapRelayClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers, lbMapTunnel:
 			m.Pinning = ebpf.PinByName
 		}
 	}
@@ -121,7 +121,7 @@ func Load(opts Options) (*Dataplane, error) {
 	if err := replaceOldRings(opts, opts.Logger); err != nil {
 		return nil, err
 	}
-	for _, outer := range []string{lbMapRings, lbMapPrevRings} {
+	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
 		spec.Maps[outer].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
 	}
 	if opts.FlowEntries != 0 {
@@ -161,12 +161,14 @@ func Load(opts Options) (*Dataplane, error) {
 		return nil, err
 	}
 	// Pinned flows left by an earlier agent (or an earlier version, which pinned
-	// every flow) are consulted again for LB_PIN_IDLE_SEC.
+	// every flow) are consulted again for LB_PIN_IDLE_SEC, hand-off pins too.
 	var fk lbFlowKey
 	if err := d.objs.Flows.NextKey(nil, &fk); err == nil {
-		if err := d.objs.PinClock.Put(uint32(0), uint64(monotonicNow())); err != nil {
-			d.Close()
-			return nil, fmt.Errorf("update map pin_clock: %w", err)
+		for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.RelayClock} {
+			if err := m.Put(uint32(0), uint64(monotonicNow())); err != nil {
+				d.Close()
+				return nil, fmt.Errorf("update map %s: %w", m, err)
+			}
 		}
 	}
 	return d, nil
@@ -196,7 +198,7 @@ func replaceOldRings(opts Options, log *zap.Logger) error {
 	log.Warn("pinned rings have another size or layout: replacing them, every flow is placed anew",
 		zap.Uint32("pinned_slots", c.RingSize), zap.Uint16("pinned_layout", c.RingLayout),
 		zap.Uint32("slots", opts.RingSize), zap.Int("layout", int(lbLbLimitsLB_RING_LAYOUT)))
-	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapRingsMeta} {
+	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta} {
 		if err := os.Remove(filepath.Join(opts.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("unpin old %s: %w", name, err)
 		}

@@ -47,7 +47,7 @@ func packRing(slots []uint32) []byte {
 func unpackRing(packed []byte, size uint32) []uint32 {
 	out := make([]uint32, size)
 	for i := range out {
-		out[i] = uint32(binary.LittleEndian.Uint16(packed[2*i:]))
+		out[i] = uint32(binary.LittleEndian.Uint16(packed[2*i:])) &^ uint32(lbLbLimitsLB_SLOT_MOVED)
 	}
 	return out
 }

@@ -170,8 +170,8 @@ func TestSiteTunnelIn(t *testing.T) {
 	s := sportFor(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, r1, bs...)
 	p := tcp4(s, xdptest.ACK)
 	out := run("to another replica", ipip(nicMAC, gwMAC, here, s1.Addr, p.IP()), xdptest.TX)
-	if net.HardwareAddr(out[0:6]).String() != r1MAC.String() || out[20]&0x80 == 0 || ipv4Checksum(out[14:34]) != 0 {
-		t.Errorf("to another replica: sent % x, want to r1, marked (served there)", out[:34])
+	if m, _ := xdptest.TCPMark(out); net.HardwareAddr(out[0:6]).String() != r1MAC.String() || m != int(lbLbLimitsLB_MARK_FINAL) || !xdptest.TCPChecksumOK(out) {
+		t.Errorf("to another replica: sent % x (mark %d), want to r1, marked to be served there", out[:54], m)
 	}
 	// Not for this node, or not VIP traffic: untouched.
 	for name, frame := range map[string][]byte{

@@ -91,18 +91,24 @@ func (dr director) state(t *testing.T) (pinned, news int) {
 func (dr director) endTransitions(t *testing.T) {
 	t.Helper()
 	for vip := range dr.d.st.prevUntil {
-		if err := dr.d.objs.RingsMeta.Put(vip, lbRingMeta{}); err != nil {
+		if err := dr.d.endTransition(vip); err != nil {
 			t.Fatal(err)
 		}
 	}
 }
 
-// flowWhere finds a TCP flow (ACK) from start on whose picks over the successive
-// replica sets are want[i].
+// flowWhere finds a TCP flow (IPv4, ACK) from start on whose picks over the
+// successive replica sets are want[i].
 func flowWhere(t *testing.T, start uint16, sets [][]Backend, want ...Backend) xdptest.Packet {
 	t.Helper()
+	return flowWhereOf(t, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }, start, sets, want...)
+}
+
+// flowWhereOf is flowWhere for the flows mk makes.
+func flowWhereOf(t *testing.T, mk func(uint16) xdptest.Packet, start uint16, sets [][]Backend, want ...Backend) xdptest.Packet {
+	t.Helper()
 	for sport := start; sport < start+5000; sport++ {
-		p := tcp4(sport, xdptest.ACK)
+		p := mk(sport)
 		ok := true
 		for i, set := range sets {
 			if pick(t, p, set...) != want[i].Addr {
@@ -268,55 +274,70 @@ func TestTransitionTwoChanges(t *testing.T) {
 	}
 }
 
-// TestHandoff: during a transition, a director that took the VIP over may send a
-// packet of a connection to the replica that does not have it (it was opened at
-// the old director, in a moved slot). That replica's xdp_lb, finding no socket for
-// it, hands it on, marked, to the other ring's choice, whose xdp_lb clears the mark
-// and serves it. Outside a transition, SYNs, and marked frames are never handed on.
+// TestHandoff: a director sent this node a packet of a TCP connection its stack
+// does not have, in a transition. The node sends it on to the next replica of
+// the flow's chain after its own place, marked with that place (in reserved
+// bits of the TCP header, checksum kept right, IPv4 and IPv6 alike), and pins
+// that; a replica before its own place was the director's to ask. The
+// receiving edge clears the mark: its stack gets the frame as the client sent it.
 func TestHandoff(t *testing.T) {
 	dr := newDirector(t, "r3's node")
 	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
-	toNew := flowWhere(t, 50000, [][]Backend{before, after}, r3, r4) // here before, r4's now
-	toOld := flowWhere(t, 50000, [][]Backend{before, after}, r1, r3) // r1's before, here now
 	fromPeer := func(p xdptest.Packet) xdptest.Packet { return p.WithMACs(r1MAC, nicMAC) }
-	dr.apply(t, desired(before...))
 	run := func(name string, frame []byte, verdict uint32) []byte {
 		t.Helper()
 		return dr.run(t, name, frame, verdict)
 	}
-	run("no transition: served here", fromPeer(toNew).Bytes(), xdptest.Pass)
+	for _, mk := range []func(uint16, uint8) xdptest.Packet{tcp4, tcp6} {
+		ack := func(s uint16) xdptest.Packet { return mk(s, xdptest.ACK) }
+		toNew := flowWhereOf(t, ack, 50000, [][]Backend{before, after}, r3, r4) // here before, r4's now
+		toOld := flowWhereOf(t, ack, 50000, [][]Backend{before, after}, r1, r3) // r1's before, here now
+		dr.apply(t, desired(before...))
+		dr.endTransitions(t)
+		run("no transition: served here", fromPeer(toNew).Bytes(), xdptest.Pass)
 
-	dr.apply(t, desired(after...))
-	run("a SYN is served here", fromPeer(syn(toNew)).Bytes(), xdptest.Pass)
-	for _, tc := range []struct {
-		name string
-		p    xdptest.Packet
-		to   Backend
-	}{
-		{"this node's before, r4's now: to r4", toNew, r4},
-		{"r1's before, this node's now: to r1", toOld, r1},
-	} {
-		in := fromPeer(tc.p).Bytes()
-		out := run(tc.name, slices.Clone(in), xdptest.TX)
-		if got := net.HardwareAddr(out[0:6]).String(); got != tc.to.MAC.String() {
-			t.Errorf("%s: sent to %s", tc.name, got)
+		dr.apply(t, desired(after...))
+		run("a SYN is served here", fromPeer(syn(toNew)).Bytes(), xdptest.Pass)
+		in := fromPeer(toNew).Bytes()
+		out := run("this node's before, r4's now", slices.Clone(in), xdptest.TX)
+		if got := net.HardwareAddr(out[0:6]).String(); got != r4.MAC.String() {
+			t.Errorf("sent to %s, want r4", got)
 		}
-		if out[20]&0x80 == 0 || ipv4Checksum(out[14:34]) != 0 {
-			t.Errorf("%s: frame not marked, or its IPv4 checksum wrong: % x", tc.name, out[14:34])
+		if m, _ := xdptest.TCPMark(out); m != 2 || !xdptest.TCPChecksumOK(out) {
+			t.Errorf("sent with mark %d (want 2: r4 is second in the chain) or a wrong TCP checksum: % x", m, out[:70])
 		}
-		// The receiving edge clears the mark: what its stack gets is the frame as
-		// the client sent it.
-		back := run(tc.name+", received marked", withMACs(out, r1MAC, nicMAC), xdptest.Pass)
+		back := run("received marked", withMACs(out, r1MAC, nicMAC), xdptest.Pass)
 		if want := withMACs(in, r1MAC, nicMAC); !slices.Equal(back, want) {
-			t.Errorf("%s: the receiving edge passed % x, want % x", tc.name, back[14:34], want[14:34])
+			t.Errorf("the receiving edge passed % x, want % x", back, want)
+		}
+		if out := run("its next packet (pinned)", slices.Clone(in), xdptest.TX); !slices.Equal(out[:6], r4MAC) {
+			t.Errorf("its next packet went to %s", net.HardwareAddr(out[:6]))
+		}
+		dr.endTransitions(t)
+		if out := run("after the transition (pinned)", slices.Clone(in), xdptest.TX); !slices.Equal(out[:6], r4MAC) {
+			t.Errorf("after the transition it went to %s", net.HardwareAddr(out[:6]))
+		}
+		dr.apply(t, desired(before...))
+		dr.endTransitions(t)
+		dr.apply(t, desired(after...))
+		run("r1's before, this node's now: the director asked r1 first; served here", fromPeer(toOld).Bytes(), xdptest.Pass)
+		// A frame marked for another place than this node's own (the rings
+		// differ for a moment): it only goes onwards, and nothing is after.
+		run("marked for another place", xdptest.WithTCPMark(fromPeer(toOld).Bytes(), 1), xdptest.Pass)
+		dr.endTransitions(t)
+		if err := dr.d.ClearFlows(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	c, err := dr.d.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Reasons[rHandoff] != 2 || c.Reasons[rHandoffIn] != 2 {
-		t.Errorf("hand-offs %d out, %d in, want 2 and 2", c.Reasons[rHandoff], c.Reasons[rHandoffIn])
+	// Every marked frame this node received reached the end of its chain here
+	// (no later replica): served, and its stack, without the connection,
+	// resets it.
+	if end := c.Reasons[lbReasonREASON_HANDOFF_END]; c.Reasons[rHandoff] != 6 || end != 4 {
+		t.Errorf("hand-offs %d out, %d at the end of their chain, want 6 and 4", c.Reasons[rHandoff], end)
 	}
 }
 
@@ -367,19 +388,31 @@ func TestRestartStartsNoTransition(t *testing.T) {
 	}
 }
 
-// TestDownKeepsItsFlows: a replica the liveness checks call dead gets no new flows;
-// its own TCP flows stay with it while its MAC is known (a wrong verdict breaks no
-// connection), and are picked again once it is not; its UDP flows are picked
-// again (a draining replica keeps them).
-func TestDownKeepsItsFlows(t *testing.T) {
+// TestDownIsAskedLast: a replica the liveness checks call dead gets no new flows,
+// and in a flow's chain it comes after every serving replica: a director sends a
+// packet of its slot to the serving replica first, whose node, without the
+// connection, hands it on to the down replica (so a wrong verdict breaks no
+// connection, and no survivor's connection is ever sent to a node that may be
+// dead). Once its MAC is unknown its flows are picked again; its UDP flows are
+// picked again at once (a draining replica keeps them).
+func TestDownIsAskedLast(t *testing.T) {
 	dr := newDirector(t, "d1")
+	r2node := newDirector(t, "r2's node")
 	all := []Backend{r1, r2, r4}
 	f := flowWhere(t, 21000, [][]Backend{all, {r2, r4}}, r1, r2)
 	dr.apply(t, desired(all...))
 	dr.send(t, f, all...)
 	dr.apply(t, desired(down(r1), r2, r4))
-	if got := dr.send(t, f, all...); got.Addr != r1.Addr {
-		t.Errorf("a flow of the down replica went to %s, want it kept on %s", got.Addr, r1.Addr)
+	if got := dr.send(t, f, all...); got.Addr != r2.Addr {
+		t.Errorf("a flow of the down replica's slot went to %s, want the serving replica %s first", got.Addr, r2.Addr)
+	}
+	local2 := r2
+	local2.Local, local2.MAC = true, nil
+	r2node.apply(t, desired(r1, local2, r4))
+	r2node.apply(t, desired(down(r1), local2, r4))
+	out := r2node.run(t, "r2's node, without the connection", f.WithMACs(r4MAC, nicMAC).Bytes(), xdptest.TX) // from a director (a peer)
+	if m, _ := xdptest.TCPMark(out); !slices.Equal(out[:6], r1MAC) || m != 2 {
+		t.Errorf("r2's node sent it to %s with mark %d, want the down replica r1 with mark 2", net.HardwareAddr(out[:6]), m)
 	}
 	if got := dr.send(t, syn(f), all...); got.Addr == r1.Addr {
 		t.Errorf("a new connection went to the down replica")

@@ -20,9 +20,12 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapVips, lbVipKey{}, lbVipVal{}},
 		{lbMapRings, uint32(0), uint32(0)},     // value: an inner map fd
 		{lbMapPrevRings, uint32(0), uint32(0)}, // value: an inner map fd
+		{lbMapMidRings, uint32(0), uint32(0)},  // value: an inner map fd
 		{lbMapRingsMeta, uint32(0), lbRingMeta{}},
+		{lbMapRingChanged, uint32(0), uint64(0)},
 		{lbMapNewPins, lbFlowKey{}, lbFlowVal{}},
 		{lbMapPinClock, uint32(0), uint64(0)},
+		{lbMapRelayClock, uint32(0), uint64(0)},
 		{lbMapBackends, uint32(0), lbBackend{}},
 		{lbMapFlows, lbFlowKey{}, lbFlowVal{}},
 		{lbMapFlowCache, uint32(0), lbFlowCacheEntry{}},
@@ -35,6 +38,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapSrcMacs, uint32(0), [12]byte{}},  // struct mac_verdict: BPF-only
 		{lbMapVipMemos, uint32(0), [36]byte{}}, // struct vip_memo: BPF-only
 		{lbMapSockModel, lbFlowKey{}, uint32(0)},
+		{lbMapChains, uint32(0), [136]byte{}}, // struct chain: BPF-only
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,7 +57,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 			}
 		})
 	}
-	for _, outer := range []string{lbMapRings, lbMapPrevRings} {
+	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
 		inner := spec.Maps[outer].InnerMap
 		if inner == nil || inner.KeySize != 4 || int(inner.ValueSize) != ringElemSize {
 			t.Errorf("%s inner map: %+v, want u32 -> %d slots of 16 bits", outer, inner, ringChunk)

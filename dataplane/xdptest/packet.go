@@ -217,3 +217,107 @@ func checksum(b []byte, initial uint32) uint16 {
 	}
 	return ^uint16(sum)
 }
+
+// tcpOffset is where the TCP header of an IPv4 or IPv6 TCP frame begins, or -1.
+func tcpOffset(frame []byte) int {
+	if len(frame) < 14 {
+		return -1
+	}
+	off := -1
+	switch binary.BigEndian.Uint16(frame[12:]) {
+	case 0x0800:
+		if len(frame) >= 34 && frame[23] == TCP {
+			off = 14 + int(frame[14]&0x0f)*4
+		}
+	case 0x86dd:
+		if len(frame) >= 54 && frame[20] == TCP {
+			off = 54
+		}
+	}
+	if off < 0 || len(frame) < off+20 {
+		return -1
+	}
+	return off
+}
+
+// markFinal is the mark of a frame an edge is to serve (LB_MARK_FINAL).
+const markFinal = 255
+
+// TCPMark is the hand-off mark edges write into a TCP frame they hand to each
+// other, and whether frame is TCP: 0 for none, the receiver's place in the flow's
+// chain plus one (reserved bits 001, the place in the urgent pointer), or 255 (to
+// be served: reserved bits 111, or a mark that names no place).
+func TCPMark(frame []byte) (int, bool) {
+	off := tcpOffset(frame)
+	if off < 0 {
+		return 0, false
+	}
+	bits, place := int(frame[off+12]&0x0e)>>1, int(binary.BigEndian.Uint16(frame[off+18:]))
+	switch {
+	case bits == 0:
+		return 0, true
+	case bits != 1 || place == 0 || place > 16:
+		return markFinal, true
+	}
+	return place, true
+}
+
+// WithTCPMark is a copy of a TCP frame with its hand-off mark set to mark (0
+// clears it, 255 asks to serve it) and its TCP checksum updated for it (RFC
+// 1624), as an edge writes it; other frames are returned as they are.
+func WithTCPMark(frame []byte, mark int) []byte {
+	out := append([]byte(nil), frame...)
+	off := tcpOffset(out)
+	if off < 0 {
+		return out
+	}
+	oldW, oldU := binary.BigEndian.Uint16(out[off+12:]), binary.BigEndian.Uint16(out[off+18:])
+	newW, newU := oldW&^0x0e00, oldU
+	switch {
+	case mark == markFinal:
+		newW |= 0x0e00
+	case mark != 0:
+		newW |= 0x0200
+		newU = uint16(mark)
+	case oldW&0x0e00 == 0x0200 && out[off+13]&0x20 == 0:
+		newU = 0
+	}
+	sum := binary.BigEndian.Uint16(out[off+16:])
+	sum = csum16(csum16(sum, oldW, newW), oldU, newU)
+	binary.BigEndian.PutUint16(out[off+12:], newW)
+	binary.BigEndian.PutUint16(out[off+18:], newU)
+	binary.BigEndian.PutUint16(out[off+16:], sum)
+	return out
+}
+
+// csum16 updates an Internet checksum for a 16-bit word changed (RFC 1624).
+func csum16(check, old, new uint16) uint16 {
+	if old == new {
+		return check
+	}
+	sum := uint32(^check) + uint32(^old) + uint32(new)
+	sum = sum&0xffff + sum>>16
+	sum = sum&0xffff + sum>>16
+	return ^uint16(sum)
+}
+
+// TCPChecksumOK reports whether a TCP frame's checksum is right (true for
+// frames that are not TCP).
+func TCPChecksumOK(frame []byte) bool {
+	off := tcpOffset(frame)
+	if off < 0 {
+		return true
+	}
+	var src, dst netip.Addr
+	var seg []byte
+	if frame[12] == 0x08 {
+		src = netip.AddrFrom4([4]byte(frame[26:30]))
+		dst = netip.AddrFrom4([4]byte(frame[30:34]))
+		seg = frame[off : 14+int(binary.BigEndian.Uint16(frame[16:]))]
+	} else {
+		src = netip.AddrFrom16([16]byte(frame[22:38]))
+		dst = netip.AddrFrom16([16]byte(frame[38:54]))
+		seg = frame[off : 54+int(binary.BigEndian.Uint16(frame[18:]))]
+	}
+	return l4Checksum(src, dst, TCP, seg) == 0
+}
