@@ -503,6 +503,7 @@ __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, st
 
 	if (!c || !f)
 		return 0;
+	c->pick = 0;
 	for (int j = 0; j < LB_CHAIN; j++) {
 		struct backend *be;
 
@@ -512,12 +513,16 @@ __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, st
 		if (!be)
 			continue;
 		if (!(be->flags & BACKEND_F_LOCAL)) {
-			if (!other)
+			if (!other) {
 				other = c->id[j];
+				c->pick = j;
+			}
 			continue;
 		}
-		if (has_connection(ctx, v4, f))
+		if (has_connection(ctx, v4, f)) {
+			c->pick = j;
 			return c->id[j];
+		}
 	}
 	return other;
 }
@@ -614,6 +619,12 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 			}
 			return hand_on(ctx, eth, th, be, fv->hop, cfg);
 		}
+		/* A frame another edge walked along a chain this node's rings do
+		 * not give (it has not applied the change yet, or its transition
+		 * ended first): served if the stack has it, else dropped, to be
+		 * sent again once the rings agree. */
+		if (m && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+			return count(REASON_HANDOFF_WAIT, XDP_DROP);
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
 	}
 	if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
@@ -670,6 +681,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
 	int rc, pins, mv = 0, guess = 0, tunneled = 0;
+	__u32 fmark = 0;
 	__u8 *th;
 
 	if ((void *)(eth + 1) > data_end)
@@ -727,6 +739,7 @@ int xdp_lb(struct xdp_md *ctx)
 		be = active_backend(bid);
 		if (be) {
 			vip_id = ce->vip_id;
+			fmark = ce->mark;
 			vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
 			if (vs) {
 				vs->packets++;
@@ -834,14 +847,21 @@ int xdp_lb(struct xdp_md *ctx)
 
 				ch->sites = !tunneled;
 				build_chain(ch);
-				found = first_held(ctx, ch, &p.flow, eth->h_proto == bpf_htons(ETH_P_IP));
-				if (found && found != cur) {
-					struct backend *fb = active_backend(found);
+				struct backend *fb;
 
+				found = first_held(ctx, ch, &p.flow, eth->h_proto == bpf_htons(ETH_P_IP));
+				fb = found ? active_backend(found) : 0;
+				/* Another replica gets it with its place: it walks on
+				 * from there, and one whose rings are not yet (or no
+				 * longer) in this transition knows the frame was
+				 * walked, not steered. */
+				if (fb && !(fb->flags & BACKEND_F_LOCAL) && ch->n > 1)
+					fmark = (ch->pick & (LB_CHAIN - 1)) + 1;
+				if (fb && found != cur) {
 					bid = found;
 					pin = CACHE_PINNED;
 					write = CACHE_PINNED;
-					guess = fb && !(fb->flags & BACKEND_F_LOCAL);
+					guess = !(fb->flags & BACKEND_F_LOCAL);
 				}
 			} else if (be && pbid != bid && kept(be, &p.flow) && !(be->flags & BACKEND_F_REMOTE)) {
 				/* A UDP flow cannot be told from a new one: in a moved
@@ -880,6 +900,7 @@ int xdp_lb(struct xdp_md *ctx)
 		ce->generation = cfg->generation;
 		ce->hits = 0;
 		ce->pin = pin;
+		ce->mark = fmark;
 	}
 
 forward:
@@ -933,8 +954,8 @@ forward:
 	/* The parser's reads proved at least an Ethernet header is there. */
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
-	if (th && (tunneled || marked(th)))
-		put_mark(th, tunneled ? LB_MARK_FINAL : 0);
+	if (th && (tunneled || (fmark && can_mark(th)) || marked(th)))
+		put_mark(th, tunneled ? LB_MARK_FINAL : fmark && can_mark(th) ? fmark : 0);
 	return count(REASON_TX, XDP_TX);
 }
 

@@ -215,6 +215,7 @@ struct chain {
 	__u32 h[LB_CHAIN];  /* in: what each ring holds for the flow, 0 for none */
 	__u32 sites;        /* in: another site's edge may be in it */
 	__u32 n;            /* out: replicas in id */
+	__u32 pick;         /* out (first_held): the place of the replica picked */
 	__u32 id[LB_CHAIN]; /* out: the chain */
 };
 

@@ -162,7 +162,8 @@ struct flow_cache_entry {
 	__u32 generation;
 	__u32 hits; /* fast-path packets; every 64th refreshes a pinned flow */
 	__u32 pin;  /* enum cache_pin */
-	__u32 pad;
+	__u32 mark; /* the hand-off mark its frames leave with (a place in the
+		     * flow's chain + 1: a director's walk), 0 for none */
 };
 
 /* lb_cfg[0]: node-wide settings written by the loader. */

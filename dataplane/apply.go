@@ -95,9 +95,9 @@ type applied struct {
 	// retired: the ids of backends removed, which a replica that comes back
 	// gets again while no other took it: the rings of a transition still name
 	// it by that id.
-	retired map[backendKey]uint32
-	backends   map[uint32]lbBackend
-	rings      map[uint32][]uint32 // vip id -> slot -> backend id
+	retired  map[backendKey]uint32
+	backends map[uint32]lbBackend
+	rings    map[uint32][]uint32 // vip id -> slot -> backend id
 	// prevUntil: vip id -> until when its previous ring counts (monotonic ns).
 	prevUntil map[uint32]time.Duration
 	// prevSlots, midSlots: vip id -> the slots of its previous ring and of

@@ -3,7 +3,10 @@ package dataplane
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"testing"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/dataplane/bpftest"
 )
@@ -29,3 +32,28 @@ func loadForTest(t testing.TB) *Dataplane {
 
 // testPinPath is a fresh pin directory for one test's maps.
 func testPinPath() string { return fmt.Sprintf("/sys/fs/bpf/portico-test-%08x", rand.Uint32()) }
+
+// onOneCPU keeps the test on one CPU until the returned function is called:
+// BPF_PROG_TEST_RUN runs on the caller's CPU, and xdp_lb keeps per-CPU state.
+func onOneCPU(t *testing.T) func() {
+	t.Helper()
+	runtime.LockOSThread()
+	var was, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &was); err != nil {
+		t.Fatalf("get CPU affinity: %v", err)
+	}
+	cpu := 0
+	for !was.IsSet(cpu) {
+		cpu++
+	}
+	one.Set(cpu)
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		t.Fatalf("set CPU affinity: %v", err)
+	}
+	return func() {
+		if err := unix.SchedSetaffinity(0, &was); err != nil {
+			t.Errorf("restore CPU affinity: %v", err)
+		}
+		runtime.UnlockOSThread()
+	}
+}

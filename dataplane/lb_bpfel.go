@@ -52,6 +52,7 @@ type lbChain struct {
 	H     [16]uint32
 	Sites uint32
 	N     uint32
+	Pick  uint32
 	Id    [16]uint32
 }
 
@@ -63,7 +64,7 @@ type lbFlowCacheEntry struct {
 	Generation uint32
 	Hits       uint32
 	Pin        uint32
-	Pad        uint32
+	Mark       uint32
 }
 
 type lbFlowKey struct {
