@@ -66,13 +66,13 @@ type Backend struct {
 	Draining bool             // keeps its flows, gets no new ones
 	// Down: the liveness checks say the replica cannot serve. It gets no new
 	// flows and keeps its place in the table, so no other replica's flows move.
-	// Its own flows stay with it when it is reachable (Local, or with a MAC), as
-	// a draining replica's do: a check that was wrong (a replica too slow for a
-	// moment under load) then breaks no connection, and a replica that is really
-	// dead loses nothing more (its connections are gone either way). Without a
-	// MAC it gets no entry and its flows are picked again, as if removed. Only
-	// TCP flows stay: a UDP flow cannot be told from a new one, so it is picked
-	// again rather than sent to a node that may be dead.
+	// In a flow's chain it comes after every replica that serves: a survivor's
+	// connection is found before a packet goes to a node that may be dead, and
+	// its own connections still reach it when it is reachable (Local, or with a
+	// MAC) and the check was wrong (a replica too slow for a moment under load).
+	// Without a MAC it gets no entry and its flows are picked again, as if
+	// removed. A UDP flow cannot be told from a new one, so it is picked again
+	// rather than sent to a node that may be dead.
 	Down bool
 }
 

@@ -22,32 +22,30 @@
 // down or removed). Apply keeps the ring it replaces as the previous ring
 // (prev_rings), which counts for a transition (Options.Transition, default 2 min)
 // after the change; a burst of changes is one transition whose previous ring is the
-// one from before its first change. During it, where the two rings agree nothing is
-// kept; where they differ:
+// one from before its first change, and the rings replaced in between are kept too
+// (mid_rings, up to 14, none twice). The current ring marks the slots where the
+// transition's rings differ (LB_SLOT_MOVED); elsewhere nothing changes. In a moved
+// slot:
 //
-//   - A non-SYN packet (or UDP datagram) of a flow that has no entry started before
-//     the change: it goes to the previous ring's replica, if that replica still
-//     exists (ready or draining), and is pinned there (flows, an LRU table) for good.
-//   - A SYN opens a connection after the change: it follows the current ring and is
-//     remembered (new_pins, a table of its own), or its next packets would be taken
-//     for an older flow's; its next packet, which a spoofed SYN never sends, pins it
-//     in flows.
-//   - An ICMP error follows the same rules and writes nothing.
+//   - A SYN follows the current ring and is remembered (new_pins) until its next
+//     packet, which a spoofed SYN never sends, pins it in flows.
+//   - A packet of a flow nobody pinned goes along the flow's chain: the replicas
+//     the transition's rings name for it, those that serve first, those called
+//     down last. A director asks its own stack (bpf_skc_lookup_tcp), else sends it
+//     to the chain's first other replica; a node that does not have the connection
+//     hands it on to the next one, marked with that one's place in the chain (in
+//     the TCP header: reserved bits and the urgent pointer, IPv4 and IPv6 alike),
+//     and pins where it sent it. Marks only grow, so a packet takes at most 16
+//     hops and never circles, even while edges' rings differ for a moment.
+//   - A UDP datagram goes to the previous ring's replica while it serves; an ICMP
+//     error follows the same rules and writes nothing.
 //
-// Every director holds the same two rings, so a director that never saw a flow (a
-// new VIP owner after a failover) makes the same choice for flows older than the
-// change, including the ones on a draining replica, which a per-node flow table
-// could not. A connection opened during the transition in a moved slot is known only
-// to the director that saw its SYN; a new owner sends it to the previous ring's
-// replica, whose xdp_lb finds no socket for it (bpf_skc_lookup_tcp) and hands it
-// on, once and marked (the IPv4 reserved flag bit), to the other ring's choice;
-// IPv6 has no spare bit and is not handed off. Limits, by design:
-// a connection older than the change that sends nothing during the transition goes
-// where the current ring says afterwards (nginx's idle limits, 60-75 s, close such
-// connections anyway); a UDP flow has no SYN, so a new UDP flow in a moved slot is
-// taken for an older one and goes to the previous replica, draining or not, until
-// the transition ends; spoofed non-SYN packets in moved slots during a transition
-// create pins (bounded by the LRU, as any per-flow table is).
+// Every edge holds the same rings, so a director that never saw a flow (a new VIP
+// owner, another ECMP edge) finds connections opened at any moment of the
+// transition, which a per-director flow table could not. bpf/README.md has the
+// reasoning, the measurements and the limits (a burst of more changes than the
+// history holds; a flow silent through a whole transition; UDP; an edge that has
+// not applied a change yet).
 //
 // The per-CPU flow cache (flow_cache) answers repeated packets of a flow without
 // any of this; a SYN is never cached (its next packet fills the entry), so a SYN

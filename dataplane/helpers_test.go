@@ -15,15 +15,21 @@ import (
 // uninstalled when the test ends.
 func loadForTest(t testing.TB) *Dataplane {
 	t.Helper()
+	return loadWith(t, Options{RingSize: testRing, FlowEntries: 4096})
+}
+
+// loadWith is loadForTest with opts (its PinPath is set here).
+func loadWith(t testing.TB, opts Options) *Dataplane {
+	t.Helper()
 	bpftest.Require(t)
-	pin := testPinPath()
-	d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096})
+	opts.PinPath = testPinPath()
+	d, err := Load(opts)
 	if err != nil {
 		t.Fatalf("load: %v", err)
 	}
 	t.Cleanup(func() {
 		d.Close()
-		if err := Uninstall(pin); err != nil {
+		if err := Uninstall(opts.PinPath); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 	})

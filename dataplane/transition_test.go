@@ -41,18 +41,7 @@ func newDirector(t *testing.T, name string) director {
 // says which connections it has.
 func newModelDirector(t *testing.T, name string) director {
 	t.Helper()
-	bpftest.Require(t)
-	pin := testPinPath()
-	d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096, sockModel: 64})
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
-	t.Cleanup(func() {
-		d.Close()
-		if err := Uninstall(pin); err != nil {
-			t.Errorf("uninstall: %v", err)
-		}
-	})
+	d := loadWith(t, Options{RingSize: testRing, FlowEntries: 4096, sockModel: 64})
 	if err := d.SetMAC(nicMAC); err != nil {
 		t.Fatal(err)
 	}

@@ -443,13 +443,11 @@ func testIngressClaim(t *testing.T, ctx context.Context, p *Portico, node *Node)
 // the clients.
 func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
 	// The held connections are opened after the earlier subtests' ring changes
-	// have settled. A connection opened during a transition in a slot that moved
-	// and then moved back (a replica drained, then ready again) is known only to
-	// the director that saw its SYN; if that director dies before the transition
-	// ends, the single hand-off cannot find it (bpf/README.md; open, with BGP
-	// mode's returning edge). This subtest is about a node's death.
-	// Liveness verdicts that flap under load keep starting new transitions: then
-	// the subtest goes on after the wait, exposed to that gap.
+	// have settled: this subtest is about a node's death alone (a flow's chain,
+	// bpf/README.md, finds connections opened within a transition too; the
+	// data-plane model test covers such overlaps). Liveness verdicts that flap
+	// under load keep starting new transitions: then the subtest goes on after
+	// the wait.
 	waited, err := p.WaitNoTransition(ctx, dataplane.DefaultTransition+30*time.Second)
 	if err != nil {
 		t.Logf("ring transitions still under way after %v (%v): going on", waited.Round(time.Second), err)
