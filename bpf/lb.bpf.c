@@ -719,9 +719,10 @@ int xdp_lb(struct xdp_md *ctx)
 		/* Another edge steered it here, or handed it on (marked: an edge
 		 * that does not know the sender as a peer yet, its changes applied
 		 * a moment later than the others', must not steer it again):
-		 * never steered again, but along its chain. */
+		 * never steered again, but along its chain. A SYN is a client's
+		 * (edges mark no SYN): it follows the ring. */
 		th = tcp_hdr(data, data_end, &p);
-		if ((th && marked(th)) || from_peer(eth, cfg))
+		if ((th && !p.syn && marked(th)) || from_peer(eth, cfg))
 			return from_director(ctx, eth, data_end, &p, cfg);
 	}
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
