@@ -27,6 +27,8 @@ func FuzzXDP(f *testing.F) {
 			f.Add(s.in)
 		}
 	}
+	// A frame walked along a chain, marked with a place.
+	f.Add(xdptest.WithTCPMark(tcp4(40000, xdptest.ACK).Bytes(), 2))
 	backendMACs := map[string]bool{r1MAC.String(): true, r2MAC.String(): true}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if len(frame) < 14 || len(frame) > 1514 {
@@ -56,6 +58,13 @@ func FuzzXDP(f *testing.F) {
 			}
 			if !bytes.Equal(out[6:12], nicMAC) {
 				t.Fatalf("XDP_TX from %s, not the NIC's MAC", net.HardwareAddr(out[6:12]))
+			}
+		case xdptest.Drop:
+			// Only a frame walked along a chain (marked with a place) that
+			// this node has no connection for, and whose rings give no
+			// chain for it, is dropped (TCP sends it again).
+			if m, _ := xdptest.TCPMark(in); m == 0 || m == 255 {
+				t.Fatalf("XDP_DROP of a frame without a hand-off place: %x", in)
 			}
 		default:
 			t.Fatalf("verdict %s on %x", xdptest.VerdictName(verdict), in)
