@@ -19,7 +19,8 @@ enum lb_limits {
 	LB_NEW_PINS = 65536,        /* new connections remembered in a ring transition */
 	LB_DEFAULT_RING = 4099,   /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_RING_CHUNK = 32,       /* ring slots per element of a ring map */
-	LB_RING_LAYOUT = 1,       /* lb_config.ring_layout of this version's rings */
+	LB_RING_LAYOUT = 2,       /* lb_config.ring_layout of this version's rings (2: a slot
+				   * carries LB_SLOT_MOVED) */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
 	LB_MAC_MEMO = 16,         /* per-CPU src_macs slots (a power of two) */
