@@ -256,17 +256,18 @@ static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct pa
 
 static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BITS >> 8); }
 
-/* get_mark is a frame's mark: 0 (none), a place + 1 (1 to LB_CHAIN), or
- * LB_MARK_FINAL (also for a mark that names no place). */
+/* get_mark is a frame's mark: 0 (none), a place + 1 (1 to LB_CHAIN) with the
+ * hand-offs so far in the next byte, or LB_MARK_FINAL (also for a mark that
+ * names no place, or more hand-offs than LB_MAX_HOPS). */
 static __always_inline __u32 get_mark(const __u8 *th)
 {
-	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), place = (__u32)th[18] << 8 | th[19];
+	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), hops = th[18], place = th[19];
 
 	if (!bits)
 		return 0;
-	if (bits != TCP_MARK_HOP >> 8 || place == 0 || place > LB_CHAIN)
+	if (bits != TCP_MARK_HOP >> 8 || place == 0 || place > LB_CHAIN || hops > LB_MAX_HOPS)
 		return LB_MARK_FINAL;
-	return place;
+	return hops << 8 | place;
 }
 
 /* can_mark reports whether a frame may carry a place: no URG, no urgent pointer. */
@@ -286,8 +287,9 @@ static __always_inline __u16 csum16(__u16 check, __u16 old, __u16 new)
 	return ~sum;
 }
 
-/* put_mark writes mark (0 clears it; LB_MARK_FINAL; a place + 1, which only a
- * frame can_mark may carry) into a TCP header, keeping its checksum right. */
+/* put_mark writes mark (0 clears it; LB_MARK_FINAL; a place + 1 with the
+ * hand-offs in the next byte, which only a frame can_mark may carry) into a TCP
+ * header, keeping its checksum right. */
 static __always_inline void put_mark(__u8 *th, __u32 mark)
 {
 	__u16 old = (__u16)th[12] << 8 | th[13], new = old & ~TCP_MARK_BITS;
@@ -529,22 +531,28 @@ __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, st
 
 /* chain_next is where a node that does not have a flow's connection sends its
  * packet on along the built chain, as an index into c->id (-1 if none is left):
- * the first other replica from the place after the one the frame's mark names
- * (mark: a place + 1), or, for a frame from a director (no mark), from the
- * chain's start (a director may have rings that differ from this node's for a
- * moment, having applied a change later). A frame only ever goes onwards from a
- * mark, so a packet is sent on at most LB_CHAIN times in all and never circles.
- * A global function. */
-__attribute__((noinline)) int chain_next(struct chain *c, __u32 mark)
+ * the first other replica after the place the frame's mark names (place: that
+ * place + 1), if this node is there; else (no mark, or the sender's rings differ
+ * from this node's for a moment: one applied a change later, or guessed a
+ * history, Options.Arrival) from the chain's start. A packet's hand-offs are
+ * counted in its mark and end at LB_MAX_HOPS, so it never circles. A global
+ * function. */
+__attribute__((noinline)) int chain_next(struct chain *c, __u32 place)
 {
+	__u32 start = 0;
+	struct backend *be;
+
 	if (!c)
 		return -1;
+	if (place && place <= LB_CHAIN && place <= c->n) {
+		be = active_backend(c->id[(place - 1) & (LB_CHAIN - 1)]);
+		if (be && (be->flags & BACKEND_F_LOCAL))
+			start = place;
+	}
 	for (int j = 0; j < LB_CHAIN; j++) {
-		struct backend *be;
-
 		if (j >= c->n)
 			break;
-		if (j < mark)
+		if (j < start)
 			continue;
 		be = active_backend(c->id[j]);
 		if (be && !(be->flags & BACKEND_F_LOCAL))
@@ -574,17 +582,17 @@ static __always_inline int hand_on(struct xdp_md *ctx, struct ethhdr *eth, __u8 
 /* from_director handles a frame another edge sent here: a director that chose
  * this node, or an edge handing on a packet it did not have (marked). This node
  * serves it, unless it is a packet of a TCP connection its stack does not have.
- * Such a packet goes on along the flow's chain: to where this node sent the
- * flow before (a hand-off pin), or, in a transition, to the next replica of the
- * chain after this node's own place, marked with that replica's place; the mark
- * only grows along the way, so a packet takes at most LB_CHAIN - 1 hops and never
- * comes back to an edge that sent it on, even while two edges' rings differ (an
- * edge whose own place is not the one a mark names serves the frame). What no
- * later replica can have is served here, and the stack resets it. */
+ * Such a packet goes on along the flow's chain (chain_next): to where this node
+ * sent the flow before once the transition is over (a hand-off pin), or, in a
+ * transition, to the next replica of the chain, marked with that replica's place
+ * and one hand-off more; at LB_MAX_HOPS it goes no further. What no replica of
+ * its chain has is dropped within LB_SETTLE_MS of a change (another edge may not
+ * have applied it; TCP sends the packet again), and served after that (the stack
+ * resets it). */
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg)
 {
-	__u32 vip_id, hash, m = 0, zero = 0;
+	__u32 vip_id, hash, m = 0, zero = 0, hops;
 	__u8 *th = tcp_hdr(eth, data_end, p);
 	struct chain *ch;
 	struct backend *be;
@@ -596,6 +604,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		put_mark(th, 0);
 	if (m == LB_MARK_FINAL)
 		return count(REASON_HANDOFF_IN, XDP_PASS);
+	hops = m >> 8;
 	if (!th || !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	relays = live(&relay_clock, &now);
@@ -610,14 +619,14 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		 * going there (a SYN of its 5-tuple took the pin away, so the
 		 * stack is not asked); only onwards (a pin's mark above the
 		 * frame's). Nothing else costs more than the flag checks. */
-		if (relays && (fv = bpf_map_lookup_elem(&flows, &p->flow)) && fv->hop > m &&
-		    fv->hop < LB_CHAIN + 1 && (be = active_backend(fv->backend_id)) &&
+		if (relays && hops < LB_MAX_HOPS && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
+		    fv->hop > (m & 0xff) && fv->hop < LB_CHAIN + 1 && (be = active_backend(fv->backend_id)) &&
 		    !(be->flags & BACKEND_F_LOCAL)) {
 			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
 				fv->last_seen_ns = now;
 				seen(&relay_clock, now);
 			}
-			return hand_on(ctx, eth, th, be, fv->hop, cfg);
+			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | fv->hop, cfg);
 		}
 		/* A frame another edge walked along a chain this node's rings do
 		 * not give (it has not applied the change yet, or its transition
@@ -640,7 +649,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	ch->sites = 1;
 	fill_history(ch, vip_id, hash);
 	build_chain(ch);
-	j = chain_next(ch, m);
+	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff) : -1;
 	if (j >= 0) {
 		__u32 k = (__u32)j & (LB_CHAIN - 1), id = ch->id[k];
 		struct flow_val nv = { .backend_id = id, .hop = k + 1, .last_seen_ns = clock(&now) };
@@ -648,7 +657,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		if ((be = active_backend(id))) {
 			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
 			seen(&relay_clock, now);
-			return hand_on(ctx, eth, th, be, k + 1, cfg);
+			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | (k + 1), cfg);
 		}
 	}
 	/* No later replica: the connection is nowhere this node can see. Right
@@ -857,7 +866,7 @@ int xdp_lb(struct xdp_md *ctx)
 				 * longer) in this transition knows the frame was
 				 * walked, not steered. */
 				if (fb && !(fb->flags & BACKEND_F_LOCAL) && ch->n > 1)
-					fmark = (ch->pick & (LB_CHAIN - 1)) + 1;
+					fmark = 1 << 8 | ((ch->pick & (LB_CHAIN - 1)) + 1);
 				if (fb && found != cur) {
 					bid = found;
 					pin = CACHE_PINNED;

@@ -38,7 +38,9 @@ enum lb_limits {
 				   * transition names another replica there (ids
 				   * stay below LB_MAX_BACKENDS) */
 	LB_MARK_FINAL = 255,      /* a hand-off mark: serve the frame, never send it
-				   * on (marks 1-LB_CHAIN: the chain position + 1) */
+				   * on (other marks: the chain position + 1, and
+				   * the hand-offs so far << 8) */
+	LB_MAX_HOPS = 8,          /* hand-offs a packet may take in all */
 	LB_SETTLE_MS = 2000,      /* after a VIP's ring changed, a packet no replica
 				   * of its chain has is dropped, not served, this
 				   * long: the edges' rings may differ for a moment,

@@ -35,8 +35,8 @@
 //     to the chain's first other replica; a node that does not have the connection
 //     hands it on to the next one, marked with that one's place in the chain (in
 //     the TCP header: reserved bits and the urgent pointer, IPv4 and IPv6 alike),
-//     and pins where it sent it. Marks only grow, so a packet takes at most 16
-//     hops and never circles, even while edges' rings differ for a moment.
+//     and pins where it sent it. The mark counts hand-offs, so a packet takes at
+//     most 8 hops and never circles, even while edges' rings differ for a moment.
 //   - A UDP datagram goes to the previous ring's replica while it serves; an ICMP
 //     error follows the same rules and writes nothing.
 //

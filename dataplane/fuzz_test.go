@@ -28,7 +28,7 @@ func FuzzXDP(f *testing.F) {
 		}
 	}
 	// A frame walked along a chain, marked with a place.
-	f.Add(xdptest.WithTCPMark(tcp4(40000, xdptest.ACK).Bytes(), 2))
+	f.Add(xdptest.WithTCPMark(tcp4(40000, xdptest.ACK).Bytes(), 1<<8|2))
 	backendMACs := map[string]bool{r1MAC.String(): true, r2MAC.String(): true}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if len(frame) < 14 || len(frame) > 1514 {

@@ -115,6 +115,7 @@ const (
 	lbLbLimitsLB_CHAIN         lbLbLimits = 16
 	lbLbLimitsLB_SLOT_MOVED    lbLbLimits = 32768
 	lbLbLimitsLB_MARK_FINAL    lbLbLimits = 255
+	lbLbLimitsLB_MAX_HOPS      lbLbLimits = 8
 	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 2000
 	lbLbLimitsLB_PIN_GUESS     lbLbLimits = 254
 )

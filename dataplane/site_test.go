@@ -94,7 +94,7 @@ func TestSiteHandover(t *testing.T) {
 	// chain (first; the other site's edge comes last): its node knows whether
 	// it has it.
 	p := tcp4(theirs, xdptest.ACK)
-	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, xdptest.WithTCPMark(to(p, r1), 1)) {
+	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, xdptest.WithTCPMark(to(p, r1), 1<<8|1)) {
 		t.Errorf("another replica's flow sent % x", out[:14])
 	}
 	// ... and there, from a director, what that node does not have goes on.

@@ -316,15 +316,18 @@ func TestHandoff(t *testing.T) {
 		if got := net.HardwareAddr(out[0:6]).String(); got != r4.MAC.String() {
 			t.Errorf("sent to %s, want r4", got)
 		}
-		if m, _ := xdptest.TCPMark(out); m != 2 || !xdptest.TCPChecksumOK(out) {
-			t.Errorf("sent with mark %d (want 2: r4 is second in the chain) or a wrong TCP checksum: % x", m, out[:70])
+		if m, _ := xdptest.TCPMark(out); m != 1<<8|2 || !xdptest.TCPChecksumOK(out) {
+			t.Errorf("sent with mark %#x (want 0x102: r4 is second in the chain, one hand-off) or a wrong TCP checksum: % x", m, out[:70])
 		}
-		// Received marked where its stack does not have it either: no
-		// replica is after it, and within LB_SETTLE_MS of the change
-		// (another edge may not have applied it yet) it is dropped, to be
-		// sent again. Where the stack has it, it is served with the mark
-		// cleared: the stack gets the frame as the client sent it.
-		run("received marked, no connection", withMACs(out, r1MAC, nicMAC), xdptest.Drop)
+		// Received marked for another place than this node's (the sender's
+		// rings differ): walked from the chain's start, one hand-off more.
+		// Where the stack has it, it is served with the mark cleared: the
+		// stack gets the frame as the client sent it.
+		if again := run("received marked for r4's place", withMACs(out, r1MAC, nicMAC), xdptest.TX); !slices.Equal(again[:6], r4MAC) {
+			t.Errorf("marked for r4's place: sent to %s", net.HardwareAddr(again[:6]))
+		} else if m, _ := xdptest.TCPMark(again); m != 2<<8|2 {
+			t.Errorf("marked for r4's place: sent on with mark %#x, want 0x202", m)
+		}
 		f := Flow{Src: toNew.Src, Dst: toNew.Dst, SPort: toNew.SPort, DPort: toNew.DPort, Protocol: toNew.Proto}
 		if err := dr.d.objs.SockModel.Put(f.key(), uint32(1)); err != nil {
 			t.Fatal(err)
@@ -350,12 +353,13 @@ func TestHandoff(t *testing.T) {
 		// director's rings may differ from this node's for a moment).
 		if out := run("r1's before, this node's now", fromPeer(toOld).Bytes(), xdptest.TX); !slices.Equal(out[:6], r1MAC) {
 			t.Errorf("r1's before: sent to %s, want r1", net.HardwareAddr(out[:6]))
-		} else if m, _ := xdptest.TCPMark(out); m != 1 {
-			t.Errorf("r1's before: mark %d, want 1", m)
+		} else if m, _ := xdptest.TCPMark(out); m != 1<<8|1 {
+			t.Errorf("r1's before: mark %#x, want 0x101", m)
 		}
-		// A frame marked for another place than this node's own (the rings
-		// differ for a moment): it only goes onwards, and nothing is after.
-		run("marked for another place", xdptest.WithTCPMark(fromPeer(toOld).Bytes(), 1), xdptest.Drop)
+		// A frame marked for the place after this node's own: nothing is
+		// after it; and after LB_MAX_HOPS hand-offs, a frame goes no further.
+		run("marked for the last place", xdptest.WithTCPMark(fromPeer(toOld).Bytes(), 1<<8|2), xdptest.Drop)
+		run("marked after 8 hand-offs", xdptest.WithTCPMark(fromPeer(toNew).Bytes(), 8<<8|1), xdptest.Drop)
 		dr.endTransitions(t)
 		if err := dr.d.ClearFlows(); err != nil {
 			t.Fatal(err)
@@ -365,8 +369,8 @@ func TestHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wait, in := c.Reasons[lbReasonREASON_HANDOFF_WAIT], c.Reasons[rHandoffIn]; c.Reasons[rHandoff] != 8 || wait != 4 || in != 2 {
-		t.Errorf("hand-offs %d out, %d dropped at the end of their chain, %d served; want 8, 4, 2", c.Reasons[rHandoff], wait, in)
+	if wait, in := c.Reasons[lbReasonREASON_HANDOFF_WAIT], c.Reasons[rHandoffIn]; c.Reasons[rHandoff] != 10 || wait != 4 || in != 2 {
+		t.Errorf("hand-offs %d out, %d dropped at the end of their chain, %d served; want 10, 4, 2", c.Reasons[rHandoff], wait, in)
 	}
 }
 
@@ -440,8 +444,8 @@ func TestDownIsAskedLast(t *testing.T) {
 	r2node.apply(t, desired(r1, local2, r4))
 	r2node.apply(t, desired(down(r1), local2, r4))
 	out := r2node.run(t, "r2's node, without the connection", f.WithMACs(r4MAC, nicMAC).Bytes(), xdptest.TX) // from a director (a peer)
-	if m, _ := xdptest.TCPMark(out); !slices.Equal(out[:6], r1MAC) || m != 2 {
-		t.Errorf("r2's node sent it to %s with mark %d, want the down replica r1 with mark 2", net.HardwareAddr(out[:6]), m)
+	if m, _ := xdptest.TCPMark(out); !slices.Equal(out[:6], r1MAC) || m&0xff != 2 {
+		t.Errorf("r2's node sent it to %s with mark %#x, want the down replica r1 at place 2", net.HardwareAddr(out[:6]), m)
 	}
 	if got := dr.send(t, syn(f), all...); got.Addr == r1.Addr {
 		t.Errorf("a new connection went to the down replica")

@@ -244,22 +244,23 @@ func tcpOffset(frame []byte) int {
 const markFinal = 255
 
 // TCPMark is the hand-off mark edges write into a TCP frame they hand to each
-// other, and whether frame is TCP: 0 for none, the receiver's place in the flow's
-// chain plus one (reserved bits 001, the place in the urgent pointer), or 255 (to
-// be served: reserved bits 111, or a mark that names no place).
+// other, and whether frame is TCP: 0 for none; the receiver's place in the
+// flow's chain plus one, with the hand-offs so far in the next byte (reserved
+// bits 001, the mark in the urgent pointer); or 255 (to be served: reserved bits
+// 111, or a mark that names no place).
 func TCPMark(frame []byte) (int, bool) {
 	off := tcpOffset(frame)
 	if off < 0 {
 		return 0, false
 	}
-	bits, place := int(frame[off+12]&0x0e)>>1, int(binary.BigEndian.Uint16(frame[off+18:]))
+	bits, hops, place := int(frame[off+12]&0x0e)>>1, int(frame[off+18]), int(frame[off+19])
 	switch {
 	case bits == 0:
 		return 0, true
-	case bits != 1 || place == 0 || place > 16:
+	case bits != 1 || place == 0 || place > 16 || hops > 8:
 		return markFinal, true
 	}
-	return place, true
+	return hops<<8 | place, true
 }
 
 // WithTCPMark is a copy of a TCP frame with its hand-off mark set to mark (0
