@@ -584,28 +584,25 @@ func (p *Portico) WaitDraining(ctx context.Context, n *Node, timeout time.Durati
 	return seen, err
 }
 
-// WaitNoTransition waits until no edge reports a ring transition under way for
-// the group VIP (agent status), and returns how long that took.
-func (p *Portico) WaitNoTransition(ctx context.Context, timeout time.Duration) (time.Duration, error) {
-	start := time.Now()
-	err := until(ctx, start.Add(timeout), func() error {
-		states, stale, err := agent.ReadStates(ctx, p.C.Kube, PorticoNamespace)
-		if err != nil {
-			return err
+// InTransition returns the edges that report a ring transition of the group's
+// VIP under way, with how long it lasts still.
+func (p *Portico) InTransition(ctx context.Context) ([]string, error) {
+	states, stale, err := agent.ReadStates(ctx, p.C.Kube, PorticoNamespace)
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, st := range states {
+		if stale[st.Node] {
+			continue
 		}
-		for _, st := range states {
-			if stale[st.Node] {
-				continue
-			}
-			for _, v := range st.VIPs {
-				if v.VIP == GroupVIP.String() && v.TransitionSeconds > 0 {
-					return fmt.Errorf("%s: transition for %.0f s more", st.Node, v.TransitionSeconds)
-				}
+		for _, v := range st.VIPs {
+			if v.VIP == GroupVIP.String() && v.TransitionSeconds > 0 {
+				out = append(out, fmt.Sprintf("%s (%.0f s more)", st.Node, v.TransitionSeconds))
 			}
 		}
-		return nil
-	})
-	return time.Since(start), err
+	}
+	return out, nil
 }
 
 // ServedEverywhere returns nil once 30 new connections in a row to host+path are
