@@ -579,6 +579,15 @@ static __always_inline int hand_on(struct xdp_md *ctx, struct ethhdr *eth, __u8 
 	return count(REASON_HANDOFF, XDP_TX);
 }
 
+/* settling reports whether the VIP's rings changed within LB_SETTLE_MS: another
+ * edge may not have applied the change yet. */
+static __always_inline int settling(__u32 vip_id, __u64 *now)
+{
+	__u64 *changed = bpf_map_lookup_elem(&ring_changed, &vip_id);
+
+	return changed && (__s64)(clock(now) - *changed) < (__s64)LB_SETTLE_MS * 1000000;
+}
+
 /* from_director handles a frame another edge sent here: a director that chose
  * this node, or an edge handing on a packet it did not have (marked). This node
  * serves it, unless it is a packet of a TCP connection its stack does not have.
@@ -630,9 +639,9 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		}
 		/* A frame another edge walked along a chain this node's rings do
 		 * not give (it has not applied the change yet, or its transition
-		 * ended first): served if the stack has it, else dropped, to be
-		 * sent again once the rings agree. */
-		if (m && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+		 * ended first): served if the stack has it; else, right after a
+		 * change, dropped, to be sent again once the rings agree. */
+		if (m && settling(vip_id, &now) && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
 			return count(REASON_HANDOFF_WAIT, XDP_DROP);
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
 	}
@@ -663,12 +672,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	/* No later replica: the connection is nowhere this node can see. Right
 	 * after a change that may be because another edge's rings are not yet
 	 * this node's (a retransmission finds them settled); later it is gone. */
-	{
-		__u64 *changed = bpf_map_lookup_elem(&ring_changed, &vip_id);
-
-		if (changed && (__s64)(clock(&now) - *changed) < (__s64)LB_SETTLE_MS * 1000000)
-			return count(REASON_HANDOFF_WAIT, XDP_DROP);
-	}
+	if (settling(vip_id, &now))
+		return count(REASON_HANDOFF_WAIT, XDP_DROP);
 	return count(m ? REASON_HANDOFF_END : REASON_FROM_PEER, XDP_PASS);
 }
 

@@ -313,6 +313,8 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
 	t.Logf("kept-alive requests: %d answered, %d failed %v", ok, failed, errs)
 	if f := failures(t, atts, start); f.Failed > 0 || failed > 0 {
 		t.Errorf("during the rolling update %d new connections and %d kept-alive requests failed, want 0", f.Failed, failed)
+		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
+		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "liveness", "unhealthy", "healthy", "data plane applied", "vrrp state"))
 	}
 	if ok == 0 {
 		t.Error("no kept-alive request was answered")
