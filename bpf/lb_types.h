@@ -41,7 +41,7 @@ enum lb_limits {
 				   * on (other marks: the chain position + 1, and
 				   * the hand-offs so far << 8) */
 	LB_MAX_HOPS = 8,          /* hand-offs a packet may take in all */
-	LB_SETTLE_MS = 2000,      /* after a VIP's ring changed, a packet no replica
+	LB_SETTLE_MS = 500,       /* after a VIP's ring changed, a packet no replica
 				   * of its chain has is dropped, not served, this
 				   * long: the edges' rings may differ for a moment,
 				   * and TCP sends it again */

@@ -116,7 +116,7 @@ const (
 	lbLbLimitsLB_SLOT_MOVED    lbLbLimits = 32768
 	lbLbLimitsLB_MARK_FINAL    lbLbLimits = 255
 	lbLbLimitsLB_MAX_HOPS      lbLbLimits = 8
-	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 2000
+	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 500
 	lbLbLimitsLB_PIN_GUESS     lbLbLimits = 254
 )
 
