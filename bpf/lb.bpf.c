@@ -786,14 +786,18 @@ int xdp_lb(struct xdp_md *ctx)
 	bid &= ~(__u32)LB_SLOT_MOVED;
 	cur = bid;
 	pbid = bid;
-	if (mv && (ch = bpf_map_lookup_elem(&chains, &zero))) {
-		/* Only a slot the transition moved reads its other rings. */
-		pbid = pick_from_ring(&prev_rings, vip_id, hash, cfg);
-		ch->h[0] = pbid;
-		ch->h[1] = bid;
-		fill_history(ch, vip_id, hash);
+	/* Only a packet of a flow in a slot the transition moved reads its other
+	 * rings; a SYN needs no more than the flag (it follows the current ring). */
+	if (mv && !p.syn) {
+		ch = bpf_map_lookup_elem(&chains, &zero);
+		if (ch) {
+			pbid = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+			ch->h[0] = pbid;
+			ch->h[1] = bid;
+			fill_history(ch, vip_id, hash);
+		}
+		mv = ch != 0;
 	}
-	mv = mv && ch;
 	pins = pins_live(&now);
 	if (p.syn) {
 		/* A new connection follows the current ring. Where the transition moved
@@ -853,7 +857,7 @@ int xdp_lb(struct xdp_md *ctx)
 					pin = CACHE_PINNED;
 					write = CACHE_PINNED;
 				}
-			} else if (mv && p.flow.proto == IPPROTO_TCP) {
+			} else if (mv && ch && p.flow.proto == IPPROTO_TCP) {
 				/* Along its chain: this node's stack settles its own
 				 * places; the first other replica is asked (its node
 				 * hands on what it does not have, from_director). A
