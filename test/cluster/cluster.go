@@ -59,6 +59,11 @@ var (
 	APIAddr = netip.MustParseAddr("10.251.0.1")
 	// ClientAddr is the client namespace's address on the bridge.
 	ClientAddr = netip.MustParseAddr("10.251.0.100")
+	// ClientAddr6 is the client's IPv6 address on the bridge (Prefix6).
+	ClientAddr6 = netip.MustParseAddr("fd00:251::100")
+	// Prefix6 is the bridge's IPv6 subnet: the client and every node have an
+	// address on it, so IPv6 VIPs of the segment are reached on-link.
+	Prefix6 = netip.MustParsePrefix("fd00:251::/64")
 	// ServiceCIDR is the Service cluster-IP range (no kube-proxy runs: cluster IPs
 	// are names, not reachable addresses).
 	ServiceCIDR = netip.MustParsePrefix("10.0.0.0/24")
@@ -71,6 +76,20 @@ const (
 
 // NodeAddr is the address of node i (1-based) on the bridge: 10.251.0.(10+i).
 func NodeAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 251, 0, byte(10 + i)}) }
+
+// NodeAddr6 is node i's IPv6 address on the bridge: fd00:251::(10+i).
+func NodeAddr6(i int) netip.Addr {
+	a := Prefix6.Addr().As16()
+	a[15] = byte(10 + i)
+	return netip.AddrFrom16(a)
+}
+
+// addAddr6 gives a namespace's eth0 an IPv6 address of Prefix6 (no DAD: the lab
+// knows its addresses unique, and a tentative address would delay the first
+// connections).
+func addAddr6(ns string, a netip.Addr) error {
+	return netlab.IP("-n", ns, "addr", "add", netip.PrefixFrom(a, Prefix6.Bits()).String(), "dev", "eth0", "nodad")
+}
 
 // PodCIDR is the range node i (1-based) gives its pods (bridge CNI, host-local IPAM):
 // 10.252.i.0/24. Every namespace of the lab routes it to the node.
@@ -254,6 +273,9 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	}
 	if c.Client, err = c.Net.AddNode("cl", netip.PrefixFrom(ClientAddr, bridgeBits), mac(0xfe)); err != nil {
 		return c, fmt.Errorf("add the client namespace: %w", err)
+	}
+	if err := addAddr6(c.Client.NS, ClientAddr6); err != nil {
+		return c, err
 	}
 	if err := c.routePods(); err != nil {
 		return c, err

@@ -47,6 +47,9 @@ func (c *Cluster) addNode(i int) (*Node, error) {
 	if n.Name != c.nodeName(i) {
 		return nil, fmt.Errorf("node namespace %s, want %s", n.Name, c.nodeName(i))
 	}
+	if err := addAddr6(n.Net.NS, NodeAddr6(i)); err != nil {
+		return nil, err
+	}
 	for _, d := range []string{"containerd", "kubelet", "pki", "manifests", "cni", "ipam", "pod-logs", "sysctl"} {
 		if err := os.MkdirAll(filepath.Join(n.Dir, d), 0o755); err != nil {
 			return nil, err

@@ -126,7 +126,7 @@ func (c *Cluster) InstallPortico(ctx context.Context, o PorticoOptions) (*Portic
 		}
 	}
 	args := []string{"install", "portico", filepath.Join(o.Root, "deploy/helm/portico"), "-n", PorticoNamespace, "--create-namespace",
-		"--set", "iface=eth0", "--set", "group.vip=" + GroupVIP.String(), "--set", "vipPool=" + VIPPool.String(),
+		"--set", "iface=eth0", "--set", "group.vip=" + GroupVIP.String() + `\,` + GroupVIP6.String(), "--set", "vipPool=" + VIPPool.String(),
 		"--set", fmt.Sprintf("apiServer=https://%s:%d", APIAddr, apiPort),
 		"--set", "image.repository=" + PorticoRepository, "--set", "image.tag=" + o.Tag, "--set", "image.pullPolicy=Never"}
 	for _, s := range o.Set {
@@ -182,7 +182,7 @@ func (p *Portico) WaitVIP(ctx context.Context, vip netip.Addr, timeout time.Dura
 	hc := HTTPClient(p.NS, time.Second)
 	deadline := time.Now().Add(timeout)
 	for {
-		_, err := get(hc, fmt.Sprintf("http://%s/live", net.JoinHostPort(vip.String(), "10247")))
+		_, err := get(hc, fmt.Sprintf("http://%s/live", net.JoinHostPort(vip.String(), fmt.Sprint(LivenessPort))))
 		if err == nil {
 			return nil
 		}
@@ -344,13 +344,10 @@ type NodeDeath struct {
 	// CaughtUp is how long after the fault Kubernetes saw the death: the node
 	// NotReady and its agent's endpoint not ready (0 when not waited for).
 	CaughtUp time.Duration
-	// Held is how many long-lived connections went through surviving replicas;
-	// KeptAfterTakeover and KeptAtEnd how many of them answered a request two
-	// seconds after the takeover and at the end.
-	Held, KeptAfterTakeover, KeptAtEnd int
-	// HeldFailed are the held connections that did not answer (after the
-	// takeover, then at the end): edge and error, for the log.
-	HeldFailed []string
+	// AfterTakeover is what a request on every held connection on a surviving
+	// replica found right after the takeover, each with HeldAnswer to answer;
+	// AtEnd, after Kubernetes caught up.
+	AfterTakeover, AtEnd HeldCheck
 	// New counts the new connections (one every 5 ms, 500 ms to answer) from the
 	// fault on; AfterBound those from Takeover + LivenessBound after it on, less
 	// the ones that connected and were answered late (Unanswered: slowness under
@@ -361,9 +358,13 @@ type NodeDeath struct {
 	Unanswered int
 }
 
+// HeldAnswer is how soon after the takeover every held connection on a surviving
+// replica must answer.
+const HeldAnswer = time.Second
+
 func (d NodeDeath) String() string {
-	s := fmt.Sprintf("takeover %v; %d/%d long-lived connections on surviving replicas kept (after the takeover), %d/%d (at the end); %v",
-		d.Takeover.Round(time.Millisecond), d.KeptAfterTakeover, d.Held, d.KeptAtEnd, d.Held, d.New)
+	s := fmt.Sprintf("takeover %v; long-lived connections on surviving replicas: %v within %v of the takeover, %v at the end; %v",
+		d.Takeover.Round(time.Millisecond), d.AfterTakeover, HeldAnswer, d.AtEnd, d.New)
 	if d.CaughtUp > 0 {
 		s += fmt.Sprintf("; Kubernetes saw it %.1f s after the fault, and from %v after it %v (and %d answered late)",
 			d.CaughtUp.Seconds(), (d.Takeover + LivenessBound).Round(time.Millisecond), d.AfterBound, d.Unanswered)
@@ -373,21 +374,17 @@ func (d NodeDeath) String() string {
 
 // KillOwner kills the VIP owner as a machine dies (Cluster.Kill: kubelet and
 // containerd killed, link cut; its pods' processes never get a signal) with clients
-// running: 90 long-lived connections through the VIP and a stream of new ones. It
-// waits for the client to send to a new owner and, with waitCaughtUp, for
-// Kubernetes to mark the node NotReady and its agent's endpoint not ready, then 5 s
-// more.
-func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, error) {
+// running: the held connections and a stream of new ones. It waits for the client
+// to send to a new owner, then asks every held connection on a surviving replica
+// at once (HeldAnswer each), and, with waitCaughtUp, waits for Kubernetes to mark
+// the node NotReady and its agent's endpoint not ready, then 5 s more, and asks
+// them again. The dead node leaves p.Edges.
+func (p *Portico) KillOwner(ctx context.Context, held Held, waitCaughtUp bool) (NodeDeath, error) {
 	owner, err := p.Owner(GroupVIP)
 	if err != nil {
 		return NodeDeath{}, err
 	}
 	d := NodeDeath{Node: owner}
-	held, err := p.OpenKeepConns(ctx, "web.example", 90)
-	if err != nil {
-		return d, err
-	}
-	defer held.Close()
 	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 5 * time.Millisecond, For: 3 * time.Minute})
 	stopped := false
 	defer func() {
@@ -400,6 +397,7 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	if err := p.C.Kill(owner); err != nil {
 		return d, err
 	}
+	p.Edges = slices.DeleteFunc(slices.Clone(p.Edges), func(n *Node) bool { return n == owner })
 	if err := until(ctx, fault.Add(5*time.Second), func() error {
 		n, err := p.Owner(GroupVIP)
 		if err == nil && n == owner {
@@ -410,10 +408,7 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 		return d, err
 	}
 	d.Takeover = time.Since(fault)
-	time.Sleep(2 * time.Second)
-	var failed []string
-	d.Held, d.KeptAfterTakeover, failed = p.checkHeld(held, owner)
-	d.HeldFailed = append(d.HeldFailed, prefixed("after the takeover ", failed)...)
+	d.AfterTakeover = p.Check(ctx, held, HeldAnswer, owner)
 	if waitCaughtUp {
 		if err := until(ctx, fault.Add(time.Minute), func() error { return p.deadToKubernetes(ctx, owner) }); err != nil {
 			return d, err
@@ -427,35 +422,8 @@ func (p *Portico) KillOwner(ctx context.Context, waitCaughtUp bool) (NodeDeath, 
 	after := traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
 	d.AfterBound = traffic.FailuresAround(traffic.Hard(atts), fault.Add(d.Takeover+LivenessBound))
 	d.Unanswered = after.Unanswered
-	_, d.KeptAtEnd, failed = p.checkHeld(held, owner)
-	d.HeldFailed = append(d.HeldFailed, prefixed("at the end ", failed)...)
+	d.AtEnd = p.Check(ctx, held, 3*time.Second, owner)
 	return d, nil
-}
-
-func prefixed(p string, ss []string) []string {
-	out := make([]string, len(ss))
-	for i, s := range ss {
-		out[i] = p + s
-	}
-	return out
-}
-
-// checkHeld sends a request on every held connection whose edge is not one of
-// excluded, and returns how many there were and how many were answered, and the
-// failures (edge and error).
-func (p *Portico) checkHeld(held traffic.KeepConns, excluded ...*Node) (total, kept int, failed []string) {
-	for _, k := range held {
-		if slices.ContainsFunc(excluded, func(n *Node) bool { return n.IP.String() == k.Edge }) {
-			continue
-		}
-		total++
-		if _, err := k.Do("web.example", "/held", 3*time.Second); err == nil {
-			kept++
-		} else {
-			failed = append(failed, fmt.Sprintf("via %s: %v", k.Edge, err))
-		}
-	}
-	return total, kept, failed
 }
 
 // deadToKubernetes returns nil once node n is NotReady and its agent is not a ready

@@ -23,16 +23,24 @@ import (
 const root = "../.."
 
 // TestPortico installs Portico on a real cluster the way a user does and runs the
-// failures a real cluster has, with clients running throughout: four kubelet nodes,
-// three of them edges (labelled and tainted), Portico's image built by the project's
-// own build and imported into every node, the chart installed with helm, backends
-// as Deployments, Ingresses applied with kubectl.
+// failures a real cluster has, alone and overlapping, with clients running
+// throughout: five kubelet nodes, four of them edges (labelled and tainted),
+// Portico's image built by the project's own build and imported into every node,
+// the chart installed with helm, backends as Deployments, Ingresses applied with
+// kubectl. The group has an IPv4 and an IPv6 VIP, and an L4 Service (hold) two more:
+// the held connections go through all four, some of them idle for 90 s before
+// their event.
+//
+// The sequence: the VIP owner dies within the transition the install left; an
+// edge drains; an IngressClaim; a rolling update with another edge draining
+// during it; within that transition the new owner dies, then a liveness false
+// positive on a healthy replica.
 func TestPortico(t *testing.T) {
 	Require(t)
 	if _, err := HelmBinary(root); err != nil {
 		testenv.Unavailable(t, "%v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 
 	t0 := time.Now()
@@ -41,7 +49,7 @@ func TestPortico(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("image built: %.1f s", time.Since(t0).Seconds())
-	c, err := Start(ctx, Options{Nodes: 4, Images: []string{archive}})
+	c, err := Start(ctx, Options{Nodes: 5, Images: []string{archive}})
 	if err != nil {
 		t.Fatalf("start the cluster: %v", err)
 	}
@@ -50,8 +58,8 @@ func TestPortico(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 	})
-	t.Logf("4 nodes Ready: %.1f s", c.Timings.NodesReady.Seconds())
-	edges, worker := c.Nodes[:3], c.Nodes[3]
+	t.Logf("5 nodes Ready: %.1f s", c.Timings.NodesReady.Seconds())
+	edges, worker := c.Nodes[:4], c.Nodes[4]
 	t1 := time.Now()
 	p, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "e2e-1", Edges: edges})
 	if err != nil {
@@ -63,7 +71,7 @@ func TestPortico(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The edge that gets drained also runs backends, so the drain evicts pods
-	// through the real EndpointSlice controller too. The owner dies last.
+	// through the real EndpointSlice controller too. The owner dies first.
 	drained := edges[0]
 	if drained == owner {
 		drained = edges[1]
@@ -75,12 +83,35 @@ func TestPortico(t *testing.T) {
 	}
 	waitServed(t, p, "web.example", "/", edges)
 	waitServed(t, p, "web.example", "/api/items", edges)
+	if err := p.DeployHold(ctx, worker, edges); err != nil {
+		t.Fatal(err)
+	}
 
-	t.Run("Routing", func(t *testing.T) { testRouting(t, ctx, p, certs, edges) })
+	t.Run("InstallThenOwnerDies", func(t *testing.T) { testInstallThenOwnerDies(t, ctx, p) })
+	t.Run("Routing", func(t *testing.T) { testRouting(t, ctx, p, certs, p.Edges) })
 	t.Run("Drain", func(t *testing.T) { testDrain(t, ctx, p, drained) })
-	t.Run("RollingUpdate", func(t *testing.T) { testRollingUpdate(t, ctx, p) })
 	t.Run("IngressClaim", func(t *testing.T) { testIngressClaim(t, ctx, p, worker) })
-	t.Run("NodeDies", func(t *testing.T) { testNodeDies(t, ctx, p) })
+	t.Run("RollingUpdateWithDrain", func(t *testing.T) { testRollingUpdate(t, ctx, p, drained) })
+	// Idle connections for the next two events, opened in the rolling update's
+	// transition (a rolling update restarts every edge's nginx: what was opened
+	// before it is gone).
+	idle, err := p.OpenHeld(ctx, 0, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(idle.Close)
+	idle2, err := p.OpenHeld(ctx, 0, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(idle2.Close)
+	idleSince := time.Now()
+	// Known to break (issue 21, open): a false positive and then the owner's
+	// death within the same transition; the falsely called node's rings lack
+	// the verdict its peers applied (TestPCCModel -pcc.selfview). Until the data
+	// plane copes, the death comes first.
+	t.Run("RollingUpdateThenNodeDies", func(t *testing.T) { testNodeDies(t, ctx, p, idle, idleSince) })
+	t.Run("LivenessFalsePositive", func(t *testing.T) { testFalsePositive(t, ctx, p, idle2, idleSince) })
 }
 
 // waitServed waits until 30 new connections in a row to host+path are answered
@@ -146,15 +177,41 @@ func testRouting(t *testing.T, ctx context.Context, p *Portico, certs map[string
 // use 500 ms.
 const slowAnswer = 2 * time.Second
 
-// heldConns opens n long-lived connections through the VIP to web.example.
-func heldConns(t *testing.T, p *Portico, n int) traffic.KeepConns {
+// openHeld opens the HTTP and idle TCP connections of OpenHeld, closed when
+// the test ends.
+func openHeld(t *testing.T, p *Portico, http, idle int) Held {
 	t.Helper()
-	held, err := p.OpenKeepConns(context.Background(), "web.example", n)
+	if err := p.WaitConfigQuiet(context.Background(), 3*time.Second, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	held, err := p.OpenHeld(context.Background(), http, idle)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(held.Close)
 	return held
+}
+
+// checkHeld fails the test unless every held connection on a surviving replica
+// answers within timeout (asked at once), and logs what it found.
+func checkHeld(t *testing.T, ctx context.Context, p *Portico, what string, held Held, timeout time.Duration, excluded ...*Node) HeldCheck {
+	t.Helper()
+	c := p.Check(ctx, held, timeout, excluded...)
+	t.Logf("held connections %s: %v", what, c)
+	if c.Kept != c.Total || len(c.Failed) > 0 {
+		t.Errorf("held connections %s: %v, want all to answer within %v; failed: %s", what, c, timeout, strings.Join(c.Failed, "; "))
+	}
+	return c
+}
+
+// idleFor waits until the idle connections opened at since have been idle for
+// d, so they meet the next event as a database's pooled connection would.
+func idleFor(t *testing.T, since time.Time, d time.Duration) {
+	wait := time.Until(since.Add(d))
+	if wait > 0 {
+		t.Logf("the idle connections wait %.0f s more (idle for %v before the event)", wait.Seconds(), d)
+		time.Sleep(wait)
+	}
 }
 
 // failures logs and returns the stream's failed attempts (at or after from).
@@ -170,7 +227,7 @@ func failures(t *testing.T, atts []traffic.Attempt, from time.Time) traffic.Fail
 // agent's replica drains (the node is cordoned): no new flows, its connections
 // finish. Not one request fails. Uncordoned, it serves new flows again.
 func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
-	held := heldConns(t, p, 60)
+	held := openHeld(t, p, 60, 20)
 	onNode := 0
 	for _, k := range held {
 		if k.Edge == node.IP.String() {
@@ -195,9 +252,7 @@ func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
 	t.Logf("every edge holds %s as draining %.1f s after the drain began", node.Name, settled.Sub(start).Seconds())
 	time.Sleep(3 * time.Second)
 	// Its held connections still work: it finishes what it has.
-	total, kept, failed := p.checkHeld(held)
-	if kept != total {
-		t.Errorf("%d of %d long-lived connections kept working, want all; failed: %s", kept, total, strings.Join(failed, "; "))
+	if c := checkHeld(t, ctx, p, "after the drain", held, 3*time.Second); c.Kept != c.Total {
 		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy", "nginx"))
 	}
 	atts := stream.Stop()
@@ -205,7 +260,7 @@ func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
 		t.Errorf("%d requests failed during the drain, want 0", f.Failed)
 	}
 	after := failures(t, atts, settled)
-	t.Logf("%d held connections checked (%d through %s); new connections after the drain settled, per edge: %v", total, onNode, node.Name, after.PerEdge)
+	t.Logf("%d held connections through %s; new connections after the drain settled, per edge: %v", onNode, node.Name, after.PerEdge)
 	if n := after.PerEdge[node.IP.String()]; n > 0 {
 		t.Errorf("%d new connections went to the drained %s", n, node.Name)
 	}
@@ -277,10 +332,25 @@ func (ld *keepAliveLoad) Stop() (ok, failed int64, errs []string) {
 }
 
 // testRollingUpdate: helm upgrade to a new image tag rolls the agents one node at a
-// time under load. Not one request fails, and forwarding never stops: on every edge
-// the pinned XDP link is the same before and after (the new agent replaced the
-// program on it), so the old pod's exit never detached it.
-func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
+// time under load, and an edge is drained (kubectl drain: cordoned, its replica
+// draining) while it does. Not one request fails, and forwarding never stops: on
+// every edge the pinned XDP link is the same before and after (the new agent
+// replaced the program on it), so the old pod's exit never detached it. Every
+// connection opened during the rollout to an agent that is not replaced later
+// keeps working (a replaced agent's nginx closes its idle connections, which
+// clients open again: the kept-alive load counts that).
+func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBefore *Node) {
+	owner, err := p.Owner(GroupVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drain := drainedBefore
+	for _, n := range p.Edges {
+		if n != owner && n != drainedBefore {
+			drain = n
+			break
+		}
+	}
 	before := map[string]XDPLink{}
 	for _, n := range p.Edges {
 		l, err := p.XDPLink(n)
@@ -300,14 +370,53 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
 	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, Timeout: slowAnswer, For: 4 * time.Minute})
 	time.Sleep(time.Second)
 	start := time.Now()
-	if err := p.Upgrade(ctx, 3*time.Minute, "image.tag=e2e-2"); err != nil {
+	upgraded := make(chan error, 1)
+	go func() { upgraded <- p.Upgrade(ctx, 3*time.Minute, "image.tag=e2e-2") }()
+	// Held connections opened all through the rollout, and the drain once the
+	// first agent was replaced.
+	var held Held
+	t.Cleanup(func() { held.Close() })
+	var upErr error
+	drainedAt := time.Duration(0)
+	for done := false; !done; {
+		select {
+		case upErr = <-upgraded:
+			done = true
+		case <-time.After(time.Second):
+		}
+		// HTTP only: nginx's graceful stop waits up to 60 s for a stream
+		// connection, and the rollout for the old pod (issue 22).
+		h, err := p.OpenHeld(ctx, 4, 0)
+		if err != nil {
+			t.Errorf("open held connections during the rollout: %v", err)
+			continue
+		}
+		held = append(held, h...)
+		if drainedAt > 0 {
+			continue
+		}
+		pods, err := p.Agents(ctx, "portico-agent")
+		if err == nil && slices.ContainsFunc(p.Edges, func(n *Node) bool { return pods[n.Name] != oldPods[n.Name] }) {
+			drainedAt = time.Since(start)
+			if _, err := p.C.Kubectl(ctx, nil, "drain", drain.Name, "--ignore-daemonsets", "--timeout=90s"); err != nil {
+				t.Errorf("drain %s: %v", drain.Name, err)
+			}
+		}
+	}
+	if upErr != nil {
 		stream.Stop()
 		load.Stop()
-		t.Fatal(err)
+		t.Fatal(upErr)
 	}
 	p.Tag = "e2e-2"
-	t.Logf("helm upgrade rolled %d agents out: %.1f s", len(p.Edges), time.Since(start).Seconds())
+	t.Logf("helm upgrade rolled %d agents out: %.1f s; %s drained from %.1f s", len(p.Edges), time.Since(start).Seconds(), drain.Name, drainedAt.Seconds())
+	if drainedAt == 0 {
+		t.Errorf("%s was not drained during the rollout", drain.Name)
+	}
 	time.Sleep(2 * time.Second)
+	if c := checkHeld(t, ctx, p, "opened during the rollout", held, 3*time.Second); c.Total < 20 {
+		t.Errorf("only %d connections opened during the rollout are on agents it did not replace later, want >= 20", c.Total)
+	}
 	atts := stream.Stop()
 	ok, failed, errs := load.Stop()
 	t.Logf("kept-alive requests: %d answered, %d failed %v", ok, failed, errs)
@@ -319,6 +428,10 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
 	if ok == 0 {
 		t.Error("no kept-alive request was answered")
 	}
+	if _, err := p.C.Kubectl(ctx, nil, "uncordon", drain.Name); err != nil {
+		t.Fatal(err)
+	}
+	waitServed(t, p, "web.example", "/", p.Edges)
 	newPods, err := p.Agents(ctx, "portico-agent")
 	if err != nil {
 		t.Fatal(err)
@@ -345,6 +458,9 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico) {
 		t.Fatal(err)
 	}
 	for _, pod := range pods.Items {
+		if pod.Spec.NodeName == "" || !slices.ContainsFunc(p.Edges, func(n *Node) bool { return n.Name == pod.Spec.NodeName }) {
+			continue // the dead node's pod
+		}
 		if img := pod.Spec.Containers[0].Image; img != PorticoRepository+":e2e-2" {
 			t.Errorf("pod %s runs %s", pod.Name, img)
 		}
@@ -436,24 +552,96 @@ func testIngressClaim(t *testing.T, ctx context.Context, p *Portico, node *Node)
 	t.Logf("claim bound, its agent ready on tainted %s and shop.example served through VIP %s: %.1f s", node.Name, vip, time.Since(start).Seconds())
 }
 
-// testNodeDies: the VIP owner dies as a machine does (kubelet, containerd and the
-// agent's processes killed, link cut). The VIP moves; held connections on the
-// surviving replicas keep working; new connections stop failing within the VRRP
-// takeover plus the liveness bound. Later the node controller marks the node
-// NotReady and the EndpointSlice controller drops its agent: nothing changes for
-// the clients.
-func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
-	// The owner dies within the ring transitions the earlier subtests left (a
-	// drain, a rolling update, a claimed group's agent): the held connections
-	// are opened in them, many in slots those changes moved, known only to the
-	// owner that saw their SYNs; the new owner finds them along their chains
-	// (bpf/README.md).
-	if edges, err := p.InTransition(ctx); err != nil {
+// testInstallThenOwnerDies: the VIP owner dies within the ring transition the
+// install left (each agent that joined changed every edge's rings), with 60
+// connections held (half over IPv6), 20 TCP connections through the L4 Service
+// and a stream of new connections.
+func testInstallThenOwnerDies(t *testing.T, ctx context.Context, p *Portico) {
+	held := openHeld(t, p, 60, 20)
+	in, err := p.InTransition(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("edges in a ring transition as the owner dies: %d %v", len(in), in)
+	if len(in) == 0 {
+		t.Error("no edge is in the install's ring transition: the owner would not die within it")
+	}
+	dead := nodeDies(t, ctx, p, held)
+	// The operator removes the dead machine, as after any node that will not
+	// come back (its DaemonSet pod would hold every later rollout).
+	if _, err := p.C.Kubectl(ctx, nil, "delete", "node", dead.Name); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// testFalsePositive: the liveness checks of a healthy replica fail for 300 ms
+// (its probe port blocked, more than liveness.deadAfter): every other edge calls
+// it down, then up again, within the transitions of a rolling update and a
+// node's death. It keeps every
+// connection it has (a replica wrongly called dead must), the others keep
+// theirs, and no new connection fails.
+func testFalsePositive(t *testing.T, ctx context.Context, p *Portico, idle Held, idleSince time.Time) {
+	owner, err := p.Owner(GroupVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var node *Node
+	for _, n := range p.Edges {
+		if n != owner {
+			node = n
+			break
+		}
+	}
+	idleFor(t, idleSince, 90*time.Second)
+	held := append(openHeld(t, p, 60, 0), idle...)
+	on := 0
+	for _, h := range held {
+		if h.Edge == node.IP.String() {
+			on++
+		}
+	}
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, Timeout: slowAnswer, For: time.Minute})
+	time.Sleep(time.Second)
+	start := time.Now()
+	if err := p.BlockProbes(node, 300*time.Millisecond); err != nil {
+		stream.Stop()
+		t.Fatal(err)
+	}
+	checkHeld(t, ctx, p, "as the false verdict clears", held, HeldAnswer)
+	time.Sleep(3 * time.Second)
+	checkHeld(t, ctx, p, "3 s later", held, 3*time.Second)
+	if f := failures(t, stream.Stop(), start); f.Failed > 0 {
+		t.Errorf("%d new connections failed, want 0", f.Failed)
+	}
+	// The verdict happened: an edge's ring left the replica out.
+	said := p.AgentLogs(ctx, "portico-agent", "ring follows replica liveness")
+	if !strings.Contains(said, node.IP.String()) {
+		t.Errorf("no edge called %s down: the false positive did not happen\n%s", node.Name, said)
+	}
+	t.Logf("%s called down wrongly, %d held connections through it; what the agents said:\n%s", node.Name, on, said)
+}
+
+// testNodeDies: the VIP owner dies within the transition of a rolling update
+// (with a drain), with connections held that were idle for 90 s.
+func testNodeDies(t *testing.T, ctx context.Context, p *Portico, idle Held, idleSince time.Time) {
+	idleFor(t, idleSince, 90*time.Second)
+	held := append(openHeld(t, p, 60, 0), idle...)
+	if in, err := p.InTransition(ctx); err != nil {
 		t.Logf("ring transitions: %v", err)
 	} else {
-		t.Logf("edges in a ring transition as the owner dies: %d %v", len(edges), edges)
+		t.Logf("edges in a ring transition as the owner dies: %d %v", len(in), in)
 	}
-	d, err := p.KillOwner(ctx, true)
+	nodeDies(t, ctx, p, held)
+}
+
+// nodeDies kills the VIP owner as a machine dies (KillOwner) with the held
+// connections and a stream of new ones: the VIP moves; every held connection on
+// a surviving replica answers within HeldAnswer of the takeover, and still at
+// the end; new connections stop failing within the VRRP takeover plus the
+// liveness bound. Later the node controller marks the node NotReady and the
+// EndpointSlice controller drops its agent: nothing changes for the clients.
+func nodeDies(t *testing.T, ctx context.Context, p *Portico, held Held) *Node {
+	d, err := p.KillOwner(ctx, held, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -468,13 +656,18 @@ func testNodeDies(t *testing.T, ctx context.Context, p *Portico) {
 	if d.Unanswered > d.AfterBound.Total/20 {
 		t.Errorf("%d of %d new connections after the bound connected but were not answered in 500 ms, want < 5%%", d.Unanswered, d.AfterBound.Total)
 	}
-	if d.Held < 30 || d.KeptAfterTakeover != d.Held || d.KeptAtEnd != d.Held {
-		t.Errorf("of %d long-lived connections on surviving replicas, %d worked after the takeover and %d at the end; want all (and >= 30): %s",
-			d.Held, d.KeptAfterTakeover, d.KeptAtEnd, strings.Join(d.HeldFailed, "; "))
+	for _, c := range []struct {
+		what string
+		c    HeldCheck
+	}{{"within " + HeldAnswer.String() + " of the takeover", d.AfterTakeover}, {"at the end", d.AtEnd}} {
+		if c.c.Total < 30 || c.c.Kept != c.c.Total {
+			t.Errorf("long-lived connections on surviving replicas %s: %v; want all (and >= 30): %s", c.what, c.c, strings.Join(c.c.Failed, "; "))
+		}
 	}
 	if t.Failed() {
 		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy", "new director"))
 		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
 		t.Logf("what xdp_lb pinned:\n%s", p.AgentCommand(ctx, "portico-agent", "flows", "-n", "20"))
 	}
+	return d.Node
 }

@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(
   clang-14 llvm-14 libbpf-dev bpftool    # compile the XDP program (make generate / verify): the clang dataplane/gen.go names
   iproute2 ethtool tcpdump arping iputils-ping netcat-openbsd  # namespace lab
+  iptables                               # real-cluster lab: a liveness false positive (a node's probe port blocked)
   nginx-light                            # L7 layer: nginx -t on rendered configs, real serving
   libnginx-mod-http-lua                  # L7 layer: endpoint changes without a reload (balancer_by_lua; pulls NDK, lua-resty-core)
   libnginx-mod-stream                    # L4 Services: nginx's stream module (TCP/UDP proxying)

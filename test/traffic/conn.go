@@ -17,10 +17,11 @@ type KeepConn struct {
 	Edge string // the edge node whose nginx holds the connection
 }
 
-// OpenKeepConn connects to the VIP's port 80 and sends a first request, which
-// tells which edge node holds the connection.
+// OpenKeepConn connects to the VIP's port (80 unless Port says otherwise) and
+// sends a first request, which tells which edge node holds the connection (the
+// address the backend saw the request come from).
 func (l Target) OpenKeepConn(ctx context.Context, host string) (*KeepConn, error) {
-	c, err := l.Dial(ctx, "tcp", net.JoinHostPort(l.VIP.String(), "80"))
+	c, err := l.Dial(ctx, "tcp", l.keepAddr())
 	if err != nil {
 		return nil, err
 	}

@@ -23,6 +23,18 @@ import (
 type Target struct {
 	NS  string     // the client's network namespace
 	VIP netip.Addr // the address requests go to
+	// Port is where long-lived connections go (OpenKeepConn): 0 is 80, nginx's
+	// HTTP; an L4 Service's port reaches its backends through the stream proxy.
+	Port uint16
+}
+
+// keepAddr is the address OpenKeepConn connects to.
+func (l Target) keepAddr() string {
+	port := l.Port
+	if port == 0 {
+		port = 80
+	}
+	return net.JoinHostPort(l.VIP.String(), fmt.Sprint(port))
 }
 
 // Dial opens a TCP connection from the client namespace.

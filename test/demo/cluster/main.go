@@ -141,13 +141,22 @@ func run(portico string, hold bool) (err error) {
 		return err
 	}
 	step("the VIP owner %s dies as a machine does (kubelet, containerd and its agent's processes killed, link cut),\n"+
-		"    with 90 long-lived connections open and a new connection every 5 ms; then Kubernetes notices", owner.Name)
-	d, err := p.KillOwner(ctx, true)
+		"    with 90 long-lived connections open (45 over IPv6) and a new connection every 5 ms; then Kubernetes notices", owner.Name)
+	held, err := p.OpenHeld(ctx, 90, 0)
+	if err != nil {
+		return err
+	}
+	defer held.Close()
+	d, err := p.KillOwner(ctx, held, true)
 	if err != nil {
 		return err
 	}
 	fmt.Printf("  the client sent to a new owner %v after the fault (VRRP takeover)\n", d.Takeover.Round(time.Millisecond))
-	fmt.Printf("  long-lived connections on the surviving replicas: %d of %d worked after the takeover, %d of %d at the end\n", d.KeptAfterTakeover, d.Held, d.KeptAtEnd, d.Held)
+	fmt.Printf("  long-lived connections on the surviving replicas (IPv4 and IPv6): %d of %d answered within %v of the takeover, %d of %d at the end\n",
+		d.AfterTakeover.Kept, d.AfterTakeover.Total, cluster.HeldAnswer, d.AtEnd.Kept, d.AtEnd.Total)
+	for _, f := range append(d.AfterTakeover.Failed, d.AtEnd.Failed...) {
+		fmt.Printf("    failed: %s\n", f)
+	}
 	fmt.Printf("  new connections: %v\n", d.New)
 	fmt.Printf("  Kubernetes marked %s NotReady and its agent's endpoint not ready %.1f s after the fault;\n", owner.Name, d.CaughtUp.Seconds())
 	fmt.Printf("  new connections from %v after the fault to the end: %v\n", (d.Takeover + cluster.LivenessBound).Round(time.Millisecond), d.AfterBound)
