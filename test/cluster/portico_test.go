@@ -371,7 +371,7 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 	time.Sleep(time.Second)
 	start := time.Now()
 	upgraded := make(chan error, 1)
-	go func() { upgraded <- p.Upgrade(ctx, 3*time.Minute, "image.tag=e2e-2") }()
+	go func() { upgraded <- p.Upgrade(ctx, 4*time.Minute, "image.tag=e2e-2") }()
 	// Held connections opened all through the rollout, and the drain once the
 	// first agent was replaced.
 	var held Held
