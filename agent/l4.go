@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -230,12 +231,40 @@ func (s *l4Sink) applyLocked() error {
 	if _, err := s.dp.Apply(want); err != nil {
 		return err
 	}
+	// In a federation, a replica of this site that joins, drains, returns or is
+	// called down changes what its edge announces, and the routers rehash: flows
+	// that live at another site can come here. They go there (a hand-over),
+	// not to this site's stack, while the transition lasts.
+	if s.given.Groups != nil && replicaStates(s.given, s.group) != replicaStates(want, s.group) && hasRemotes(want, s.group) {
+		s.allSince = time.Now()
+		s.handoverLocked()
+	}
 	s.given, s.deadOut = want, out
 	if len(missing) > 0 {
 		return fmt.Errorf("%d replica MACs unresolved", len(missing))
 	}
 	s.ok = true
 	return nil
+}
+
+// replicaStates describes the group's replicas as the rings see them: each
+// address, draining or down, in order.
+func replicaStates(d dataplane.Desired, group string) string {
+	var b strings.Builder
+	for _, g := range d.Groups {
+		if g.Name != group {
+			continue
+		}
+		for _, r := range g.Backends {
+			fmt.Fprintf(&b, "%s/%t/%t ", r.Addr, r.Draining, r.Down)
+		}
+	}
+	return b.String()
+}
+
+// hasRemotes reports whether the group knows other sites' edges.
+func hasRemotes(d dataplane.Desired, group string) bool {
+	return slices.ContainsFunc(d.Groups, func(g dataplane.Group) bool { return g.Name == group && len(g.Remotes) > 0 })
 }
 
 // followLiveness re-applies the last snapshot whenever the liveness verdicts

@@ -842,3 +842,111 @@ func TestSiteFederated(t *testing.T) {
 			changes, updates1-updates0, hops0, hops1, news.Failed, total-kept, failed)
 	}
 }
+
+// TestSiteReturnDuringDrain (issue 21, test 3): the overlap the issue saw break
+// connections. Site b is withdrawn and 64 connections are held at site a; one
+// of a's edges starts draining (its replica terminating) and, 300 ms later, b
+// returns to the route, with the sites' hand-over on: the router moves some of
+// the held flows to b, whose edges send them back to a through the tunnel, where
+// they must find their replicas while a's rings change. Each held connection
+// must answer, and no new connection may fail once b is in the route. Then the
+// drain ends: every connection opened during it must answer too.
+func TestSiteReturnDuringDrain(t *testing.T) {
+	s := startSites(t)
+	ctx := context.Background()
+	for _, l := range []*Lab{s.A, s.B} {
+		if err := s.SetPeers(l, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.WaitRemotes(30*time.Second, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.B.SetBackendReady(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), 0)); err != nil {
+		t.Fatalf("site b not withdrawn: %v", err)
+	}
+	held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	drained := s.A.Edges[0]
+	onDrained := len(held) - len(onSurvivors(held, drained))
+	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
+	stopped := false
+	defer func() {
+		if !stopped {
+			stream.Stop()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+
+	start := time.Now()
+	if err := s.A.SetGroupEndpoints(ctx, map[*Node]string{drained: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	back := time.Now()
+	if err := s.B.SetBackendReady(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	// The draining edge de-preferences its routes: the router keeps a's others.
+	err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges)-1, len(s.B.Edges)))
+	announced := time.Since(back)
+	if err != nil {
+		t.Fatalf("site b not back in the route: %v", err)
+	}
+	// During the drain, more connections open (some to b now).
+	during, err := s.OpenKeepConns(ctx, "echo.lab", 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer during.Close()
+	time.Sleep(2 * time.Second)
+	moved := 0
+	for _, k := range held {
+		a, err := s.Router.Choose(k.LocalPort())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.SiteOf(a.String()) == "b" {
+			moved++
+		}
+	}
+	kept, total, failed := checkKeepConns(held, "/after-return")
+	t.Logf("%s draining, b back in the route %v later (%v after its backend was ready); the router sends %d of %d held connections to b; %d/%d held kept (%d on the draining replica)",
+		drained.Name, back.Sub(start).Round(time.Millisecond), announced.Round(time.Millisecond), moved, total, kept, total, onDrained)
+	if moved == 0 || onDrained == 0 {
+		t.Errorf("the router moved %d held connections to b, %d are on the draining replica: the lab shows less than it says", moved, onDrained)
+	}
+	if kept != total {
+		t.Errorf("%d of %d held connections broke: %v", total-kept, total, failed)
+	}
+
+	// The drain ends while the connections opened during it are held.
+	end := time.Now()
+	if err := s.A.SetGroupEndpoints(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * time.Second)
+	atts := stream.Stop()
+	stopped = true
+	k2, t2, f2 := checkKeepConns(during, "/after-drain")
+	k3, t3, f3 := checkKeepConns(held, "/after-drain")
+	news := traffic.FailuresAround(atts, start)
+	late := traffic.FailuresAround(traffic.Hard(atts), back.Add(announced+time.Second))
+	t.Logf("drain over %v after it began: %d/%d connections opened during it kept, %d/%d of the first ones; new connections: %v",
+		end.Sub(start).Round(time.Millisecond), k2, t2, k3, t3, news)
+	if k2 != t2 || k3 != t3 {
+		t.Errorf("the drain's end broke %d of %d connections opened during it (%v) and %d of %d of the first ones (%v)", t2-k2, t2, f2, t3-k3, t3, f3)
+	}
+	// A connection opened while b's edges join the route one by one can have
+	// its handshake split over two route changes (TestSiteReturn): only
+	// failures outside that window count.
+	if late.Failed > 0 || news.Failed > news.Total/100 {
+		t.Errorf("%d new connections failed (%d more than a second after b was in the route)", news.Failed, late.Failed)
+	}
+}
