@@ -13,7 +13,7 @@ import (
 
 // backendPackets reads node n's pinned maps: packets steered to each replica of
 // the VIP, and how many flows its tables hold (pinned, and new in a transition).
-func (l *Lab) backendPackets(t *testing.T, n *Node) (map[netip.Addr]uint64, int) {
+func (l *Lab) backendPackets(t *testing.T, n *Node) (map[netip.Addr]uint64, []dataplane.FlowView) {
 	t.Helper()
 	in, err := dataplane.OpenPinned(l.pinDir(n))
 	if err != nil {
@@ -36,8 +36,11 @@ func (l *Lab) backendPackets(t *testing.T, n *Node) (map[netip.Addr]uint64, int)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return out, len(flows)
+	return out, flows
 }
+
+// floodSources is where TestSYNFloodAcrossRingChanges's spoofed SYNs come from.
+var floodSources = netip.MustParsePrefix("198.18.0.0/15")
 
 func names(nodes []*Node) []string {
 	out := make([]string, len(nodes))
@@ -51,8 +54,11 @@ func names(nodes []*Node) []string {
 // bounded flood of spoofed SYNs at the VIP (500,000 packets, at most 20 s), during
 // which a replica joins and then another starts draining. No long-lived connection
 // breaks (those on the draining replica included), the flood's SYNs spread over the
-// replicas by the ring, and the owner's table of pinned flows holds no more than the
-// long-lived connections: the flood pinned nothing.
+// replicas by the ring, and the owner's table of pinned flows holds none of the
+// flood's spoofed sources: the flood pinned nothing. (It holds the client's real
+// connections in the slots the changes moved: the long-lived ones, and an idle
+// keep-alive connection of an earlier check that closes meanwhile, found along
+// its chain.)
 func TestSYNFloodAcrossRingChanges(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
@@ -100,7 +106,7 @@ func TestSYNFloodAcrossRingChanges(t *testing.T) {
 	done := make(chan result, 1)
 	t0 := time.Now()
 	go func() {
-		n, err := l.FloodSpoofedSYNs(ctx, netip.MustParsePrefix("198.18.0.0/15"), 80, 500_000, 20*time.Second)
+		n, err := l.FloodSpoofedSYNs(ctx, floodSources, 80, 500_000, 20*time.Second)
 		done <- result{n, err}
 	}()
 	time.Sleep(time.Second)
@@ -169,7 +175,17 @@ func TestSYNFloodAcrossRingChanges(t *testing.T) {
 			}
 		}
 	}
-	if pinned > len(held) {
-		t.Errorf("%d flows pinned on the owner after the flood, want at most the %d long-lived connections", pinned, len(held))
+	// No spoofed SYN leaves a pin (it never completes a handshake); the
+	// client's real connections in the moved slots do (the held ones, and any
+	// other the lab opened meanwhile).
+	var spoofed []string
+	for _, f := range pinned {
+		if floodSources.Contains(f.Flow.Src) {
+			spoofed = append(spoofed, fmt.Sprintf("%+v", f.Flow))
+		}
+	}
+	t.Logf("%d flows pinned on the owner after the flood (%d long-lived connections held)", len(pinned), len(held))
+	if len(spoofed) > 0 {
+		t.Errorf("%d spoofed flows pinned on the owner after the flood, want none: %v", len(spoofed), spoofed[:min(len(spoofed), 10)])
 	}
 }
