@@ -133,16 +133,7 @@ func TestSiteReturn(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second)
 		atts := stream.Stop()
-		moved := 0
-		for _, k := range held {
-			a, err := s.Router.Choose(k.LocalPort())
-			if err != nil {
-				t.Fatal(err)
-			}
-			if s.SiteOf(a.String()) == "b" {
-				moved++
-			}
-		}
+		moved := s.sentTo(t, held, "b")
 		kept, total, failed := checkKeepConns(held, "/after-return")
 		held.Close()
 		news := traffic.FailuresAround(atts, back)
@@ -843,6 +834,22 @@ func TestSiteFederated(t *testing.T) {
 	}
 }
 
+// sentTo counts the held connections the router now sends to site.
+func (s *Sites) sentTo(t *testing.T, held traffic.KeepConns, site string) int {
+	t.Helper()
+	n := 0
+	for _, k := range held {
+		a, err := s.Router.Choose(k.LocalPort())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.SiteOf(a.String()) == site {
+			n++
+		}
+	}
+	return n
+}
+
 // TestSiteReturnDuringDrain (issue 21, test 3): the overlap the issue saw break
 // connections. Site b is withdrawn and 64 connections are held at site a; one
 // of a's edges starts draining (its replica terminating) and, 300 ms later, b
@@ -906,16 +913,7 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	}
 	defer during.Close()
 	time.Sleep(2 * time.Second)
-	moved := 0
-	for _, k := range held {
-		a, err := s.Router.Choose(k.LocalPort())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.SiteOf(a.String()) == "b" {
-			moved++
-		}
-	}
+	moved := s.sentTo(t, held, "b")
 	kept, total, failed := checkKeepConns(held, "/after-return")
 	t.Logf("%s draining, b back in the route %v later (%v after its backend was ready); the router sends %d of %d held connections to b; %d/%d held kept (%d on the draining replica)",
 		drained.Name, back.Sub(start).Round(time.Millisecond), announced.Round(time.Millisecond), moved, total, kept, total, onDrained)
