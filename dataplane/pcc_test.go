@@ -1170,8 +1170,12 @@ func (w *pccWorld) holderName(f *pccFlow) string {
 // the events up to the failure.
 func (w *pccWorld) report(f *pccFailure) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "seed %d, sequence %d (replay: go test -count=1 -run TestPCCModel ./dataplane/ -v -pcc.seed=%d -pcc.sequence=%d)\n",
-		w.seed, w.seq, w.seed, w.seq)
+	selfview := ""
+	if *pccSelfView {
+		selfview = " -pcc.selfview"
+	}
+	fmt.Fprintf(&b, "seed %d, sequence %d (replay: go test -count=1 -run TestPCCModel ./dataplane/ -v -args -pcc.seed=%d -pcc.sequence=%d%s)\n",
+		w.seed, w.seq, w.seed, w.seq, selfview)
 	fmt.Fprintf(&b, "world: %s\n", w.mode())
 	fmt.Fprintf(&b, "%s: %s of connection %s, held by %s, opened %s\n", f.class, f.what, f.flow, w.holderName(f.flow), w.opened(f.flow))
 	if f.late >= 0 {
