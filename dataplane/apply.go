@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -930,38 +929,19 @@ func (d *Dataplane) pushMid(vip uint32, ring *ebpf.Map, slots []uint32) error {
 	}
 	mids := append([][]uint32{slots}, d.st.midSlots[vip]...)
 	d.st.midSlots[vip] = mids[:min(len(mids), int(lbLbLimitsLB_MID_RINGS))]
-	// Each update of a map of maps waits for an RCU grace period (the kernel
-	// makes sure no program still reads the inner map it replaced): tens of
-	// milliseconds on a loaded node, so the mids move one place down all at
-	// once, not one after another. While they move, a mid may be missing for
-	// a moment: a frame walked along a chain that needed it finds no holder and
-	// is dropped, not served, since the rings changed within LB_SETTLE_MS
-	// (changed, first); TCP sends it again once they are in place.
-	if err := d.changed(vip); err != nil {
-		return err
-	}
-	var older [lbLbLimitsLB_MID_RINGS]*ebpf.Map
 	for k := int(lbLbLimitsLB_MID_RINGS) - 1; k > 0; k-- {
-		switch err := d.objs.MidRings.Lookup(midKey(vip, k-1), &older[k]); {
+		var older *ebpf.Map
+		switch err := d.objs.MidRings.Lookup(midKey(vip, k-1), &older); {
 		case errors.Is(err, ebpf.ErrKeyNotExist):
-			older[k] = nil
+			continue
 		case err != nil:
-			closeAll(older[:])
 			return fmt.Errorf("read map mid_rings: %w", err)
 		}
-	}
-	err := concurrently(int(lbLbLimitsLB_MID_RINGS), func(k int) error {
-		if older[k] == nil {
-			return nil
-		}
-		if err := d.objs.MidRings.Put(midKey(vip, k), older[k]); err != nil {
+		err := d.objs.MidRings.Put(midKey(vip, k), older)
+		older.Close()
+		if err != nil {
 			return fmt.Errorf("update map mid_rings: %w", err)
 		}
-		return nil
-	})
-	closeAll(older[:])
-	if err != nil {
-		return err
 	}
 	if err := d.objs.MidRings.Put(midKey(vip, 0), ring); err != nil {
 		return fmt.Errorf("update map mid_rings: %w", err)
@@ -972,38 +952,12 @@ func (d *Dataplane) pushMid(vip uint32, ring *ebpf.Map, slots []uint32) error {
 // clearMids forgets a VIP's mid rings.
 func (d *Dataplane) clearMids(vip uint32) error {
 	delete(d.st.midSlots, vip)
-	// At once, as pushMid: each delete waits for a grace period.
-	return concurrently(int(lbLbLimitsLB_MID_RINGS), func(k int) error {
+	for k := range int(lbLbLimitsLB_MID_RINGS) {
 		if err := d.objs.MidRings.Delete(midKey(vip, k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from map mid_rings: %w", err)
 		}
-		return nil
-	})
-}
-
-// concurrently runs f(0) to f(n-1) at once and returns their errors joined:
-// updates of a map of maps, whose waits for an RCU grace period then overlap.
-func concurrently(n int, f func(k int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for k := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			errs[k] = f(k)
-		}()
 	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// closeAll closes the maps that are not nil.
-func closeAll(ms []*ebpf.Map) {
-	for _, m := range ms {
-		if m != nil {
-			m.Close()
-		}
-	}
+	return nil
 }
 
 // swapRing fills a new inner map with slots and puts it in place of the VIP's ring
