@@ -275,3 +275,24 @@ func (p *Portico) WaitConfigQuiet(ctx context.Context, quiet, timeout time.Durat
 		return nil
 	})
 }
+
+// SettledOwner waits until the same edge has owned GroupVIP (the client's view)
+// for stable, and returns it.
+func (p *Portico) SettledOwner(ctx context.Context, stable, timeout time.Duration) (*Node, error) {
+	var last *Node
+	var since time.Time
+	err := until(ctx, time.Now().Add(timeout), func() error {
+		n, err := p.Owner(GroupVIP)
+		if err != nil {
+			return err
+		}
+		if n != last {
+			last, since = n, time.Now()
+		}
+		if time.Since(since) < stable {
+			return fmt.Errorf("%s owns %s since %v", n.Name, GroupVIP, time.Since(since).Round(time.Millisecond))
+		}
+		return nil
+	})
+	return last, err
+}
