@@ -181,16 +181,8 @@ func TestSiteReturn(t *testing.T) {
 // connection fails. Each round ends the drain: b comes back, with a hand-over of
 // its own for the connections opened at a meanwhile.
 func TestSiteDrain(t *testing.T) {
-	s := startSites(t)
+	s := startPeeredSites(t)
 	ctx := context.Background()
-	for _, l := range []*Lab{s.A, s.B} {
-		if err := s.SetPeers(l, true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.WaitRemotes(30*time.Second, true); err != nil {
-		t.Fatal(err)
-	}
 	for _, told := range []bool{false, true} {
 		name := "baseline, a not told that b drains"
 		if told {
@@ -834,6 +826,22 @@ func TestSiteFederated(t *testing.T) {
 	}
 }
 
+// startPeeredSites starts the two sites, each knowing the other's edges (the
+// site hand-over on), and waits until every edge has them.
+func startPeeredSites(t *testing.T) *Sites {
+	t.Helper()
+	s := startSites(t)
+	for _, l := range []*Lab{s.A, s.B} {
+		if err := s.SetPeers(l, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.WaitRemotes(30*time.Second, true); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
 // sentTo counts the held connections the router now sends to site.
 func (s *Sites) sentTo(t *testing.T, held traffic.KeepConns, site string) int {
 	t.Helper()
@@ -859,16 +867,8 @@ func (s *Sites) sentTo(t *testing.T, held traffic.KeepConns, site string) int {
 // must answer, and no new connection may fail once b is in the route. Then the
 // drain ends: every connection opened during it must answer too.
 func TestSiteReturnDuringDrain(t *testing.T) {
-	s := startSites(t)
+	s := startPeeredSites(t)
 	ctx := context.Background()
-	for _, l := range []*Lab{s.A, s.B} {
-		if err := s.SetPeers(l, true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := s.WaitRemotes(30*time.Second, true); err != nil {
-		t.Fatal(err)
-	}
 	if err := s.B.SetBackendReady(ctx, false); err != nil {
 		t.Fatal(err)
 	}
