@@ -112,7 +112,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	// In BGP mode the router sends an edge established flows the moment it
 	// announces: a new (or rebooted) edge starts from the ring the others held.
 	dp, err := dataplane.Load(dataplane.Options{PinPath: cfg.PinPath, RingSize: cfg.RingSize,
-		Arrival: cfg.Announce == "bgp", Logger: log.Named("dataplane")})
+		Arrival: cfg.Announce == "bgp", Rejoin: true, Logger: log.Named("dataplane")})
 	if err != nil {
 		return err
 	}
@@ -156,6 +156,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return err
 		}
 		l4.live = checker
+		l4.publish = reloader.PushVerdicts
 	}
 	// The announcer: VRRP (one owner) or BGP (every edge).
 	var (

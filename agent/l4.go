@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
@@ -157,6 +158,9 @@ type l4Sink struct {
 	ok      bool              // the last Apply reached the maps in full
 	dead    []netip.Addr      // what liveness said at the last Apply, sorted
 	deadOut []netip.Addr      // the replicas that Apply left out as dead
+	// publish tells this node's nginx the liveness verdicts
+	// (nginx.Reloader.PushVerdicts); nil in tests without nginx.
+	publish func(context.Context, []netip.Addr) error
 }
 
 // livenessChecker is what the L4 sink asks of the liveness checker.
@@ -269,21 +273,45 @@ func hasRemotes(d dataplane.Desired, group string) bool {
 
 // followLiveness re-applies the last snapshot whenever the liveness verdicts
 // change, and checks them every second as well (a stalled checker cannot say
-// that it stalled, and its Dead then turns empty).
+// that it stalled, and its Dead then turns empty). It first tells its nginx
+// the verdicts (publish), which answers them to the other edges' probes: a
+// replica they call down learns it from them (liveness.Checker), and its
+// rings then agree with theirs. They are sent again every second, for an
+// nginx that restarted.
 func (s *l4Sink) followLiveness(ctx context.Context) error {
 	if s.live == nil {
 		return nil
 	}
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-s.live.Changed():
-		case <-tick.C:
+	var published []netip.Addr
+	publishErr := errors.New("nginx not started yet") // quiet until it has worked once
+	for first := true; ; first = false {
+		ticked := false
+		if !first {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-s.live.Changed():
+			case <-tick.C:
+				ticked = true
+			}
 		}
 		dead := s.live.Dead()
+		if s.publish != nil && (first || ticked || !slices.Equal(dead, published)) {
+			err := s.publish(ctx, dead)
+			if (err == nil) != (publishErr == nil) {
+				if err != nil {
+					s.log.Warn("cannot tell nginx the liveness verdicts (the other edges do not learn them until it can)", zap.Error(err))
+				} else {
+					s.log.Info("nginx answers the liveness verdicts again")
+				}
+			}
+			publishErr = err
+			if err == nil {
+				published = dead
+			}
+		}
 		s.mu.Lock()
 		if len(s.last.Groups) > 0 && !slices.Equal(dead, s.dead) {
 			if err := s.applyLocked(); err != nil {
@@ -393,6 +421,8 @@ func (s *l4Sink) replicas() []ReplicaLiveness {
 			continue
 		case v.Fallback != "":
 			out[i].Live = "live (fallback: " + v.Fallback + ")"
+		case v.CalledDown:
+			out[i].Live = "called down by the other edges (its own checks: live)"
 		case v.Live:
 			out[i].Live = "live"
 		default:

@@ -209,12 +209,48 @@ func (d *Dataplane) recover() error {
 	return nil
 }
 
+// wantsRings reports whether some group of want has VIPs and backends.
+func wantsRings(want Desired) bool {
+	return slices.ContainsFunc(want.Groups, func(g Group) bool { return len(g.VIPs) > 0 && len(g.Backends) > 0 })
+}
+
+// localDown is want with this node's own replicas Down (Options.Rejoin), and
+// whether that changes anything. A group whose other replicas do not serve
+// keeps its own: liveness never empties a ring either.
+func localDown(want Desired) (Desired, bool) {
+	out, changed := want, false
+	out.Groups = slices.Clone(want.Groups)
+	for i, g := range out.Groups {
+		others := slices.ContainsFunc(g.Backends, func(b Backend) bool { return !b.Local && !b.Down && !b.Draining })
+		if !others || !slices.ContainsFunc(g.Backends, func(b Backend) bool { return b.Local && !b.Down }) {
+			continue
+		}
+		g.Backends = slices.Clone(g.Backends)
+		for j := range g.Backends {
+			if g.Backends[j].Local {
+				g.Backends[j].Down = true
+			}
+		}
+		out.Groups[i], changed = g, true
+	}
+	return out, changed
+}
+
 // Apply makes the maps say what want says. It is idempotent and diff-based: only
 // entries that differ are written, VIP and backend ids stay stable, and a VIP's
 // ring is replaced whole (a new inner map swapped in), so no packet sees half a
 // table. On a validation error nothing is written.
 func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	var stats ApplyStats
+	if d.rejoining && wantsRings(want) {
+		d.rejoining = false
+		if down, ok := localDown(want); ok {
+			if _, err := d.Apply(down); err != nil {
+				return stats, fmt.Errorf("replay this node's down after a restart: %w", err)
+			}
+			d.log.Info("agent restarted: its replica's down, which the other edges saw, is in the rings' history")
+		}
+	}
 	plan, err := d.plan(want)
 	if err != nil {
 		return stats, err

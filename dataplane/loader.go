@@ -54,7 +54,18 @@ type Options struct {
 	// Where the guess is wrong, the replica it names finds no socket and hands
 	// the packet on (IPv4, see the package doc).
 	Arrival bool
-	Logger  *zap.Logger
+	// Rejoin: when Load finds pinned rings (the agent restarted; so did its
+	// nginx, most likely), the first Apply that writes rings first applies
+	// the same state with this node's own replicas Down, then the state
+	// asked for. While the agent was away the other edges called its replica
+	// down and gave its slots to others, and connections opened then live
+	// there; the pinned rings never saw it. Replaying the down puts that ring
+	// into this node's history too, so its chains agree with the others'
+	// (bpf/README.md). If the replica was never called down the extra ring
+	// names nobody's connection: a flow in its slots is this node's own, and
+	// its stack is asked first.
+	Rejoin bool
+	Logger *zap.Logger
 
 	// sockModel (tests only): has_connection reads the sock_model map, of
 	// up to sockModel entries, instead of the kernel's sockets, so that
@@ -75,6 +86,9 @@ type Dataplane struct {
 	// arriving: Options.Arrival and Load found no pinned rings; cleared by
 	// the first Apply that writes a ring.
 	arriving bool
+	// rejoining: Options.Rejoin and Load found pinned rings; cleared by the
+	// first Apply that writes a ring.
+	rejoining bool
 }
 
 // Load loads xdp_lb and its maps, reusing maps already pinned at opts.PinPath, so
@@ -118,6 +132,7 @@ func Load(opts Options) (*Dataplane, error) {
 	}
 	_, err = os.Stat(filepath.Join(opts.PinPath, lbMapRings))
 	arriving := opts.Arrival && errors.Is(err, os.ErrNotExist)
+	rejoining := opts.Rejoin && err == nil
 	if err := replaceOldRings(opts, opts.Logger); err != nil {
 		return nil, err
 	}
@@ -133,7 +148,8 @@ func Load(opts Options) (*Dataplane, error) {
 			return nil, fmt.Errorf("set lb_sock_model: %w", err)
 		}
 	}
-	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy(), arriving: arriving}
+	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy(), arriving: arriving,
+		rejoining: rejoining}
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
 	if err != nil {
 		var ve *ebpf.VerifierError

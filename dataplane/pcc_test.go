@@ -23,7 +23,7 @@ var (
 	pccSeed      = flag.Uint64("pcc.seed", 0, "TestPCCModel: the seed of the sequences (0: a random one)")
 	pccSequences = flag.Int("pcc.sequences", 1000, "TestPCCModel: how many sequences to run")
 	pccSequence  = flag.Int("pcc.sequence", -1, "TestPCCModel: run only this sequence of the seed (a replay)")
-	pccSelfView  = flag.Bool("pcc.selfview", false, "TestPCCModel: a node called down wrongly keeps its own replica up in its maps (its checks of itself are local), as on real edges; known to break connections (issue 21), not yet in make test")
+	pccSelfView  = flag.String("pcc.selfview", "learns", "TestPCCModel: how a node comes to call itself down: 'learns' (the agent: from the other edges' answers to its probes, a moment after they decided, and by a cycle when its agent restarts), 'never' (its checks of itself are local only: the open class before it learned), 'at-once' (with the others)")
 	pccAll       = flag.Bool("pcc.all", false, "TestPCCModel: run every sequence and count the failing ones by class, instead of stopping at the first")
 )
 
@@ -63,6 +63,9 @@ const (
 // for a grace period, 10 ms or more on a small VM, where a thousand sequences
 // would take most of an hour.
 func TestPCCModel(t *testing.T) {
+	if !slices.Contains([]string{"learns", "never", "at-once"}, *pccSelfView) {
+		t.Fatalf("-pcc.selfview=%q: want learns, never or at-once", *pccSelfView)
+	}
 	bpftest.Require(t)
 	defer onOneCPU(t)()
 	expediteRCU(t)
@@ -323,18 +326,23 @@ type pccWorld struct {
 	nodes []*pccNode
 	role  []pccRole // Kubernetes' view
 	down  []bool    // the liveness checks' verdict
+	self  []bool    // the verdict each node has learned about itself (-pcc.selfview)
 	dead  []bool
 	pool  []int // the directors
 	ecmp  bool
 	owner int    // VRRP: the VIP owner
 	on    []bool // ECMP: announcing
 	late  int    // a node that has not applied the last change yet, or -1
-	event int
-	flows []*pccFlow // open connections
-	seen  map[lbFlowKey]bool
-	log   []string
-	rings []pccRingAt
-	stats pccStats
+	// learner is the node whose verdict the last event changed (it learns it
+	// late, -pcc.selfview=learns), restart the node whose agent it restarted;
+	// -1 for none.
+	learner, restart int
+	event            int
+	flows            []*pccFlow // open connections
+	seen             map[lbFlowKey]bool
+	log              []string
+	rings            []pccRingAt
+	stats            pccStats
 }
 
 // pccRingAt is the current ring from an event on: the node of each slot.
@@ -358,12 +366,13 @@ type pccFlow struct {
 }
 
 type pccStats struct {
-	events, skewed, flows, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost int
+	events, skewed, restarts, flows, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost int
 }
 
 func (s *pccStats) add(o pccStats) {
 	s.events += o.events
 	s.skewed += o.skewed
+	s.restarts += o.restarts
 	s.flows += o.flows
 	s.inTransition += o.inTransition
 	s.packets += o.packets
@@ -375,8 +384,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed), %d connections opened (%d in a transition), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d",
-		s.events, s.skewed, s.flows, s.inTransition, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts), %d connections opened (%d in a transition), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d",
+		s.events, s.skewed, s.restarts, s.flows, s.inTransition, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost)
 }
 
 // pccFailure is a packet that broke its connection.
@@ -392,7 +401,7 @@ func newPCCWorld(t *testing.T, all []*pccNode, seed uint64, seq int) *pccWorld {
 	rng := rand.New(rand.NewPCG(seed, uint64(seq)))
 	n := 3 + rng.IntN(pccMaxNodes-2)
 	w := &pccWorld{t: t, rng: rng, seed: seed, seq: seq, nodes: all[:n], role: make([]pccRole, n),
-		down: make([]bool, n), dead: make([]bool, n), on: make([]bool, n), late: -1, seen: map[lbFlowKey]bool{}}
+		down: make([]bool, n), self: make([]bool, n), dead: make([]bool, n), on: make([]bool, n), late: -1, learner: -1, restart: -1, seen: map[lbFlowKey]bool{}}
 	for _, i := range rng.Perm(n)[:2+rng.IntN(n-1)] {
 		w.role[i] = pccReady
 	}
@@ -427,13 +436,25 @@ func (w *pccWorld) run() *pccFailure {
 	events := 3 + w.rng.IntN(12)
 	for w.event = 1; w.event <= events; w.event++ {
 		w.stats.events++
+		w.learner, w.restart = -1, -1
 		what, changes := w.randomEvent()
 		line := fmt.Sprintf("e%d: %s", w.event, what)
-		if !changes {
+		if w.restart >= 0 {
+			w.log = append(w.log, line+" ["+w.state()+"]")
+			if f := w.restartAgent(w.restart); f != nil {
+				return f
+			}
+		} else if !changes {
 			w.log = append(w.log, line+" ["+w.state()+"]")
 		} else {
 			late := -1
-			if w.rng.IntN(4) == 0 {
+			if w.learner >= 0 && *pccSelfView == "learns" {
+				// The others decided; it learns their verdict from
+				// their next answers to its probes, a moment later.
+				late = w.learner
+				line += fmt.Sprintf(", %s learns it late", w.name(late))
+				w.stats.skewed++
+			} else if w.rng.IntN(4) == 0 {
 				late = w.randomLive()
 				line += fmt.Sprintf(", %s applies it late", w.name(late))
 				w.stats.skewed++
@@ -448,6 +469,9 @@ func (w *pccWorld) run() *pccFailure {
 				if f != nil {
 					return f
 				}
+				if late == w.learner {
+					w.self[late] = w.down[late]
+				}
 				w.apply(late)
 				w.log = append(w.log, fmt.Sprintf("e%d: %s has applied it", w.event, w.name(late)))
 			}
@@ -460,7 +484,7 @@ func (w *pccWorld) run() *pccFailure {
 	cleared := false
 	for i := range w.nodes {
 		if w.down[i] && !w.dead[i] {
-			w.down[i], cleared = false, true
+			w.down[i], w.self[i], cleared = false, false, true
 		}
 	}
 	if cleared {
@@ -748,7 +772,10 @@ func (w *pccWorld) desired(i int) Desired {
 		// -pcc.selfview a node checks its own nginx locally, as the agent does:
 		// the network fault that makes the others call it down wrongly leaves
 		// its own verdict alone, and its rings differ from theirs.
-		b.Down = w.down[j] && (j != i || w.dead[j] || !*pccSelfView)
+		b.Down = w.down[j]
+		if j == i && !w.dead[j] && *pccSelfView != "at-once" {
+			b.Down = w.self[j]
+		}
 		if j == i {
 			b.Local = true
 		} else {
@@ -930,13 +957,13 @@ func (w *pccWorld) randomEvent() (string, bool) {
 	alive := func(i int) bool { return !w.dead[i] }
 	changes := []pccChange{
 		{3, func(i int) bool { return alive(i) && w.role[i] == pccNone }, func(i int) string {
-			w.role[i], w.down[i] = pccReady, false
+			w.role[i], w.down[i], w.self[i] = pccReady, false, false
 			return w.name(i) + " added"
 		}, true},
 		{2, func(i int) bool { return w.role[i] != pccNone && w.serving(i) > 0 && w.otherDirector(i) }, func(i int) string {
 			w.role[i] = pccNone
 			if alive(i) {
-				w.down[i] = false
+				w.down[i], w.self[i] = false, false
 			}
 			w.on[i] = false // its agent stops announcing
 			return w.name(i) + " removed" + w.close(i) + w.keepDirectors()
@@ -957,12 +984,18 @@ func (w *pccWorld) randomEvent() (string, bool) {
 			return w.name(i) + " dies (liveness: down)" + w.close(i) + w.keepDirectors()
 		}, true},
 		{2, func(i int) bool { return alive(i) && w.role[i] == pccReady && !w.down[i] && w.serving(i) > 0 }, func(i int) string {
-			w.down[i] = true
+			w.down[i], w.learner = true, i
 			return w.name(i) + " falsely down (liveness: down, it runs on)"
 		}, true},
 		{2, func(i int) bool { return alive(i) && w.down[i] }, func(i int) string {
-			w.down[i] = false
+			w.down[i], w.learner = false, i
 			return w.name(i) + " up again (liveness)"
+		}, true},
+		{2, func(i int) bool {
+			return alive(i) && w.role[i] == pccReady && !w.down[i] && w.serving(i) > 0 && !w.directing(i)
+		}, func(i int) string {
+			w.restart = i
+			return w.name(i) + " restarts (agent and nginx: its connections close, the others call it down, then up)" + w.close(i)
 		}, true},
 		{3, func(i int) bool { return alive(i) && slices.Contains(w.pool, i) && w.switchable(i) }, func(i int) string {
 			return w.switchDirector(i)
@@ -995,6 +1028,63 @@ func (w *pccWorld) randomEvent() (string, bool) {
 		}
 	}
 	panic("no change picked")
+}
+
+// directing: node i receives the VIP's traffic from the router now.
+func (w *pccWorld) directing(i int) bool {
+	if w.ecmp {
+		return w.on[i]
+	}
+	return w.owner == i
+}
+
+// restartAgent plays node i's restart: its maps stand still while the others
+// call it down and up again. Its new agent either starts while they still call
+// it down (and learns that from their answers) or after (and then replays the
+// down it missed: the agent's restart cycle).
+func (w *pccWorld) restartAgent(i int) *pccFailure {
+	learns := *pccSelfView != "never"
+	w.stats.restarts++
+	w.down[i] = true
+	w.applyAll(i)
+	w.recordRing(i)
+	w.late = i
+	if f := w.traffic(); f != nil {
+		return f
+	}
+	if w.rng.IntN(2) == 0 {
+		w.late = -1
+		w.self[i] = learns
+		w.nodes[i].d.rejoining = learns // Options.Rejoin: its own replica is Down already
+		w.apply(i)
+		w.log = append(w.log, fmt.Sprintf("e%d: %s's new agent starts and learns the others call it down", w.event, w.name(i)))
+		if f := w.traffic(); f != nil {
+			return f
+		}
+		w.down[i] = false
+		w.applyAll(i)
+		w.recordRing(i)
+		w.log = append(w.log, fmt.Sprintf("e%d: the others call %s up again, it learns that late ["+w.state()+"]", w.event, w.name(i)))
+		w.late = i
+		if f := w.traffic(); f != nil {
+			return f
+		}
+		w.self[i] = false
+		w.apply(i)
+	} else {
+		w.down[i] = false
+		w.applyAll(i)
+		w.recordRing(i)
+		w.log = append(w.log, fmt.Sprintf("e%d: the others call %s up again ["+w.state()+"]", w.event, w.name(i)))
+		if f := w.traffic(); f != nil {
+			return f
+		}
+		w.nodes[i].d.rejoining = learns // Options.Rejoin: the first Apply replays its down
+		w.apply(i)
+		w.log = append(w.log, fmt.Sprintf("e%d: %s's new agent starts (Options.Rejoin: it replays its down)", w.event, w.name(i)))
+	}
+	w.late = -1
+	return nil
 }
 
 // canDirect: node i may receive the VIP's traffic (a live edge with a replica).
@@ -1171,8 +1261,8 @@ func (w *pccWorld) holderName(f *pccFlow) string {
 func (w *pccWorld) report(f *pccFailure) string {
 	var b strings.Builder
 	selfview := ""
-	if *pccSelfView {
-		selfview = " -pcc.selfview"
+	if *pccSelfView != "learns" {
+		selfview = " -pcc.selfview=" + *pccSelfView
 	}
 	fmt.Fprintf(&b, "seed %d, sequence %d (replay: go test -count=1 -run TestPCCModel ./dataplane/ -v -args -pcc.seed=%d -pcc.sequence=%d%s)\n",
 		w.seed, w.seq, w.seed, w.seq, selfview)

@@ -761,6 +761,112 @@ func TestArrival(t *testing.T) {
 	}
 }
 
+// TestRejoin: a restarted agent (Options.Rejoin, rings pinned) replays its own
+// replica's down before its first state: the other edges called it down while
+// it restarted, and connections they opened then, in slots that are its own
+// again, live where the down ring sent them. A first start (nothing pinned)
+// starts no transition.
+func TestRejoin(t *testing.T) {
+	bpftest.Require(t)
+	load := func(pin string) *Dataplane {
+		t.Helper()
+		d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096, Rejoin: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.SetMAC(nicMAC); err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	transition := func(d *Dataplane) time.Duration {
+		t.Helper()
+		vs, err := d.VIPs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range vs {
+			if v.Addr == vip4 {
+				return v.Transition
+			}
+		}
+		t.Fatal("vip4 not in the maps")
+		return 0
+	}
+	bs := []Backend{r1, r2, r3}
+	all, err := BuildTable([]MaglevBackend{{Addr: r1.Addr}, {Addr: r2.Addr}, {Addr: r3.Addr}}, testRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	others, err := BuildTable([]MaglevBackend{{Addr: r1.Addr}, {Addr: r2.Addr}}, testRing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	downRing := all.Fill(func(a netip.Addr) bool { return a != r3.Addr }, others)
+	pickOf := func(tab Table, p xdptest.Packet) netip.Addr {
+		f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+		return tab.Backends[tab.Slots[FlowHash(f, testSeed)%testRing]]
+	}
+
+	pin := testPinPath()
+	t.Cleanup(func() { Uninstall(pin) })
+	d := load(pin)
+	if d.rejoining {
+		t.Error("a first start, nothing pinned, rejoins")
+	}
+	director{"first", d}.apply(t, desired(bs...))
+	if tr := transition(d); tr != 0 {
+		t.Errorf("a first start: transition %v, want none", tr)
+	}
+	d.Close()
+
+	d = load(pin)
+	defer d.Close()
+	if !d.rejoining {
+		t.Fatal("a restart with pinned rings does not rejoin")
+	}
+	dr := director{"restarted", d}
+	dr.apply(t, desired(bs...))
+	if tr := transition(d); tr <= 0 {
+		t.Fatalf("a restart with Rejoin: transition %v, want one under way", tr)
+	}
+	moved := 0
+	for i := range 400 {
+		p := tcp4(uint16(30000+i), xdptest.ACK)
+		if pickOf(all, p) != r3.Addr {
+			continue
+		}
+		moved++
+		want := pickOf(downRing, p)
+		if got := dr.send(t, p, r1, r2); got.Addr != want {
+			t.Fatalf("a connection opened while the others called this node down, in its slot: went to %s, want %s (where the down ring sent it)", got.Addr, want)
+		}
+	}
+	if moved == 0 {
+		t.Fatal("no flow in the local replica's slots: the test proves nothing")
+	}
+	t.Logf("%d connections in the restarted node's slots, opened while it was called down, went where the others sent them", moved)
+	// A new connection in its slots is its own.
+	for i := range 400 {
+		p := tcp4(uint16(40000+i), xdptest.SYN)
+		if pickOf(all, p) != r3.Addr {
+			continue
+		}
+		verdict, _, err := xdptest.Run(d.Program(), p.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if verdict != xdptest.Pass {
+			t.Fatalf("a new connection in the local replica's slot: verdict %s, want PASS", xdptest.VerdictName(verdict))
+		}
+		break
+	}
+	// Its next Apply is a plain one.
+	if d.rejoining {
+		t.Error("still rejoining after the first Apply")
+	}
+}
+
 // TestLocalConnectionSettles: for a packet older than a ring change, in a slot
 // the change moved to or from this node's replica, this node's own stack decides
 // (bpf_skc_lookup_tcp in a namespace that really has, or lacks, the connection):

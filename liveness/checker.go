@@ -50,6 +50,10 @@ type Checker struct {
 
 	beat    atomic.Int64 // unix nanoseconds of the last evaluation
 	stalled atomic.Bool  // the last Verdicts saw a stalled loop
+
+	// called is this node's own replicas that most other edges call down,
+	// sorted: what it learned from their answers (see calledLocked).
+	called []netip.Addr
 }
 
 type targetState struct {
@@ -57,6 +61,9 @@ type targetState struct {
 	local  bool
 	fault  error // the checker could not probe it: Kubernetes' view holds
 	cancel context.CancelFunc
+	// report is which replicas its node calls down, from its last good
+	// answer (a remote replica's; nil for none).
+	report []netip.Addr
 }
 
 // Replica is one replica as the checker sees it, for status and logs.
@@ -67,6 +74,9 @@ type Replica struct {
 	// Fallback is set when the checker could not probe it (or as a whole has
 	// stalled): it counts as live because Kubernetes says so.
 	Fallback string
+	// CalledDown: this node's own replica, which most other edges call down
+	// (Dead lists it, though its own checks find it serving).
+	CalledDown bool
 }
 
 // New checks the configuration; Run starts the probes.
@@ -201,6 +211,9 @@ func (c *Checker) step(now, last time.Time) bool {
 			changed = true
 		}
 	}
+	if c.learnLocked() {
+		changed = true
+	}
 	return changed
 }
 
@@ -227,7 +240,7 @@ func (c *Checker) probeLoop(ctx context.Context, a netip.Addr, t *targetState) {
 }
 
 func (c *Checker) probeReplica(ctx context.Context, a netip.Addr, t *targetState) {
-	defer c.survive("probe of "+a.String(), func(err error) { c.record(a, t, Fault, err) })
+	defer c.survive("probe of "+a.String(), func(err error) { c.record(a, t, Fault, err, nil) })
 	p := &prober{addr: target(a, c.cfg.Port), dial: c.cfg.dial(c.cfg.Iface, t.local)}
 	defer p.close()
 	tick := time.NewTicker(c.cfg.Interval)
@@ -237,7 +250,7 @@ func (c *Checker) probeReplica(ctx context.Context, a netip.Addr, t *targetState
 		if ctx.Err() != nil {
 			return
 		}
-		c.record(a, t, res, err)
+		c.record(a, t, res, err, p.report)
 		select {
 		case <-ctx.Done():
 			return
@@ -246,8 +259,9 @@ func (c *Checker) probeReplica(ctx context.Context, a netip.Addr, t *targetState
 	}
 }
 
-// record feeds one probe result to the replica's verdict.
-func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error) {
+// record feeds one probe result to the replica's verdict; report is what a
+// good answer said its node calls down.
+func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, report []netip.Addr) {
 	c.met.probes.WithLabelValues(string(res)).Inc()
 	now := c.cfg.Now()
 	c.mu.Lock()
@@ -272,6 +286,9 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error) {
 			t.rep.lastOK = now // no verdict from the time it could not look
 			changed = !t.rep.live
 		}
+		if res == OK && !t.local {
+			t.report = report
+		}
 		if t.rep.answer(c.cfg.Timing, now, res == OK) {
 			why := string(res)
 			if err != nil {
@@ -280,6 +297,9 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error) {
 			c.transitionLocked(a, t, why)
 			changed = true
 		}
+	}
+	if c.learnLocked() {
+		changed = true
 	}
 	c.mu.Unlock()
 	if changed {
@@ -313,6 +333,57 @@ func (c *Checker) gaugesLocked() {
 	c.met.replicas.WithLabelValues("live").Set(live)
 	c.met.replicas.WithLabelValues("dead").Set(dead)
 	c.met.replicas.WithLabelValues("fallback").Set(fallback)
+}
+
+// calledLocked lists this node's own replicas (local targets) that a strict
+// majority of the other edges call down, sorted. An edge's vote is the report
+// in its last good answer, and counts only while this node calls it live: one
+// it cannot hear has no say (its report is stale, and it is likely the one cut
+// off). A replica whose own checks find it serving keeps its verdict local, so
+// without this it would keep its place in its own rings while its peers give
+// its slots to others: the rings differ, and connections opened meanwhile are
+// lost when this node directs them, or walks them, later (bpf/README.md).
+func (c *Checker) calledLocked() []netip.Addr {
+	var out []netip.Addr
+	for a, t := range c.targets {
+		if !t.local {
+			continue
+		}
+		voters, votes := 0, 0
+		for _, o := range c.targets {
+			if o.local || o.fault != nil || !o.rep.live {
+				continue
+			}
+			voters++
+			if slices.Contains(o.report, a) {
+				votes++
+			}
+		}
+		if voters > 0 && 2*votes > voters {
+			out = append(out, a)
+		}
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return out
+}
+
+// learnLocked updates what the other edges call this node's replica, and
+// reports whether that changed.
+func (c *Checker) learnLocked() bool {
+	called := c.calledLocked()
+	if slices.Equal(called, c.called) {
+		return false
+	}
+	c.log.Info("the other edges' verdict on this node's replica changed: its rings follow theirs",
+		zap.Stringers("called down", called), zap.Stringers("was", c.called))
+	c.called = called
+	c.met.learned.Inc()
+	if len(called) > 0 {
+		c.met.calledDown.Set(1)
+	} else {
+		c.met.calledDown.Set(0)
+	}
+	return true
 }
 
 // survive turns a panic into a logged, counted fault.
@@ -365,7 +436,7 @@ func (c *Checker) Dead() []netip.Addr {
 	defer c.mu.Unlock()
 	var dead []netip.Addr
 	for a, t := range c.targets {
-		if t.fault == nil && !t.rep.live {
+		if t.fault == nil && (!t.rep.live || slices.Contains(c.called, a)) {
 			dead = append(dead, a)
 		}
 	}
@@ -380,7 +451,7 @@ func (c *Checker) View() []Replica {
 	defer c.mu.Unlock()
 	out := make([]Replica, 0, len(c.targets))
 	for a, t := range c.targets {
-		r := Replica{Addr: a, Live: t.rep.live, Since: t.rep.since}
+		r := Replica{Addr: a, Live: t.rep.live, Since: t.rep.since, CalledDown: slices.Contains(c.called, a)}
 		switch {
 		case stalled:
 			r.Fallback = "checker stalled"

@@ -25,10 +25,11 @@ type replicaServer struct {
 	addr netip.Addr
 	port uint16
 
-	mu   sync.Mutex
-	srv  *http.Server
-	hung chan struct{} // closed to release hung handlers
-	hang bool
+	mu     sync.Mutex
+	srv    *http.Server
+	hung   chan struct{} // closed to release hung handlers
+	hang   bool
+	report string // what follows "live" in its answers (its node's verdicts)
 }
 
 func newReplicaServer(t *testing.T, addr string, port uint16) *replicaServer {
@@ -49,7 +50,7 @@ func (r *replicaServer) start() {
 	hung := r.hung
 	r.srv = &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		r.mu.Lock()
-		hang := r.hang
+		hang, report := r.hang, r.report
 		r.mu.Unlock()
 		if hang {
 			<-hung
@@ -59,7 +60,7 @@ func (r *replicaServer) start() {
 			http.NotFound(w, req)
 			return
 		}
-		fmt.Fprintln(w, "live")
+		fmt.Fprint(w, "live\n"+report)
 	})}
 	go r.srv.Serve(ln)
 }
@@ -72,6 +73,12 @@ func (r *replicaServer) stop() {
 		r.srv.Close()
 		r.srv = nil
 	}
+}
+
+func (r *replicaServer) setReport(report string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.report = report
 }
 
 func (r *replicaServer) setHang(h bool) {
@@ -312,5 +319,60 @@ func TestCheckerExcusesItsOwnStall(t *testing.T) {
 	}
 	if deadAt > c.cfg.DeadAfter+tick {
 		t.Errorf("dead %v after the stall ended, want <= %v: the stall is excused, the silence after it is not", deadAt, c.cfg.DeadAfter+tick)
+	}
+}
+
+// TestCheckerLearnsOthersVerdict: this node's own replica, which its own
+// checks find serving, is dead for its rings while most other edges' answers
+// say they call it down; an edge this node cannot hear has no say.
+func TestCheckerLearnsOthersVerdict(t *testing.T) {
+	port := freePort(t)
+	self := newReplicaServer(t, "127.0.0.4", port)
+	a := newReplicaServer(t, "127.0.0.2", port)
+	b := newReplicaServer(t, "127.0.0.3", port)
+	cc := newReplicaServer(t, "127.0.0.5", port)
+	c, _ := startChecker(t, Config{Port: port})
+	c.SetTargets([]netip.Addr{self.addr, a.addr, b.addr, cc.addr}, func(x netip.Addr) bool { return x == self.addr })
+	time.Sleep(100 * time.Millisecond)
+	if d := c.Dead(); len(d) != 0 {
+		t.Fatalf("dead %v with every replica serving and nobody called down", d)
+	}
+
+	// One of three calls it down (and says something this checker skips).
+	a.setReport("down 127.0.0.4\ndown not-an-address\nsomething else\n")
+	time.Sleep(100 * time.Millisecond)
+	if d := c.Dead(); len(d) != 0 {
+		t.Fatalf("dead %v when one of three edges calls this node down", d)
+	}
+	// Two of three: it follows them.
+	b.setReport("down 127.0.0.4\ndown 127.0.0.9\n")
+	took := waitDead(t, c, []netip.Addr{self.addr}, 2*time.Second)
+	t.Logf("learned it is called down after %v", took.Round(time.Millisecond))
+	if got := testutil.ToFloat64(c.met.calledDown); got != 1 {
+		t.Errorf("called_down = %v, want 1", got)
+	}
+	view := c.View()
+	if i := slices.IndexFunc(view, func(r Replica) bool { return r.Addr == self.addr }); i < 0 || !view[i].Live || !view[i].CalledDown {
+		t.Errorf("view of this node's replica %+v, want live and called down", view)
+	}
+
+	// An edge it cannot hear has no say: with b dead to it, one of two (a)
+	// calls it down, no majority.
+	b.stop()
+	waitDead(t, c, []netip.Addr{b.addr}, 3*time.Second)
+	// They clear their verdicts: it is live again at once.
+	a.setReport("")
+	waitDead(t, c, []netip.Addr{b.addr}, 2*time.Second)
+	cc.setReport("down 127.0.0.4\n")
+	a.setReport("down 127.0.0.4\n")
+	waitDead(t, c, []netip.Addr{b.addr, self.addr}, 2*time.Second)
+	a.setReport("")
+	cc.setReport("")
+	waitDead(t, c, []netip.Addr{b.addr}, 2*time.Second)
+	if got := testutil.ToFloat64(c.met.calledDown); got != 0 {
+		t.Errorf("called_down = %v, want 0", got)
+	}
+	if got := testutil.ToFloat64(c.met.learned); got < 4 {
+		t.Errorf("called_down_transitions_total = %v, want at least 4", got)
 	}
 }

@@ -40,6 +40,17 @@
 //     Kubernetes' view, with an error log, portico_liveness_checker_faults_total
 //     and portico_liveness_fallback. The agent also never empties a group's ring
 //     on the checker's word.
+//   - Shared with the replica itself: each agent tells its nginx which
+//     replicas it calls down, and the liveness server answers them to every
+//     probe ("down <addr>" lines after "live"). A replica that a strict
+//     majority of the edges it hears (the ones it calls live) call down calls
+//     itself down too, though its own checks find it serving: a network fault
+//     that cuts the others' probes leaves its local checks alone, and without
+//     this its rings would keep its slots while every other edge gives them
+//     away, and connections opened meanwhile would be lost later (their
+//     chains differ: bpf/README.md). It learns within about a probe interval
+//     of their decision. An edge it cannot hear has no say, and an nginx of an
+//     older version answers "live" alone, which calls nobody down.
 //
 // Why not a membership library. hashicorp/memberlist (MetalLB's choice)
 // answers a different question — does the peer's agent process answer UDP

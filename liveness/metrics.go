@@ -15,6 +15,8 @@ type metrics struct {
 	faults      prometheus.Counter
 	stalls      prometheus.Counter
 	fallback    prometheus.Gauge
+	calledDown  prometheus.Gauge
+	learned     prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -34,11 +36,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"Times the checker's own loop ran late; the silence of replicas during the stall was not held against them."))),
 		fallback: prometheus.NewGauge(prometheus.GaugeOpts(opts("fallback",
 			"1 while the checker as a whole has failed and every replica Kubernetes lists ready is used."))),
+		calledDown: prometheus.NewGauge(prometheus.GaugeOpts(opts("called_down",
+			"1 while most other edges call this node's own replica down (their probes' answers say so): its rings follow them."))),
+		learned: prometheus.NewCounter(prometheus.CounterOpts(opts("called_down_transitions_total",
+			"Times this node learned that the other edges call its replica down, or up again."))),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.stalls, m.fallback} {
+	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.stalls, m.fallback, m.calledDown, m.learned} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register liveness metrics: %w", err)
 		}

@@ -2,6 +2,7 @@ package liveness
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -45,7 +46,14 @@ type prober struct {
 
 	conn net.Conn
 	br   *bufio.Reader
+	// report is what the last good answer said the replica's node calls
+	// down (its "down <addr>" lines), nil when it said nothing.
+	report []netip.Addr
 }
+
+// maxAnswer bounds what a probe reads of an answer's body: "live" and the
+// verdicts of a group of a thousand replicas fit.
+const maxAnswer = 64 << 10
 
 // probe sends one request and waits for its answer until the deadline. A
 // connection that nginx closed since the last answer (a reload ends kept-alive
@@ -88,7 +96,10 @@ func (p *prober) exchange(deadline time.Time) (Result, error) {
 	if err != nil {
 		return classifyRead(err), err
 	}
-	_, err = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err == nil {
+		_, err = io.Copy(io.Discard, resp.Body) // beyond the limit: read, not kept
+	}
 	resp.Body.Close()
 	if err != nil {
 		return classify(err), err
@@ -96,10 +107,35 @@ func (p *prober) exchange(deadline time.Time) (Result, error) {
 	if resp.StatusCode != http.StatusOK {
 		return BadAnswer, fmt.Errorf("status %d", resp.StatusCode)
 	}
+	p.report = parseReport(body)
 	if resp.Close {
 		p.close()
 	}
 	return OK, nil
+}
+
+// parseReport reads the verdicts in a liveness answer: the address of every
+// "down <addr>" line. Other lines ("live") and lines it cannot read are
+// skipped: an nginx of another version says what it says, and calls nobody
+// down.
+func parseReport(body []byte) []netip.Addr {
+	var out []netip.Addr
+	for len(body) > 0 {
+		line := body
+		if i := bytes.IndexByte(body, '\n'); i >= 0 {
+			line, body = body[:i], body[i+1:]
+		} else {
+			body = nil
+		}
+		rest, ok := bytes.CutPrefix(line, []byte("down "))
+		if !ok {
+			continue
+		}
+		if a, err := netip.ParseAddr(string(rest)); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
 }
 
 func (p *prober) close() {

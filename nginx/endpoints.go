@@ -133,3 +133,25 @@ func controlDo(c *http.Client, req *http.Request) (string, error) {
 	}
 	return strings.TrimSpace(string(body)), nil
 }
+
+// verdictsURL is where the control socket takes the liveness verdicts.
+const verdictsURL = "http://portico-control/verdicts"
+
+// PushVerdicts tells nginx which replicas this node's agent calls down; its
+// liveness server answers them to every director's probe (package liveness:
+// a replica the others call down learns it from their answers).
+func (r *Reloader) PushVerdicts(ctx context.Context, down []netip.Addr) error {
+	var b bytes.Buffer
+	for _, a := range down {
+		fmt.Fprintf(&b, "down %s\n", a.Unmap())
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPut, verdictsURL, bytes.NewReader(b.Bytes()))
+	if err != nil {
+		return fmt.Errorf("push liveness verdicts: %w", err)
+	}
+	req.ContentLength = int64(b.Len())
+	if _, err := controlDo(r.ctl, req); err != nil {
+		return fmt.Errorf("push liveness verdicts: %w", err)
+	}
+	return nil
+}

@@ -10,6 +10,13 @@
 --
 -- Format: a header "# portico endpoints <version>", then one line per
 -- upstream: its name and its endpoints ("10.0.0.1:80", "[fd00::1]:80").
+--
+-- The liveness verdicts: which replicas this node's agent calls down, one
+-- line each ("down 10.0.0.3"). The liveness server answers them to every
+-- director's probe, so that a replica the others call down learns it from
+-- their answers and calls itself down too: every edge's rings then agree
+-- (package liveness). They live in the same dictionary, and an nginx that has
+-- none (just started) answers "live" alone, which calls nobody down.
 local balancer = require "ngx.balancer"
 local byte, sub, find, match, gmatch = string.byte, string.sub, string.find, string.match, string.gmatch
 
@@ -352,6 +359,64 @@ function M.control()
         return
     end
     ngx.say(ver)
+end
+
+-- verdict_line is one line of the verdicts: "down " and an address.
+local function verdict_line(s, i, j)
+    if j - i < 6 or j - i > 60 or sub(s, i, i + 4) ~= "down " then
+        return false
+    end
+    for k = i + 5, j do
+        local c = byte(s, k)
+        -- digits, a-f, A-F, ':' and '.'
+        if not ((c >= 48 and c <= 58) or (c >= 97 and c <= 102) or (c >= 65 and c <= 70) or c == 46) then
+            return false
+        end
+    end
+    return true
+end
+
+-- verdicts serves the control socket's /verdicts: GET answers them, PUT
+-- replaces them (each line checked; at most 64 KiB).
+function M.verdicts()
+    local method = ngx.req.get_method()
+    if method == "GET" then
+        ngx.print(dict:get("verdicts") or "")
+        return
+    end
+    if method ~= "PUT" then
+        return ngx.exit(ngx.HTTP_NOT_ALLOWED)
+    end
+    ngx.req.read_body()
+    local text = ngx.req.get_body_data() or ""
+    if #text > 65536 then
+        ngx.status = ngx.HTTP_BAD_REQUEST
+        ngx.say("verdicts: longer than 64 KiB")
+        return
+    end
+    local p = 1
+    while p <= #text do
+        local e = find(text, "\n", p, true)
+        if not e or not verdict_line(text, p, e - 1) then
+            ngx.status = ngx.HTTP_BAD_REQUEST
+            ngx.say("verdicts: bad line at byte ", p)
+            return
+        end
+        p = e + 1
+    end
+    local ok, err = dict:safe_set("verdicts", text)
+    if not ok then
+        ngx.status = ngx.HTTP_INTERNAL_SERVER_ERROR
+        ngx.say("store verdicts: ", err)
+        return
+    end
+    ngx.say("ok")
+end
+
+-- live answers a director's liveness probe: this nginx serves, and which
+-- replicas this node's agent calls down.
+function M.live()
+    ngx.print("live\n", dict:get("verdicts") or "")
 end
 
 return M
