@@ -454,13 +454,22 @@ static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const
  * and h[1] (the current one). A global function, verified once. */
 __attribute__((noinline)) int fill_history(struct chain *c, __u32 vip_id, __u32 hash)
 {
-	__u32 zero = 0;
+	__u32 zero = 0, head, n;
 	struct lb_config *cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
+	struct ring_meta *m = bpf_map_lookup_elem(&rings_meta, &vip_id);
 
-	if (!c || !cfg || vip_id >= LB_MAX_VIPS)
+	if (!c || !cfg || !m || vip_id >= LB_MAX_VIPS)
 		return 0;
-	for (int k = 0; k < LB_MID_RINGS; k++)
-		c->h[2 + k] = pick_from_ring(&mid_rings, vip_id * LB_MID_RINGS + k, hash, cfg);
+	head = m->mid_head;
+	n = m->mid_count;
+	for (int k = 0; k < LB_MID_RINGS; k++) {
+		__u32 place = head + k;
+
+		if (place >= LB_MID_RINGS)
+			place -= LB_MID_RINGS;
+		c->h[2 + k] = (__u32)k < n && place < LB_MID_RINGS ?
+			pick_from_ring(&mid_rings, vip_id * LB_MID_RINGS + place, hash, cfg) : 0;
+	}
 	return 0;
 }
 

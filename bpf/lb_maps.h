@@ -48,9 +48,10 @@ struct {
 	__array(values, struct ring);
 } prev_rings SEC(".maps");
 
-/* VIP id * LB_MID_RINGS + k -> the ring that was current before the k-th latest
- * change of the VIP's transition (k = 0 the newest): a connection opened between
- * two changes lives where that ring sent it. They count while prev_rings does. */
+/* VIP id * LB_MID_RINGS + place -> a ring that was current before a change of
+ * the VIP's transition, the k-th newest at place (mid_head + k) % LB_MID_RINGS
+ * for k < mid_count (rings_meta): a connection opened between two changes lives
+ * where that ring sent it. They count while prev_rings does. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
 	__uint(max_entries, LB_MAX_VIPS * LB_MID_RINGS);

@@ -19,8 +19,8 @@ enum lb_limits {
 	LB_NEW_PINS = 65536,        /* new connections remembered in a ring transition */
 	LB_DEFAULT_RING = 4099,   /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_RING_CHUNK = 32,       /* ring slots per element of a ring map */
-	LB_RING_LAYOUT = 2,       /* lb_config.ring_layout of this version's rings (2: a slot
-				   * carries LB_SLOT_MOVED) */
+	LB_RING_LAYOUT = 3,       /* lb_config.ring_layout of this version's rings (2: a slot
+				   * carries LB_SLOT_MOVED; 3: mid rings in a circle) */
 	LB_FLOW_CACHE = 4096,     /* per-CPU flow cache slots (a power of two) */
 	LB_MAX_PEERS = 1024,      /* MACs of the other edges in peers */
 	LB_MAC_MEMO = 16,         /* per-CPU src_macs slots (a power of two) */
@@ -144,9 +144,15 @@ struct flow_val {
 };
 
 /* rings_meta: per VIP id, the previous ring's lease. prev_rings[id] is consulted
- * while bpf_ktime_get_coarse_ns() < prev_until_ns (Go writes it with the ring). */
+ * while bpf_ktime_get_coarse_ns() < prev_until_ns (Go writes it with the ring).
+ * The mid rings are a circle of LB_MID_RINGS places per VIP: the k-th newest
+ * (k < mid_count) is at place (mid_head + k) % LB_MID_RINGS, so a change writes
+ * one place and this entry, not the whole history (each write of a map of maps
+ * waits for an RCU grace period). */
 struct ring_meta {
 	__u64 prev_until_ns;
+	__u32 mid_head;
+	__u32 mid_count;
 };
 
 enum cache_pin {

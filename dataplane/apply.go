@@ -105,7 +105,10 @@ type applied struct {
 	// a restart), so that a ring the history holds already is not kept twice.
 	prevSlots map[uint32][]uint32
 	midSlots  map[uint32][][]uint32
-	digests   map[uint32]string
+	// midHead: vip id -> the place of its newest mid ring in its circle
+	// (rings_meta.mid_head; the count is len(midSlots)).
+	midHead map[uint32]uint32
+	digests map[uint32]string
 	peers     map[lbPeerKey]bool
 	nextID    uint32 // where the round-robin backend id search starts
 	// remotes: vip id -> its group's remote edges with their backend ids, for
@@ -136,6 +139,7 @@ func (d *Dataplane) recover() error {
 		prevUntil:  map[uint32]time.Duration{},
 		prevSlots:  map[uint32][]uint32{},
 		midSlots:   map[uint32][][]uint32{},
+		midHead:    map[uint32]uint32{},
 		digests:    map[uint32]string{},
 		peers:      map[lbPeerKey]bool{},
 		nextID:     1,
@@ -193,8 +197,9 @@ func (d *Dataplane) recover() error {
 			if st.prevSlots[id], err = readRing(d.objs.PrevRings, id, d.opts.RingSize); err != nil {
 				return err
 			}
-			for k := range int(lbLbLimitsLB_MID_RINGS) {
-				mid, err := readRing(d.objs.MidRings, midKey(id, k), d.opts.RingSize)
+			st.midHead[id] = m.MidHead % uint32(lbLbLimitsLB_MID_RINGS)
+			for k := range min(int(m.MidCount), int(lbLbLimitsLB_MID_RINGS)) {
+				mid, err := readRing(d.objs.MidRings, midKey(id, midPlace(st.midHead[id], k)), d.opts.RingSize)
 				if err != nil {
 					return err
 				}
@@ -939,19 +944,35 @@ func (d *Dataplane) startArrival(vip uint32, slots []uint32) error {
 			return err
 		}
 	}
-	if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
-		return fmt.Errorf("update map rings_meta: %w", err)
+	if err := d.writeMeta(vip); err != nil {
+		return err
 	}
 	return d.changed(vip)
 }
 
-// midKey is the mid_rings index of a VIP's k-th newest mid ring.
-func midKey(vip uint32, k int) uint32 { return vip*uint32(lbLbLimitsLB_MID_RINGS) + uint32(k) }
+// writeMeta writes the VIP's transition lease and where its mid rings are.
+func (d *Dataplane) writeMeta(vip uint32) error {
+	m := lbRingMeta{PrevUntilNs: uint64(d.st.prevUntil[vip]), MidHead: d.st.midHead[vip], MidCount: uint32(len(d.st.midSlots[vip]))}
+	if err := d.objs.RingsMeta.Put(vip, m); err != nil {
+		return fmt.Errorf("update map rings_meta: %w", err)
+	}
+	return nil
+}
+
+// midKey is the mid_rings index of a place in a VIP's circle of mid rings.
+func midKey(vip, place uint32) uint32 { return vip*uint32(lbLbLimitsLB_MID_RINGS) + place }
+
+// midPlace is the place of the k-th newest mid ring in a circle whose newest is
+// at head.
+func midPlace(head uint32, k int) uint32 { return (head + uint32(k)) % uint32(lbLbLimitsLB_MID_RINGS) }
 
 // pushMid makes ring, of slots (nil: unknown), the VIP's newest mid ring; the
 // oldest one goes. A ring the history holds already is not kept twice (a
 // replica called down and up again, a drain taken back): the history then
-// reaches further back.
+// reaches further back. It writes one place of the circle, the one before the
+// newest (the oldest's, when the circle is full); the caller's writeMeta then
+// makes it the newest. Until then a packet sees the history as it was (or, in
+// a full circle, this ring in the oldest's place).
 func (d *Dataplane) pushMid(vip uint32, ring *ebpf.Map, slots []uint32) error {
 	if slots != nil {
 		if slices.Equal(slots, d.st.prevSlots[vip]) {
@@ -963,37 +984,28 @@ func (d *Dataplane) pushMid(vip uint32, ring *ebpf.Map, slots []uint32) error {
 			}
 		}
 	}
-	mids := append([][]uint32{slots}, d.st.midSlots[vip]...)
-	d.st.midSlots[vip] = mids[:min(len(mids), int(lbLbLimitsLB_MID_RINGS))]
-	for k := int(lbLbLimitsLB_MID_RINGS) - 1; k > 0; k-- {
-		var older *ebpf.Map
-		switch err := d.objs.MidRings.Lookup(midKey(vip, k-1), &older); {
-		case errors.Is(err, ebpf.ErrKeyNotExist):
-			continue
-		case err != nil:
-			return fmt.Errorf("read map mid_rings: %w", err)
-		}
-		err := d.objs.MidRings.Put(midKey(vip, k), older)
-		older.Close()
-		if err != nil {
-			return fmt.Errorf("update map mid_rings: %w", err)
-		}
-	}
-	if err := d.objs.MidRings.Put(midKey(vip, 0), ring); err != nil {
+	head := midPlace(d.st.midHead[vip], int(lbLbLimitsLB_MID_RINGS)-1)
+	if err := d.objs.MidRings.Put(midKey(vip, head), ring); err != nil {
 		return fmt.Errorf("update map mid_rings: %w", err)
 	}
+	mids := append([][]uint32{slots}, d.st.midSlots[vip]...)
+	d.st.midSlots[vip] = mids[:min(len(mids), int(lbLbLimitsLB_MID_RINGS))]
+	d.st.midHead[vip] = head
 	return nil
 }
 
-// clearMids forgets a VIP's mid rings.
+// clearMids forgets a VIP's mid rings: the places they hold are emptied (each
+// delete waits for a grace period, so only those), and the caller's writeMeta
+// (or a cleared lease) says there are none.
 func (d *Dataplane) clearMids(vip uint32) error {
-	delete(d.st.midSlots, vip)
-	for k := range int(lbLbLimitsLB_MID_RINGS) {
-		if err := d.objs.MidRings.Delete(midKey(vip, k)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+	for k := range len(d.st.midSlots[vip]) {
+		err := d.objs.MidRings.Delete(midKey(vip, midPlace(d.st.midHead[vip], k)))
+		if err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return fmt.Errorf("delete from map mid_rings: %w", err)
 		}
 	}
-	return nil
+	delete(d.st.midSlots, vip)
+	return nil // the head stays: the next transition's rings go on round the circle
 }
 
 // swapRing fills a new inner map with slots and puts it in place of the VIP's ring
@@ -1029,11 +1041,10 @@ func (d *Dataplane) swapRing(vip uint32, slots []uint32) error {
 		} else if err := d.pushMid(vip, cur, d.st.rings[vip]); err != nil {
 			return err
 		}
-		until := now + d.opts.Transition
-		if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
-			return fmt.Errorf("update map rings_meta: %w", err)
+		d.st.prevUntil[vip] = now + d.opts.Transition
+		if err := d.writeMeta(vip); err != nil {
+			return err
 		}
-		d.st.prevUntil[vip] = until
 	}
 	return d.putRing(vip, slots)
 }

@@ -103,7 +103,7 @@ const (
 	lbLbLimitsLB_NEW_PINS      lbLbLimits = 65536
 	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 4099
 	lbLbLimitsLB_RING_CHUNK    lbLbLimits = 32
-	lbLbLimitsLB_RING_LAYOUT   lbLbLimits = 2
+	lbLbLimitsLB_RING_LAYOUT   lbLbLimits = 3
 	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
 	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
 	lbLbLimitsLB_MAC_MEMO      lbLbLimits = 16
@@ -165,6 +165,8 @@ const (
 type lbRingMeta struct {
 	_           structs.HostLayout
 	PrevUntilNs uint64
+	MidHead     uint32
+	MidCount    uint32
 }
 
 type lbTunnelCfg struct {

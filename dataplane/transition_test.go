@@ -421,6 +421,56 @@ func TestRestartStartsNoTransition(t *testing.T) {
 	}
 }
 
+// TestRestartKeepsHistory: a restarted agent reads a VIP's mid rings back in
+// their order from the circle rings_meta describes, also once the circle has
+// wrapped (more changes than it holds), and its next change adds to it.
+func TestRestartKeepsHistory(t *testing.T) {
+	dr := newDirector(t, "d1")
+	var bs []Backend
+	for i := range 7 {
+		bs = append(bs, Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(30 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 3, byte(i)}})
+	}
+	dr.apply(t, desired(bs...))
+	changes := 0
+	for i := range bs { // more distinct rings than the history holds
+		for j := i + 1; j < len(bs) && changes < 20; j++ {
+			st := slices.Clone(bs)
+			st[i], st[j] = draining(st[i]), down(st[j])
+			dr.apply(t, desired(st...))
+			changes++
+		}
+	}
+	vip := dr.d.st.vipIDs[vip4]
+	mids := dr.d.st.midSlots[vip]
+	if len(mids) != int(lbLbLimitsLB_MID_RINGS) || changes <= len(mids)+1 {
+		t.Fatalf("%d mid rings after %d changes, want a full circle of %d that wrapped", len(mids), changes, lbLbLimitsLB_MID_RINGS)
+	}
+	again, err := Load(Options{PinPath: dr.d.opts.PinPath, RingSize: testRing, FlowEntries: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	got := again.st.midSlots[vip]
+	if len(got) != len(mids) {
+		t.Fatalf("restarted: %d mid rings, want %d", len(got), len(mids))
+	}
+	for k := range mids {
+		if !slices.Equal(got[k], mids[k]) {
+			t.Fatalf("restarted: mid ring %d (newest first) differs from the one written", k)
+		}
+	}
+	if again.st.midHead[vip] != dr.d.st.midHead[vip] {
+		t.Errorf("restarted: newest mid ring at place %d, want %d", again.st.midHead[vip], dr.d.st.midHead[vip])
+	}
+	cur := again.st.rings[vip]
+	if _, err := again.Apply(desired(bs[:3]...)); err != nil { // one more change
+		t.Fatal(err)
+	}
+	if after := again.st.midSlots[vip]; !slices.Equal(after[0], cur) || !slices.Equal(after[1], mids[0]) {
+		t.Error("after the restart, a change does not make the replaced ring the newest mid ring before the others")
+	}
+}
+
 // TestDownIsAskedLast: a replica the liveness checks call dead gets no new flows,
 // and in a flow's chain it comes after every serving replica: a director sends a
 // packet of its slot to the serving replica first, whose node, without the
