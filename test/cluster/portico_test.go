@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"net/netip"
 	"path/filepath"
@@ -23,14 +22,6 @@ import (
 // root is the repository, seen from this package's folder.
 const root = "../.."
 
-// overlaps runs the overlapping events TestPortico cannot pass yet (issue 21,
-// open): a node's death right after a rolling update, and every connection
-// opened during a rolling update answering. An agent's restart is a false
-// liveness verdict its own rings never see (TestPCCModel -pcc.selfview), and a
-// death in a rollout's transition makes an Apply long (one RCU grace period per
-// mid ring moved). Measured with -cluster.overlaps; not in make test.
-var overlaps = flag.Bool("cluster.overlaps", false, "TestPortico: also run the overlapping events known to break connections (issue 21)")
-
 // TestPortico installs Portico on a real cluster the way a user does and runs the
 // failures a real cluster has, alone and overlapping, with clients running
 // throughout: five kubelet nodes, four of them edges (labelled and tainted),
@@ -42,8 +33,9 @@ var overlaps = flag.Bool("cluster.overlaps", false, "TestPortico: also run the o
 //
 // The sequence: the VIP owner dies within the transition the install left; an
 // edge drains; an IngressClaim; a rolling update with another edge draining
-// during it; within that transition the new owner dies, then a liveness false
-// positive on a healthy replica.
+// during it (every connection opened during it answers); within that
+// transition a liveness false positive on a healthy replica, and right after it
+// the new owner dies.
 func TestPortico(t *testing.T) {
 	Require(t)
 	if _, err := HelmBinary(root); err != nil {
@@ -117,14 +109,12 @@ func TestPortico(t *testing.T) {
 	}
 	t.Cleanup(idle2.Close)
 	idleSince := time.Now()
-	// Known to break (issue 21, open): a false positive and then the owner's
-	// death within the same transition; the falsely called node's rings lack
-	// the verdict its peers applied (TestPCCModel -pcc.selfview). Until the data
-	// plane copes, the death comes first, and only with -cluster.overlaps.
-	if *overlaps {
-		t.Run("RollingUpdateThenNodeDies", func(t *testing.T) { testNodeDies(t, ctx, p, idle, idleSince) })
-	}
+	// Then, within the rollout's transition (each change extends it), a false
+	// verdict on a healthy edge, and the owner's death right after it: the
+	// wrongly called edge learns the others' verdict and every restarted agent
+	// replayed its own down (bpf/README.md), so every edge's chains agree.
 	t.Run("LivenessFalsePositive", func(t *testing.T) { testFalsePositive(t, ctx, p, idle2, idleSince) })
+	t.Run("FalsePositiveThenNodeDies", func(t *testing.T) { testNodeDies(t, ctx, p, idle, idleSince) })
 }
 
 // waitServed waits until 30 new connections in a row to host+path are answered
@@ -427,13 +417,8 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 		t.Errorf("%s was not drained during the rollout", drain.Name)
 	}
 	time.Sleep(2 * time.Second)
-	if *overlaps {
-		if c := checkHeld(t, ctx, p, "opened during the rollout", held, 3*time.Second); c.Total < 20 {
-			t.Errorf("only %d connections opened during the rollout are on agents it did not replace later, want >= 20", c.Total)
-		}
-	} else {
-		c := p.Check(ctx, held, 3*time.Second)
-		t.Logf("held connections opened during the rollout (not asserted without -cluster.overlaps, issue 21): %v; failed: %v", c, c.Failed)
+	if c := checkHeld(t, ctx, p, "opened during the rollout", held, 3*time.Second); c.Total < 20 {
+		t.Errorf("only %d connections opened during the rollout are on agents it did not replace later, want >= 20", c.Total)
 	}
 	atts := stream.Stop()
 	ok, failed, errs := load.Stop()
@@ -636,7 +621,12 @@ func testFalsePositive(t *testing.T, ctx context.Context, p *Portico, idle Held,
 	if !strings.Contains(said, node.IP.String()) {
 		t.Errorf("no edge called %s down: the false positive did not happen\n%s", node.Name, said)
 	}
-	t.Logf("%s called down wrongly, %d held connections through it; what the agents said:\n%s", node.Name, on, said)
+	// And it learned that the others called it down: its own rings followed.
+	learned := p.AgentLogs(ctx, "portico-agent", "verdict on this node's replica changed")
+	if !strings.Contains(learned, `"called down":["`+node.IP.String()+`"]`) {
+		t.Errorf("%s never learned that the other edges called it down (its rings would differ from theirs)\n%s", node.Name, learned)
+	}
+	t.Logf("%s called down wrongly, %d held connections through it; what the agents said:\n%s%s", node.Name, on, said, learned)
 }
 
 // testNodeDies: the VIP owner dies within the transition of a rolling update
