@@ -109,8 +109,8 @@ type applied struct {
 	// (rings_meta.mid_head; the count is len(midSlots)).
 	midHead map[uint32]uint32
 	digests map[uint32]string
-	peers     map[lbPeerKey]bool
-	nextID    uint32 // where the round-robin backend id search starts
+	peers   map[lbPeerKey]bool
+	nextID  uint32 // where the round-robin backend id search starts
 	// remotes: vip id -> its group's remote edges with their backend ids, for
 	// Handover; handGroup: vip id -> its group's name.
 	remotes   map[uint32][]remoteID

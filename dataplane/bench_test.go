@@ -10,21 +10,28 @@ import (
 	"github.com/portico-edge/portico/dataplane/bpftest"
 )
 
-// BenchmarkApplyOneBackend measures Apply when one replica of ten joins or
-// leaves a group with a v4 and a v6 VIP: two rings of DefaultRingSize rebuilt and
-// swapped, two backend entries written.
-func BenchmarkApplyOneBackend(b *testing.B) {
+// benchDataplane loads a data plane of its own for a benchmark (removed after
+// it) and eleven replicas for it.
+func benchDataplane(b *testing.B, name string) (*Dataplane, []Backend) {
 	bpftest.Require(b)
-	pin := fmt.Sprintf("%s-bench-apply", DefaultPinPath)
+	pin := fmt.Sprintf("%s-bench-%s", DefaultPinPath, name)
 	d, err := Load(Options{PinPath: pin})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer func() { d.Close(); Uninstall(pin) }()
+	b.Cleanup(func() { d.Close(); Uninstall(pin) })
 	var bs []Backend
 	for i := range 11 {
 		bs = append(bs, Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(11 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}})
 	}
+	return d, bs
+}
+
+// BenchmarkApplyOneBackend measures Apply when one replica of ten joins or
+// leaves a group with a v4 and a v6 VIP: two rings of DefaultRingSize rebuilt and
+// swapped, two backend entries written.
+func BenchmarkApplyOneBackend(b *testing.B) {
+	d, bs := benchDataplane(b, "apply")
 	state := func(n int) Desired {
 		return Desired{Seed: 1, Groups: []Group{{Name: "bench", VIPs: []netip.Addr{vip4, vip6},
 			Ports: []model.Port{{Protocol: model.TCP, Port: 443}}, Backends: bs[:n]}}}
@@ -49,17 +56,7 @@ func BenchmarkApplyOneBackend(b *testing.B) {
 // of eleven replicas draining, a new pair each time), so each VIP's history is
 // full and each change adds a mid ring to it.
 func BenchmarkApplyInTransition(b *testing.B) {
-	bpftest.Require(b)
-	pin := fmt.Sprintf("%s-bench-apply-mid", DefaultPinPath)
-	d, err := Load(Options{PinPath: pin})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { d.Close(); Uninstall(pin) }()
-	var bs []Backend
-	for i := range 11 {
-		bs = append(bs, Backend{Addr: netip.AddrFrom4([4]byte{10, 0, 0, byte(11 + i)}), MAC: net.HardwareAddr{2, 0, 0, 0, 1, byte(i)}})
-	}
+	d, bs := benchDataplane(b, "apply-mid")
 	var pairs [][2]int
 	for i := range bs {
 		for j := i + 1; j < len(bs); j++ {

@@ -696,6 +696,57 @@ func TestLoadReplacesRingsItCannotUse(t *testing.T) {
 	}
 }
 
+// loadAt loads a data plane with the tests' ring and flow sizes and the NIC's MAC.
+func loadAt(t *testing.T, o Options) *Dataplane {
+	t.Helper()
+	o.RingSize, o.FlowEntries = testRing, 4096
+	d, err := Load(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetMAC(nicMAC); err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// ownSYNPasses: a new connection in a slot of the local replica (local says
+// which SYNs land there) goes to this node's stack.
+func ownSYNPasses(t *testing.T, d *Dataplane, local func(xdptest.Packet) bool) {
+	t.Helper()
+	for i := range 400 {
+		p := tcp4(uint16(40000+i), xdptest.SYN)
+		if !local(p) {
+			continue
+		}
+		verdict, _, err := xdptest.Run(d.Program(), p.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if verdict != xdptest.Pass {
+			t.Fatalf("a new connection in the local replica's slot: verdict %s, want PASS", xdptest.VerdictName(verdict))
+		}
+		return
+	}
+	t.Fatal("no SYN of 400 in the local replica's slots")
+}
+
+// transitionOf is how long vip4's transition still runs (0: none).
+func transitionOf(t *testing.T, d *Dataplane) time.Duration {
+	t.Helper()
+	vs, err := d.VIPs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range vs {
+		if v.Addr == vip4 {
+			return v.Transition
+		}
+	}
+	t.Fatal("vip4 not in the maps")
+	return 0
+}
+
 // TestArrival: a new director (Options.Arrival, nothing pinned) starts in a
 // transition from the ring the others held before its replica joined: older
 // flows go where that ring says, also those of a draining replica and those whose
@@ -704,30 +755,9 @@ func TestLoadReplacesRingsItCannotUse(t *testing.T) {
 func TestArrival(t *testing.T) {
 	bpftest.Require(t)
 	load := func(pin string, arrival bool) *Dataplane {
-		t.Helper()
-		d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096, Arrival: arrival})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.SetMAC(nicMAC); err != nil {
-			t.Fatal(err)
-		}
-		return d
+		return loadAt(t, Options{PinPath: pin, Arrival: arrival})
 	}
-	transition := func(d *Dataplane) time.Duration {
-		t.Helper()
-		vs, err := d.VIPs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range vs {
-			if v.Addr == vip4 {
-				return v.Transition
-			}
-		}
-		t.Fatal("vip4 not in the maps")
-		return 0
-	}
+	transition := func(d *Dataplane) time.Duration { return transitionOf(t, d) }
 	bs := []Backend{r1, draining(r2), r3}
 	members := []MaglevBackend{{Addr: r1.Addr}, {Addr: r2.Addr}, {Addr: r3.Addr}}
 	before, err := arrivalTable(bs, members, testRing)
@@ -778,20 +808,7 @@ func TestArrival(t *testing.T) {
 		t.Fatalf("flows on the draining replica %d, in slots that are now the local replica's %d: the test proves nothing", onDraining, onOwnSlots)
 	}
 	t.Logf("of 400 older flows, %d on the draining replica and %d in the local replica's new slots went where the others sent them", onDraining, onOwnSlots)
-	for i := range 400 {
-		p := tcp4(uint16(40000+i), xdptest.SYN)
-		if pickOf(now, p) != r3.Addr {
-			continue
-		}
-		verdict, _, err := xdptest.Run(d.Program(), p.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if verdict != xdptest.Pass {
-			t.Fatalf("a new connection in the local replica's slot: verdict %s, want PASS", xdptest.VerdictName(verdict))
-		}
-		break
-	}
+	ownSYNPasses(t, d, func(p xdptest.Packet) bool { return pickOf(now, p) == r3.Addr })
 	d.Close()
 
 	// A restart finds the rings pinned: nothing new starts (the lease above runs on).
@@ -818,31 +835,8 @@ func TestArrival(t *testing.T) {
 // starts no transition.
 func TestRejoin(t *testing.T) {
 	bpftest.Require(t)
-	load := func(pin string) *Dataplane {
-		t.Helper()
-		d, err := Load(Options{PinPath: pin, RingSize: testRing, FlowEntries: 4096, Rejoin: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.SetMAC(nicMAC); err != nil {
-			t.Fatal(err)
-		}
-		return d
-	}
-	transition := func(d *Dataplane) time.Duration {
-		t.Helper()
-		vs, err := d.VIPs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, v := range vs {
-			if v.Addr == vip4 {
-				return v.Transition
-			}
-		}
-		t.Fatal("vip4 not in the maps")
-		return 0
-	}
+	load := func(pin string) *Dataplane { return loadAt(t, Options{PinPath: pin, Rejoin: true}) }
+	transition := func(d *Dataplane) time.Duration { return transitionOf(t, d) }
 	bs := []Backend{r1, r2, r3}
 	all, err := BuildTable([]MaglevBackend{{Addr: r1.Addr}, {Addr: r2.Addr}, {Addr: r3.Addr}}, testRing)
 	if err != nil {
@@ -897,20 +891,7 @@ func TestRejoin(t *testing.T) {
 	}
 	t.Logf("%d connections in the restarted node's slots, opened while it was called down, went where the others sent them", moved)
 	// A new connection in its slots is its own.
-	for i := range 400 {
-		p := tcp4(uint16(40000+i), xdptest.SYN)
-		if pickOf(all, p) != r3.Addr {
-			continue
-		}
-		verdict, _, err := xdptest.Run(d.Program(), p.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
-		if verdict != xdptest.Pass {
-			t.Fatalf("a new connection in the local replica's slot: verdict %s, want PASS", xdptest.VerdictName(verdict))
-		}
-		break
-	}
+	ownSYNPasses(t, d, func(p xdptest.Packet) bool { return pickOf(all, p) == r3.Addr })
 	// Its next Apply is a plain one.
 	if d.rejoining {
 		t.Error("still rejoining after the first Apply")

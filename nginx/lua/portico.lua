@@ -334,20 +334,31 @@ function M.stick()
     end
 end
 
+-- put_body returns a control request's body ("" for none); for a GET it
+-- calls get (which answers) and returns nil, for another method other than
+-- PUT it answers 405 and returns nil.
+local function put_body(get)
+    local method = ngx.req.get_method()
+    if method == "GET" then
+        get()
+        return nil
+    end
+    if method ~= "PUT" then
+        ngx.exit(ngx.HTTP_NOT_ALLOWED)
+        return nil
+    end
+    ngx.req.read_body()
+    return ngx.req.get_body_data() or ""
+end
+
 -- control serves the control socket: GET answers the version in use, PUT
 -- replaces the table.
 function M.control()
-    local method = ngx.req.get_method()
-    if method == "GET" then
-        ngx.say(dict:get("version") or "")
+    local text = put_body(function() ngx.say(dict:get("version") or "") end)
+    if not text then
         return
     end
-    if method ~= "PUT" then
-        return ngx.exit(ngx.HTTP_NOT_ALLOWED)
-    end
-    ngx.req.read_body()
-    local text = ngx.req.get_body_data()
-    if not text then
+    if text == "" then
         ngx.status = ngx.HTTP_BAD_REQUEST
         ngx.say("no body")
         return
@@ -379,16 +390,10 @@ end
 -- verdicts serves the control socket's /verdicts: GET answers them, PUT
 -- replaces them (each line checked; at most 64 KiB).
 function M.verdicts()
-    local method = ngx.req.get_method()
-    if method == "GET" then
-        ngx.print(dict:get("verdicts") or "")
+    local text = put_body(function() ngx.print(dict:get("verdicts") or "") end)
+    if not text then
         return
     end
-    if method ~= "PUT" then
-        return ngx.exit(ngx.HTTP_NOT_ALLOWED)
-    end
-    ngx.req.read_body()
-    local text = ngx.req.get_body_data() or ""
     if #text > 65536 then
         ngx.status = ngx.HTTP_BAD_REQUEST
         ngx.say("verdicts: longer than 64 KiB")
