@@ -5,8 +5,11 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -479,5 +482,173 @@ func TestBGPReplicaChange(t *testing.T) {
 		if r.Edge == e2.Addr.Addr().String() {
 			t.Fatalf("a new connection reached the draining replica %s", e2.Name)
 		}
+	}
+}
+
+// TestBGPOverlaps: behind FRR (ECMP, BFD), events overlap within one ring
+// transition, each moving flows between edges: a replica drains (its edge
+// de-preferences its routes), another edge's agent and nginx restart (a rolling
+// update, gracefully: its session ends, the others call its replica down and up), a false
+// liveness verdict on the third (its probe port blocked for 300 ms: it learns
+// the others' verdict from their answers), and right after it the restarted
+// edge dies. Every held connection on a surviving replica (opened before the
+// events or between them) answers within 1 s
+// of the router dropping the dead edge, the draining one's too, and no new
+// connection fails once it has.
+func TestBGPOverlaps(t *testing.T) {
+	l := startBGPLab(t, 50*time.Millisecond)
+	ctx := context.Background()
+	e1, e2, e3 := l.Edges[0], l.Edges[1], l.Edges[2]
+	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+		t.Fatal(err)
+	}
+	held, err := l.OpenKeepConns(ctx, "echo.lab", 90)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: 2 * time.Minute})
+	stopped := false
+	defer func() {
+		if !stopped {
+			stream.Stop()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+
+	// e2 drains.
+	start := time.Now()
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e2: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// e1 restarts as a rolling update restarts a pod: its endpoint turns
+	// terminating and its agent gets SIGTERM (it withdraws, waits its shutdown
+	// delay, stops nginx); the new pod's endpoint is ready again.
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e1: "terminating", e2: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	a1 := l.Agent(0)
+	if err := a1.Kill(syscall.SIGTERM, 40*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.stopNginx(filepath.Join(a1.Dir, "nginx")); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(10*time.Second, func() error {
+		for _, n := range []*Node{e2, e3} {
+			if in, err := l.InRing(n, e1); err != nil || in {
+				return fmt.Errorf("%s: %s still in the ring (%v)", n.Name, e1.Name, err)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	if _, err := l.StartAgent(0); err != nil {
+		t.Fatal(err)
+	}
+	// The new pod's endpoint is ready once the pod is (Kubernetes asks its
+	// readiness probe: maps applied, nginx serving).
+	if err := waitFor(60*time.Second, func() error { return l.Ready(0) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e2: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(60*time.Second, func() error {
+		for _, n := range []*Node{e2, e3} {
+			if in, err := l.InRing(n, e1); err != nil || !in {
+				return fmt.Errorf("%s: %s not back in the ring (%v)", n.Name, e1.Name, err)
+			}
+		}
+		return l.Router.announced(len(l.Edges) - 1) // e2 de-preferenced
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%s drained; %s restarted (agent and nginx, gracefully), back after %v", e2.Name, e1.Name, time.Since(restarted).Round(time.Millisecond))
+
+	// Connections opened within the transition, after the drain and the restart.
+	during, err := l.OpenKeepConns(ctx, "echo.lab", 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer during.Close()
+
+	// A false verdict on e3, and e1's death right after it.
+	probes := func(op string) {
+		t.Helper()
+		out, err := exec.Command("ip", "netns", "exec", e3.NS, "iptables", "-w", op, "INPUT", "-p", "tcp", "--dport", "10247", "-j", "DROP").CombinedOutput()
+		if err != nil {
+			t.Fatalf("iptables %s in %s: %v: %s", op, e3.Name, err, out)
+		}
+	}
+	probes("-I")
+	time.Sleep(300 * time.Millisecond)
+	probes("-D")
+	fault := time.Now()
+	if err := l.KillEdge(e1); err != nil {
+		t.Fatal(err)
+	}
+	// The router's route: e3 alone (e2 de-preferenced while it drains).
+	gone, err := l.Router.waitGone(e1, len(l.Edges)-1, fault, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	survivors := onSurvivors(append(slices.Clone(held), during...), e1)
+	kept, failed := 0, []string(nil)
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, k := range survivors {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := k.Do("echo.lab", "/after-overlaps", time.Second)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				kept++
+			} else {
+				failed = append(failed, k.Edge+": "+err.Error())
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(2 * time.Second)
+	atts := stream.Stop()
+	stopped = true
+	onE2, onE3 := len(survivors)-len(onSurvivors(survivors, e2)), len(survivors)-len(onSurvivors(survivors, e3))
+	late := traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
+	var beforeDeath []traffic.Attempt
+	for _, a := range atts {
+		if a.Start.Before(fault) {
+			beforeDeath = append(beforeDeath, a)
+		}
+	}
+	calm := traffic.FailuresAround(beforeDeath, start)
+	t.Logf("%s dead: next hop gone after %v; held connections on surviving replicas: %d of %d answered within 1 s (%d on the draining %s, %d on %s, called down wrongly); new connections from the drain to the death: %v; after the next hop left (+300 ms): %v",
+		e1.Name, gone.Round(time.Millisecond), kept, len(survivors), onE2, e2.Name, onE3, e3.Name, calm, late)
+	if onE2 == 0 || onE3 == 0 {
+		t.Errorf("held connections on %s %d, on %s %d: the test proves less than it says", e2.Name, onE2, e3.Name, onE3)
+	}
+	if kept != len(survivors) {
+		t.Errorf("%d held connections on surviving replicas broke: %v", len(survivors)-kept, failed)
+	}
+	if late.Failed > 0 {
+		t.Errorf("%d new connections failed (refused or reset) after the dead edge left the route", late.Failed)
+	}
+	if calm.Failed > 0 {
+		t.Errorf("%d new connections failed during the drain, the rolling restart and the false verdict", calm.Failed)
+	}
+	// The verdict happened, and e3 learned it; e1's new agent replayed its down.
+	if l.LivenessTransitions(e2, e3, "dead", fault.Add(-time.Second)) == 0 {
+		t.Errorf("%s never called %s down: the false verdict did not happen", e2.Name, e3.Name)
+	}
+	if log := l.Agent(2).Log(); !strings.Contains(log, `"called down":["`+e3.Addr.Addr().String()+`"]`) {
+		t.Errorf("%s never learned that the others called it down", e3.Name)
+	}
+	if log := l.Agent(0).Log(); !strings.Contains(log, "agent restarted: its replica's down") {
+		t.Errorf("%s's new agent did not replay its down", e1.Name)
 	}
 }
