@@ -847,11 +847,12 @@ func (d *Dataplane) Handover(group string, sites ...string) (int, error) {
 			slots[i] = ids[tab.Backends[s]]
 		}
 		if slices.Equal(d.st.handing[vip], slots) && d.st.prevUntil[vip] > monotonicNow() {
-			until := monotonicNow() + d.opts.Transition
-			if err := d.objs.RingsMeta.Put(vip, lbRingMeta{PrevUntilNs: uint64(until)}); err != nil {
-				return n, fmt.Errorf("update map rings_meta: %w", err)
+			// Renewed: the lease only (writeMeta keeps where the mid
+			// rings are).
+			d.st.prevUntil[vip] = monotonicNow() + d.opts.Transition
+			if err := d.writeMeta(vip); err != nil {
+				return n, err
 			}
-			d.st.prevUntil[vip] = until
 		} else {
 			if err := d.startArrival(vip, slots); err != nil {
 				return n, err

@@ -133,6 +133,30 @@ func TestSiteHandover(t *testing.T) {
 	run("its next packet", fromDir.Bytes(), xdptest.Pass)
 }
 
+// TestHandoverRenewedKeepsHistory: a hand-over renewed (the same sites, within
+// its transition) extends the lease and leaves the mid rings where they are:
+// a connection opened between two changes is still found through them.
+func TestHandoverRenewedKeepsHistory(t *testing.T) {
+	dr := newDirector(t, "a")
+	dr.apply(t, withRemotes(here, []Remote{s1, s2}, r1, r2, r3))
+	dr.apply(t, withRemotes(here, []Remote{s1, s2}, r1, draining(r2), r3)) // a transition
+	dr.apply(t, withRemotes(here, []Remote{s1, s2}, r1, r2, r3))           // its mid ring: r2 draining
+	for round := range 2 {                                                 // started, then renewed
+		if _, err := dr.d.Handover("edge/web"); err != nil {
+			t.Fatal(err)
+		}
+		vip := dr.d.st.vipIDs[vip4]
+		var m lbRingMeta
+		if err := dr.d.objs.RingsMeta.Lookup(vip, &m); err != nil {
+			t.Fatal(err)
+		}
+		if int(m.MidCount) != len(dr.d.st.midSlots[vip]) || m.MidHead != dr.d.st.midHead[vip] || m.MidCount == 0 {
+			t.Fatalf("hand-over round %d: rings_meta says %d mid rings from place %d, the history holds %d from %d",
+				round, m.MidCount, m.MidHead, len(dr.d.st.midSlots[vip]), dr.d.st.midHead[vip])
+		}
+	}
+}
+
 // pickB is pick returning the backend.
 func pickB(t testing.TB, p xdptest.Packet, bs []Backend) Backend {
 	t.Helper()
