@@ -303,14 +303,27 @@ func (r *Router) waitGone(victim *Node, edges int, since time.Time, timeout time
 
 // reviveEdge brings back an edge KillEdge took down, as a node back from a
 // reboot: its data plane is gone (program detached, pins removed), its link comes
-// up with the route to the client that taking the link down removed, and its
-// agent starts.
+// up with the routes that taking the link down removed (to the client, to other
+// sites), and its agent starts, with an nginx of its own.
 func (l *Lab) reviveEdge(n *Node) error {
-	if err := dataplane.Uninstall(l.Agent(l.EdgeNo(n)).PinPath); err != nil {
+	a := l.Agent(l.EdgeNo(n))
+	if err := dataplane.Uninstall(a.PinPath); err != nil {
 		return err
 	}
-	for _, args := range [][]string{{"link", "set", "eth0", "up"}, {"route", "replace", clientSubnet.String(), "via", l.routerAddr().String()}} {
-		if err := netlab.IP(append([]string{"-n", n.NS}, args...)...); err != nil {
+	// KillEdge left its nginx running, cut off; a rebooted machine has none
+	// (the new agent attaches xdp_lb before it starts nginx, so no frame meets
+	// a stack without it).
+	if err := l.stopNginx(filepath.Join(a.Dir, "nginx")); err != nil {
+		return err
+	}
+	if err := netlab.IP("-n", n.NS, "link", "set", "eth0", "up"); err != nil {
+		return err
+	}
+	l.mu.Lock()
+	routes := l.routes[n]
+	l.mu.Unlock()
+	for _, r := range routes {
+		if err := netlab.IP(append([]string{"-n", n.NS, "route", "replace"}, strings.Fields(r)...)...); err != nil {
 			return err
 		}
 	}

@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -597,24 +596,7 @@ func TestBGPOverlaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	survivors := onSurvivors(append(slices.Clone(held), during...), e1)
-	kept, failed := 0, []string(nil)
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, k := range survivors {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			_, err := k.Do("echo.lab", "/after-overlaps", time.Second)
-			mu.Lock()
-			defer mu.Unlock()
-			if err == nil {
-				kept++
-			} else {
-				failed = append(failed, k.Edge+": "+err.Error())
-			}
-		}()
-	}
-	wg.Wait()
+	kept, failed := answerWithin(survivors, "/after-overlaps", time.Second)
 	time.Sleep(2 * time.Second)
 	atts := stream.Stop()
 	stopped = true

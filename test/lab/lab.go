@@ -82,6 +82,10 @@ type Lab struct {
 	mu        sync.Mutex
 	agents    map[int]*Agent
 	closers   []func() error
+	// routes: the gatewayed routes of each edge KillEdge took down (a cut
+	// link drops them), which reviveEdge puts back as a rebooted node's
+	// network configuration would.
+	routes map[*Node][]string
 }
 
 // Options size a lab.

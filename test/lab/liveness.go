@@ -78,11 +78,28 @@ func (l *Lab) DigestsAgree(nodes []*Node) error {
 	return nil
 }
 
-// KillEdge kills node n's agent (-9) and cuts its link: a dead edge.
+// KillEdge kills node n's agent (-9) and cuts its link: a dead edge. It keeps
+// the node's gatewayed routes (the link going down drops them) for reviveEdge.
 func (l *Lab) KillEdge(n *Node) error {
 	if err := l.Agent(l.EdgeNo(n)).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
 		return err
 	}
+	out, err := exec.Command("ip", "-n", n.NS, "route", "show").Output()
+	if err != nil {
+		return fmt.Errorf("routes of %s: %w", n.Name, err)
+	}
+	var routes []string
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.Contains(line, " via ") {
+			routes = append(routes, strings.TrimSpace(line))
+		}
+	}
+	l.mu.Lock()
+	if l.routes == nil {
+		l.routes = map[*Node][]string{}
+	}
+	l.routes[n] = routes
+	l.mu.Unlock()
 	return netlab.IP("-n", n.NS, "link", "set", "eth0", "down")
 }
 

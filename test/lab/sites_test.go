@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -947,4 +949,178 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	if late.Failed > 0 || news.Failed > news.Total/100 {
 		t.Errorf("%d new connections failed (%d more than a second after b was in the route)", news.Failed, late.Failed)
 	}
+}
+
+// TestSiteReturnDuringDeath (issue 21, test 3): across sites, events of one site
+// overlap those of the other. Site b is withdrawn and a holds the connections;
+// one of a's edges dies and, 300 ms later, b returns to the route (the router
+// rehashes twice: a's survivors' flows move to b too). Then, while the dead edge
+// comes back (a node back from a reboot: no pins), b drains, planned (a hands
+// b's connections back to b through tunnels). Every held connection on a
+// surviving replica answers within 1 s of each overlap, those opened between
+// them too, and no new connection fails outside the moments the router's route
+// changes. (A drain that is not planned, b's backends failing, is a failure of
+// b's own, TestSiteFailures: a is not told.)
+func TestSiteReturnDuringDeath(t *testing.T) {
+	s := startPeeredSites(t)
+	ctx := context.Background()
+	na, nb := len(s.A.Edges), len(s.B.Edges)
+	if err := s.B.SetBackendReady(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, s.HopsAre(na, 0)); err != nil {
+		t.Fatalf("site b not withdrawn: %v", err)
+	}
+	held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	victim := s.A.Edges[0]
+	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: 2 * time.Minute})
+	stopped := false
+	defer func() {
+		if !stopped {
+			stream.Stop()
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+
+	fault := time.Now()
+	if err := s.A.KillEdge(victim); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	back := time.Now()
+	if err := s.B.SetBackendReady(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(30*time.Second, s.HopsAre(na-1, nb)); err != nil {
+		t.Fatalf("after %s's death and b's return: %v", victim.Name, err)
+	}
+	settled := time.Now()
+	survivors := onSurvivors(held, victim)
+	moved := s.sentTo(t, survivors, "b")
+	kept, failed := answerWithin(survivors, "/after-return", time.Second)
+	t.Logf("%s dead, b back %v later; route settled %v after the death; the router sends %d of %d held connections on survivors to b; %d of %d answered within 1 s",
+		victim.Name, back.Sub(fault).Round(time.Millisecond), settled.Sub(fault).Round(time.Millisecond), moved, len(survivors), kept, len(survivors))
+	if moved == 0 || len(survivors) == len(held) {
+		t.Errorf("%d held connections moved to b, %d of %d on the dead edge: the lab shows less than it says", moved, len(held)-len(survivors), len(held))
+	}
+	if kept != len(survivors) {
+		t.Errorf("%d of %d held connections on survivors broke: %v", len(survivors)-kept, len(survivors), failed)
+	}
+	during, err := s.OpenKeepConns(ctx, "echo.lab", 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer during.Close()
+
+	// The dead edge comes back (joins) while b drains, planned: a is told,
+	// and b's drain begins at the next whole second but one.
+	rejoin := time.Now()
+	if err := s.A.reviveEdge(victim); err != nil {
+		t.Fatal(err)
+	}
+	from := time.Now().Add(2 * time.Second).Truncate(time.Second)
+	if err := s.WriteSites(s.A, SiteFile{Peers: true, PeerDraining: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.WriteSites(s.B, SiteFile{Peers: true, Draining: true, DrainFrom: from}); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitFor(60*time.Second, s.HopsAre(na, 0)); err != nil {
+		t.Fatalf("after %s's return and b's drain: %v", victim.Name, err)
+	}
+	settled2 := time.Now()
+	all := append(slices.Clone(survivors), during...)
+	k2, f2, broke := answerEach(all, "/after-rejoin", time.Second)
+	if len(broke) > 0 {
+		t.Logf("where the broken connections went:\n%s", s.whereFlows(t, broke))
+	}
+	time.Sleep(2 * time.Second)
+	atts := stream.Stop()
+	stopped = true
+	// New connections: failures only while the route changes (a dead next hop
+	// until BFD drops it; a handshake split over two route changes).
+	var calm []traffic.Attempt
+	for _, a := range traffic.Hard(atts) {
+		if (a.Start.After(settled.Add(time.Second)) && a.Start.Before(rejoin)) || a.Start.After(settled2.Add(time.Second)) {
+			calm = append(calm, a)
+		}
+	}
+	cf := traffic.FailuresAround(calm, fault)
+	t.Logf("%s back and b drained: route settled %v after the return; %d of %d held connections (%d opened between the overlaps) answered within 1 s; new connections: %v; once each route settled (+1 s): %v",
+		victim.Name, settled2.Sub(rejoin).Round(time.Millisecond), k2, len(all), len(during), traffic.FailuresAround(atts, fault), cf)
+	if k2 != len(all) {
+		t.Errorf("%d of %d held connections broke: %v", len(all)-k2, len(all), f2)
+	}
+	if cf.Failed > 0 {
+		t.Errorf("%d new connections failed once the route had settled", cf.Failed)
+	}
+}
+
+// answerWithin asks every held connection at once for path, each within
+// timeout, and returns how many answered and how the others failed.
+func answerWithin(held traffic.KeepConns, path string, timeout time.Duration) (kept int, failed []string) {
+	kept, failed, _ = answerEach(held, path, timeout)
+	return kept, failed
+}
+
+// answerEach is answerWithin, with the connections that failed.
+func answerEach(held traffic.KeepConns, path string, timeout time.Duration) (kept int, failed []string, broke traffic.KeepConns) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, k := range held {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := k.Do("echo.lab", path, timeout)
+			mu.Lock()
+			defer mu.Unlock()
+			if err == nil {
+				kept++
+			} else {
+				failed = append(failed, k.Edge+": "+err.Error())
+				broke = append(broke, k)
+			}
+		}()
+	}
+	wg.Wait()
+	return kept, failed, broke
+}
+
+// whereFlows says, for connections that broke, where the router sends each and
+// what every edge of both sites pinned for it, and every edge's reason
+// counters: what a failure's report needs.
+func (s *Sites) whereFlows(t *testing.T, broke traffic.KeepConns) string {
+	var b strings.Builder
+	for _, k := range broke {
+		a, err := s.Router.Choose(k.LocalPort())
+		fmt.Fprintf(&b, "port %d (held by %s): router -> %v %v\n  a: %s\n  b: %s\n", k.LocalPort(), k.Edge, a, err,
+			s.A.FlowsFrom(k.LocalPort()), s.B.FlowsFrom(k.LocalPort()))
+	}
+	for _, l := range []*Lab{s.A, s.B} {
+		for i, e := range l.Edges {
+			in, err := dataplane.OpenPinned(l.Agent(i).PinPath)
+			if err != nil {
+				fmt.Fprintf(&b, "%s: %v\n", e.Name, err)
+				continue
+			}
+			c, err := in.Counters()
+			in.Close()
+			if err != nil {
+				fmt.Fprintf(&b, "%s: %v\n", e.Name, err)
+				continue
+			}
+			fmt.Fprintf(&b, "%s:", e.Name)
+			for r, n := range c.Reasons {
+				if n > 0 {
+					fmt.Fprintf(&b, " %s=%d", dataplane.ReasonName(dataplane.Reason(r)), n)
+				}
+			}
+			b.WriteString("\n")
+		}
+	}
+	return b.String()
 }
