@@ -96,7 +96,10 @@ type HeldConn struct {
 	*traffic.KeepConn
 	Kind  string // "http v4", "tcp v6", ...
 	Agent string // the agent pod on its edge when it opened
-	host  string
+	// Opened is when it was opened: a reload of its edge's nginx after that
+	// closes it if it is an idle HTTP connection (issue 22), not the data plane.
+	Opened time.Time
+	host   string
 }
 
 func (h *HeldConn) String() string { return fmt.Sprintf("%s via %s", h.Kind, h.Edge) }
@@ -121,7 +124,7 @@ func (p *Portico) OpenHeld(ctx context.Context, http, idle int) (Held, error) {
 			if err != nil {
 				return fmt.Errorf("%s: %w", kind, err)
 			}
-			held = append(held, &HeldConn{KeepConn: k, Kind: kind, Agent: byIP[k.Edge], host: host})
+			held = append(held, &HeldConn{KeepConn: k, Kind: kind, Agent: byIP[k.Edge], Opened: time.Now(), host: host})
 		}
 		return nil
 	}
@@ -186,12 +189,20 @@ type HeldCheck struct {
 	// Gone counts the connections not asked: on an excluded node or a replaced
 	// agent (or opened while its agent was being replaced).
 	Gone int
+	// Reloaded counts the HTTP connections not asked because their edge's
+	// nginx reloaded since they opened: its old workers closed them, idle (a
+	// configuration change's cut, issue 22, not the data plane's).
+	Reloaded int
 	// Failed says which did not answer, and why.
 	Failed []string
 }
 
 func (c HeldCheck) String() string {
-	return fmt.Sprintf("%d of %d kept (%d on a dead or replaced replica not asked)", c.Kept, c.Total, c.Gone)
+	s := fmt.Sprintf("%d of %d kept (%d on a dead or replaced replica not asked)", c.Kept, c.Total, c.Gone)
+	if c.Reloaded > 0 {
+		s += fmt.Sprintf(" (%d HTTP connections not asked: their nginx reloaded since they opened, issue 22)", c.Reloaded)
+	}
+	return s
 }
 
 // Check sends a request on every held connection on a surviving replica (an
@@ -203,6 +214,7 @@ func (p *Portico) Check(ctx context.Context, held Held, timeout time.Duration, e
 		return HeldCheck{Failed: []string{err.Error()}}
 	}
 	var c HeldCheck
+	reloads := p.lastReloads()
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, h := range held {
@@ -211,6 +223,10 @@ func (p *Portico) Check(ctx context.Context, held Held, timeout time.Duration, e
 		replaced := h.Agent == "" || !slices.ContainsFunc(p.C.Nodes, func(n *Node) bool { return n.IP.String() == h.Edge && agents[n.Name] == h.Agent })
 		if dead || replaced {
 			c.Gone++
+			continue
+		}
+		if strings.HasPrefix(h.Kind, "http") && reloads[h.Edge].After(h.Opened) {
+			c.Reloaded++
 			continue
 		}
 		c.Total++
@@ -251,29 +267,49 @@ func (p *Portico) BlockProbes(n *Node, d time.Duration) error {
 // does: until configuration changes need no reload, a test of the data plane's
 // promise holds its connections once the configuration is quiet.
 func (p *Portico) WaitConfigQuiet(ctx context.Context, quiet, timeout time.Duration) error {
-	hc := HTTPClient(p.NS, 2*time.Second)
-	const metric = "portico_nginx_last_reload_success_timestamp_seconds "
 	return until(ctx, time.Now().Add(timeout), func() error {
 		for _, n := range p.Edges {
-			body, err := get(hc, "http://"+net.JoinHostPort(n.IP.String(), "9101")+"/metrics")
+			at, err := p.lastReload(n)
 			if err != nil {
 				return err
 			}
-			_, v, ok := strings.Cut(body, "\n"+metric)
-			if !ok {
-				return fmt.Errorf("%s: no %s", n.Name, metric)
-			}
-			v, _, _ = strings.Cut(v, "\n")
-			sec, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				return fmt.Errorf("%s: %s%q: %w", n.Name, metric, v, err)
-			}
-			if since := time.Since(time.Unix(0, int64(sec*1e9))); since < quiet {
+			if since := time.Since(at); since < quiet {
 				return fmt.Errorf("%s reloaded nginx %v ago", n.Name, since.Round(time.Millisecond))
 			}
 		}
 		return nil
 	})
+}
+
+// lastReload is when node n's agent last reloaded nginx
+// (portico_nginx_last_reload_success_timestamp_seconds).
+func (p *Portico) lastReload(n *Node) (time.Time, error) {
+	const metric = "portico_nginx_last_reload_success_timestamp_seconds "
+	body, err := get(HTTPClient(p.NS, 2*time.Second), "http://"+net.JoinHostPort(n.IP.String(), "9101")+"/metrics")
+	if err != nil {
+		return time.Time{}, err
+	}
+	_, v, ok := strings.Cut(body, "\n"+metric)
+	if !ok {
+		return time.Time{}, fmt.Errorf("%s: no %s", n.Name, metric)
+	}
+	v, _, _ = strings.Cut(v, "\n")
+	sec, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%s: %s%q: %w", n.Name, metric, v, err)
+	}
+	return time.Unix(0, int64(sec*1e9)), nil
+}
+
+// lastReloads is lastReload of every edge it can ask, by address.
+func (p *Portico) lastReloads() map[string]time.Time {
+	out := map[string]time.Time{}
+	for _, n := range p.Edges {
+		if at, err := p.lastReload(n); err == nil {
+			out[n.IP.String()] = at
+		}
+	}
+	return out
 }
 
 // SettledOwner waits until the same edge has owned GroupVIP (the client's view)

@@ -417,8 +417,14 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 		t.Errorf("%s was not drained during the rollout", drain.Name)
 	}
 	time.Sleep(2 * time.Second)
-	if c := checkHeld(t, ctx, p, "opened during the rollout", held, 3*time.Second); c.Total < 20 {
+	c := checkHeld(t, ctx, p, "opened during the rollout", held, 3*time.Second)
+	if c.Total < 20 {
 		t.Errorf("only %d connections opened during the rollout are on agents it did not replace later, want >= 20", c.Total)
+	}
+	if c.Kept != c.Total {
+		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
+		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "liveness", "verdict", "restarted", "ring follows",
+			"data plane applied", "vrrp state", "hand-over", "new director"))
 	}
 	atts := stream.Stop()
 	ok, failed, errs := load.Stop()
