@@ -211,7 +211,7 @@ func (c *Checker) step(now, last time.Time) bool {
 			changed = true
 		}
 	}
-	if c.learnLocked() {
+	if changed && c.learnLocked() { // a replica that went dead has no say now
 		changed = true
 	}
 	return changed
@@ -277,6 +277,10 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, re
 			c.log.Error("liveness check failed: using Kubernetes' view of this replica", zap.Stringer("backend", a), zap.Error(err))
 			changed = !t.rep.live
 			c.gaugesLocked()
+			t.fault = err
+			if c.learnLocked() { // a replica it cannot probe has no say
+				changed = true
+			}
 		}
 		t.fault = err
 	default:
@@ -286,8 +290,12 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, re
 			t.rep.lastOK = now // no verdict from the time it could not look
 			changed = !t.rep.live
 		}
-		if res == OK && !t.local {
-			t.report = report
+		// What the others call this node is counted again only when a
+		// report or a verdict changed: not on every probe (50 a second per
+		// replica, and the count is over every pair).
+		relearn := false
+		if res == OK && !t.local && !slices.Equal(t.report, report) {
+			t.report, relearn = report, true
 		}
 		if t.rep.answer(c.cfg.Timing, now, res == OK) {
 			why := string(res)
@@ -295,11 +303,11 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, re
 				why += ": " + err.Error()
 			}
 			c.transitionLocked(a, t, why)
+			changed, relearn = true, true
+		}
+		if relearn && c.learnLocked() {
 			changed = true
 		}
-	}
-	if c.learnLocked() {
-		changed = true
 	}
 	c.mu.Unlock()
 	if changed {
