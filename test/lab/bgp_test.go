@@ -104,12 +104,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	}
 	defer held.Close()
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
-	stopped := false
-	defer func() {
-		if !stopped {
-			stream.Stop()
-		}
-	}()
+	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(time.Second)
 	// What is measured is BFD's detection: every session must be up now (on a
 	// loaded machine a 50 ms session flaps now and then, and comes back).
@@ -131,7 +126,6 @@ func TestBGPEveryEdge(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	atts := stream.Stop()
-	stopped = true
 	total, kept := 0, 0
 	var failed []string
 	for _, k := range held {
@@ -163,7 +157,6 @@ func TestBGPEveryEdge(t *testing.T) {
 	}
 	defer held2.Close()
 	stream = l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
-	stopped = false
 	back := time.Now()
 	if err := l.reviveEdge(victim); err != nil {
 		t.Fatal(err)
@@ -174,7 +167,6 @@ func TestBGPEveryEdge(t *testing.T) {
 	t.Logf("%s back: announced again %v after its link came up", victim.Name, time.Since(back).Round(time.Millisecond))
 	time.Sleep(2 * time.Second)
 	atts = stream.Stop()
-	stopped = true
 	var older traffic.KeepConns
 	for _, k := range held {
 		if k.Edge != victim.Addr.Addr().String() {
@@ -204,7 +196,6 @@ func TestBGPEveryEdge(t *testing.T) {
 	// load: its session ends, the router moves its flows to the other edges, the
 	// pinned program and nginx keep serving, and it announces again.
 	stream = l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
-	stopped = false
 	restart := time.Now()
 	if err := l.Agent(0).Kill(syscall.SIGKILL, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -223,7 +214,6 @@ func TestBGPEveryEdge(t *testing.T) {
 	t.Logf("%s's agent restarted and announced again %v after the kill", l.Edges[0].Name, time.Since(restart).Round(time.Millisecond))
 	time.Sleep(time.Second)
 	atts = stream.Stop()
-	stopped = true
 	kept, total, failed = checkKeepConns(older, "/after-restart")
 	f := traffic.FailuresAround(atts, restart)
 	t.Logf("agent restart: %v; %d/%d long-lived connections kept", f, kept, total)
@@ -288,12 +278,7 @@ func TestBGPResilient(t *testing.T) {
 	}
 	defer held.Close()
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
-	stopped := false
-	defer func() {
-		if !stopped {
-			stream.Stop()
-		}
-	}()
+	defer func() { stream.Stop() }() // the stream then running, also on failure
 	before := choices()
 	victim := l.Edges[len(l.Edges)-1]
 	fault := time.Now()
@@ -349,7 +334,6 @@ func TestBGPResilient(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	atts := stream.Stop()
-	stopped = true
 	t.Logf("%s back after %v: %d of %d flows moved to it (%.1f%%), %d between the other edges",
 		victim.Name, time.Since(back).Round(time.Millisecond), toVictim, len(after), 100*float64(toVictim)/float64(len(after)), between)
 	if between != 0 {
@@ -403,12 +387,7 @@ func TestBGPReplicaChange(t *testing.T) {
 	defer held.Close()
 	onDrained := len(held) - len(onSurvivors(held, e2))
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
-	stopped := false
-	defer func() {
-		if !stopped {
-			stream.Stop()
-		}
-	}()
+	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(500 * time.Millisecond)
 
 	change := time.Now()
@@ -458,7 +437,6 @@ func TestBGPReplicaChange(t *testing.T) {
 	t.Logf("%s drained (its edge de-preferenced) and %s added while %s's agent restarted: settled after %v", e2.Name, e3.Name, e1.Name, time.Since(change).Round(time.Millisecond))
 	time.Sleep(time.Second)
 	atts := stream.Stop()
-	stopped = true
 	kept, total, failed := checkKeepConns(held, "/after-change")
 	f := traffic.FailuresAround(atts, change)
 	t.Logf("%d/%d long-lived connections kept (%d on the draining replica); new connections: %v", kept, total, onDrained, f)
@@ -507,12 +485,7 @@ func TestBGPOverlaps(t *testing.T) {
 	}
 	defer held.Close()
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: 2 * time.Minute})
-	stopped := false
-	defer func() {
-		if !stopped {
-			stream.Stop()
-		}
-	}()
+	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(500 * time.Millisecond)
 
 	// e2 drains.
@@ -599,7 +572,6 @@ func TestBGPOverlaps(t *testing.T) {
 	kept, failed := answerWithin(survivors, "/after-overlaps", time.Second)
 	time.Sleep(2 * time.Second)
 	atts := stream.Stop()
-	stopped = true
 	onE2, onE3 := len(survivors)-len(onSurvivors(survivors, e2)), len(survivors)-len(onSurvivors(survivors, e3))
 	late := traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
 	var beforeDeath []traffic.Attempt

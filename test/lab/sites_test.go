@@ -885,12 +885,7 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	drained := s.A.Edges[0]
 	onDrained := len(held) - len(onSurvivors(held, drained))
 	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
-	stopped := false
-	defer func() {
-		if !stopped {
-			stream.Stop()
-		}
-	}()
+	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(500 * time.Millisecond)
 
 	start := time.Now()
@@ -933,7 +928,6 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	}
 	time.Sleep(3 * time.Second)
 	atts := stream.Stop()
-	stopped = true
 	k2, t2, f2 := checkKeepConns(during, "/after-drain")
 	k3, t3, f3 := checkKeepConns(held, "/after-drain")
 	news := traffic.FailuresAround(atts, start)
@@ -978,12 +972,7 @@ func TestSiteReturnDuringDeath(t *testing.T) {
 	defer held.Close()
 	victim := s.A.Edges[0]
 	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: 2 * time.Minute})
-	stopped := false
-	defer func() {
-		if !stopped {
-			stream.Stop()
-		}
-	}()
+	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(500 * time.Millisecond)
 
 	fault := time.Now()
@@ -1040,7 +1029,6 @@ func TestSiteReturnDuringDeath(t *testing.T) {
 	}
 	time.Sleep(2 * time.Second)
 	atts := stream.Stop()
-	stopped = true
 	// New connections: failures only while the route changes (a dead next hop
 	// until BFD drops it; a handshake split over two route changes).
 	var calm []traffic.Attempt

@@ -30,6 +30,7 @@ type Attempt struct {
 // For; at most 200 in flight.
 type Stream struct {
 	stop chan struct{}
+	once sync.Once
 	wg   sync.WaitGroup
 	mu   sync.Mutex
 	atts []Attempt
@@ -118,9 +119,10 @@ func (s *Stream) record(a Attempt) {
 }
 
 // Stop ends the stream, waits for the attempts in flight and returns them all,
-// in order of their start.
+// in order of their start. It may be called again (a deferred Stop after the
+// test's own): the stream stays stopped.
 func (s *Stream) Stop() []Attempt {
-	close(s.stop)
+	s.once.Do(func() { close(s.stop) })
 	s.wg.Wait()
 	s.mu.Lock()
 	defer s.mu.Unlock()
