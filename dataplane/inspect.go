@@ -44,6 +44,7 @@ func OpenPinned(pinPath string) (*Inspector, error) {
 		{&in.m.vips, lbMapVips}, {&in.m.backends, lbMapBackends}, {&in.m.flows, lbMapFlows},
 		{&in.m.rings, lbMapRings}, {&in.m.cfg, lbMapLbCfg}, {&in.m.vipStats, lbMapVipStats},
 		{&in.m.backendStats, lbMapBackendStats}, {&in.m.reasonStats, lbMapReasonStats}, {&in.m.ringsMeta, lbMapRingsMeta},
+		{&in.m.prevRings, lbMapPrevRings}, {&in.m.midRings, lbMapMidRings}, {&in.m.newPins, lbMapNewPins},
 	} {
 		if *p.dst, err = open(p.name); err != nil {
 			in.Close()
@@ -56,7 +57,8 @@ func OpenPinned(pinPath string) (*Inspector, error) {
 // Close releases the map handles.
 func (in *Inspector) Close() error {
 	var errs []error
-	for _, m := range []*ebpf.Map{in.m.vips, in.m.backends, in.m.flows, in.m.rings, in.m.cfg, in.m.vipStats, in.m.backendStats, in.m.reasonStats, in.m.ringsMeta} {
+	for _, m := range []*ebpf.Map{in.m.vips, in.m.backends, in.m.flows, in.m.rings, in.m.cfg, in.m.vipStats, in.m.backendStats, in.m.reasonStats, in.m.ringsMeta,
+		in.m.prevRings, in.m.midRings, in.m.newPins} {
 		if m != nil {
 			errs = append(errs, m.Close())
 		}
@@ -190,6 +192,16 @@ func (m maps) ring(vipID, size uint32) ([]uint32, error) {
 // readRing reads the ring an outer ring map (rings, prev_rings, mid_rings) holds
 // at key, of size slots; nil if it holds none.
 func readRing(outer *ebpf.Map, key, size uint32) ([]uint32, error) {
+	packed, err := readPacked(outer, key, size)
+	if packed == nil {
+		return nil, err
+	}
+	return unpackRing(packed, size), nil
+}
+
+// readPacked reads the ring an outer ring map holds at key as xdp_lb sees it
+// (16-bit slots, the moved bit included); nil if it holds none.
+func readPacked(outer *ebpf.Map, key, size uint32) ([]byte, error) {
 	vipID := key
 	var inner *ebpf.Map
 	if err := outer.Lookup(key, &inner); err != nil {
@@ -211,7 +223,7 @@ func readRing(outer *ebpf.Map, key, size uint32) ([]uint32, error) {
 	if _, err := mem.ReadAt(packed, 0); err != nil {
 		return nil, fmt.Errorf("read ring of vip id %d: %w", vipID, err)
 	}
-	return unpackRing(packed, size), nil
+	return packed, nil
 }
 
 // FlowView is one flow table entry.
@@ -231,11 +243,7 @@ func (in *Inspector) Flows(limit int) ([]FlowView, error) {
 	for id, be := range st.backends {
 		backends[id] = addrFrom16(be.Addr)
 	}
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts); err != nil {
-		return nil, fmt.Errorf("read monotonic clock: %w", err)
-	}
-	now := uint64(ts.Nano())
+	now := uint64(coarseNow())
 	var out []FlowView
 	var k lbFlowKey
 	var v lbFlowVal

@@ -74,11 +74,13 @@ type BackendCounters struct{ Packets, Bytes uint64 }
 // the program (Dataplane) or only opened the pins (Inspector).
 type maps struct {
 	vips, backends, flows, rings, cfg, vipStats, backendStats, reasonStats, ringsMeta *ebpf.Map
+	prevRings, midRings, newPins                                                      *ebpf.Map
 }
 
 func (d *Dataplane) maps() maps {
 	o := d.objs.lbMaps
-	return maps{o.Vips, o.Backends, o.Flows, o.Rings, o.LbCfg, o.VipStats, o.BackendStats, o.ReasonStats, o.RingsMeta}
+	return maps{o.Vips, o.Backends, o.Flows, o.Rings, o.LbCfg, o.VipStats, o.BackendStats, o.ReasonStats, o.RingsMeta,
+		o.PrevRings, o.MidRings, o.NewPins}
 }
 
 // Counters reads every counter.

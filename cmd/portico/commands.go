@@ -6,6 +6,7 @@ func registerAll() {
 	register("status", "each VIP's owner, replicas, ring shares and every node's table digest (reads the agents' Leases)", runStatus)
 	register("vips", "show VIPs, their backends and ring shares from the pinned maps", runVIPs)
 	register("flows", "show flow table entries from the pinned maps", runFlows)
+	register("trace", "show where this node's maps send one flow: its slot in every ring of a transition, and its pins", runTrace)
 	register("counters", "show xdp_lb's verdict counters by reason", runCounters)
 	register("maglev", "build a Maglev table for given replicas and print shares and digest", runMaglev)
 	register("bench", "benchmarks: 'bench xdp' measures xdp_lb's per-packet cost", runBench)

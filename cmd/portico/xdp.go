@@ -9,6 +9,9 @@ import (
 	"os"
 	"strings"
 	"text/tabwriter"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
@@ -249,4 +252,104 @@ func runUninstall(args []string) error {
 		fmt.Printf("removed the agent's VIPs from lo, restored its sysctls, removed %s\n", *state)
 	}
 	return errors.Join(xerr, herr)
+}
+
+func runTrace(args []string) error {
+	var fs *flag.FlagSet
+	var udp *bool
+	flags := func(f *flag.FlagSet) {
+		fs = f
+		udp = f.Bool("udp", false, "the flow is UDP (default TCP)")
+		f.Usage = func() {
+			fmt.Fprintln(f.Output(), "usage: portico trace [-udp] CLIENT:PORT VIP:PORT\n\nShows what this node's maps say about one flow: its ring slot, the replica each ring of a transition gives it (in the order xdp_lb walks them), and any pin.")
+			f.PrintDefaults()
+		}
+	}
+	return inspect("trace", args, flags, func(in *dataplane.Inspector) error {
+		if fs.NArg() != 2 {
+			fs.Usage()
+			return fmt.Errorf("trace needs CLIENT:PORT and VIP:PORT")
+		}
+		var ends [2]netip.AddrPort
+		for i, a := range fs.Args() {
+			ap, err := netip.ParseAddrPort(a)
+			if err != nil {
+				return fmt.Errorf("parse %q: %w", a, err)
+			}
+			ends[i] = ap
+		}
+		f := dataplane.Flow{Src: ends[0].Addr(), SPort: ends[0].Port(), Dst: ends[1].Addr(), DPort: ends[1].Port(), Protocol: unix.IPPROTO_TCP}
+		if *udp {
+			f.Protocol = unix.IPPROTO_UDP
+		}
+		tr, err := in.Trace(f)
+		if err != nil {
+			return err
+		}
+		return printTrace(os.Stdout, tr)
+	})
+}
+
+func printTrace(out io.Writer, t dataplane.Trace) error {
+	proto := map[uint8]string{unix.IPPROTO_TCP: "tcp", unix.IPPROTO_UDP: "udp"}[t.Flow.Protocol]
+	fmt.Fprintf(out, "%s %s -> %s\n", proto, netip.AddrPortFrom(t.Flow.Src, t.Flow.SPort), netip.AddrPortFrom(t.Flow.Dst, t.Flow.DPort))
+	if !t.VIP {
+		fmt.Fprintln(out, "not a VIP of this node: xdp_lb passes it to the stack")
+		return nil
+	}
+	moved := "no"
+	if t.Moved {
+		moved = "yes: a packet other than a SYN walks the rings below"
+	}
+	fmt.Fprintf(out, "VIP id %d, hash %#08x, slot %d, moved: %s\n", t.VIPID, t.Hash, t.Slot, moved)
+	if t.Transition > 0 {
+		fmt.Fprintf(out, "in a transition for %s more\n", t.Transition.Round(time.Millisecond))
+	} else {
+		fmt.Fprintln(out, "no transition: the current ring alone steers it")
+	}
+	w := table(out)
+	fmt.Fprintln(w, "RING\tBACKEND\tSTATE\t")
+	for _, r := range t.Rings {
+		fmt.Fprintf(w, "%s\t%s\t\n", r.Ring, traceBackend(r.Backend))
+	}
+	for _, p := range []struct {
+		name string
+		pin  *dataplane.TracePin
+	}{{"flows", t.Pinned}, {"new_pins", t.New}} {
+		if p.pin == nil {
+			fmt.Fprintf(w, "%s\t(none)\t\t\n", p.name)
+			continue
+		}
+		how := "exact"
+		switch {
+		case p.pin.Hop == dataplane.PinGuess:
+			how = "a director's guess"
+		case p.pin.Hop > 0:
+			how = fmt.Sprintf("handed on to place %d", p.pin.Hop)
+		}
+		fmt.Fprintf(w, "%s\t%s, %s, used %s ago\t\n", p.name, traceBackend(p.pin.Backend), how, p.pin.Seen.Round(time.Millisecond))
+	}
+	return w.Flush()
+}
+
+func traceBackend(b dataplane.TraceBackend) string {
+	if b.ID == 0 {
+		return "(none)\t"
+	}
+	if !b.Addr.IsValid() {
+		return fmt.Sprintf("id %d (gone)\t", b.ID)
+	}
+	var state []string
+	for _, s := range []struct {
+		on   bool
+		what string
+	}{{b.Local, "this node"}, {b.Draining, "draining"}, {b.Down, "down"}, {b.Remote, "another site"}, {b.Spill, "spill"}} {
+		if s.on {
+			state = append(state, s.what)
+		}
+	}
+	if len(state) == 0 {
+		state = append(state, "serving")
+	}
+	return b.Addr.String() + "\t" + strings.Join(state, ", ")
 }

@@ -97,6 +97,20 @@ data: {tls.crt: %s, tls.key: %s}
 // DeployExample applies the example backends and Ingresses, with web's pods on
 // nodes (api's on the last of them), waits for their rollout, and returns the
 // certificate of each TLS host (self-signed: a client trusts it alone).
+// PlaceBackend (re)deploys the backend Deployment name with replicas pods on
+// nodes, and waits until its rollout is done.
+func (c *Cluster) PlaceBackend(ctx context.Context, name string, replicas int, nodes []*Node) error {
+	var names []string
+	for _, n := range nodes {
+		names = append(names, n.Name)
+	}
+	if err := c.Apply(ctx, fmt.Sprintf(BackendYAML, name, replicas, strings.Join(names, ", "))); err != nil {
+		return err
+	}
+	_, err := c.Kubectl(ctx, nil, "rollout", "status", "deployment/"+name, "--timeout=2m")
+	return err
+}
+
 func (c *Cluster) DeployExample(ctx context.Context, nodes []*Node) (map[string][]byte, error) {
 	var names []string
 	for _, n := range nodes {

@@ -193,8 +193,9 @@ type HeldCheck struct {
 	// nginx reloaded since they opened: its old workers closed them, idle (a
 	// configuration change's cut, issue 22, not the data plane's).
 	Reloaded int
-	// Failed says which did not answer, and why.
-	Failed []string
+	// Failed says which did not answer, and why; FailedConns are they.
+	Failed      []string
+	FailedConns Held
 }
 
 func (c HeldCheck) String() string {
@@ -240,6 +241,7 @@ func (p *Portico) Check(ctx context.Context, held Held, timeout time.Duration, e
 				c.Kept++
 			} else {
 				c.Failed = append(c.Failed, fmt.Sprintf("%s: %v", h, err))
+				c.FailedConns = append(c.FailedConns, h)
 			}
 		}()
 	}

@@ -281,10 +281,8 @@ func (p *Portico) Agents(ctx context.Context, name string) (map[string]string, e
 	}
 	out := map[string]string{}
 	for _, pod := range pods.Items {
-		for _, ref := range pod.OwnerReferences {
-			if ref.Kind == "DaemonSet" && ref.Name == name && pod.DeletionTimestamp == nil {
-				out[pod.Spec.NodeName] = pod.Name
-			}
+		if ownedBy(&pod, name) && pod.DeletionTimestamp == nil {
+			out[pod.Spec.NodeName] = pod.Name
 		}
 	}
 	return out, nil

@@ -67,20 +67,16 @@ func TestPortico(t *testing.T) {
 		t.Fatalf("install Portico: %v\n%s", err, c.tails())
 	}
 	t.Logf("Portico installed, every agent ready and the VIP answering: %.1f s", time.Since(t1).Seconds())
-	// The edge that gets drained also runs backends, so the drain evicts pods
-	// through the real EndpointSlice controller too. The owner dies first, so
-	// the backends go elsewhere, once VRRP has settled (the agents came up one
-	// by one: for a moment the owner may be any edge).
+	// VRRP settles first (the agents came up one by one: for a moment the
+	// owner may be any edge). The backends start on the worker: the owner's
+	// death must not take any with it, and VRRP may move the VIP to any edge
+	// until then (a loaded node's late adverts, the higher address winning).
 	owner, err := p.SettledOwner(ctx, 2*time.Second, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	drained := edges[0]
-	if drained == owner {
-		drained = edges[1]
-	}
-	t.Logf("VIP owner %s; backends on %s and %s", owner.Name, drained.Name, worker.Name)
-	certs, err := c.DeployExample(ctx, []*Node{drained, worker})
+	t.Logf("VIP owner %s; backends on %s", owner.Name, worker.Name)
+	certs, err := c.DeployExample(ctx, []*Node{worker})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -91,6 +87,28 @@ func TestPortico(t *testing.T) {
 	}
 
 	t.Run("InstallThenOwnerDies", func(t *testing.T) { testInstallThenOwnerDies(t, ctx, p) })
+	// The edge that gets drained also runs backends, so the drain evicts pods
+	// through the real EndpointSlice controller too: a surviving edge that
+	// does not own the VIP now.
+	owner, err = p.Owner(GroupVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var drained *Node
+	for _, n := range p.Edges {
+		if n != owner {
+			drained = n
+			break
+		}
+	}
+	if drained == nil {
+		t.Fatalf("no edge but the owner %s survived", owner.Name)
+	}
+	if err := c.PlaceBackend(ctx, "web", 3, []*Node{drained, worker}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("VIP owner %s; backends now on %s and %s", owner.Name, drained.Name, worker.Name)
+	waitServed(t, p, "web.example", "/", p.Edges)
 	t.Run("Routing", func(t *testing.T) { testRouting(t, ctx, p, certs, p.Edges) })
 	t.Run("Drain", func(t *testing.T) { testDrain(t, ctx, p, drained) })
 	t.Run("IngressClaim", func(t *testing.T) { testIngressClaim(t, ctx, p, worker) })
@@ -203,6 +221,7 @@ func checkHeld(t *testing.T, ctx context.Context, p *Portico, what string, held 
 	t.Logf("held connections %s: %v", what, c)
 	if c.Kept != c.Total || len(c.Failed) > 0 {
 		t.Errorf("held connections %s: %v, want all to answer within %v; failed: %s", what, c, timeout, strings.Join(c.Failed, "; "))
+		t.Logf("where they go:\n%s", p.Diagnose(ctx, c.FailedConns))
 	}
 	return c
 }
@@ -369,6 +388,9 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 	if err := p.C.TagImage(ctx, p.Tag, "e2e-2"); err != nil {
 		t.Fatal(err)
 	}
+	// What every agent says, the old ones' last words included, for a failure's report.
+	logs := p.RecordAgentLogs(ctx, "portico-agent")
+	defer logs.Stop()
 	load := startKeepAliveLoad(ctx, p, 4)
 	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 10 * time.Millisecond, Timeout: slowAnswer, For: 4 * time.Minute})
 	time.Sleep(time.Second)
@@ -423,16 +445,20 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 	}
 	if c.Kept != c.Total {
 		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
-		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "liveness", "verdict", "restarted", "ring follows",
-			"data plane applied", "vrrp state", "hand-over", "new director"))
+		t.Logf("what the agents said:\n%s", logs.Lines(`"level":"info"`, `"level":"warn"`, `"level":"error"`))
 	}
 	atts := stream.Stop()
 	ok, failed, errs := load.Stop()
 	t.Logf("kept-alive requests: %d answered, %d failed %v", ok, failed, errs)
 	if f := failures(t, atts, start); f.Failed > 0 || failed > 0 {
 		t.Errorf("during the rolling update %d new connections and %d kept-alive requests failed, want 0", f.Failed, failed)
+		for i, a := range slices.DeleteFunc(slices.Clone(atts), func(a traffic.Attempt) bool { return a.Err == nil }) {
+			if i < 10 {
+				t.Logf("failed at %.3f (the agents' ts), source port %d: %v", float64(a.Start.UnixNano())/1e9, a.SPort, a.Err)
+			}
+		}
 		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
-		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "liveness", "unhealthy", "healthy", "data plane applied", "vrrp state"))
+		t.Logf("what the agents said:\n%s", logs.Lines(`"level":"info"`, `"level":"warn"`, `"level":"error"`))
 	}
 	if ok == 0 {
 		t.Error("no kept-alive request was answered")
@@ -682,6 +708,7 @@ func nodeDies(t *testing.T, ctx context.Context, p *Portico, held Held) *Node {
 		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy", "new director"))
 		t.Logf("what xdp_lb counted:\n%s", p.AgentCommand(ctx, "portico-agent", "counters"))
 		t.Logf("what xdp_lb pinned:\n%s", p.AgentCommand(ctx, "portico-agent", "flows", "-n", "20"))
+		t.Logf("where the failed held connections go:\n%s", p.Diagnose(ctx, d.AtEnd.FailedConns))
 	}
 	return d.Node
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"net/http"
 	"time"
 )
@@ -93,4 +94,15 @@ func (ks KeepConns) Close() {
 	for _, k := range ks {
 		k.Close()
 	}
+}
+
+// Ends are the connection's client and server addresses, as a trace names them.
+func (k *KeepConn) Ends() (client, server netip.AddrPort) {
+	if a, ok := k.c.LocalAddr().(*net.TCPAddr); ok {
+		client = a.AddrPort()
+	}
+	if a, ok := k.c.RemoteAddr().(*net.TCPAddr); ok {
+		server = a.AddrPort()
+	}
+	return netip.AddrPortFrom(client.Addr().Unmap(), client.Port()), netip.AddrPortFrom(server.Addr().Unmap(), server.Port())
 }
