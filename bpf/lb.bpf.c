@@ -236,8 +236,8 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
  * a frame keeps its size: three reserved bits (RFC 9293: sent as zero, ignored on
  * receipt; not the fourth, which AccECN took) say a frame is handed on (1) or is
  * to be served (7), and a handed-on frame's urgent pointer (which a segment
- * without URG does not use, and every stack sends as zero) the receiver's place
- * in the flow's chain, plus one. Only a segment without URG and with a zero
+ * without URG does not use, and every stack sends as zero) the receiver's class
+ * in the flow's chain plus one, and the hand-offs so far. Only a segment without URG and with a zero
  * urgent pointer is handed on, so clearing the mark gives back the frame the
  * client sent; the receiving edge clears it before its stack sees the frame. */
 #define TCP_MARK_BITS 0x0e00 /* in the 16-bit word at offset 12 */
@@ -256,21 +256,22 @@ static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct pa
 
 static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BITS >> 8); }
 
-/* get_mark is a frame's mark: 0 (none), a place + 1 (1 to LB_CHAIN) with the
- * hand-offs so far in the next byte, or LB_MARK_FINAL (also for a mark that
- * names no place, or more hand-offs than LB_MAX_HOPS). */
+/* get_mark is a frame's mark: 0 (none), the receiver's class + 1 (1 to
+ * LB_CLASSES) or LB_MARK_PROBE, with the hand-offs so far in the next byte, or
+ * LB_MARK_FINAL (also
+ * for a mark that names no class, or more hand-offs than LB_MAX_HOPS). */
 static __always_inline __u32 get_mark(const __u8 *th)
 {
-	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), hops = th[18], place = th[19];
+	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), hops = th[18], cls = th[19];
 
 	if (!bits)
 		return 0;
-	if (bits != TCP_MARK_HOP >> 8 || place == 0 || place > LB_CHAIN || hops > LB_MAX_HOPS)
+	if (bits != TCP_MARK_HOP >> 8 || cls == 0 || cls > LB_MARK_PROBE || hops > LB_MAX_HOPS)
 		return LB_MARK_FINAL;
-	return hops << 8 | place;
+	return hops << 8 | cls;
 }
 
-/* can_mark reports whether a frame may carry a place: no URG, no urgent pointer. */
+/* can_mark reports whether a frame may carry a class: no URG, no urgent pointer. */
 static __always_inline int can_mark(const __u8 *th)
 {
 	return !(th[13] & TCP_URG) && !th[18] && !th[19];
@@ -287,7 +288,7 @@ static __always_inline __u16 csum16(__u16 check, __u16 old, __u16 new)
 	return ~sum;
 }
 
-/* put_mark writes mark (0 clears it; LB_MARK_FINAL; a place + 1 with the
+/* put_mark writes mark (0 clears it; LB_MARK_FINAL; a class + 1 with the
  * hand-offs in the next byte, which only a frame can_mark may carry) into a TCP
  * header, keeping its checksum right. */
 static __always_inline void put_mark(__u8 *th, __u32 mark)
@@ -302,7 +303,7 @@ static __always_inline void put_mark(__u8 *th, __u32 mark)
 		new |= TCP_MARK_HOP;
 		nurg = mark;
 	} else if ((old & TCP_MARK_BITS) == TCP_MARK_HOP && !(th[13] & TCP_URG)) {
-		nurg = 0; /* a place this header carried */
+		nurg = 0; /* a class this header carried */
 	}
 	if (old == new && ourg == nurg)
 		return;
@@ -474,8 +475,9 @@ __attribute__((noinline)) int fill_history(struct chain *c, __u32 vip_id, __u32 
 }
 
 
-/* build_chain orders c->h into c->id. A global function, verified once and not
- * at every place that calls it. It returns c->n. */
+/* build_chain collects c->h into c->id, each replica once, with its class in
+ * c->cls. A global function, verified once and not at every place that calls
+ * it. It returns c->n. */
 __attribute__((noinline)) int build_chain(struct chain *c)
 {
 	__u32 cls[LB_CHAIN];
@@ -486,88 +488,125 @@ __attribute__((noinline)) int build_chain(struct chain *c)
 	for (int i = 0; i < LB_CHAIN; i++) {
 		struct backend *be = c->h[i] ? active_backend(c->h[i]) : 0;
 
-		cls[i] = 3; /* none */
+		cls[i] = LB_CLASSES; /* none */
 		if (!be)
 			continue;
 		cls[i] = (be->flags & BACKEND_F_REMOTE) ? 2 : (be->flags & BACKEND_F_DOWN) ? 1 : 0;
 		if (cls[i] == 2 && !c->sites)
-			cls[i] = 3;
+			cls[i] = LB_CLASSES;
 		for (int j = 0; j < i; j++)
 			if (c->h[j] == c->h[i])
-				cls[i] = 3;
+				cls[i] = LB_CLASSES;
 	}
-	for (__u32 pass = 0; pass < 3; pass++)
-		for (int i = 0; i < LB_CHAIN; i++)
-			if (cls[i] == pass && c->n < LB_CHAIN)
-				c->id[c->n++] = c->h[i];
+	for (int i = 0; i < LB_CHAIN; i++) {
+		if (cls[i] < LB_CLASSES && c->n < LB_CHAIN) {
+			c->id[c->n & (LB_CHAIN - 1)] = c->h[i];
+			c->cls[c->n & (LB_CHAIN - 1)] = cls[i];
+			c->n++;
+		}
+	}
 	return c->n;
+}
+
+/* addr_cmp compares two addresses as numbers: <0, 0, >0. */
+static __always_inline int addr_cmp(const __u8 *a, const __u8 *b)
+{
+	const __u32 *x = (const __u32 *)a, *y = (const __u32 *)b;
+
+#pragma unroll
+	for (int i = 0; i < 4; i++) {
+		__u32 p = bpf_ntohl(x[i]), q = bpf_ntohl(y[i]);
+
+		if (p != q)
+			return p < q ? -1 : 1;
+	}
+	return 0;
+}
+
+/* chain_next is where a node that does not have a flow's connection sends its
+ * packet along the built chain, as an index into c->id (-1 if none is left):
+ * the replica after this node in the order every chain is walked, (class,
+ * address), never this node's own. after is where this node stands: its class
+ * + 1 as the sender saw it (the frame's mark), this node's address (self_addr);
+ * 0 (or LB_MARK_PROBE: a director's likeliest guess) for the very start. Each hop goes
+ * up that order, which is the same on every edge whatever the rings each holds
+ * (each applies a change at its own moment, learns a verdict late, restarts and
+ * replays, or guessed a history, Options.Arrival): a packet never comes back to
+ * an edge, and reaches every replica above it that the edges it passes know.
+ * The hand-offs are counted too (LB_MAX_HOPS). A global function. */
+__attribute__((noinline)) int chain_next(struct chain *c, __u32 after)
+{
+	__u32 zero = 0, bcls = 0;
+	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
+	struct backend *be, *best = 0;
+	int pick = -1;
+
+	if (!c)
+		return -1;
+	if (after > LB_CLASSES)
+		after = 0;
+	for (int j = 0; j < LB_CHAIN; j++) {
+		__u32 cl;
+
+		if (j >= c->n)
+			break;
+		be = active_backend(c->id[j]);
+		if (!be || (be->flags & BACKEND_F_LOCAL))
+			continue;
+		cl = c->cls[j];
+		if (after && (cl < after - 1 || (cl == after - 1 && me && me->set && addr_cmp(be->addr, me->addr) <= 0)))
+			continue;
+		if (best && (cl > bcls || (cl == bcls && addr_cmp(be->addr, best->addr) >= 0)))
+			continue;
+		best = be;
+		bcls = cl;
+		pick = j;
+	}
+	return pick;
 }
 
 /* first_held is where a director sends a TCP packet of a flow along its built
  * chain: this node's own replica if its stack has the connection (v4: an IPv4
- * flow), else the first other replica of the chain (whose node hands on what it
- * does not have); 0 if the chain names only this node. A global function, like
- * build_chain. */
+ * flow), else the likeliest other, the first serving one in ring order (a
+ * connection older than the transition, the likeliest, is found first), which
+ * walks the chain from its start if it does not have it (c->probe is then set:
+ * its mark says so); with none that serves, the first of the chain in the order
+ * it is walked (chain_next). 0 if the chain names only this node; c->pick is the
+ * index of the one picked. A global function, like build_chain. */
 __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, struct flow_key *f, int v4)
 {
-	__u32 other = 0;
+	int j = -1;
 
 	if (!c || !f)
 		return 0;
 	c->pick = 0;
-	for (int j = 0; j < LB_CHAIN; j++) {
+	c->probe = 0;
+	for (int i = 0; i < LB_CHAIN; i++) {
 		struct backend *be;
 
-		if (j >= c->n)
+		if (i >= c->n)
 			break;
-		be = active_backend(c->id[j]);
+		be = active_backend(c->id[i]);
 		if (!be)
 			continue;
 		if (!(be->flags & BACKEND_F_LOCAL)) {
-			if (!other) {
-				other = c->id[j];
-				c->pick = j;
-			}
+			if (j < 0 && c->cls[i] == 0)
+				j = i;
 			continue;
 		}
 		if (has_connection(ctx, v4, f)) {
-			c->pick = j;
-			return c->id[j];
+			c->pick = i;
+			return c->id[i];
 		}
 	}
-	return other;
-}
-
-/* chain_next is where a node that does not have a flow's connection sends its
- * packet on along the built chain, as an index into c->id (-1 if none is left):
- * the first other replica after the place the frame's mark names (place: that
- * place + 1), if this node is there; else (no mark, or the sender's rings differ
- * from this node's for a moment: one applied a change later, or guessed a
- * history, Options.Arrival) from the chain's start. A packet's hand-offs are
- * counted in its mark and end at LB_MAX_HOPS, so it never circles. A global
- * function. */
-__attribute__((noinline)) int chain_next(struct chain *c, __u32 place)
-{
-	__u32 start = 0;
-	struct backend *be;
-
-	if (!c)
-		return -1;
-	if (place && place <= LB_CHAIN && place <= c->n) {
-		be = active_backend(c->id[(place - 1) & (LB_CHAIN - 1)]);
-		if (be && (be->flags & BACKEND_F_LOCAL))
-			start = place;
-	}
-	for (int j = 0; j < LB_CHAIN; j++) {
-		if (j >= c->n)
-			break;
-		if (j < start)
-			continue;
-		be = active_backend(c->id[j]);
-		if (be && !(be->flags & BACKEND_F_LOCAL))
-			return j;
-	}
-	return -1;
+	if (j >= 0)
+		c->probe = 1;
+	else
+		j = chain_next(c, 0);
+	if (j < 0)
+		return 0;
+	c->pick = j;
+	return c->id[j & (LB_CHAIN - 1)];
 }
 
 /* hand_on sends a frame this node does not serve to be: another site's edge
@@ -581,7 +620,7 @@ static __always_inline int hand_on(struct xdp_md *ctx, struct ethhdr *eth, __u8 
 		rc = to_site(ctx, be, cfg);
 		return rc < 0 ? count(REASON_HANDOFF_END, XDP_PASS) : count(REASON_SITE_OUT, rc);
 	}
-	/* A segment with URG carries no place: the next replica serves it. */
+	/* A segment with URG carries no class: the next replica serves it. */
 	put_mark(th, can_mark(th) ? mark : LB_MARK_FINAL);
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
@@ -597,12 +636,29 @@ static __always_inline int settling(__u32 vip_id, __u64 *now)
 	return changed && (__s64)(clock(now) - *changed) < (__s64)LB_SETTLE_MS * 1000000;
 }
 
+/* onwards reports whether a hand-off pin to be (its class + 1: hop) lies above
+ * where a frame marked after (this node's class + 1 as its sender saw it; 0: a
+ * frame steered by a ring, not walked) stands in the order chains are walked:
+ * only then may the frame follow the pin, so that it never comes back. */
+static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 after)
+{
+	__u32 zero = 0;
+	struct self_addr *me;
+
+	if (!after)
+		return 1;
+	if (hop != after)
+		return hop > after;
+	me = bpf_map_lookup_elem(&self_addr, &zero);
+	return me && me->set && addr_cmp(be->addr, me->addr) > 0;
+}
+
 /* from_director handles a frame another edge sent here: a director that chose
  * this node, or an edge handing on a packet it did not have (marked). This node
  * serves it, unless it is a packet of a TCP connection its stack does not have.
  * Such a packet goes on along the flow's chain (chain_next): to where this node
  * sent the flow before once the transition is over (a hand-off pin), or, in a
- * transition, to the next replica of the chain, marked with that replica's place
+ * transition, to the next replica of the chain, marked with that replica's class
  * and one hand-off more; at LB_MAX_HOPS it goes no further. What no replica of
  * its chain has is dropped within LB_SETTLE_MS of a change (another edge may not
  * have applied it; TCP sends the packet again), and served after that (the stack
@@ -638,8 +694,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		 * stack is not asked); only onwards (a pin's mark above the
 		 * frame's). Nothing else costs more than the flag checks. */
 		if (relays && hops < LB_MAX_HOPS && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
-		    fv->hop > (m & 0xff) && fv->hop < LB_CHAIN + 1 && (be = active_backend(fv->backend_id)) &&
-		    !(be->flags & BACKEND_F_LOCAL)) {
+		    fv->hop >= 1 && fv->hop <= LB_CLASSES && (be = active_backend(fv->backend_id)) &&
+		    !(be->flags & BACKEND_F_LOCAL) && onwards(fv->hop, be, m & 0xff)) {
 			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
 				fv->last_seen_ns = now;
 				seen(&relay_clock, now);
@@ -657,7 +713,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
 	/* In the transition, along the chain its rings give now (a pin made
-	 * under other rings would carry a place they no longer give). */
+	 * under other rings may name a replica they no longer give). */
 	ch = bpf_map_lookup_elem(&chains, &zero);
 	if (!ch)
 		return count(REASON_FROM_PEER, XDP_PASS);
@@ -669,13 +725,13 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	build_chain(ch);
 	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff) : -1;
 	if (j >= 0) {
-		__u32 k = (__u32)j & (LB_CHAIN - 1), id = ch->id[k];
-		struct flow_val nv = { .backend_id = id, .hop = k + 1, .last_seen_ns = clock(&now) };
+		__u32 k = (__u32)j & (LB_CHAIN - 1), id = ch->id[k], cls = ch->cls[k] + 1;
+		struct flow_val nv = { .backend_id = id, .hop = cls, .last_seen_ns = clock(&now) };
 
 		if ((be = active_backend(id))) {
 			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
 			seen(&relay_clock, now);
-			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | (k + 1), cfg);
+			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | cls, cfg);
 		}
 	}
 	/* No later replica: the connection is nowhere this node can see. Right
@@ -842,7 +898,7 @@ int xdp_lb(struct xdp_md *ctx)
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
-			 * frame from a director for one whose earlier places were
+			 * frame from a director for one whose earlier ones were
 			 * asked, and one called down since is asked last). */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
@@ -868,7 +924,7 @@ int xdp_lb(struct xdp_md *ctx)
 				}
 			} else if (mv && ch && p.flow.proto == IPPROTO_TCP) {
 				/* Along its chain: this node's stack settles its own
-				 * places; the first other replica is asked (its node
+				 * replica; the first other one is asked (its node
 				 * hands on what it does not have, from_director). A
 				 * site's edge comes last, never for what a site sent. */
 				__u32 found;
@@ -879,12 +935,12 @@ int xdp_lb(struct xdp_md *ctx)
 
 				found = first_held(ctx, ch, &p.flow, eth->h_proto == bpf_htons(ETH_P_IP));
 				fb = found ? active_backend(found) : 0;
-				/* Another replica gets it with its place: it walks on
+				/* Another replica gets it with its class: it walks on
 				 * from there, and one whose rings are not yet (or no
 				 * longer) in this transition knows the frame was
 				 * walked, not steered. */
 				if (fb && !(fb->flags & BACKEND_F_LOCAL) && ch->n > 1)
-					fmark = 1 << 8 | ((ch->pick & (LB_CHAIN - 1)) + 1);
+					fmark = 1 << 8 | (ch->probe ? LB_MARK_PROBE : ch->cls[ch->pick & (LB_CHAIN - 1)] + 1);
 				if (fb && found != cur) {
 					bid = found;
 					pin = CACHE_PINNED;

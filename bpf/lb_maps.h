@@ -206,19 +206,30 @@ struct {
 } sock_model SEC(".maps");
 
 /* A flow's chain: the replicas the rings of its VIP's transition name for it
- * (h: previous, current, mids newest first), each once, in an order every edge
- * derives alike from the same rings: those that serve first (in ring order, so a
- * connection older than the transition, the likeliest, is found first), then the
- * ones the liveness checks call down (a replica called dead wrongly keeps its
- * connections; one that is dead is asked last, so no survivor's connection is
- * ever sent to it), then another site's edge (a hand-over; only with sites). */
+ * (h: previous, current, mids newest first), each once, with its class: those
+ * that serve, then the ones the liveness checks call down (a replica called dead
+ * wrongly keeps its connections; one that is dead is asked last, so no
+ * survivor's connection is ever sent to it), then another site's edge (a
+ * hand-over; only with sites). A chain is walked in the order (class, address),
+ * which needs no two edges to hold the same history: see chain_next. */
 struct chain {
-	__u32 h[LB_CHAIN];  /* in: what each ring holds for the flow, 0 for none */
-	__u32 sites;        /* in: another site's edge may be in it */
-	__u32 n;            /* out: replicas in id */
-	__u32 pick;         /* out (first_held): the place of the replica picked */
-	__u32 id[LB_CHAIN]; /* out: the chain */
+	__u32 h[LB_CHAIN];   /* in: what each ring holds for the flow, 0 for none */
+	__u32 sites;         /* in: another site's edge may be in it */
+	__u32 n;             /* out: replicas in id */
+	__u32 pick;          /* out (first_held): the index of the replica picked */
+	__u32 probe;         /* out (first_held): it is a guess, not the chain's first */
+	__u32 id[LB_CHAIN];  /* out: the chain's replicas */
+	__u32 cls[LB_CHAIN]; /* out: each one's class (0 to LB_CLASSES - 1) */
 };
+
+/* This node's own replica address (one entry, not pinned: Go sets it on every
+ * Apply that names a local replica). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct self_addr);
+} self_addr SEC(".maps");
 
 /* Per-CPU room for one flow's chain (struct chain: too big for the stack), not
  * pinned. */

@@ -38,8 +38,13 @@ enum lb_limits {
 				   * transition names another replica there (ids
 				   * stay below LB_MAX_BACKENDS) */
 	LB_MARK_FINAL = 255,      /* a hand-off mark: serve the frame, never send it
-				   * on (other marks: the chain position + 1, and
-				   * the hand-offs so far << 8) */
+				   * on (other marks: the receiver's class in the
+				   * flow's chain + 1, and the hand-offs so far << 8) */
+	LB_CLASSES = 3,           /* classes of a chain's replicas, in the order a
+				   * chain is walked: serving, down, another site's
+				   * edge */
+	LB_MARK_PROBE = 4,        /* a mark's class for a director's likeliest guess:
+				   * the receiver walks the chain from its start */
 	LB_MAX_HOPS = 8,          /* hand-offs a packet may take in all */
 	LB_SETTLE_MS = 500,       /* after a VIP's ring changed, a packet no replica
 				   * of its chain has is dropped, not served, this
@@ -47,6 +52,13 @@ enum lb_limits {
 				   * and TCP sends it again */
 	LB_PIN_GUESS = 254,       /* flow_val.hop of a director's pin that is a guess
 				   * (the first other replica of a flow's chain) */
+};
+
+/* self_addr: this node's own replica address, set by Go: where it stands in the
+ * order a chain is walked. */
+struct self_addr {
+	__u8 addr[16];
+	__u32 set; /* 0 until Go knows it */
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */
@@ -136,8 +148,8 @@ struct flow_val {
 	__u32 backend_id;
 	__u32 hop; /* 0: a director's pin (known: a SYN, a socket of this node);
 		    * LB_PIN_GUESS: a director's guess along the flow's chain;
-		    * 1-LB_CHAIN: a hand-off pin, the mark its frames carry (where this
-		    * node sent on what it did not have) */
+		    * 1-LB_CLASSES: a hand-off pin, the class + 1 of the replica this
+		    * node sent on to what it did not have (the mark its frames carry) */
 	__u64 last_seen_ns; /* bpf_ktime_get_coarse_ns(): set at creation, refreshed on
 			     * the slow path at most once a second and by the fast
 			     * path every 64 packets */

@@ -119,6 +119,8 @@ type applied struct {
 	// until its transition ends or a ring change makes its own ring previous.
 	handing map[uint32][]uint32
 	tunnel  netip.Addr
+	// self: this node's own replica address, as self_addr holds it.
+	self netip.Addr
 }
 
 // ApplyStats says what one Apply changed.
@@ -172,6 +174,24 @@ func (d *Dataplane) recover() error {
 		st.backendIDs[keyOf(be)] = id
 		st.nextID = max(st.nextID, id+1)
 	}
+	// A replica removed before the restart gets its id back when it returns,
+	// as it would have from this process: the rings of a transition name it
+	// by that id (Apply keeps a removed backend's address in its cleared entry).
+	for id, be := range pinned.retired {
+		if _, taken := st.backendIDs[keyOf(be)]; !taken {
+			st.retired[keyOf(be)] = id
+		}
+	}
+	// Where this node stands in the order chains are walked, from the start
+	// (self_addr is not pinned): its local replica's address.
+	for _, be := range pinned.backends {
+		if be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL) != 0 {
+			if err := d.setSelf(&st, addrFrom16(be.Addr)); err != nil {
+				return err
+			}
+			break
+		}
+	}
 	if st.nextID >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
 		st.nextID = 1
 	}
@@ -217,6 +237,19 @@ func (d *Dataplane) recover() error {
 // wantsRings reports whether some group of want has VIPs and backends.
 func wantsRings(want Desired) bool {
 	return slices.ContainsFunc(want.Groups, func(g Group) bool { return len(g.VIPs) > 0 && len(g.Backends) > 0 })
+}
+
+// setSelf writes this node's own replica address to self_addr, where chains
+// are walked from (chain_next), if st does not hold it already.
+func (d *Dataplane) setSelf(st *applied, self netip.Addr) error {
+	if st.self == self {
+		return nil
+	}
+	if err := d.objs.SelfAddr.Put(uint32(0), &lbSelfAddr{Addr: addr16(self), Set: 1}); err != nil {
+		return fmt.Errorf("update map self_addr: %w", err)
+	}
+	st.self = self
+	return nil
 }
 
 // localDown is want with this node's own replicas Down (Options.Rejoin), and
@@ -312,6 +345,14 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.vipKeys[k] = v
 		stats.VIPKeys++
 	}
+	for _, g := range want.Groups {
+		if i := slices.IndexFunc(g.Backends, func(b Backend) bool { return b.Local }); i >= 0 {
+			if err := d.setSelf(&d.st, g.Backends[i].Addr.Unmap()); err != nil {
+				return stats, err
+			}
+			break
+		}
+	}
 	// Peers are memoized per CPU for one generation (src_macs): a change bumps it.
 	for k := range plan.peers {
 		if d.st.peers[k] {
@@ -375,7 +416,9 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		if _, ok := plan.backends[id]; ok {
 			continue
 		}
-		if err := d.objs.Backends.Put(id, &lbBackend{}); err != nil {
+		// Cleared (not active), with its address kept: a restarted agent
+		// gives the replica the same id if it returns (Load).
+		if err := d.objs.Backends.Put(id, &lbBackend{Addr: be.Addr, VipId: be.VipId, Flags: be.Flags & uint16(lbBackendFlagsBACKEND_F_SPILL)}); err != nil {
 			return stats, fmt.Errorf("clear entry of map backends: %w", err)
 		}
 		delete(d.st.backends, id)

@@ -30,13 +30,15 @@
 //   - A SYN follows the current ring and is remembered (new_pins) until its next
 //     packet, which a spoofed SYN never sends, pins it in flows.
 //   - A packet of a flow nobody pinned goes along the flow's chain: the replicas
-//     the transition's rings name for it, those that serve first, those called
-//     down last. A director asks its own stack (bpf_skc_lookup_tcp), else sends it
-//     to the chain's first other replica; a node that does not have the connection
-//     hands it on to the next one, marked with that one's place in the chain (in
-//     the TCP header: reserved bits and the urgent pointer, IPv4 and IPv6 alike),
-//     and pins where it sent it. The mark counts hand-offs, so a packet takes at
-//     most 8 hops and never circles, even while edges' rings differ for a moment.
+//     the transition's rings name for it, walked in one order every edge shares
+//     (those that serve, then those called down, each by address). A director
+//     asks its own stack (bpf_skc_lookup_tcp), else sends it to the likeliest
+//     replica (the first serving one in ring order); a node that does not have
+//     the connection hands it on to the first replica above itself in that order,
+//     marked with that one's class (in the TCP header: reserved bits and the
+//     urgent pointer, IPv4 and IPv6 alike), and pins where it sent it. Each hop
+//     goes up the order, so a packet never circles whatever rings each edge
+//     holds, and the mark counts hand-offs: at most 8.
 //   - A UDP datagram goes to the previous ring's replica while it serves; an ICMP
 //     error follows the same rules and writes nothing.
 //

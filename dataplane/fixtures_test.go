@@ -240,10 +240,11 @@ func fixtures() []fixture {
 			fresh := mkSYN(sportFrom(t, sp+1, mkSYN, r2, r1, r2))
 			return []step{
 				{name: "first packet", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
-				// Marked with r1's place in the flow's chain (first): r1's
-				// node, had it not the connection, would walk on from there.
-				{name: "after adding r2: pinned to r1", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|1), reasons: reasons(rPinned, 1, rTX, 1)},
-				{name: "and stays", in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|1), reasons: reasons(rTX, 1)},
+				// Marked as the director's likeliest guess (r1 held the
+				// slot before): r1's node, had it not the connection,
+				// would walk the chain from its start.
+				{name: "after adding r2: pinned to r1", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE)), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "and stays", in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE)), reasons: reasons(rTX, 1)},
 				{name: "new flow uses the new ring", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
 			}
 		}},
@@ -291,7 +292,7 @@ func fixtures() []fixture {
 			syn.Flags = xdptest.SYN
 			return []step{
 				{name: "old flow pinned to r1", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
-				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(ack, r1), 1<<8|1), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(ack, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE)), reasons: reasons(rPinned, 1, rTX, 1)},
 				{name: "a SYN on the same 5-tuple follows the ring", in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
 				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}

@@ -53,7 +53,9 @@ type lbChain struct {
 	Sites uint32
 	N     uint32
 	Pick  uint32
+	Probe uint32
 	Id    [16]uint32
+	Cls   [16]uint32
 }
 
 type lbFlowCacheEntry struct {
@@ -115,6 +117,8 @@ const (
 	lbLbLimitsLB_CHAIN         lbLbLimits = 16
 	lbLbLimitsLB_SLOT_MOVED    lbLbLimits = 32768
 	lbLbLimitsLB_MARK_FINAL    lbLbLimits = 255
+	lbLbLimitsLB_CLASSES       lbLbLimits = 3
+	lbLbLimitsLB_MARK_PROBE    lbLbLimits = 4
 	lbLbLimitsLB_MAX_HOPS      lbLbLimits = 8
 	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 500
 	lbLbLimitsLB_PIN_GUESS     lbLbLimits = 254
@@ -167,6 +171,12 @@ type lbRingMeta struct {
 	PrevUntilNs uint64
 	MidHead     uint32
 	MidCount    uint32
+}
+
+type lbSelfAddr struct {
+	_    structs.HostLayout
+	Addr [16]uint8
+	Set  uint32
 }
 
 type lbTunnelCfg struct {
@@ -226,6 +236,7 @@ const (
 	lbMapRingChanged        = "ring_changed"
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
+	lbMapSelfAddr           = "self_addr"
 	lbMapSockModel          = "sock_model"
 	lbMapSrcMacs            = "src_macs"
 	lbMapTunnel             = "tunnel"
@@ -304,6 +315,7 @@ type lbMapSpecs struct {
 	RingChanged  *ebpf.MapSpec `ebpf:"ring_changed"`
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
+	SelfAddr     *ebpf.MapSpec `ebpf:"self_addr"`
 	SockModel    *ebpf.MapSpec `ebpf:"sock_model"`
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
 	Tunnel       *ebpf.MapSpec `ebpf:"tunnel"`
@@ -358,6 +370,7 @@ type lbMaps struct {
 	RingChanged  *ebpf.Map `ebpf:"ring_changed"`
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
+	SelfAddr     *ebpf.Map `ebpf:"self_addr"`
 	SockModel    *ebpf.Map `ebpf:"sock_model"`
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
 	Tunnel       *ebpf.Map `ebpf:"tunnel"`
@@ -384,6 +397,7 @@ func (m *lbMaps) Close() error {
 		m.RingChanged,
 		m.Rings,
 		m.RingsMeta,
+		m.SelfAddr,
 		m.SockModel,
 		m.SrcMacs,
 		m.Tunnel,

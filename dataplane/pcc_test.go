@@ -337,6 +337,7 @@ type pccWorld struct {
 	// late, -pcc.selfview=learns), restart the node whose agent it restarted;
 	// -1 for none.
 	learner, restart int
+	roll             int // the node whose pod the last event replaced, or -1
 	event            int
 	flows            []*pccFlow // open connections
 	seen             map[lbFlowKey]bool
@@ -366,7 +367,7 @@ type pccFlow struct {
 }
 
 type pccStats struct {
-	events, skewed, restarts, flows, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost int
+	events, skewed, restarts, rolls, flows, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost int
 }
 
 func (s *pccStats) add(o pccStats) {
@@ -377,6 +378,7 @@ func (s *pccStats) add(o pccStats) {
 	s.inTransition += o.inTransition
 	s.packets += o.packets
 	s.handoffs += o.handoffs
+	s.rolls += o.rolls
 	s.synLost += o.synLost
 	s.synRefused += o.synRefused
 	s.downLost += o.downLost
@@ -384,8 +386,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed, %d agent restarts), %d connections opened (%d in a transition), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d",
-		s.events, s.skewed, s.restarts, s.flows, s.inTransition, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d",
+		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost)
 }
 
 // pccFailure is a packet that broke its connection.
@@ -401,7 +403,7 @@ func newPCCWorld(t *testing.T, all []*pccNode, seed uint64, seq int) *pccWorld {
 	rng := rand.New(rand.NewPCG(seed, uint64(seq)))
 	n := 3 + rng.IntN(pccMaxNodes-2)
 	w := &pccWorld{t: t, rng: rng, seed: seed, seq: seq, nodes: all[:n], role: make([]pccRole, n),
-		down: make([]bool, n), self: make([]bool, n), dead: make([]bool, n), on: make([]bool, n), late: -1, learner: -1, restart: -1, seen: map[lbFlowKey]bool{}}
+		down: make([]bool, n), self: make([]bool, n), dead: make([]bool, n), on: make([]bool, n), late: -1, learner: -1, restart: -1, roll: -1, seen: map[lbFlowKey]bool{}}
 	for _, i := range rng.Perm(n)[:2+rng.IntN(n-1)] {
 		w.role[i] = pccReady
 	}
@@ -436,12 +438,17 @@ func (w *pccWorld) run() *pccFailure {
 	events := 3 + w.rng.IntN(12)
 	for w.event = 1; w.event <= events; w.event++ {
 		w.stats.events++
-		w.learner, w.restart = -1, -1
+		w.learner, w.restart, w.roll = -1, -1, -1
 		what, changes := w.randomEvent()
 		line := fmt.Sprintf("e%d: %s", w.event, what)
 		if w.restart >= 0 {
 			w.log = append(w.log, line+" ["+w.state()+"]")
 			if f := w.restartAgent(w.restart); f != nil {
+				return f
+			}
+		} else if w.roll >= 0 {
+			w.log = append(w.log, line+" ["+w.state()+"]")
+			if f := w.rollPod(w.roll); f != nil {
 				return f
 			}
 		} else if !changes {
@@ -997,6 +1004,12 @@ func (w *pccWorld) randomEvent() (string, bool) {
 			w.restart = i
 			return w.name(i) + " restarts (agent and nginx: its connections close, the others call it down, then up)" + w.close(i)
 		}, true},
+		{2, func(i int) bool {
+			return alive(i) && w.role[i] == pccReady && !w.down[i] && w.serving(i) > 0 && !w.directing(i)
+		}, func(i int) string {
+			w.roll = i
+			return w.name(i) + "'s pod is replaced (a rolling update: it drains, its agent and nginx stop, it is removed, a new agent starts, it is ready again)"
+		}, true},
 		{3, func(i int) bool { return alive(i) && slices.Contains(w.pool, i) && w.switchable(i) }, func(i int) string {
 			return w.switchDirector(i)
 		}, false},
@@ -1055,7 +1068,7 @@ func (w *pccWorld) restartAgent(i int) *pccFailure {
 	if w.rng.IntN(2) == 0 {
 		w.late = -1
 		w.self[i] = learns
-		w.nodes[i].d.rejoining = learns // Options.Rejoin: its own replica is Down already
+		w.newAgent(i, learns) // Options.Rejoin: its own replica is Down already
 		w.apply(i)
 		w.log = append(w.log, fmt.Sprintf("e%d: %s's new agent starts and learns the others call it down", w.event, w.name(i)))
 		if f := w.traffic(); f != nil {
@@ -1079,12 +1092,61 @@ func (w *pccWorld) restartAgent(i int) *pccFailure {
 		if f := w.traffic(); f != nil {
 			return f
 		}
-		w.nodes[i].d.rejoining = learns // Options.Rejoin: the first Apply replays its down
+		w.newAgent(i, learns) // Options.Rejoin: the first Apply replays its down
 		w.apply(i)
 		w.log = append(w.log, fmt.Sprintf("e%d: %s's new agent starts (Options.Rejoin: it replays its down)", w.event, w.name(i)))
 	}
 	w.late = -1
 	return nil
+}
+
+// newAgent plays node i's new agent process: what it knows of the maps is what
+// their pins say (Load's recover), nothing of its predecessor's memory.
+func (w *pccWorld) newAgent(i int, rejoin bool) {
+	d := w.nodes[i].d
+	if err := d.recover(); err != nil {
+		w.t.Fatalf("%s: recover from the pins: %v", w.name(i), err)
+	}
+	d.rejoining = rejoin
+}
+
+// rollPod plays a rolling update of node i's pod, as Kubernetes does it: the
+// old pod is terminating (its replica drains, every edge applies that), then
+// its agent and nginx stop (its connections close, its maps stand still, the
+// others call it down), the pod is deleted (every other edge removes the
+// replica), a new agent starts from the pins before its pod is ready (its own
+// replica is not in the group yet), and the new pod turns ready.
+func (w *pccWorld) rollPod(i int) *pccFailure {
+	w.stats.rolls++
+	step := func(what string, except int) *pccFailure {
+		w.applyAll(except)
+		w.recordRing(except)
+		w.log = append(w.log, fmt.Sprintf("e%d: %s [%s]", w.event, what, w.state()))
+		w.late = except
+		f := w.traffic()
+		w.late = -1
+		return f
+	}
+	w.role[i] = pccDraining
+	if f := step(w.name(i)+" drains (terminating)", -1); f != nil {
+		return f
+	}
+	w.down[i] = true
+	if f := step(w.name(i)+"'s agent and nginx stop"+w.close(i)+"; the others call it down", i); f != nil {
+		return f
+	}
+	w.role[i], w.down[i], w.self[i] = pccNone, false, false
+	if f := step(w.name(i)+"'s pod is deleted: removed", i); f != nil {
+		return f
+	}
+	w.newAgent(i, *pccSelfView != "never")
+	w.apply(i)
+	w.log = append(w.log, fmt.Sprintf("e%d: %s's new agent starts, its replica not ready yet", w.event, w.name(i)))
+	if f := w.traffic(); f != nil {
+		return f
+	}
+	w.role[i] = pccReady
+	return step(w.name(i)+" is ready again", -1)
 }
 
 // canDirect: node i may receive the VIP's traffic (a live edge with a replica).

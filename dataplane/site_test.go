@@ -90,11 +90,11 @@ func TestSiteHandover(t *testing.T) {
 	if pinned, _ := dr.state(t); pinned != 2 {
 		t.Errorf("%d flows pinned, want the 2 sent to the other site", pinned)
 	}
-	// Another replica's flow goes to it, marked with its place in the flow's
-	// chain (first; the other site's edge comes last): its node knows whether
-	// it has it.
+	// Another replica's flow goes to it (the likeliest: the other site's edge
+	// comes last), marked as the director's guess: its node knows whether it
+	// has it, and walks the chain from its start if not.
 	p := tcp4(theirs, xdptest.ACK)
-	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, xdptest.WithTCPMark(to(p, r1), 1<<8|1)) {
+	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, xdptest.WithTCPMark(to(p, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE))) {
 		t.Errorf("another replica's flow sent % x", out[:14])
 	}
 	// ... and there, from a director, what that node does not have goes on.

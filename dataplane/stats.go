@@ -128,6 +128,7 @@ func (e *mapReadError) Unwrap() error { return e.err }
 type mapState struct {
 	vips     map[lbVipKey]lbVipVal
 	backends map[uint32]lbBackend // active entries only
+	retired  map[uint32]lbBackend // cleared entries that keep a removed replica's address
 }
 
 // vipAddrs maps VIP ids to their addresses.
@@ -141,7 +142,7 @@ func (st mapState) vipAddrs() map[uint32]netip.Addr {
 
 // read reads vips (a small hash) and backends (an array: one batch lookup).
 func (m maps) read() (mapState, error) {
-	st := mapState{vips: map[lbVipKey]lbVipVal{}, backends: map[uint32]lbBackend{}}
+	st := mapState{vips: map[lbVipKey]lbVipVal{}, backends: map[uint32]lbBackend{}, retired: map[uint32]lbBackend{}}
 	var vk lbVipKey
 	var vv lbVipVal
 	it := m.vips.Iterate()
@@ -158,8 +159,11 @@ func (m maps) read() (mapState, error) {
 	for got := 0; got < n; {
 		c, err := m.backends.BatchLookup(&cursor, keys[got:], vals[got:], nil)
 		for i := got; i < got+c; i++ {
-			if vals[i].Flags&uint16(lbBackendFlagsBACKEND_F_ACTIVE) != 0 {
+			switch {
+			case vals[i].Flags&uint16(lbBackendFlagsBACKEND_F_ACTIVE) != 0:
 				st.backends[keys[i]] = vals[i]
+			case vals[i].Addr != [16]byte{}:
+				st.retired[keys[i]] = vals[i]
 			}
 		}
 		got += c

@@ -39,12 +39,15 @@ type TraceBackend struct {
 	ID                                   uint32
 	Addr                                 netip.Addr // invalid: a gone backend
 	Local, Draining, Down, Remote, Spill bool
+	// Removed: the entry is cleared (xdp_lb skips it); Addr is the replica it
+	// was, if the entry kept it.
+	Removed bool
 }
 
 // TracePin is an entry of flows or new_pins.
 type TracePin struct {
 	Backend TraceBackend
-	// Hop is the place in the flow's chain (+1) a hand-off pin sent it to;
+	// Hop is the class (+1) of the replica a hand-off pin sent it to;
 	// PinGuess for a director's guess; 0 for an exact pin.
 	Hop  uint32
 	Seen time.Duration // since the entry was last used
@@ -148,10 +151,13 @@ func (m maps) traceBackend(id uint32) (TraceBackend, error) {
 		return b, &mapReadError{lbMapBackends, err}
 	}
 	has := func(f lbBackendFlags) bool { return be.Flags&uint16(f) != 0 }
+	if be.Addr != [16]byte{} {
+		b.Addr = addrFrom16(be.Addr)
+	}
 	if !has(lbBackendFlagsBACKEND_F_ACTIVE) {
+		b.Removed = true
 		return b, nil
 	}
-	b.Addr = addrFrom16(be.Addr)
 	b.Local, b.Draining, b.Down = has(lbBackendFlagsBACKEND_F_LOCAL), has(lbBackendFlagsBACKEND_F_DRAINING), has(lbBackendFlagsBACKEND_F_DOWN)
 	b.Remote, b.Spill = has(lbBackendFlagsBACKEND_F_REMOTE), has(lbBackendFlagsBACKEND_F_SPILL)
 	return b, nil

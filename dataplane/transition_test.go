@@ -286,13 +286,15 @@ func TestTransitionTwoChanges(t *testing.T) {
 }
 
 // TestHandoff: a director sent this node a packet of a TCP connection its stack
-// does not have, in a transition. The node sends it on along the flow's chain
-// (from its start: the director's rings may differ for a moment), marked with
-// the receiver's place (reserved bits and the urgent pointer of the TCP header,
-// checksum kept right, IPv4 and IPv6 alike), and pins that for after the
-// transition. A marked frame goes only onwards from its place; at the chain's
-// end, right after a change, it is dropped (TCP sends it again). The receiving
-// edge clears the mark: its stack gets the frame as the client sent it.
+// does not have, in a transition. The node sends it on along the flow's chain,
+// in the order every chain is walked (class: serving, down, another site's;
+// then address), to the first replica after itself (after the start, for a frame
+// a director steered or guessed), marked with the receiver's class (reserved bits
+// and the urgent pointer of the TCP header, checksum kept right, IPv4 and IPv6
+// alike), and pins that for after the transition. A marked frame goes only up
+// that order; at the chain's end, right after a change, it is dropped (TCP sends
+// it again). The receiving edge clears the mark: its stack gets the frame as the
+// client sent it.
 func TestHandoff(t *testing.T) {
 	dr := newModelDirector(t, "r3's node")
 	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
@@ -301,6 +303,7 @@ func TestHandoff(t *testing.T) {
 		t.Helper()
 		return dr.run(t, name, frame, verdict)
 	}
+	serving, probe := 1, int(lbLbLimitsLB_MARK_PROBE)
 	for _, mk := range []func(uint16, uint8) xdptest.Packet{tcp4, tcp6} {
 		ack := func(s uint16) xdptest.Packet { return mk(s, xdptest.ACK) }
 		toNew := flowWhereOf(t, ack, 50000, [][]Backend{before, after}, r3, r4) // here before, r4's now
@@ -316,17 +319,20 @@ func TestHandoff(t *testing.T) {
 		if got := net.HardwareAddr(out[0:6]).String(); got != r4.MAC.String() {
 			t.Errorf("sent to %s, want r4", got)
 		}
-		if m, _ := xdptest.TCPMark(out); m != 1<<8|2 || !xdptest.TCPChecksumOK(out) {
-			t.Errorf("sent with mark %#x (want 0x102: r4 is second in the chain, one hand-off) or a wrong TCP checksum: % x", m, out[:70])
+		if m, _ := xdptest.TCPMark(out); m != 1<<8|serving || !xdptest.TCPChecksumOK(out) {
+			t.Errorf("sent with mark %#x (want 0x101: r4 serves, one hand-off) or a wrong TCP checksum: % x", m, out[:70])
 		}
-		// Received marked for another place than this node's (the sender's
-		// rings differ): walked from the chain's start, one hand-off more.
+		// Received marked as serving, or as a director's guess (walked from
+		// the start), this node sends it to the next serving replica above
+		// its own address whatever the sender's rings: r4, one hand-off more.
 		// Where the stack has it, it is served with the mark cleared: the
 		// stack gets the frame as the client sent it.
-		if again := run("received marked for r4's place", withMACs(out, r1MAC, nicMAC), xdptest.TX); !slices.Equal(again[:6], r4MAC) {
-			t.Errorf("marked for r4's place: sent to %s", net.HardwareAddr(again[:6]))
-		} else if m, _ := xdptest.TCPMark(again); m != 2<<8|2 {
-			t.Errorf("marked for r4's place: sent on with mark %#x, want 0x202", m)
+		for _, m := range []int{1<<8 | serving, 1<<8 | probe} {
+			if again := run("received marked", xdptest.WithTCPMark(in, m), xdptest.TX); !slices.Equal(again[:6], r4MAC) {
+				t.Errorf("marked %#x: sent to %s, want r4", m, net.HardwareAddr(again[:6]))
+			} else if got, _ := xdptest.TCPMark(again); got != 2<<8|serving {
+				t.Errorf("marked %#x: sent on with mark %#x, want 0x201", m, got)
+			}
 		}
 		f := Flow{Src: toNew.Src, Dst: toNew.Dst, SPort: toNew.SPort, DPort: toNew.DPort, Protocol: toNew.Proto}
 		if err := dr.d.objs.SockModel.Put(f.key(), uint32(1)); err != nil {
@@ -353,13 +359,15 @@ func TestHandoff(t *testing.T) {
 		// director's rings may differ from this node's for a moment).
 		if out := run("r1's before, this node's now", fromPeer(toOld).Bytes(), xdptest.TX); !slices.Equal(out[:6], r1MAC) {
 			t.Errorf("r1's before: sent to %s, want r1", net.HardwareAddr(out[:6]))
-		} else if m, _ := xdptest.TCPMark(out); m != 1<<8|1 {
+		} else if m, _ := xdptest.TCPMark(out); m != 1<<8|serving {
 			t.Errorf("r1's before: mark %#x, want 0x101", m)
 		}
-		// A frame marked for the place after this node's own: nothing is
-		// after it; and after LB_MAX_HOPS hand-offs, a frame goes no further.
-		run("marked for the last place", xdptest.WithTCPMark(fromPeer(toOld).Bytes(), 1<<8|2), xdptest.Drop)
-		run("marked after 8 hand-offs", xdptest.WithTCPMark(fromPeer(toNew).Bytes(), 8<<8|1), xdptest.Drop)
+		// Marked as serving, it goes only up: r1 is below this node, and
+		// nothing is above it in this chain; nor in the class of the down
+		// ones; and after LB_MAX_HOPS hand-offs, a frame goes no further.
+		run("marked serving, nothing above", xdptest.WithTCPMark(fromPeer(toOld).Bytes(), 1<<8|serving), xdptest.Drop)
+		run("marked down, nothing above", xdptest.WithTCPMark(fromPeer(toOld).Bytes(), 1<<8|2), xdptest.Drop)
+		run("marked after 8 hand-offs", xdptest.WithTCPMark(fromPeer(toNew).Bytes(), 8<<8|serving), xdptest.Drop)
 		dr.endTransitions(t)
 		if err := dr.d.ClearFlows(); err != nil {
 			t.Fatal(err)
@@ -369,8 +377,8 @@ func TestHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wait, in := c.Reasons[lbReasonREASON_HANDOFF_WAIT], c.Reasons[rHandoffIn]; c.Reasons[rHandoff] != 10 || wait != 4 || in != 2 {
-		t.Errorf("hand-offs %d out, %d dropped at the end of their chain, %d served; want 10, 4, 2", c.Reasons[rHandoff], wait, in)
+	if wait, in := c.Reasons[lbReasonREASON_HANDOFF_WAIT], c.Reasons[rHandoffIn]; c.Reasons[rHandoff] != 12 || wait != 6 || in != 2 {
+		t.Errorf("hand-offs %d out, %d dropped at the end of their chain, %d served; want 12, 6, 2", c.Reasons[rHandoff], wait, in)
 	}
 }
 

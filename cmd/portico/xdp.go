@@ -336,8 +336,11 @@ func traceBackend(b dataplane.TraceBackend) string {
 	if b.ID == 0 {
 		return "(none)\t"
 	}
-	if !b.Addr.IsValid() {
+	switch {
+	case b.Removed && !b.Addr.IsValid():
 		return fmt.Sprintf("id %d (gone)\t", b.ID)
+	case b.Removed:
+		return fmt.Sprintf("%s\tremoved (id %d)", b.Addr, b.ID)
 	}
 	var state []string
 	for _, s := range []struct {

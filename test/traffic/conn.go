@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/netip"
 	"net/http"
+	"net/netip"
 	"time"
 )
 
