@@ -90,24 +90,11 @@ func TestPortico(t *testing.T) {
 	// The edge that gets drained also runs backends, so the drain evicts pods
 	// through the real EndpointSlice controller too: a surviving edge that
 	// does not own the VIP now.
-	owner, err = p.Owner(GroupVIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var drained *Node
-	for _, n := range p.Edges {
-		if n != owner {
-			drained = n
-			break
-		}
-	}
-	if drained == nil {
-		t.Fatalf("no edge but the owner %s survived", owner.Name)
-	}
+	drained := nonOwner(t, p)
 	if err := c.PlaceBackend(ctx, "web", 3, []*Node{drained, worker}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("VIP owner %s; backends now on %s and %s", owner.Name, drained.Name, worker.Name)
+	t.Logf("backends now on %s (not the VIP's owner) and %s", drained.Name, worker.Name)
 	waitServed(t, p, "web.example", "/", p.Edges)
 	t.Run("Routing", func(t *testing.T) { testRouting(t, ctx, p, certs, p.Edges) })
 	t.Run("Drain", func(t *testing.T) { testDrain(t, ctx, p, drained) })
@@ -133,6 +120,22 @@ func TestPortico(t *testing.T) {
 	// replayed its own down (bpf/README.md), so every edge's chains agree.
 	t.Run("LivenessFalsePositive", func(t *testing.T) { testFalsePositive(t, ctx, p, idle2, idleSince) })
 	t.Run("FalsePositiveThenNodeDies", func(t *testing.T) { testNodeDies(t, ctx, p, idle, idleSince) })
+}
+
+// nonOwner is an edge of p that does not own the group's VIP now.
+func nonOwner(t *testing.T, p *Portico) *Node {
+	t.Helper()
+	owner, err := p.Owner(GroupVIP)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range p.Edges {
+		if n != owner {
+			return n
+		}
+	}
+	t.Fatalf("no edge but the VIP's owner %s", owner.Name)
+	return nil
 }
 
 // waitServed waits until 30 new connections in a row to host+path are answered
@@ -616,17 +619,7 @@ func testInstallThenOwnerDies(t *testing.T, ctx context.Context, p *Portico) {
 // connection it has (a replica wrongly called dead must), the others keep
 // theirs, and no new connection fails.
 func testFalsePositive(t *testing.T, ctx context.Context, p *Portico, idle Held, idleSince time.Time) {
-	owner, err := p.Owner(GroupVIP)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var node *Node
-	for _, n := range p.Edges {
-		if n != owner {
-			node = n
-			break
-		}
-	}
+	node := nonOwner(t, p)
 	idleFor(t, idleSince, 90*time.Second)
 	held := append(openHeld(t, p, 60, 0), idle...)
 	on := 0
