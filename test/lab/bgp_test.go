@@ -464,8 +464,9 @@ func TestBGPReplicaChange(t *testing.T) {
 
 // TestBGPOverlaps: behind FRR (ECMP, BFD), events overlap within one ring
 // transition, each moving flows between edges: a replica drains (its edge
-// de-preferences its routes), another edge's agent and nginx restart (a rolling
-// update, gracefully: its session ends, the others call its replica down and up), a false
+// de-preferences its routes), another edge's pod is replaced (a rolling update,
+// gracefully: its endpoint terminates, its session ends, the others call its
+// replica down, its endpoint goes, the new agent starts before it is back), a false
 // liveness verdict on the third (its probe port blocked for 300 ms: it learns
 // the others' verdict from their answers), and right after it the restarted
 // edge dies. Every held connection on a surviving replica (opened before the
@@ -517,6 +518,13 @@ func TestBGPOverlaps(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The old pod is deleted: its endpoint goes; the new pod's agent starts
+	// before its endpoint is back (it is not ready yet), so it first applies a
+	// group without its own replica, from what the pins say.
+	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e1: "gone", e2: "terminating"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
 	restarted := time.Now()
 	if _, err := l.StartAgent(0); err != nil {
 		t.Fatal(err)
