@@ -31,6 +31,9 @@ func (p *Portico) Diagnose(ctx context.Context, failed Held) string {
 		fmt.Fprintf(&b, " %s %s;", ns, strings.Join(strings.Fields(string(out))[2:3], ""))
 	}
 	b.WriteString("\n")
+	if r := p.Resets.For(failed); r != "" {
+		b.WriteString("resets of them on the bridge (epoch seconds, the sender's MAC first):\n" + r)
+	}
 	for i, h := range failed {
 		if i == diagnosed {
 			fmt.Fprintf(&b, "(%d more not looked into)\n", len(failed)-diagnosed)
@@ -82,4 +85,71 @@ func (p *Portico) capture(ctx context.Context, filter string, do func()) string 
 	cancel()
 	_ = cmd.Wait()
 	return out.String()
+}
+
+// maxResetLines bounds what a ResetCapture keeps.
+const maxResetLines = 5000
+
+// ResetCapture records every TCP reset that crosses the lab's bridge, IPv4 and
+// IPv6, with the MACs of the node that sent it: when a held connection turns
+// out reset, who reset it, and when, is the question.
+type ResetCapture struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	done chan struct{}
+}
+
+// Write keeps tcpdump's output, up to maxResetLines lines.
+func (r *ResetCapture) Write(b []byte) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if bytes.Count(r.buf.Bytes(), []byte("\n")) < maxResetLines {
+		r.buf.Write(b)
+	}
+	return len(b), nil
+}
+
+// CaptureResets starts a ResetCapture on the lab's bridge; Stop ends it.
+func (p *Portico) CaptureResets(ctx context.Context) (*ResetCapture, error) {
+	r := &ResetCapture{done: make(chan struct{})}
+	r.cmd = exec.CommandContext(ctx, "ip", "netns", "exec", p.C.Net.Switch, "tcpdump", "-i", "br0", "-l", "-nn", "-e", "-tt",
+		"(ip and tcp[13] & 4 != 0) or (ip6 and ip6[6] == 6 and ip6[53] & 4 != 0)")
+	r.cmd.Stdout, r.cmd.Stderr = r, r
+	if err := r.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("tcpdump: %w", err)
+	}
+	go func() { _ = r.cmd.Wait(); close(r.done) }()
+	return r, nil
+}
+
+// Stop ends the capture.
+func (r *ResetCapture) Stop() {
+	if r == nil {
+		return
+	}
+	_ = r.cmd.Process.Kill()
+	<-r.done
+}
+
+// For returns the resets the capture saw of the connections held (by their
+// client ports), "" if none.
+func (r *ResetCapture) For(held Held) string {
+	if r == nil || len(held) == 0 {
+		return ""
+	}
+	r.mu.Lock()
+	lines := strings.Split(r.buf.String(), "\n")
+	r.mu.Unlock()
+	var b strings.Builder
+	for _, h := range held {
+		client, _ := h.Ends()
+		port := fmt.Sprintf(".%d ", client.Port())
+		for _, l := range lines {
+			if strings.Contains(l, port) || strings.Contains(l, fmt.Sprintf(".%d:", client.Port())) {
+				fmt.Fprintf(&b, "%s: %s\n", h, l)
+			}
+		}
+	}
+	return b.String()
 }

@@ -99,8 +99,10 @@ type Portico struct {
 	C     *Cluster
 	Edges []*Node
 	Tag   string // the image tag the agents run
-	root  string
-	helm  string
+	// Resets, once started, records every TCP reset on the bridge (Diagnose).
+	Resets *ResetCapture
+	root   string
+	helm   string
 }
 
 // InstallPortico labels and taints the edge nodes and installs the chart with helm,

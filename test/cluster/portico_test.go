@@ -67,6 +67,10 @@ func TestPortico(t *testing.T) {
 		t.Fatalf("install Portico: %v\n%s", err, c.tails())
 	}
 	t.Logf("Portico installed, every agent ready and the VIP answering: %.1f s", time.Since(t1).Seconds())
+	if p.Resets, err = p.CaptureResets(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Resets.Stop)
 	// VRRP settles first (the agents came up one by one: for a moment the
 	// owner may be any edge). The backends start on the worker: the owner's
 	// death must not take any with it, and VRRP may move the VIP to any edge
