@@ -243,6 +243,8 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 #define TCP_MARK_BITS 0x0e00 /* in the 16-bit word at offset 12 */
 #define TCP_MARK_HOP 0x0200
 #define TCP_URG 0x20
+#define TCP_FIN 0x01
+#define TCP_RST 0x04
 
 /* tcp_hdr is the TCP header of a parsed TCP packet (no ICMP error), or 0. */
 static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct parsed *p)
@@ -257,7 +259,8 @@ static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct pa
 static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BITS >> 8); }
 
 /* get_mark is a frame's mark: 0 (none), the receiver's class + 1 (1 to
- * LB_CLASSES) or LB_MARK_PROBE, with the hand-offs so far in the next byte, or
+ * LB_CLASSES), LB_MARK_PROBE or LB_MARK_PINNED, with the hand-offs so far in the
+ * next byte, or
  * LB_MARK_FINAL (also
  * for a mark that names no class, or more hand-offs than LB_MAX_HOPS). */
 static __always_inline __u32 get_mark(const __u8 *th)
@@ -266,7 +269,7 @@ static __always_inline __u32 get_mark(const __u8 *th)
 
 	if (!bits)
 		return 0;
-	if (bits != TCP_MARK_HOP >> 8 || cls == 0 || cls > LB_MARK_PROBE || hops > LB_MAX_HOPS)
+	if (bits != TCP_MARK_HOP >> 8 || cls == 0 || cls > LB_MARK_PINNED || hops > LB_MAX_HOPS)
 		return LB_MARK_FINAL;
 	return hops << 8 | cls;
 }
@@ -316,17 +319,21 @@ static __always_inline void put_mark(__u8 *th, __u32 mark)
 }
 
 /* has_connection reports whether this node's stack has the TCP connection of
- * a packet (established, in its handshake, or closing): a listening socket
- * alone does not count. */
+ * a packet (established, in its handshake, or closing). A listening socket
+ * alone does not count, nor a connection that ended here (TIME_WAIT, CLOSE):
+ * a client reuses its port, and the same 5-tuple may be a new connection that
+ * another replica holds (a director that took it for its own reset it). */
 static __always_inline int has_connection(struct xdp_md *ctx, int v4, const struct flow_key *f)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
-	__u32 size;
+	__u32 size, *modeled;
 	int has;
 
-	if (lb_sock_model)
-		return bpf_map_lookup_elem(&sock_model, f) != 0;
+	if (lb_sock_model) {
+		modeled = bpf_map_lookup_elem(&sock_model, f);
+		return modeled && *modeled == LB_SOCK_LIVE;
+	}
 	if (v4) {
 		t.ipv4.saddr = ((const __u32 *)f->src)[3];
 		t.ipv4.daddr = ((const __u32 *)f->dst)[3];
@@ -343,7 +350,7 @@ static __always_inline int has_connection(struct xdp_md *ctx, int v4, const stru
 	sk = bpf_skc_lookup_tcp(ctx, &t, size, BPF_F_CURRENT_NETNS, 0);
 	if (!sk)
 		return 0;
-	has = sk->state != BPF_TCP_LISTEN;
+	has = sk->state != BPF_TCP_LISTEN && sk->state != BPF_TCP_TIME_WAIT && sk->state != BPF_TCP_CLOSE;
 	bpf_sk_release(sk);
 	return has;
 }
@@ -636,6 +643,24 @@ static __always_inline int settling(__u32 vip_id, __u64 *now)
 	return changed && (__s64)(clock(now) - *changed) < (__s64)LB_SETTLE_MS * 1000000;
 }
 
+/* stale_pin reports whether a director's pin of a TCP flow to be outlived its
+ * connection, by what this node's own stack says: a pin to this node's replica
+ * whose stack has no connection of the 5-tuple, or a pin to another replica
+ * while this node's stack has one. A client reuses the port of a connection
+ * that ended, and the ring places the new one where it places it; a director
+ * that pinned the old one never saw it end (another director did). It costs a
+ * socket lookup per packet of a pinned flow, and pins exist only around ring
+ * changes. */
+static __always_inline int stale_pin(struct xdp_md *ctx, const struct ethhdr *eth, const struct parsed *p,
+				     const struct backend *be)
+{
+	if (p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error || (be->flags & BACKEND_F_REMOTE))
+		return 0;
+	int local = (be->flags & BACKEND_F_LOCAL) != 0;
+
+	return local != has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow);
+}
+
 /* onwards reports whether a hand-off pin to be (its class + 1: hop) lies above
  * where a frame marked after (this node's class + 1 as its sender saw it; 0: a
  * frame steered by a ring, not walked) stands in the order chains are walked:
@@ -645,7 +670,7 @@ static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 af
 	__u32 zero = 0;
 	struct self_addr *me;
 
-	if (!after)
+	if (!after || after > LB_CLASSES)
 		return 1;
 	if (hop != after)
 		return hop > after;
@@ -701,6 +726,18 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 				seen(&relay_clock, now);
 			}
 			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | fv->hop, cfg);
+		}
+		/* A frame a director steered here by a pin, of a connection this
+		 * node does not have: the pin is stale (the connection ended here,
+		 * and the client reused its port for a new one, which the ring
+		 * placed), so the current ring's replica gets it, to be served there
+		 * (one hop, never on). */
+		if ((m & 0xff) == LB_MARK_PINNED && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow)) {
+			__u32 rid = pick_from_ring(&rings, vip_id, flow_hash(&p->flow, cfg->seed), cfg);
+
+			be = rid ? active_backend(rid) : 0;
+			if (be && !(be->flags & (BACKEND_F_LOCAL | BACKEND_F_REMOTE)))
+				return hand_on(ctx, eth, th, be, LB_MARK_FINAL, cfg);
 		}
 		/* A frame another edge walked along a chain this node's rings do
 		 * not give (it has not applied the change yet, or its transition
@@ -817,6 +854,9 @@ int xdp_lb(struct xdp_md *ctx)
 	    (ce->pin == CACHE_UNPINNED || pins_live(&now))) {
 		bid = ce->backend_id;
 		be = active_backend(bid);
+		/* A pin holds while its connection does (stale_pin). */
+		if (be && ce->pin == CACHE_PINNED && stale_pin(ctx, eth, &p, be))
+			be = 0;
 		if (be) {
 			vip_id = ce->vip_id;
 			fmark = ce->mark;
@@ -826,9 +866,15 @@ int xdp_lb(struct xdp_md *ctx)
 				vs->bytes += len;
 				vs->flow_hits++;
 			}
-			/* Keep a pinned flow's entry fresh every 64 packets. */
-			if ((++ce->hits & 63) == 0 && ce->pin == CACHE_PINNED)
-				touch_flow(&p.flow, bid, clock(&now));
+			/* Keep a pinned flow's entry fresh every 64 packets; the
+			 * client's FIN or RST ends it (see the slow path). */
+			if (ce->pin == CACHE_PINNED) {
+				th = tcp_hdr(data, data_end, &p);
+				if (th && (th[13] & (TCP_FIN | TCP_RST)))
+					bpf_map_delete_elem(&flows, &p.flow);
+				else if ((++ce->hits & 63) == 0)
+					touch_flow(&p.flow, bid, clock(&now));
+			}
 			goto forward;
 		}
 	}
@@ -894,7 +940,7 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop)) {
+			   !(mv && fv->hop) && !stale_pin(ctx, eth, &p, be)) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
@@ -902,12 +948,22 @@ int xdp_lb(struct xdp_md *ctx)
 			 * asked, and one called down since is asked last). */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
+			/* Its replica learns the frame came by a pin: one without the
+			 * connection knows the pin is stale (from_director). */
+			if (!(be->flags & BACKEND_F_LOCAL) && p.flow.proto == IPPROTO_TCP)
+				fmark = 1 << 8 | LB_MARK_PINNED;
 			if (vs)
 				vs->flow_hits++;
 			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
 				fv->last_seen_ns = now;
 				pin_seen(now);
 			}
+			/* The client ends the connection (FIN or RST): the pin goes,
+			 * so that a new connection on the same port is not sent after
+			 * it (this CPU's cache entry still serves its last packets). */
+			th = tcp_hdr(data, data_end, &p);
+			if (th && (th[13] & (TCP_FIN | TCP_RST)))
+				bpf_map_delete_elem(&flows, &p.flow);
 		} else {
 			if (fv)
 				count(REASON_FLOW_REPICK, 0);

@@ -194,7 +194,8 @@ struct {
 } src_macs SEC(".maps");
 
 /* A model of this node's socket table, for the data-plane model test only: a
- * flow key present here is a connection this node's stack has. has_connection
+ * flow key present here with LB_SOCK_LIVE is a connection this node's stack has,
+ * with LB_SOCK_ENDED one that ended here (TIME_WAIT). has_connection
  * reads it instead of the kernel's sockets only where lb_sock_model is set at
  * load (never by the agent); elsewhere the verifier removes the read, and the
  * map, one entry and unpinned, is never looked at. */

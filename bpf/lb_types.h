@@ -45,6 +45,11 @@ enum lb_limits {
 				   * edge */
 	LB_MARK_PROBE = 4,        /* a mark's class for a director's likeliest guess:
 				   * the receiver walks the chain from its start */
+	LB_MARK_PINNED = 5,       /* a mark's class for a frame a director steered by
+				   * a pin: a receiver without its connection knows
+				   * the pin is stale */
+	LB_SOCK_LIVE = 1,         /* sock_model (the model test's sockets): a connection */
+	LB_SOCK_ENDED = 2,        /* sock_model: a connection that ended (TIME_WAIT) */
 	LB_MAX_HOPS = 8,          /* hand-offs a packet may take in all */
 	LB_SETTLE_MS = 500,       /* after a VIP's ring changed, a packet no replica
 				   * of its chain has is dropped, not served, this

@@ -119,6 +119,9 @@ const (
 	lbLbLimitsLB_MARK_FINAL    lbLbLimits = 255
 	lbLbLimitsLB_CLASSES       lbLbLimits = 3
 	lbLbLimitsLB_MARK_PROBE    lbLbLimits = 4
+	lbLbLimitsLB_MARK_PINNED   lbLbLimits = 5
+	lbLbLimitsLB_SOCK_LIVE     lbLbLimits = 1
+	lbLbLimitsLB_SOCK_ENDED    lbLbLimits = 2
 	lbLbLimitsLB_MAX_HOPS      lbLbLimits = 8
 	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 500
 	lbLbLimitsLB_PIN_GUESS     lbLbLimits = 254

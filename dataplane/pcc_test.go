@@ -341,6 +341,9 @@ type pccWorld struct {
 	event            int
 	flows            []*pccFlow // open connections
 	seen             map[lbFlowKey]bool
+	// ended are connections that ended (their holder's socket in TIME_WAIT):
+	// a client reuses such a 5-tuple for a new connection now and then.
+	ended []*pccFlow
 	log              []string
 	rings            []pccRingAt
 	stats            pccStats
@@ -361,13 +364,15 @@ type pccFlow struct {
 	holder  int
 	via     int // the director its SYN went to
 	after   int // the event it was opened after (0: before the first)
+	closing bool     // its next packet is the client's FIN
+	reuses  *pccFlow // the ended connection whose 5-tuple it reuses, if any
 	late    int // the node that lagged then, or -1
 	sent    int
 	history []string
 }
 
 type pccStats struct {
-	events, skewed, restarts, rolls, flows, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost int
+	events, skewed, restarts, rolls, flows, ended, reused, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost, stalePinLost int
 }
 
 func (s *pccStats) add(o pccStats) {
@@ -379,6 +384,9 @@ func (s *pccStats) add(o pccStats) {
 	s.packets += o.packets
 	s.handoffs += o.handoffs
 	s.rolls += o.rolls
+	s.ended += o.ended
+	s.stalePinLost += o.stalePinLost
+	s.reused += o.reused
 	s.synLost += o.synLost
 	s.synRefused += o.synRefused
 	s.downLost += o.downLost
@@ -386,8 +394,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d",
-		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
+		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
 }
 
 // pccFailure is a packet that broke its connection.
@@ -516,6 +524,22 @@ func (w *pccWorld) traffic() *pccFailure {
 			return f
 		}
 	}
+	// Now and then a connection ends: its holder closed it first, so its
+	// socket waits in TIME_WAIT, and the client may reuse its port.
+	if len(w.flows) > 0 && w.rng.IntN(4) == 0 {
+		i := w.rng.IntN(len(w.flows))
+		f := w.flows[i]
+		f.closing = true // the client's FIN, through whichever director the router picks
+		if fail := w.check(f, fmt.Sprintf("FIN after e%d", w.event)); fail != nil {
+			return fail
+		}
+		if err := w.nodes[f.holder].d.objs.SockModel.Put(&f.key, uint32(lbLbLimitsLB_SOCK_ENDED)); err != nil {
+			w.t.Fatalf("end a socket: %v", err)
+		}
+		w.flows = slices.Delete(w.flows, i, i+1)
+		w.ended = append(w.ended, f)
+		w.stats.ended++
+	}
 	for _, f := range slices.Clone(w.flows) {
 		if w.rng.IntN(3) == 0 {
 			if fail := w.check(f, fmt.Sprintf("data after e%d", w.event)); fail != nil {
@@ -560,6 +584,16 @@ func (w *pccWorld) open() *pccFailure {
 }
 
 func (w *pccWorld) newFlow() *pccFlow {
+	if len(w.ended) > 0 && w.rng.IntN(4) == 0 {
+		// A client reuses the 5-tuple of a connection that ended.
+		i := w.rng.IntN(len(w.ended))
+		old := w.ended[i]
+		w.ended = slices.Delete(w.ended, i, i+1)
+		w.stats.reused++
+		w.seen[old.key] = true
+		return &pccFlow{id: len(w.seen) + w.stats.reused, pkt: old.pkt, key: old.key, hash: old.hash, holder: -1, after: w.event, late: w.late, reuses: old,
+			history: []string{fmt.Sprintf("reuses the 5-tuple of f%d, which %s held", old.id, w.name(old.holder))}}
+	}
 	for {
 		p := xdptest.Packet{SrcMAC: clientMAC, Proto: xdptest.TCP, Dst: vip4,
 			SPort: uint16(1024 + w.rng.IntN(64512)), DPort: []uint16{80, 443, 8443}[w.rng.IntN(3)]}
@@ -593,8 +627,11 @@ func pccRouterHash(k lbFlowKey) uint32 {
 func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 	flags := uint8(xdptest.ACK | xdptest.PSH)
 	payload := []byte(fmt.Sprintf("f%d #%d", f.id, f.sent))
-	if f.sent == 0 {
+	switch {
+	case f.sent == 0:
 		flags, payload = xdptest.ACK, nil
+	case f.closing:
+		flags, payload = xdptest.ACK|xdptest.FIN, nil
 	}
 	f.sent++
 	trip := w.send(f, flags, payload)
@@ -613,6 +650,12 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 		// the connection's next packets, after it applied, must arrive),
 		// never reset.
 		w.stats.lagLost++
+	case trip.end == pccLost && w.stalePin(f, trip):
+		// The limit of pins (bpf/README.md): a director pinned the 5-tuple's
+		// ended connection and never saw it end (its FIN went through another
+		// director), and the client reused the port; the old holder is dead,
+		// so the pin cannot be found stale, until Kubernetes removes it.
+		w.stats.stalePinLost++
 	case trip.end == pccLost && w.down[f.holder] && !w.dead[f.holder]:
 		// Its holder is called dead wrongly, and the packet went to a node
 		// that is: lost while the verdict holds (TCP sends it again), but
@@ -649,6 +692,21 @@ func (w *pccWorld) send(f *pccFlow, flags uint8, payload []byte) pccTrip {
 		trip.intact = len(trip.frame) == len(frame) && slices.Equal(trip.frame[12:], frame[12:])
 	}
 	return trip
+}
+
+// stalePin reports whether trip, of f, was lost at the dead node that held the
+// connection f reuses the 5-tuple of, sent there by its director's pin of that
+// connection.
+func (w *pccWorld) stalePin(f *pccFlow, trip pccTrip) bool {
+	if f.reuses == nil || trip.at != f.reuses.holder || !w.dead[trip.at] || len(trip.hops) == 0 {
+		return false
+	}
+	d := w.nodes[trip.hops[0].node].d
+	var fv lbFlowVal
+	if d.objs.Flows.Lookup(&f.key, &fv) != nil {
+		return false
+	}
+	return w.nodeAt(d.st.backends[fv.BackendId].Addr) == trip.at
 }
 
 // director is the node the router sends a flow's frames to.
@@ -877,7 +935,7 @@ func (w *pccWorld) views(f *pccFlow) string {
 		}
 		var v uint32
 		if d.objs.SockModel.Lookup(&f.key, &v) == nil {
-			b.WriteString(", has the socket")
+			b.WriteString(map[uint32]string{uint32(lbLbLimitsLB_SOCK_LIVE): ", has the socket", uint32(lbLbLimitsLB_SOCK_ENDED): ", has its socket in TIME_WAIT"}[v])
 		}
 		b.WriteString("\n")
 	}

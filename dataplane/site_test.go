@@ -55,7 +55,7 @@ func ipip(dstMAC, srcMAC net.HardwareAddr, src, dst netip.Addr, inner []byte) []
 // has goes to the other site's edge in a tunnel; what this node has, new
 // connections, UDP and other replicas' flows stay in the site.
 func TestSiteHandover(t *testing.T) {
-	dr := newDirector(t, "b")
+	dr := newModelDirector(t, "b")
 	run := func(name string, frame []byte, verdict uint32) []byte {
 		t.Helper()
 		return dr.run(t, name, frame, verdict)
@@ -109,6 +109,9 @@ func TestSiteHandover(t *testing.T) {
 	// A new connection stays, and so do its later packets; UDP is never handed over.
 	s := sportFrom(t, 20000, func(s uint16) xdptest.Packet { return tcp4(s, xdptest.SYN) }, r3, bs...)
 	run("a new connection", tcp4(s, xdptest.SYN).Bytes(), xdptest.Pass)
+	if err := dr.d.objs.SockModel.Put(flowOf(tcp4(s, xdptest.SYN)).key(), uint32(lbLbLimitsLB_SOCK_LIVE)); err != nil {
+		t.Fatal(err) // this node's stack accepted it
+	}
 	run("its handshake's ACK", tcp4(s, xdptest.ACK).Bytes(), xdptest.Pass)
 	run("its data", tcp4(s, xdptest.ACK|xdptest.PSH).Bytes(), xdptest.Pass)
 	u := sportFor(t, udp4, r3, bs...)

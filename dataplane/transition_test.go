@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -989,5 +991,34 @@ func TestLocalConnectionSettles(t *testing.T) {
 	}
 	if v, out := run(toNew); v != xdptest.Pass {
 		t.Errorf("local connection, here before, r4's now: verdict %s (to %s), want PASS", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+	}
+
+	// Once they ended here (this node closed first, so its side waits in
+	// TIME_WAIT), the 5-tuples are no connections of this node's: a client
+	// reuses its ports, and a new connection on one may be another replica's
+	// (a director that took it for its own would reset it).
+	must(t, dr.d.ClearFlows())
+	for i := 1; i < len(conns); i += 2 {
+		conns[i].Close() // this node's side first
+	}
+	time.Sleep(100 * time.Millisecond)
+	for i := 0; i < len(conns); i += 2 {
+		conns[i].Close()
+	}
+	time.Sleep(100 * time.Millisecond)
+	out, err := exec.Command("ip", "netns", "exec", node.NS, "ss", "-Htan", "state", "time-wait").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ss: %v: %s", err, out)
+	}
+	for _, p := range []xdptest.Packet{toOld, toNew} {
+		if !strings.Contains(string(out), fmt.Sprintf(":%d", p.SPort)) {
+			t.Fatalf("no TIME_WAIT socket of port %d here:\n%s", p.SPort, out)
+		}
+	}
+	if v, out := run(toOld); v != xdptest.TX || net.HardwareAddr(out[0:6]).String() != r1.MAC.String() {
+		t.Errorf("ended here, r1's before: verdict %s to %s, want TX to r1", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+	}
+	if v, out := run(toNew); v != xdptest.TX || net.HardwareAddr(out[0:6]).String() != r4.MAC.String() {
+		t.Errorf("ended here, here before, r4's now: verdict %s to %s, want TX to r4", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 	}
 }
