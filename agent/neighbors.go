@@ -73,16 +73,32 @@ func (n *neighbors) resolve(addrs []netip.Addr) error {
 	return errors.Join(errs...)
 }
 
+// arpAttempts and arpWait: a request or its reply can be lost (a link still
+// coming up, a busy node), so arp asks up to three times, as arping does,
+// within about the second one answer would have been given.
+const (
+	arpAttempts = 3
+	arpWait     = 400 * time.Millisecond
+)
+
 func (n *neighbors) arp(a netip.Addr) (net.HardwareAddr, error) {
 	c, err := arp.Dial(n.ifc)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	if err := c.SetDeadline(time.Now().Add(time.Second)); err != nil {
-		return nil, err
+	var last error
+	for range arpAttempts {
+		if err := c.SetDeadline(time.Now().Add(arpWait)); err != nil {
+			return nil, err
+		}
+		m, err := c.Resolve(a)
+		if err == nil {
+			return m, nil
+		}
+		last = err
 	}
-	return c.Resolve(a)
+	return nil, fmt.Errorf("no answer to %d requests: %w", arpAttempts, last)
 }
 
 // watchNeighbours re-applies the last snapshot whenever the kernel's neighbour
