@@ -344,9 +344,9 @@ type pccWorld struct {
 	// ended are connections that ended (their holder's socket in TIME_WAIT):
 	// a client reuses such a 5-tuple for a new connection now and then.
 	ended []*pccFlow
-	log              []string
-	rings            []pccRingAt
-	stats            pccStats
+	log   []string
+	rings []pccRingAt
+	stats pccStats
 }
 
 // pccRingAt is the current ring from an event on: the node of each slot.
@@ -362,17 +362,18 @@ type pccFlow struct {
 	key     lbFlowKey
 	hash    uint32 // the router's ECMP hash
 	holder  int
-	via     int // the director its SYN went to
-	after   int // the event it was opened after (0: before the first)
+	via     int      // the director its SYN went to
+	after   int      // the event it was opened after (0: before the first)
 	closing bool     // its next packet is the client's FIN
 	reuses  *pccFlow // the ended connection whose 5-tuple it reuses, if any
-	late    int // the node that lagged then, or -1
+	late    int      // the node that lagged then, or -1
 	sent    int
 	history []string
 }
 
 type pccStats struct {
 	events, skewed, restarts, rolls, flows, ended, reused, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost, stalePinLost int
+	twice                                                                                                                                        int // packets one edge sent on twice
 }
 
 func (s *pccStats) add(o pccStats) {
@@ -386,6 +387,7 @@ func (s *pccStats) add(o pccStats) {
 	s.rolls += o.rolls
 	s.ended += o.ended
 	s.stalePinLost += o.stalePinLost
+	s.twice += o.twice
 	s.reused += o.reused
 	s.synLost += o.synLost
 	s.synRefused += o.synRefused
@@ -394,8 +396,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked, %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
-		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked (%d sent on twice by one edge), %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
+		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.twice, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
 }
 
 // pccFailure is a packet that broke its connection.
@@ -642,7 +644,15 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 	}
 	f.history = append(f.history, fmt.Sprintf("%s%s: %s", what, lag, trip))
 	class := ""
+	most := trip.mostForwards()
+	if most == 2 {
+		w.stats.twice++
+	}
 	switch {
+	case most > 2:
+		// Along the walk an edge sends a packet on once; the director and
+		// its guess may be walked through once more (bpf/README.md).
+		class = "forwarded-thrice"
 	case (trip.end == pccDropped || trip.end == pccLost) && w.late >= 0 && what != "last packet":
 		// Sent while one node had not applied a change: its rings differ
 		// from the others' for that moment, and a packet may be dropped
@@ -777,6 +787,20 @@ func (tr pccTrip) String() string {
 		return b.String() + net.HardwareAddr(tr.frame[0:6]).String()
 	}
 	return strings.TrimSuffix(b.String(), " > ") + " [" + tr.end.String() + "]"
+}
+
+// mostForwards is how many times the node that sent the frame on most often
+// did (XDP_TX), director included.
+func (tr pccTrip) mostForwards() int {
+	sent := map[int]int{}
+	most := 0
+	for _, h := range tr.hops {
+		if h.verdict == xdptest.TX {
+			sent[h.node]++
+			most = max(most, sent[h.node])
+		}
+	}
+	return most
 }
 
 // deliver runs a frame through node to's xdp_lb and on through every node it
