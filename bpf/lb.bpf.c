@@ -870,9 +870,10 @@ int xdp_lb(struct xdp_md *ctx)
 			 * client's FIN or RST ends it (see the slow path). */
 			if (ce->pin == CACHE_PINNED) {
 				th = tcp_hdr(data, data_end, &p);
-				if (th && (th[13] & (TCP_FIN | TCP_RST)))
+				if (th && (th[13] & (TCP_FIN | TCP_RST))) {
 					bpf_map_delete_elem(&flows, &p.flow);
-				else if ((++ce->hits & 63) == 0)
+					ce->generation = 0; /* and this entry */
+				} else if ((++ce->hits & 63) == 0)
 					touch_flow(&p.flow, bid, clock(&now));
 			}
 			goto forward;
@@ -959,11 +960,14 @@ int xdp_lb(struct xdp_md *ctx)
 				pin_seen(now);
 			}
 			/* The client ends the connection (FIN or RST): the pin goes,
-			 * so that a new connection on the same port is not sent after
-			 * it (this CPU's cache entry still serves its last packets). */
+			 * and no cache entry keeps it, so that a new connection on the
+			 * same port is not sent after it (a replica's verdict that does
+			 * not change the maps leaves cache entries standing). */
 			th = tcp_hdr(data, data_end, &p);
-			if (th && (th[13] & (TCP_FIN | TCP_RST)))
+			if (th && (th[13] & (TCP_FIN | TCP_RST))) {
 				bpf_map_delete_elem(&flows, &p.flow);
+				ce = 0;
+			}
 		} else {
 			if (fv)
 				count(REASON_FLOW_REPICK, 0);
