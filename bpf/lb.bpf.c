@@ -242,6 +242,8 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
  * client sent; the receiving edge clears it before its stack sees the frame. */
 #define TCP_MARK_BITS 0x0e00 /* in the 16-bit word at offset 12 */
 #define TCP_MARK_HOP 0x0200
+#define TCP_MARK_TAGGED 0x0600 /* handed on, the director's tag in the IP header */
+#define LB_MARK_TAG (1U << 16) /* in a mark: TCP_MARK_TAGGED */
 #define TCP_URG 0x20
 #define TCP_FIN 0x01
 #define TCP_RST 0x04
@@ -260,19 +262,23 @@ static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BI
 
 /* get_mark is a frame's mark: 0 (none), the receiver's class + 1 (1 to
  * LB_CLASSES), LB_MARK_PROBE or LB_MARK_PINNED, with the hand-offs so far in the
- * next byte, or
- * LB_MARK_FINAL (also
- * for a mark that names no class, or more hand-offs than LB_MAX_HOPS). */
+ * next byte and LB_MARK_TAG if the director's tag is in the IP header, or
+ * LB_MARK_FINAL (also for a mark that names no class, or more hand-offs than
+ * LB_MAX_HOPS). */
 static __always_inline __u32 get_mark(const __u8 *th)
 {
 	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), hops = th[18], cls = th[19];
 
 	if (!bits)
 		return 0;
-	if (bits != TCP_MARK_HOP >> 8 || cls == 0 || cls > LB_MARK_PINNED || hops > LB_MAX_HOPS)
+	if ((bits != TCP_MARK_HOP >> 8 && bits != TCP_MARK_TAGGED >> 8) || cls == 0 || cls > LB_MARK_PINNED ||
+	    hops > LB_MAX_HOPS)
 		return LB_MARK_FINAL;
-	return hops << 8 | cls;
+	return (bits == TCP_MARK_TAGGED >> 8 ? LB_MARK_TAG : 0) | hops << 8 | cls;
 }
+
+/* mark_hops is the hand-offs a mark counts. */
+static __always_inline __u32 mark_hops(__u32 m) { return (m >> 8) & 0xff; }
 
 /* can_mark reports whether a frame may carry a class: no URG, no urgent pointer. */
 static __always_inline int can_mark(const __u8 *th)
@@ -292,8 +298,8 @@ static __always_inline __u16 csum16(__u16 check, __u16 old, __u16 new)
 }
 
 /* put_mark writes mark (0 clears it; LB_MARK_FINAL; a class + 1 with the
- * hand-offs in the next byte, which only a frame can_mark may carry) into a TCP
- * header, keeping its checksum right. */
+ * hand-offs in the next byte and LB_MARK_TAG, which only a frame can_mark may
+ * carry) into a TCP header, keeping its checksum right. */
 static __always_inline void put_mark(__u8 *th, __u32 mark)
 {
 	__u16 old = (__u16)th[12] << 8 | th[13], new = old & ~TCP_MARK_BITS;
@@ -303,9 +309,10 @@ static __always_inline void put_mark(__u8 *th, __u32 mark)
 	if (mark == LB_MARK_FINAL) {
 		new |= TCP_MARK_BITS;
 	} else if (mark) {
-		new |= TCP_MARK_HOP;
-		nurg = mark;
-	} else if ((old & TCP_MARK_BITS) == TCP_MARK_HOP && !(th[13] & TCP_URG)) {
+		new |= mark & LB_MARK_TAG ? TCP_MARK_TAGGED : TCP_MARK_HOP;
+		nurg = mark & 0xffff;
+	} else if (((old & TCP_MARK_BITS) == TCP_MARK_HOP || (old & TCP_MARK_BITS) == TCP_MARK_TAGGED) &&
+		   !(th[13] & TCP_URG)) {
 		nurg = 0; /* a class this header carried */
 	}
 	if (old == new && ourg == nurg)
@@ -316,6 +323,74 @@ static __always_inline void put_mark(__u8 *th, __u32 mark)
 	th[19] = nurg & 0xff;
 	th[16] = check >> 8;
 	th[17] = check & 0xff;
+}
+
+/* The director's tag. A walked frame must not come back to the edge that
+ * directed it (it checked its own stack, and would send the frame on a second
+ * time), and that edge is in the chains of others wherever its replica is. So
+ * the director writes its tag, the last 16 bits of its address (addr_tag), into
+ * the IP header, and every edge along the walk skips the replica that has it:
+ * the IPv4 identification of a datagram that is no fragment (RFC 6864: only
+ * reassembly reads it), or the low 16 bits of the IPv6 flow label (which only
+ * ECMP hashes and a reflecting stack read, and the frame is past both). It is
+ * not given back (no room to keep the client's value): the serving stack sees
+ * the tag there. Only where a node's addresses differ in their last 16 bits
+ * (self_addr.tags, Go's check) is a tag written or read. */
+static __always_inline __u16 addr_tag(const __u8 *a) { return (__u16)a[14] << 8 | a[15]; }
+
+/* self_tag is this node's tag + 1, 0 if tags are off here. */
+static __always_inline __u32 self_tag(void)
+{
+	__u32 zero = 0;
+	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
+
+	return me && me->set && me->tags ? addr_tag(me->addr) + 1 : 0;
+}
+
+/* tag_word is the 16-bit word of the IP header that carries a tag, 0 if none. */
+static __always_inline __u8 *tag_word(void *data, void *data_end)
+{
+	struct ethhdr *eth = data;
+	__u8 *ip = (__u8 *)(eth + 1);
+
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return (void *)(ip + 20) <= data_end ? ip + 4 : 0; /* identification */
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return (void *)(ip + 40) <= data_end ? ip + 2 : 0; /* the flow label's low 16 bits */
+	return 0;
+}
+
+/* put_tag writes tag (a tag, not + 1) into a frame's IP header (the IPv4
+ * header checksum kept right). */
+static __always_inline void put_tag(void *data, void *data_end, __u16 tag)
+{
+	struct ethhdr *eth = data;
+	__u8 *w = tag_word(data, data_end), *ip = (__u8 *)(eth + 1);
+	__u16 old;
+
+	if (!w)
+		return;
+	old = (__u16)w[0] << 8 | w[1];
+	if (old == tag)
+		return;
+	if (eth->h_proto == bpf_htons(ETH_P_IP) && (void *)(ip + 20) <= data_end) {
+		__u16 check = csum16((__u16)ip[10] << 8 | ip[11], old, tag);
+
+		ip[10] = check >> 8;
+		ip[11] = check & 0xff;
+	}
+	w[0] = tag >> 8;
+	w[1] = tag & 0xff;
+}
+
+/* get_tag is the tag + 1 a frame marked with m carries, 0 for none. */
+static __always_inline __u32 get_tag(void *data, void *data_end, __u32 m)
+{
+	__u8 *w;
+
+	if (!(m & LB_MARK_TAG) || !(w = tag_word(data, data_end)))
+		return 0;
+	return ((__u16)w[0] << 8 | w[1]) + 1;
 }
 
 /* has_connection reports whether this node's stack has the TCP connection of
@@ -530,18 +605,45 @@ static __always_inline int addr_cmp(const __u8 *a, const __u8 *b)
 	return 0;
 }
 
+/* above reports whether a replica be of class cl lies above where a frame
+ * marked after (a class + 1, as its sender saw this node) stands at this node
+ * (me) in the order chains are walked: a higher class, or the same class and a
+ * higher address (any, for a node that does not know its own). */
+static __always_inline int above(__u32 cl, const struct backend *be, __u32 after, const struct self_addr *me)
+{
+	if (cl != after - 1)
+		return cl > after - 1;
+	return !me || !me->set || addr_cmp(be->addr, me->addr) > 0;
+}
+
+/* is_tagged reports whether be is the replica a frame's tag (+ 1) names, by
+ * what this node (me) knows: only where tags tell every replica apart. */
+static __always_inline int is_tagged(const struct backend *be, __u32 tag, const struct self_addr *me)
+{
+	return tag && me && me->tags && addr_tag(be->addr) + 1 == tag;
+}
+
+/* from_here reports whether be is the edge that walked a frame here (from: its
+ * source MAC; zero for a frame a director steered, or a client's): it asked its
+ * own stack already. */
+static __always_inline int from_here(const struct backend *be, const __u8 *from)
+{
+	return (*(const __u32 *)from || *(const __u16 *)(from + 4)) && mac_eq(be->mac, from);
+}
+
 /* chain_next is where a node that does not have a flow's connection sends its
  * packet along the built chain, as an index into c->id (-1 if none is left):
  * the replica after this node in the order every chain is walked, (class,
- * address), never this node's own. after is where this node stands: its class
- * + 1 as the sender saw it (the frame's mark), this node's address (self_addr);
- * 0 (or LB_MARK_PROBE: a director's likeliest guess) for the very start. Each hop goes
- * up that order, which is the same on every edge whatever the rings each holds
- * (each applies a change at its own moment, learns a verdict late, restarts and
- * replays, or guessed a history, Options.Arrival): a packet never comes back to
- * an edge, and reaches every replica above it that the edges it passes know.
- * The hand-offs are counted too (LB_MAX_HOPS). A global function. */
-__attribute__((noinline)) int chain_next(struct chain *c, __u32 after)
+ * address), never this node's own, nor the director's (tag: the frame's tag +
+ * 1, 0 for none), nor the edge that walked it here (c->from). after is where this node stands: its class + 1 as the sender
+ * saw it (the frame's mark), this node's address (self_addr); 0 (or an earlier
+ * version's LB_MARK_PROBE) for the very start. Each hop goes up that order,
+ * which is the same on every edge whatever the rings each holds (each applies a
+ * change at its own moment, learns a verdict late, restarts and replays, or
+ * guessed a history, Options.Arrival): a packet never comes back to an edge,
+ * and reaches every replica above it that the edges it passes know. The
+ * hand-offs are counted too (LB_MAX_HOPS). A global function. */
+__attribute__((noinline)) int chain_next(struct chain *c, __u32 after, __u32 tag)
 {
 	__u32 zero = 0, bcls = 0;
 	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
@@ -558,10 +660,10 @@ __attribute__((noinline)) int chain_next(struct chain *c, __u32 after)
 		if (j >= c->n)
 			break;
 		be = active_backend(c->id[j]);
-		if (!be || (be->flags & BACKEND_F_LOCAL))
+		if (!be || (be->flags & BACKEND_F_LOCAL) || is_tagged(be, tag, me) || from_here(be, c->from))
 			continue;
 		cl = c->cls[j];
-		if (after && (cl < after - 1 || (cl == after - 1 && me && me->set && addr_cmp(be->addr, me->addr) <= 0)))
+		if (after && !above(cl, be, after, me))
 			continue;
 		if (best && (cl > bcls || (cl == bcls && addr_cmp(be->addr, best->addr) >= 0)))
 			continue;
@@ -574,42 +676,31 @@ __attribute__((noinline)) int chain_next(struct chain *c, __u32 after)
 
 /* first_held is where a director sends a TCP packet of a flow along its built
  * chain: this node's own replica if its stack has the connection (v4: an IPv4
- * flow), else the likeliest other, the first serving one in ring order (a
- * connection older than the transition, the likeliest, is found first), which
- * walks the chain from its start if it does not have it (c->probe is then set:
- * its mark says so); with none that serves, the first of the chain in the order
- * it is walked (chain_next). 0 if the chain names only this node; c->pick is the
- * index of the one picked. A global function, like build_chain. */
+ * flow), else the first other replica in the order chains are walked, which
+ * walks on from there if it does not have it. 0 if the chain names only this
+ * node; c->pick is the index of the one picked. A global function, like
+ * build_chain. */
 __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, struct flow_key *f, int v4)
 {
-	int j = -1;
+	int j;
 
 	if (!c || !f)
 		return 0;
 	c->pick = 0;
-	c->probe = 0;
 	for (int i = 0; i < LB_CHAIN; i++) {
 		struct backend *be;
 
 		if (i >= c->n)
 			break;
 		be = active_backend(c->id[i]);
-		if (!be)
+		if (!be || !(be->flags & BACKEND_F_LOCAL))
 			continue;
-		if (!(be->flags & BACKEND_F_LOCAL)) {
-			if (j < 0 && c->cls[i] == 0)
-				j = i;
-			continue;
-		}
 		if (has_connection(ctx, v4, f)) {
 			c->pick = i;
 			return c->id[i];
 		}
 	}
-	if (j >= 0)
-		c->probe = 1;
-	else
-		j = chain_next(c, 0);
+	j = chain_next(c, 0, 0);
 	if (j < 0)
 		return 0;
 	c->pick = j;
@@ -643,39 +734,57 @@ static __always_inline int settling(__u32 vip_id, __u64 *now)
 	return changed && (__s64)(clock(now) - *changed) < (__s64)LB_SETTLE_MS * 1000000;
 }
 
-/* stale_pin reports whether a director's pin of a TCP flow to be outlived its
- * connection, by what this node's own stack says: a pin to this node's replica
- * whose stack has no connection of the 5-tuple, or a pin to another replica
- * while this node's stack has one. A client reuses the port of a connection
- * that ended, and the ring places the new one where it places it; a director
- * that pinned the old one never saw it end (another director did). It costs a
- * socket lookup per packet of a pinned flow, and pins exist only around ring
- * changes. */
+/* stale_pin says whether a director's pin of a TCP flow to be outlived its
+ * connection, by what this node's own stack says: PIN_ENDED for a pin to this
+ * node's replica whose stack has no connection of the 5-tuple, PIN_HERE for a
+ * pin to another replica while this node's stack has one (served here: the
+ * connection lives here, wherever the rings placed it), PIN_HOLDS otherwise. A
+ * client reuses the port of a connection that ended, and the ring places the
+ * new one where it places it; a director that pinned the old one never saw it
+ * end (another director did). It costs a socket lookup per packet of a pinned
+ * flow, and pins exist only around ring changes. */
+enum { PIN_HOLDS, PIN_ENDED, PIN_HERE };
+
 static __always_inline int stale_pin(struct xdp_md *ctx, const struct ethhdr *eth, const struct parsed *p,
 				     const struct backend *be)
 {
 	if (p->flow.proto != IPPROTO_TCP || p->syn || p->icmp_error || (be->flags & BACKEND_F_REMOTE))
-		return 0;
-	int local = (be->flags & BACKEND_F_LOCAL) != 0;
+		return PIN_HOLDS;
+	int local = (be->flags & BACKEND_F_LOCAL) != 0, has;
 
-	return local != has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow);
+	has = has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow);
+	if (local == has)
+		return PIN_HOLDS;
+	return local ? PIN_ENDED : PIN_HERE;
+}
+
+/* serve_here passes a frame to this node's stack, without the mark bits a
+ * client may have set (reserved bits, which a stack ignores). */
+static __always_inline int serve_here(void *data, void *data_end, const struct parsed *p)
+{
+	__u8 *th = tcp_hdr(data, data_end, p);
+
+	if (th && marked(th))
+		put_mark(th, 0);
+	return count(REASON_LOCAL, XDP_PASS);
 }
 
 /* onwards reports whether a hand-off pin to be (its class + 1: hop) lies above
  * where a frame marked after (this node's class + 1 as its sender saw it; 0: a
- * frame steered by a ring, not walked) stands in the order chains are walked:
- * only then may the frame follow the pin, so that it never comes back. */
-static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 after)
+ * frame steered by a ring, not walked) stands in the order chains are walked,
+ * and names neither the frame's director (tag) nor the edge that walked it here
+ * (from, 0 for a frame not walked): only then may the frame follow the pin, so
+ * that it never comes back. */
+static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 after, __u32 tag, const __u8 *from)
 {
 	__u32 zero = 0;
-	struct self_addr *me;
+	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
 
+	if (is_tagged(be, tag, me) || (from && mac_eq(be->mac, from)))
+		return 0;
 	if (!after || after > LB_CLASSES)
 		return 1;
-	if (hop != after)
-		return hop > after;
-	me = bpf_map_lookup_elem(&self_addr, &zero);
-	return me && me->set && addr_cmp(be->addr, me->addr) > 0;
+	return above(hop - 1, be, after, me) && (hop != after || (me && me->set));
 }
 
 /* from_director handles a frame another edge sent here: a director that chose
@@ -691,7 +800,7 @@ static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 af
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg)
 {
-	__u32 vip_id, hash, m = 0, zero = 0, hops;
+	__u32 vip_id, hash, m = 0, zero = 0, hops, tag;
 	__u8 *th = tcp_hdr(eth, data_end, p);
 	struct chain *ch;
 	struct backend *be;
@@ -703,7 +812,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		put_mark(th, 0);
 	if (m == LB_MARK_FINAL)
 		return count(REASON_HANDOFF_IN, XDP_PASS);
-	hops = m >> 8;
+	hops = mark_hops(m);
+	tag = get_tag(eth, data_end, m);
 	if (!th || !lookup_vip(&p->flow, cfg, &vip_id))
 		return count(REASON_FROM_PEER, XDP_PASS);
 	relays = live(&relay_clock, &now);
@@ -720,12 +830,12 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		 * frame's). Nothing else costs more than the flag checks. */
 		if (relays && hops < LB_MAX_HOPS && (fv = bpf_map_lookup_elem(&flows, &p->flow)) &&
 		    fv->hop >= 1 && fv->hop <= LB_CLASSES && (be = active_backend(fv->backend_id)) &&
-		    !(be->flags & BACKEND_F_LOCAL) && onwards(fv->hop, be, m & 0xff)) {
+		    !(be->flags & BACKEND_F_LOCAL) && onwards(fv->hop, be, m & 0xff, tag, m ? eth->h_source : 0)) {
 			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
 				fv->last_seen_ns = now;
 				seen(&relay_clock, now);
 			}
-			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | fv->hop, cfg);
+			return hand_on(ctx, eth, th, be, (m & LB_MARK_TAG) | (hops + 1) << 8 | fv->hop, cfg);
 		}
 		/* A frame a director steered here by a pin, of a connection this
 		 * node does not have: the pin is stale (the connection ended here,
@@ -758,9 +868,15 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	ch->h[0] = pick_from_ring(&prev_rings, vip_id, hash, cfg);
 	ch->h[1] = pick_from_ring(&rings, vip_id, hash, cfg);
 	ch->sites = 1;
+	/* An edge that walked the frame here asked its own stack; a director
+	 * that steered it unmarked did not, and may have it. */
+	if (m)
+		__builtin_memcpy(ch->from, eth->h_source, ETH_ALEN);
+	else
+		__builtin_memset(ch->from, 0, sizeof(ch->from));
 	fill_history(ch, vip_id, hash);
 	build_chain(ch);
-	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff) : -1;
+	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff, tag) : -1;
 	if (j >= 0) {
 		__u32 k = (__u32)j & (LB_CHAIN - 1), id = ch->id[k], cls = ch->cls[k] + 1;
 		struct flow_val nv = { .backend_id = id, .hop = cls, .last_seen_ns = clock(&now) };
@@ -768,7 +884,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		if ((be = active_backend(id))) {
 			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
 			seen(&relay_clock, now);
-			return hand_on(ctx, eth, th, be, (hops + 1) << 8 | cls, cfg);
+			return hand_on(ctx, eth, th, be, (m & LB_MARK_TAG) | (hops + 1) << 8 | cls, cfg);
 		}
 	}
 	/* No later replica: the connection is nowhere this node can see. Right
@@ -796,8 +912,8 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
-	int rc, pins, mv = 0, guess = 0, tunneled = 0;
-	__u32 fmark = 0;
+	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS;
+	__u32 fmark = 0, stag = 0;
 	__u8 *th;
 
 	if ((void *)(eth + 1) > data_end)
@@ -855,8 +971,11 @@ int xdp_lb(struct xdp_md *ctx)
 		bid = ce->backend_id;
 		be = active_backend(bid);
 		/* A pin holds while its connection does (stale_pin). */
-		if (be && ce->pin == CACHE_PINNED && stale_pin(ctx, eth, &p, be))
+		if (be && ce->pin == CACHE_PINNED && (sp = stale_pin(ctx, eth, &p, be))) {
+			if (sp == PIN_HERE)
+				return serve_here(data, data_end, &p);
 			be = 0;
+		}
 		if (be) {
 			vip_id = ce->vip_id;
 			fmark = ce->mark;
@@ -941,7 +1060,7 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop) && !stale_pin(ctx, eth, &p, be)) {
+			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be))) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
@@ -969,6 +1088,8 @@ int xdp_lb(struct xdp_md *ctx)
 				ce = 0;
 			}
 		} else {
+			if (sp == PIN_HERE)
+				return serve_here(data, data_end, &p);
 			if (fv)
 				count(REASON_FLOW_REPICK, 0);
 			be = mv ? active_backend(pbid) : 0;
@@ -990,6 +1111,7 @@ int xdp_lb(struct xdp_md *ctx)
 				__u32 found;
 
 				ch->sites = !tunneled;
+				__builtin_memset(ch->from, 0, sizeof(ch->from));
 				build_chain(ch);
 				struct backend *fb;
 
@@ -1000,7 +1122,7 @@ int xdp_lb(struct xdp_md *ctx)
 				 * longer) in this transition knows the frame was
 				 * walked, not steered. */
 				if (fb && !(fb->flags & BACKEND_F_LOCAL) && ch->n > 1)
-					fmark = 1 << 8 | (ch->probe ? LB_MARK_PROBE : ch->cls[ch->pick & (LB_CHAIN - 1)] + 1);
+					fmark = LB_MARK_TAG | 1 << 8 | (ch->cls[ch->pick & (LB_CHAIN - 1)] + 1);
 				if (fb && found != cur) {
 					bid = found;
 					pin = CACHE_PINNED;
@@ -1022,6 +1144,19 @@ int xdp_lb(struct xdp_md *ctx)
 		return count(REASON_NO_BACKEND, XDP_PASS);
 	if (p.syn && vs)
 		vs->new_flows++;
+	/* While the VIP is in a transition, a TCP packet this node steers by its
+	 * rings alone (a slot that did not move here, a new connection's pin) may
+	 * meet an edge whose rings moved it, and be walked from there, back here
+	 * too. So this node asks its own stack first (it serves what it has), and
+	 * the frame says where a walk starts (from the chain's start, never back
+	 * here: LB_MARK_PROBE and this node's tag). One socket lookup per flow
+	 * and CPU (the flow cache keeps the mark), only in a transition. */
+	if (!fmark && !p.syn && !p.icmp_error && !tunneled && p.flow.proto == IPPROTO_TCP &&
+	    !(be->flags & (BACKEND_F_LOCAL | BACKEND_F_REMOTE)) && prev_live(vip_id, &now)) {
+		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p.flow))
+			return serve_here(data, data_end, &p);
+		fmark = LB_MARK_TAG | 1 << 8 | LB_MARK_PROBE;
+	}
 	/* An ICMP error never creates state: it only follows a flow. */
 	if (write != CACHE_UNPINNED && !p.icmp_error) {
 		struct flow_val nv = { .backend_id = bid, .hop = guess ? LB_PIN_GUESS : 0, .last_seen_ns = clock(&now) };
@@ -1089,17 +1224,22 @@ forward:
 	/* What a client set in the mark's bits is no mark (reserved bits, which
 	 * a stack ignores), and what another site sent is served where it goes,
 	 * not handed on. */
+	if (be->flags & BACKEND_F_LOCAL)
+		return serve_here(data, data_end, &p);
 	th = tcp_hdr(data, data_end, &p);
-	if (be->flags & BACKEND_F_LOCAL) {
-		if (th && marked(th))
-			put_mark(th, 0);
-		return count(REASON_LOCAL, XDP_PASS);
-	}
 	/* The parser's reads proved at least an Ethernet header is there. */
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
-	if (th && (tunneled || (fmark && can_mark(th)) || marked(th)))
-		put_mark(th, tunneled ? LB_MARK_FINAL : fmark && can_mark(th) ? fmark : 0);
+	/* A walk carries this node's tag (walkers skip it), where tags are on. */
+	if (fmark & LB_MARK_TAG && !(stag = self_tag()))
+		fmark &= ~LB_MARK_TAG;
+	if (th && (tunneled || (fmark && can_mark(th)) || marked(th))) {
+		int walked = !tunneled && fmark && can_mark(th);
+
+		put_mark(th, tunneled ? LB_MARK_FINAL : walked ? fmark : 0);
+		if (walked && (fmark & LB_MARK_TAG))
+			put_tag(data, data_end, stag - 1);
+	}
 	return count(REASON_TX, XDP_TX);
 }
 

@@ -216,9 +216,10 @@ struct {
 struct chain {
 	__u32 h[LB_CHAIN];   /* in: what each ring holds for the flow, 0 for none */
 	__u32 sites;         /* in: another site's edge may be in it */
+	__u8 from[8];        /* in: the MAC of the edge that sent the frame on
+			      * (zero for a client's): never walked back to */
 	__u32 n;             /* out: replicas in id */
 	__u32 pick;          /* out (first_held): the index of the replica picked */
-	__u32 probe;         /* out (first_held): it is a guess, not the chain's first */
 	__u32 id[LB_CHAIN];  /* out: the chain's replicas */
 	__u32 cls[LB_CHAIN]; /* out: each one's class (0 to LB_CLASSES - 1) */
 };

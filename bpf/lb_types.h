@@ -43,8 +43,9 @@ enum lb_limits {
 	LB_CLASSES = 3,           /* classes of a chain's replicas, in the order a
 				   * chain is walked: serving, down, another site's
 				   * edge */
-	LB_MARK_PROBE = 4,        /* a mark's class for a director's likeliest guess:
-				   * the receiver walks the chain from its start */
+	LB_MARK_PROBE = 4,        /* a mark's class an earlier version's director
+				   * gave its likeliest guess: the receiver walks
+				   * the chain from its start */
 	LB_MARK_PINNED = 5,       /* a mark's class for a frame a director steered by
 				   * a pin: a receiver without its connection knows
 				   * the pin is stale */
@@ -63,7 +64,10 @@ enum lb_limits {
  * order a chain is walked. */
 struct self_addr {
 	__u8 addr[16];
-	__u32 set; /* 0 until Go knows it */
+	__u32 set;  /* 0 until Go knows it */
+	__u32 tags; /* 1: the last 16 bits of an address tell apart every replica
+		     * and edge this node knows (addr_tag): a walk carries its
+		     * director's, and skips it */
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */

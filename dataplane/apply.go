@@ -119,8 +119,10 @@ type applied struct {
 	// until its transition ends or a ring change makes its own ring previous.
 	handing map[uint32][]uint32
 	tunnel  netip.Addr
-	// self: this node's own replica address, as self_addr holds it.
+	// self: this node's own replica address, as self_addr holds it, and
+	// whether tags are on (selfAddrOf).
 	self netip.Addr
+	tags bool
 }
 
 // ApplyStats says what one Apply changed.
@@ -186,7 +188,8 @@ func (d *Dataplane) recover() error {
 	// (self_addr is not pinned): its local replica's address.
 	for _, be := range pinned.backends {
 		if be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL) != 0 {
-			if err := d.setSelf(&st, addrFrom16(be.Addr)); err != nil {
+			self := addrFrom16(be.Addr)
+			if err := d.setSelf(&st, self, tagsExact(self, pinned.backends)); err != nil {
 				return err
 			}
 			break
@@ -240,16 +243,57 @@ func wantsRings(want Desired) bool {
 }
 
 // setSelf writes this node's own replica address to self_addr, where chains
-// are walked from (chain_next), if st does not hold it already.
-func (d *Dataplane) setSelf(st *applied, self netip.Addr) error {
-	if st.self == self {
+// are walked from (chain_next), and whether tags are on, if st does not hold
+// them already.
+func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags bool) error {
+	if st.self == self && st.tags == tags {
 		return nil
 	}
-	if err := d.objs.SelfAddr.Put(uint32(0), &lbSelfAddr{Addr: addr16(self), Set: 1}); err != nil {
+	sa := lbSelfAddr{Addr: addr16(self), Set: 1}
+	if tags {
+		sa.Tags = 1
+	}
+	if err := d.objs.SelfAddr.Put(uint32(0), &sa); err != nil {
 		return fmt.Errorf("update map self_addr: %w", err)
 	}
-	st.self = self
+	st.self, st.tags = self, tags
 	return nil
+}
+
+// tagsExact reports whether the last 16 bits of an address (xdp_lb's
+// addr_tag) tell apart this node (self) and every backend of the maps: only
+// then does a walked frame carry its director's tag, for the edges along the
+// walk to skip (bpf/README.md). On a segment of a /16 or less it always holds.
+func tagsExact(self netip.Addr, sets ...map[uint32]lbBackend) bool {
+	s16 := self.Unmap().As16()
+	tags := map[uint16]netip.Addr{uint16(s16[14])<<8 | uint16(s16[15]): self.Unmap()}
+	for _, set := range sets {
+		for _, be := range set {
+			a := addrFrom16(be.Addr).Unmap()
+			tag := uint16(be.Addr[14])<<8 | uint16(be.Addr[15])
+			if other, ok := tags[tag]; ok && other != a {
+				return false
+			}
+			tags[tag] = a
+		}
+	}
+	return true
+}
+
+// addPeers writes the MACs of peers that are new, and says how many.
+func (d *Dataplane) addPeers(peers map[lbPeerKey]bool) (int, error) {
+	added := 0
+	for k := range peers {
+		if d.st.peers[k] {
+			continue
+		}
+		if err := d.objs.Peers.Put(&k, uint32(1)); err != nil {
+			return added, fmt.Errorf("update map peers: %w", err)
+		}
+		d.st.peers[k] = true
+		added++
+	}
+	return added, nil
 }
 
 // localDown is want with this node's own replicas Down (Options.Rejoin), and
@@ -296,8 +340,35 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	if err := d.Expire(); err != nil {
 		return stats, err
 	}
-	// Order matters for packets in flight: backends before the rings that name
-	// them, rings before the VIP keys that lead to them; deletions the other way.
+	// Order matters for packets in flight: new peers first, backends before
+	// the rings that name them, rings before the VIP keys that lead to them;
+	// deletions the other way. A new peer's frames must never meet rings that
+	// already name its replica while this node still takes them for a
+	// router's (it would steer its SYN back: a restarted agent did, and the
+	// connection opened at a replica no ring named, TestBGPReplicaChange).
+	// A backend whose tag is another's turns tags off before any ring names it.
+	self := d.st.self
+	for _, g := range want.Groups {
+		if i := slices.IndexFunc(g.Backends, func(b Backend) bool { return b.Local }); i >= 0 {
+			self = g.Backends[i].Addr.Unmap()
+			break
+		}
+	}
+	if self.IsValid() {
+		if err := d.setSelf(&d.st, self, d.st.tags && tagsExact(self, d.st.backends, plan.backends)); err != nil {
+			return stats, err
+		}
+	}
+	if added, err := d.addPeers(plan.peers); err != nil {
+		return stats, err
+	} else if added > 0 {
+		stats.Peers += added
+		// Peers are memoized per CPU for one generation (src_macs).
+		d.cfg.Generation++
+		if err := d.writeConfig(); err != nil {
+			return stats, err
+		}
+	}
 	for id, be := range plan.backends {
 		if old, ok := d.st.backends[id]; ok && old == be {
 			continue
@@ -345,25 +416,13 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.st.vipKeys[k] = v
 		stats.VIPKeys++
 	}
-	for _, g := range want.Groups {
-		if i := slices.IndexFunc(g.Backends, func(b Backend) bool { return b.Local }); i >= 0 {
-			if err := d.setSelf(&d.st, g.Backends[i].Addr.Unmap()); err != nil {
-				return stats, err
-			}
-			break
+	if self.IsValid() {
+		if err := d.setSelf(&d.st, self, tagsExact(self, plan.backends)); err != nil {
+			return stats, err
 		}
 	}
-	// Peers are memoized per CPU for one generation (src_macs): a change bumps it.
-	for k := range plan.peers {
-		if d.st.peers[k] {
-			continue
-		}
-		if err := d.objs.Peers.Put(&k, uint32(1)); err != nil {
-			return stats, fmt.Errorf("update map peers: %w", err)
-		}
-		d.st.peers[k] = true
-		stats.Peers++
-	}
+	// Peers that go are forgotten last (a frame their director sent is
+	// still in flight).
 	for k := range d.st.peers {
 		if plan.peers[k] {
 			continue

@@ -97,6 +97,13 @@ func udp6(sport uint16) xdptest.Packet {
 // destination MAC set to the backend's and the source MAC to the NIC's.
 func to(p xdptest.Packet, b Backend) []byte { return p.WithMACs(nicMAC, b.MAC).Bytes() }
 
+// inTransition is a TCP packet p a director steered to b in its VIP's
+// transition: marked to be walked from the chain's start where b does not have
+// it (the fixtures' director has no replica of its own, so no tag).
+func inTransition(p xdptest.Packet, b Backend) []byte {
+	return xdptest.WithTCPMark(to(p, b), 1<<8|int(lbLbLimitsLB_MARK_PROBE))
+}
+
 // pick says which of bs the ring sends a new flow to, computed in Go from the
 // table and hash definitions; a fixture uses it to choose flows that make a test
 // meaningful (e.g. a flow the new ring would move).
@@ -243,8 +250,8 @@ func fixtures() []fixture {
 				// Marked as the director's likeliest guess (r1 held the
 				// slot before): r1's node, had it not the connection,
 				// would walk the chain from its start.
-				{name: "after adding r2: pinned to r1", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE)), reasons: reasons(rPinned, 1, rTX, 1)},
-				{name: "and stays", in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE)), reasons: reasons(rTX, 1)},
+				{name: "after adding r2: pinned to r1", apply: ptr(desired(r1, r2)), in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|1), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "and stays", in: p.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(p, r1), 1<<8|1), reasons: reasons(rTX, 1)},
 				{name: "new flow uses the new ring", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
 			}
 		}},
@@ -260,14 +267,14 @@ func fixtures() []fixture {
 				{name: "flow to r1", in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rTX, 1)},
 				{name: "r1 draining: old flow stays", apply: ptr(desired(draining(r1), r2)), in: old.Bytes(), verdict: xdptest.TX, out: to(old, r1), reasons: reasons(rPinned, 1, rTX, 1)},
 				{name: "r1 draining: new connection goes to r2", in: fresh.Bytes(), verdict: xdptest.TX, out: to(fresh, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
-				{name: "r1 draining: its handshake's ACK pins it there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "r1 draining: its handshake's ACK pins it there", in: ack.Bytes(), verdict: xdptest.TX, out: inTransition(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}
 		}},
 		{"removed backend: flow picked again", desired(r1, r2), func(t testing.TB) []step {
 			p := tcp6(sportFor(t, func(s uint16) xdptest.Packet { return tcp6(s, xdptest.ACK) }, r1, r1, r2), xdptest.ACK)
 			return []step{
 				{name: "flow to r1", in: p.Bytes(), verdict: xdptest.TX, out: to(p, r1), reasons: reasons(rTX, 1)},
-				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: to(p, r2), reasons: reasons(rTX, 1)},
+				{name: "r1 removed", apply: ptr(desired(r2)), in: p.Bytes(), verdict: xdptest.TX, out: inTransition(p, r2), reasons: reasons(rTX, 1)},
 			}
 		}},
 		{"a down replica's flows move, no other replica's, on a director that never saw them", desired(r2, r3), func(t testing.TB) []step {
@@ -279,7 +286,7 @@ func fixtures() []fixture {
 				want = r3
 			}
 			return []step{
-				{name: "r1 down: r2's flow stays on r2", apply: ptr(desired(down(r1), r2, r3)), in: kept.Bytes(), verdict: xdptest.TX, out: to(kept, r2), reasons: reasons(rTX, 1)},
+				{name: "r1 down: r2's flow stays on r2", apply: ptr(desired(down(r1), r2, r3)), in: kept.Bytes(), verdict: xdptest.TX, out: xdptest.WithTag(xdptest.WithTCPMark(to(kept, r2), xdptest.MarkTagged|1<<8|int(lbLbLimitsLB_MARK_PROBE)), 0x000d) /* r3's tag: this node's */, reasons: reasons(rTX, 1)},
 				{name: "r1 down: its flow goes where the serving replicas' table says", in: moved.Bytes(), verdict: verdictFor(want), out: outFor(moved, want), reasons: reasonsFor(want)},
 			}
 		}},
@@ -292,9 +299,9 @@ func fixtures() []fixture {
 			syn.Flags = xdptest.SYN
 			return []step{
 				{name: "old flow pinned to r1", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r1), reasons: reasons(rTX, 1)},
-				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(ack, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE)), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "r2 added: the old flow stays", apply: ptr(desired(r1, r2)), in: ack.Bytes(), verdict: xdptest.TX, out: xdptest.WithTCPMark(to(ack, r1), 1<<8|1), reasons: reasons(rPinned, 1, rTX, 1)},
 				{name: "a SYN on the same 5-tuple follows the ring", in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r2), reasons: reasons(rNewPinned, 1, rTX, 1)},
-				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: to(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
+				{name: "and the connection stays there", in: ack.Bytes(), verdict: xdptest.TX, out: inTransition(ack, r2), reasons: reasons(rPinned, 1, rTX, 1)},
 			}
 		}},
 		{"a frame another edge steered here is never steered again", desired(r1, r2, r3), func(t testing.TB) []step {

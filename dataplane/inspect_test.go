@@ -35,8 +35,9 @@ func TestInspectorSeesWhatApplyWrote(t *testing.T) {
 	if _, err := d.Apply(desired(r1, draining(r2), r3)); err != nil {
 		t.Fatal(err)
 	}
-	mk := func(s uint16) xdptest.Packet { return tcp4(s, xdptest.ACK) }
-	p := mk(sportFrom(t, 40100, mk, r2, r1, r2, r3))
+	// r2's before, r3's now: the walk's first (by address) is r2, pinned
+	// as the director's guess.
+	p := flowWhere(t, 40100, [][]Backend{{r1, r2, r3}, {r1, r3}}, r2, r3)
 	if _, _, err := xdptest.Run(d.Program(), p.Bytes()); err != nil {
 		t.Fatal(err)
 	}

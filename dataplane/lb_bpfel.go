@@ -51,9 +51,9 @@ type lbChain struct {
 	_     structs.HostLayout
 	H     [16]uint32
 	Sites uint32
+	From  [8]uint8
 	N     uint32
 	Pick  uint32
-	Probe uint32
 	Id    [16]uint32
 	Cls   [16]uint32
 }
@@ -180,6 +180,7 @@ type lbSelfAddr struct {
 	_    structs.HostLayout
 	Addr [16]uint8
 	Set  uint32
+	Tags uint32
 }
 
 type lbTunnelCfg struct {

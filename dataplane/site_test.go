@@ -90,12 +90,14 @@ func TestSiteHandover(t *testing.T) {
 	if pinned, _ := dr.state(t); pinned != 2 {
 		t.Errorf("%d flows pinned, want the 2 sent to the other site", pinned)
 	}
-	// Another replica's flow goes to it (the likeliest: the other site's edge
-	// comes last), marked as the director's guess: its node knows whether it
-	// has it, and walks the chain from its start if not.
+	// Another replica's flow goes to it (the first of its chain: the other
+	// site's edge comes last), marked with its class and this node's tag (r3's
+	// address ends in 0x000d): its node knows whether it has it, and walks the
+	// chain on, past this node, if not.
 	p := tcp4(theirs, xdptest.ACK)
-	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, xdptest.WithTCPMark(to(p, r1), 1<<8|int(lbLbLimitsLB_MARK_PROBE))) {
-		t.Errorf("another replica's flow sent % x", out[:14])
+	want0 := xdptest.WithTag(xdptest.WithTCPMark(to(p, r1), xdptest.MarkTagged|1<<8|1), 0x000d)
+	if out := run("another replica's flow", p.Bytes(), xdptest.TX); !slices.Equal(out, want0) {
+		t.Errorf("another replica's flow sent % x,\nwant % x", out, want0)
 	}
 	// ... and there, from a director, what that node does not have goes on.
 	p = tcp4(mine+1, xdptest.ACK)

@@ -336,6 +336,17 @@ func TestHandoff(t *testing.T) {
 				t.Errorf("marked %#x: sent on with mark %#x, want 0x201", m, got)
 			}
 		}
+		// A walk r4 directed carries r4's tag (its address ends in 0x000e):
+		// r4 checked its own stack, and is skipped; nothing else is above.
+		if again := run("received marked, tagged by r4", xdptest.WithTag(xdptest.WithTCPMark(in, xdptest.MarkTagged|1<<8|serving), 0x000e), xdptest.Drop); again != nil && slices.Equal(again[:6], r4MAC) {
+			t.Errorf("a walk r4 directed was sent back to r4")
+		}
+		// Tagged by another node, it goes to r4, tag and all.
+		if again := run("received marked, tagged by r1", xdptest.WithTag(xdptest.WithTCPMark(in, xdptest.MarkTagged|1<<8|serving), 0x000b), xdptest.TX); !slices.Equal(again[:6], r4MAC) {
+			t.Errorf("tagged by r1: sent to %s, want r4", net.HardwareAddr(again[:6]))
+		} else if got, _ := xdptest.TCPMark(again); got != xdptest.MarkTagged|2<<8|serving {
+			t.Errorf("tagged by r1: sent on with mark %#x, want it tagged, 0x201", got)
+		}
 		f := Flow{Src: toNew.Src, Dst: toNew.Dst, SPort: toNew.SPort, DPort: toNew.DPort, Protocol: toNew.Proto}
 		if err := dr.d.objs.SockModel.Put(f.key(), uint32(1)); err != nil {
 			t.Fatal(err)
@@ -379,8 +390,8 @@ func TestHandoff(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if wait, in := c.Reasons[lbReasonREASON_HANDOFF_WAIT], c.Reasons[rHandoffIn]; c.Reasons[rHandoff] != 12 || wait != 6 || in != 2 {
-		t.Errorf("hand-offs %d out, %d dropped at the end of their chain, %d served; want 12, 6, 2", c.Reasons[rHandoff], wait, in)
+	if wait, in := c.Reasons[lbReasonREASON_HANDOFF_WAIT], c.Reasons[rHandoffIn]; c.Reasons[rHandoff] != 14 || wait != 8 || in != 2 {
+		t.Errorf("hand-offs %d out, %d dropped at the end of their chain, %d served; want 14, 8, 2", c.Reasons[rHandoff], wait, in)
 	}
 }
 
@@ -804,8 +815,22 @@ func TestArrival(t *testing.T) {
 		if was == r3.Addr {
 			t.Fatalf("the arrival ring names the local replica for %v", p.SPort)
 		}
-		if got := dr.send(t, p, r1, r2); got.Addr != was {
-			t.Fatalf("older flow %d went to %s, want %s (where the others sent it; the current ring says %s)", p.SPort, got.Addr, was, is)
+		// Its chain names where the others sent it, and the walk starts at
+		// the chain's first in its order (r1 and the draining r2 both serve:
+		// by address), which hands it on to the next if it does not have it.
+		tr, err := d.Trace(Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(tr.Rings, func(r TraceRing) bool { return r.Backend.Addr == was }) {
+			t.Fatalf("older flow %d: the rings give %+v, none where the others sent it (%s)", p.SPort, tr.Rings, was)
+		}
+		first := was
+		if is != r3.Addr && is.Less(was) {
+			first = is
+		}
+		if got := dr.send(t, p, r1, r2); got.Addr != first {
+			t.Fatalf("older flow %d went to %s, want %s (the first of its chain: the others sent it to %s; the current ring says %s)", p.SPort, got.Addr, first, was, is)
 		}
 		switch {
 		case was == r2.Addr:
@@ -913,7 +938,9 @@ func TestRejoin(t *testing.T) {
 // (bpf_skc_lookup_tcp in a namespace that really has, or lacks, the connection):
 // a connection it has stays here, whatever the previous ring says; one the
 // previous ring places here but it does not have goes where the current ring
-// sends it.
+// sends it. A director's pin to another replica yields to a connection its own
+// stack has (one that opened here where no ring placed it: an edge that took
+// the director's SYN for a client's steered it back).
 func TestLocalConnectionSettles(t *testing.T) {
 	bpftest.Require(t)
 	lab, err := netlab.New("pc")
@@ -933,8 +960,9 @@ func TestLocalConnectionSettles(t *testing.T) {
 		must(t, netlab.IP("-n", node.NS, "addr", "add", a.String()+"/32", "dev", "lo"))
 	}
 	before, after := []Backend{r1, r3}, []Backend{r1, r3, r4}
-	toOld := flowWhere(t, 41000, [][]Backend{before, after}, r1, r3) // r1's before, here now
-	toNew := flowWhere(t, 42000, [][]Backend{before, after}, r3, r4) // here before, r4's now
+	toOld := flowWhere(t, 41000, [][]Backend{before, after}, r1, r3)     // r1's before, here now
+	toNew := flowWhere(t, 42000, [][]Backend{before, after}, r3, r4)     // here before, r4's now
+	elsewhere := flowWhere(t, 43000, [][]Backend{before, after}, r1, r4) // never here
 	dr := newDirector(t, "here")
 	dr.apply(t, desired(before...))
 	dr.apply(t, desired(after...))
@@ -958,6 +986,12 @@ func TestLocalConnectionSettles(t *testing.T) {
 		t.Errorf("no local connection, here before, r4's now: verdict %s to %s, want TX to r4", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 	}
 	must(t, dr.d.ClearFlows()) // the packets above pinned their flows
+	// A connection opened in the transition, pinned to r4 by its handshake.
+	for _, p := range []xdptest.Packet{syn(elsewhere), elsewhere} {
+		if v, out := run(p); v != xdptest.TX || net.HardwareAddr(out[0:6]).String() != r4.MAC.String() {
+			t.Fatalf("new in the transition, r4's: verdict %s to %s, want TX to r4", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+		}
+	}
 
 	// With the connections open in this node's stack.
 	var conns []net.Conn
@@ -972,7 +1006,7 @@ func TestLocalConnectionSettles(t *testing.T) {
 			return err
 		}
 		defer ln.Close()
-		for _, p := range []xdptest.Packet{toOld, toNew} {
+		for _, p := range []xdptest.Packet{toOld, toNew, elsewhere} {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: client4.AsSlice(), Port: int(p.SPort)}}
 			c, err := d.Dial("tcp4", netip.AddrPortFrom(vip4, 80).String())
 			if err != nil {
@@ -991,6 +1025,14 @@ func TestLocalConnectionSettles(t *testing.T) {
 	}
 	if v, out := run(toNew); v != xdptest.Pass {
 		t.Errorf("local connection, here before, r4's now: verdict %s (to %s), want PASS", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+	}
+	// The pin to r4 yields, from the flow cache and from flows alike.
+	for _, where := range []string{"flow cache", "flows"} {
+		if v, out := run(elsewhere); v != xdptest.Pass {
+			t.Errorf("local connection, pinned to r4 (%s): verdict %s (to %s), want PASS", where, xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
+		}
+		dr.d.cfg.Generation++ // every CPU's cache retired, the pin kept
+		must(t, dr.d.writeConfig())
 	}
 
 	// Once they ended here (this node closed first, so its side waits in

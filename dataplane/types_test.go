@@ -38,7 +38,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapSrcMacs, uint32(0), [12]byte{}},  // struct mac_verdict: BPF-only
 		{lbMapVipMemos, uint32(0), [36]byte{}}, // struct vip_memo: BPF-only
 		{lbMapSockModel, lbFlowKey{}, uint32(0)},
-		{lbMapChains, uint32(0), [208]byte{}}, // struct chain: BPF-only
+		{lbMapChains, uint32(0), [212]byte{}}, // struct chain: BPF-only
 		{lbMapSelfAddr, uint32(0), lbSelfAddr{}},
 	}
 	for _, tc := range cases {

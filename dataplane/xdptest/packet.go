@@ -246,7 +246,8 @@ const markFinal = 255
 // TCPMark is the hand-off mark edges write into a TCP frame they hand to each
 // other, and whether frame is TCP: 0 for none; the receiver's place in the
 // flow's chain plus one, with the hand-offs so far in the next byte (reserved
-// bits 001, the mark in the urgent pointer); or 255 (to be served: reserved bits
+// bits 001, the mark in the urgent pointer; 011 and MarkTagged: the director's
+// tag in the IP header); or 255 (to be served: reserved bits
 // 111, or a mark that names no place).
 func TCPMark(frame []byte) (int, bool) {
 	off := tcpOffset(frame)
@@ -257,8 +258,10 @@ func TCPMark(frame []byte) (int, bool) {
 	switch {
 	case bits == 0:
 		return 0, true
-	case bits != 1 || place == 0 || place > 16 || hops > 8:
+	case (bits != 1 && bits != 3) || place == 0 || place > 16 || hops > 8:
 		return markFinal, true
+	case bits == 3:
+		return MarkTagged | hops<<8 | place, true
 	}
 	return hops<<8 | place, true
 }
@@ -279,8 +282,11 @@ func WithTCPMark(frame []byte, mark int) []byte {
 		newW |= 0x0e00
 	case mark != 0:
 		newW |= 0x0200
+		if mark&MarkTagged != 0 {
+			newW |= 0x0600
+		}
 		newU = uint16(mark)
-	case oldW&0x0e00 == 0x0200 && out[off+13]&0x20 == 0:
+	case (oldW&0x0e00 == 0x0200 || oldW&0x0e00 == 0x0600) && out[off+13]&0x20 == 0:
 		newU = 0
 	}
 	sum := binary.BigEndian.Uint16(out[off+16:])
@@ -288,6 +294,29 @@ func WithTCPMark(frame []byte, mark int) []byte {
 	binary.BigEndian.PutUint16(out[off+12:], newW)
 	binary.BigEndian.PutUint16(out[off+18:], newU)
 	binary.BigEndian.PutUint16(out[off+16:], sum)
+	return out
+}
+
+// MarkTagged, in a mark given to WithTCPMark, says the frame carries its
+// director's tag in the IP header (WithTag).
+const MarkTagged = 1 << 16
+
+// WithTag returns a copy of an IPv4 or IPv6 frame with tag where xdp_lb's walk
+// carries its director's: the IPv4 identification (the header checksum kept
+// right) or the low 16 bits of the IPv6 flow label.
+func WithTag(frame []byte, tag uint16) []byte {
+	out := append([]byte(nil), frame...)
+	if len(out) < 14+40 {
+		return out
+	}
+	switch binary.BigEndian.Uint16(out[12:]) {
+	case 0x0800:
+		old := binary.BigEndian.Uint16(out[14+4:])
+		binary.BigEndian.PutUint16(out[14+10:], csum16(binary.BigEndian.Uint16(out[14+10:]), old, tag))
+		binary.BigEndian.PutUint16(out[14+4:], tag)
+	case 0x86dd:
+		binary.BigEndian.PutUint16(out[14+2:], tag)
+	}
 	return out
 }
 

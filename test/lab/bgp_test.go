@@ -385,6 +385,7 @@ func TestBGPReplicaChange(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
+	capture := l.capture(t)
 	onDrained := len(held) - len(onSurvivors(held, e2))
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
 	defer func() { stream.Stop() }() // the stream then running, also on failure
@@ -447,7 +448,7 @@ func TestBGPReplicaChange(t *testing.T) {
 		t.Errorf("%d long-lived connections broke: %v", total-kept, failed)
 	}
 	if f.Failed > 0 {
-		t.Errorf("%d new connections failed", f.Failed)
+		t.Errorf("%d new connections failed:\n%s", f.Failed, l.explain(capture, atts, change))
 	}
 	// A new connection never reaches the draining replica.
 	c := l.HTTPClient(false, 2*time.Second)
