@@ -261,7 +261,7 @@ static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct pa
 static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BITS >> 8); }
 
 /* get_mark is a frame's mark: 0 (none), the receiver's class + 1 (1 to
- * LB_CLASSES), LB_MARK_PROBE or LB_MARK_PINNED, with the hand-offs so far in the
+ * LB_CLASSES), LB_MARK_PROBE, LB_MARK_PINNED or LB_MARK_DOWNPIN, with the hand-offs so far in the
  * next byte and LB_MARK_TAG if the director's tag is in the IP header, or
  * LB_MARK_FINAL (also for a mark that names no class, or more hand-offs than
  * LB_MAX_HOPS). */
@@ -271,7 +271,7 @@ static __always_inline __u32 get_mark(const __u8 *th)
 
 	if (!bits)
 		return 0;
-	if ((bits != TCP_MARK_HOP >> 8 && bits != TCP_MARK_TAGGED >> 8) || cls == 0 || cls > LB_MARK_PINNED ||
+	if ((bits != TCP_MARK_HOP >> 8 && bits != TCP_MARK_TAGGED >> 8) || cls == 0 || cls > LB_MARK_DOWNPIN ||
 	    hops > LB_MAX_HOPS)
 		return LB_MARK_FINAL;
 	return (bits == TCP_MARK_TAGGED >> 8 ? LB_MARK_TAG : 0) | hops << 8 | cls;
@@ -823,6 +823,25 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 			bpf_map_delete_elem(&flows, &p->flow);
 		return count(REASON_FROM_PEER, XDP_PASS);
 	}
+	/* A director's pin names a replica called down, and this node is the
+	 * ring's: it serves what its stack has (a client reused the port of a
+	 * connection that ended on the pinned replica, maybe dead now), and hands
+	 * the rest to the pinned replica, by its tag, to be served there (one
+	 * called down wrongly keeps its connections). */
+	if ((m & 0xff) == LB_MARK_DOWNPIN) {
+		__u32 key = tag - 1;
+		struct tag_mac *tm;
+
+		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+			return count(REASON_HANDOFF_IN, XDP_PASS);
+		tm = tag ? bpf_map_lookup_elem(&tag_macs, &key) : 0;
+		if (!tm || mac_eq(tm->mac, cfg->mac))
+			return count(REASON_HANDOFF_END, XDP_PASS);
+		put_mark(th, LB_MARK_FINAL);
+		__builtin_memcpy(eth->h_dest, tm->mac, ETH_ALEN);
+		__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+		return count(REASON_HANDOFF, XDP_TX);
+	}
 	if (!prev_live(vip_id, &now)) {
 		/* Once the transition is over, what this node sent on keeps
 		 * going there (a SYN of its 5-tuple took the pin away, so the
@@ -913,7 +932,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
 	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS;
-	__u32 fmark = 0, stag = 0;
+	__u32 fmark = 0, stag = 0, ftag = 0;
 	__u8 *th;
 
 	if ((void *)(eth + 1) > data_end)
@@ -1072,6 +1091,22 @@ int xdp_lb(struct xdp_md *ctx)
 			 * connection knows the pin is stale (from_director). */
 			if (!(be->flags & BACKEND_F_LOCAL) && p.flow.proto == IPPROTO_TCP)
 				fmark = 1 << 8 | LB_MARK_PINNED;
+			/* A pin to a replica called down: the ring's replica is asked
+			 * first (LB_MARK_DOWNPIN), which serves what it has and hands
+			 * on the rest. The pin may be stale, its replica dead: a
+			 * client reused the port of a connection that ended there,
+			 * through another director, and the ring placed the new one.
+			 * Not cached: each packet asks again. */
+			if ((be->flags & BACKEND_F_DOWN) && fmark && cur != bid && (stag = self_tag())) {
+				struct backend *cb = active_backend(cur);
+
+				if (cb && !(cb->flags & (BACKEND_F_DOWN | BACKEND_F_REMOTE | BACKEND_F_LOCAL))) {
+					ftag = addr_tag(be->addr) + 1;
+					bid = cur;
+					fmark = LB_MARK_TAG | 1 << 8 | LB_MARK_DOWNPIN;
+					ce = 0;
+				}
+			}
 			if (vs)
 				vs->flow_hits++;
 			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
@@ -1230,15 +1265,16 @@ forward:
 	/* The parser's reads proved at least an Ethernet header is there. */
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
 	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
-	/* A walk carries this node's tag (walkers skip it), where tags are on. */
-	if (fmark & LB_MARK_TAG && !(stag = self_tag()))
+	/* A walk carries this node's tag (walkers skip it), where tags are on;
+	 * LB_MARK_DOWNPIN the pinned replica's. */
+	if (fmark & LB_MARK_TAG && !ftag && !(ftag = self_tag()))
 		fmark &= ~LB_MARK_TAG;
 	if (th && (tunneled || (fmark && can_mark(th)) || marked(th))) {
 		int walked = !tunneled && fmark && can_mark(th);
 
 		put_mark(th, tunneled ? LB_MARK_FINAL : walked ? fmark : 0);
 		if (walked && (fmark & LB_MARK_TAG))
-			put_tag(data, data_end, stag - 1);
+			put_tag(data, data_end, ftag - 1);
 	}
 	return count(REASON_TX, XDP_TX);
 }

@@ -233,6 +233,17 @@ struct {
 	__type(value, struct self_addr);
 } self_addr SEC(".maps");
 
+/* The other edges of this site whose replicas are backends, by their tags
+ * (addr_tag): where a frame marked LB_MARK_DOWNPIN goes on to. Written only
+ * where tags are exact (self_addr.tags); not pinned: Go writes it on every
+ * Apply. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_PEERS);
+	__type(key, __u32);
+	__type(value, struct tag_mac);
+} tag_macs SEC(".maps");
+
 /* Per-CPU room for one flow's chain (struct chain: too big for the stack), not
  * pinned. */
 struct {

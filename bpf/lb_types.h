@@ -49,6 +49,11 @@ enum lb_limits {
 	LB_MARK_PINNED = 5,       /* a mark's class for a frame a director steered by
 				   * a pin: a receiver without its connection knows
 				   * the pin is stale */
+	LB_MARK_DOWNPIN = 6,      /* a mark's class for a frame of a flow a director
+				   * pinned to a replica called down, sent to the
+				   * current ring's replica first: one without its
+				   * connection sends it to the pinned one, whose
+				   * tag the frame carries (tag_macs) */
 	LB_SOCK_LIVE = 1,         /* sock_model (the model test's sockets): a connection */
 	LB_SOCK_ENDED = 2,        /* sock_model: a connection that ended (TIME_WAIT) */
 	LB_MAX_HOPS = 8,          /* hand-offs a packet may take in all */
@@ -68,6 +73,13 @@ struct self_addr {
 	__u32 tags; /* 1: the last 16 bits of an address tell apart every replica
 		     * and edge this node knows (addr_tag): a walk carries its
 		     * director's, and skips it */
+};
+
+/* tag_macs: tag (addr_tag) -> the MAC of the other edge of this site with that
+ * tag. */
+struct tag_mac {
+	__u8 mac[6];
+	__u16 pad;
 };
 
 /* vips: which (address, port, protocol) the program steers. port 0 = any port. */

@@ -123,6 +123,8 @@ type applied struct {
 	// whether tags are on (selfAddrOf).
 	self netip.Addr
 	tags bool
+	// tagMACs: what tag_macs holds (not pinned: empty after a restart).
+	tagMACs map[uint32]lbTagMac
 }
 
 // ApplyStats says what one Apply changed.
@@ -257,6 +259,42 @@ func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags bool) error {
 		return fmt.Errorf("update map self_addr: %w", err)
 	}
 	st.self, st.tags = self, tags
+	return nil
+}
+
+// setTagMACs makes tag_macs hold the MAC of every other edge of this site
+// whose replica is a backend, by its tag, where tags are on (none where not).
+func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
+	want := map[uint32]lbTagMac{}
+	if d.st.tags {
+		for _, be := range backends {
+			if be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL|lbBackendFlagsBACKEND_F_REMOTE) != 0 || be.Mac == ([6]uint8{}) {
+				continue
+			}
+			want[uint32(be.Addr[14])<<8|uint32(be.Addr[15])] = lbTagMac{Mac: be.Mac}
+		}
+	}
+	if d.st.tagMACs == nil {
+		d.st.tagMACs = map[uint32]lbTagMac{}
+	}
+	for k, v := range want {
+		if old, ok := d.st.tagMACs[k]; ok && old == v {
+			continue
+		}
+		if err := d.objs.TagMacs.Put(k, &v); err != nil {
+			return fmt.Errorf("update map tag_macs: %w", err)
+		}
+		d.st.tagMACs[k] = v
+	}
+	for k := range d.st.tagMACs {
+		if _, ok := want[k]; ok {
+			continue
+		}
+		if err := d.objs.TagMacs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from map tag_macs: %w", err)
+		}
+		delete(d.st.tagMACs, k)
+	}
 	return nil
 }
 
@@ -420,6 +458,9 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		if err := d.setSelf(&d.st, self, tagsExact(self, plan.backends)); err != nil {
 			return stats, err
 		}
+	}
+	if err := d.setTagMACs(plan.backends); err != nil {
+		return stats, err
 	}
 	// Peers that go are forgotten last (a frame their director sent is
 	// still in flight).

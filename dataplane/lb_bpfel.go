@@ -120,6 +120,7 @@ const (
 	lbLbLimitsLB_CLASSES       lbLbLimits = 3
 	lbLbLimitsLB_MARK_PROBE    lbLbLimits = 4
 	lbLbLimitsLB_MARK_PINNED   lbLbLimits = 5
+	lbLbLimitsLB_MARK_DOWNPIN  lbLbLimits = 6
 	lbLbLimitsLB_SOCK_LIVE     lbLbLimits = 1
 	lbLbLimitsLB_SOCK_ENDED    lbLbLimits = 2
 	lbLbLimitsLB_MAX_HOPS      lbLbLimits = 8
@@ -183,6 +184,12 @@ type lbSelfAddr struct {
 	Tags uint32
 }
 
+type lbTagMac struct {
+	_   structs.HostLayout
+	Mac [6]uint8
+	Pad uint16
+}
+
 type lbTunnelCfg struct {
 	_    structs.HostLayout
 	Src4 [4]uint8
@@ -243,6 +250,7 @@ const (
 	lbMapSelfAddr           = "self_addr"
 	lbMapSockModel          = "sock_model"
 	lbMapSrcMacs            = "src_macs"
+	lbMapTagMacs            = "tag_macs"
 	lbMapTunnel             = "tunnel"
 	lbMapVipMemos           = "vip_memos"
 	lbMapVipStats           = "vip_stats"
@@ -322,6 +330,7 @@ type lbMapSpecs struct {
 	SelfAddr     *ebpf.MapSpec `ebpf:"self_addr"`
 	SockModel    *ebpf.MapSpec `ebpf:"sock_model"`
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
+	TagMacs      *ebpf.MapSpec `ebpf:"tag_macs"`
 	Tunnel       *ebpf.MapSpec `ebpf:"tunnel"`
 	VipMemos     *ebpf.MapSpec `ebpf:"vip_memos"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
@@ -377,6 +386,7 @@ type lbMaps struct {
 	SelfAddr     *ebpf.Map `ebpf:"self_addr"`
 	SockModel    *ebpf.Map `ebpf:"sock_model"`
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
+	TagMacs      *ebpf.Map `ebpf:"tag_macs"`
 	Tunnel       *ebpf.Map `ebpf:"tunnel"`
 	VipMemos     *ebpf.Map `ebpf:"vip_memos"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
@@ -404,6 +414,7 @@ func (m *lbMaps) Close() error {
 		m.SelfAddr,
 		m.SockModel,
 		m.SrcMacs,
+		m.TagMacs,
 		m.Tunnel,
 		m.VipMemos,
 		m.VipStats,

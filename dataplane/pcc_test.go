@@ -664,8 +664,10 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 	case trip.end == pccLost && w.stalePin(f, trip):
 		// The limit of pins (bpf/README.md): a director pinned the 5-tuple's
 		// ended connection and never saw it end (its FIN went through another
-		// director), and the client reused the port; the old holder is dead,
-		// so the pin cannot be found stale, until Kubernetes removes it.
+		// director), and the client reused the port; the old holder is dead.
+		// A director's own pin to a replica called down asks the ring's
+		// replica first (LB_MARK_DOWNPIN); what is left goes through hand-off
+		// pins that lead to the dead node.
 		w.stats.stalePinLost++
 	case trip.end == pccLost && w.down[f.holder] && !w.dead[f.holder]:
 		// Its holder is called dead wrongly, and the packet went to a node

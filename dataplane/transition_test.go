@@ -1064,3 +1064,66 @@ func TestLocalConnectionSettles(t *testing.T) {
 		t.Errorf("ended here, here before, r4's now: verdict %s to %s, want TX to r4", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 	}
 }
+
+// TestDownPin: a director's exact pin to a replica called down asks the ring's
+// replica first (LB_MARK_DOWNPIN, the pinned replica's tag in the frame): the
+// pin may be stale, a reused port's new connection placed by the ring while its
+// old holder died. The ring's replica serves what its stack has and hands the
+// rest to the pinned one, to be served there (one called down wrongly keeps its
+// connections).
+func TestDownPin(t *testing.T) {
+	dr := newModelDirector(t, "r3's node")
+	var p xdptest.Packet
+	found := false
+	for sport := uint16(52000); sport < 56000 && !found; sport++ {
+		p = tcp4(sport, xdptest.ACK)
+		dr.apply(t, desired(r2, r3))
+		dr.endTransitions(t)
+		if pick(t, p, r1, r2, r3) != r1.Addr || pick(t, p, r2, r3) != r2.Addr {
+			continue
+		}
+		// Opened in the transition r1's arrival made: pinned to r1 by its
+		// handshake.
+		dr.apply(t, desired(r1, r2, r3))
+		for _, f := range []xdptest.Packet{syn(p), p} {
+			if out := dr.run(t, "opened on r1", f.Bytes(), xdptest.TX); !slices.Equal(out[:6], r1MAC) {
+				t.Fatalf("sent to %s, want r1", net.HardwareAddr(out[:6]))
+			}
+		}
+		dr.apply(t, desired(down(r1), r2, r3))
+		tr, err := dr.d.Trace(Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto})
+		if err != nil {
+			t.Fatal(err)
+		}
+		found = slices.ContainsFunc(tr.Rings, func(r TraceRing) bool { return r.Ring == "current" && r.Backend.Addr == r2.Addr })
+		if !found {
+			must(t, dr.d.ClearFlows())
+		}
+	}
+	if !found {
+		t.Fatal("no flow pinned to r1 that the ring gives r2 once r1 is down")
+	}
+	// r1 is down: the director sends it to r2, marked, with r1's tag (its
+	// address ends in 0x000b).
+	out := dr.run(t, "pinned to r1, called down", p.Bytes(), xdptest.TX)
+	want := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<8|int(lbLbLimitsLB_MARK_DOWNPIN)), 0x000b)
+	if !slices.Equal(out, want) {
+		t.Fatalf("sent % x,\nwant % x", out, want)
+	}
+	// On r2's node (this program, as a receiver): with the connection it is
+	// served; without, it goes on to r1, to be served there.
+	in := withMACs(out, r1MAC, nicMAC)
+	f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+	must(t, dr.d.objs.SockModel.Put(f.key(), uint32(1)))
+	dr.run(t, "marked down-pin, a connection here", slices.Clone(in), xdptest.Pass)
+	must(t, dr.d.objs.SockModel.Delete(f.key()))
+	on := dr.run(t, "marked down-pin, no connection here", slices.Clone(in), xdptest.TX)
+	if m, _ := xdptest.TCPMark(on); !slices.Equal(on[:6], r1MAC) || m != 255 || !xdptest.TCPChecksumOK(on) {
+		t.Errorf("handed on to %s with mark %#x, want r1, marked to be served (0xff)", net.HardwareAddr(on[:6]), m)
+	}
+	// r1 up again: the pin is followed as before.
+	dr.apply(t, desired(r1, r2, r3))
+	if out := dr.run(t, "pinned to r1, up", p.Bytes(), xdptest.TX); !slices.Equal(out[:6], r1MAC) {
+		t.Errorf("r1 up: sent to %s, want r1", net.HardwareAddr(out[:6]))
+	}
+}

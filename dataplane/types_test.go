@@ -40,6 +40,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapSockModel, lbFlowKey{}, uint32(0)},
 		{lbMapChains, uint32(0), [212]byte{}}, // struct chain: BPF-only
 		{lbMapSelfAddr, uint32(0), lbSelfAddr{}},
+		{lbMapTagMacs, uint32(0), lbTagMac{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

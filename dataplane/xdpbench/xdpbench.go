@@ -162,11 +162,16 @@ type benchCase struct {
 	name     string
 	prog     *ebpf.Program
 	frame    func(i int) []byte
-	distinct bool // every call must see a new flow
+	distinct bool   // every call must see a new flow
+	prep     []byte // sent once first (a SYN whose connection the row's frames carry)
 }
 
 func (w *world) cases() []benchCase {
 	est4 := w.tcp(w.client4, w.vip4, 40000, xdptest.ACK)
+	pinned := func(flags uint8) []byte {
+		j := w.movedIdx[0]
+		return w.tcp(movedClient(j), w.vipC, uint16(1024+j%60000), flags)
+	}
 	est6 := w.tcp(w.client6, w.vip6, 40000, xdptest.ACK)
 	other := w.tcp(w.client4, netip.MustParseAddr("192.0.2.99"), 40000, xdptest.ACK)
 	same := func(f []byte) func(int) []byte { return func(int) []byte { return f } }
@@ -187,6 +192,9 @@ func (w *world) cases() []benchCase {
 			j := w.movedIdx[i%len(w.movedIdx)]
 			return w.tcp(movedClient(j), w.vipC, uint16(1024+j%60000), xdptest.ACK)
 		}},
+		// Opened in the transition: its handshake pinned it, and a pin holds
+		// while the director's own stack says it may (a socket lookup).
+		{name: "packet of a connection pinned in a ring transition", prog: w.d.Program(), frame: same(pinned(xdptest.ACK)), prep: pinned(xdptest.SYN)},
 	}
 }
 
@@ -207,6 +215,11 @@ func Run(o Options) ([]Result, error) {
 
 	var out []Result
 	for _, c := range w.cases() {
+		if c.prep != nil {
+			if _, _, err := c.prog.Test(c.prep); err != nil {
+				return nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
 		// Warm up: the established cases create their flow here.
 		verdict, _, err := c.prog.Test(c.frame(0))
 		if err != nil {

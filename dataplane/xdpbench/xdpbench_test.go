@@ -15,13 +15,14 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[string]string{
-		"floor: bare XDP_TX":                            "XDP_TX",
-		"established TCP v4":                            "XDP_TX",
-		"new TCP v4 flow (SYN)":                         "XDP_TX",
-		"new TCP v4 flow (SYN) in a ring transition":    "XDP_TX",
-		"established TCP v6":                            "XDP_TX",
-		"non-VIP pass":                                  "XDP_PASS",
-		"non-SYN packet of a flow across a ring change": "XDP_TX",
+		"floor: bare XDP_TX":                                 "XDP_TX",
+		"established TCP v4":                                 "XDP_TX",
+		"new TCP v4 flow (SYN)":                              "XDP_TX",
+		"new TCP v4 flow (SYN) in a ring transition":         "XDP_TX",
+		"established TCP v6":                                 "XDP_TX",
+		"non-VIP pass":                                       "XDP_PASS",
+		"non-SYN packet of a flow across a ring change":      "XDP_TX",
+		"packet of a connection pinned in a ring transition": "XDP_TX",
 	}
 	if len(res) != len(want) {
 		t.Fatalf("%d cases, want %d", len(res), len(want))
@@ -49,6 +50,11 @@ func BenchmarkXDP(b *testing.B) {
 			continue // one repetition per tuple: see Run / portico bench xdp
 		}
 		b.Run(c.name, func(b *testing.B) {
+			if c.prep != nil {
+				if _, _, err := c.prog.Test(c.prep); err != nil {
+					b.Fatal(err)
+				}
+			}
 			frame := c.frame(0)
 			if _, _, err := c.prog.Test(frame); err != nil {
 				b.Fatal(err)
