@@ -1079,24 +1079,27 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be))) {
+			   !(mv && (fv->hop || (be->flags & BACKEND_F_DOWN))) && !(sp = stale_pin(ctx, eth, &p, be))) {
 			/* A pin counts, but for a guess (or where this node handed
-			 * the flow on) while the flow's chain is known: the chain is
-			 * walked again, from its start (a replica along it takes a
-			 * frame from a director for one whose earlier ones were
-			 * asked, and one called down since is asked last). */
+			 * the flow on), or one to a replica called down, while the
+			 * flow's chain is known: the chain is walked again, from its
+			 * start (a replica along it takes a frame from a director
+			 * for one whose earlier ones were asked, and one called down
+			 * since is asked last; the pin may be stale, its replica
+			 * dead, a client reused the port). */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
 			/* Its replica learns the frame came by a pin: one without the
 			 * connection knows the pin is stale (from_director). */
 			if (!(be->flags & BACKEND_F_LOCAL) && p.flow.proto == IPPROTO_TCP)
 				fmark = 1 << 8 | LB_MARK_PINNED;
-			/* A pin to a replica called down: the ring's replica is asked
-			 * first (LB_MARK_DOWNPIN), which serves what it has and hands
-			 * on the rest. The pin may be stale, its replica dead: a
-			 * client reused the port of a connection that ended there,
-			 * through another director, and the ring placed the new one.
-			 * Not cached: each packet asks again. */
+			/* A pin to a replica called down, outside a moved slot: the
+			 * ring's replica is asked first (LB_MARK_DOWNPIN), which
+			 * serves what it has and hands on the rest. The pin may be
+			 * stale, its replica dead: a client reused the port of a
+			 * connection that ended there, through another director,
+			 * and the ring placed the new one. Not cached: each packet
+			 * asks again. */
 			if ((be->flags & BACKEND_F_DOWN) && fmark && cur != bid && (stag = self_tag())) {
 				struct backend *cb = active_backend(cur);
 

@@ -263,7 +263,8 @@ func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags bool) error {
 }
 
 // setTagMACs makes tag_macs hold the MAC of every other edge of this site
-// whose replica is a backend, by its tag, where tags are on (none where not).
+// whose replica is a backend, by its tag, where tags are on (none where not):
+// where a frame marked LB_MARK_DOWNPIN goes on to.
 func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 	want := map[uint32]lbTagMac{}
 	if d.st.tags {

@@ -1065,8 +1065,9 @@ func TestLocalConnectionSettles(t *testing.T) {
 	}
 }
 
-// TestDownPin: a director's exact pin to a replica called down asks the ring's
-// replica first (LB_MARK_DOWNPIN, the pinned replica's tag in the frame): the
+// TestDownPin: a director's exact pin to a replica called down is walked in a
+// moved slot (down replicas last), and elsewhere asks the ring's replica first
+// (LB_MARK_DOWNPIN, the pinned replica's tag in the frame): the
 // pin may be stale, a reused port's new connection placed by the ring while its
 // old holder died. The ring's replica serves what its stack has and hands the
 // rest to the pinned one, to be served there (one called down wrongly keeps its
@@ -1103,16 +1104,28 @@ func TestDownPin(t *testing.T) {
 	if !found {
 		t.Fatal("no flow pinned to r1 that the ring gives r2 once r1 is down")
 	}
-	// r1 is down: the director sends it to r2, marked, with r1's tag (its
+	// r1 is down. In the transition its verdict started, the pin is not
+	// trusted where the slot moved: the chain is walked, r1 last (r2 first,
+	// with this node's tag: r3's address ends in 0x000d).
+	out := dr.run(t, "pinned to r1, called down, in the transition", p.Bytes(), xdptest.TX)
+	walked := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<8|1), 0x000d)
+	if !slices.Equal(out, walked) {
+		t.Fatalf("in the transition: sent % x,\nwant % x", out, walked)
+	}
+	// After it, the director sends it to r2, marked, with r1's tag (its
 	// address ends in 0x000b).
-	out := dr.run(t, "pinned to r1, called down", p.Bytes(), xdptest.TX)
+	dr.endTransitions(t)
+	dr.d.cfg.Generation++ // every CPU's flow cache retired, the pin kept
+	must(t, dr.d.writeConfig())
+	out = dr.run(t, "pinned to r1, called down", p.Bytes(), xdptest.TX)
 	want := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<8|int(lbLbLimitsLB_MARK_DOWNPIN)), 0x000b)
 	if !slices.Equal(out, want) {
 		t.Fatalf("sent % x,\nwant % x", out, want)
 	}
-	// On r2's node (this program, as a receiver): with the connection it is
-	// served; without, it goes on to r1, to be served there.
-	in := withMACs(out, r1MAC, nicMAC)
+	// As the ring's replica receives it (this program, from another director,
+	// r4): with the connection it is served; without, it goes on to r1, to be
+	// served there.
+	in := withMACs(out, r4MAC, nicMAC)
 	f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
 	must(t, dr.d.objs.SockModel.Put(f.key(), uint32(1)))
 	dr.run(t, "marked down-pin, a connection here", slices.Clone(in), xdptest.Pass)
