@@ -1079,14 +1079,12 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && (fv->hop || (be->flags & BACKEND_F_DOWN))) && !(sp = stale_pin(ctx, eth, &p, be))) {
+			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be))) {
 			/* A pin counts, but for a guess (or where this node handed
-			 * the flow on), or one to a replica called down, while the
-			 * flow's chain is known: the chain is walked again, from its
-			 * start (a replica along it takes a frame from a director
-			 * for one whose earlier ones were asked, and one called down
-			 * since is asked last; the pin may be stale, its replica
-			 * dead, a client reused the port). */
+			 * the flow on) while the flow's chain is known: the chain is
+			 * walked again, from its start (a replica along it takes a
+			 * frame from a director for one whose earlier ones were
+			 * asked, and one called down since is asked last). */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
 			/* Its replica learns the frame came by a pin: one without the
@@ -1098,9 +1096,12 @@ int xdp_lb(struct xdp_md *ctx)
 			 * serves what it has and hands on the rest. The pin may be
 			 * stale, its replica dead: a client reused the port of a
 			 * connection that ended there, through another director,
-			 * and the ring placed the new one. Not cached: each packet
+			 * and the ring placed the new one. In a moved slot the
+			 * pinned replica walks the chain itself where it lacks the
+			 * connection (the ring's replica, not the walk's director,
+			 * could be walked through twice). Not cached: each packet
 			 * asks again. */
-			if ((be->flags & BACKEND_F_DOWN) && fmark && cur != bid && (stag = self_tag())) {
+			if ((be->flags & BACKEND_F_DOWN) && fmark && !mv && cur != bid && (stag = self_tag())) {
 				struct backend *cb = active_backend(cur);
 
 				if (cb && !(cb->flags & (BACKEND_F_DOWN | BACKEND_F_REMOTE | BACKEND_F_LOCAL))) {
