@@ -486,6 +486,7 @@ func TestBGPOverlaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer held.Close()
+	capture := l.capture(t)
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: 2 * time.Minute})
 	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(500 * time.Millisecond)
@@ -599,10 +600,12 @@ func TestBGPOverlaps(t *testing.T) {
 		t.Errorf("%d held connections on surviving replicas broke: %v", len(survivors)-kept, failed)
 	}
 	if late.Failed > 0 {
-		t.Errorf("%d new connections failed (refused or reset) after the dead edge left the route", late.Failed)
+		t.Errorf("%d new connections failed (refused or reset) after the dead edge left the route:\n%s", late.Failed,
+			l.explain(capture, traffic.Hard(atts), fault.Add(gone+300*time.Millisecond)))
 	}
 	if calm.Failed > 0 {
-		t.Errorf("%d new connections failed during the drain, the rolling restart and the false verdict", calm.Failed)
+		t.Errorf("%d new connections failed during the drain, the rolling restart and the false verdict:\n%s", calm.Failed,
+			l.explain(capture, beforeDeath, start))
 	}
 	// The verdict happened, and e3 learned it. (e1's new agent had no down to
 	// replay: its replica was not in the group when it started, as in a real
