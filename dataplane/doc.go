@@ -32,13 +32,16 @@
 //   - A packet of a flow nobody pinned goes along the flow's chain: the replicas
 //     the transition's rings name for it, walked in one order every edge shares
 //     (those that serve, then those called down, each by address). A director
-//     asks its own stack (bpf_skc_lookup_tcp), else sends it to the likeliest
-//     replica (the first serving one in ring order); a node that does not have
-//     the connection hands it on to the first replica above itself in that order,
-//     marked with that one's class (in the TCP header: reserved bits and the
-//     urgent pointer, IPv4 and IPv6 alike), and pins where it sent it. Each hop
-//     goes up the order, so a packet never circles whatever rings each edge
-//     holds, and the mark counts hand-offs: at most 8.
+//     asks its own stack (bpf_skc_lookup_tcp), else sends it to the first other
+//     replica in that order; a node that does not have the connection hands it
+//     on to the first replica above itself in that order, marked with that one's
+//     class (in the TCP header: reserved bits and the urgent pointer, IPv4 and
+//     IPv6 alike), and pins where it sent it. Each hop goes up the order, so a
+//     packet never circles whatever rings each edge holds, and the mark counts
+//     hand-offs: at most 8. The frame carries its director's tag (the last 16
+//     bits of its address, in the IPv4 identification or the IPv6 flow label),
+//     and no edge walks it back to the director or to the edge it came from: no
+//     edge sends one packet on twice.
 //   - A UDP datagram goes to the previous ring's replica while it serves; an ICMP
 //     error follows the same rules and writes nothing.
 //
