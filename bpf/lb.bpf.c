@@ -932,7 +932,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
 	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS;
-	__u32 fmark = 0, stag = 0, ftag = 0;
+	__u32 fmark = 0, ftag = 0;
 	__u8 *th;
 
 	if ((void *)(eth + 1) > data_end)
@@ -1101,7 +1101,7 @@ int xdp_lb(struct xdp_md *ctx)
 			 * connection (the ring's replica, not the walk's director,
 			 * could be walked through twice). Not cached: each packet
 			 * asks again. */
-			if ((be->flags & BACKEND_F_DOWN) && fmark && !mv && cur != bid && (stag = self_tag())) {
+			if ((be->flags & BACKEND_F_DOWN) && fmark && !mv && cur != bid && self_tag()) {
 				struct backend *cb = active_backend(cur);
 
 				if (cb && !(cb->flags & (BACKEND_F_DOWN | BACKEND_F_REMOTE | BACKEND_F_LOCAL))) {

@@ -272,7 +272,7 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 			if be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL|lbBackendFlagsBACKEND_F_REMOTE) != 0 || be.Mac == ([6]uint8{}) {
 				continue
 			}
-			want[uint32(be.Addr[14])<<8|uint32(be.Addr[15])] = lbTagMac{Mac: be.Mac}
+			want[uint32(addrTag(be.Addr))] = lbTagMac{Mac: be.Mac}
 		}
 	}
 	if d.st.tagMACs == nil {
@@ -299,17 +299,19 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 	return nil
 }
 
+// addrTag is an address's tag, as xdp_lb's addr_tag reads it: its last 16 bits.
+func addrTag(a [16]byte) uint16 { return uint16(a[14])<<8 | uint16(a[15]) }
+
 // tagsExact reports whether the last 16 bits of an address (xdp_lb's
 // addr_tag) tell apart this node (self) and every backend of the maps: only
 // then does a walked frame carry its director's tag, for the edges along the
 // walk to skip (bpf/README.md). On a segment of a /16 or less it always holds.
 func tagsExact(self netip.Addr, sets ...map[uint32]lbBackend) bool {
-	s16 := self.Unmap().As16()
-	tags := map[uint16]netip.Addr{uint16(s16[14])<<8 | uint16(s16[15]): self.Unmap()}
+	tags := map[uint16]netip.Addr{addrTag(self.Unmap().As16()): self.Unmap()}
 	for _, set := range sets {
 		for _, be := range set {
 			a := addrFrom16(be.Addr).Unmap()
-			tag := uint16(be.Addr[14])<<8 | uint16(be.Addr[15])
+			tag := addrTag(be.Addr)
 			if other, ok := tags[tag]; ok && other != a {
 				return false
 			}

@@ -67,7 +67,7 @@ func (l *Lab) explain(c *netlab.Capture, atts []traffic.Attempt, fault time.Time
 	}
 	b.WriteString("MACs:")
 	for _, n := range append(append([]*Node{l.Client}, l.Edges...), l.Pods...) {
-		if n != nil {
+		if n != nil && len(n.MAC) > 0 {
 			fmt.Fprintf(&b, " %s=%s", n.Name, n.MAC)
 		}
 	}
