@@ -97,8 +97,8 @@ func TestServeCookieAffinity(t *testing.T) {
 
 	workers := workerPIDs(t, n)
 	res, err := n.r.ApplyNow(context.Background(), affinitySnapshot(epA, epB, epD))
-	if err != nil || res.Result != ResultEndpoints {
-		t.Fatalf("endpoint change: %s, %v; want %s (no reload)", res.Result, err, ResultEndpoints)
+	if err != nil || res.Result != ResultTable {
+		t.Fatalf("endpoint change: %s, %v; want %s (no reload)", res.Result, err, ResultTable)
 	}
 	kept, moved := 0, 0
 	for i, cl := range clients {

@@ -3,8 +3,10 @@ package nginx
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -17,24 +19,23 @@ import (
 // ApplyResult says what Apply did.
 type ApplyResult struct {
 	// Result is one of the Result* constants: ResultUnchanged when the rendered
-	// configuration and endpoints equal the running ones (or the configuration is
-	// the last refused one and the running one's endpoints did not change),
-	// ResultEndpoints when only the endpoint table went to nginx.
+	// configuration and table equal the running ones (or the configuration is the
+	// last refused one and the table did not change), ResultTable when only the
+	// table (routes, certificates, endpoints) changed and went to nginx without a
+	// reload.
 	Result   string
 	Checksum string
 	Problems []model.Problem
-	// EndpointsVersion is the version of the snapshot's endpoint table
-	// (Config.EndpointsVersion); when nginx -t refused the configuration, of the
-	// table for the running configuration's upstreams, with the snapshot's
-	// endpoints.
-	EndpointsVersion string
+	// Digest is the digest of the table nginx uses now (Config.Digest).
+	Digest string
 	// Render is the time to render. Serve is the time from the reload signal until
 	// workers with the new configuration answered, Switch until workers with the
 	// old one stopped accepting connections (both zero without a master; without
-	// ConfirmTimeout, just the time to send the signal). For ResultEndpoints both
-	// are the time to write the table and hand it to nginx, after which every
-	// worker uses it.
+	// ConfirmTimeout, just the time to send the signal). For ResultTable both are
+	// the time to hand the change to nginx, after which every worker uses it.
 	Render, Serve, Switch time.Duration
+	// Keys is how many keys of the table a change without reload touched.
+	Keys int
 	// Serving: nginx now runs the snapshot's configuration (its own, not the
 	// last good one kept because nginx -t refused the snapshot's).
 	Serving bool
@@ -43,19 +44,31 @@ type ApplyResult struct {
 // ResultUnchanged is ApplyResult.Result when nothing had to be done.
 const ResultUnchanged = "unchanged"
 
-// ResultEndpoints is ApplyResult.Result when only endpoints changed and nginx took
-// the new endpoint table without a reload.
-const ResultEndpoints = "endpoints"
+// ResultTable is ApplyResult.Result when only the table changed (hosts, paths,
+// certificates, endpoints) and nginx took the change without a reload.
+const ResultTable = "table"
 
-// ApplyNow renders s and, when the result differs from the running configuration,
-// writes its certificates, the Lua module (the first time) and a candidate, validates it with nginx
-// -t, writes the endpoint table, swaps the candidate in and signals the master (if
-// one runs). When only endpoints changed, it writes the endpoint table and hands it
-// to the running nginx instead: no nginx -t, no reload. When nginx -t refuses the configuration,
-// the running one stays and gets the snapshot's endpoints for its upstreams. Run
-// calls it after each debounce window; it is exported for callers that need a
-// synchronous apply.
+// ApplyNow renders s and brings nginx to it. A change of the table (routes,
+// certificates, endpoints) goes to the running workers through the control
+// socket: no nginx -t, no reload. Only a change of nginx.conf (where nginx
+// listens, its own settings) is written as a candidate, validated with nginx -t,
+// swapped in and reloaded; the workers it replaces keep serving the connections
+// they hold (Options.DrainTimeout). New certificates are checked by OpenSSL
+// first (checkWithNginx); one it refuses is left out, as one that does not
+// parse. When nginx -t refuses the configuration, the running one stays and
+// still gets the snapshot's table. Run calls ApplyNow for each change; it is
+// exported for callers that need a synchronous apply.
 func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult, error) {
+	return r.apply(ctx, s, false)
+}
+
+// ResultDeferred is ApplyResult.Result when the table went to nginx at once and
+// the reload the snapshot also needs waits for the debounce window (Run).
+const ResultDeferred = "deferred"
+
+// apply is ApplyNow; with deferReload, a snapshot that needs a reload gets only its
+// table applied, and the result says ResultDeferred.
+func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool) (ApplyResult, error) {
 	r.applyMu.Lock()
 	defer r.applyMu.Unlock()
 
@@ -66,16 +79,10 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		r.log.Error("nginx config not applied", zap.String("result", result), zap.Error(err))
 		return res, err
 	}
-	certDir := resolve(r.cfg.Dir, r.cfg.Render.CertDir)
-	candidate := r.confPath() + ".candidate"
 	var cfg *Config
-	var err error
-	// Render, and test what nginx does not run yet. OpenSSL can refuse what Go
-	// parsed (a key too small for its security level, say): then that certificate
-	// is left out, as if it had not parsed, and the snapshot rendered again, so
-	// that one bad Secret does not hold back every other change.
 	for {
 		t0 := time.Now()
+		var err error
 		cfg, err = render(s, r.cfg.Render, r.refused, &r.certCache)
 		took := time.Since(t0)
 		res.Render += took
@@ -83,77 +90,81 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		if err != nil {
 			return fail(ResultError, err)
 		}
-		res.Checksum, res.Problems, res.EndpointsVersion = cfg.Checksum, cfg.Problems, cfg.EndpointsVersion
+		res.Checksum, res.Problems, res.Digest = cfg.Checksum, cfg.Problems, cfg.Digest
 		r.setProblems(cfg.Problems)
-		if bytes.Equal(cfg.Text, r.rejected) {
-			// nginx -t refused this text already: the last good configuration keeps
-			// running, with the snapshot's endpoints for its upstreams.
-			return r.keepRunning(ctx, s, res)
-		}
-		if bytes.Equal(cfg.Text, r.applied) {
-			res, err := r.updateEndpoints(ctx, cfg.Endpoints, cfg.EndpointsVersion, cfg.table, res)
-			res.Serving = err == nil
-			return res, err
-		}
-		// Keep the running configuration's files until the new one has replaced it.
-		if err := addCertificates(certDir, cfg.Certificates); err != nil {
+		// OpenSSL can refuse what Go parsed (a key too small for its security
+		// level, say): then that certificate is left out, as if it had not
+		// parsed, and the snapshot rendered again, so that one bad Secret does not
+		// hold back every other change.
+		refused, err := r.checkWithNginx(ctx, cfg.Certificates)
+		if err != nil {
 			return fail(ResultError, err)
 		}
-		if !r.luaWritten {
-			if err := writeLuaModule(r.cfg.Dir); err != nil {
-				return fail(ResultError, err)
-			}
-			r.luaWritten = true
-		}
-		if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
-			return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
-		}
-		err = r.runner.Test(ctx, r.cfg.Dir, candidate)
-		if err == nil {
+		if !refused {
 			break
 		}
+	}
+	if err := r.writeL4(cfg.L4); err != nil {
+		return fail(ResultError, err)
+	}
+	if bytes.Equal(cfg.Text, r.applied) || bytes.Equal(cfg.Text, r.rejected) {
+		// nginx runs this text, or nginx -t refused it already and the last good
+		// configuration keeps running: either way the table is all there is to
+		// apply.
+		res, err := r.updateTable(ctx, cfg, res)
+		res.Serving = err == nil && bytes.Equal(cfg.Text, r.applied)
+		return res, err
+	}
+	if deferReload && r.applied != nil {
+		res, err := r.updateTable(ctx, cfg, res)
+		if err == nil {
+			res.Result = ResultDeferred
+		}
+		return res, err
+	}
+	if !r.luaWritten {
+		if err := writeLuaModule(r.cfg.Dir); err != nil {
+			return fail(ResultError, err)
+		}
+		r.luaWritten = true
+	}
+	if err := writeFallbackCertificate(resolve(r.cfg.Dir, r.cfg.Render.CertDir)); err != nil {
+		return fail(ResultError, err)
+	}
+	candidate := r.confPath() + ".candidate"
+	if err := writeFileAtomic(candidate, cfg.Text, 0o600); err != nil {
+		return fail(ResultError, fmt.Errorf("write candidate config: %w", err))
+	}
+	if err := r.runner.Test(ctx, r.cfg.Dir, candidate); err != nil {
+		// Routes, certificates and endpoints do not wait for a configuration nginx
+		// accepts: the running one gets the snapshot's table. A failed push is
+		// logged and counted; Run tries again.
+		result := ResultInvalid
 		if unboundAddress(err.Error()) {
 			// An L4 Service's VIP not on lo yet (the announcer adds it
-			// concurrently): not a verdict on the text. The running configuration
-			// stays, and the error makes the sink try again.
-			res, _ = fail(ResultError, err)
-			res, _ = r.keepRunning(ctx, s, res)
-			res.Result = ResultError
-			return res, err
-		}
-		file := blamedCertificate(cfg, err.Error())
-		if file == "" || r.refused[file] != "" {
+			// concurrently): not a verdict on the text, and the error makes the
+			// sink try again.
+			result = ResultError
+		} else {
 			r.rejected = cfg.Text
-			res, _ = fail(ResultInvalid, err)
-			// Endpoint changes must not wait for a configuration nginx accepts.
-			// A failed push is logged and counted; Run tries again.
-			res, _ = r.keepRunning(ctx, s, res)
-			res.Result = ResultInvalid
-			return res, err
 		}
-		if r.refused == nil {
-			r.refused = map[string]string{}
+		res, _ = fail(result, err)
+		if r.applied != nil {
+			res, _ = r.updateTable(ctx, cfg, res)
 		}
-		r.refused[file] = nginxReason(err.Error())
+		res.Result, res.Serving = result, false
+		return res, err
 	}
-	// The new configuration loads the table at its reload (or start); the old
-	// workers, which accept for a moment after the reload, read it too.
-	table, _ := cfg.table.with(r.appliedTable).encode()
-	if err := writeFileAtomic(r.endpointsPath(), table, 0o644); err != nil {
-		return fail(ResultError, fmt.Errorf("write endpoint table: %w", err))
+	// The new configuration loads the table at its reload (or start).
+	if err := r.writeTable(cfg.Table, cfg.Digest); err != nil {
+		return fail(ResultError, err)
 	}
 	if err := os.Rename(candidate, r.confPath()); err != nil {
 		return fail(ResultError, fmt.Errorf("swap config: %w", err))
 	}
 	r.applied, r.rejected = cfg.Text, nil
-	r.appliedEndpoints, r.appliedTable = cfg.Endpoints, cfg.table
-	// Forget refusals of certificates that are gone (a fixed Secret has a new file
-	// name), so the map stays as small as the set of bad Secrets.
-	for file := range r.refused {
-		if !slices.Contains(cfg.refusedSeen, file) {
-			delete(r.refused, file)
-		}
-	}
+	r.appliedTable, r.appliedDigest = cfg.Table, cfg.Digest
+	r.forgetRefusals(cfg)
 	r.mu.Lock()
 	r.checksum = cfg.Checksum
 	master := r.master
@@ -162,6 +173,7 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 
 	if master != nil {
 		var old []Worker
+		var err error
 		if r.cfg.ConfirmTimeout > 0 {
 			if old, err = master.Workers(); err != nil {
 				return fail(ResultError, err)
@@ -190,8 +202,8 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 		}
 		r.m.reloadDuration.Observe(res.Switch.Seconds())
 	}
-	if err := WriteCertificates(certDir, cfg.Certificates); err != nil {
-		r.log.Warn("remove stale certificates", zap.Error(err))
+	if err := r.pruneL4(cfg.L4); err != nil {
+		r.log.Warn("remove stale L4 endpoint files", zap.Error(err))
 	}
 	res.Result, res.Serving = ResultSuccess, true
 	r.m.reloads.WithLabelValues(ResultSuccess).Inc()
@@ -201,59 +213,159 @@ func (r *Reloader) ApplyNow(ctx context.Context, s model.Snapshot) (ApplyResult,
 	return res, nil
 }
 
-// keepRunning applies s while nginx -t refuses its configuration: the last good
-// configuration keeps running, and its upstreams get the endpoints s gives them now
-// (none for an upstream s no longer has). One refused object must not freeze the
-// endpoints of every host. res.EndpointsVersion becomes that table's version.
-func (r *Reloader) keepRunning(ctx context.Context, s model.Snapshot, res ApplyResult) (ApplyResult, error) {
-	if r.applied == nil {
-		// Nothing runs yet: the table of whatever starts is written with it.
-		res.Result = ResultUnchanged
-		return res, nil
+// forgetRefusals forgets the refusals of certificates that are gone (a fixed
+// Secret has a new file name), so the map stays as small as the set of bad
+// Secrets.
+func (r *Reloader) forgetRefusals(cfg *Config) {
+	for file := range r.refused {
+		if !slices.Contains(cfg.refusedSeen, file) {
+			delete(r.refused, file)
+		}
 	}
-	table := r.appliedTable.refresh(s)
-	text, version := table.encode()
-	res.EndpointsVersion = version
-	return r.updateEndpoints(ctx, text, version, table, res)
 }
 
-// updateEndpoints applies an endpoint table (text, its version and table decoded)
-// for the configuration nginx already runs: unless nginx has that table too, it
-// writes it (for the next start or reload) and hands it to the running nginx
-// through the control socket.
-func (r *Reloader) updateEndpoints(ctx context.Context, text []byte, version string, table endpointTable, res ApplyResult) (ApplyResult, error) {
-	if bytes.Equal(text, r.appliedEndpoints) {
+// updateTable brings the running nginx's table to cfg's: it sends the change from
+// the table nginx has, which every worker uses from its next request on. When
+// nginx's table is not the one the change was made from (a master this agent
+// adopted, or one that restarted), nginx is reloaded, which loads the whole table
+// from its file; its workers keep their connections.
+func (r *Reloader) updateTable(ctx context.Context, cfg *Config, res ApplyResult) (ApplyResult, error) {
+	if cfg.Digest == r.appliedDigest && r.appliedTable != nil {
 		res.Result = ResultUnchanged
 		return res, nil
 	}
 	t0 := time.Now()
 	fail := func(err error) (ApplyResult, error) {
 		res.Result = ResultError
-		r.m.endpointUpdates.WithLabelValues(ResultError).Inc()
-		r.log.Error("nginx endpoints not updated", zap.Error(err))
+		r.m.tableUpdates.WithLabelValues(ResultError).Inc()
+		r.log.Error("nginx table not updated", zap.Error(err))
 		return res, err
-	}
-	if err := writeFileAtomic(r.endpointsPath(), text, 0o644); err != nil {
-		return fail(fmt.Errorf("write endpoint table: %w", err))
 	}
 	r.mu.Lock()
 	master := r.master
 	r.mu.Unlock()
-	// Without a master, the next one loads the file.
-	if master != nil {
-		if err := pushEndpoints(ctx, r.ctl, text, version); err != nil {
+	if master == nil {
+		// The next master loads the file.
+		if err := r.writeTable(cfg.Table, cfg.Digest); err != nil {
+			return fail(err)
+		}
+	} else {
+		err := errStaleBase
+		if r.appliedTable != nil {
+			var text []byte
+			text, res.Keys = cfg.Table.delta(r.appliedTable, r.appliedDigest, cfg.Digest, r.stamp())
+			err = pushDelta(ctx, r.ctl, text, cfg.Digest)
+		}
+		if errors.Is(err, errStaleBase) {
+			r.log.Info("nginx has another table than this agent applied: reloading it with the whole table", zap.Error(err))
+			err = r.reloadTable(ctx, master, cfg)
+		}
+		if err != nil {
 			return fail(err)
 		}
 	}
-	r.appliedEndpoints, r.appliedTable = text, table
-	res.Result = ResultEndpoints
+	r.appliedTable, r.appliedDigest = cfg.Table, cfg.Digest
+	r.forgetRefusals(cfg)
+	if err := r.pruneL4(cfg.L4); err != nil {
+		r.log.Warn("remove stale L4 endpoint files", zap.Error(err))
+	}
+	res.Result = ResultTable
 	res.Serve = time.Since(t0)
 	res.Switch = res.Serve
-	r.m.endpointUpdates.WithLabelValues(ResultSuccess).Inc()
-	r.m.endpointUpdateDuration.Observe(res.Serve.Seconds())
-	r.log.Info("nginx endpoints updated", zap.String("to", version), zap.Int("upstreams", len(table)),
+	r.m.tableUpdates.WithLabelValues(ResultSuccess).Inc()
+	r.m.tableUpdateDuration.Observe(res.Serve.Seconds())
+	r.log.Info("nginx table updated", zap.String("to", cfg.Digest), zap.Int("keys", res.Keys),
 		zap.Duration("serve", res.Serve))
 	return res, nil
+}
+
+// reloadTable writes the whole table and reloads nginx, whose master loads it,
+// and waits until nginx uses it.
+func (r *Reloader) reloadTable(ctx context.Context, master Master, cfg *Config) error {
+	if err := r.writeTable(cfg.Table, cfg.Digest); err != nil {
+		return err
+	}
+	if err := master.Reload(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(r.cfg.ConfirmTimeout, time.Second))
+	defer cancel()
+	for {
+		got, err := tableDigest(ctx, r.ctl)
+		if err == nil && got == cfg.Digest {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for nginx to load table %s: %w (last answer %q, %v)", cfg.Digest, ctx.Err(), got, err)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// writeTable writes the whole table where nginx loads it at every start and
+// reload. It holds private keys: only root (the master) reads it.
+func (r *Reloader) writeTable(t table, digest string) error {
+	if err := writeFileAtomic(r.tablePath(), t.encode(digest, r.stamp()), 0o600); err != nil {
+		return fmt.Errorf("write table: %w", err)
+	}
+	r.fileDigest = digest
+	return nil
+}
+
+// flushTable writes the table nginx uses to its file, unless the file has it.
+// Run calls it once changes stop coming: a start or reload writes the file
+// first anyway, but an agent that restarts compares it with what nginx has
+// (adoptRunning).
+func (r *Reloader) flushTable() {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	if r.appliedTable == nil || r.fileDigest == r.appliedDigest {
+		return
+	}
+	if err := r.writeTable(r.appliedTable, r.appliedDigest); err != nil {
+		r.log.Warn("write the table nginx uses", zap.Error(err))
+	}
+}
+
+// writeL4 writes the L4 Service ports' endpoint files that changed. A file is
+// replaced by a rename, so a worker reads the old list or the new one.
+func (r *Reloader) writeL4(files map[string][]byte) error {
+	dir := resolve(r.cfg.Dir, r.cfg.Render.L4Dir)
+	if len(files) == 0 {
+		return nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create L4 endpoint directory: %w", err)
+	}
+	for name, b := range files {
+		if err := writeFileIfChanged(filepath.Join(dir, name), b, 0o644); err != nil {
+			return fmt.Errorf("write L4 endpoints of %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// pruneL4 removes the endpoint files of ports the running configuration no
+// longer has.
+func (r *Reloader) pruneL4(files map[string][]byte) error {
+	dir := resolve(r.cfg.Dir, r.cfg.Render.L4Dir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if _, ok := files[e.Name()]; !ok {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (r *Reloader) setProblems(ps []model.Problem) {

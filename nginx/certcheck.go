@@ -2,11 +2,14 @@ package nginx
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -140,4 +143,58 @@ func checkCertificate(c model.Certificate) certResult {
 	sum := sha256.Sum256(pem.Bytes())
 	file := fmt.Sprintf("%s_%s-%s.pem", ns, name, hex.EncodeToString(sum[:8]))
 	return certResult{file: CertFile{Name: file, PEM: pem.Bytes()}, leaf: leaf}
+}
+
+// checkWithNginx has OpenSSL, through nginx -t on a configuration that loads
+// them, check the certificates it has not checked yet. One OpenSSL refuses is
+// recorded in r.refused (with nginx's reason) and the return is true: the caller
+// renders again without it. Certificates go to nginx through the table, which
+// nginx -t never sees, so this is where OpenSSL's rules (a key too small for its
+// security level, say) meet them before a handshake would.
+func (r *Reloader) checkWithNginx(ctx context.Context, certs []CertFile) (refused bool, err error) {
+	var todo []CertFile
+	for _, c := range certs {
+		if !r.checked[c.Name] {
+			todo = append(todo, c)
+		}
+	}
+	if len(todo) > 0 {
+		dir := filepath.Join(r.cfg.Dir, "certcheck")
+		if err := os.RemoveAll(dir); err != nil {
+			return false, fmt.Errorf("check certificates: %w", err)
+		}
+		defer os.RemoveAll(dir)
+		if err := addCertificates(dir, todo); err != nil {
+			return false, fmt.Errorf("check certificates: %w", err)
+		}
+		var conf bytes.Buffer
+		fmt.Fprintf(&conf, "pid %s;\nerror_log stderr;\nevents {}\nhttp {\n", filepath.Join(dir, "nginx.pid"))
+		for i, c := range todo {
+			f := filepath.Join(dir, c.Name)
+			fmt.Fprintf(&conf, "    server {\n        listen unix:%s ssl;\n        server_name c%d;\n        ssl_certificate %s;\n        ssl_certificate_key %s;\n    }\n",
+				filepath.Join(dir, "check.sock"), i, f, f)
+		}
+		conf.WriteString("}\n")
+		file := filepath.Join(dir, "nginx.conf")
+		if err := os.WriteFile(file, conf.Bytes(), 0o600); err != nil {
+			return false, fmt.Errorf("check certificates: %w", err)
+		}
+		if err := r.runner.Test(ctx, r.cfg.Dir, file); err != nil {
+			bad := blamedCertificate(&Config{Certificates: todo}, err.Error())
+			if bad == "" || r.refused[bad] != "" {
+				return false, fmt.Errorf("check certificates: %w", err)
+			}
+			if r.refused == nil {
+				r.refused = map[string]string{}
+			}
+			r.refused[bad] = nginxReason(err.Error())
+			return true, nil
+		}
+	}
+	checked := make(map[string]bool, len(certs))
+	for _, c := range certs {
+		checked[c.Name] = true
+	}
+	r.checked = checked
+	return false, nil
 }

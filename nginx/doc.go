@@ -1,7 +1,19 @@
 // Package nginx is the last step of Portico's L7 path: it turns the control plane's
-// model.Snapshot into an nginx.conf (a pure render from embedded templates), writes the
-// TLS material it references, validates the candidate with `nginx -t`, swaps it in
-// atomically and reloads a master process that it starts and supervises.
+// model.Snapshot into what nginx serves, and keeps a master process that it starts
+// and supervises serving it without cutting a connection.
+//
+// What a snapshot renders to is in two parts. nginx.conf (Config.Text) holds what
+// only a reload can change: where nginx listens (the HTTP and HTTPS ports, each L4
+// Service's addresses and ports) and nginx's own settings. The table
+// (Config.Table) holds everything else: every host's routes, every certificate and
+// every upstream's endpoints. The table lives in a shared dictionary that
+// lua/portico.lua reads: one server block takes every host, finds its routes by
+// host and path (route), picks the certificate of the name a client asks for
+// (certificate) and the endpoint (balance). A change of hosts, paths,
+// certificates, annotations' per-route settings or endpoints is a change of the
+// table, which the Reloader sends to the control socket as a delta naming only the
+// keys that changed: no nginx -t, no reload, no new workers, and each worker
+// re-reads only those keys.
 //
 // # Path semantics
 //
@@ -30,14 +42,17 @@
 //
 // # TLS
 //
-// Only hosts with a valid certificate listen on the HTTPS port; a handshake for any
-// other name reaches the default server, which rejects it (ssl_reject_handshake)
-// unless a catch-all Server has a certificate. A certificate that does not parse
-// removes only its hosts' TLS server, as does one that nginx -t refuses (OpenSSL can
-// be stricter than Go: a 1024-bit RSA key, say), which the Reloader finds in nginx's
-// message. A host that asks for the HTTPS redirect keeps redirecting even then: its
-// traffic is never served in clear text. A redirect asked for a host with no TLS at
-// all is ignored and reported, since nothing would answer on the HTTPS side.
+// A handshake gets the certificate of the host the client names (exact, then the
+// wildcard one label up) when that host has a valid one, else the catch-all's,
+// else it is refused, as ssl_reject_handshake would. A certificate that does not
+// parse removes only its hosts' TLS, as does one that OpenSSL refuses (a 1024-bit
+// RSA key, say, which Go accepts): new certificates are loaded by nginx -t of a
+// small configuration of their own (checkWithNginx) before they join the table. A
+// host that asks for the HTTPS redirect keeps redirecting even then: its traffic
+// is never served in clear text. A redirect asked for a host with no TLS at all is
+// ignored and reported, since nothing would answer on the HTTPS side. On the
+// HTTPS port, a request for a host without a certificate reaches the catch-all
+// (or is closed), as nginx's own TLS servers would have it.
 //
 // # Injection
 //
@@ -45,45 +60,40 @@
 // endpoint addresses are checked against strict grammars; a value that fails is left
 // out and reported as a model.Problem, and the rest of the configuration is rendered.
 //
-// # Endpoint changes
+// # Changes without reloads
 //
-// Endpoints are not in nginx.conf. Every proxying location names its upstream
-// ($portico_upstream) and passes to one upstream whose balancer_by_lua picks an
-// endpoint from a table in a shared dictionary (Debian's libnginx-mod-http-lua, the
-// mechanism ingress-nginx uses): round robin per worker, the next endpoint when a
-// connection fails (up to proxy_next_upstream_tries), and 503 for an upstream with
-// none. Two snapshots that differ only in endpoints therefore render the same text.
-// The Lua code is not in nginx.conf either: the Reloader writes it (lua/portico.lua)
-// beside nginx.conf, which loads it with require and names its digest.
+// The Reloader sends each change of the table to Options.ControlSocket, a unix
+// socket in a private directory, as a delta from the table nginx has (named by
+// its digest, Config.Digest); nginx refuses a delta from another table (409), and
+// the Reloader then writes the whole table to Options.TableFile and reloads, which
+// loads it. The file is also written before every start and reload, and once
+// changes stop coming, so that a restarted agent finds what nginx has and goes on
+// with deltas. A change of the table is applied at once; one that also needs a
+// reload (a new L4 port, say) gets its table at once and its reload after the
+// debounce window (Config.Debounce), which coalesces reloads. While nginx -t
+// refuses the latest configuration, the last good one keeps running and still
+// gets every change of the table, so one bad object does not freeze every host.
 //
-// The Reloader writes the table (Config.Endpoints) to Options.EndpointsFile, which
-// the master loads into the dictionary at every start and reload (init_by_lua), so
-// nginx never serves with an empty table; a change of endpoints only is also PUT to
-// Options.ControlSocket, a unix socket in a private directory, and every worker uses
-// it from its next request on: no nginx -t, no reload, no new workers. Any other
-// change is rendered, validated with nginx -t, swapped in and reloaded; reloads are
-// coalesced (Config.Debounce). While nginx -t refuses the latest configuration, the
-// last good one keeps running and endpoint changes still reach it: its upstreams get
-// the endpoints of the latest snapshot (none for an upstream the snapshot no longer
-// has), pushed as above, so one bad object does not freeze every host's endpoints.
+// A reload does not cut connections: the workers it replaces serve the
+// connections they hold until those close (or Options.DrainTimeout). The
+// configuration they hold is small (a few listen sockets), so each costs a few
+// MiB while it drains.
+//
+// L4 Services go through nginx's stream module, which has no Lua: each port's
+// endpoints are in a file (Options.L4Dir) that js/portico.js reads for every new
+// connection or UDP session, so that an endpoint change rewrites the file and
+// needs no reload either.
 //
 // # Cookie affinity
 //
-// A location with cookie affinity (model.CookieAffinity) passes its cookie's
-// name, path and max-age after the upstream name in $portico_upstream. The cookie
+// A route with cookie affinity (model.CookieAffinity) carries its cookie's name,
+// path and max-age after the upstream name in the table. The cookie
 // names an endpoint by the first 16 hex digits of the MD5 of its "address:port":
 // derived from the address alone, so the nginx of every replica, each with its
 // own round robin, sends a cookie to the same endpoint, and a change of the
-// endpoint table (no reload) moves only the clients whose endpoint left. A
+// endpoints (no reload) moves only the clients whose endpoint left. A
 // request whose cookie names an endpoint the upstream has goes there first (the
 // next endpoints on a failed connection, as without affinity); the response sets
 // the cookie (Path the Ingress path, HttpOnly, Max-Age when given) whenever the
 // endpoint that answered is not the one it named.
-//
-// The price is paid by full reloads: Debian 12's Lua module (0.10.23) creates an
-// OpenSSL context for every location and server block it merges, used or not (for
-// Lua's TLS sockets), about 0.13 ms and 14 KiB each. At 5,000 hosts (15,000 blocks)
-// that makes nginx -t and a reload about 2 s slower and the configuration about
-// 220 MiB larger; at 100 hosts, tens of milliseconds. BenchmarkReload and
-// BenchmarkEndpointUpdate measure both paths.
 package nginx

@@ -36,7 +36,7 @@ func nginxBinary(t testing.TB) string {
 	return ""
 }
 
-// nginxTest writes cfg, its certificates and the Lua module into dir and runs
+// nginxTest writes cfg, its table, the fallback certificate and the Lua module into dir and runs
 // `nginx -t` on them, with dir as nginx's prefix, as the Reloader does.
 func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 	t.Helper()
@@ -44,7 +44,10 @@ func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 	if err := prepareDirs(dir, opt); err != nil {
 		t.Fatal(err)
 	}
-	if err := WriteCertificates(resolve(dir, opt.CertDir), cfg.Certificates); err != nil {
+	if err := writeFallbackCertificate(resolve(dir, opt.CertDir)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(resolve(dir, opt.TableFile), cfg.Table.encode(cfg.Digest, 1), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := writeLuaModule(dir); err != nil {

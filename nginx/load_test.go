@@ -17,9 +17,10 @@ import (
 )
 
 // loadSnapshot is generation gen of a configuration that changes on every call:
-// odd generations move the "flip" upstream's endpoint (an endpoint-only change, which
-// needs no reload), even ones add a host (and move it back: a reload).
-func loadSnapshot(gen int, epA, epB netip.AddrPort) model.Snapshot {
+// odd generations move the "flip" upstream's endpoint (a change of the table, which
+// needs no reload), even ones move an L4 Service from one of ports to the other (a
+// reload); every other one adds a host (a change of the table).
+func loadSnapshot(gen int, epA, epB netip.AddrPort, ports [2]uint16) model.Snapshot {
 	flip := epA
 	if gen%2 == 1 {
 		flip = epB
@@ -39,7 +40,7 @@ func loadSnapshot(gen int, epA, epB netip.AddrPort) model.Snapshot {
 	for i := 0; i < gen/2; i++ {
 		s.Servers = append(s.Servers, model.Server{Host: fmt.Sprintf("gen-%d.test", i), DefaultUpstream: "t-b-80"})
 	}
-	return s
+	return withL4(s, "t/l4", ports[gen/2%2])
 }
 
 func TestReloadUnderLoadDropsNothing(t *testing.T) {
@@ -51,7 +52,8 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	)
 	_, epA := backend(t, "A")
 	_, epB := backend(t, "B")
-	n := startNginx(t, loadSnapshot(0, epA, epB))
+	ports := [2]uint16(freePorts(t, 2))
+	n := startNginx(t, loadSnapshot(0, epA, epB, ports))
 
 	var (
 		stop     atomic.Bool
@@ -105,10 +107,10 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	gen := 1
 	for ; gen <= changes && time.Now().Before(deadline); gen++ {
 		before := requests.Load()
-		res, err := n.r.ApplyNow(ctx, loadSnapshot(gen, epA, epB))
+		res, err := n.r.ApplyNow(ctx, loadSnapshot(gen, epA, epB, ports))
 		want := ResultSuccess
 		if gen%2 == 1 {
-			want = ResultEndpoints
+			want = ResultTable
 		}
 		if err != nil || res.Result != want {
 			t.Fatalf("change %d: %s, %v; want %s", gen, res.Result, err, want)
@@ -151,8 +153,8 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	if got := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess)); got != float64(len(serve)+1) {
 		t.Errorf("reloads_total{result=success} = %v, want %d", got, len(serve)+1)
 	}
-	if got := testutil.ToFloat64(n.r.m.endpointUpdates.WithLabelValues(ResultSuccess)); got != float64(len(update)) {
-		t.Errorf("endpoint_updates_total{result=success} = %v, want %d", got, len(update))
+	if got := testutil.ToFloat64(n.r.m.tableUpdates.WithLabelValues(ResultSuccess)); got != float64(len(update)) {
+		t.Errorf("table_updates_total{result=success} = %v, want %d", got, len(update))
 	}
 	if got := testutil.ToFloat64(n.r.m.configBytes); got != float64(len(n.r.applied)) || got == 0 {
 		t.Errorf("config_bytes = %v, want %d", got, len(n.r.applied))

@@ -21,8 +21,8 @@ type metrics struct {
 	restarts       prometheus.Counter
 	problems       *prometheus.GaugeVec
 
-	endpointUpdates        *prometheus.CounterVec
-	endpointUpdateDuration prometheus.Histogram
+	tableUpdates        *prometheus.CounterVec
+	tableUpdateDuration prometheus.Histogram
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -58,18 +58,18 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "problems",
 			Help: "Parts of the model left out of the running configuration, by reason.",
 		}, []string{"reason"}),
-		endpointUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Namespace: ns, Subsystem: sub, Name: "endpoint_updates_total",
-			Help: "Endpoint-only changes applied without a reload, by result (success, error).",
+		tableUpdates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "table_updates_total",
+			Help: "Changes of hosts, paths, certificates or endpoints applied without a reload, by result (success, error).",
 		}, []string{"result"}),
-		endpointUpdateDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Namespace: ns, Subsystem: sub, Name: "endpoint_update_duration_seconds",
-			Help:    "Time to write an endpoint table and hand it to nginx, after which every worker uses it.",
+		tableUpdateDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Namespace: ns, Subsystem: sub, Name: "table_update_duration_seconds",
+			Help:    "Time to hand a change of the table to nginx, after which every worker uses it.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
 		}),
 	}
 	for _, c := range []prometheus.Collector{m.reloads, m.configBytes, m.lastSuccess, m.renderDuration, m.reloadDuration, m.restarts, m.problems,
-		m.endpointUpdates, m.endpointUpdateDuration} {
+		m.tableUpdates, m.tableUpdateDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -78,7 +78,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.reloads.WithLabelValues(r)
 	}
 	for _, r := range []string{ResultSuccess, ResultError} {
-		m.endpointUpdates.WithLabelValues(r)
+		m.tableUpdates.WithLabelValues(r)
 	}
 	return m, nil
 }

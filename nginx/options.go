@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path"
+	"regexp"
 	"strconv"
 	"strings"
 )
@@ -44,13 +45,21 @@ type Options struct {
 	// ModulesDir holds Debian's dynamic modules: the Lua module
 	// (libnginx-mod-http-lua) and the development kit it needs.
 	ModulesDir string
-	// EndpointsFile is the endpoint table (Config.Endpoints) that nginx loads at
-	// every start and reload.
-	EndpointsFile string
-	// ControlSocket is the unix socket nginx takes endpoint tables on. Its
+	// TableFile is the table (routes, certificates with their keys, endpoints:
+	// Config.Table) that nginx loads at every start and reload. The Reloader
+	// writes it readable by root alone.
+	TableFile string
+	// ControlSocket is the unix socket nginx takes changes of the table on. Its
 	// directory must be private: whoever can connect can reroute traffic. A
 	// relative path is relative to the prefix (Exec runs nginx there).
 	ControlSocket string
+	// L4Dir holds one endpoint file per L4 Service port, which nginx's workers
+	// read for every new connection.
+	L4Dir string
+	// DrainTimeout, when not "", bounds how long workers of a replaced
+	// configuration keep serving the connections they hold (nginx's
+	// worker_shutdown_timeout, "30m"); "" lets them serve until those close.
+	DrainTimeout string
 
 	User              string // worker user; "" keeps nginx's default
 	WorkerProcesses   int    // 0 means one per core ("auto")
@@ -73,10 +82,14 @@ func DefaultOptions(dir string) Options {
 		CertDir:      path.Join(dir, "certs"),
 
 		ModulesDir:    "/usr/lib/nginx/modules",
-		EndpointsFile: path.Join(dir, "endpoints.txt"),
+		TableFile:     path.Join(dir, "table.txt"),
 		ControlSocket: path.Join(dir, "control", "nginx.sock"),
+		L4Dir:         path.Join(dir, "l4"),
 	}
 }
+
+// drainTimeoutRE is the nginx times DrainTimeout may be.
+var drainTimeoutRE = regexp.MustCompile(`^[1-9][0-9]{0,6}[smhd]$`)
 
 // fileNameChar reports whether c may appear in a path written into the configuration.
 func fileNameChar(c byte) bool {
@@ -110,8 +123,9 @@ func (o Options) validate() error {
 		{"TempDir", o.TempDir, false},
 		{"CertDir", o.CertDir, false},
 		{"ModulesDir", o.ModulesDir, false},
-		{"EndpointsFile", o.EndpointsFile, false},
+		{"TableFile", o.TableFile, false},
 		{"ControlSocket", o.ControlSocket, false},
+		{"L4Dir", o.L4Dir, false},
 	} {
 		errs = append(errs, validateFilePath(f.name, f.val, f.optional))
 	}
@@ -135,6 +149,9 @@ func (o Options) validate() error {
 		if !a.IsValid() || a.Zone() != "" {
 			errs = append(errs, fmt.Errorf("option ListenAddrs: %q is not an address without zone", a))
 		}
+	}
+	if o.DrainTimeout != "" && !drainTimeoutRE.MatchString(o.DrainTimeout) {
+		errs = append(errs, fmt.Errorf("option DrainTimeout %q is not an nginx time (\"90s\", \"30m\", \"2h\")", o.DrainTimeout))
 	}
 	if o.WorkerProcesses < 0 || o.WorkerConnections < 0 {
 		errs = append(errs, errors.New("options WorkerProcesses and WorkerConnections must not be negative"))

@@ -39,7 +39,8 @@ type ReloaderConfig struct {
 	OnServed func(model.Snapshot)
 }
 
-// DefaultDebounce is the default coalescing window for configuration changes.
+// DefaultDebounce is the default coalescing window for changes that need a
+// reload; a change of the table alone is applied at once.
 const DefaultDebounce = 500 * time.Millisecond
 
 // Reloader keeps a supervised nginx master serving the latest snapshot: it renders,
@@ -65,16 +66,23 @@ type Reloader struct {
 	applyMu  sync.Mutex        // serialises Apply
 	applied  []byte            // text of nginx.conf
 	rejected []byte            // text of the last candidate nginx -t refused
-	refused  map[string]string // certificate files nginx -t refused, and why
+	refused  map[string]string // certificate files OpenSSL refused, and why
+	// checked are the certificate files OpenSSL accepted (checkWithNginx).
+	checked map[string]bool
 	// certCache keeps certificate checks from one render to the next.
 	certCache certCache
 	// luaWritten says the Lua module is in the prefix directory: it is part of the
 	// binary and never changes, so the first configuration that needs it writes it.
 	luaWritten bool
-	// appliedEndpoints is the endpoint table for applied (what the snapshot asked
-	// for; the file may hold more, see endpointTable.with), appliedTable decoded.
-	appliedEndpoints []byte
-	appliedTable     endpointTable
+	// appliedTable is the table nginx uses, appliedDigest its digest; nil when
+	// not known (before the first start or reload).
+	appliedTable  table
+	appliedDigest string
+	// fileDigest is the digest of the table in Options.TableFile, which is
+	// written before every start and reload, and after changes once they stop
+	// coming (Run), so that an agent that restarts finds what nginx has.
+	fileDigest string
+	lastStamp  int64 // the stamp of the last delta or file (table.delta)
 }
 
 // NewReloader returns a Reloader; Run starts nginx.
@@ -118,7 +126,14 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 
 func (r *Reloader) confPath() string { return filepath.Join(r.cfg.Dir, "nginx.conf") }
 
-func (r *Reloader) endpointsPath() string { return resolve(r.cfg.Dir, r.cfg.Render.EndpointsFile) }
+func (r *Reloader) tablePath() string { return resolve(r.cfg.Dir, r.cfg.Render.TableFile) }
+
+// stamp returns a stamp for a delta or table file: the time in microseconds,
+// later than every earlier stamp.
+func (r *Reloader) stamp() int64 {
+	r.lastStamp = max(time.Now().UnixMicro(), r.lastStamp+1)
+	return r.lastStamp
+}
 
 // Update hands the Reloader a new snapshot; Run applies the latest one after the
 // debounce window. It never blocks.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -108,6 +109,16 @@ func hostSnapshot(hosts ...string) model.Snapshot {
 	return s
 }
 
+// withL4 adds an L4 Service with one TCP port to s: a change only a reload
+// applies (nginx must listen on the port).
+func withL4(s model.Snapshot, name string, port uint16) model.Snapshot {
+	up := "l4-" + strconv.Itoa(int(port))
+	s.Upstreams = append(slices.Clone(s.Upstreams), model.Upstream{Name: up, Endpoints: []netip.AddrPort{ap("10.0.0.9:9")}})
+	s.Services = append(slices.Clone(s.Services), model.Service{Name: name, VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")},
+		Ports: []model.ServicePort{{Protocol: model.TCP, Port: port, Upstream: up}}})
+	return s
+}
+
 func newTestReloader(t *testing.T, runner Runner, cfg ReloaderConfig) (*Reloader, *prometheus.Registry) {
 	t.Helper()
 	cfg.Dir = t.TempDir()
@@ -163,7 +174,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 	runner.mu.Lock()
 	runner.testErr = errors.New("nginx: [emerg] something")
 	runner.mu.Unlock()
-	res, err = r.ApplyNow(ctx, hostSnapshot("a.example.com", "b.example.com"))
+	res, err = r.ApplyNow(ctx, withL4(hostSnapshot("a.example.com"), "app/b", 15000))
 	if err == nil || res.Result != ResultInvalid {
 		t.Fatalf("apply of an invalid candidate: %+v, %v, want invalid", res, err)
 	}
@@ -178,7 +189,7 @@ func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 		t.Errorf("reloads_total{result=invalid} = %v, want 1", got)
 	}
 	// The refused text is not tested again until something changes.
-	res, _ = r.ApplyNow(ctx, hostSnapshot("a.example.com", "b.example.com"))
+	res, _ = r.ApplyNow(ctx, withL4(hostSnapshot("a.example.com"), "app/b", 15000))
 	if res.Result != ResultUnchanged {
 		t.Errorf("refused snapshot again: %s, want unchanged", res.Result)
 	}
@@ -202,7 +213,7 @@ func TestApplyRetriesAnAddressNotYetLocal(t *testing.T) {
 	runner.mu.Lock()
 	runner.testErr = errors.New("nginx: [emerg] 7#7: bind() to 192.0.2.53:53 failed (99: Cannot assign requested address)")
 	runner.mu.Unlock()
-	snap := hostSnapshot("a.example.com", "b.example.com")
+	snap := withL4(hostSnapshot("a.example.com"), "app/b", 15000)
 	if res, err := r.ApplyNow(ctx, snap); err == nil || res.Result != ResultError {
 		t.Fatalf("apply while the address is missing: %+v, %v, want error", res, err)
 	}
@@ -230,19 +241,9 @@ func TestApplyReportsProblemsAndKeepsTheRest(t *testing.T) {
 	if got := testutil.ToFloat64(r.m.problems.WithLabelValues(string(model.ReasonInvalidHost))); got != 1 {
 		t.Errorf("problems{reason=InvalidHost} = %v, want 1", got)
 	}
-	conf, _ := os.ReadFile(r.confPath())
-	if !containsLine(string(conf), "server_name good.example.com;") {
-		t.Error("good host missing from the config")
+	if r.appliedTable["h:good.example.com"] == "" {
+		t.Error("good host missing from the table")
 	}
-}
-
-func containsLine(text, line string) bool {
-	for l := range strings.SplitSeq(text, "\n") {
-		if strings.TrimSpace(l) == line {
-			return true
-		}
-	}
-	return false
 }
 
 // waitFor polls cond every 5ms for at most 10s.
@@ -263,10 +264,11 @@ func TestRunCoalescesRestartsAndStops(t *testing.T) {
 	_, ms := runner.snapshot()
 	first := ms[0]
 
-	// A burst of updates inside one debounce window is one reload, of the last one.
+	// A burst of updates that need a reload, inside one debounce window, is one
+	// reload, of the last one.
 	var last model.Snapshot
 	for i := range 20 {
-		last = hostSnapshot("h" + string(rune('a'+i)) + ".example.com")
+		last = withL4(hostSnapshot("a.example.com"), "app/l4", uint16(15000+i))
 		r.Update(last)
 	}
 	want, err := Render(last, r.cfg.Render)
@@ -368,9 +370,9 @@ var _ interface {
 
 // A first snapshot that nginx -t refuses still gets nginx started, with no routes.
 func TestRunStartsWithNoRoutesWhenTheFirstConfigIsRefused(t *testing.T) {
-	runner := &fakeRunner{reject: "bad.example.com"}
+	runner := &fakeRunner{reject: "app/bad"}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
-	r.Update(hostSnapshot("bad.example.com"))
+	r.Update(withL4(hostSnapshot("a.example.com"), "app/bad", 15000))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -395,12 +397,12 @@ func TestRunStartsWithNoRoutesWhenTheFirstConfigIsRefused(t *testing.T) {
 	}
 }
 
-// An endpoint-only change is pushed to the control socket, without nginx -t or a
-// reload; a push that fails is counted and tried again without waiting for another
-// change.
-func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
+// A change of the table is pushed to the control socket at once, without nginx -t
+// or a reload; a push that fails is counted and tried again without waiting for
+// another change.
+func TestRunPushesTableChangesAndRetries(t *testing.T) {
 	runner := &fakeRunner{}
-	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: 10 * time.Millisecond, RestartBackoff: 20 * time.Millisecond})
+	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Hour, RestartBackoff: 20 * time.Millisecond})
 	first := hostSnapshot("a.example.com")
 	r.Update(first)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -418,23 +420,21 @@ func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
 	// push fails, the next ones are taken.
 	ctl := fakeControl(t, r, 1)
 
-	moved := hostSnapshot("a.example.com")
+	moved := hostSnapshot("a.example.com", "b.example.com")
 	moved.Upstreams[0].Endpoints = []netip.AddrPort{ap("10.0.0.2:80")}
-	want, err := Render(moved, r.cfg.Render)
-	if err != nil {
-		t.Fatal(err)
-	}
 	r.Update(moved)
-	waitFor(t, "a pushed table", func() bool { return testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultSuccess)) == 1 })
-	if got := testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultError)); got != 1 {
-		t.Errorf("endpoint_updates_total{result=error} = %v, want 1", got)
+	waitFor(t, "a pushed table", func() bool { return testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultSuccess)) == 1 })
+	if got := testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultError)); got != 1 {
+		t.Errorf("table_updates_total{result=error} = %v, want 1", got)
 	}
-	if diff := cmp.Diff([]string{"PUT /endpoints", "PUT /endpoints"}, ctl.requests()); diff != "" {
+	if diff := cmp.Diff([]string{"PUT /table", "PUT /table"}, ctl.requests()); diff != "" {
 		t.Errorf("requests to the control socket (-want +got):\n%s", diff)
 	}
-	file, err := os.ReadFile(r.endpointsPath())
-	if err != nil || string(file) != string(want.Endpoints) {
-		t.Errorf("endpoint file %q (%v), want %q", file, err, want.Endpoints)
+	// Only what changed: the new host and the moved endpoint.
+	want := fmt.Sprintf("%s%s %s %d\nset h:b.example.com - - - / ns-svc-80\nset u:ns-svc-80 10.0.0.2:80\n",
+		deltaHeader, r.appliedTable.digest(), Must(Render(moved, r.cfg.Render)).Digest, 0)
+	if got := ctl.pushes(); len(got) != 2 || !strings.HasSuffix(want, got[1][strings.Index(got[1], "\n"):]) {
+		t.Errorf("pushed %q, want the second to be %q", got, want)
 	}
 	tests, ms := runner.snapshot()
 	if reloads, _ := ms[0].state(); reloads != 0 || tests != 1 {
@@ -443,6 +443,14 @@ func TestRunPushesEndpointChangesAndRetries(t *testing.T) {
 	if got := testutil.ToFloat64(r.m.reloads.WithLabelValues(ResultSuccess)); got != 1 {
 		t.Errorf("reloads_total{result=success} = %v, want 1", got)
 	}
+}
+
+// Must returns v, and panics on err: for values a test cannot go on without.
+func Must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }
 
 // controlSocket is a fake of the Reloader's control socket: it answers as nginx
@@ -473,8 +481,9 @@ func fakeControl(t *testing.T, r *Reloader, fail int) *controlSocket {
 			http.Error(w, "dictionary full", http.StatusInternalServerError)
 			return
 		}
-		version, _, _ := strings.Cut(strings.TrimPrefix(string(body), endpointsHeader), "\n")
-		fmt.Fprintln(w, version)
+		header, _, _ := strings.Cut(string(body), "\n")
+		f := strings.Fields(header)
+		fmt.Fprintln(w, f[len(f)-2])
 	})}
 	go srv.Serve(l)
 	t.Cleanup(func() { srv.Close() })
@@ -494,78 +503,65 @@ func (c *controlSocket) pushes() []string {
 	return slices.Clone(c.tables)
 }
 
-// While nginx -t refuses the latest configuration, endpoint changes still reach the
-// running one: its upstreams get the new endpoints, pushed without nginx -t or a
-// reload.
-func TestRefusedConfigDoesNotFreezeEndpoints(t *testing.T) {
-	runner := &fakeRunner{reject: "bad.example.com"}
+// While nginx -t refuses the latest configuration, changes of the table still reach
+// the running one, pushed without nginx -t or a reload.
+func TestRefusedConfigDoesNotFreezeTheTable(t *testing.T) {
+	runner := &fakeRunner{reject: "app/bad"}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
 	ctx := context.Background()
 	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
 	r.master = m
 	fm := m.(*fakeMaster)
 	pushes := fakeControl(t, r, 0).pushes
-	with := func(eps []netip.AddrPort, hosts ...string) model.Snapshot {
+	refused := func(eps []netip.AddrPort, hosts ...string) model.Snapshot {
 		s := hostSnapshot(hosts...)
 		s.Upstreams[0].Endpoints = eps
-		return s
-	}
-	// The table nginx should get: the running configuration's, with eps.
-	table := func(eps ...netip.AddrPort) string {
-		cfg, err := Render(with(eps, "a.example.com"), r.cfg.Render)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return string(cfg.Endpoints)
+		return withL4(s, "app/bad", 15000)
 	}
 
 	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com")); err != nil || res.Result != ResultSuccess {
 		t.Fatalf("first apply: %+v, %v", res, err)
 	}
-	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com", "bad.example.com")); err == nil || res.Result != ResultInvalid {
+	if res, err := r.ApplyNow(ctx, refused([]netip.AddrPort{ap("10.0.0.1:80")}, "a.example.com")); err == nil || res.Result != ResultInvalid {
 		t.Fatalf("refused apply: %+v, %v, want invalid", res, err)
 	}
 	if got := pushes(); len(got) != 0 {
-		t.Fatalf("pushed %d tables for a refused configuration with the same endpoints, want none", len(got))
+		t.Fatalf("pushed %d changes for a refused configuration with the same table, want none", len(got))
 	}
 
 	// The refused text again, with other endpoints.
-	res, err := r.ApplyNow(ctx, with([]netip.AddrPort{ap("10.0.0.2:80")}, "a.example.com", "bad.example.com"))
-	if err != nil || res.Result != ResultEndpoints {
-		t.Fatalf("endpoint change while refused: %+v, %v, want %s", res, err, ResultEndpoints)
+	res, err := r.ApplyNow(ctx, refused([]netip.AddrPort{ap("10.0.0.2:80")}, "a.example.com"))
+	if err != nil || res.Result != ResultTable {
+		t.Fatalf("endpoint change while refused: %+v, %v, want %s", res, err, ResultTable)
 	}
-	want := table(ap("10.0.0.2:80"))
-	if got := pushes(); len(got) != 1 || got[0] != want {
-		t.Fatalf("pushed tables %q, want [%q]", got, want)
-	}
-	if file, err := os.ReadFile(r.endpointsPath()); err != nil || string(file) != want {
-		t.Errorf("endpoint file %q (%v), want %q", file, err, want)
+	if got := pushes(); len(got) != 1 || !strings.HasSuffix(got[0], "\nset u:ns-svc-80 10.0.0.2:80\n") {
+		t.Fatalf("pushed %q, want the new endpoint", got)
 	}
 
-	// A newly refused configuration that also changes endpoints pushes them too.
-	res, err = r.ApplyNow(ctx, with([]netip.AddrPort{ap("10.0.0.3:80")}, "a.example.com", "bad.example.com", "c.example.com"))
-	if err == nil || res.Result != ResultInvalid {
-		t.Fatalf("second refused apply: %+v, %v, want invalid", res, err)
+	// A new host and other endpoints, still with the refused text.
+	if _, err := r.ApplyNow(ctx, refused([]netip.AddrPort{ap("10.0.0.3:80")}, "a.example.com", "c.example.com")); err != nil {
+		t.Fatalf("second change while refused: %v", err)
 	}
-	if got := pushes(); len(got) != 2 || got[1] != table(ap("10.0.0.3:80")) {
-		t.Fatalf("pushed tables %q, want the last with 10.0.0.3:80", got)
+	if got := pushes(); len(got) != 2 || !strings.Contains(got[1], "\nset h:c.example.com - - - / ns-svc-80\n") ||
+		!strings.Contains(got[1], "\nset u:ns-svc-80 10.0.0.3:80\n") {
+		t.Fatalf("pushed %q, want the new host and endpoint", got)
 	}
 
-	// An upstream the snapshot no longer has loses its endpoints (503).
-	gone := hostSnapshot("a.example.com", "bad.example.com", "c.example.com")
-	gone.Upstreams = nil
-	if res, err := r.ApplyNow(ctx, gone); err == nil || res.Result != ResultInvalid {
-		t.Fatalf("refused apply without the upstream: %+v, %v", res, err)
+	// An upstream the snapshot no longer has is removed; its routes answer 503.
+	gone := refused(nil, "a.example.com", "c.example.com")
+	gone.Upstreams = gone.Upstreams[1:]
+	if _, err := r.ApplyNow(ctx, gone); err != nil {
+		t.Fatalf("change without the upstream: %v", err)
 	}
-	if got := pushes(); len(got) != 3 || got[2] != table() {
-		t.Fatalf("pushed tables %q, want the last with no endpoints", got)
+	if got := pushes(); len(got) != 3 || !strings.Contains(got[2], "\nset h:a.example.com - - - / @503\n") || !strings.HasSuffix(got[2], "\ndel u:ns-svc-80\n") {
+		t.Fatalf("pushed %q, want the routes to answer 503 and the upstream gone", got)
 	}
 
 	tests, _ := runner.snapshot()
-	if reloads, _ := fm.state(); reloads != 1 || tests != 4 {
-		t.Errorf("%d reloads and %d nginx -t runs, want 1 and 4", reloads, tests)
+	if reloads, _ := fm.state(); reloads != 1 || tests != 2 {
+		t.Errorf("%d reloads and %d nginx -t runs, want 1 and 2", reloads, tests)
 	}
-	if got := testutil.ToFloat64(r.m.endpointUpdates.WithLabelValues(ResultSuccess)); got != 3 {
-		t.Errorf("endpoint_updates_total{result=success} = %v, want 3", got)
+	if got := testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultSuccess)); got != 3 {
+		t.Errorf("table_updates_total{result=success} = %v, want 3", got)
 	}
 }

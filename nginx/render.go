@@ -27,25 +27,29 @@ const checksumPlaceholder = "%PORTICO-CHECKSUM%"
 
 // Config is one rendered configuration and what it needs on disk.
 type Config struct {
-	// Text is the nginx.conf. It holds no endpoint addresses: two snapshots that
-	// differ only in endpoints render the same Text.
+	// Text is the nginx.conf. It holds what only a reload can change: where
+	// nginx listens (the HTTP and HTTPS ports, each L4 Service's addresses and
+	// ports) and its own settings. Hosts, paths, certificates and endpoints are
+	// in Table.
 	Text []byte
 	// Checksum identifies Text; the status port's /healthz answers with it, so a
 	// client can tell which configuration the serving workers run.
 	Checksum string
-	// Endpoints is the endpoint table of every upstream Text uses (the contents
-	// of Options.EndpointsFile), and EndpointsVersion its version, which the
-	// control socket answers with once nginx uses it.
-	Endpoints        []byte
-	EndpointsVersion string
-	// Certificates are the TLS files Text references, to be written with
-	// WriteCertificates before nginx reads Text.
+	// Table is every host's routes, every certificate and every upstream's
+	// endpoints (see lua/portico.lua), and Digest its digest, which the control
+	// socket answers with once nginx uses it.
+	Table  table
+	Digest string
+	// L4 are the contents of the L4 Service ports' endpoint files, by file name
+	// inside Options.L4Dir.
+	L4 map[string][]byte
+	// Certificates are the certificates Table holds, as files, for OpenSSL's
+	// check (checkWithNginx) before nginx gets them.
 	Certificates []CertFile
 	// Problems are the parts of the snapshot that were left out, and why.
 	Problems []model.Problem
 
-	refusedSeen []string      // refused certificate files the snapshot still references
-	table       endpointTable // Endpoints, decoded
+	refusedSeen []string // refused certificate files the snapshot still references
 }
 
 // CertFile is one certificate chain and its key, in one PEM file.
@@ -58,6 +62,8 @@ type CertFile struct {
 type (
 	tmplData struct {
 		Opt            Options
+		FallbackCert   string   // the certificate nginx needs to start TLS, never sent
+		DictSize       string   // of the shared dictionary that holds the table
 		Listen         []string // HTTP listen addresses with port
 		ListenTLS      []string
 		StatusListen   string
@@ -79,6 +85,7 @@ type (
 		Comment   string
 		Redirect  string // HTTPS URL prefix, "" for none
 		TLSCert   string // PEM file path, "" for no TLS server
+		CertID    string // its file name, the certificate's key in the table
 		Locations []tmplLocation
 		// Return, when non-zero, answers every request with this status instead of
 		// Locations: the default server without a catch-all (444 closes the
@@ -121,7 +128,8 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	}
 	r.opt = r.groupPorts(snap)
 	opt = r.opt
-	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, LuaDigest: luaDigest, WorkerConnections: opt.WorkerConnections}
+	d := tmplData{Opt: opt, Checksum: checksumPlaceholder, LuaDigest: luaDigest, WorkerConnections: opt.WorkerConnections,
+		FallbackCert: path.Join(opt.CertDir, fallbackCertFile), DictSize: dictSize}
 	if d.WorkerConnections == 0 {
 		d.WorkerConnections = 16384
 	}
@@ -135,6 +143,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		}
 	}
 
+	t := table{}
 	seen := map[string]bool{}
 	longest := 0
 	var catchAll *model.Server
@@ -167,6 +176,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		ts := r.server(s)
 		ts.Names = []string{serverName(s.Host)}
 		ts.Comment = s.Host
+		t["h:"+s.Host] = hostValue(ts, opt.HTTPSPort)
 		if !strings.HasPrefix(s.Host, "*.") {
 			longest = max(longest, len(s.Host))
 		}
@@ -175,12 +185,12 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	if catchAll != nil {
 		d.Default = r.server(catchAll)
 	}
+	t["h:"] = hostValue(d.Default, opt.HTTPSPort)
 
 	d.Stream = r.stream(snap)
 
-	table := endpointTable{}
 	for n := range r.usedUpstreams {
-		table[n] = r.upstreams[n].Endpoints
+		t["u:"+n] = upstreamValue(r.upstreams[n].Endpoints)
 	}
 	d.HashBucketSize, d.HashMaxSize = serverNamesHash(len(d.Servers), longest)
 
@@ -189,14 +199,18 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		return nil, fmt.Errorf("render nginx config: %w", err)
 	}
 	sum := sha256.Sum256(bytes.TrimRight(buf.Bytes(), "\n"))
-	cfg := &Config{Checksum: hex.EncodeToString(sum[:]), table: table}
-	cfg.Endpoints, cfg.EndpointsVersion = table.encode()
+	cfg := &Config{Checksum: hex.EncodeToString(sum[:]), Table: t}
 	text := append(bytes.TrimRight(buf.Bytes(), "\n"), '\n')
 	cfg.Text = bytes.ReplaceAll(text, []byte(checksumPlaceholder), []byte(cfg.Checksum))
 	for _, c := range r.certsIn {
-		if res, ok := r.certs[c.Name]; ok && res.err == nil {
+		if res, ok := r.certs[c.Name]; ok && res.err == nil && r.refused[res.file.Name] == "" {
 			cfg.Certificates = append(cfg.Certificates, res.file)
+			t["c:"+res.file.Name] = certValue(res.file.PEM)
 		}
+	}
+	cfg.Digest = t.digest()
+	if d.Stream != nil {
+		cfg.L4 = d.Stream.Endpoints
 	}
 	slices.SortFunc(cfg.Certificates, func(a, b CertFile) int { return strings.Compare(a.Name, b.Name) })
 	cfg.Problems = r.problems
@@ -266,7 +280,7 @@ func (r *renderer) server(s *model.Server) tmplServer {
 	var ts tmplServer
 	if s.TLSCertificate != "" {
 		if file, ok := r.cert(s); ok {
-			ts.TLSCert = path.Join(r.opt.CertDir, file)
+			ts.TLSCert, ts.CertID = path.Join(r.opt.CertDir, file), file
 		}
 	}
 	if s.SSLRedirect && s.TLSCertificate == "" {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"flag"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -260,7 +262,7 @@ func TestRenderGroupPorts(t *testing.T) {
 				t.Fatal(err)
 			}
 			text := string(cfg.Text)
-			for _, want := range []string{tc.wantHTTP + ";", tc.wantS} {
+			for _, want := range []string{tc.wantHTTP + " default_server;", tc.wantS} {
 				if !strings.Contains(text, want) {
 					t.Errorf("config lacks %q", want)
 				}
@@ -291,7 +293,7 @@ func TestRenderGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !bytes.Equal(cfg.Text, again.Text) {
+			if !bytes.Equal(cfg.Text, again.Text) || !bytes.Equal(cfg.Table.encode(cfg.Digest, 1), again.Table.encode(again.Digest, 1)) {
 				t.Fatal("two renders of the same snapshot differ")
 			}
 			var problems strings.Builder
@@ -300,7 +302,14 @@ func TestRenderGolden(t *testing.T) {
 			}
 			checkGolden(t, filepath.Join("testdata", name, "nginx.conf.golden"), cfg.Text)
 			checkGolden(t, filepath.Join("testdata", name, "problems.golden"), []byte(problems.String()))
-			checkGolden(t, filepath.Join("testdata", name, "endpoints.golden"), cfg.Endpoints)
+			checkGolden(t, filepath.Join("testdata", name, "table.golden"), cfg.Table.encode(cfg.Digest, 1))
+			if len(cfg.L4) > 0 {
+				var l4 bytes.Buffer
+				for _, f := range slices.Sorted(maps.Keys(cfg.L4)) {
+					fmt.Fprintf(&l4, "%s: %s", f, cfg.L4[f])
+				}
+				checkGolden(t, filepath.Join("testdata", name, "l4.golden"), l4.Bytes())
+			}
 			nginxTest(t, t.TempDir(), cfg, opt)
 		})
 	}

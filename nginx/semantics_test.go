@@ -192,13 +192,13 @@ func TestRenderUnmatchedHost(t *testing.T) {
 		name    string
 		group   string
 		servers []model.Server
-		want    string // the default server's return, "" for none
+		want    string // the catch-all's routes in the table
 	}{
-		{name: "not-found group", group: "edge/a", servers: []model.Server{host}, want: "return 404;"},
-		{name: "group without the annotation", group: "edge/b", servers: []model.Server{host}, want: "return 444;"},
-		{name: "every group", group: "", servers: []model.Server{host}, want: "return 444;"},
-		{name: "unknown group", group: "edge/c", servers: []model.Server{host}, want: "return 444;"},
-		{name: "catch-all server", group: "edge/a", servers: []model.Server{catchAll, host}, want: ""},
+		{name: "not-found group", group: "edge/a", servers: []model.Server{host}, want: "- - 404"},
+		{name: "group without the annotation", group: "edge/b", servers: []model.Server{host}, want: "- - 444"},
+		{name: "every group", group: "", servers: []model.Server{host}, want: "- - 444"},
+		{name: "unknown group", group: "edge/c", servers: []model.Server{host}, want: "- - 444"},
+		{name: "catch-all server", group: "edge/a", servers: []model.Server{catchAll, host}, want: "- - - / t-a-80"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			snap := model.Snapshot{Groups: groups, Upstreams: []model.Upstream{{Name: "t-a-80"}}}
@@ -215,17 +215,8 @@ func TestRenderUnmatchedHost(t *testing.T) {
 			if len(cfg.Problems) != 0 {
 				t.Errorf("problems: %v", cfg.Problems)
 			}
-			text := string(cfg.Text)
-			i := strings.Index(text, "    # Hosts no server names")
-			j := strings.Index(text, "    # Local status")
-			if i < 0 || j < i {
-				t.Fatalf("no default server in\n%s", text)
-			}
-			def := text[i:j]
-			for _, ret := range []string{"return 404;", "return 444;"} {
-				if got := strings.Contains(def, "\n        "+ret+"\n"); got != (ret == tc.want) {
-					t.Errorf("default server has %q: %v, want %v:\n%s", ret, got, ret == tc.want, def)
-				}
+			if got := cfg.Table["h:"]; got != tc.want {
+				t.Errorf("catch-all routes %q, want %q", got, tc.want)
 			}
 			nginxTest(t, t.TempDir(), cfg, opt)
 		})
@@ -293,7 +284,8 @@ func TestServeUnmatchedHost(t *testing.T) {
 	}
 }
 
-// TestServeUnmatchedHostChange: changing only the group's choice reloads nginx.
+// TestServeUnmatchedHostChange: changing only the group's choice is a change of
+// the table, which needs no reload.
 func TestServeUnmatchedHostChange(t *testing.T) {
 	_, epA := backend(t, "A")
 	snap := model.Snapshot{
@@ -304,7 +296,7 @@ func TestServeUnmatchedHostChange(t *testing.T) {
 	n := startNginx(t, snap, func(o *Options) { o.Group = "edge/g" })
 	expectClosed(t, n, "unknown.test")
 	snap.Groups[0].UnmatchedHost = model.UnmatchedHostNotFound
-	if res, err := n.r.ApplyNow(context.Background(), snap); err != nil || res.Result != ResultSuccess {
+	if res, err := n.r.ApplyNow(context.Background(), snap); err != nil || res.Result != ResultTable {
 		t.Fatalf("apply not-found: %s, %v", res.Result, err)
 	}
 	if resp, body := get(t, n.client(false), "http://unknown.test/x"); resp.StatusCode != 404 {

@@ -201,15 +201,15 @@ func (n *liveNginx) waitChecksum(t testing.TB, sum string) {
 	})
 }
 
-// waitEndpoints waits until nginx's workers use the endpoint table of that version.
-func (n *liveNginx) waitEndpoints(t testing.TB, version string) {
+// waitTable waits until nginx's workers use the table with that digest.
+func (n *liveNginx) waitTable(t testing.TB, digest string) {
 	t.Helper()
 	testenv.Eventually(t, 15*time.Second, func() string {
-		got, err := endpointsVersion(context.Background(), n.r.ctl)
-		if err == nil && got == version {
+		got, err := tableDigest(context.Background(), n.r.ctl)
+		if err == nil && got == digest {
 			return ""
 		}
-		return fmt.Sprintf("nginx does not use endpoint table %s: got %q, %v", version, got, err)
+		return fmt.Sprintf("nginx does not use table %s: got %q, %v", digest, got, err)
 	})
 }
 
@@ -485,7 +485,7 @@ func TestCertificateNginxRefusesSkipsOnlyItsHost(t *testing.T) {
 	}
 	n := startNginx(t, hostSnapshot("placeholder.test"))
 	res, err := n.r.ApplyNow(context.Background(), snap(weak))
-	if err != nil || res.Result != ResultSuccess {
+	if err != nil || res.Result != ResultTable {
 		t.Fatalf("apply with a refused certificate: %s, %v", res.Result, err)
 	}
 	var found bool
@@ -520,7 +520,7 @@ func TestCertificateNginxRefusesSkipsOnlyItsHost(t *testing.T) {
 	// A fixed Secret is used again.
 	fixed := selfSigned(t, "weak.test")
 	fixed.Name = weak.Name
-	if res, err := n.r.ApplyNow(context.Background(), snap(fixed)); err != nil || res.Result != ResultSuccess {
+	if res, err := n.r.ApplyNow(context.Background(), snap(fixed)); err != nil || res.Result != ResultTable {
 		t.Fatalf("apply with the fixed certificate: %s, %v", res.Result, err)
 	}
 	if err := handshake("weak.test"); err != nil {
@@ -576,7 +576,7 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 		t.Fatal(err)
 	}
 	second.waitChecksum(t, want.Checksum)
-	second.waitEndpoints(t, want.EndpointsVersion)
+	second.waitTable(t, want.Digest)
 	if got := r.MasterPID(); got != pid {
 		t.Errorf("master pid %d, want the adopted %d", got, pid)
 	}

@@ -4,7 +4,9 @@ import (
 	"cmp"
 	"fmt"
 	"net/netip"
+	"path"
 	"strconv"
+	"strings"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -13,37 +15,34 @@ import (
 // module, which nginx.conf loads only when there is one.
 type (
 	tmplStream struct {
-		Upstreams []tmplStreamUpstream
-		Servers   []tmplStreamServer
-		// JS is the digest of the njs module, imported when a UDP server
-		// sends the PROXY protocol; "" when none does.
-		JS string
-	}
-	tmplStreamUpstream struct {
-		Name      string
-		Hash      bool     // client-address affinity: consistent hash of $remote_addr
-		Endpoints []string // address:port
+		Servers []tmplStreamServer
+		JS      string // the digest of the njs module
+		// Endpoints are the contents of each port's endpoint file (in
+		// Options.L4Dir), by upstream name: its endpoints, separated by spaces.
+		Endpoints map[string][]byte
 	}
 	tmplStreamServer struct {
 		Comment        string // Service and port
 		Listen         []string
 		UDP            bool
 		Timeout        string // proxy_timeout
-		Upstream       string
-		ProxyProtocol  bool // TCP: nginx's PROXY v1 header
-		ProxyDatagrams bool // UDP: the njs filter's PROXY v2 header on every datagram
+		Upstream       string // the port's endpoint file
+		Hash           bool   // client-address affinity (portico.pick's rendezvous hash)
+		ProxyProtocol  bool   // TCP: nginx's PROXY v1 header
+		ProxyDatagrams bool   // UDP: the njs filter's PROXY v2 header on every datagram
 	}
 )
 
 // stream renders the rendered group's L4 Services: one server per Service port,
 // listening on each of the Service's VIPs (which the agent keeps on lo), and one
-// upstream per port with the Service's ready endpoints. A port without endpoints
-// gets no server, so its connections are refused as the kernel refuses them (a
-// TCP reset, an ICMP port unreachable), as kube-proxy does for a Service without
-// endpoints. Unlike HTTP upstreams, these endpoints are in nginx.conf: a change
-// of them reloads nginx, which keeps established connections in the old workers.
+// endpoint file per port with the Service's ready endpoints, which portico.pick
+// reads for each new connection: an endpoint change rewrites the file and needs
+// no reload. A port without endpoints gets no server, so its connections are
+// refused as the kernel refuses them (a TCP reset, an ICMP port unreachable), as
+// kube-proxy does for a Service without endpoints; a port that gains or loses
+// its last endpoint reloads nginx, whose old workers keep their connections.
 func (r *renderer) stream(snap model.Snapshot) *tmplStream {
-	var st tmplStream
+	st := tmplStream{JS: jsDigest, Endpoints: map[string][]byte{}}
 	for _, svc := range snap.Services {
 		if r.opt.Group != "" && svc.Group != r.opt.Group {
 			continue
@@ -77,10 +76,8 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 			}
 			udp := p.Protocol == model.UDP
 			srv := tmplStreamServer{Comment: fmt.Sprintf("%s %s/%d", svc.Name, p.Protocol, p.Port), UDP: udp,
-				Upstream: p.Upstream, ProxyProtocol: svc.ProxyProtocol && !udp, ProxyDatagrams: svc.ProxyProtocol && udp, Timeout: "1h"}
-			if srv.ProxyDatagrams {
-				st.JS = jsDigest
-			}
+				Upstream: path.Join(r.opt.L4Dir, p.Upstream), Hash: svc.ClientIPAffinity,
+				ProxyProtocol: svc.ProxyProtocol && !udp, ProxyDatagrams: svc.ProxyProtocol && udp, Timeout: "1h"}
 			if udp {
 				srv.Timeout = strconv.Itoa(int(cmp.Or(svc.UDPIdleTimeout, model.DefaultUDPIdleTimeout))) + "s"
 			}
@@ -88,7 +85,7 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 				srv.Listen = append(srv.Listen, netip.AddrPortFrom(v, p.Port).String())
 			}
 			st.Servers = append(st.Servers, srv)
-			st.Upstreams = append(st.Upstreams, tmplStreamUpstream{Name: p.Upstream, Hash: svc.ClientIPAffinity, Endpoints: eps})
+			st.Endpoints[p.Upstream] = []byte(strings.Join(eps, " ") + "\n")
 		}
 	}
 	if len(st.Servers) == 0 {

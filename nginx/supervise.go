@@ -33,12 +33,25 @@ func (r *Reloader) adoptRunning(ctx context.Context) {
 	}
 	r.applyMu.Lock()
 	r.applied = text
+	// The table too, when nginx has the one in the file: changes then go to it
+	// as deltas, without a reload.
+	if b, err := os.ReadFile(r.tablePath()); err == nil {
+		if t, digest := decodeTable(b); t != nil {
+			if got, err := tableDigest(hctx, r.ctl); err == nil && got == digest {
+				r.appliedTable, r.appliedDigest, r.fileDigest = t, digest, digest
+			}
+		}
+	}
 	r.applyMu.Unlock()
 	r.mu.Lock()
 	r.checksum = sum
 	r.mu.Unlock()
 	r.log.Info("adopted nginx serves the configuration on disk", zap.String("checksum", sum))
 }
+
+// tableFlushDelay is how long after a change of the table Run writes the table
+// to its file: changes that come in a burst are written once.
+const tableFlushDelay = time.Second
 
 // served tells OnServed that nginx serves s.
 func (r *Reloader) served(s model.Snapshot) {
@@ -101,6 +114,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 
 	var debounce <-chan time.Time
 	var restart <-chan time.Time
+	retrying := false // debounce is the pause before trying a failed apply again
+	var flush <-chan time.Time
+	defer r.flushTable()
 	for {
 		r.mu.Lock()
 		master := r.master
@@ -113,11 +129,39 @@ func (r *Reloader) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-r.kick:
-			if debounce == nil {
-				debounce = time.After(r.cfg.Debounce)
+			// A change of the table is applied at once; one that needs a
+			// reload gets its table now and its reload after the debounce
+			// window, which coalesces reloads.
+			r.mu.Lock()
+			s := r.pending
+			r.mu.Unlock()
+			if s == nil || debounce != nil && retrying {
+				continue
+			}
+			res, err := r.apply(ctx, *s, true)
+			if flush == nil && (res.Result == ResultTable || res.Result == ResultDeferred) {
+				flush = time.After(tableFlushDelay)
+			}
+			switch {
+			case err != nil && ctx.Err() == nil:
+				retrying = true
+				debounce = time.After(r.cfg.RestartBackoff)
+			case err == nil && res.Result == ResultDeferred:
+				if debounce == nil {
+					debounce = time.After(r.cfg.Debounce)
+				}
+			case err == nil:
+				r.mu.Lock()
+				if r.pending == s {
+					r.pending = nil
+				}
+				r.mu.Unlock()
+				if res.Serving {
+					r.served(*s)
+				}
 			}
 		case <-debounce:
-			debounce = nil
+			debounce, retrying = nil, false
 			r.mu.Lock()
 			s := r.pending
 			r.pending = nil
@@ -125,8 +169,8 @@ func (r *Reloader) Run(ctx context.Context) error {
 			if s != nil {
 				// Apply logs and counts its own failures. A failed one is tried
 				// again (unless a newer snapshot came): a refused configuration is
-				// remembered and cheap to skip, and an endpoint table that did not
-				// reach nginx must not wait for the next change.
+				// remembered and cheap to skip, and a table that did not reach
+				// nginx must not wait for the next change.
 				res, err := r.ApplyNow(ctx, *s)
 				if err == nil && res.Serving {
 					r.served(*s)
@@ -137,9 +181,13 @@ func (r *Reloader) Run(ctx context.Context) error {
 						r.pending = s
 					}
 					r.mu.Unlock()
+					retrying = true
 					debounce = time.After(r.cfg.RestartBackoff)
 				}
 			}
+		case <-flush:
+			flush = nil
+			r.flushTable()
 		case <-died:
 			r.log.Error("nginx master exited; restarting", zap.Int("pid", master.PID()), zap.Duration("backoff", r.cfg.RestartBackoff))
 			r.m.restarts.Inc()
@@ -162,6 +210,18 @@ func (r *Reloader) start(ctx context.Context) error {
 	// not bind over an existing one.
 	if err := os.Remove(resolve(r.cfg.Dir, r.cfg.Render.ControlSocket)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("start nginx: remove stale control socket: %w", err)
+	}
+	// The table file has what nginx had at its last start or reload; the
+	// changes since went to the master that died.
+	r.applyMu.Lock()
+	t, digest := r.appliedTable, r.appliedDigest
+	var err error
+	if t != nil {
+		err = r.writeTable(t, digest)
+	}
+	r.applyMu.Unlock()
+	if err != nil {
+		return fmt.Errorf("start nginx: %w", err)
 	}
 	m, err := r.runner.Start(r.cfg.Dir, r.confPath())
 	if err != nil {

@@ -1,9 +1,57 @@
 // Portico's njs module for nginx's stream module. The agent writes it beside
-// nginx.conf, which imports it (js_import) for the UDP ports of L4 Services that
-// ask for the PROXY protocol (portico.io/proxy-protocol): nginx sends a PROXY
-// header only on TCP, so this filter puts a PROXY protocol version 2 header
-// (DGRAM, the client's address and port, the VIP and port) in front of every
-// datagram the client sends, as dnsdist and HAProxy expect on UDP.
+// nginx.conf, which imports it (js_import) for its L4 Services.
+//
+// pick chooses the endpoint of every new connection (or UDP session) from the
+// port's endpoint file, which the agent rewrites (by a rename) whenever the
+// endpoints change: no reload, and connections that run keep their endpoint.
+//
+// proxyDatagrams is the filter of the UDP ports that ask for the PROXY
+// protocol (portico.io/proxy-protocol): nginx sends a PROXY header only on
+// TCP, so it puts a PROXY protocol version 2 header (DGRAM, the client's
+// address and port, the VIP and port) in front of every datagram the client
+// sends, as dnsdist and HAProxy expect on UDP.
+
+var fs = require('fs');
+
+// fnv1a is the 32-bit FNV-1a hash of a string's UTF-16 code units.
+function fnv1a(str) {
+    var h = 0x811c9dc5;
+    for (var i = 0; i < str.length; i++) {
+        h = Math.imul(h ^ str.charCodeAt(i), 0x01000193) >>> 0;
+    }
+    return h;
+}
+
+// pick is the js_set of $portico_l4_peer. $portico_l4 names the port's
+// endpoint file, then " hash" for client-address affinity: the endpoint with
+// the highest hash of the client's address and its own (rendezvous hashing),
+// so that an endpoint that leaves moves only its own clients. Otherwise one at
+// random. "" (the session ends) when the file is missing or empty.
+function pick(s) {
+    var spec = s.variables.portico_l4.split(' ');
+    var eps;
+    try {
+        eps = fs.readFileSync(spec[0], 'utf8').trim().split(' ');
+    } catch (e) {
+        s.error('portico: read endpoints: ' + e.message);
+        return '';
+    }
+    if (eps.length == 0 || eps[0] == '') {
+        return '';
+    }
+    if (spec[1] != 'hash') {
+        return eps[Math.floor(Math.random() * eps.length)];
+    }
+    var best = 0, bestHash = -1;
+    for (var i = 0; i < eps.length; i++) {
+        var h = fnv1a(s.remoteAddress + ' ' + eps[i]);
+        if (h > bestHash) {
+            best = i;
+            bestHash = h;
+        }
+    }
+    return eps[best];
+}
 
 var signature = [0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a];
 
@@ -50,4 +98,4 @@ function proxyDatagrams(s) {
     });
 }
 
-export default { proxyDatagrams };
+export default { pick, proxyDatagrams };

@@ -1,15 +1,29 @@
 -- Portico's Lua module for nginx. The agent writes it beside nginx.conf, which
--- loads it in init_by_lua (require "portico") and calls route, balance and
--- control from its locations.
+-- loads it in init_by_lua (require "portico") and calls certificate, route,
+-- balance and stick from its one HTTP server, and control from its control
+-- socket.
 --
--- The endpoint table: the addresses behind every upstream name, kept
--- out of nginx.conf so that an endpoint change needs no reload. The agent
--- writes it to a file that load reads into the shared dictionary whenever
--- a master starts or reloads, and PUTs it to the control socket for live
--- changes.
+-- The table: everything a configuration change touches, kept out of
+-- nginx.conf so that no such change needs a reload. It is a set of keys and
+-- values in the shared dictionary:
+--   "h:<host>"  a host's routes ("h:" is the catch-all, always present);
+--   "u:<name>"  an upstream's endpoints ("10.0.0.1:80 [fd00::1]:80");
+--   "c:<id>"    a certificate chain and its key, PEM with "!" for newlines.
+-- A host's routes: its certificate's id or "-", the HTTPS port to redirect
+-- plain HTTP to or "-", a status to answer every request with or "-", then
+-- pairs of a match and a target. A match is "=/path" (exact) or a prefix
+-- ending in "/"; a target is "@<status>", an upstream name, or
+-- "<upstream>|<cookie>|<path>|<max-age>" for cookie affinity.
 --
--- Format: a header "# portico endpoints <version>", then one line per
--- upstream: its name and its endpoints ("10.0.0.1:80", "[fd00::1]:80").
+-- The agent writes the whole table to a file that load reads whenever a
+-- master starts or reloads, and PUTs each change to the control socket as a
+-- delta: "# portico delta <base> <digest>", then "set <key> <value>" and
+-- "del <key>" lines. A delta applies only to the table whose digest is its
+-- base (else 409: the agent then reloads, which loads the file). Every
+-- change gets a version number and a log entry naming the keys it touched;
+-- a worker that sees a new version forgets only those keys from its cache
+-- of parsed values, so a change costs each worker the keys it changed, not
+-- the size of the table.
 --
 -- The liveness verdicts: which replicas this node's agent calls down, one
 -- line each ("down 10.0.0.3"). The liveness server answers them to every
@@ -18,13 +32,15 @@
 -- (package liveness). They live in the same dictionary, and an nginx that has
 -- none (just started) answers "live" alone, which calls nobody down.
 local balancer = require "ngx.balancer"
-local byte, sub, find, match, gmatch = string.byte, string.sub, string.find, string.match, string.gmatch
+local ssl = require "ngx.ssl"
+local byte, sub, find, match, gmatch, gsub, lower = string.byte, string.sub, string.find, string.match, string.gmatch, string.gsub, string.lower
 
 local M = {}
-local dict = ngx.shared.portico_endpoints
+local dict = ngx.shared.portico
 local max_tries = 3 -- proxy_next_upstream_tries
-local version -- the version of this worker's table
-local by_name = {} -- that table: endpoint lists by upstream name
+local log_keep = 256 -- versions whose log entries stay in the dictionary
+local seen = 0 -- the version this worker's cache is at
+local cache = {} -- parsed values by key; false for a key the table lacks
 local next_index = {} -- round-robin position by upstream name
 
 -- The parser scans bytes with plain finds, which LuaJIT compiles; the
@@ -91,111 +107,351 @@ local function parse_endpoint(s, i, j)
     return sub(s, i, colon - 1), port
 end
 
--- An upstream line: its name and its endpoints, separated by one space.
-local function parse_line(s, i, j)
-    local sp = find(s, " ", i, true)
-    local name_end = (sp and sp <= j) and sp - 1 or j
-    if not valid_name(s, i, name_end) then
-        return nil, "bad upstream line: " .. sub(s, i, math.min(j, i + 79))
+
+-- A key: "h:" and a host, "u:" and an upstream name, or "c:" and a
+-- certificate id; at most 260 bytes of [a-z0-9.*_-].
+local function valid_key(s, i, j)
+    if j - i < 1 or j - i > 259 or byte(s, i + 1) ~= 58 then
+        return false
     end
-    local list = {}
-    local p = name_end + 1 -- at a space, or past the line
-    while p <= j do
-        local q = find(s, " ", p + 1, true)
-        local e = (q and q <= j) and q - 1 or j
-        local host, port = parse_endpoint(s, p + 1, e)
-        if not host then
-            return nil, "bad endpoint of " .. sub(s, i, name_end) .. ": " .. sub(s, p + 1, math.min(e, p + 80))
+    local kind = byte(s, i)
+    if kind ~= 104 and kind ~= 117 and kind ~= 99 then -- h, u, c
+        return false
+    end
+    if kind ~= 104 and j < i + 2 then -- only hosts have an empty one
+        return false
+    end
+    for k = i + 2, j do
+        local c = byte(s, k)
+        if not (c >= 97 and c <= 122 or c >= 48 and c <= 57 or c == 45 or c == 46 or c == 42 or c == 95) then
+            return false
         end
-        list[#list + 1] = { host, port }
-        p = e + 1
     end
-    return sub(s, i, name_end), list
+    return true
 end
 
--- check reads a whole table and returns its version; with into, it also
--- fills into with every upstream's endpoint list, by name.
-local function check(s, into)
-    local nl = find(s, "\n", 1, true)
-    local ver = nl and match(sub(s, 1, nl - 1), "^# portico endpoints (%x+)$")
-    if not ver then
-        return nil, "no endpoint table header"
+-- A value: printable ASCII without control characters, at most 64 KiB.
+local function valid_value(s, i, j)
+    if j - i >= 65536 then
+        return false
     end
+    return not find(sub(s, i, j), "[%c\127-\255]")
+end
+
+-- parse_delta checks a delta and returns its records ({key, value or
+-- false}), its base, its digest and its stamp (when the agent made it, in
+-- microseconds); or nil and why.
+local function parse_delta(s)
+    local nl = find(s, "\n", 1, true)
+    local base, digest, stamp
+    if nl then
+        base, digest, stamp = match(sub(s, 1, nl - 1), "^# portico delta (%x*) (%x+) (%d+)$")
+    end
+    if not digest then
+        return nil, "no delta header"
+    end
+    local recs = {}
     local p, n = nl + 1, #s
     while p <= n do
         local e = find(s, "\n", p, true)
         if not e then
             return nil, "the last line does not end"
         end
-        local name, list = parse_line(s, p, e - 1)
-        if not name then
-            return nil, list
+        local op = sub(s, p, p + 3)
+        local ks = p + 4
+        local sp = find(s, " ", ks, true)
+        local ke = (sp and sp < e) and sp - 1 or e - 1
+        if not valid_key(s, ks, ke) then
+            return nil, "bad key at byte " .. p
         end
-        if into then
-            into[name] = list
+        if op == "set " then
+            local v = "" -- an upstream without endpoints
+            if ke + 1 < e then
+                if not valid_value(s, ke + 2, e - 1) then
+                    return nil, "bad value at byte " .. p
+                end
+                v = sub(s, ke + 2, e - 1)
+            end
+            recs[#recs + 1] = { sub(s, ks, ke), v }
+        elseif op == "del " and ke == e - 1 then
+            recs[#recs + 1] = { sub(s, ks, ke), false }
+        else
+            return nil, "bad record at byte " .. p
         end
         p = e + 1
     end
-    return ver
+    return recs, base, digest, tonumber(stamp)
 end
 
--- store checks a table and makes it the current one. The version goes
--- last: a worker that sees it finds this table or a newer one.
-local function store(s)
-    local ver, err = check(s)
-    if not ver then
-        return nil, err
+-- commit writes records and a new version whose log names their keys
+-- ("*" when every key may have changed). The version goes last: a worker
+-- that sees it finds these values or newer ones.
+local function commit(recs, digest, stamp, all)
+    local keys = {}
+    for i = 1, #recs do
+        local r = recs[i]
+        local ok, err
+        if r[2] then
+            ok, err = dict:safe_set("k:" .. r[1], r[2])
+        else
+            ok, err = dict:delete("k:" .. r[1]), nil
+        end
+        if not ok then
+            return nil, "store " .. r[1] .. ": " .. tostring(err)
+        end
+        keys[#keys + 1] = r[1]
     end
-    local ok
-    ok, err = dict:safe_set("table", s)
+    local v = (dict:get("version") or 0) + 1
+    local ok, err = dict:safe_set("log:" .. v, all and "*" or table.concat(keys, " "))
     if not ok then
-        return nil, "store endpoint table: " .. err
+        return nil, "store log: " .. err
     end
-    ok, err = dict:safe_set("version", ver)
+    dict:delete("log:" .. (v - log_keep))
+    ok, err = dict:safe_set("digest", digest)
+    if ok then
+        ok, err = dict:safe_set("stamp", stamp)
+    end
     if not ok then
-        return nil, "store endpoint table version: " .. err
+        return nil, "store digest: " .. err
     end
-    return ver
+    dict:set("version", v)
+    return v
 end
 
--- load runs in the master (init_by_lua) at every start and reload.
+-- load runs in the master (init_by_lua) at every start and reload: the
+-- file is the whole table (a delta from nothing), which replaces the
+-- dictionary's, keys it lacks included.
 function M.load(path)
     if byte(path, 1) ~= 47 then -- relative to the prefix, like nginx's paths
         path = ngx.config.prefix() .. path
     end
     local f, err = io.open(path, "rb")
     if not f then
-        error("portico: read endpoint table: " .. err)
+        error("portico: read table: " .. err)
     end
     local s = f:read("*a")
     f:close()
-    local ver, serr = store(s)
-    if not ver then
-        error("portico: load endpoint table " .. path .. ": " .. serr)
+    local recs, err2, digest, stamp = parse_delta(s)
+    if not recs then
+        error("portico: load table " .. path .. ": " .. err2)
+    end
+    local have = dict:get("stamp")
+    if have and stamp < have then
+        -- Someone else reloaded nginx (the agent writes the file before its
+        -- own reloads): the changes the dictionary got since the file was
+        -- written must not be undone.
+        ngx.log(ngx.NOTICE, "portico: ", path, " is older than the table in use: kept the table")
+        return
+    end
+    local want = {}
+    for i = 1, #recs do
+        want[recs[i][1]] = true
+    end
+    for _, k in ipairs(dict:get_keys(0)) do
+        if sub(k, 1, 2) == "k:" and not want[sub(k, 3)] then
+            recs[#recs + 1] = { sub(k, 3), false }
+        end
+    end
+    local ok, cerr = commit(recs, digest, stamp, true)
+    if not ok then
+        error("portico: load table " .. path .. ": " .. cerr)
     end
 end
 
--- endpoints returns an upstream's endpoints from the current table (nil
--- for a name it does not have). When the version changes, a worker
--- parses the whole table once, in one pass, into its own map.
-local function endpoints(name)
-    local ver = dict:get("version")
-    if ver ~= version then
-        local s = dict:get("table")
-        if not s then
+-- sync brings this worker's cache to the dictionary's version: it forgets
+-- the keys every newer log entry names, or everything when an entry says
+-- "*" or is gone.
+local function sync()
+    local v = dict:get("version") or 0
+    if v == seen then
+        return
+    end
+    if v < seen or v - seen > log_keep then
+        cache = {}
+    else
+        for i = seen + 1, v do
+            local l = dict:get("log:" .. i)
+            if not l or l == "*" then
+                cache = {}
+                break
+            end
+            for k in gmatch(l, "%S+") do
+                cache[k] = nil
+            end
+        end
+    end
+    seen = v
+end
+
+-- parse_endpoints reads an upstream's value: endpoints separated by spaces.
+local function parse_endpoints(s)
+    local list = {}
+    local p, n = 1, #s
+    while p <= n do
+        local q = find(s, " ", p, true)
+        local e = q and q - 1 or n
+        local host, port = parse_endpoint(s, p, e)
+        if not host then
+            return nil, "bad endpoint " .. sub(s, p, math.min(e, p + 80))
+        end
+        list[#list + 1] = { host, port }
+        p = e + 2
+    end
+    return list
+end
+
+-- parse_target reads a route's target: "@503", "up" or "up|cookie|/path|600".
+local function parse_target(s)
+    if byte(s, 1) == 64 then -- '@'
+        local st = tonumber(sub(s, 2))
+        if not st or st < 200 or st > 599 then
             return nil
         end
-        -- The table may be newer than ver (store sets it first): its
-        -- own version is the one to compare with from now on.
-        local m = {}
-        local v, err = check(s, m)
-        if not v then -- store checked it: not expected
-            ngx.log(ngx.ERR, "portico: endpoint table ", ver, ": ", err)
-        end
-        version, by_name = v or ver, m
+        return { status = st }
     end
-    return by_name[name]
+    local up, cname, path, age = match(s, "^([^|]+)|([^|]+)|([^|]+)|(%d*)$")
+    if up then
+        if not valid_name(up, 1, #up) then
+            return nil
+        end
+        return { up = up, cookie = cname, path = path, age = age }
+    end
+    if not valid_name(s, 1, #s) then
+        return nil
+    end
+    return { up = s }
 end
+
+-- parse_host reads a host's routes (see the top of this file).
+local function parse_host(s)
+    local f = {}
+    for w in gmatch(s, "%S+") do
+        f[#f + 1] = w
+    end
+    if #f < 3 or #f % 2 == 0 then
+        return nil, "bad host entry"
+    end
+    local e = { exact = {}, prefix = {} }
+    if f[1] ~= "-" then
+        e.cert = f[1]
+    end
+    if f[2] ~= "-" then
+        local port = tonumber(f[2])
+        if not port then
+            return nil, "bad redirect port"
+        end
+        e.redirect = port == 443 and "" or ":" .. port
+    end
+    if f[3] ~= "-" then
+        e.status = tonumber(f[3])
+        if not e.status then
+            return nil, "bad status"
+        end
+    end
+    for i = 4, #f, 2 do
+        local m, t = f[i], parse_target(f[i + 1])
+        if not t or byte(m, 1) ~= 47 and byte(m, 1) ~= 61 then
+            return nil, "bad route " .. m
+        end
+        if byte(m, 1) == 61 then -- '='
+            e.exact[sub(m, 2)] = t
+        elseif byte(m, #m) == 47 then
+            e.prefix[m] = t
+        else
+            return nil, "bad prefix " .. m
+        end
+    end
+    return e
+end
+
+-- pem_lines turns a stored certificate back into PEM.
+local function pem_lines(s)
+    return (gsub(s, "!", "\n"))
+end
+
+-- parse_cert reads a certificate value into OpenSSL's objects.
+local function parse_cert(s)
+    local pem = pem_lines(s)
+    local chain, err = ssl.parse_pem_cert(pem)
+    if not chain then
+        return nil, "certificate: " .. err
+    end
+    local key
+    key, err = ssl.parse_pem_priv_key(pem)
+    if not key then
+        return nil, "key: " .. err
+    end
+    return { chain = chain, key = key }
+end
+
+local parsers = { [104] = parse_host, [117] = parse_endpoints, [99] = parse_cert }
+
+-- get returns a key's parsed value (nil when the table lacks it or it does
+-- not parse), from this worker's cache when the key did not change since.
+local function get(key)
+    local v = cache[key]
+    if v == nil then
+        local s = dict:get("k:" .. key)
+        if s then
+            local err
+            v, err = parsers[byte(key, 1)](s)
+            if not v then
+                ngx.log(ngx.ERR, "portico: ", key, ": ", err)
+            end
+        end
+        cache[key] = v or false
+    end
+    return v or nil
+end
+
+-- entry returns the routes of host (exact name first, then the wildcard
+-- one label up), those of a host with a certificate when tls is set; nil
+-- when there are none.
+local function entry(host, tls)
+    local e = get("h:" .. host)
+    if e and (not tls or e.cert) then
+        return e
+    end
+    local dot = find(host, ".", 1, true)
+    if dot and dot > 1 then
+        e = get("h:*" .. sub(host, dot))
+        if e and (not tls or e.cert) then
+            return e
+        end
+    end
+    return nil
+end
+
+-- certificate runs in every TLS handshake (ssl_certificate_by_lua): the
+-- certificate of the host the client names, else the catch-all's, else the
+-- handshake is refused, as nginx's ssl_reject_handshake would.
+function M.certificate()
+    sync()
+    local name = ssl.server_name()
+    local e = name and entry(lower(name), true)
+    if not e then
+        e = get("h:")
+        if e and not e.cert then
+            e = nil
+        end
+    end
+    local c = e and get("c:" .. e.cert)
+    if not c then
+        return ngx.exit(ngx.ERROR)
+    end
+    local ok, err = ssl.clear_certs()
+    if ok then
+        ok, err = ssl.set_cert(c.chain)
+    end
+    if ok then
+        ok, err = ssl.set_priv_key(c.key)
+    end
+    if not ok then
+        ngx.log(ngx.ERR, "portico: set certificate ", e.cert, ": ", err)
+        return ngx.exit(ngx.ERROR)
+    end
+end
+
 
 -- id names an endpoint in an affinity cookie: derived from its address
 -- alone, so every replica's nginx reads a cookie the same way. Computed
@@ -223,36 +479,59 @@ local function cookie(name)
     return nil
 end
 
--- route runs at the end of every request's rewrite phase: a location that
--- proxies names its upstream in $portico_upstream; one without endpoints
--- answers 503. A location with cookie affinity follows the name with its
--- cookie's name, path and max-age, if any ("up cookie /path 600"): the
--- endpoint the request's cookie names, when the upstream still has it, is the
--- one balance tries first.
+
+-- route runs in every request's rewrite phase. It finds the host's routes
+-- (on the HTTPS port, only a host with a certificate; else the catch-all),
+-- redirects plain HTTP when the host asks for it, and picks the route as
+-- nginx picks a location: an exact match, else the longest prefix (every
+-- prefix ends in '/', and "/" is always there). A route answers a status,
+-- or names an upstream: one without endpoints answers 503. A route with
+-- cookie affinity also names its cookie's name, path and max-age: the
+-- endpoint the request's cookie names, when the upstream still has it, is
+-- the one balance tries first.
 function M.route()
-    local name = ngx.var.portico_upstream
-    if not name or name == "" then
-        return
+    sync()
+    local host = ngx.var.host or ""
+    local https = ngx.var.https == "on"
+    local e = host ~= "" and entry(host, https) or get("h:")
+    if not e then
+        return ngx.exit(444)
     end
-    local aff
-    local sp = find(name, " ", 1, true)
-    if sp then
-        name, aff = sub(name, 1, sp - 1), sub(name, sp + 1)
+    if e.status then
+        return ngx.exit(e.status)
     end
-    local list = endpoints(name)
+    if e.redirect and not https then
+        return ngx.redirect("https://" .. host .. e.redirect .. ngx.var.request_uri, 308)
+    end
+    local uri = ngx.var.uri
+    local t = e.exact[uri]
+    if not t then
+        local prefix = e.prefix
+        for i = #uri, 1, -1 do
+            if byte(uri, i) == 47 then
+                t = prefix[sub(uri, 1, i)]
+                if t then
+                    break
+                end
+            end
+        end
+        if not t then
+            return ngx.exit(404)
+        end
+    end
+    if t.status then
+        return ngx.exit(t.status)
+    end
+    local list = get("u:" .. t.up)
     if not list or #list == 0 then
         return ngx.exit(ngx.HTTP_SERVICE_UNAVAILABLE)
     end
     local ctx = ngx.ctx
-    ctx.portico_name = name
+    ctx.portico_name = t.up
     ctx.portico_peers = list
-    if aff then
-        local cname, path, age = match(aff, "^(%S+) (%S+) ?(%d*)$")
-        if not cname then
-            ngx.log(ngx.ERR, "portico: bad affinity ", aff)
-            return
-        end
-        ctx.portico_cookie, ctx.portico_path, ctx.portico_age = cname, path, age
+    local cname = t.cookie
+    if cname then
+        ctx.portico_cookie, ctx.portico_path, ctx.portico_age = cname, t.path, t.age
         local want = cookie(cname)
         ctx.portico_had = want
         if want then
@@ -351,25 +630,43 @@ local function put_body(get)
     return ngx.req.get_body_data() or ""
 end
 
--- control serves the control socket: GET answers the version in use, PUT
--- replaces the table.
+
+-- control serves the control socket's /table: GET answers the table's
+-- digest, PUT applies a delta (409 when its base is not the table's digest).
 function M.control()
-    local text = put_body(function() ngx.say(dict:get("version") or "") end)
+    local text = put_body(function() ngx.say(dict:get("digest") or "") end)
     if not text then
         return
     end
-    if text == "" then
+    local recs, base, digest, stamp = parse_delta(text)
+    if not recs then
         ngx.status = ngx.HTTP_BAD_REQUEST
-        ngx.say("no body")
+        ngx.say(base)
         return
     end
-    local ver, err = store(text)
-    if not ver then
-        ngx.status = ngx.HTTP_BAD_REQUEST
+    for i = 1, #recs do
+        local r = recs[i]
+        if r[2] then
+            local ok, err = parsers[byte(r[1], 1)](r[2])
+            if not ok then
+                ngx.status = ngx.HTTP_BAD_REQUEST
+                ngx.say(r[1], ": ", err)
+                return
+            end
+        end
+    end
+    if base ~= (dict:get("digest") or "") then
+        ngx.status = ngx.HTTP_CONFLICT
+        ngx.say("table is ", dict:get("digest") or "empty", ", delta is from ", base)
+        return
+    end
+    local ok, err = commit(recs, digest, stamp, false)
+    if not ok then
+        ngx.status = ngx.HTTP_INTERNAL_SERVER_ERROR
         ngx.say(err)
         return
     end
-    ngx.say(ver)
+    ngx.say(digest)
 end
 
 -- verdict_line is one line of the verdicts: "down " and an address.

@@ -2,6 +2,7 @@ package nginx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -113,8 +114,8 @@ func TestEndpointOnlyChangesNeedNoReload(t *testing.T) {
 		{"back again", []netip.AddrPort{epC}, map[string]bool{"C": true}},
 	} {
 		res, err := n.r.ApplyNow(context.Background(), epSnapshot(epC, step.eps))
-		if err != nil || res.Result != ResultEndpoints {
-			t.Fatalf("%s: apply = %s, %v; want %s", step.name, res.Result, err, ResultEndpoints)
+		if err != nil || res.Result != ResultTable {
+			t.Fatalf("%s: apply = %s, %v; want %s", step.name, res.Result, err, ResultTable)
 		}
 		// The change shows on the very next requests, on every worker.
 		if step.want == nil {
@@ -141,11 +142,11 @@ func TestEndpointOnlyChangesNeedNoReload(t *testing.T) {
 		if got := testutil.ToFloat64(n.r.m.reloads.WithLabelValues(ResultSuccess)); got != reloads {
 			t.Errorf("%s: reloads_total{result=success} = %v, want still %v", step.name, got, reloads)
 		}
-		if got := testutil.ToFloat64(n.r.m.endpointUpdates.WithLabelValues(ResultSuccess)); got != float64(i+1) {
+		if got := testutil.ToFloat64(n.r.m.tableUpdates.WithLabelValues(ResultSuccess)); got != float64(i+1) {
 			t.Errorf("%s: endpoint_updates_total{result=success} = %v, want %d", step.name, got, i+1)
 		}
-		if v, err := endpointsVersion(context.Background(), n.r.ctl); err != nil || v != res.EndpointsVersion {
-			t.Errorf("%s: nginx uses endpoint table %q (%v), want %q", step.name, v, err, res.EndpointsVersion)
+		if v, err := tableDigest(context.Background(), n.r.ctl); err != nil || v != res.Digest {
+			t.Errorf("%s: nginx uses endpoint table %q (%v), want %q", step.name, v, err, res.Digest)
 		}
 	}
 	if conf, _ := os.ReadFile(n.r.confPath()); string(conf) != string(confBefore) {
@@ -157,16 +158,16 @@ func TestEndpointOnlyChangesNeedNoReload(t *testing.T) {
 	}
 }
 
-// The endpoints nginx took without a reload are still used after a reload and after
+// The changes nginx took without a reload are still used after a reload and after
 // the master was killed and started again: both load the table from its file.
-func TestEndpointsSurviveReloadAndMasterRestart(t *testing.T) {
+func TestTableSurvivesReloadAndMasterRestart(t *testing.T) {
 	_, epA := backend(t, "A")
 	_, epB := backend(t, "B")
 	_, epC := backend(t, "C")
 	n := startNginx(t, epSnapshot(epC, []netip.AddrPort{epA}))
 	c := n.client(false)
 	res, err := n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epB}))
-	if err != nil || res.Result != ResultEndpoints {
+	if err != nil || res.Result != ResultTable {
 		t.Fatalf("endpoint-only change: %s, %v", res.Result, err)
 	}
 	onlyB := func(when string) {
@@ -180,12 +181,16 @@ func TestEndpointsSurviveReloadAndMasterRestart(t *testing.T) {
 	waitFor(t, "two workers", func() bool { return len(workerPIDs(t, n)) == 2 })
 	workers := workerPIDs(t, n)
 	res, err = n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epB}, "g.test"))
-	if err != nil || res.Result != ResultSuccess {
-		t.Fatalf("reload for a new host: %s, %v", res.Result, err)
+	if err != nil || res.Result != ResultTable {
+		t.Fatalf("a new host: %s, %v", res.Result, err)
 	}
-	if got := workerPIDs(t, n); slices.Equal(got, workers) {
-		t.Fatalf("workers %v unchanged: the host change did not reload", got)
+	n.r.mu.Lock()
+	m := n.r.master
+	n.r.mu.Unlock()
+	if err := m.Reload(); err != nil {
+		t.Fatal(err)
 	}
+	waitFor(t, "new workers", func() bool { got := workerPIDs(t, n); return len(got) == 2 && !slices.Contains(got, workers[0]) })
 	onlyB("after a reload")
 	if seen := backendsSeen(t, c, "http://g.test/", 2, 200); seen["C"] != 2 {
 		t.Errorf("the new host reached %v, want C", seen)
@@ -197,12 +202,12 @@ func TestEndpointsSurviveReloadAndMasterRestart(t *testing.T) {
 	}
 	waitFor(t, "a new master", func() bool { p := n.r.MasterPID(); return p != 0 && p != pid })
 	n.waitChecksum(t, res.Checksum)
-	n.waitEndpoints(t, res.EndpointsVersion)
+	n.waitTable(t, res.Digest)
 	onlyB("after the master was killed and restarted")
 
 	// The new master takes live changes too.
 	res, err = n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epA}, "g.test"))
-	if err != nil || res.Result != ResultEndpoints {
+	if err != nil || res.Result != ResultTable {
 		t.Fatalf("endpoint-only change after the restart: %s, %v", res.Result, err)
 	}
 	if seen := backendsSeen(t, c, "http://e.test/", 8, 200); len(seen) != 1 || seen["A"] != 8 {
@@ -231,28 +236,42 @@ func TestEndpointRetriesTheNextOnConnectionFailure(t *testing.T) {
 func TestControlSocketRefusesMalformedTables(t *testing.T) {
 	_, epA := backend(t, "A")
 	n := startNginx(t, epSnapshot(epA, []netip.AddrPort{epA}))
-	before, err := endpointsVersion(context.Background(), n.r.ctl)
+	before, err := tableDigest(context.Background(), n.r.ctl)
 	if err != nil {
 		t.Fatal(err)
 	}
+	h := deltaHeader + before + " 00 1\n"
 	for _, text := range []string{
 		"",
-		"t-e-80 10.0.0.1:80\n", // no header
-		"# portico endpoints 00\nt-e-80 10.0.0.1\n",                   // no port
-		"# portico endpoints 00\nt-e-80 10.0.0.1:99999\n",             // port out of range
-		"# portico endpoints 00\nt-e-80 ::1:80\n",                     // IPv6 without brackets
-		"# portico endpoints 00\nt-e-80 10.0.0.1:80;evil\n",           // trailing junk
-		"# portico endpoints 00\nT-E-80 10.0.0.1:80\n",                // not an upstream name
-		"# portico endpoints 00\nt-e-80\tunix:/tmp/x.sock\n",          // not an address
-		"# portico endpoints 00\nt-e-80 example.com:80\n",             // a name to resolve
-		"# portico endpoints zz\nt-e-80 10.0.0.1:80\n",                // bad version
-		"# portico endpoints 00\nt-e-80 [::1]:80 [fe80::1%eth0]:80\n", // zone
+		"set u:t-e-80 10.0.0.1:80\n",                               // no header
+		h + "set u:t-e-80 10.0.0.1\n",                              // no port
+		h + "set u:t-e-80 10.0.0.1:99999\n",                        // port out of range
+		h + "set u:t-e-80 ::1:80\n",                                // IPv6 without brackets
+		h + "set u:t-e-80 10.0.0.1:80;evil\n",                      // trailing junk
+		h + "set u:T-E-80 10.0.0.1:80\n",                           // not an upstream name
+		h + "set u:t-e-80\tunix:/tmp/x.sock\n",                     // not an address
+		h + "set u:t-e-80 example.com:80\n",                        // a name to resolve
+		h + "set u:t-e-80 [::1]:80 [fe80::1%eth0]:80\n",            // zone
+		h + "set u:t-e-80 10.0.0.1:80",                             // no newline at the end
+		h + "set x:e.test - - -\n",                                 // no such kind of key
+		h + "put u:t-e-80 10.0.0.1:80\n",                           // no such operation
+		h + "set h:e.test - - - /x t-e-80\n",                       // a prefix not ending in '/'
+		h + "set h:e.test - - - / bad$name\n",                      // not an upstream name
+		h + "set h:e.test - - - / t-e-80 /a/\n",                    // a match without a target
+		h + "set h:e.test - 443x - / t-e-80\n",                     // not a port
+		h + "set c:test_x-00.pem not a certificate\n",              // not PEM
+		deltaHeader + before + " zz 1\nset u:t-e-80 10.0.0.1:80\n", // not a digest
 	} {
-		if err := pushEndpoints(context.Background(), n.r.ctl, []byte(text), "00"); err == nil || !strings.Contains(err.Error(), "status 400") {
+		if err := pushDelta(context.Background(), n.r.ctl, []byte(text), "00"); err == nil || !strings.Contains(err.Error(), "status 400") {
 			t.Errorf("push %q: %v, want status 400", text, err)
 		}
 	}
-	if after, err := endpointsVersion(context.Background(), n.r.ctl); err != nil || after != before {
+	// A change from another table than nginx's is not applied either.
+	stale := deltaHeader + "0123456789abcdef 00 1\nset u:t-e-80 10.0.0.1:80\n"
+	if err := pushDelta(context.Background(), n.r.ctl, []byte(stale), "00"); !errors.Is(err, errStaleBase) {
+		t.Errorf("push from another table: %v, want %v", err, errStaleBase)
+	}
+	if after, err := tableDigest(context.Background(), n.r.ctl); err != nil || after != before {
 		t.Errorf("version after refused tables %q (%v), want still %q", after, err, before)
 	}
 	if seen := backendsSeen(t, n.client(false), "http://e.test/", 2, 200); seen["A"] != 2 {
@@ -294,7 +313,7 @@ func BenchmarkEndpointUpdate(b *testing.B) {
 				snap.Upstreams[0].Endpoints = []netip.AddrPort{ep}
 				t0 := time.Now()
 				res, err := n.r.ApplyNow(ctx, snap)
-				if err != nil || res.Result != ResultEndpoints {
+				if err != nil || res.Result != ResultTable {
 					b.Fatalf("apply: %s, %v", res.Result, err)
 				}
 				for {
@@ -319,36 +338,35 @@ func BenchmarkEndpointUpdate(b *testing.B) {
 			b.ReportMetric(render*1000/float64(b.N), "render-ms")
 			b.ReportMetric(push*1000/float64(b.N), "push-ms")
 			b.ReportMetric(serving*1000/float64(b.N), "apply-to-serving-ms")
-			b.ReportMetric(float64(len(n.r.appliedEndpoints)), "table-bytes")
+			b.ReportMetric(float64(len(n.r.appliedTable.encode(n.r.appliedDigest, 1))), "table-bytes")
 		})
 	}
 }
 
-func TestEndpointTableEncodeAndWith(t *testing.T) {
-	cur := endpointTable{
-		"b-80": {ap("10.0.0.2:80"), ap("[fd00::2]:8080")},
-		"a-80": {ap("10.0.0.1:80")},
-		"c-80": nil,
+// A delta names only what changed, and its digest is the new table's: the same
+// table gives the same digest whatever the order it was built in.
+func TestTableDeltaAndDigest(t *testing.T) {
+	old := table{"h:a.test": "- - - / a-80", "u:a-80": "10.0.0.1:80", "u:b-80": ""}
+	cur := table{"h:a.test": "- - - / a-80", "u:a-80": "10.0.0.2:80 [fd00::2]:8080", "h:b.test": "- - - / b-80"}
+	text, n := cur.delta(old, old.digest(), cur.digest(), 7)
+	want := deltaHeader + old.digest() + " " + cur.digest() + " 7\n" +
+		"set h:b.test - - - / b-80\nset u:a-80 10.0.0.2:80 [fd00::2]:8080\ndel u:b-80\n"
+	if diff := cmp.Diff(want, string(text)); diff != "" || n != 3 {
+		t.Errorf("delta of %d keys (-want +got):\n%s", n, diff)
 	}
-	text, version := cur.encode()
-	wantBody := "a-80 10.0.0.1:80\nb-80 10.0.0.2:80 [fd00::2]:8080\nc-80\n"
-	if diff := cmp.Diff(endpointsHeader+version+"\n"+wantBody, string(text)); diff != "" {
-		t.Errorf("encode (-want +got):\n%s", diff)
+	if len(cur.digest()) != 16 || cur.digest() == old.digest() {
+		t.Errorf("digests %q and %q, want 16 hex digits that differ", cur.digest(), old.digest())
 	}
-	if len(version) != 16 {
-		t.Errorf("version %q, want 16 hex digits", version)
+	same := table{}
+	for _, k := range []string{"u:a-80", "h:b.test", "h:a.test"} {
+		same[k] = cur[k]
 	}
-	moved := endpointTable{"b-80": {ap("10.0.0.3:80")}, "a-80": {ap("10.0.0.1:80")}, "c-80": nil}
-	if _, v := moved.encode(); v == version {
-		t.Error("a moved endpoint kept the version")
+	if same.digest() != cur.digest() {
+		t.Error("the same table has another digest")
 	}
-	// During a reload the old configuration's upstreams stay, with the new
-	// endpoints where both have the upstream.
-	old := endpointTable{"a-80": {ap("10.9.9.9:80")}, "gone-80": {ap("10.0.0.9:80")}}
-	got, _ := cur.with(old).encode()
-	wantBody = "a-80 10.0.0.1:80\nb-80 10.0.0.2:80 [fd00::2]:8080\nc-80\ngone-80 10.0.0.9:80\n"
-	if _, body, _ := strings.Cut(string(got), "\n"); body != wantBody {
-		t.Errorf("with: %q, want %q", body, wantBody)
+	// An upstream without endpoints is a key without a value.
+	if got := string(old.encode("d", 7)); got != deltaHeader+" d 7\nset h:a.test - - - / a-80\nset u:a-80 10.0.0.1:80\nset u:b-80\n" {
+		t.Errorf("encode: %q", got)
 	}
 }
 
@@ -374,18 +392,4 @@ func TestMissingLuaModuleIsNamed(t *testing.T) {
 		!strings.Contains(err.Error(), "libnginx-mod-http-lua") {
 		t.Errorf("nginx -t without the module: %v; want it to name the module and its package", err)
 	}
-}
-
-// endpointsVersion asks nginx's control socket for the version of the endpoint table
-// its workers use.
-func endpointsVersion(ctx context.Context, c *http.Client) (string, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, controlURL, nil)
-	if err != nil {
-		return "", fmt.Errorf("query endpoint table version: %w", err)
-	}
-	v, err := controlDo(c, req)
-	if err != nil {
-		return "", fmt.Errorf("query endpoint table version: %w", err)
-	}
-	return v, nil
 }
