@@ -41,6 +41,9 @@ type Config struct {
 	PinPath      string              // bpffs directory for xdp_lb's maps, program and link
 	RingSize     uint32              // Maglev table size (a prime), equal on every node
 	NginxDir     string              // nginx prefix: configuration, certificates, pid file
+	// NginxDrainTimeout bounds how long nginx workers replaced by a reload keep
+	// the connections they hold (nginx.Options.DrainTimeout); "" until they close.
+	NginxDrainTimeout string
 
 	HTTPPort, HTTPSPort uint16
 	StatusPort          uint16 // nginx status port on 127.0.0.1 (health, stub_status)
@@ -126,6 +129,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ropts.Group = cfg.Group
 	ropts.HTTPPort, ropts.HTTPSPort, ropts.StatusPort = cfg.HTTPPort, cfg.HTTPSPort, cfg.StatusPort
 	ropts.LivenessPort = cfg.LivenessPort
+	ropts.DrainTimeout = cfg.NginxDrainTimeout
 	served := &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
 	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: served.set},
 		nginx.Exec{Log: log.Named("nginx.master")}, log.Named("nginx"), reg)

@@ -139,3 +139,16 @@ func prepareDirs(prefix string, opt Options) error {
 	}
 	return nil
 }
+
+// unsearchable returns the first directory above path that others (nginx's
+// workers, an unprivileged user) may not pass through, or "".
+func unsearchable(path string) string {
+	for d := filepath.Dir(filepath.Clean(path)); ; d = filepath.Dir(d) {
+		if st, err := os.Stat(d); err == nil && st.Mode().Perm()&0o001 == 0 {
+			return d
+		}
+		if d == filepath.Dir(d) {
+			return ""
+		}
+	}
+}

@@ -66,6 +66,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 	if err := prepareDirs(r.cfg.Dir, r.cfg.Render); err != nil {
 		return err
 	}
+	if d := unsearchable(resolve(r.cfg.Dir, r.cfg.Render.L4Dir)); d != "" {
+		r.log.Warn("nginx's workers cannot reach the L4 endpoint files: L4 Services will close every connection",
+			zap.String("directory", d), zap.String("fix", "make it searchable by others (chmod o+x)"))
+	}
 	r.mu.Lock()
 	first := r.pending
 	r.pending = nil

@@ -60,6 +60,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.StringVar(&c.PinPath, "pin-path", dataplane.DefaultPinPath, "bpffs directory for xdp_lb's maps, program and link")
 	fs.UintVar(&ringSize, "ring-size", uint(dataplane.DefaultRingSize), "Maglev table size (a prime), equal on every node")
 	fs.StringVar(&c.NginxDir, "nginx-dir", "/var/lib/portico/nginx", "nginx prefix: configuration, certificates, pid file")
+	fs.StringVar(&c.NginxDrainTimeout, "nginx-drain-timeout", "", `how long nginx workers a reload replaced keep serving the connections they hold ("30m", "12h"); empty: until those close`)
 	fs.UintVar(&httpPort, "http-port", 80, "nginx HTTP port")
 	fs.UintVar(&httpsPort, "https-port", 443, "nginx HTTPS port")
 	fs.UintVar(&statusPort, "nginx-status-port", 10246, "nginx status port on 127.0.0.1 (health, stub_status)")

@@ -118,6 +118,11 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if err != nil {
 		return nil, err
 	}
+	// nginx's workers (an unprivileged user) read the L4 endpoint files under
+	// each agent's nginx directory, as they do under /var/lib/portico.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, err
+	}
 	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: o.BGP, subnet: 216}
 	defer func() {
 		if err != nil {
