@@ -96,7 +96,7 @@ func (l Target) attempt(ctx context.Context, host string, timeout time.Duration)
 	a := Attempt{Start: time.Now()}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	c, err := l.Dial(actx, "tcp", net.JoinHostPort(l.VIP.String(), "80"))
+	c, err := l.Dial(actx, "tcp", l.httpAddr())
 	if err != nil {
 		a.Err = err
 		return a

@@ -37,6 +37,9 @@ func (l Target) keepAddr() string {
 	return net.JoinHostPort(l.VIP.String(), fmt.Sprint(port))
 }
 
+// httpAddr is the VIP's HTTP port, nginx's.
+func (l Target) httpAddr() string { return net.JoinHostPort(l.VIP.String(), "80") }
+
 // Dial opens a TCP connection from the client namespace.
 func (l Target) Dial(ctx context.Context, network, addr string) (c net.Conn, err error) {
 	var d net.Dialer
@@ -84,7 +87,7 @@ func ParseReply(body string) (Reply, error) {
 
 // Get requests http://VIP<path> with the given Host and parses the reply.
 func (l Target) Get(ctx context.Context, c *http.Client, host, path string) (Reply, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(l.VIP.String(), "80")+path, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+l.httpAddr()+path, nil)
 	if err != nil {
 		return Reply{}, err
 	}
