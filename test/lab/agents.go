@@ -87,16 +87,21 @@ func (a *Agent) Kill(sig syscall.Signal, timeout time.Duration) error {
 	}
 }
 
-// Ready asks edge i's agent for /readyz from inside its namespace.
-func (l *Lab) Ready(i int) error {
+// agentClient sends requests to edge i's agent (its metrics address) from
+// inside the edge's namespace.
+func (l *Lab) agentClient(i int) *http.Client {
 	ns := l.Edges[i].NS
 	dial := func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 		var d net.Dialer
 		err = netlab.Do(ns, func() error { c, err = d.DialContext(ctx, network, addr); return err })
 		return c, err
 	}
-	c := http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
-	resp, err := c.Get("http://127.0.0.1:9101/readyz")
+	return &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true, DialContext: dial}}
+}
+
+// Ready asks edge i's agent for /readyz from inside its namespace.
+func (l *Lab) Ready(i int) error {
+	resp, err := l.agentClient(i).Get("http://127.0.0.1:9101/readyz")
 	if err != nil {
 		return fmt.Errorf("agent on %s: %w", l.Edges[i].Name, err)
 	}
@@ -106,6 +111,26 @@ func (l *Lab) Ready(i int) error {
 		return fmt.Errorf("agent on %s not ready: %s", l.Edges[i].Name, strings.TrimSpace(string(body)))
 	}
 	return nil
+}
+
+// Metric reads one series of edge i's agent's metrics, as the exposition
+// format names it: `portico_nginx_reloads_total{result="success"}`.
+func (l *Lab) Metric(i int, series string) (float64, error) {
+	resp, err := l.agentClient(i).Get("http://127.0.0.1:9101/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, series+" "); ok {
+			return strconv.ParseFloat(strings.TrimSpace(v), 64)
+		}
+	}
+	return 0, fmt.Errorf("the agent on %s has no %s", l.Edges[i].Name, series)
 }
 
 // Exited reports whether the agent process has ended.

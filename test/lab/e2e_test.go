@@ -159,7 +159,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	if err := l.Backend(ctx, "api", l.Pods[1]); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.IngressRoutes(ctx, "shop", "shop.lab", "", Route{"/", "echo"}, Route{"/api", "api"}); err != nil {
+	if err := l.IngressRoutes(ctx, "shop", "shop.lab", "", Route{Path: "/", Service: "echo"}, Route{Path: "/api", Service: "api"}); err != nil {
 		t.Fatal(err)
 	}
 	cert, key, err := testcert.ECDSA("secure.lab")
@@ -169,7 +169,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	if err := l.TLSSecret(ctx, "secure-tls", cert, key); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.IngressRoutes(ctx, "secure", "secure.lab", "secure-tls", Route{"/", "api"}); err != nil {
+	if err := l.IngressRoutes(ctx, "secure", "secure.lab", "secure-tls", Route{Path: "/", Service: "api"}); err != nil {
 		t.Fatal(err)
 	}
 	c := l.HTTPClient(false, 2*time.Second)

@@ -25,7 +25,8 @@ const (
 
 // serveL4 starts, in every pod namespace, a TCP line echo on l4TCPPort and a UDP
 // echo on l4UDPPort. Each answer is "pod=<name> peer=<address the pod sees>
-// client=<address a PROXY protocol header gave, or ->".
+// client=<address a PROXY protocol header gave, or ->". The TCP echo closes a
+// connection idle for podLifetime.
 func (l *Lab) serveL4(t *testing.T) {
 	t.Helper()
 	for _, p := range l.Pods {
@@ -54,7 +55,7 @@ func (l *Lab) serveL4(t *testing.T) {
 					client := "-"
 					r := bufio.NewReader(c)
 					for i := 0; i < 1000; i++ {
-						c.SetReadDeadline(time.Now().Add(2 * time.Minute))
+						c.SetReadDeadline(time.Now().Add(podLifetime))
 						line, err := r.ReadString('\n')
 						if err != nil {
 							return

@@ -3,6 +3,7 @@ package lab
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -99,8 +100,21 @@ func (l *Lab) writeSlice(ctx context.Context, ns, name string, pods ...*Node) er
 	return nil
 }
 
-// Route sends a Prefix path to a backend Service's "http" port.
-type Route struct{ Path, Service string }
+// Route sends a Prefix path to a port of a backend Service.
+type Route struct {
+	Path, Service string
+	Port          string // the Service port's name; "" is "http"
+}
+
+// path is the Ingress path of r.
+func (r Route) path() networkingv1.HTTPIngressPath {
+	port := r.Port
+	if port == "" {
+		port = "http"
+	}
+	return networkingv1.HTTPIngressPath{Path: r.Path, PathType: ptr(networkingv1.PathTypePrefix),
+		Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: r.Service, Port: networkingv1.ServiceBackendPort{Name: port}}}}
+}
 
 // Ingress routes host (all paths, Prefix "/") to a backend Service, bound to the
 // lab's group.
@@ -111,11 +125,9 @@ func (l *Lab) Ingress(ctx context.Context, name, host, service string) error {
 // IngressRoutes creates an Ingress for host with the given routes, bound to the
 // lab's group, with TLS from tlsSecret when it is not "".
 func (l *Lab) IngressRoutes(ctx context.Context, name, host, tlsSecret string, routes ...Route) error {
-	pt := networkingv1.PathTypePrefix
 	rule := networkingv1.IngressRule{Host: host, IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{}}}
 	for _, r := range routes {
-		rule.HTTP.Paths = append(rule.HTTP.Paths, networkingv1.HTTPIngressPath{Path: r.Path, PathType: &pt,
-			Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: r.Service, Port: networkingv1.ServiceBackendPort{Name: "http"}}}})
+		rule.HTTP.Paths = append(rule.HTTP.Paths, r.path())
 	}
 	ing := &networkingv1.Ingress{
 		ObjectMeta: metav1.ObjectMeta{Namespace: AppNamespace, Name: name,
@@ -127,6 +139,27 @@ func (l *Lab) IngressRoutes(ctx context.Context, name, host, tlsSecret string, r
 	}
 	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Create(ctx, ing, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create ingress %s: %w", name, err)
+	}
+	return nil
+}
+
+// SetRoute changes Ingress name (of IngressRoutes): its route of r.Path goes to
+// r's Service and port, or is added when it has none.
+func (l *Lab) SetRoute(ctx context.Context, name string, r Route) error {
+	c := l.Kube.NetworkingV1().Ingresses(AppNamespace)
+	ing, err := c.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get ingress %s: %w", name, err)
+	}
+	paths := &ing.Spec.Rules[0].HTTP.Paths
+	i := slices.IndexFunc(*paths, func(p networkingv1.HTTPIngressPath) bool { return p.Path == r.Path })
+	if i < 0 {
+		*paths = append(*paths, r.path())
+	} else {
+		(*paths)[i] = r.path()
+	}
+	if _, err := c.Update(ctx, ing, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update ingress %s: %w", name, err)
 	}
 	return nil
 }

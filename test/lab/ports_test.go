@@ -32,7 +32,7 @@ func TestCustomPorts(t *testing.T) {
 	if err := l.TLSSecret(ctx, "secure-tls", cert, key); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.IngressRoutes(ctx, "secure", "secure.lab", "secure-tls", Route{"/", "echo"}); err != nil {
+	if err := l.IngressRoutes(ctx, "secure", "secure.lab", "secure-tls", Route{Path: "/", Service: "echo"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.annotateIngress(ctx, "secure", "portico.io/ssl-redirect", "true"); err != nil {
