@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -116,12 +119,66 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	if err != nil {
 		return nil, fmt.Errorf("register nginx metrics: %w", err)
 	}
-	return &Reloader{
+	r := &Reloader{
 		cfg: cfg, runner: runner, log: log, m: m,
 		client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Second},
 		ctl:    controlClient(resolve(cfg.Dir, cfg.Render.ControlSocket)),
 		kick:   make(chan struct{}, 1),
-	}, nil
+	}
+	for _, g := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "portico", Subsystem: "nginx", Name: "draining_workers",
+			Help: "nginx workers that a reload replaced and that still serve the connections they hold."},
+			func() float64 { n, _ := r.draining(); return float64(n) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "portico", Subsystem: "nginx", Name: "draining_workers_bytes",
+			Help: "Private memory of the nginx workers that a reload replaced and that still serve connections."},
+			func() float64 { _, b := r.draining(); return float64(b) }),
+	} {
+		if err := reg.Register(g); err != nil {
+			return nil, fmt.Errorf("register nginx metrics: %w", err)
+		}
+	}
+	return r, nil
+}
+
+// draining counts the workers a reload replaced that still run, and their private
+// memory (from /proc/<pid>/smaps_rollup).
+func (r *Reloader) draining() (n int, bytes int64) {
+	r.mu.Lock()
+	m := r.master
+	r.mu.Unlock()
+	if m == nil {
+		return 0, 0
+	}
+	ws, err := m.Workers()
+	if err != nil {
+		return 0, 0
+	}
+	for _, w := range ws {
+		if w.ShuttingDown {
+			n++
+			bytes += privateMemory(w.PID)
+		}
+	}
+	return n, bytes
+}
+
+// privateMemory is a process's private memory in bytes (Private_Clean plus
+// Private_Dirty of /proc/<pid>/smaps_rollup), 0 when it cannot be read.
+func privateMemory(pid int) int64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/smaps_rollup")
+	if err != nil {
+		return 0
+	}
+	var kb int64
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "Private_"); ok {
+			if f := strings.Fields(rest); len(f) >= 2 && (f[0] == "Clean:" || f[0] == "Dirty:") {
+				v, _ := strconv.ParseInt(f[1], 10, 64)
+				kb += v
+			}
+		}
+	}
+	return kb << 10
 }
 
 func (r *Reloader) confPath() string { return filepath.Join(r.cfg.Dir, "nginx.conf") }
