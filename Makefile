@@ -15,7 +15,7 @@ IMAGE_REPO ?= ghcr.io/portico-edge/portico
 IMAGE ?= $(IMAGE_REPO):$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab bench-bgp demo-dataplane lab image image-name
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab bench-propagation bench-bgp demo-dataplane lab image image-name
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -117,6 +117,9 @@ bench-nginx: deps ## nginx render time and size for 5,000 Ingresses, reload time
 
 bench-bgp: deps kapi ## BGP mode: edge deaths and returns with BFD 50ms/300ms/none: next hop gone (median/max), flows the router moved, connections broken (root; TRIALS=5)
 	set -o pipefail; PORTICO_BENCH_BGP=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),5) $(GO) test -count=1 -timeout 30m -run '^TestBGPOutageBench$$' -v ./test/lab/ | grep -E 'trial|over|^(ok|FAIL|---)'
+
+bench-propagation: deps kapi ## change to served at every edge at 1,000 and 10,000 routes, CPU per change, memory (root; TRIALS=30)
+	set -o pipefail; PORTICO_BENCH_PROPAGATION=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),30) $(GO) test -count=1 -timeout 30m -run '^TestPropagationBench$$' -v ./test/lab/ | grep -E 'routes|^(ok|FAIL|---)'
 
 bench-lab: deps kapi ## repeated edge deaths in the lab, owner then non-owner: VRRP outage, last failed new connection, held connections kept (root; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_LAB=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./test/lab/ | grep -E 'trial|outage|kept|failed new|^(ok|FAIL|---)'
