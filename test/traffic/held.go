@@ -33,15 +33,8 @@ type Upgraded struct {
 // OpenUpgraded connects to the VIP's port 80, asks host+path for an upgrade to
 // websocket, which must be answered 101, and exchanges a first line.
 func (l Target) OpenUpgraded(ctx context.Context, host, path string, timeout time.Duration) (*Upgraded, error) {
-	dctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	c, err := l.Dial(dctx, "tcp", l.httpAddr())
+	c, err := l.request(ctx, host, path, "Connection: Upgrade\r\nUpgrade: websocket\r\n", timeout)
 	if err != nil {
-		return nil, err
-	}
-	c.SetDeadline(time.Now().Add(timeout))
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n", path, host); err != nil {
-		c.Close()
 		return nil, err
 	}
 	u := &Upgraded{c: c, br: bufio.NewReader(c)}
@@ -102,15 +95,8 @@ type Feed struct {
 // with a line at a time, reads the first line and keeps reading in the
 // background until the response ends or Close.
 func (l Target) OpenFeed(ctx context.Context, host, path string, timeout time.Duration) (*Feed, error) {
-	dctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	c, err := l.Dial(dctx, "tcp", l.httpAddr())
+	c, err := l.request(ctx, host, path, "", timeout)
 	if err != nil {
-		return nil, err
-	}
-	c.SetDeadline(time.Now().Add(timeout))
-	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host); err != nil {
-		c.Close()
 		return nil, err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
@@ -190,4 +176,22 @@ func (f *Feed) Close() error {
 	err := f.c.Close()
 	<-f.done
 	return err
+}
+
+// request connects to the VIP's port 80 and sends a GET of host+path with the
+// extra header lines (each ending in CRLF); the connection's deadline is timeout
+// from now.
+func (l Target) request(ctx context.Context, host, path, extra string, timeout time.Duration) (net.Conn, error) {
+	dctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := l.Dial(dctx, "tcp", l.httpAddr())
+	if err != nil {
+		return nil, err
+	}
+	c.SetDeadline(time.Now().Add(timeout))
+	if _, err := fmt.Fprintf(c, "GET %s HTTP/1.1\r\nHost: %s\r\n%s\r\n", path, host, extra); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
