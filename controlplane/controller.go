@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -108,6 +110,11 @@ type Controller struct {
 	last         model.Snapshot
 	published    bool
 	lastProblems []model.Problem
+	// claimProblems are the problems of the leader's last writes (IngressClaims).
+	claimProblems []model.Problem
+	// pending is the latest build's writes, for the writing worker (leader);
+	// lastJob the latest build's, for writes without a build (wantWrite).
+	pending, lastJob *writeJob
 	reported     map[string]bool // problems already sent as Events (leader)
 	// provisioned: when this leader last saw each claim's DaemonSet (by claim UID).
 	provisioned map[types.UID]time.Time
@@ -118,9 +125,13 @@ type Controller struct {
 	written map[writtenKey]written
 }
 
-// syncKey is the one key in the queue: every change leads to one full rebuild, and
-// changes that arrive while one is queued coalesce into it.
-const syncKey = "cluster"
+// syncKey is the queue's key for builds: every change leads to one full rebuild,
+// and changes that arrive while one is queued coalesce into it. writeKey is the
+// leader's writes of the latest build, which a second worker makes meanwhile.
+const (
+	syncKey  = "cluster"
+	writeKey = "write"
+)
 
 // New builds a Controller; Run starts it.
 func New(cfg Config) (*Controller, error) {
@@ -232,8 +243,14 @@ func setDefault(d *time.Duration, v time.Duration) {
 func (c *Controller) watch(i cache.SharedIndexInformer) error {
 	enqueue := func(any) { c.queue.Add(syncKey) }
 	if _, err := i.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    enqueue,
-		UpdateFunc: func(_, _ any) { c.queue.Add(syncKey) },
+		AddFunc: enqueue,
+		UpdateFunc: func(old, cur any) {
+			if statusOnly(old, cur) {
+				c.wantWrite()
+				return
+			}
+			c.queue.Add(syncKey)
+		},
 		DeleteFunc: enqueue,
 	}); err != nil {
 		return fmt.Errorf("add event handler: %w", err)
@@ -274,16 +291,19 @@ func (c *Controller) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	c.fanout.run(ctx, &wg)
-	wg.Add(2)
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		c.elect(ctx)
 	}()
-	go func() {
-		defer wg.Done()
-		for c.processNext(ctx) {
-		}
-	}()
+	for range 2 { // one builds while the other writes (the queue never runs a key twice at once)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c.processNext(ctx) {
+			}
+		}()
+	}
 	c.queue.Add(syncKey)
 	<-ctx.Done()
 	c.queue.ShutDown()
@@ -303,11 +323,37 @@ func (c *Controller) processNext(ctx context.Context) bool {
 		return false
 	}
 	defer c.queue.Done(k)
-	if err := c.sync(ctx); err != nil {
+	if k == syncKey {
+		// Build and publish; the leader's writes go to the other worker, so that
+		// a long run of writes (statuses of many new Ingresses, at the client's
+		// rate limit) never holds back the next snapshot.
+		if job := c.build(); job != nil && c.IsLeader() {
+			c.mu.Lock()
+			c.pending = job
+			c.mu.Unlock()
+			c.queue.Add(writeKey)
+		}
+		c.queue.Forget(k)
+		return true
+	}
+	c.mu.Lock()
+	job := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	if job == nil || !c.IsLeader() { // leadership lost since the build: the next leader writes
+		c.queue.Forget(k)
+		return true
+	}
+	if err := c.writeOut(ctx, job); err != nil {
 		if ctx.Err() != nil {
 			return true
 		}
-		c.log.Warn("sync failed, retrying", zap.Error(err))
+		c.log.Warn("leader writes failed, retrying", zap.Error(err))
+		c.mu.Lock()
+		if c.pending == nil {
+			c.pending = job
+		}
+		c.mu.Unlock()
 		c.queue.AddRateLimited(k)
 		return true
 	}
@@ -340,6 +386,65 @@ func (c *Controller) state() State {
 }
 
 func (c *Controller) sync(ctx context.Context) error {
+	job := c.build()
+	if job == nil || !c.IsLeader() {
+		return nil
+	}
+	return c.writeOut(ctx, job)
+}
+
+// statusOnly reports whether an update of an Ingress or a Service changed its
+// status alone (Build never reads it): the leader's own address writes, which
+// need no new build, only a look by the writer.
+func statusOnly(old, cur any) bool {
+	switch o := old.(type) {
+	case *networkingv1.Ingress:
+		n, ok := cur.(*networkingv1.Ingress)
+		return ok && sameMeta(&o.ObjectMeta, &n.ObjectMeta) && equality.Semantic.DeepEqual(o.Spec, n.Spec)
+	case *corev1.Service:
+		n, ok := cur.(*corev1.Service)
+		return ok && sameMeta(&o.ObjectMeta, &n.ObjectMeta) && equality.Semantic.DeepEqual(o.Spec, n.Spec)
+	}
+	return false
+}
+
+// sameMeta compares what Build reads of two versions of one object's metadata.
+func sameMeta(o, n *metav1.ObjectMeta) bool {
+	return o.Generation == n.Generation && maps.Equal(o.Annotations, n.Annotations) && maps.Equal(o.Labels, n.Labels) &&
+		o.DeletionTimestamp.IsZero() == n.DeletionTimestamp.IsZero() && slices.Equal(o.Finalizers, n.Finalizers)
+}
+
+// wantWrite has the leader's writer look again at the last build (an agent's
+// report of what its nginx serves changed, or a status did), with the caches as
+// they are now, without building again.
+func (c *Controller) wantWrite() {
+	if !c.IsLeader() {
+		return
+	}
+	c.mu.Lock()
+	if c.pending == nil && c.lastJob != nil {
+		j := *c.lastJob
+		j.fresh = true
+		c.pending = &j
+	}
+	c.mu.Unlock()
+	c.queue.Add(writeKey)
+}
+
+// writeJob is what one build asks the leader to write.
+type writeJob struct {
+	st       State
+	snap     model.Snapshot
+	bindings Bindings
+	alloc    allocation
+	problems []model.Problem // of the build and the allocation
+	// fresh: the writer lists the caches again (wantWrite) rather than use st.
+	fresh bool
+}
+
+// build builds the snapshot, publishes it when it changed, and returns what the
+// leader is to write from it; nil when the snapshot is invalid.
+func (c *Controller) build() *writeJob {
 	start := time.Now()
 	defer func() { c.metrics.syncDuration.Observe(time.Since(start).Seconds()) }()
 	// One state for the whole sync: the cache with this leader's writes that it
@@ -364,6 +469,8 @@ func (c *Controller) sync(ctx context.Context) error {
 	if changed {
 		c.last, c.published = snap, true
 	}
+	all := append(slices.Clone(problems), c.claimProblems...)
+	c.lastProblems = all
 	c.mu.Unlock()
 	if changed {
 		c.fanout.publish(snap)
@@ -372,19 +479,29 @@ func (c *Controller) sync(ctx context.Context) error {
 	} else {
 		c.metrics.syncs.WithLabelValues("unchanged").Inc()
 	}
-	var err error
-	if c.IsLeader() {
-		var claimProblems []model.Problem
-		claimProblems, err = c.write(ctx, st, snap, bindings, alloc)
-		problems = append(problems, claimProblems...)
-		c.report(problems)
-		if err != nil {
-			c.metrics.syncs.WithLabelValues("error").Inc()
-		}
-	}
-	c.observe(st, problems)
+	c.observe(st, all)
+	job := &writeJob{st: st, snap: snap, bindings: bindings, alloc: alloc, problems: problems}
 	c.mu.Lock()
-	c.lastProblems = problems
+	c.lastJob = job
+	c.mu.Unlock()
+	return job
+}
+
+// writeOut makes the leader's writes of a build (annotations, statuses, claims)
+// and reports its problems as Events.
+func (c *Controller) writeOut(ctx context.Context, job *writeJob) error {
+	st := job.st
+	if job.fresh {
+		st = c.withWritten(c.state())
+	}
+	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, job.alloc)
+	all := append(slices.Clone(job.problems), claimProblems...)
+	c.report(all)
+	if err != nil {
+		c.metrics.syncs.WithLabelValues("error").Inc()
+	}
+	c.mu.Lock()
+	c.claimProblems, c.lastProblems = claimProblems, all
 	c.mu.Unlock()
 	return err
 }

@@ -79,8 +79,10 @@ func (c *Controller) watchAgents() error {
 			}
 			ro, _ := reportOf(o, time.Time{})
 			rn, _ := reportOf(n, time.Time{})
-			if ro.Group != rn.Group || !maps.Equal(ro.Served, rn.Served) {
+			if ro.Group != rn.Group {
 				c.queue.Add(syncKey)
+			} else if !maps.Equal(ro.Served, rn.Served) {
+				c.wantWrite() // only the leader's address writes wait for it
 			}
 		},
 		DeleteFunc: enqueue,

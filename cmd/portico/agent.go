@@ -218,8 +218,20 @@ func runAgent(args []string) error {
 }
 
 // kubeConfig reads the kubeconfig at path, or without one the in-cluster config,
-// whose API server apiServer replaces when set (-apiserver).
+// whose API server apiServer replaces when set (-apiserver). Its client may make
+// 50 requests a second (bursts of 100), not client-go's 5: the leader writes the
+// status of every Ingress that changed, and a thousand new ones would otherwise
+// wait minutes for their addresses.
 func kubeConfig(path, apiServer string) (*rest.Config, error) {
+	c, err := readKubeConfig(path, apiServer)
+	if err != nil {
+		return nil, err
+	}
+	c.QPS, c.Burst = 50, 100
+	return c, nil
+}
+
+func readKubeConfig(path, apiServer string) (*rest.Config, error) {
 	if path == "" {
 		c, err := rest.InClusterConfig()
 		if err != nil {
