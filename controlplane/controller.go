@@ -115,7 +115,7 @@ type Controller struct {
 	// pending is the latest build's writes, for the writing worker (leader);
 	// lastJob the latest build's, for writes without a build (wantWrite).
 	pending, lastJob *writeJob
-	reported     map[string]bool // problems already sent as Events (leader)
+	reported         map[string]bool // problems already sent as Events (leader)
 	// provisioned: when this leader last saw each claim's DaemonSet (by claim UID).
 	provisioned map[types.UID]time.Time
 
