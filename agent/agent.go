@@ -52,6 +52,7 @@ type Config struct {
 	LivenessPort uint16
 	Liveness     liveness.Timing // zero: liveness.DefaultTiming
 	MetricsAddr  string          // address of /metrics, /healthz and /readyz
+	Pprof        bool            // also Go's /debug/pprof/ there
 
 	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
@@ -223,7 +224,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 
 	h := &health{attached: dp.Attached, applied: l4.applied, checksum: reloader.Checksum, reason: "starting",
 		statusURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", cfg.StatusPort)}
-	srv := &http.Server{Handler: h.mux(reg), ReadHeaderTimeout: 5 * time.Second}
+	srv := &http.Server{Handler: h.mux(reg, cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", cfg.MetricsAddr, err)

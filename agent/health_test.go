@@ -121,7 +121,7 @@ func TestHealthCheck(t *testing.T) {
 // shutdown; /healthz only says the process answers.
 func TestHealthMux(t *testing.T) {
 	h := &health{reason: "starting"}
-	m := h.mux(prometheus.NewRegistry())
+	m := h.mux(prometheus.NewRegistry(), false)
 	get := func(path string) (int, string) {
 		w := httptest.NewRecorder()
 		m.ServeHTTP(w, httptest.NewRequest(http.MethodGet, path, nil))

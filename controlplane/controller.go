@@ -112,6 +112,8 @@ type Controller struct {
 	lastProblems []model.Problem
 	// claimProblems are the problems of the leader's last writes (IngressClaims).
 	claimProblems []model.Problem
+	// reports are the agents' status reports the writer decoded, by Lease name.
+	reports map[string]decodedReport
 	// pending is the latest build's writes, for the writing worker (leader);
 	// lastJob the latest build's, for writes without a build (wantWrite).
 	pending, lastJob *writeJob

@@ -49,16 +49,43 @@ type agentReport struct {
 // reportOf parses a status Lease; ok is false for one that is not an agent's,
 // cannot be read, or has not been renewed within its duration (a dead agent's).
 func reportOf(l *coordinationv1.Lease, now time.Time) (agentReport, bool) {
+	r, ok := decodeReport(l)
+	return r, ok && renewed(l, now)
+}
+
+// decodeReport reads the report in an agent's status Lease.
+func decodeReport(l *coordinationv1.Lease) (agentReport, bool) {
 	var r agentReport
 	s, has := l.Annotations[agentStateAnnotation]
-	if !has || json.Unmarshal([]byte(s), &r) != nil || r.Node == "" {
-		return r, false
+	return r, has && json.Unmarshal([]byte(s), &r) == nil && r.Node != ""
+}
+
+// renewed reports whether the agent renewed its Lease recently enough at now.
+func renewed(l *coordinationv1.Lease, now time.Time) bool {
+	return l.Spec.RenewTime != nil && l.Spec.LeaseDurationSeconds != nil &&
+		!now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second))
+}
+
+// decoded is reportOf(l, now), decoding each version of a Lease once: the leader
+// asks every agent's report for every Ingress it writes an address of. Only the
+// writer calls it.
+func (c *Controller) decoded(l *coordinationv1.Lease, now time.Time) (agentReport, bool) {
+	e, ok := c.reports[l.Name]
+	if !ok || e.version != l.ResourceVersion {
+		r, valid := decodeReport(l)
+		e = decodedReport{version: l.ResourceVersion, report: r, valid: valid}
+		if c.reports == nil || len(c.reports) > 4096 {
+			c.reports = map[string]decodedReport{} // Leases that come and go: start over
+		}
+		c.reports[l.Name] = e
 	}
-	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil ||
-		now.After(l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second)) {
-		return r, false
-	}
-	return r, true
+	return e.report, e.valid && renewed(l, now)
+}
+
+type decodedReport struct {
+	version string
+	report  agentReport
+	valid   bool
 }
 
 // watchAgents adds the informer on the agents' status Leases (in the lease
@@ -115,7 +142,7 @@ func (c *Controller) lagging(ing *networkingv1.Ingress, g model.Group, now time.
 		if !ok {
 			continue
 		}
-		r, ok := reportOf(l, now)
+		r, ok := c.decoded(l, now)
 		if !ok || r.Group != g.Name || !ready[r.Node] {
 			continue
 		}
