@@ -29,11 +29,22 @@ func blamedCertificate(cfg *Config, nginxErr string) string {
 
 // certCache keeps the checks of the certificates the last render used (parsing a
 // certificate and its key is most of the cost of rendering many TLS hosts, and
-// endpoint-only changes render too). An entry is reused only when the Secret's
+// endpoint-only changes render too), and its hosts' locations. An entry is reused only when the Secret's
 // certificate and key are byte for byte the ones it was made from. Not safe for
 // concurrent renders.
 type certCache struct {
 	entries map[string]certEntry // by Secret name
+	// locations are the hosts' locations (cachedLocations), by group and host,
+	// of the last render; next those of the render under way.
+	locations, next map[string]*locationsEntry
+}
+
+// keepLocations records a host's locations for the next render.
+func (cc *certCache) keepLocations(k string, e *locationsEntry) {
+	if cc.next == nil {
+		cc.next = map[string]*locationsEntry{}
+	}
+	cc.next[k] = e
 }
 
 type certEntry struct {
@@ -63,6 +74,7 @@ func (cc *certCache) keep(used map[string]certResult) {
 	if cc == nil {
 		return
 	}
+	cc.locations, cc.next = cc.next, nil
 	for name := range cc.entries {
 		if _, ok := used[name]; !ok {
 			delete(cc.entries, name)

@@ -151,6 +151,62 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 // endpoints is proxied to all the same: nginx answers 503 until the endpoint table
 // gives it some, which needs no reload.
 func (r *renderer) upstream(name, obj string) (string, int) {
+	up, status := r.resolve(name, obj)
+	if r.rec != nil {
+		r.rec.upstreams = append(r.rec.upstreams, upstreamCall{name, obj, up, status})
+	}
+	return up, status
+}
+
+// cachedLocations is r.locations(s), from the cache when s's paths are the ones
+// it was computed from and every upstream they name resolves as it did then: a
+// change of one host then costs one host's locations, not every host's. The
+// problems locations reported are reported again.
+func (r *renderer) cachedLocations(s *model.Server) []tmplLocation {
+	if r.cache == nil {
+		return r.locations(s)
+	}
+	k := s.Group + "|" + s.Host
+	if e, ok := r.cache.locations[k]; ok && e.defaultUpstream == s.DefaultUpstream && slices.Equal(e.paths, s.Locations) {
+		same := true
+		for _, c := range e.upstreams {
+			if up, status := r.resolve(c.name, c.obj); up != c.up || status != c.status {
+				same = false
+				break
+			}
+		}
+		if same {
+			for _, p := range e.problems {
+				r.problem(p.Object, p.Field, p.Reason, p.Detail)
+			}
+			r.cache.keepLocations(k, e)
+			return e.out
+		}
+	}
+	e := &locationsEntry{defaultUpstream: s.DefaultUpstream, paths: slices.Clone(s.Locations)}
+	r.rec = e
+	e.out = r.locations(s)
+	r.rec = nil
+	r.cache.keepLocations(k, e)
+	return e.out
+}
+
+// locationsEntry is one host's locations as a render computed them.
+type locationsEntry struct {
+	defaultUpstream string
+	paths           []model.Location
+	upstreams       []upstreamCall  // every upstream the locations named, and how it resolved
+	problems        []model.Problem // every problem they reported
+	out             []tmplLocation
+}
+
+type upstreamCall struct {
+	name, obj, up string
+	status        int
+}
+
+// resolve is upstream without the cache's record.
+func (r *renderer) resolve(name, obj string) (string, int) {
 	u, ok := r.upstreams[name]
 	if !ok {
 		r.problem(obj, "backend", model.ReasonUpstreamNotFound, fmt.Sprintf("upstream %q does not exist; answering 503", name))
@@ -164,9 +220,14 @@ func (r *renderer) upstream(name, obj string) (string, int) {
 		r.usedUpstreams = map[string]bool{}
 	}
 	if !r.usedUpstreams[name] {
+		// Reported by whichever host uses the upstream first, cached or not: not
+		// part of that host's record.
+		rec := r.rec
+		r.rec = nil
 		valid := validEndpoints(u.Endpoints, func(err error) {
 			r.problem("Upstream "+name, "endpoints", model.ReasonInvalidEndpoint, err.Error())
 		})
+		r.rec = rec
 		r.upstreams[name] = model.Upstream{Name: name, Endpoints: valid}
 		r.usedUpstreams[name] = true
 	}

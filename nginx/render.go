@@ -2,6 +2,7 @@ package nginx
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/sha256"
 	"embed"
 	"encoding/hex"
@@ -120,6 +121,9 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		return nil, fmt.Errorf("render nginx config: %w", err)
 	}
 	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}, refused: refused, cache: cache}
+	if cache != nil {
+		cache.next = nil // what a render that failed half way kept
+	}
 	for _, u := range snap.Upstreams {
 		r.upstreams[u.Name] = u
 	}
@@ -213,6 +217,11 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		cfg.L4 = d.Stream.Endpoints
 	}
 	slices.SortFunc(cfg.Certificates, func(a, b CertFile) int { return strings.Compare(a.Name, b.Name) })
+	// In one order whatever the order they were found in (cachedLocations).
+	slices.SortFunc(r.problems, func(a, b model.Problem) int {
+		return cmp.Or(strings.Compare(a.Object, b.Object), strings.Compare(a.Field, b.Field),
+			strings.Compare(string(a.Reason), string(b.Reason)), strings.Compare(a.Detail, b.Detail))
+	})
 	cfg.Problems = r.problems
 	cfg.refusedSeen = r.refusedSeen
 	cache.keep(r.certs)
@@ -227,6 +236,7 @@ type renderer struct {
 	certs         map[string]certResult // checked certificates by name
 	cache         *certCache            // checks of earlier renders, or nil
 	refused       map[string]string     // certificate files nginx refused, and why
+	rec           *locationsEntry       // what locations is doing, for the cache
 	refusedSeen   []string
 	problems      []model.Problem
 }
@@ -269,6 +279,9 @@ func (r *renderer) groupPorts(snap model.Snapshot) Options {
 
 func (r *renderer) problem(obj, field string, reason model.Reason, detail string) {
 	p := model.Problem{Object: obj, Field: field, Reason: reason, Detail: detail}
+	if r.rec != nil {
+		r.rec.problems = append(r.rec.problems, p)
+	}
 	if slices.Contains(r.problems, p) {
 		return
 	}
@@ -295,7 +308,7 @@ func (r *renderer) server(s *model.Server) tmplServer {
 			ts.Redirect += ":" + strconv.Itoa(int(r.opt.HTTPSPort))
 		}
 	}
-	ts.Locations = r.locations(s)
+	ts.Locations = r.cachedLocations(s)
 	return ts
 }
 

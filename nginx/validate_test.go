@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/tls"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -197,5 +198,58 @@ func TestRenderCachesCertificateChecks(t *testing.T) {
 	}
 	if len(cache.entries) != 0 {
 		t.Errorf("cache holds %d entries after a render without certificates, want 0", len(cache.entries))
+	}
+}
+
+// A render with a cache reuses the locations of hosts whose paths did not change
+// and whose upstreams resolve as before, and gives what a render without one
+// gives: the same table, the same problems.
+func TestRenderCachesLocations(t *testing.T) {
+	snap := model.Snapshot{
+		Servers: []model.Server{
+			{Host: "a.test", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "t-a-80"}}},
+			{Host: "b.test", Locations: []model.Location{{Path: "/x", Type: model.PathExact, Upstream: "t-a-80"}, {Path: "/x", Type: model.PathExact, Upstream: "t-c-80", Source: "t/dup"}}},
+			{Host: "c.test", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "t-c-80"}}},
+		},
+		Upstreams: []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{ap("10.0.0.1:80")}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{ap("10.0.0.3:80")}}},
+	}
+	var cache certCache
+	same := func(step string, s model.Snapshot) {
+		t.Helper()
+		got, err := render(s, goldenOptions(), nil, &cache)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := Render(s, goldenOptions())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if diff := cmp.Diff(want.Table, got.Table); diff != "" {
+			t.Errorf("%s: table with the cache (-without +with):\n%s", step, diff)
+		}
+		if diff := cmp.Diff(want.Problems, got.Problems); diff != "" {
+			t.Errorf("%s: problems with the cache (-without +with):\n%s", step, diff)
+		}
+	}
+	same("first", snap)
+	a, b := cache.locations["|a.test"], cache.locations["|b.test"]
+	same("again", snap)
+	if cache.locations["|a.test"] != a || cache.locations["|b.test"] != b {
+		t.Error("an unchanged snapshot computed locations again")
+	}
+	// One host's paths change: only its locations are computed again.
+	snap.Servers[0].Locations = append(slices.Clone(snap.Servers[0].Locations), model.Location{Path: "/new", Type: model.PathPrefix, Upstream: "t-c-80"})
+	same("a.test gains a path", snap)
+	if cache.locations["|a.test"] == a || cache.locations["|b.test"] != b {
+		t.Error("the changed host's locations were reused, or another host's computed again")
+	}
+	// An upstream goes: every host that names it answers 503 and says why.
+	snap.Upstreams = snap.Upstreams[:1]
+	same("t-c-80 gone", snap)
+	if cache.locations["|b.test"] == b {
+		t.Error("b.test's locations were reused although an upstream it names is gone")
+	}
+	if len(cache.locations) != 3 {
+		t.Errorf("the cache holds %d hosts, want 3", len(cache.locations))
 	}
 }
