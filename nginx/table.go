@@ -86,21 +86,28 @@ func writeSet(b *bytes.Buffer, k, v string) {
 // delta is the change from old (whose digest is base) to t: the keys whose value
 // changed and those t no longer has, sorted; n counts them.
 func (t table) delta(old table, base, digest string, stamp int64) (text []byte, n int) {
+	var set, del []string
+	for k, v := range t {
+		if o, ok := old[k]; !ok || o != v {
+			set = append(set, k)
+		}
+	}
+	for k := range old {
+		if _, ok := t[k]; !ok {
+			del = append(del, k)
+		}
+	}
+	slices.Sort(set)
+	slices.Sort(del)
 	var b bytes.Buffer
 	fmt.Fprintf(&b, "%s%s %s %d\n", deltaHeader, base, digest, stamp)
-	for _, k := range t.sortedKeys() {
-		if v, ok := old[k]; !ok || v != t[k] {
-			writeSet(&b, k, t[k])
-			n++
-		}
+	for _, k := range set {
+		writeSet(&b, k, t[k])
 	}
-	for _, k := range old.sortedKeys() {
-		if _, ok := t[k]; !ok {
-			b.WriteString("del " + k + "\n")
-			n++
-		}
+	for _, k := range del {
+		b.WriteString("del " + k + "\n")
 	}
-	return b.Bytes(), n
+	return b.Bytes(), len(set) + len(del)
 }
 
 // decodeTable reads a table file (encode's output) back, with its digest; nil

@@ -387,17 +387,20 @@ end
 local parsers = { [104] = parse_host, [117] = parse_endpoints, [99] = parse_cert }
 
 -- get returns a key's parsed value (nil when the table lacks it or it does
--- not parse), from this worker's cache when the key did not change since.
+-- not parse), from this worker's cache when the key did not change since. A
+-- key the table lacks is not cached: clients choose the hosts they ask for,
+-- and the cache holds no more than the table.
 local function get(key)
     local v = cache[key]
     if v == nil then
         local s = dict:get("k:" .. key)
-        if s then
-            local err
-            v, err = parsers[byte(key, 1)](s)
-            if not v then
-                ngx.log(ngx.ERR, "portico: ", key, ": ", err)
-            end
+        if not s then
+            return nil
+        end
+        local err
+        v, err = parsers[byte(key, 1)](s)
+        if not v then
+            ngx.log(ngx.ERR, "portico: ", key, ": ", err)
         end
         cache[key] = v or false
     end
