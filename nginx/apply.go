@@ -179,6 +179,7 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 				return fail(ResultError, err)
 			}
 		}
+		r.capDraining(master)
 		t1 := time.Now()
 		if err := master.Reload(); err != nil {
 			return fail(ResultError, err)

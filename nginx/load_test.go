@@ -2,8 +2,12 @@ package nginx
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"sync"
@@ -171,4 +175,68 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	}
 	t.Logf("%d reloads and %d endpoint updates (%d without a completed request), %d requests, 0 failed; mean reload (signal to only new workers accepting) %v, mean endpoint update %v",
 		len(serve), len(update), stalled, requests.Load(), mean(serve), mean(update))
+}
+
+// Workers a reload replaced keep serving the requests they hold, up to
+// ReloaderConfig.MaxDraining: before a reload, the oldest beyond it are ended.
+func TestDrainingWorkersAreBounded(t *testing.T) {
+	// Answers the headers and a line, then holds the response open.
+	hold := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "held")
+		w.(http.Flusher).Flush()
+		select {
+		case <-r.Context().Done():
+		case <-time.After(time.Minute):
+		}
+	}))
+	t.Cleanup(func() { hold.CloseClientConnections(); hold.Close() })
+	ports := freePorts(t, 4)
+	snap := func(i int) model.Snapshot {
+		s := hostSnapshot("a.test")
+		s.Upstreams[0].Endpoints = []netip.AddrPort{netip.MustParseAddrPort(hold.Listener.Addr().String())}
+		return withL4(s, "t/l4", ports[i])
+	}
+	n := startNginx(t, snap(0))
+	n.r.cfg.MaxDraining = 1
+	open := func() net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", n.opt.HTTPPort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		fmt.Fprint(c, "GET /hold HTTP/1.1\r\nHost: a.test\r\n\r\n")
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		b := make([]byte, 4096)
+		if k, err := c.Read(b); err != nil || !strings.Contains(string(b[:k]), "held") {
+			t.Fatalf("held request: %q, %v", b[:k], err)
+		}
+		return c
+	}
+	alive := func(c net.Conn) bool {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout()
+	}
+	var held []net.Conn
+	for i := 1; i <= 3; i++ {
+		held = append(held, open()) // a worker of the running generation holds it
+		if res, err := n.r.ApplyNow(context.Background(), snap(i)); err != nil || res.Result != ResultSuccess {
+			t.Fatalf("reload %d: %s, %v", i, res.Result, err)
+		}
+		// The replaced workers that hold nothing exit; the one that holds a request stays.
+		waitFor(t, "idle replaced workers to exit", func() bool { d, _ := n.r.draining(); return d == min(i, 2) })
+	}
+	if d, b := n.r.draining(); d != 2 || b <= 0 {
+		t.Errorf("%d draining workers with %d bytes of private memory, want 2 with some", d, b)
+	}
+	for i, want := range []bool{false, true, true} {
+		if got := alive(held[i]); got != want {
+			t.Errorf("request held before reload %d: alive %v, want %v", i+1, got, want)
+		}
+	}
+	if got := testutil.ToFloat64(n.r.m.drainingEnded); got != 1 {
+		t.Errorf("draining_workers_ended_total = %v, want 1", got)
+	}
 }

@@ -23,6 +23,7 @@ type metrics struct {
 
 	tableUpdates        *prometheus.CounterVec
 	tableUpdateDuration prometheus.Histogram
+	drainingEnded       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -67,8 +68,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help:    "Time to hand a change of the table to nginx, after which every worker uses it.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14),
 		}),
+		drainingEnded: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: ns, Subsystem: sub, Name: "draining_workers_ended_total",
+			Help: "Workers a reload replaced that were ended with the connections they held, because more than the bound (ReloaderConfig.MaxDraining) still drained.",
+		}),
 	}
-	for _, c := range []prometheus.Collector{m.reloads, m.configBytes, m.lastSuccess, m.renderDuration, m.reloadDuration, m.restarts, m.problems,
+	for _, c := range []prometheus.Collector{m.drainingEnded, m.reloads, m.configBytes, m.lastSuccess, m.renderDuration, m.reloadDuration, m.restarts, m.problems,
 		m.tableUpdates, m.tableUpdateDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -1,15 +1,18 @@
 package nginx
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -40,7 +43,17 @@ type ReloaderConfig struct {
 	// OnServed, if set, is called by Run with each snapshot nginx has started
 	// serving (its configuration confirmed live, or only its endpoints changed).
 	OnServed func(model.Snapshot)
+	// MaxDraining bounds the workers that reloads replaced and that still serve
+	// the connections they hold: before a reload, the oldest beyond it are ended
+	// (their connections with them), so that at most MaxDraining plus the workers
+	// of one reload drain. Zero means DefaultMaxDraining, a negative value no
+	// bound.
+	MaxDraining int
 }
+
+// DefaultMaxDraining is ReloaderConfig.MaxDraining's default: reloads happen only
+// for new listening ports, and a draining worker holds a few MiB.
+const DefaultMaxDraining = 32
 
 // DefaultDebounce is the default coalescing window for changes that need a
 // reload; a change of the table alone is applied at once.
@@ -108,6 +121,9 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	if cfg.StopTimeout <= 0 {
 		cfg.StopTimeout = 30 * time.Second
 	}
+	if cfg.MaxDraining == 0 {
+		cfg.MaxDraining = DefaultMaxDraining
+	}
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -160,6 +176,59 @@ func (r *Reloader) draining() (n int, bytes int64) {
 		}
 	}
 	return n, bytes
+}
+
+// capDraining ends the oldest workers that reloads replaced beyond
+// cfg.MaxDraining (SIGTERM: an nginx worker then exits at once, closing what it
+// holds, and its master does not start another). The Reloader calls it before
+// each reload, when the idle workers of the last one have long exited.
+func (r *Reloader) capDraining(m Master) {
+	if r.cfg.MaxDraining < 0 {
+		return
+	}
+	ws, err := m.Workers()
+	if err != nil {
+		r.log.Warn("list nginx workers", zap.Error(err))
+		return
+	}
+	var old []Worker
+	for _, w := range ws {
+		if w.ShuttingDown {
+			old = append(old, w)
+		}
+	}
+	if len(old) <= r.cfg.MaxDraining {
+		return
+	}
+	slices.SortFunc(old, func(a, b Worker) int { return cmp.Compare(startTime(a.PID), startTime(b.PID)) })
+	for _, w := range old[:len(old)-r.cfg.MaxDraining] {
+		if err := syscall.Kill(w.PID, syscall.SIGTERM); err != nil && !errors.Is(err, syscall.ESRCH) {
+			r.log.Warn("end a draining nginx worker", zap.Int("pid", w.PID), zap.Error(err))
+			continue
+		}
+		r.m.drainingEnded.Inc()
+		r.log.Warn("ended the oldest draining nginx worker, and the connections it held: more than the bound drain",
+			zap.Int("pid", w.PID), zap.Int("draining", len(old)), zap.Int("bound", r.cfg.MaxDraining))
+	}
+}
+
+// startTime is when a process started, in clock ticks after boot (0 when it
+// cannot be read).
+func startTime(pid int) uint64 {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0
+	}
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0
+	}
+	t, _ := strconv.ParseUint(f[19], 10, 64) // field 22 of stat, starttime
+	return t
 }
 
 // privateMemory is a process's private memory in bytes (Private_Clean plus
