@@ -401,6 +401,15 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 			t.Errorf("edge %s did not reload nginx for the new L4 Services: the test shows nothing about reloads", l.Edges[i].Name)
 		}
 	}
+	// What the workers those reloads replaced cost while they hold the connections.
+	for i, e := range l.Edges {
+		n, err1 := l.Metric(i, "portico_nginx_draining_workers")
+		b, err2 := l.Metric(i, "portico_nginx_draining_workers_bytes")
+		if err := errors.Join(err1, err2); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s: %v draining nginx workers hold connections, %.1f MiB of private memory", e.Name, n, b/(1<<20))
+	}
 
 	// The changes.
 	var served []time.Duration
