@@ -283,6 +283,11 @@ func (r *Reloader) updateTable(ctx context.Context, cfg *Config, res ApplyResult
 // reloadTable writes the whole table and reloads nginx, whose master loads it,
 // and waits until nginx uses it.
 func (r *Reloader) reloadTable(ctx context.Context, master Master, cfg *Config) error {
+	// nginx keeps a table newer than the file's stamp: a clock stepped back since
+	// it got its table must not leave it with that one.
+	if _, stamp, err := tableState(ctx, r.ctl); err == nil {
+		r.lastStamp = max(r.lastStamp, stamp)
+	}
 	if err := r.writeTable(cfg.Table, cfg.Digest); err != nil {
 		return err
 	}

@@ -37,8 +37,9 @@ func (r *Reloader) adoptRunning(ctx context.Context) {
 	// as deltas, without a reload.
 	if b, err := os.ReadFile(r.tablePath()); err == nil {
 		if t, digest := decodeTable(b); t != nil {
-			if got, err := tableDigest(hctx, r.ctl); err == nil && got == digest {
+			if got, stamp, err := tableState(hctx, r.ctl); err == nil && got == digest {
 				r.appliedTable, r.appliedDigest, r.fileDigest = t, digest, digest
+				r.lastStamp = max(r.lastStamp, stamp)
 			}
 		}
 	}

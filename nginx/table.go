@@ -239,11 +239,24 @@ func pushDelta(ctx context.Context, c *http.Client, text []byte, digest string) 
 
 // tableDigest asks nginx for the digest of the table its workers use.
 func tableDigest(ctx context.Context, c *http.Client) (string, error) {
+	d, _, err := tableState(ctx, c)
+	return d, err
+}
+
+// tableState asks nginx for the digest of the table its workers use and its
+// stamp (when the agent made it).
+func tableState(ctx context.Context, c *http.Client) (digest string, stamp int64, err error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, tableURL, nil)
 	if err != nil {
-		return "", err
+		return "", 0, err
 	}
-	return controlDo(c, req)
+	s, err := controlDo(c, req)
+	if err != nil {
+		return "", 0, err
+	}
+	digest, st, _ := strings.Cut(s, " ")
+	stamp, _ = strconv.ParseInt(st, 10, 64)
+	return digest, stamp, nil
 }
 
 var errConflict = errors.New("status 409")

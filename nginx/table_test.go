@@ -393,3 +393,35 @@ func TestMissingLuaModuleIsNamed(t *testing.T) {
 		t.Errorf("nginx -t without the module: %v; want it to name the module and its package", err)
 	}
 }
+
+// The control socket answers the table's digest and stamp; a reload by someone
+// else with an older table file keeps the newer table nginx has.
+func TestTableStampKeepsNewerTable(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	n := startNginx(t, epSnapshot(epA, []netip.AddrPort{epA}))
+	res, err := n.r.ApplyNow(context.Background(), epSnapshot(epA, []netip.AddrPort{epB}))
+	if err != nil || res.Result != ResultTable {
+		t.Fatalf("change: %s, %v", res.Result, err)
+	}
+	digest, stamp, err := tableState(context.Background(), n.r.ctl)
+	if err != nil || digest != res.Digest || stamp != n.r.lastStamp {
+		t.Fatalf("nginx has table %q stamp %d (%v), want %q stamp %d", digest, stamp, err, res.Digest, n.r.lastStamp)
+	}
+	// The file still has the table before the change (Run writes it a moment
+	// later): a reload nobody asked the agent for keeps the newer one.
+	n.r.mu.Lock()
+	m := n.r.master
+	n.r.mu.Unlock()
+	workers := workerPIDs(t, n)
+	if err := m.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "new workers", func() bool { got := workerPIDs(t, n); return len(got) == 2 && !slices.Contains(got, workers[0]) })
+	if got, _ := tableDigest(context.Background(), n.r.ctl); got != res.Digest {
+		t.Errorf("after a reload with an older file nginx has table %q, want %q", got, res.Digest)
+	}
+	if seen := backendsSeen(t, n.client(false), "http://e.test/", 4, 200); seen["B"] != 4 {
+		t.Errorf("e.test reached %v, want B", seen)
+	}
+}

@@ -635,9 +635,12 @@ end
 
 
 -- control serves the control socket's /table: GET answers the table's
--- digest, PUT applies a delta (409 when its base is not the table's digest).
+-- digest and stamp, PUT applies a delta (409 when its base is not the table's
+-- digest).
 function M.control()
-    local text = put_body(function() ngx.say(dict:get("digest") or "") end)
+    local text = put_body(function()
+        ngx.say(dict:get("digest") or "", " ", string.format("%.0f", dict:get("stamp") or 0))
+    end)
     if not text then
         return
     end
