@@ -417,31 +417,26 @@ func sameMeta(o, n *metav1.ObjectMeta) bool {
 }
 
 // wantWrite has the leader's writer look again at the last build (an agent's
-// report of what its nginx serves changed, or a status did), with the caches as
-// they are now, without building again.
+// report of what its nginx serves changed, or a status did), without building
+// again.
 func (c *Controller) wantWrite() {
 	if !c.IsLeader() {
 		return
 	}
 	c.mu.Lock()
-	if c.pending == nil && c.lastJob != nil {
-		j := *c.lastJob
-		j.fresh = true
-		c.pending = &j
+	if c.pending == nil {
+		c.pending = c.lastJob
 	}
 	c.mu.Unlock()
 	c.queue.Add(writeKey)
 }
 
-// writeJob is what one build asks the leader to write.
+// writeJob is what one build asks the leader to write; the writer lists the
+// caches again and allocates from them (writeOut).
 type writeJob struct {
-	st       State
 	snap     model.Snapshot
 	bindings Bindings
-	alloc    allocation
 	problems []model.Problem // of the build and the allocation
-	// fresh: the writer lists the caches again (wantWrite) rather than use st.
-	fresh bool
 }
 
 // build builds the snapshot, publishes it when it changed, and returns what the
@@ -482,7 +477,7 @@ func (c *Controller) build() *writeJob {
 		c.metrics.syncs.WithLabelValues("unchanged").Inc()
 	}
 	c.observe(st, all)
-	job := &writeJob{st: st, snap: snap, bindings: bindings, alloc: alloc, problems: problems}
+	job := &writeJob{snap: snap, bindings: bindings, problems: problems}
 	c.mu.Lock()
 	c.lastJob = job
 	c.mu.Unlock()
@@ -492,11 +487,11 @@ func (c *Controller) build() *writeJob {
 // writeOut makes the leader's writes of a build (annotations, statuses, claims)
 // and reports its problems as Events.
 func (c *Controller) writeOut(ctx context.Context, job *writeJob) error {
-	st := job.st
-	if job.fresh {
-		st = c.withWritten(c.state())
-	}
-	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, job.alloc)
+	// The caches as they are now, with this leader's writes, and what they
+	// allocate: the build may be older than the writer's last writes, and a
+	// user's own portico.io/vip written since must not be overwritten.
+	st := c.withWritten(c.state())
+	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st))
 	all := append(slices.Clone(job.problems), claimProblems...)
 	c.report(all)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -155,7 +156,17 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 		res.Result, res.Serving = result, false
 		return res, err
 	}
-	// The new configuration loads the table at its reload (or start).
+	r.mu.Lock()
+	master := r.master
+	r.mu.Unlock()
+	// The new configuration loads the table at its reload (or start), when the
+	// file is newer than what nginx has (a clock stepped back since must not
+	// make it keep its table).
+	if master != nil {
+		if _, stamp, err := tableState(ctx, r.ctl); err == nil {
+			r.lastStamp = max(r.lastStamp, stamp)
+		}
+	}
 	if err := r.writeTable(cfg.Table, cfg.Digest); err != nil {
 		return fail(ResultError, err)
 	}
@@ -167,34 +178,43 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 	r.forgetRefusals(cfg)
 	r.mu.Lock()
 	r.checksum = cfg.Checksum
-	master := r.master
 	r.mu.Unlock()
 	r.m.configBytes.Set(float64(len(cfg.Text)))
 
 	if master != nil {
+		// Until nginx is seen to run it, what it runs is not known: the next
+		// apply reloads again, and nothing is reported served meanwhile.
+		unknown := func(result string, err error) (ApplyResult, error) {
+			r.applied, r.appliedTable, r.appliedDigest = nil, nil, ""
+			return fail(result, err)
+		}
 		var old []Worker
 		var err error
 		if r.cfg.ConfirmTimeout > 0 {
 			if old, err = master.Workers(); err != nil {
-				return fail(ResultError, err)
+				return unknown(ResultError, err)
 			}
 		}
 		r.capDraining(master)
 		t1 := time.Now()
 		if err := master.Reload(); err != nil {
-			return fail(ResultError, err)
+			return unknown(ResultError, err)
 		}
 		if r.cfg.ConfirmTimeout > 0 {
 			serve, err := r.waitServing(ctx, cfg.Checksum, master)
 			if err != nil {
-				return fail(ResultUnconfirmed, err)
+				return unknown(ResultUnconfirmed, err)
 			}
 			res.Serve = serve
 			// nginx lets old and new workers accept side by side for a moment (its
 			// master waits 100ms before telling the old ones to quit); the change is
 			// complete once none of the old ones accepts any more.
 			if err := r.waitOldWorkers(ctx, master, old); err != nil {
-				return fail(ResultUnconfirmed, err)
+				return unknown(ResultUnconfirmed, err)
+			}
+			// And the master loaded the table.
+			if err := r.waitTable(ctx, cfg.Digest); err != nil {
+				return unknown(ResultUnconfirmed, err)
 			}
 			res.Switch = time.Since(t1)
 		} else {
@@ -231,7 +251,9 @@ func (r *Reloader) forgetRefusals(cfg *Config) {
 // adopted, or one that restarted), nginx is reloaded, which loads the whole table
 // from its file; its workers keep their connections.
 func (r *Reloader) updateTable(ctx context.Context, cfg *Config, res ApplyResult) (ApplyResult, error) {
-	if cfg.Digest == r.appliedDigest && r.appliedTable != nil {
+	// The tables, not their digests: a digest is an XOR of public hashes, which
+	// someone who chooses many hosts could make collide.
+	if r.appliedTable != nil && maps.Equal(cfg.Table, r.appliedTable) {
 		res.Result = ResultUnchanged
 		return res, nil
 	}
@@ -291,19 +313,25 @@ func (r *Reloader) reloadTable(ctx context.Context, master Master, cfg *Config) 
 	if err := r.writeTable(cfg.Table, cfg.Digest); err != nil {
 		return err
 	}
+	r.capDraining(master)
 	if err := master.Reload(); err != nil {
 		return err
 	}
+	return r.waitTable(ctx, cfg.Digest)
+}
+
+// waitTable waits until nginx's workers use the table with that digest.
+func (r *Reloader) waitTable(ctx context.Context, digest string) error {
 	ctx, cancel := context.WithTimeout(ctx, max(r.cfg.ConfirmTimeout, time.Second))
 	defer cancel()
 	for {
 		got, err := tableDigest(ctx, r.ctl)
-		if err == nil && got == cfg.Digest {
+		if err == nil && got == digest {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for nginx to load table %s: %w (last answer %q, %v)", cfg.Digest, ctx.Err(), got, err)
+			return fmt.Errorf("wait for nginx to load table %s: %w (last answer %q, %v)", digest, ctx.Err(), got, err)
 		case <-time.After(5 * time.Millisecond):
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/pem"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -147,14 +148,32 @@ func checkCertificate(c model.Certificate) certResult {
 			return certResult{err: fmt.Errorf("parse leaf certificate: %w", err)}
 		}
 	}
-	var pem bytes.Buffer
-	pem.Write(bytes.TrimSpace(c.CertPEM))
-	pem.WriteString("\n")
-	pem.Write(bytes.TrimSpace(c.KeyPEM))
-	pem.WriteString("\n")
-	sum := sha256.Sum256(pem.Bytes())
-	file := fmt.Sprintf("%s_%s-%s.pem", ns, name, hex.EncodeToString(sum[:8]))
-	return certResult{file: CertFile{Name: file, PEM: pem.Bytes()}, leaf: leaf}
+	// Only the blocks, encoded anew: text around them (openssl's "subject=" and
+	// "Bag Attributes" lines, in any encoding) and block headers never reach
+	// nginx, and the table's value is plain base64 (certValue).
+	out := pemBlocks(c.CertPEM, func(t string) bool { return t == "CERTIFICATE" }, -1)
+	out = append(out, pemBlocks(c.KeyPEM, func(t string) bool { return strings.HasSuffix(t, "PRIVATE KEY") }, 1)...)
+	sum := sha256.Sum256(out)
+	// Bounded, whatever the Secret's name: the file name is the table's key.
+	file := fmt.Sprintf("%s_%.100s-%s.pem", ns, name, hex.EncodeToString(sum[:8]))
+	return certResult{file: CertFile{Name: file, PEM: out}, leaf: leaf}
+}
+
+// pemBlocks returns the PEM blocks of data whose type keep accepts, at most n
+// of them (n < 0: all), encoded without headers.
+func pemBlocks(data []byte, keep func(string) bool, n int) []byte {
+	var out []byte
+	for rest := data; n != 0; {
+		var b *pem.Block
+		if b, rest = pem.Decode(rest); b == nil {
+			break
+		}
+		if keep(b.Type) {
+			out = append(out, pem.EncodeToMemory(&pem.Block{Type: b.Type, Bytes: b.Bytes})...)
+			n--
+		}
+	}
+	return out
 }
 
 // checkWithNginx has OpenSSL, through nginx -t on a configuration that loads

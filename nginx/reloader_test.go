@@ -70,12 +70,13 @@ func (f *fakeRunner) snapshot() (tests int, masters []*fakeMaster) {
 }
 
 type fakeMaster struct {
-	pid     int
-	mu      sync.Mutex
-	reloads int
-	stopped bool
-	done    chan struct{}
-	once    sync.Once
+	pid       int
+	mu        sync.Mutex
+	reloadErr error // what Reload returns
+	reloads   int
+	stopped   bool
+	done      chan struct{}
+	once      sync.Once
 }
 
 func (m *fakeMaster) PID() int              { return m.pid }
@@ -84,7 +85,7 @@ func (m *fakeMaster) Reload() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.reloads++
-	return nil
+	return m.reloadErr
 }
 func (m *fakeMaster) Stop(context.Context) error {
 	m.mu.Lock()
@@ -475,6 +476,10 @@ func fakeControl(t *testing.T, r *Reloader, fail int) *controlSocket {
 		body, _ := io.ReadAll(req.Body)
 		c.mu.Lock()
 		defer c.mu.Unlock()
+		if req.Method == http.MethodGet { // tableState: a table this fake does not keep
+			fmt.Fprintln(w, "unknown 0")
+			return
+		}
 		c.reqs = append(c.reqs, req.Method+" "+req.URL.Path)
 		c.tables = append(c.tables, string(body))
 		if len(c.reqs) <= c.fail {
@@ -563,5 +568,37 @@ func TestRefusedConfigDoesNotFreezeTheTable(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultSuccess)); got != 3 {
 		t.Errorf("table_updates_total{result=success} = %v, want 3", got)
+	}
+}
+
+// A reload that fails leaves what nginx runs unknown: the same snapshot is not
+// reported served (unchanged) but reloaded again.
+func TestFailedReloadIsTriedAgain(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{})
+	ctx := context.Background()
+	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
+	r.master = m
+	fm := m.(*fakeMaster)
+	fakeControl(t, r, 0)
+	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com")); err != nil || res.Result != ResultSuccess {
+		t.Fatalf("first apply: %+v, %v", res, err)
+	}
+	snap := withL4(hostSnapshot("a.example.com"), "app/l4", 15000)
+	fm.mu.Lock()
+	fm.reloadErr = errors.New("signal: no such process")
+	fm.mu.Unlock()
+	if res, err := r.ApplyNow(ctx, snap); err == nil || res.Serving {
+		t.Fatalf("apply with a failing reload: %+v, %v, want an error", res, err)
+	}
+	fm.mu.Lock()
+	fm.reloadErr = nil
+	fm.mu.Unlock()
+	res, err := r.ApplyNow(ctx, snap)
+	if err != nil || res.Result != ResultSuccess || !res.Serving {
+		t.Fatalf("the same snapshot again: %+v, %v, want a reload that succeeds", res, err)
+	}
+	if n, _ := fm.state(); n != 3 {
+		t.Errorf("%d reloads, want 3", n)
 	}
 }

@@ -425,3 +425,28 @@ func TestTableStampKeepsNewerTable(t *testing.T) {
 		t.Errorf("e.test reached %v, want B", seen)
 	}
 }
+
+// A value past 64 KiB (a host with 4,000 paths) goes to nginx like any other.
+func TestTableTakesLargeValues(t *testing.T) {
+	_, epA := backend(t, "A")
+	_, epB := backend(t, "B")
+	n := startNginx(t, epSnapshot(epB, []netip.AddrPort{epA}))
+	s := epSnapshot(epB, []netip.AddrPort{epA})
+	for i := range 4000 {
+		s.Servers[0].Locations = append(s.Servers[0].Locations, model.Location{Path: fmt.Sprintf("/path-%04d", i), Type: model.PathPrefix, Upstream: "t-f-80"})
+	}
+	res, err := n.r.ApplyNow(context.Background(), s)
+	if err != nil || res.Result != ResultTable {
+		t.Fatalf("apply: %s, %v", res.Result, err)
+	}
+	if v := n.r.appliedTable["h:e.test"]; len(v) <= 65536 {
+		t.Fatalf("e.test's routes are %d bytes, want more than 64 KiB", len(v))
+	}
+	c := n.client(false)
+	if seen := backendsSeen(t, c, "http://e.test/path-3999/x", 2, 200); seen["B"] != 2 {
+		t.Errorf("e.test/path-3999/x reached %v, want B", seen)
+	}
+	if seen := backendsSeen(t, c, "http://e.test/other", 2, 200); seen["A"] != 2 {
+		t.Errorf("e.test/other reached %v, want A", seen)
+	}
+}

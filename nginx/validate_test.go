@@ -98,21 +98,61 @@ func TestRenderWritesOnlyReferencedValidCertificates(t *testing.T) {
 		}
 		t.Fatalf("certificate files %v, want only shop/secure-tls's (the broken one fails, the unreferenced one is not written)", names)
 	}
-	// A changed certificate is a new file name, hence a new key in the table.
+	// Text around the PEM blocks (openssl's "subject=" lines, in any encoding)
+	// does not reach nginx: the same blocks are the same file, and the table's
+	// value holds only the blocks.
+	withText := snap
+	withText.Certificates = append([]model.Certificate(nil), snap.Certificates...)
+	for i := range withText.Certificates {
+		if withText.Certificates[i].Name == "shop/secure-tls" {
+			c := &withText.Certificates[i]
+			c.CertPEM = append([]byte("subject=CN = Société\n\tBag Attributes\n"), c.CertPEM...)
+			c.CertPEM = append(c.CertPEM, []byte("\n# comment outside the PEM blocks\n")...)
+		}
+	}
+	cfg2, err := Render(withText, goldenOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := cfg2.Table["c:"+cfg2.Certificates[0].Name]
+	if cfg2.Certificates[0].Name != cfg.Certificates[0].Name || cfg2.Digest != cfg.Digest || strings.ContainsAny(v, "#é\t") {
+		t.Errorf("text around the PEM blocks changed the certificate's file or value: %q", v)
+	}
+	// A new certificate is a new file name, hence a new key in the table.
 	changed := snap
 	changed.Certificates = append([]model.Certificate(nil), snap.Certificates...)
 	for i := range changed.Certificates {
 		if changed.Certificates[i].Name == "shop/secure-tls" {
-			changed.Certificates[i].CertPEM = append([]byte("\n"), changed.Certificates[i].CertPEM...)
-			changed.Certificates[i].CertPEM = append(changed.Certificates[i].CertPEM, []byte("\n# comment outside the PEM blocks\n")...)
+			changed.Certificates[i] = selfSigned(t, "secure.example.com")
+			changed.Certificates[i].Name = "shop/secure-tls"
 		}
 	}
-	cfg2, err := Render(changed, goldenOptions())
+	cfg3, err := Render(changed, goldenOptions())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg2.Certificates[0].Name == cfg.Certificates[0].Name || cfg2.Digest == cfg.Digest || cfg2.Table["c:"+cfg2.Certificates[0].Name] == "" {
-		t.Error("a changed certificate kept its file name, or is not in the table under the new one")
+	if cfg3.Certificates[0].Name == cfg.Certificates[0].Name || cfg3.Digest == cfg.Digest || cfg3.Table["c:"+cfg3.Certificates[0].Name] == "" {
+		t.Error("a new certificate kept its file name, or is not in the table under the new one")
+	}
+	// A Secret's long name makes no longer a key than the table takes.
+	long := snap
+	long.Certificates = append([]model.Certificate(nil), snap.Certificates...)
+	for i := range long.Certificates {
+		if long.Certificates[i].Name == "shop/secure-tls" {
+			long.Certificates[i].Name = "shop/" + strings.Repeat("abcdefghij.", 22) + "x"
+		}
+	}
+	for i := range long.Servers {
+		if long.Servers[i].TLSCertificate == "shop/secure-tls" {
+			long.Servers[i].TLSCertificate = "shop/" + strings.Repeat("abcdefghij.", 22) + "x"
+		}
+	}
+	cfg4, err := Render(long, goldenOptions())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg4.Certificates) == 0 || len("c:"+cfg4.Certificates[0].Name) > 260 {
+		t.Errorf("certificates %v: a key longer than 260 bytes", cfg4.Certificates)
 	}
 }
 
@@ -167,7 +207,8 @@ func TestRenderCachesCertificateChecks(t *testing.T) {
 	changed.Certificates = slices.Clone(snap.Certificates)
 	for i, c := range changed.Certificates {
 		if c.Name == "shop/secure-tls" {
-			changed.Certificates[i].CertPEM = append(slices.Clone(c.CertPEM), "\n# comment outside the PEM blocks\n"...)
+			changed.Certificates[i] = selfSigned(t, "secure.example.com")
+			changed.Certificates[i].Name = c.Name
 		}
 	}
 	want2, err := Render(changed, opt)

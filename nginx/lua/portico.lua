@@ -130,9 +130,9 @@ local function valid_key(s, i, j)
     return true
 end
 
--- A value: printable ASCII without control characters, at most 64 KiB.
+-- A value: printable ASCII without control characters, at most 8 MiB.
 local function valid_value(s, i, j)
-    if j - i >= 65536 then
+    if j - i >= 8388608 then
         return false
     end
     return not find(sub(s, i, j), "[%c\127-\255]")
@@ -185,26 +185,34 @@ end
 
 -- commit writes records and a new version whose log names their keys
 -- ("*" when every key may have changed). The version goes last: a worker
--- that sees it finds these values or newer ones.
+-- that sees it finds these values or newer ones. (Deletions go first too: a
+-- key deleted after the version would be read back into a worker's cache,
+-- which nothing would clear.) A commit that fails half way drops the
+-- digest, so that the agent's next delta is refused and it reloads nginx
+-- with the whole table: a set that fails for want of room may already have
+-- freed the old value.
 local function commit(recs, digest, stamp, all)
+    local function failed(what, err)
+        dict:delete("digest")
+        return nil, what .. ": " .. tostring(err)
+    end
     local keys = {}
     for i = 1, #recs do
         local r = recs[i]
-        local ok, err
         if r[2] then
-            ok, err = dict:safe_set("k:" .. r[1], r[2])
+            local ok, err = dict:safe_set("k:" .. r[1], r[2])
+            if not ok then
+                return failed("store " .. r[1], err)
+            end
         else
-            ok, err = dict:delete("k:" .. r[1]), nil
-        end
-        if not ok then
-            return nil, "store " .. r[1] .. ": " .. tostring(err)
+            dict:delete("k:" .. r[1])
         end
         keys[#keys + 1] = r[1]
     end
     local v = (dict:get("version") or 0) + 1
     local ok, err = dict:safe_set("log:" .. v, all and "*" or table.concat(keys, " "))
     if not ok then
-        return nil, "store log: " .. err
+        return failed("store log", err)
     end
     dict:delete("log:" .. (v - log_keep))
     ok, err = dict:safe_set("digest", digest)
@@ -212,7 +220,7 @@ local function commit(recs, digest, stamp, all)
         ok, err = dict:safe_set("stamp", stamp)
     end
     if not ok then
-        return nil, "store digest: " .. err
+        return failed("store digest", err)
     end
     dict:set("version", v)
     return v
@@ -233,7 +241,10 @@ function M.load(path)
     f:close()
     local recs, err2, digest, stamp = parse_delta(s)
     if not recs then
-        error("portico: load table " .. path .. ": " .. err2)
+        -- nginx serves what the dictionary has (nothing, at a first start)
+        -- rather than not at all; the agent sees the digest it did not get.
+        ngx.log(ngx.ERR, "portico: load table ", path, ": ", err2, ": kept the table in use")
+        return
     end
     local have = dict:get("stamp")
     if have and stamp < have then
@@ -254,7 +265,7 @@ function M.load(path)
     end
     local ok, cerr = commit(recs, digest, stamp, true)
     if not ok then
-        error("portico: load table " .. path .. ": " .. cerr)
+        ngx.log(ngx.ERR, "portico: load table ", path, ": ", cerr)
     end
 end
 
@@ -331,7 +342,7 @@ local function parse_host(s)
     if #f < 3 or #f % 2 == 0 then
         return nil, "bad host entry"
     end
-    local e = { exact = {}, prefix = {} }
+    local e = { exact = {}, prefix = {}, longest = 1 }
     if f[1] ~= "-" then
         e.cert = f[1]
     end
@@ -357,6 +368,9 @@ local function parse_host(s)
             e.exact[sub(m, 2)] = t
         elseif byte(m, #m) == 47 then
             e.prefix[m] = t
+            if #m > e.longest then
+                e.longest = #m
+            end
         else
             return nil, "bad prefix " .. m
         end
@@ -431,7 +445,10 @@ end
 function M.certificate()
     sync()
     local name = ssl.server_name()
-    local e = name and entry(lower(name), true)
+    if name and byte(name, -1) == 46 then -- "example.com.", as nginx reads it
+        name = sub(name, 1, -2)
+    end
+    local e = name and name ~= "" and entry(lower(name), true)
     if not e then
         e = get("h:")
         if e and not e.cert then
@@ -510,7 +527,9 @@ function M.route()
     local t = e.exact[uri]
     if not t then
         local prefix = e.prefix
-        for i = #uri, 1, -1 do
+        -- From the longest prefix the host has, not the URI's end: a URI of
+        -- many slashes costs no more than the host's paths.
+        for i = math.min(#uri, e.longest), 1, -1 do
             if byte(uri, i) == 47 then
                 t = prefix[sub(uri, 1, i)]
                 if t then
