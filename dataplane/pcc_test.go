@@ -732,11 +732,19 @@ func pccIntact(got, sent []byte) bool {
 	return slices.Equal(a, b)
 }
 
-// stalePin reports whether trip, of f, was lost at the dead node that held the
-// connection f reuses the 5-tuple of, sent there by its director's pin of that
-// connection.
+// stalePin reports whether trip, of f, was lost at the dead node that held a
+// connection f reuses the 5-tuple of (the last one, or one before it: a
+// director that saw none of the later ones still pins it), sent there by its
+// director's pin of that connection.
 func (w *pccWorld) stalePin(f *pccFlow, trip pccTrip) bool {
-	if f.reuses == nil || trip.at != f.reuses.holder || !w.dead[trip.at] || len(trip.hops) == 0 {
+	if !w.dead[trip.at] || len(trip.hops) == 0 {
+		return false
+	}
+	held := false
+	for r := f.reuses; r != nil && !held; r = r.reuses {
+		held = r.holder == trip.at
+	}
+	if !held {
 		return false
 	}
 	d := w.nodes[trip.hops[0].node].d
