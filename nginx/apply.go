@@ -347,6 +347,13 @@ func (r *Reloader) writeTable(t table, digest string) error {
 	return nil
 }
 
+// fileBehind reports whether the table file lacks the table nginx uses.
+func (r *Reloader) fileBehind() bool {
+	r.applyMu.Lock()
+	defer r.applyMu.Unlock()
+	return r.appliedTable != nil && r.fileDigest != r.appliedDigest
+}
+
 // flushTable writes the table nginx uses to its file, unless the file has it.
 // Run calls it once changes stop coming: a start or reload writes the file
 // first anyway, but an agent that restarts compares it with what nginx has

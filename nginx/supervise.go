@@ -144,7 +144,7 @@ func (r *Reloader) Run(ctx context.Context) error {
 				continue
 			}
 			res, err := r.apply(ctx, *s, true)
-			if flush == nil && (res.Result == ResultTable || res.Result == ResultDeferred) {
+			if flush == nil && r.fileBehind() {
 				flush = time.After(tableFlushDelay)
 			}
 			switch {
@@ -177,6 +177,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 				// remembered and cheap to skip, and a table that did not reach
 				// nginx must not wait for the next change.
 				res, err := r.ApplyNow(ctx, *s)
+				if flush == nil && r.fileBehind() {
+					flush = time.After(tableFlushDelay)
+				}
 				if err == nil && res.Serving {
 					r.served(*s)
 				}
