@@ -136,13 +136,18 @@ func newTestReloader(t *testing.T, runner Runner, cfg ReloaderConfig) (*Reloader
 	return r, reg
 }
 
+// startFake gives r a running fake master.
+func startFake(r *Reloader, runner *fakeRunner) *fakeMaster {
+	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
+	r.master = m
+	return m.(*fakeMaster)
+}
+
 func TestApplyValidatesSwapsAndSkipsUnchanged(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
 	ctx := context.Background()
-	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
-	r.master = m
-	fm := m.(*fakeMaster)
+	fm := startFake(r, runner)
 
 	res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com"))
 	if err != nil || res.Result != ResultSuccess {
@@ -206,8 +211,7 @@ func TestApplyRetriesAnAddressNotYetLocal(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
 	ctx := context.Background()
-	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
-	r.master = m
+	startFake(r, runner)
 	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com")); err != nil || res.Result != ResultSuccess {
 		t.Fatalf("first apply: %+v, %v", res, err)
 	}
@@ -514,9 +518,7 @@ func TestRefusedConfigDoesNotFreezeTheTable(t *testing.T) {
 	runner := &fakeRunner{reject: "app/bad"}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
 	ctx := context.Background()
-	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
-	r.master = m
-	fm := m.(*fakeMaster)
+	fm := startFake(r, runner)
 	pushes := fakeControl(t, r, 0).pushes
 	refused := func(eps []netip.AddrPort, hosts ...string) model.Snapshot {
 		s := hostSnapshot(hosts...)
@@ -577,9 +579,7 @@ func TestFailedReloadIsTriedAgain(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{})
 	ctx := context.Background()
-	m, _ := runner.Start(r.cfg.Dir, "/dev/null")
-	r.master = m
-	fm := m.(*fakeMaster)
+	fm := startFake(r, runner)
 	fakeControl(t, r, 0)
 	if res, err := r.ApplyNow(ctx, hostSnapshot("a.example.com")); err != nil || res.Result != ResultSuccess {
 		t.Fatalf("first apply: %+v, %v", res, err)
