@@ -15,9 +15,10 @@ import (
 )
 
 // vrrpSink runs the VRRP announcer for the agent's group and keeps the group's
-// VIPs on lo. The announcer is rebuilt only when the group's VRID or VIPs change
-// (an allocation, an edit); everything else leaves it running, so ownership
-// never moves for an unrelated change.
+// VIPs on lo. The announcer is rebuilt only when the group's VRID or the
+// families of its VIPs change; a VIP added or removed (an L4 Service, an edit)
+// is given to the running routers (SetVIPs), and everything else leaves them
+// alone, so ownership never moves for an unrelated change.
 type vrrpSink struct {
 	base         context.Context // the agent's lifetime: announcers run under it
 	iface        string
@@ -35,7 +36,8 @@ type vrrpSink struct {
 	managed  []netip.Addr // VIPs this agent put on lo
 	loSynced bool         // lo holds managed (false until the first write)
 	ann      announcer
-	names    []string
+	vrid     uint8    // the running announcer's
+	names    []string // its routers
 	stopRun  context.CancelFunc
 	done     chan struct{}
 	healthy  bool
@@ -45,6 +47,7 @@ type vrrpSink struct {
 type announcer interface {
 	Run(ctx context.Context) error
 	SetPriority(ctx context.Context, instance string, p uint8) error
+	SetVIPs(ctx context.Context, instance string, vips []netip.Addr) error
 	States() map[string]vrrp.State
 }
 
@@ -105,7 +108,7 @@ func (v *vrrpSink) currentPriority() uint8 {
 }
 
 // Apply implements controlplane.Sink.
-func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
+func (v *vrrpSink) Apply(ctx context.Context, snap model.Snapshot) error {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	g := announcedGroup(snap, v.group)
@@ -114,6 +117,10 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 	}
 	key := fmt.Sprint(g.VRID, g.VIPs)
 	if key == v.key {
+		return nil
+	}
+	if v.setVIPsLocked(ctx, g) {
+		v.key = key
 		return nil
 	}
 	v.stopLocked()
@@ -141,7 +148,7 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 			v.log.Error("vrrp announcer stopped", zap.Error(err))
 		}
 	}()
-	v.ann, v.stopRun, v.done = ann, cancel, done
+	v.ann, v.stopRun, v.done, v.vrid = ann, cancel, done, g.VRID
 	v.names = nil
 	for _, in := range cfg.Instances {
 		v.names = append(v.names, in.Name)
@@ -150,7 +157,28 @@ func (v *vrrpSink) Apply(_ context.Context, snap model.Snapshot) error {
 	return nil
 }
 
-// groupNamed is the snapshot's group of that name (zero if it has none).
+// setVIPsLocked gives the running announcer g's VIPs, when only they changed
+// within the families it runs (an L4 Service made or removed): its routers keep
+// their state, so ownership of the other VIPs never moves. It reports false when
+// the announcer must be rebuilt: none runs, the VRID or the families changed, or
+// the change failed.
+func (v *vrrpSink) setVIPsLocked(ctx context.Context, g model.Group) bool {
+	if v.ann == nil || g.VRID != v.vrid {
+		return false
+	}
+	want := v.instancesFor(g)
+	if !slices.EqualFunc(want, v.names, func(ic vrrp.InstanceConfig, name string) bool { return ic.Name == name }) {
+		return false
+	}
+	for _, ic := range want {
+		if err := v.ann.SetVIPs(ctx, ic.Name, ic.VIPs); err != nil {
+			v.log.Warn("change the vrrp addresses in place; restarting the announcer", zap.String("instance", ic.Name), zap.Error(err))
+			return false
+		}
+	}
+	return true
+}
+
 // announcedGroup returns the named group with the VIPs of the L4 Services it
 // serves added to its own (sorted): the addresses its announcer claims and its
 // replicas hold on lo.

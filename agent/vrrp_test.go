@@ -24,6 +24,21 @@ type fakeAnnouncer struct {
 	mu         sync.Mutex
 	stopped    bool
 	priorities map[string]uint8
+	vips       map[string][]netip.Addr // by SetVIPs
+	failVIPs   error                   // SetVIPs fails
+}
+
+func (f *fakeAnnouncer) SetVIPs(_ context.Context, instance string, vips []netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failVIPs != nil {
+		return f.failVIPs
+	}
+	if f.vips == nil {
+		f.vips = map[string][]netip.Addr{}
+	}
+	f.vips[instance] = vips
+	return nil
 }
 
 func (f *fakeAnnouncer) Run(ctx context.Context) error {
@@ -127,8 +142,9 @@ func TestVRRPInstancesFor(t *testing.T) {
 	}
 }
 
-// TestVRRPApply: the announcer is rebuilt only when the group's VRID or VIPs
-// change; other changes leave it running.
+// TestVRRPApply: the announcer is rebuilt only when the group's VRID or its VIPs'
+// families change, or it refuses new VIPs; VIPs of its families are given to it
+// in place, and other changes leave it alone.
 func TestVRRPApply(t *testing.T) {
 	ctx := context.Background()
 	v := newFakeVRRP(t)
@@ -165,12 +181,34 @@ func TestVRRPApply(t *testing.T) {
 		t.Errorf("unchanged VRID and VIPs: %d announcers started, first stopped %v", len(v.started), first.hasStopped())
 	}
 
-	// A new VIP: the old announcer is stopped and a new one started.
-	g.VIPs = []netip.Addr{vip4a, vip6a}
+	// A new VIP of a family the announcer runs: given to it in place.
+	g.VIPs = []netip.Addr{vip4a, vip4b}
+	if err := v.Apply(ctx, snapWith(g)); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.started) != 1 || first.hasStopped() {
+		t.Fatalf("after a VIP of the same family: %d announcers started, first stopped %v", len(v.started), first.hasStopped())
+	}
+	if diff := cmp.Diff(map[string][]netip.Addr{"edge/web/v4": {vip4a, vip4b}}, first.vips, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+		t.Errorf("VIPs given in place (-want +got):\n%s", diff)
+	}
+	// One that the announcer refuses: rebuilt.
+	first.failVIPs = errors.New("refused")
+	g.VIPs = []netip.Addr{vip4a}
 	if err := v.Apply(ctx, snapWith(g)); err != nil {
 		t.Fatal(err)
 	}
 	if len(v.started) != 2 || !first.hasStopped() {
+		t.Fatalf("after a refused VIP change: %d announcers started, first stopped %v", len(v.started), first.hasStopped())
+	}
+	first = v.started[1]
+
+	// A VIP of a new family: the old announcer is stopped and a new one started.
+	g.VIPs = []netip.Addr{vip4a, vip6a}
+	if err := v.Apply(ctx, snapWith(g)); err != nil {
+		t.Fatal(err)
+	}
+	if len(v.started) != 3 || !first.hasStopped() {
 		t.Fatalf("after a VIP change: %d announcers started, first stopped %v", len(v.started), first.hasStopped())
 	}
 	if got := v.states(); len(got) != 2 {
@@ -180,11 +218,11 @@ func TestVRRPApply(t *testing.T) {
 	// Health moves every instance's priority, once per change.
 	v.setHealthy(ctx, true)
 	v.setHealthy(ctx, true)
-	if diff := cmp.Diff(map[string]uint8{"edge/web/v4": 100, "edge/web/v6": 100}, v.started[1].priorities); diff != "" {
+	if diff := cmp.Diff(map[string]uint8{"edge/web/v4": 100, "edge/web/v6": 100}, v.started[2].priorities); diff != "" {
 		t.Errorf("priorities when healthy (-want +got):\n%s", diff)
 	}
 	v.setHealthy(ctx, false)
-	if diff := cmp.Diff(map[string]uint8{"edge/web/v4": 10, "edge/web/v6": 10}, v.started[1].priorities); diff != "" {
+	if diff := cmp.Diff(map[string]uint8{"edge/web/v4": 10, "edge/web/v6": 10}, v.started[2].priorities); diff != "" {
 		t.Errorf("priorities when unhealthy (-want +got):\n%s", diff)
 	}
 
@@ -192,7 +230,7 @@ func TestVRRPApply(t *testing.T) {
 	if err := v.Apply(ctx, model.Snapshot{}); err != nil {
 		t.Fatal(err)
 	}
-	if !v.started[1].hasStopped() || v.states() != nil {
+	if !v.started[2].hasStopped() || v.states() != nil {
 		t.Errorf("a removed group still announces")
 	}
 }

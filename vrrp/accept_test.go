@@ -68,6 +68,9 @@ func TestAcceptCountsEveryRejection(t *testing.T) {
 		{"version differs", pkt(Advert{Version: 2, VRID: 1, Priority: 50, Interval: time.Second}, src, 255), ReasonMismatch},
 		{"v2 interval differs", pkt(Advert{Version: 2, VRID: 3, Priority: 50, Interval: 2 * time.Second}, src, 255), ReasonMismatch},
 		{"other vips", pkt(Advert{Version: 3, VRID: 1, Priority: 50, Interval: time.Second, Addrs: []netip.Addr{a4("10.0.0.200")}}, src, 255), ReasonAddrs},
+		// Our router while its addresses change: accepted, counted as a mismatch.
+		{"vips changing", pkt(Advert{Version: 3, VRID: 1, Priority: 50, Interval: time.Second, Addrs: []netip.Addr{a4("10.0.0.101"), vip}}, src, 255), ""},
+		{"v2 vips changing", pkt(Advert{Version: 2, VRID: 3, Priority: 50, Interval: time.Second, Addrs: []netip.Addr{a4("10.0.0.101"), vip}}, src, 255), ReasonAddrs},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -101,8 +104,11 @@ func TestAcceptCountsEveryRejection(t *testing.T) {
 			}
 		})
 	}
-	if got := counterValue(t, met.advertsReceived, "open"); got != 1 {
-		t.Errorf("received{open} = %v, want 1", got)
+	if got := counterValue(t, met.advertsReceived, "open"); got != 2 {
+		t.Errorf("received{open} = %v, want 2", got)
+	}
+	if got := counterValue(t, met.addressMismatch, "open"); got != 1 {
+		t.Errorf("address_mismatch{open} = %v, want 1", got)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -34,7 +35,6 @@ type Announcer struct {
 
 	insts  []*instance
 	byVRID map[vridKey]*instance
-	byVIP  map[netip.Addr]*instance
 
 	rejectLog *limiter
 }
@@ -56,7 +56,6 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Announcer, error) {
 		cfg: cfg, log: log, met: met,
 		conns:     map[bool]*advertConn{},
 		byVRID:    map[vridKey]*instance{},
-		byVIP:     map[netip.Addr]*instance{},
 		rejectLog: newLimiter(10 * time.Second),
 	}
 	ok := false
@@ -120,9 +119,6 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Announcer, error) {
 		in := newInstance(a, ic, is4, primary)
 		a.insts = append(a.insts, in)
 		a.byVRID[vridKey{is4, ic.VRID}] = in
-		for _, v := range in.vips {
-			a.byVIP[v] = in
-		}
 	}
 	ok = true
 	return a, nil
@@ -211,6 +207,74 @@ func (a *Announcer) SetPriority(ctx context.Context, name string, p uint8) error
 	return fmt.Errorf("set priority: no instance %q", name)
 }
 
+// SetVIPs makes vips the addresses of the named virtual router while it runs:
+// its state stays (a Master stays Master, now with the new addresses on the
+// interface, and advertises and announces them at once), so adding or removing
+// an address never moves the others, as keepalived keeps its state across a
+// reload. The addresses must be of the router's family and not of another
+// router; a host address of the node's own is refused, as New refuses it.
+func (a *Announcer) SetVIPs(ctx context.Context, name string, vips []netip.Addr) error {
+	var in *instance
+	for _, x := range a.insts {
+		if x.cfg.Name == name {
+			in = x
+		}
+	}
+	if in == nil {
+		return fmt.Errorf("set vips: no instance %q", name)
+	}
+	if a.nl == nil {
+		return fmt.Errorf("set vips of %s: the announcer has stopped", name)
+	}
+	cfg := a.cfg
+	cfg.Instances = slices.Clone(cfg.Instances)
+	for i := range cfg.Instances {
+		if cfg.Instances[i].Name == name {
+			cfg.Instances[i].VIPs = vips
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("set vips of %s: %w", name, err)
+	}
+	if len(vips) > 0 && vips[0].Unmap().Is4() != in.is4 {
+		return fmt.Errorf("set vips of %s: %v is not of the router's family", name, vips[0])
+	}
+	for _, v := range vips {
+		v = v.Unmap()
+		for _, other := range a.insts {
+			if other != in && other.has(v) {
+				return fmt.Errorf("set vips of %s: %v belongs to %s", name, v, other.cfg.Name)
+			}
+		}
+		if in.has(v) {
+			continue
+		}
+		bits, err := vipBits(a.nl, a.link, v)
+		if err != nil {
+			return err
+		}
+		if host := v.BitLen(); bits >= 0 && bits != host {
+			return fmt.Errorf("set vips of %s: %v is on %s as a /%d, not a /%d: is it the node's own address?", name, v, a.cfg.Interface, bits, host)
+		}
+	}
+	ev := vipsEvent{vips: slices.Clone(vips), done: make(chan error, 1)}
+	select {
+	case in.events <- ev:
+	case <-in.stopped:
+		return fmt.Errorf("set vips of %s: the announcer has stopped", name)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-ev.done:
+		return err
+	case <-in.stopped:
+		return fmt.Errorf("set vips of %s: the announcer has stopped", name)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // States returns the current state of each virtual router by name.
 func (a *Announcer) States() map[string]State {
 	out := make(map[string]State, len(a.insts))
@@ -292,8 +356,10 @@ func (a *Announcer) readClaims(ctx context.Context, read func(time.Time) (claim,
 		if !ok {
 			continue
 		}
-		if in := a.byVIP[c.vip]; in != nil {
-			in.claimed(c, time.Now())
+		for _, in := range a.insts {
+			if in.has(c.vip) {
+				in.claimed(c, time.Now())
+			}
 		}
 	}
 }

@@ -21,6 +21,13 @@ type advertEvent struct {
 
 type priorityEvent struct{ p uint8 }
 
+// vipsEvent replaces the virtual router's addresses (SetVIPs); done gets the
+// outcome.
+type vipsEvent struct {
+	vips []netip.Addr
+	done chan error
+}
+
 // instance is one virtual router: its state machine and the goroutine that feeds
 // it events and real time, and carries out its outputs.
 type instance struct {
@@ -28,12 +35,15 @@ type instance struct {
 	cfg     InstanceConfig
 	is4     bool
 	primary netip.Addr
-	vips    []netip.Addr // in configured order, as adverts carry them
-	sorted  []netip.Addr // vips sorted, to compare adverts' lists with
+	vips    []netip.Addr // in configured order, as adverts carry them; the run goroutine's
+	// sorted is vips sorted, for the readers of adverts and claims (which
+	// compare with it while SetVIPs may change it).
+	sorted  atomic.Pointer[[]netip.Addr]
 	dsts    []netip.Addr // where adverts go: the group, or the peers but us
 	m       *Machine
 	log     *zap.Logger
 	events  chan any
+	stopped chan struct{} // closed when run returns
 	state   atomic.Uint32
 
 	// claims holds at most one pending claim on our VIPs: a flood of them
@@ -51,6 +61,7 @@ type instance struct {
 	// This instance's series, resolved once rather than per packet.
 	mState, mPriority        prometheus.Gauge
 	mSent, mReceived, mConfl prometheus.Counter
+	mMismatch                prometheus.Counter
 	mGARP                    map[string]prometheus.Counter // by kind
 	countGARP                func(kind string)
 }
@@ -65,6 +76,7 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 		a: a, cfg: ic, is4: is4, primary: primary,
 		log:      a.log.With(zap.String("instance", ic.Name), zap.Uint8("vrid", ic.VRID), zap.String("iface", a.cfg.Interface)),
 		events:   make(chan any, 64),
+		stopped:  make(chan struct{}),
 		claims:   make(chan claim, 1),
 		claimLog: newLimiter(10 * time.Second),
 	}
@@ -76,14 +88,12 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 	default:
 		in.garp = func(netip.Addr, func(string)) error { return errors.New("no arp/ndp socket") }
 	}
-	for _, v := range ic.VIPs {
-		in.vips = append(in.vips, v.Unmap())
-	}
-	in.sorted = slices.SortedFunc(slices.Values(in.vips), netip.Addr.Compare)
+	in.setAddrs(ic.VIPs)
 	met := a.met
 	in.mState, in.mPriority = met.state.WithLabelValues(ic.Name), met.priority.WithLabelValues(ic.Name)
 	in.mSent, in.mReceived = met.advertsSent.WithLabelValues(ic.Name), met.advertsReceived.WithLabelValues(ic.Name)
 	in.mConfl = met.conflicts.WithLabelValues(ic.Name)
+	in.mMismatch = met.addressMismatch.WithLabelValues(ic.Name)
 	in.mGARP = map[string]prometheus.Counter{}
 	kinds := []string{kindNA}
 	if is4 {
@@ -128,7 +138,28 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 	return in
 }
 
-// check applies the per-router validation that needs the configuration.
+// setAddrs makes vips the router's addresses.
+func (in *instance) setAddrs(vips []netip.Addr) {
+	in.vips = nil
+	for _, v := range vips {
+		in.vips = append(in.vips, v.Unmap())
+	}
+	sorted := slices.SortedFunc(slices.Values(in.vips), netip.Addr.Compare)
+	in.sorted.Store(&sorted)
+}
+
+// has reports whether vip is one of the router's addresses.
+func (in *instance) has(vip netip.Addr) bool {
+	_, ok := slices.BinarySearchFunc(*in.sorted.Load(), vip, netip.Addr.Compare)
+	return ok
+}
+
+// check applies the per-router validation that needs the configuration. An
+// advert of VRRP version 3 whose addresses differ from ours but share one with
+// them is accepted, and counted as a mismatch: that is our own virtual router
+// while its addresses change (SetVIPs reaches each node at its own moment), and
+// RFC 5798 §7.1 asks only that it be logged. Version 2 drops it, as RFC 3768
+// §7.1 requires.
 func (in *instance) check(adv Advert, src netip.Addr) (Reason, error) {
 	if len(in.cfg.Peers) > 0 && !in.cfg.AcceptAnySource && !slices.Contains(in.cfg.Peers, src) {
 		return ReasonPeer, fmt.Errorf("source %v is not a configured peer", src)
@@ -140,8 +171,16 @@ func (in *instance) check(adv Advert, src netip.Addr) (Reason, error) {
 		// RFC 3768 §7.1: the interval must match ours.
 		return ReasonMismatch, fmt.Errorf("interval %v, configured %v", adv.Interval, in.cfg.AdvertInterval.Duration)
 	}
-	if !sameAddrs(adv.Addrs, in.sorted) {
-		return ReasonAddrs, fmt.Errorf("addresses %v, configured %v", adv.Addrs, in.vips)
+	if sorted := *in.sorted.Load(); !sameAddrs(adv.Addrs, sorted) {
+		err := fmt.Errorf("addresses %v, configured %v", adv.Addrs, sorted)
+		if adv.Version == 3 && slices.ContainsFunc(adv.Addrs, in.has) {
+			in.mMismatch.Inc()
+			if n, ok := in.claimLog.allow("addrs", time.Now()); ok {
+				in.log.Info("advert accepted with other addresses: are they changing?", zap.Stringer("src", src), zap.Int("suppressed", n), zap.Error(err))
+			}
+			return "", nil
+		}
+		return ReasonAddrs, err
 	}
 	return "", nil
 }
@@ -162,6 +201,7 @@ func sameAddrs(got, sorted []netip.Addr) bool {
 const takeoverLead = 2 * time.Millisecond
 
 func (in *instance) run(ctx context.Context) {
+	defer close(in.stopped)
 	in.apply(in.m.Start(time.Now()))
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -224,7 +264,38 @@ func (in *instance) handle(ev any) {
 		in.log.Info("vrrp priority changed", zap.Uint8("from", in.m.Priority()), zap.Uint8("to", max(ev.p, 1)))
 		in.apply(in.m.SetPriority(now, ev.p))
 		in.mPriority.Set(float64(in.m.Priority()))
+	case vipsEvent:
+		ev.done <- in.changeVIPs(ev.vips, now)
 	}
+}
+
+// changeVIPs makes vips the router's addresses without a change of state. A
+// Master puts the new ones on the interface, takes the old ones off, and
+// advertises and announces at once, so the Backups learn the list and clients
+// the new addresses now rather than at the next interval.
+func (in *instance) changeVIPs(vips []netip.Addr, now time.Time) error {
+	old := in.vips
+	in.setAddrs(vips)
+	added := slices.DeleteFunc(slices.Clone(in.vips), func(v netip.Addr) bool { return slices.Contains(old, v) })
+	removed := slices.DeleteFunc(slices.Clone(old), in.has)
+	in.log.Info("vrrp addresses changed", zap.Stringers("added", added), zap.Stringers("removed", removed), zap.Stringer("state", in.m.State()))
+	if in.m.State() != StateMaster {
+		return nil
+	}
+	var errs []error
+	for _, v := range added {
+		if err := addVIP(in.a.nl, in.a.link, v); err != nil {
+			errs = append(errs, fmt.Errorf("add vip %v: %w", v, err))
+		}
+	}
+	for _, v := range removed {
+		if err := delVIP(in.a.nl, in.a.link, v); err != nil {
+			errs = append(errs, fmt.Errorf("remove vip %v: %w", v, err))
+		}
+	}
+	in.sendAdvert(in.m.Priority())
+	in.startBurst(now)
+	return errors.Join(errs...)
 }
 
 // claimed is called by the ARP / NDP reader for each claim on one of our VIPs by

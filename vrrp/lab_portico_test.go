@@ -1,6 +1,10 @@
 package vrrp
 
 import (
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -96,5 +100,65 @@ func TestLabPartitionHeal(t *testing.T) {
 	// One advert interval, plus slack for a loaded machine and link bring-up.
 	if limit := interval + 300*time.Millisecond; took > limit {
 		t.Errorf("two masters for %v after the heal, want at most one advert interval (+300ms slack) = %v", took, limit)
+	}
+}
+
+// TestLabSetVIPs: addresses added to and removed from a running virtual router
+// move nothing. The Master stays Master with the new list on its interface and
+// answers for an added address at once; the Backup, told each change a second
+// before the Master (agents learn a change each at its own moment), never takes
+// over while the adverts carry the other list.
+func TestLabSetVIPs(t *testing.T) {
+	l := newLab(t, 2)
+	vip2 := netip.MustParseAddr("10.99.0.101")
+	at := func(prio uint8, vips ...netip.Addr) InstanceConfig {
+		ic := labInstance(prio, 100*time.Millisecond)
+		ic.VIPs = vips
+		return ic
+	}
+	p0 := l.startPortico(l.nodes[0], at(200, l.vip))
+	p1 := l.startPortico(l.nodes[1], at(100, l.vip))
+	l.electAndHold(l.nodes[0], 5*time.Second, 200*time.Millisecond)
+	holds := func(n *labNode, vips []netip.Addr) bool {
+		for _, v := range []netip.Addr{l.vip, vip2} {
+			if l.hasAddr(n, v) != slices.Contains(vips, v) {
+				return false
+			}
+		}
+		return true
+	}
+	old := []netip.Addr{l.vip}
+	for _, vips := range [][]netip.Addr{{l.vip, vip2}, {vip2}} {
+		l.writeConfig(l.nodes[1], at(100, vips...))
+		p1.signal(syscall.SIGHUP)
+		// Ten Master_Down_Intervals with the other list in the adverts.
+		for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+			if !holds(l.nodes[0], old) || !holds(l.nodes[1], nil) {
+				t.Fatalf("the Backup has %v, the Master %v: n0 holds %v, n1 holds %v", vips, old, l.addrsOf(l.nodes[0]), l.addrsOf(l.nodes[1]))
+			}
+		}
+		l.writeConfig(l.nodes[0], at(200, vips...))
+		p0.signal(syscall.SIGHUP)
+		if took, ok := waitFor(2*time.Second, func() bool { return holds(l.nodes[0], vips) && holds(l.nodes[1], nil) }); !ok {
+			t.Fatalf("both have %v: n0 holds %v, n1 holds %v", vips, l.addrsOf(l.nodes[0]), l.addrsOf(l.nodes[1]))
+		} else {
+			t.Logf("the Master holds %v %v after its SIGHUP", vips, took)
+		}
+		for _, v := range vips {
+			if err := l.pingAddr(v); err != nil {
+				t.Error(err)
+			}
+		}
+		old = vips
+	}
+	for i, p := range []*proc{p0, p1} {
+		b, err := os.ReadFile(p.log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 1 - i // n0 became Master once; n1 never
+		if got := strings.Count(string(b), `"to":"master"`); got != want {
+			t.Errorf("n%d became Master %d times, want %d", i, got, want)
+		}
 	}
 }

@@ -47,7 +47,8 @@ func TestMain(m *testing.M) {
 }
 
 // helperMain runs one announcer from a config file until SIGTERM (graceful) or
-// SIGKILL. SIGUSR1 lowers every instance's priority to 1, SIGUSR2 restores it.
+// SIGKILL. SIGUSR1 lowers every instance's priority to 1, SIGUSR2 restores it;
+// SIGHUP reads the file again and gives each instance its VIPs (SetVIPs).
 func helperMain(path string) int {
 	cfg, err := LoadConfig(path)
 	if err != nil {
@@ -72,9 +73,23 @@ func helperMain(path string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	usr := make(chan os.Signal, 4)
-	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2)
+	signal.Notify(usr, syscall.SIGUSR1, syscall.SIGUSR2, syscall.SIGHUP)
 	go func() {
 		for s := range usr {
+			if s == syscall.SIGHUP {
+				next, err := LoadConfig(path)
+				if err != nil {
+					log.Error("reload", zap.Error(err))
+					continue
+				}
+				for _, ic := range next.Instances {
+					if err := a.SetVIPs(ctx, ic.Name, ic.VIPs); err != nil {
+						log.Error("set vips", zap.Error(err))
+					}
+				}
+				log.Info("reloaded")
+				continue
+			}
 			for _, ic := range cfg.Instances {
 				p := ic.Priority
 				if s == syscall.SIGUSR1 {
@@ -299,20 +314,7 @@ func (p *proc) wait(limit time.Duration) bool {
 // lab's VIP.
 func (l *lab) startPortico(n *labNode, ics ...InstanceConfig) *proc {
 	l.t.Helper()
-	for i := range ics {
-		if len(ics[i].VIPs) == 0 {
-			ics[i].VIPs = []netip.Addr{l.vip}
-		}
-	}
-	cfg := Config{Interface: "eth0", Instances: ics}
-	b, err := json.Marshal(cfg)
-	if err != nil {
-		l.t.Fatal(err)
-	}
-	path := filepath.Join(l.dir, n.name+"-portico.json")
-	if err := os.WriteFile(path, b, 0o644); err != nil {
-		l.t.Fatal(err)
-	}
+	path := l.writeConfig(n, ics...)
 	exe, err := os.Executable()
 	if err != nil {
 		l.t.Fatal(err)
@@ -320,13 +322,43 @@ func (l *lab) startPortico(n *labNode, ics ...InstanceConfig) *proc {
 	return l.start(n.name+"-portico", n, []string{envHelper + "=" + path}, exe, "-test.run=^$")
 }
 
-// ping sends one echo request from the client to the VIP.
-func (l *lab) ping() error {
-	out, err := exec.Command("ip", "netns", "exec", l.client.ns, "ping", "-c", "1", "-W", "1", l.vip.String()).CombinedOutput()
+// writeConfig writes n's announcer configuration (instances without VIPs get
+// the lab's VIP) and returns its path; SIGHUP makes a running announcer read it
+// again.
+func (l *lab) writeConfig(n *labNode, ics ...InstanceConfig) string {
+	l.t.Helper()
+	for i := range ics {
+		if len(ics[i].VIPs) == 0 {
+			ics[i].VIPs = []netip.Addr{l.vip}
+		}
+	}
+	b, err := json.Marshal(Config{Interface: "eth0", Instances: ics})
 	if err != nil {
-		return fmt.Errorf("ping %v: %w: %s", l.vip, err, out)
+		l.t.Fatal(err)
+	}
+	path := filepath.Join(l.dir, n.name+"-portico.json")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		l.t.Fatal(err)
+	}
+	return path
+}
+
+// ping sends one echo request from the client to the VIP.
+func (l *lab) ping() error { return l.pingAddr(l.vip) }
+
+// pingAddr sends one echo request from the client to addr.
+func (l *lab) pingAddr(addr netip.Addr) error {
+	out, err := exec.Command("ip", "netns", "exec", l.client.ns, "ping", "-c", "1", "-W", "1", addr.String()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ping %v: %w: %s", addr, err, out)
 	}
 	return nil
+}
+
+// addrsOf lists the host addresses on n's eth0, for failure messages.
+func (l *lab) addrsOf(n *labNode) string {
+	out, _ := exec.Command("ip", "-n", n.ns, "-br", "addr", "show", "dev", "eth0").CombinedOutput()
+	return strings.TrimSpace(string(out))
 }
 
 // clientReachesVia checks that the client's neighbour entry for the VIP is n's MAC

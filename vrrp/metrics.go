@@ -16,6 +16,7 @@ type Metrics struct {
 	advertsSent     *prometheus.CounterVec
 	advertsReceived *prometheus.CounterVec
 	advertsRejected *prometheus.CounterVec
+	addressMismatch *prometheus.CounterVec
 	garpSent        *prometheus.CounterVec
 	conflicts       *prometheus.CounterVec
 }
@@ -38,12 +39,14 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"Valid adverts received.")), []string{"instance"}),
 		advertsRejected: prometheus.NewCounterVec(prometheus.CounterOpts(opts("adverts_rejected_total",
 			"Adverts rejected, by reason.")), []string{"reason"}),
+		addressMismatch: prometheus.NewCounterVec(prometheus.CounterOpts(opts("adverts_address_mismatch_total",
+			"Version 3 adverts accepted although their address list differs from ours (it shares an address with it): the list is changing, or the routers disagree.")), []string{"instance"}),
 		garpSent: prometheus.NewCounterVec(prometheus.CounterOpts(opts("gratuitous_sent_total",
 			"Gratuitous ARP requests and replies and unsolicited neighbour advertisements sent.")), []string{"instance", "kind"}),
 		conflicts: prometheus.NewCounterVec(prometheus.CounterOpts(opts("conflicts_total",
 			"ARP replies or neighbour advertisements claiming one of our VIPs from a foreign MAC while Master.")), []string{"instance"}),
 	}
-	for _, c := range []prometheus.Collector{m.state, m.priority, m.transitions, m.advertsSent, m.advertsReceived, m.advertsRejected, m.garpSent, m.conflicts} {
+	for _, c := range []prometheus.Collector{m.state, m.priority, m.transitions, m.advertsSent, m.advertsReceived, m.advertsRejected, m.addressMismatch, m.garpSent, m.conflicts} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register vrrp metrics: %w", err)
 		}

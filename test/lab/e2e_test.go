@@ -74,10 +74,16 @@ func startLabWith(t *testing.T, o Options) *Lab {
 		t.Fatalf("start lab: %v", err)
 	}
 	t.Cleanup(func() {
+		for i := range l.Edges {
+			if a := l.Agent(i); a != nil {
+				keepLog(t, a.Edge.Name, a.Log())
+			}
+		}
 		if t.Failed() {
 			for i := range l.Edges {
 				if a := l.Agent(i); a != nil {
 					log := a.Log()
+					t.Logf("agent %s warnings and errors (last 40):\n%s", a.Edge.Name, warnings(log, 40))
 					if len(log) > 6000 {
 						log = log[len(log)-6000:]
 					}
@@ -93,6 +99,38 @@ func startLabWith(t *testing.T, o Options) *Lab {
 		t.Fatal(err)
 	}
 	return l
+}
+
+// keepLog copies an agent's whole log into $PORTICO_LAB_LOGS, when set, as
+// <test>-<edge>.log: for a failure the tail does not explain, or to compare a
+// passing run with it.
+func keepLog(t *testing.T, edge, log string) {
+	dir := os.Getenv("PORTICO_LAB_LOGS")
+	if dir == "" {
+		return
+	}
+	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + edge + ".log"
+	err := os.MkdirAll(dir, 0o755)
+	if err == nil {
+		err = os.WriteFile(filepath.Join(dir, name), []byte(log), 0o644)
+	}
+	if err != nil {
+		t.Logf("keep agent %s log: %v", edge, err)
+	}
+}
+
+// warnings returns the last max lines of log at level warn or above.
+func warnings(log string, max int) string {
+	var out []string
+	for line := range strings.SplitSeq(log, "\n") {
+		if strings.Contains(line, `"level":"warn"`) || strings.Contains(line, `"level":"error"`) {
+			out = append(out, line)
+		}
+	}
+	if len(out) > max {
+		out = out[len(out)-max:]
+	}
+	return strings.Join(out, "\n")
 }
 
 // vipOwner returns the edge that owns the VIP, alone, or fails t.
