@@ -39,7 +39,18 @@ type Options struct {
 // every Ingress it read next to it. It is pure: the same state gives an equal
 // snapshot, the same bindings and the same problems, in the same order.
 func Build(st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
+	return BuildWith(nil, st, opts)
+}
+
+// BuildWith is Build with a Memo of the last Build's derived data (nil: none),
+// which it updates: the result is Build's, only cheaper to get.
+func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
 	b := newBuilder(st)
+	b.memo = m
+	if m != nil {
+		m.begin()
+		defer m.end()
+	}
 	b.groups()
 	b.ingresses()
 	b.podRoutes(opts.PodRouteGroup)
@@ -47,8 +58,32 @@ func Build(st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
 	return b.snapshot(), b.bindings, b.problems
 }
 
+// Memo keeps what a Build derived from objects that have not changed since, for
+// the next Build: the endpoints of each Service port, parsed from its
+// EndpointSlices. An informer replaces an object on every change and never
+// modifies one, so the same objects (pointers) give the same result. A Memo
+// keeps only what the last Build used, and serves one Build at a time.
+type Memo struct {
+	endpoints, used map[endpointsKey]endpointsMemo
+}
+
+type endpointsKey struct {
+	svc, port string
+	proto     corev1.Protocol
+}
+
+type endpointsMemo struct {
+	slices []*discoveryv1.EndpointSlice // what they were derived from
+	eps    []netip.AddrPort             // shared: never modified
+}
+
+func (m *Memo) begin() { m.used = map[endpointsKey]endpointsMemo{} }
+
+func (m *Memo) end() { m.endpoints, m.used = m.used, nil }
+
 type builder struct {
 	st       State
+	memo     *Memo // nil: none
 	problems []model.Problem
 
 	services  map[string]*corev1.Service // "ns/name"
@@ -91,16 +126,16 @@ type upstreamAcc struct {
 func newBuilder(st State) *builder {
 	b := &builder{
 		st:        st,
-		services:  map[string]*corev1.Service{},
-		slices:    map[string][]*discoveryv1.EndpointSlice{},
-		secrets:   map[string]*corev1.Secret{},
+		services:  make(map[string]*corev1.Service, len(st.Services)),
+		slices:    make(map[string][]*discoveryv1.EndpointSlice, len(st.EndpointSlices)),
+		secrets:   make(map[string]*corev1.Secret, len(st.Secrets)),
 		classes:   map[string]*networkingv1.IngressClass{},
 		nodeByIP:  map[netip.Addr]string{},
 		nodes:     map[string]*corev1.Node{},
 		groupsOut: map[string]*model.Group{},
 		bindings:  Bindings{},
-		servers:   map[serverKey]*serverAcc{},
-		upstreams: map[string]*upstreamAcc{},
+		servers:   make(map[serverKey]*serverAcc, len(st.Ingresses)),
+		upstreams: make(map[string]*upstreamAcc, len(st.Ingresses)),
 		certs:     map[string]model.Certificate{},
 	}
 	for _, s := range st.Services {

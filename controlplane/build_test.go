@@ -3,6 +3,7 @@ package controlplane
 import (
 	"math/rand/v2"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -791,5 +792,52 @@ func TestBuildFederated(t *testing.T) {
 	snap, _, _ = Build(state(gs, gsl, ws, wsl, plain), Options{})
 	if snap.Groups[0].Federated != nil {
 		t.Errorf("no federated Ingress, Federated = %v", snap.Groups[0].Federated)
+	}
+}
+
+// TestBuildWithMemo: a Memo never changes what Build gives, across changes of
+// the EndpointSlices (replaced, added, removed) and of the Services' ports,
+// and it keeps only what the last Build used.
+func TestBuildWithMemo(t *testing.T) {
+	st := bigState(30)
+	var m Memo
+	check := func(step string) {
+		t.Helper()
+		want, wantB, wantP := Build(st, Options{})
+		got, gotB, gotP := BuildWith(&m, st, Options{})
+		if !got.Equal(want) || !reflect.DeepEqual(gotB, wantB) || !reflect.DeepEqual(gotP, wantP) {
+			t.Fatalf("%s: BuildWith with a Memo differs from Build", step)
+		}
+	}
+	check("first")
+	check("unchanged")
+	if n := len(m.endpoints); n != 30*3 {
+		t.Errorf("the Memo keeps %d Service ports, want the 90 the Build used", n)
+	}
+	// An EndpointSlice replaced with fewer endpoints, one marked not ready.
+	es := st.EndpointSlices[1].DeepCopy()
+	es.Endpoints = es.Endpoints[2:]
+	es.Endpoints[0].Conditions.Ready = ptr(false)
+	st.EndpointSlices[1] = es
+	check("slice replaced")
+	// A second slice for a Service, then the first removed.
+	extra := st.EndpointSlices[2].DeepCopy()
+	extra.Name += "-extra"
+	extra.Endpoints[0].Addresses = []string{"10.200.0.1"}
+	st.EndpointSlices = append(st.EndpointSlices, extra)
+	check("slice added")
+	st.EndpointSlices = slices.Delete(st.EndpointSlices, 2, 3)
+	check("slice removed")
+	// A Service's port renamed: its paths by name lose it.
+	svc := st.Services[3].DeepCopy()
+	svc.Spec.Ports[0].Name = "renamed"
+	st.Services[3] = svc
+	check("port renamed")
+	// Ingresses removed: the Memo forgets their Services' ports.
+	st.Ingresses = st.Ingresses[:10]
+	check("ingresses removed")
+	// Ten Ingresses of three ports each, but the renamed one's.
+	if n := len(m.endpoints); n != 10*3-1 {
+		t.Errorf("the Memo keeps %d Service ports after 20 Ingresses went, want 29", n)
 	}
 }

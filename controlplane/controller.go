@@ -103,6 +103,9 @@ type Controller struct {
 	// waits: since when each Ingress generation's first address waits for
 	// the edges to serve it (leader's sync only).
 	waits map[servedWait]time.Time
+	// memo carries what one build derived to the next (build only: the
+	// queue never runs one key twice at once).
+	memo Memo
 
 	leader atomic.Bool
 
@@ -447,7 +450,7 @@ func (c *Controller) build() *writeJob {
 	// One state for the whole sync: the cache with this leader's writes that it
 	// does not show yet, so that nothing is allocated or scheduled twice.
 	st := c.withWritten(c.state())
-	snap, bindings, problems := Build(st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
+	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
 	if err := snap.Validate(); err != nil {
 		// A bug in Build, not a bad object: the sinks keep the last snapshot, and
 		// nothing is written from this one.

@@ -274,12 +274,30 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 
 // serviceEndpoints lists the ready endpoints of one Service port from its
 // EndpointSlices (slice ports carry the Service port's name).
+// The result may be the Memo's: it is never modified.
 func (b *builder) serviceEndpoints(svcKey string, sp *corev1.ServicePort) []netip.AddrPort {
-	var out []netip.AddrPort
 	proto := sp.Protocol
 	if proto == "" {
 		proto = corev1.ProtocolTCP
 	}
+	if b.memo == nil {
+		return b.parseEndpoints(svcKey, sp.Name, proto)
+	}
+	k := endpointsKey{svcKey, sp.Name, proto}
+	if m, ok := b.memo.used[k]; ok {
+		return m.eps
+	}
+	m, ok := b.memo.endpoints[k]
+	if !ok || !slices.Equal(m.slices, b.slices[svcKey]) {
+		m = endpointsMemo{slices: b.slices[svcKey], eps: b.parseEndpoints(svcKey, sp.Name, proto)}
+	}
+	b.memo.used[k] = m
+	return m.eps
+}
+
+// parseEndpoints is serviceEndpoints without the Memo.
+func (b *builder) parseEndpoints(svcKey, portName string, proto corev1.Protocol) []netip.AddrPort {
+	var out []netip.AddrPort
 	for _, es := range b.slices[svcKey] {
 		if es.AddressType == discoveryv1.AddressTypeFQDN {
 			continue
@@ -294,7 +312,7 @@ func (b *builder) serviceEndpoints(svcKey string, sp *corev1.ServicePort) []neti
 			if p.Name != nil {
 				name = *p.Name
 			}
-			if name == sp.Name && pp == proto && p.Port != nil {
+			if name == portName && pp == proto && p.Port != nil {
 				port = *p.Port
 				break
 			}
