@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -131,6 +132,44 @@ func (l *Lab) Metric(i int, series string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("the agent on %s has no %s", l.Edges[i].Name, series)
+}
+
+// MetricSum sums the agent on edge i's series of the metric name whose labels
+// include every one of labels (each `key="value"`); 0 when none does.
+func (l *Lab) MetricSum(i int, name string, labels ...string) (float64, error) {
+	resp, err := l.agentClient(i).Get("http://127.0.0.1:9101/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+	}
+	var sum float64
+lines:
+	for _, line := range strings.Split(string(body), "\n") {
+		rest, ok := strings.CutPrefix(line, name+"{")
+		if !ok {
+			continue
+		}
+		set, v, ok := strings.Cut(rest, "} ")
+		if !ok {
+			continue
+		}
+		have := strings.Split(set, ",")
+		for _, want := range labels {
+			if !slices.Contains(have, want) {
+				continue lines
+			}
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil {
+			return 0, fmt.Errorf("metrics of the agent on %s: %s: %w", l.Edges[i].Name, line, err)
+		}
+		sum += f
+	}
+	return sum, nil
 }
 
 // Exited reports whether the agent process has ended.

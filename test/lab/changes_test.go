@@ -292,6 +292,20 @@ func (l *Lab) reloads(t *testing.T) (counts []int, last time.Time) {
 	return counts, last
 }
 
+// becameMaster reads how often each edge's VRRP routers became master.
+func (l *Lab) becameMaster(t *testing.T) []float64 {
+	t.Helper()
+	var out []float64
+	for i := range l.Edges {
+		n, err := l.MetricSum(i, "portico_vrrp_transitions_total", `to="master"`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
 // settledReloads returns every edge's count of nginx reloads once it stays the
 // same for longer than a reload's debounce window (the L4 Service a test just
 // made reloads each edge once, a moment after the edge took it).
@@ -379,6 +393,7 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 	}
 
 	reloads0, _ := l.reloads(t)
+	masters0 := l.becameMaster(t)
 	stopWatch := held.watch(6 * time.Minute)
 	defer stopWatch()
 	cs := &changeSet{l: l}
@@ -400,6 +415,11 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 		if n == 0 {
 			t.Errorf("edge %s did not reload nginx for the new L4 Services: the test shows nothing about reloads", l.Edges[i].Name)
 		}
+	}
+	// A new L4 Service adds a VIP to the group: the VRRP routers take it in
+	// place, and the owner of the others does not move.
+	if masters1 := l.becameMaster(t); !slices.Equal(masters0, masters1) {
+		t.Errorf("VRRP transitions to master per edge went from %v to %v during the changes: a new VIP moved the owner", masters0, masters1)
 	}
 	// What the workers those reloads replaced cost while they hold the connections.
 	for i, e := range l.Edges {
