@@ -557,6 +557,18 @@ __attribute__((noinline)) int fill_history(struct chain *c, __u32 vip_id, __u32 
 }
 
 
+/* in_history reports whether the rings of a flow's transition (c->h, filled)
+ * name the replica id. A global function, verified once. */
+__attribute__((noinline)) int in_history(struct chain *c, __u32 id)
+{
+	if (!c || !id)
+		return 0;
+	for (int i = 0; i < LB_CHAIN; i++)
+		if (c->h[i] == id)
+			return 1;
+	return 0;
+}
+
 /* build_chain collects c->h into c->id, each replica once, with its class in
  * c->cls. A global function, verified once and not at every place that calls
  * it. It returns c->n. */
@@ -1079,12 +1091,17 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be))) {
+			   !(mv && fv->hop) && !(mv && (be->flags & BACKEND_F_DOWN) && in_history(ch, fv->backend_id)) &&
+			   !(sp = stale_pin(ctx, eth, &p, be))) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
 			 * frame from a director for one whose earlier ones were
-			 * asked, and one called down since is asked last). */
+			 * asked, and one called down since is asked last). So is
+			 * a pin to a replica called down that the chain names: the
+			 * pin may be stale, made for an ended connection on the same
+			 * 5-tuple, its replica dead, and the walk asks the serving
+			 * replicas first and the pinned one in its turn. */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
 			/* Its replica learns the frame came by a pin: one without the
@@ -1096,7 +1113,8 @@ int xdp_lb(struct xdp_md *ctx)
 			 * serves what it has and hands on the rest. The pin may be
 			 * stale, its replica dead: a client reused the port of a
 			 * connection that ended there, through another director,
-			 * and the ring placed the new one. In a moved slot the
+			 * and the ring placed the new one. In a moved slot whose
+			 * chain does not name it (the others are walked, above) the
 			 * pinned replica walks the chain itself where it lacks the
 			 * connection (the ring's replica, not the walk's director,
 			 * could be walked through twice). Not cached: each packet

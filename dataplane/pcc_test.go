@@ -637,6 +637,9 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 		flags, payload = xdptest.ACK|xdptest.FIN, nil
 	}
 	f.sent++
+	// The director's pin as the packet finds it: a FIN that follows it
+	// deletes it.
+	pinned := w.pinnedAt(w.director(f), f)
 	trip := w.send(f, flags, payload)
 	w.stats.packets++
 	lag := ""
@@ -661,14 +664,26 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 		// the connection's next packets, after it applied, must arrive),
 		// never reset.
 		w.stats.lagLost++
-	case trip.end == pccLost && w.stalePin(f, trip):
+	case trip.end == pccLost && w.stalePin(f, trip, pinned):
 		// The limit of pins (bpf/README.md): a director pinned the 5-tuple's
 		// ended connection and never saw it end (its FIN went through another
 		// director), and the client reused the port; the old holder is dead.
 		// A director's own pin to a replica called down asks the ring's
 		// replica first (LB_MARK_DOWNPIN); what is left goes through hand-off
-		// pins that lead to the dead node.
+		// pins that lead to the dead node. TCP sends the packet again, and
+		// that must arrive: a pin that keeps taking the connection's packets
+		// to the dead node hangs it. (Unless its holder is called down
+		// wrongly: then its packets may go to a dead replica called down
+		// first while the verdict holds, below.)
 		w.stats.stalePinLost++
+		if w.down[f.holder] && !w.dead[f.holder] {
+			break
+		}
+		again := w.send(f, flags, payload)
+		f.history = append(f.history, fmt.Sprintf("%s, sent again: %s", what, again))
+		if again.end != pccPassed || again.at != f.holder {
+			return w.failure("hang", f, what+", sent again", again)
+		}
 	case trip.end == pccLost && w.down[f.holder] && !w.dead[f.holder]:
 		// Its holder is called dead wrongly, and the packet went to a node
 		// that is: lost while the verdict holds (TCP sends it again), but
@@ -735,8 +750,9 @@ func pccIntact(got, sent []byte) bool {
 // stalePin reports whether trip, of f, was lost at the dead node that held a
 // connection f reuses the 5-tuple of (the last one, or one before it: a
 // director that saw none of the later ones still pins it), sent there by its
-// director's pin of that connection.
-func (w *pccWorld) stalePin(f *pccFlow, trip pccTrip) bool {
+// director's pin of that connection (pinned: the node the director's pin named
+// when the packet came, -1 for none).
+func (w *pccWorld) stalePin(f *pccFlow, trip pccTrip, pinned int) bool {
 	if !w.dead[trip.at] || len(trip.hops) == 0 {
 		return false
 	}
@@ -744,15 +760,17 @@ func (w *pccWorld) stalePin(f *pccFlow, trip pccTrip) bool {
 	for r := f.reuses; r != nil && !held; r = r.reuses {
 		held = r.holder == trip.at
 	}
-	if !held {
-		return false
-	}
-	d := w.nodes[trip.hops[0].node].d
+	return held && pinned == trip.at && trip.hops[0].node == w.director(f)
+}
+
+// pinnedAt is the node that node's pin of f (in flows) names, -1 for none.
+func (w *pccWorld) pinnedAt(node int, f *pccFlow) int {
+	d := w.nodes[node].d
 	var fv lbFlowVal
 	if d.objs.Flows.Lookup(&f.key, &fv) != nil {
-		return false
+		return -1
 	}
-	return w.nodeAt(d.st.backends[fv.BackendId].Addr) == trip.at
+	return w.nodeAt(d.st.backends[fv.BackendId].Addr)
 }
 
 // director is the node the router sends a flow's frames to.

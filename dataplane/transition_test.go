@@ -1065,11 +1065,11 @@ func TestLocalConnectionSettles(t *testing.T) {
 	}
 }
 
-// TestDownPin: a director's exact pin to a replica called down, outside a
-// moved slot, asks the ring's replica first (LB_MARK_DOWNPIN, the pinned
-// replica's tag in the frame): the
-// pin may be stale, a reused port's new connection placed by the ring while its
-// old holder died. The ring's replica serves what its stack has and hands the
+// TestDownPin: a director's exact pin to a replica called down may be stale, a
+// reused port's new connection placed by the ring while its old holder died.
+// In a moved slot whose chain names it, the chain is walked instead. Outside a
+// moved slot it asks the ring's replica first (LB_MARK_DOWNPIN, the pinned
+// replica's tag in the frame), which serves what its stack has and hands the
 // rest to the pinned one, to be served there (one called down wrongly keeps its
 // connections).
 func TestDownPin(t *testing.T) {
@@ -1105,11 +1105,13 @@ func TestDownPin(t *testing.T) {
 		t.Fatal("no flow pinned to r1 that the ring gives r2 once r1 is down")
 	}
 	// r1 is down. In the transition its verdict started, where the slot
-	// moved, the pin is followed (marked: r1 walks the chain where it lacks
-	// the connection).
+	// moved and the chain names r1, the pin is not trusted: the chain is
+	// walked, its serving replica r2 first (marked as serving, with this
+	// director's tag: r3's address ends in 0x000d), and r1 in its turn.
 	out := dr.run(t, "pinned to r1, called down, in the transition", p.Bytes(), xdptest.TX)
-	if m, _ := xdptest.TCPMark(out); !slices.Equal(out[:6], r1MAC) || m != 1<<8|int(lbLbLimitsLB_MARK_PINNED) {
-		t.Fatalf("in the transition: sent to %s with mark %#x, want r1, pinned (0x105)", net.HardwareAddr(out[:6]), m)
+	if want := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<8|1), 0x000d); !slices.Equal(out, want) {
+		m, _ := xdptest.TCPMark(out)
+		t.Fatalf("in the transition: sent to %s with mark %#x, want r2, walked as serving (0x10101)", net.HardwareAddr(out[:6]), m)
 	}
 	// After it, the director sends it to r2, marked, with r1's tag (its
 	// address ends in 0x000b).
