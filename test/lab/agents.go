@@ -117,16 +117,11 @@ func (l *Lab) Ready(i int) error {
 // Metric reads one series of edge i's agent's metrics, as the exposition
 // format names it: `portico_nginx_reloads_total{result="success"}`.
 func (l *Lab) Metric(i int, series string) (float64, error) {
-	resp, err := l.agentClient(i).Get("http://127.0.0.1:9101/metrics")
+	body, err := l.metrics(i)
 	if err != nil {
-		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+		return 0, err
 	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		if v, ok := strings.CutPrefix(line, series+" "); ok {
 			return strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
@@ -134,21 +129,30 @@ func (l *Lab) Metric(i int, series string) (float64, error) {
 	return 0, fmt.Errorf("the agent on %s has no %s", l.Edges[i].Name, series)
 }
 
-// MetricSum sums the agent on edge i's series of the metric name whose labels
-// include every one of labels (each `key="value"`); 0 when none does.
-func (l *Lab) MetricSum(i int, name string, labels ...string) (float64, error) {
+// metrics reads the agent on edge i's /metrics.
+func (l *Lab) metrics(i int) (string, error) {
 	resp, err := l.agentClient(i).Get("http://127.0.0.1:9101/metrics")
 	if err != nil {
-		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+		return "", fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
 	if err != nil {
-		return 0, fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+		return "", fmt.Errorf("metrics of the agent on %s: %w", l.Edges[i].Name, err)
+	}
+	return string(body), nil
+}
+
+// MetricSum sums the agent on edge i's series of the metric name whose labels
+// include every one of labels (each `key="value"`); 0 when none does.
+func (l *Lab) MetricSum(i int, name string, labels ...string) (float64, error) {
+	body, err := l.metrics(i)
+	if err != nil {
+		return 0, err
 	}
 	var sum float64
 lines:
-	for _, line := range strings.Split(string(body), "\n") {
+	for _, line := range strings.Split(body, "\n") {
 		rest, ok := strings.CutPrefix(line, name+"{")
 		if !ok {
 			continue
