@@ -69,8 +69,10 @@
 // loads it. The file is also written before every start and reload, and once
 // changes stop coming, so that a restarted agent finds what nginx has and goes on
 // with deltas. A change of the table is applied at once; one that also needs a
-// reload (a new L4 port, say) gets its table at once and its reload after the
-// debounce window (Config.Debounce), which coalesces reloads. While nginx -t
+// reload (a new L4 port, say) gets its table at once and its reload at once too
+// when nginx was not started or reloaded within the debounce window
+// (Config.Debounce); otherwise at the window's end, which coalesces the changes
+// that came meanwhile into one reload. While nginx -t
 // refuses the latest configuration, the last good one keeps running and still
 // gets every change of the table, so one bad object does not freeze every host.
 //

@@ -28,8 +28,10 @@ type ReloaderConfig struct {
 	Dir string
 	// Render are the render options; relative paths are relative to Dir.
 	Render Options
-	// Debounce is how long changes are collected before one reload. Zero means
-	// DefaultDebounce.
+	// Debounce is the least time between two reloads for changes the table
+	// cannot carry: a change after a quiet window reloads at once, and the
+	// changes that follow within the window are collected into one reload at
+	// its end. Zero means DefaultDebounce.
 	Debounce time.Duration
 	// ConfirmTimeout bounds the wait, after a start or reload, for workers with the
 	// new configuration to answer on the status port and for the old ones to stop
@@ -73,11 +75,15 @@ type Reloader struct {
 
 	kick chan struct{}
 
-	mu       sync.Mutex // guards pending, master, status
-	pending  *model.Snapshot
-	master   Master
-	problems []model.Problem
-	checksum string // of the configuration in nginx.conf
+	mu      sync.Mutex // guards pending, master, status, reloadedAt
+	pending *model.Snapshot
+	master  Master
+	// reloadedAt is when Run last started nginx or reloaded it for a
+	// deferred change: the next deferred reload waits until a debounce window
+	// after it.
+	reloadedAt time.Time
+	problems   []model.Problem
+	checksum   string // of the configuration in nginx.conf
 
 	applyMu  sync.Mutex        // serialises Apply
 	applied  []byte            // text of nginx.conf

@@ -602,3 +602,45 @@ func TestFailedReloadIsTriedAgain(t *testing.T) {
 		t.Errorf("%d reloads, want 3", n)
 	}
 }
+
+// A change that needs a reload, after a quiet debounce window, reloads at once;
+// one within the window of that reload waits for the window's end (an hour).
+func TestRunReloadsAtOnceAfterAQuietWindow(t *testing.T) {
+	runner := &fakeRunner{}
+	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Hour, RestartBackoff: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	_, ms := runner.snapshot()
+	master := ms[0]
+	fakeControl(t, r, 0)
+
+	// The window after the start has passed (as if it were two hours ago):
+	// a change that needs a reload reloads at once.
+	r.mu.Lock()
+	r.reloadedAt = time.Now().Add(-2 * time.Hour)
+	r.mu.Unlock()
+	last := withL4(hostSnapshot("a.example.com"), "app/l4", 15000)
+	r.Update(last)
+	waitFor(t, "a reload at once", func() bool { n, _ := master.state(); return n == 1 })
+	want, err := Render(last, r.cfg.Render)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Checksum() != want.Checksum {
+		t.Errorf("running checksum %.12s, want the last update's %.12s", r.Checksum(), want.Checksum)
+	}
+	// And the next one, within the window of that reload, waits again.
+	r.Update(withL4(last, "app/l4c", 15002))
+	time.Sleep(300 * time.Millisecond)
+	if n, _ := master.state(); n != 1 {
+		t.Errorf("%d reloads, want 1: a change within the window of the last reload reloaded at once", n)
+	}
+}

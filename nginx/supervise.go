@@ -153,7 +153,10 @@ func (r *Reloader) Run(ctx context.Context) error {
 				debounce = time.After(r.cfg.RestartBackoff)
 			case err == nil && res.Result == ResultDeferred:
 				if debounce == nil {
-					debounce = time.After(r.cfg.Debounce)
+					r.mu.Lock()
+					wait := r.cfg.Debounce - time.Since(r.reloadedAt)
+					r.mu.Unlock()
+					debounce = time.After(max(wait, 0))
 				}
 			case err == nil:
 				r.mu.Lock()
@@ -170,6 +173,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 			r.mu.Lock()
 			s := r.pending
 			r.pending = nil
+			if s != nil {
+				r.reloadedAt = time.Now()
+			}
 			r.mu.Unlock()
 			if s != nil {
 				// Apply logs and counts its own failures. A failed one is tried
@@ -236,7 +242,7 @@ func (r *Reloader) start(ctx context.Context) error {
 		return fmt.Errorf("start nginx: %w", err)
 	}
 	r.mu.Lock()
-	r.master = m
+	r.master, r.reloadedAt = m, time.Now()
 	sum := r.checksum
 	r.mu.Unlock()
 	r.log.Info("nginx master started", zap.Int("pid", m.PID()))
