@@ -277,16 +277,22 @@ func WithTCPMark(frame []byte, mark int) []byte {
 	}
 	oldW, oldU := binary.BigEndian.Uint16(out[off+12:]), binary.BigEndian.Uint16(out[off+18:])
 	newW, newU := oldW&^0x0e00, oldU
+	// A class the frame carried (hand-off bits, no URG) is in its urgent
+	// pointer: an edge clears it before it marks the frame anew.
+	carried := (oldW&0x0e00 == 0x0200 || oldW&0x0e00 == 0x0600) && out[off+13]&0x20 == 0
 	switch {
 	case mark == markFinal:
 		newW |= 0x0e00
+		if carried {
+			newU = 0
+		}
 	case mark != 0:
 		newW |= 0x0200
 		if mark&MarkTagged != 0 {
 			newW |= 0x0600
 		}
 		newU = uint16(mark)
-	case (oldW&0x0e00 == 0x0200 || oldW&0x0e00 == 0x0600) && out[off+13]&0x20 == 0:
+	case carried:
 		newU = 0
 	}
 	sum := binary.BigEndian.Uint16(out[off+16:])
