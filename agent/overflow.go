@@ -136,13 +136,15 @@ func (s *l4Sink) followLoad(ctx context.Context) error {
 			if changed {
 				s.spill = ratio
 				s.log.Info("spill ratio", zap.Float64("ratio", ratio))
-				if s.spillGauge != nil {
-					s.spillGauge.Set(ratio)
-				}
 				if len(s.last.Groups) > 0 {
 					if err := s.applyLocked(); err != nil {
 						s.log.Warn("apply the spill ratio", zap.Error(err))
 					}
+				}
+				// Set once the maps have it: what the gauge says, the
+				// data plane does.
+				if s.spillGauge != nil {
+					s.spillGauge.Set(ratio)
 				}
 			}
 			s.mu.Unlock()

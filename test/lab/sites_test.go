@@ -523,8 +523,25 @@ func TestSiteOverflow(t *testing.T) {
 		}
 	}
 
-	// The load falls: b keeps its new connections again.
+	// The load falls: b keeps its new connections again, once its edges'
+	// agents measured it (at least spillDownLab; longer on a loaded machine).
+	fell := time.Now()
 	time.Sleep(spillDownLab)
+	if err := waitFor(20*time.Second, func() error {
+		for i, e := range s.B.Edges {
+			r, err := s.B.Metric(i, "portico_site_spill_ratio")
+			if err != nil {
+				return err
+			}
+			if r != 0 {
+				return fmt.Errorf("%s still spills %.0f%%", e.Name, 100*r)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the load fell %v ago: %v", time.Since(fell).Round(time.Millisecond), err)
+	}
+	t.Logf("b's edges stopped spilling %v after the load fell", time.Since(fell).Round(100*time.Millisecond))
 	ph = load(50*time.Millisecond, 4*time.Second, time.Second)
 	// Exactly: no packet leaves b through a tunnel (the SYNs b's edges count
 	// include retransmissions, so served vs. directed is only an estimate).
