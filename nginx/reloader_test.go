@@ -251,6 +251,20 @@ func TestApplyReportsProblemsAndKeepsTheRest(t *testing.T) {
 	}
 }
 
+// runUntilCleanup runs r until the test ends, and checks what Run returns.
+func runUntilCleanup(t *testing.T, r *Reloader) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+}
+
 // waitFor polls cond every 5ms for at most 10s.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -410,15 +424,7 @@ func TestRunPushesTableChangesAndRetries(t *testing.T) {
 	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Hour, RestartBackoff: 20 * time.Millisecond})
 	first := hostSnapshot("a.example.com")
 	r.Update(first)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	runUntilCleanup(t, r)
 	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
 
 	// The control socket, after the start (which removes a stale one): the first
@@ -608,15 +614,7 @@ func TestFailedReloadIsTriedAgain(t *testing.T) {
 func TestRunReloadsAtOnceAfterAQuietWindow(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Hour, RestartBackoff: 10 * time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
-		}
-	}()
+	runUntilCleanup(t, r)
 	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
 	_, ms := runner.snapshot()
 	master := ms[0]
