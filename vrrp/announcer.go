@@ -81,14 +81,9 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Announcer, error) {
 		}
 	}
 	for v := range allVIPs {
-		bits, err := vipBits(a.nl, a.link, v)
+		bits, err := a.hostVIPBits(v)
 		if err != nil {
 			return nil, err
-		}
-		if host := v.BitLen(); bits >= 0 && bits != host {
-			// A VIP is a host address the announcer adds and removes; an
-			// address with a subnet is the node's own: never touch it.
-			return nil, fmt.Errorf("vip %v is on %s as a /%d, not a /%d: is it the node's own address?", v, cfg.Interface, bits, host)
 		}
 		if bits >= 0 {
 			log.Info("removing stale vip", zap.Stringer("vip", v), zap.String("iface", cfg.Interface))
@@ -207,6 +202,21 @@ func (a *Announcer) SetPriority(ctx context.Context, name string, p uint8) error
 	return fmt.Errorf("set priority: no instance %q", name)
 }
 
+// hostVIPBits is the prefix length vip has on the interface (-1: not there),
+// and an error if it is there with a subnet: a VIP is a host address the
+// announcer adds and removes; an address with a subnet is the node's own, never
+// to be touched.
+func (a *Announcer) hostVIPBits(v netip.Addr) (int, error) {
+	bits, err := vipBits(a.nl, a.link, v)
+	if err != nil {
+		return 0, err
+	}
+	if host := v.BitLen(); bits >= 0 && bits != host {
+		return 0, fmt.Errorf("vip %v is on %s as a /%d, not a /%d: is it the node's own address?", v, a.cfg.Interface, bits, host)
+	}
+	return bits, nil
+}
+
 // SetVIPs makes vips the addresses of the named virtual router while it runs:
 // its state stays (a Master stays Master, now with the new addresses on the
 // interface, and advertises and announces them at once), so adding or removing
@@ -249,12 +259,8 @@ func (a *Announcer) SetVIPs(ctx context.Context, name string, vips []netip.Addr)
 		if in.has(v) {
 			continue
 		}
-		bits, err := vipBits(a.nl, a.link, v)
-		if err != nil {
-			return err
-		}
-		if host := v.BitLen(); bits >= 0 && bits != host {
-			return fmt.Errorf("set vips of %s: %v is on %s as a /%d, not a /%d: is it the node's own address?", name, v, a.cfg.Interface, bits, host)
+		if _, err := a.hostVIPBits(v); err != nil {
+			return fmt.Errorf("set vips of %s: %w", name, err)
 		}
 	}
 	ev := vipsEvent{vips: slices.Clone(vips), done: make(chan error, 1)}
