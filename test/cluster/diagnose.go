@@ -21,16 +21,7 @@ const diagnosed = 3
 // each edge a packet is handed to are told apart by their MACs, listed first).
 func (p *Portico) Diagnose(ctx context.Context, failed Held) string {
 	var b strings.Builder
-	b.WriteString("MACs:")
-	for _, ns := range append([]string{p.NS}, p.nodeNames()...) {
-		out, err := exec.CommandContext(ctx, "ip", "-n", ns, "-br", "link", "show", "eth0").CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(&b, " %s: %v;", ns, err)
-			continue
-		}
-		fmt.Fprintf(&b, " %s %s;", ns, strings.Join(strings.Fields(string(out))[2:3], ""))
-	}
-	b.WriteString("\n")
+	b.WriteString(p.MACs(ctx))
 	if r := p.Resets.For(failed); r != "" {
 		b.WriteString("resets of them on the bridge (epoch seconds, the sender's MAC first):\n" + r)
 	}
@@ -48,6 +39,21 @@ func (p *Portico) Diagnose(ctx context.Context, failed Held) string {
 		}))
 	}
 	return b.String()
+}
+
+// MACs lists the client's and every live node's MAC, on one line.
+func (p *Portico) MACs(ctx context.Context) string {
+	var b strings.Builder
+	b.WriteString("MACs:")
+	for _, ns := range append([]string{p.NS}, p.nodeNames()...) {
+		out, err := exec.CommandContext(ctx, "ip", "-n", ns, "-br", "link", "show", "eth0").CombinedOutput()
+		if err != nil {
+			fmt.Fprintf(&b, " %s: %v;", ns, err)
+			continue
+		}
+		fmt.Fprintf(&b, " %s %s;", ns, strings.Join(strings.Fields(string(out))[2:3], ""))
+	}
+	return b.String() + "\n"
 }
 
 // nodeNames are the network namespaces of the cluster's live nodes.

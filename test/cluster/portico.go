@@ -25,6 +25,7 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 
+	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -101,8 +102,12 @@ type Portico struct {
 	Tag   string // the image tag the agents run
 	// Resets, once started, records every TCP reset on the bridge (Diagnose).
 	Resets *ResetCapture
-	root   string
-	helm   string
+	// Traffic, when set, captures every frame of the VIP's HTTP traffic on
+	// the bridge: a failed new connection's frames tell which director and
+	// which replica each packet reached (by MAC), and when.
+	Traffic *netlab.Capture
+	root    string
+	helm    string
 }
 
 // InstallPortico labels and taints the edge nodes and installs the chart with helm,

@@ -71,6 +71,10 @@ func TestPortico(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Resets.Stop)
+	if p.Traffic, err = p.C.Net.StartCaptureOf(t.TempDir(), fmt.Sprintf("tcp port 80 and host %s", GroupVIP)); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Traffic.Stop)
 	// VRRP settles first (the agents came up one by one: for a moment the
 	// owner may be any edge). The backends start on the worker: the owner's
 	// death must not take any with it, and VRRP may move the VIP to any edge
@@ -243,11 +247,26 @@ func idleFor(t *testing.T, since time.Time, d time.Duration) {
 	}
 }
 
-// failures logs and returns the stream's failed attempts (at or after from).
-func failures(t *testing.T, atts []traffic.Attempt, from time.Time) traffic.Failures {
+// failures logs and returns the stream's failed attempts (at or after from),
+// with the captured frames of the first few.
+func failures(t *testing.T, p *Portico, atts []traffic.Attempt, from time.Time) traffic.Failures {
 	t.Helper()
 	f := traffic.FailuresAround(atts, from)
 	t.Logf("new connections: %v", f)
+	if f.Failed == 0 || p.Traffic == nil {
+		return f
+	}
+	t.Log(p.MACs(context.Background()))
+	shown := 0
+	for _, a := range atts {
+		if a.Err == nil || a.SPort == 0 || a.Start.Before(from) {
+			continue
+		}
+		if shown++; shown > diagnosed {
+			break
+		}
+		t.Logf("frames of the failed connection from port %d on the bridge (epoch seconds, MACs first):\n%s", a.SPort, p.Traffic.Show(fmt.Sprintf("tcp port %d", a.SPort), 80))
+	}
 	return f
 }
 
@@ -285,10 +304,10 @@ func testDrain(t *testing.T, ctx context.Context, p *Portico, node *Node) {
 		t.Logf("what the agents said:\n%s", p.AgentLogs(ctx, "portico-agent", "vrrp state", "liveness", "stalled", "data plane applied", "unhealthy", "healthy", "nginx"))
 	}
 	atts := stream.Stop()
-	if f := failures(t, atts, start); f.Failed > 0 {
+	if f := failures(t, p, atts, start); f.Failed > 0 {
 		t.Errorf("%d requests failed during the drain, want 0", f.Failed)
 	}
-	after := failures(t, atts, settled)
+	after := failures(t, p, atts, settled)
 	t.Logf("%d held connections through %s; new connections after the drain settled, per edge: %v", onNode, node.Name, after.PerEdge)
 	if n := after.PerEdge[node.IP.String()]; n > 0 {
 		t.Errorf("%d new connections went to the drained %s", n, node.Name)
@@ -457,7 +476,7 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 	atts := stream.Stop()
 	ok, failed, errs := load.Stop()
 	t.Logf("kept-alive requests: %d answered, %d failed %v", ok, failed, errs)
-	if f := failures(t, atts, start); f.Failed > 0 || failed > 0 {
+	if f := failures(t, p, atts, start); f.Failed > 0 || failed > 0 {
 		t.Errorf("during the rolling update %d new connections and %d kept-alive requests failed, want 0", f.Failed, failed)
 		for i, a := range slices.DeleteFunc(slices.Clone(atts), func(a traffic.Attempt) bool { return a.Err == nil }) {
 			if i < 10 {
@@ -642,7 +661,7 @@ func testFalsePositive(t *testing.T, ctx context.Context, p *Portico, idle Held,
 	checkHeld(t, ctx, p, "as the false verdict clears", held, HeldAnswer)
 	time.Sleep(3 * time.Second)
 	checkHeld(t, ctx, p, "3 s later", held, 3*time.Second)
-	if f := failures(t, stream.Stop(), start); f.Failed > 0 {
+	if f := failures(t, p, stream.Stop(), start); f.Failed > 0 {
 		t.Errorf("%d new connections failed, want 0", f.Failed)
 	}
 	// The verdict happened: an edge's ring left the replica out.

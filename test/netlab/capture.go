@@ -23,11 +23,18 @@ type Capture struct {
 	done chan struct{}
 }
 
-// StartCapture starts a Capture of the bridge into dir; Stop ends it.
+// StartCapture starts a Capture of the bridge's TCP and UDP frames into dir;
+// Stop ends it.
 func (l *Lab) StartCapture(dir string) (*Capture, error) {
+	return l.StartCaptureOf(dir, "tcp or udp")
+}
+
+// StartCaptureOf starts a Capture of the bridge's frames that match a tcpdump
+// filter into dir; Stop ends it.
+func (l *Lab) StartCaptureOf(dir, filter string) (*Capture, error) {
 	c := &Capture{File: filepath.Join(dir, l.Prefix+"-br0.pcap"), done: make(chan struct{})}
 	c.cmd = exec.Command("ip", "netns", "exec", l.Switch, "tcpdump", "-i", "br0", "-nn", "-s", "128",
-		"-c", fmt.Sprint(captureLimit), "-U", "-w", c.File, "tcp or udp")
+		"-c", fmt.Sprint(captureLimit), "-U", "-w", c.File, filter)
 	var stderr bytes.Buffer
 	c.cmd.Stderr = &stderr
 	if err := c.cmd.Start(); err != nil {
