@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -417,6 +418,13 @@ func TestSiteOverflow(t *testing.T) {
 		t.Fatal(err)
 	}
 	overflow := &agent.Overflow{CapacityPerEdge: 10, To: "a", Limit: 0.5}
+	// The tunnels' frames (IPIP, IPv6 in IPv6) and every TCP frame on the
+	// shared network: a packet b spills when it should not is shown.
+	capture, err := s.shared.Net.StartCaptureOf(t.TempDir(), "tcp or ip proto 4 or ip6 proto 41")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(capture.Stop)
 	if err := s.WriteSites(s.B, SiteFile{Peers: true, Overflow: overflow}); err != nil {
 		t.Fatal(err)
 	}
@@ -542,6 +550,7 @@ func TestSiteOverflow(t *testing.T) {
 		t.Fatalf("the load fell %v ago: %v", time.Since(fell).Round(time.Millisecond), err)
 	}
 	t.Logf("b's edges stopped spilling %v after the load fell", time.Since(fell).Round(100*time.Millisecond))
+	low := time.Now()
 	ph = load(50*time.Millisecond, 4*time.Second, time.Second)
 	// Exactly: no packet leaves b through a tunnel (the SYNs b's edges count
 	// include retransmissions, so served vs. directed is only an estimate).
@@ -549,6 +558,11 @@ func TestSiteOverflow(t *testing.T) {
 		ph.fromB, ph.servedB, ph.outB, ph.failed)
 	if ph.outB > 0 || ph.failed > 0 {
 		t.Errorf("below capacity, b still sent %d packets to a; %d new connections failed", ph.outB, ph.failed)
+		tunnel := capture.ShowBetween("ip proto 4 or ip6 proto 41", low, time.Now(), 40)
+		t.Logf("the tunnels' frames of the low load (Unix seconds, as the agents' logs; MACs first):\n%s", tunnel)
+		if m := regexp.MustCompile(`\.(\d+) > [0-9a-f.:]+\.80: `).FindStringSubmatch(tunnel); m != nil {
+			t.Logf("every frame of the first of them on the network:\n%s", capture.Show("tcp port "+m[1], 60))
+		}
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -78,6 +79,12 @@ func (c *Capture) Stop() {
 // Show prints the captured frames that match a tcpdump filter (with MACs and
 // absolute times), at most max lines.
 func (c *Capture) Show(filter string, max int) string {
+	return c.ShowBetween(filter, time.Time{}, time.Time{}, max)
+}
+
+// ShowBetween is Show for the frames captured from from to to (either zero:
+// unbounded).
+func (c *Capture) ShowBetween(filter string, from, to time.Time, max int) string {
 	if c == nil {
 		return ""
 	}
@@ -85,9 +92,27 @@ func (c *Capture) Show(filter string, max int) string {
 	if err != nil && len(out) == 0 {
 		return fmt.Sprintf("tcpdump -r %s: %v", c.File, err)
 	}
-	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+	var lines []string
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		if at, ok := frameTime(l); ok && (!from.IsZero() && at.Before(from) || !to.IsZero() && at.After(to)) {
+			continue
+		}
+		lines = append(lines, l)
+	}
 	if len(lines) > max {
 		lines = append(lines[:max], fmt.Sprintf("... %d more", len(lines)-max))
 	}
 	return strings.Join(lines, "\n")
+}
+
+// frameTime is the time of a line tcpdump -tt printed (Unix seconds first).
+func frameTime(line string) (time.Time, bool) {
+	f, _, _ := strings.Cut(line, " ")
+	sec, frac, ok := strings.Cut(f, ".")
+	s, err1 := strconv.ParseInt(sec, 10, 64)
+	ns, err2 := strconv.ParseInt((frac + "000000000")[:9], 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(s, ns), true
 }
