@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"sync"
 	"time"
 
@@ -53,6 +55,9 @@ type Config struct {
 	Liveness     liveness.Timing // zero: liveness.DefaultTiming
 	MetricsAddr  string          // address of /metrics, /healthz and /readyz
 	Pprof        bool            // also Go's /debug/pprof/ there
+	// ReservedPorts are ports the node's other daemons listen on, beyond
+	// NodePorts and the agent's own (ReservedPorts): no L4 Service may take them.
+	ReservedPorts []model.Port
 
 	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
@@ -214,7 +219,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	l7 := &firstSnapshot{Sink: reloader, arrived: make(chan struct{})}
 	ctrl, err := controlplane.New(controlplane.Config{
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
-		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, announcer},
+		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, announcer}, ReservedPorts: ReservedPorts(cfg),
 		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage,
 		AgentAPIServer: cfg.APIServer,
 	})
@@ -328,4 +333,44 @@ func (f *firstSnapshot) Apply(ctx context.Context, snap model.Snapshot) error {
 	err := f.Sink.Apply(ctx, snap)
 	f.once.Do(func() { close(f.arrived) })
 	return err
+}
+
+// NodePorts are the ports an edge node's own daemons listen on, on every
+// address, whatever the agent's flags: ssh, BGP, BFD (single and multihop),
+// the kubelet's API and read-only port, kube-proxy's health check.
+var NodePorts = map[model.Port]string{
+	{Protocol: model.TCP, Port: 22}:    "ssh",
+	{Protocol: model.TCP, Port: 179}:   "BGP",
+	{Protocol: model.UDP, Port: 3784}:  "BFD",
+	{Protocol: model.UDP, Port: 3785}:  "BFD echo",
+	{Protocol: model.UDP, Port: 4784}:  "BFD multihop",
+	{Protocol: model.TCP, Port: 10250}: "the kubelet",
+	{Protocol: model.TCP, Port: 10255}: "the kubelet's read-only port",
+	{Protocol: model.TCP, Port: 10256}: "kube-proxy's health check",
+}
+
+// ReservedPorts are the ports no L4 Service may take on cfg's edges, with what
+// uses each: NodePorts, cfg.ReservedPorts and the agent's own (nginx's HTTP,
+// HTTPS, status and liveness ports, the metrics address). Every edge of a group
+// runs with the same flags, so every edge reserves the same ports.
+func ReservedPorts(cfg Config) map[model.Port]string {
+	out := maps.Clone(NodePorts)
+	for _, p := range cfg.ReservedPorts {
+		out[p] = "reserved by the operator (-reserved-ports)"
+	}
+	tcp := func(port uint16, what string) {
+		if port != 0 {
+			out[model.Port{Protocol: model.TCP, Port: port}] = what
+		}
+	}
+	tcp(cfg.HTTPPort, "nginx's HTTP")
+	tcp(cfg.HTTPSPort, "nginx's HTTPS")
+	tcp(cfg.StatusPort, "nginx's status")
+	tcp(cfg.LivenessPort, "the liveness checks")
+	if _, port, err := net.SplitHostPort(cfg.MetricsAddr); err == nil {
+		if n, err := strconv.ParseUint(port, 10, 16); err == nil {
+			tcp(uint16(n), "the agent's metrics")
+		}
+	}
+	return out
 }

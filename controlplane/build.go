@@ -33,6 +33,12 @@ type Options struct {
 	// PodRouteGroup ("namespace/name") serves pod routes and L4 Services without a
 	// portico.io/group annotation; "" leaves them unbound.
 	PodRouteGroup string
+	// ReservedPorts are the ports the edges' own listeners and the node's
+	// daemons use on every address (the agent's, nginx's, ssh, the kubelet's),
+	// with what uses each: an L4 Service port among them is refused (its
+	// listener would fail every edge's nginx reload). Each group's HTTP and
+	// HTTPS ports are reserved for its L4 Services too.
+	ReservedPorts map[model.Port]string
 }
 
 // Build translates the cluster state into a snapshot, and returns the binding of
@@ -54,7 +60,7 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 	b.groups()
 	b.ingresses()
 	b.podRoutes(opts.PodRouteGroup)
-	b.l4Services(opts.PodRouteGroup)
+	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts)
 	return b.snapshot(), b.bindings, b.problems
 }
 

@@ -48,6 +48,9 @@ type Config struct {
 	Pools []Pool
 	// PodRouteGroup serves pod routes without a portico.io/group annotation.
 	PodRouteGroup string
+	// ReservedPorts are the edges' and nodes' own ports, which no L4 Service
+	// may take (Options.ReservedPorts).
+	ReservedPorts map[model.Port]string
 	// Sinks receive every new snapshot.
 	Sinks []Sink
 	// AgentImage is the image of the DaemonSets IngressClaims provision (default:
@@ -450,7 +453,7 @@ func (c *Controller) build() *writeJob {
 	// One state for the whole sync: the cache with this leader's writes that it
 	// does not show yet, so that nothing is allocated or scheduled twice.
 	st := c.withWritten(c.state())
-	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup})
+	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup, ReservedPorts: c.cfg.ReservedPorts})
 	if err := snap.Validate(); err != nil {
 		// A bug in Build, not a bad object: the sinks keep the last snapshot, and
 		// nothing is written from this one.

@@ -2,6 +2,8 @@ package controlplane
 
 import (
 	"cmp"
+	"fmt"
+	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,8 +26,11 @@ type l4Acc struct {
 // portico.io/group annotation names ("name" in its namespace, or
 // "namespace/name"), else by defaultGroup. A Service that names no existing
 // group, or has no valid VIP yet, is reported or waits for the leader's
-// allocation; the rest are served.
-func (b *builder) l4Services(defaultGroup string) {
+// allocation; a port that is reserved (Options.ReservedPorts, the group's HTTP
+// and HTTPS ports) is refused, and so is a Service its group's edges cannot
+// hold beside the older ones (groupLoad); the rest are served.
+func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string) {
+	loads := map[string]*groupLoad{}
 	for _, s := range sortedServices(b.st.Services, IsL4Service) {
 		svc := model.Service{Name: key(s), ClientIPAffinity: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP}
 		group := defaultGroup
@@ -48,7 +53,6 @@ func (b *builder) l4Services(defaultGroup string) {
 					"VIP %s already belongs to %s; not applied", a, o)
 				continue
 			}
-			b.vipOwner[a] = svc.Name
 			svc.VIPs = append(svc.VIPs, a)
 		}
 		if v, ok := s.Annotations[AnnotationProxyProtocol]; ok {
@@ -73,11 +77,17 @@ func (b *builder) l4Services(defaultGroup string) {
 			p  model.ServicePort
 			id string
 		}
+		g := b.groupsOut[group]
 		var ports []port
 		for i := range s.Spec.Ports {
 			sp := &s.Spec.Ports[i]
 			proto, ok := b.portProtocol(s, i)
 			if !ok {
+				continue
+			}
+			if by := reservedBy(reserved, g, model.Port{Protocol: proto, Port: uint16(sp.Port)}); by != "" {
+				b.problem("Service", s, fmt.Sprintf("spec.ports[%d].port", i), model.ReasonPortReserved,
+					"%s/%d is reserved on the edges (%s); not served", proto, sp.Port, by)
 				continue
 			}
 			num := strconv.Itoa(int(sp.Port))
@@ -88,6 +98,19 @@ func (b *builder) l4Services(defaultGroup string) {
 		slices.SortFunc(ports, func(x, y port) int {
 			return cmp.Or(cmp.Compare(x.p.Protocol, y.p.Protocol), cmp.Compare(x.p.Port, y.p.Port))
 		})
+		load := loads[group]
+		if load == nil {
+			load = newGroupLoad(g)
+			loads[group] = load
+		}
+		if full := load.add(svc.VIPs, len(ports)); full != "" {
+			b.problem("Service", s, "spec", model.ReasonGroupFull,
+				"group %s's edges cannot hold it beside the older Services (%s); not served", group, full)
+			continue
+		}
+		for _, a := range svc.VIPs {
+			b.vipOwner[a] = svc.Name
+		}
 		for _, p := range ports {
 			acc.svc.Ports = append(acc.svc.Ports, p.p)
 			acc.upstreams = append(acc.upstreams, p.id)
@@ -95,4 +118,62 @@ func (b *builder) l4Services(defaultGroup string) {
 		b.l4 = append(b.l4, acc)
 	}
 	slices.SortFunc(b.l4, func(x, y l4Acc) int { return cmp.Compare(x.svc.Name, y.svc.Name) })
+}
+
+// reservedBy says what uses port on group g's edges ("" if nothing does):
+// reserved, or g's HTTP and HTTPS listeners, which listen on every address.
+func reservedBy(reserved map[model.Port]string, g *model.Group, p model.Port) string {
+	if by := reserved[p]; by != "" {
+		return by
+	}
+	if p.Protocol == model.TCP && p.Port != 0 && (p.Port == g.HTTPPort || p.Port == g.HTTPSPort) {
+		return "the group's HTTP and HTTPS"
+	}
+	return ""
+}
+
+// groupLoad is what a group's edges hold so far: its own VIPs and those of the
+// L4 Services given to it, against what xdp_lb's maps and one VRRP advert per
+// address family take (model.MaxGroupVIPs and the rest). A group over them
+// would fail every edge's Apply at once, or stop VRRP.
+type groupLoad struct {
+	addrs, keys, replicas int
+	family                [2]int // VIP addresses: IPv4, IPv6
+}
+
+// newGroupLoad is the load of g's own VIPs and ports (none named: every TCP
+// and UDP port, two keys per VIP, as the data plane steers them).
+func newGroupLoad(g *model.Group) *groupLoad {
+	l := &groupLoad{replicas: len(g.Replicas)}
+	l.add(g.VIPs, max(len(g.Ports), 2))
+	return l
+}
+
+// add adds a Service's VIPs and number of ports and returns "", or, when they
+// do not fit, which limit they would pass (and leaves the load as it was).
+func (l *groupLoad) add(vips []netip.Addr, ports int) string {
+	n := *l
+	n.addrs += len(vips)
+	n.keys += len(vips) * ports
+	for _, a := range vips {
+		if a.Is4() {
+			n.family[0]++
+		} else {
+			n.family[1]++
+		}
+	}
+	switch {
+	case n.addrs > model.MaxGroupVIPs:
+		return fmt.Sprintf("%d VIP addresses, the data plane holds %d", n.addrs, model.MaxGroupVIPs)
+	case n.keys > model.MaxGroupVIPKeys:
+		return fmt.Sprintf("%d VIP ports, the data plane holds %d", n.keys, model.MaxGroupVIPKeys)
+	case n.addrs*n.replicas > model.MaxGroupBackends:
+		return fmt.Sprintf("%d VIP addresses for %d replicas, the data plane holds %d pairs", n.addrs, n.replicas, model.MaxGroupBackends)
+	case n.family[0] > model.MaxVRRPAddrs4:
+		return fmt.Sprintf("%d IPv4 VIPs, a VRRP advert carries %d", n.family[0], model.MaxVRRPAddrs4)
+	case n.family[1] > model.MaxVRRPAddrs6:
+		return fmt.Sprintf("%d IPv6 VIPs, a VRRP advert carries %d", n.family[1], model.MaxVRRPAddrs6)
+	}
+	*l = n
+	return ""
 }

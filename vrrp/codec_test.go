@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/portico-edge/portico/controlplane/model"
 )
 
 var (
@@ -174,5 +176,31 @@ func TestEncodeRejectsBadAdverts(t *testing.T) {
 				t.Errorf("Encode = %x, want an error", b)
 			}
 		})
+	}
+}
+
+// The build gives a group at most model.MaxVRRPAddrs4 IPv4 and MaxVRRPAddrs6
+// IPv6 VIPs (with its L4 Services'): so many encode, and an IPv6 advert of them
+// fits in IPv6's minimum MTU (1280, with the 40-byte IPv6 header), unfragmented.
+func TestModelVIPLimitsFitOneAdvert(t *testing.T) {
+	for _, c := range []struct {
+		first, src, dst netip.Addr
+		n, limit        int
+	}{
+		{a4("10.0.0.1"), a4("10.1.0.1"), GroupIPv4, model.MaxVRRPAddrs4, 1500 - 20},
+		{a4("2001:db8::1"), a4("fe80::1"), GroupIPv6, model.MaxVRRPAddrs6, 1280 - 40},
+	} {
+		a := Advert{Version: 3, VRID: 1, Priority: 100, Interval: time.Second}
+		for v := c.first; len(a.Addrs) < c.n; v = v.Next() {
+			a.Addrs = append(a.Addrs, v)
+		}
+		b, err := Encode(a, c.src, c.dst)
+		if err != nil || len(b) > c.limit {
+			t.Errorf("%d addresses like %s: %d bytes (at most %d), %v", c.n, c.first, len(b), c.limit, err)
+		}
+		a.Addrs = append(a.Addrs, a.Addrs[len(a.Addrs)-1].Next())
+		if b, err := Encode(a, c.src, c.dst); c.first.Is6() && err == nil && len(b) <= c.limit {
+			t.Errorf("%d IPv6 addresses fit in %d bytes: model.MaxVRRPAddrs6 could be higher", len(a.Addrs), len(b))
+		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/liveness"
 )
@@ -45,7 +47,8 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		livenessPort, rise              uint
 		priority, degraded, version     uint
 		bgpConfig, nextHop6             string
-		tunnel                          string
+		tunnel, reserved                string
+		err                             error
 	)
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
 	fs.StringVar(&c.Group, "group", "", "the group Service this node serves, namespace/name (required)")
@@ -70,6 +73,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
 	fs.DurationVar(&c.Liveness.FlapWindow, "liveness-flap-window", liveness.DefaultTiming.FlapWindow, "a replica that dies within this time of coming back needs twice as many good answers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9101", "address of /metrics, /healthz and /readyz")
+	fs.StringVar(&reserved, "reserved-ports", "", "ports other daemons of the edge nodes listen on, which no L4 Service may take, beyond ssh, BGP, BFD, the kubelet's and the agent's own: PORT/PROTOCOL separated by ',' (9100/tcp,53/udp)")
 	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's profiles (/debug/pprof/) on the metrics address")
 	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
 	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see the README)")
@@ -120,6 +124,9 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 			return c, fmt.Errorf("-vip-pool %q: %w", p, err)
 		}
 		c.Pools = append(c.Pools, pool)
+	}
+	if c.ReservedPorts, err = parsePorts(reserved); err != nil {
+		return c, fmt.Errorf("-reserved-ports: %w", err)
 	}
 	switch {
 	case c.Group == "" || !strings.Contains(c.Group, "/"):
@@ -257,4 +264,22 @@ func readKubeConfig(path, apiServer string) (*rest.Config, error) {
 func validAPIServer(s string) bool {
 	u, err := url.Parse(s)
 	return err == nil && u.Scheme == "https" && u.Host != "" && (u.Path == "" || u.Path == "/") && u.RawQuery == ""
+}
+
+// parsePorts parses a list of PORT/PROTOCOL (tcp or udp) separated by ','.
+func parsePorts(list string) ([]model.Port, error) {
+	var out []model.Port
+	for _, f := range strings.Split(list, ",") {
+		if f = strings.TrimSpace(f); f == "" {
+			continue
+		}
+		num, proto, _ := strings.Cut(f, "/")
+		n, err := strconv.ParseUint(num, 10, 16)
+		p := model.Port{Protocol: model.Protocol(strings.ToUpper(proto)), Port: uint16(n)}
+		if err != nil || n == 0 || (p.Protocol != model.TCP && p.Protocol != model.UDP) {
+			return nil, fmt.Errorf("%q is not PORT/tcp or PORT/udp", f)
+		}
+		out = append(out, p)
+	}
+	return out, nil
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/liveness"
 )
@@ -110,6 +111,28 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "bgp bad community", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp",
 			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, communities: [\"x:y\"]}\n")}, wantErr: "communit"},
 		{name: "unknown announcer", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "ospf"}, wantErr: "-announce"},
+		{name: "reserved ports", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-metrics-addr", "10.0.0.1:9200"},
+			env: map[string]string{"PORTICO_RESERVED_PORTS": "9100/tcp, 53/UDP"},
+			check: func(t *testing.T, c agentFlags) {
+				r := agent.ReservedPorts(c.Config)
+				for p, what := range map[model.Port]string{
+					{Protocol: model.TCP, Port: 9100}: "reserved by the operator (-reserved-ports)", {Protocol: model.UDP, Port: 53}: "reserved by the operator (-reserved-ports)",
+					{Protocol: model.TCP, Port: 80}: "nginx's HTTP", {Protocol: model.TCP, Port: 443}: "nginx's HTTPS",
+					{Protocol: model.TCP, Port: 10246}: "nginx's status", {Protocol: model.TCP, Port: 10247}: "the liveness checks",
+					{Protocol: model.TCP, Port: 9200}: "the agent's metrics", {Protocol: model.TCP, Port: 22}: "ssh",
+					{Protocol: model.TCP, Port: 10250}: "the kubelet", {Protocol: model.UDP, Port: 3784}: "BFD",
+				} {
+					if r[p] != what {
+						t.Errorf("%s/%d reserved for %q, want %q", p.Protocol, p.Port, r[p], what)
+					}
+				}
+				if by, ok := r[model.Port{Protocol: model.UDP, Port: 9100}]; ok {
+					t.Errorf("9100/udp reserved (%s): only 9100/tcp was asked", by)
+				}
+			}},
+		{name: "reserved port without a protocol", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-reserved-ports", "9100"}, wantErr: "-reserved-ports"},
+		{name: "reserved port zero", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-reserved-ports", "0/tcp"}, wantErr: "-reserved-ports"},
+		{name: "reserved port sctp", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-reserved-ports", "9/sctp"}, wantErr: "-reserved-ports"},
 		{name: "degraded not below priority", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vrrp-priority", "10"}, wantErr: "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -55,6 +55,25 @@ type Group struct {
 // virtual router carries them all).
 const MaxVIPsPerFamily = 8
 
+// What one group's edges hold, its own VIPs and those of its L4 Services
+// together: the build refuses the newest L4 Service that would go beyond any
+// of these, so that no edge's data plane or announcer ever fails on them.
+const (
+	// MaxGroupVIPs is xdp_lb's VIP addresses (LB_MAX_VIPS, which a dataplane
+	// test checks).
+	MaxGroupVIPs = 256
+	// MaxGroupVIPKeys is xdp_lb's (VIP, port, protocol) keys (LB_MAX_VIP_KEYS).
+	MaxGroupVIPKeys = 1024
+	// MaxGroupBackends is xdp_lb's backends, one per VIP address and replica
+	// (LB_MAX_BACKENDS, id 0 unused).
+	MaxGroupBackends = 4095
+	// MaxVRRPAddrs4 is the IPv4 addresses one VRRP advert carries (an 8-bit
+	// count); MaxVRRPAddrs6 the IPv6 ones that fit in IPv6's minimum MTU
+	// (1280 bytes, less 48 of headers, 16 per address).
+	MaxVRRPAddrs4 = 255
+	MaxVRRPAddrs6 = 77
+)
+
 // UnmatchedHost is how nginx answers a request for a host it has no Server for.
 type UnmatchedHost string
 

@@ -26,6 +26,8 @@ const (
 	ReasonDefaultBackendConflict Reason = "DefaultBackendConflict"
 	ReasonAlreadyBound           Reason = "AlreadyBound"
 	ReasonNameTaken              Reason = "NameTaken"
+	ReasonPortReserved           Reason = "PortReserved"
+	ReasonGroupFull              Reason = "GroupFull"
 )
 
 // Reasons of both: a path nginx cannot match as written, and two sources asking for

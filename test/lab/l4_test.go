@@ -208,6 +208,13 @@ func TestL4Services(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
 	l.serveL4(t)
+	// First a tenant's Service on a port every edge's nginx already listens on
+	// (the liveness checks'): it used to fail every edge's reload, and no later
+	// change was served (issue 24, attack 5). It is refused with an Event, and
+	// the two Services below, created after it, are served.
+	if err := l.l4Service(ctx, "liveness-thief", netip.MustParseAddr("192.0.2.92"), corev1.ProtocolTCP, 10247, l4TCPPort); err != nil {
+		t.Fatal(err)
+	}
 	tcpVIP, udpVIP := netip.MustParseAddr("192.0.2.90"), netip.MustParseAddr("192.0.2.91")
 	if err := l.l4Service(ctx, "tcp-echo", tcpVIP, corev1.ProtocolTCP, 7000, l4TCPPort, "portico.io/proxy-protocol", "true"); err != nil {
 		t.Fatal(err)
@@ -230,6 +237,21 @@ func TestL4Services(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := waitFor(10*time.Second, func() error {
+		evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=liveness-thief"})
+		if err != nil {
+			return err
+		}
+		for _, e := range evs.Items {
+			if e.Type == corev1.EventTypeWarning && e.Reason == "PortReserved" {
+				t.Logf("event on the Service on the liveness port: %s: %s", e.Reason, e.Message)
+				return nil
+			}
+		}
+		return fmt.Errorf("no PortReserved warning on the Service on the liveness port (%d events)", len(evs.Items))
+	}); err != nil {
+		t.Error(err)
 	}
 	tcpAddr := netip.AddrPortFrom(tcpVIP, 7000).String()
 	udpAddr := netip.AddrPortFrom(udpVIP, 53).String()
