@@ -10,7 +10,9 @@
 //
 // Member clusters are Secrets in the controller's namespace labelled
 // portico.io/member-cluster (its value, or the Secret's name, names the cluster) whose key
-// "kubeconfig" reaches the member's API server. A per-cluster override is an RFC 7386
+// "kubeconfig" reaches the member's API server, with its credentials inline: an
+// exec plugin, an auth provider or a file reference is refused (whoever may write
+// Secrets there would run commands in the controller, or read its files). A per-cluster override is an RFC 7386
 // JSON merge patch applied to the rendered Ingress, as Karmada's overriders and
 // kustomize patches do. Propagation is server-side apply with the field manager
 // portico-federation, so fields other managers own on a member's Ingress (its status,

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	networkinglisters "k8s.io/client-go/listers/networking/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -88,7 +91,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 	if len(kc) == 0 {
 		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, KeyKubeconfig)
 	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	cfg, err := memberConfig(kc)
 	if err != nil {
 		return nil, fmt.Errorf("secret %s/%s: kubeconfig: %w", s.Namespace, s.Name, err)
 	}
@@ -197,4 +200,38 @@ func (m *member) propagated(ns, name string) ([]string, error) {
 		out = append(out, ing.Name)
 	}
 	return out, nil
+}
+
+// memberConfig is the client configuration of a member Secret's kubeconfig,
+// which must carry everything inline: an exec plugin or auth provider (a
+// command the controller would run) and a file reference (a token, key or
+// certificate read from the controller's own file system) are refused. Whoever
+// may write a Secret in the federation namespace is not thereby allowed to run
+// commands in the controller or read its files (issue 24, 7).
+func memberConfig(kc []byte) (*rest.Config, error) {
+	c, err := clientcmd.Load(kc)
+	if err != nil {
+		return nil, err
+	}
+	var bad []string
+	for name, a := range c.AuthInfos {
+		for what, set := range map[string]bool{
+			"an exec plugin": a.Exec != nil, "an auth provider": a.AuthProvider != nil, "a token file": a.TokenFile != "",
+			"a client certificate file": a.ClientCertificate != "", "a client key file": a.ClientKey != "",
+		} {
+			if set {
+				bad = append(bad, fmt.Sprintf("user %q has %s", name, what))
+			}
+		}
+	}
+	for name, cl := range c.Clusters {
+		if cl.CertificateAuthority != "" {
+			bad = append(bad, fmt.Sprintf("cluster %q has a certificate authority file", name))
+		}
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		return nil, fmt.Errorf("%s: a member's kubeconfig must carry its credentials inline", strings.Join(bad, ", "))
+	}
+	return clientcmd.NewDefaultClientConfig(*c, &clientcmd.ConfigOverrides{}).ClientConfig()
 }

@@ -18,6 +18,7 @@ import (
 	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -214,11 +215,16 @@ func launch(ctx context.Context, opts Options) (s *Server, err error) {
 		Burst:           1000,
 	}
 	s.Kubeconfig = filepath.Join(dir, "kubeconfig")
+	// Everything inline, as a federation member's kubeconfig must be.
+	caPEM, err := os.ReadFile(ca)
+	if err != nil {
+		return s, err
+	}
 	kc := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: kapi
-  cluster: {server: %q, certificate-authority: %q}
+  cluster: {server: %q, certificate-authority-data: %q}
 users:
 - name: kapi-admin
   user: {token: %q}
@@ -226,7 +232,7 @@ contexts:
 - name: kapi
   context: {cluster: kapi, user: kapi-admin}
 current-context: kapi
-`, host, ca, token)
+`, host, base64.StdEncoding.EncodeToString(caPEM), token)
 	if err := os.WriteFile(s.Kubeconfig, []byte(kc), 0o600); err != nil {
 		return s, fmt.Errorf("write kubeconfig: %w", err)
 	}
