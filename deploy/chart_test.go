@@ -201,7 +201,8 @@ var bgpValues = []string{
 }
 
 // checkBGPValues: with announce: bgp the agents get --announce=bgp and the
-// ConfigMap the agent can read, mounted where --bgp-config says, and the pod
+// Secret (it holds the peers' passwords) the agent can read, mounted where
+// --bgp-config says, readable by its owner alone, and the pod
 // template changes with it (a change of peers rolls the agents).
 func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
@@ -210,7 +211,15 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 		t.Errorf("agent args %v, want --announce=bgp and --bgp-config", c.Args)
 	}
 	if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == "bgp" && m.MountPath == "/etc/portico/bgp" }) {
-		t.Errorf("volume mounts %v, want the bgp ConfigMap at /etc/portico/bgp", c.VolumeMounts)
+		t.Errorf("volume mounts %v, want the bgp Secret at /etc/portico/bgp", c.VolumeMounts)
+	}
+	if !slices.ContainsFunc(ds.Spec.Template.Spec.Volumes, func(v corev1.Volume) bool {
+		return v.Name == "bgp" && v.Secret != nil && v.Secret.SecretName == "portico-bgp" && v.Secret.DefaultMode != nil && *v.Secret.DefaultMode == 0o400
+	}) {
+		t.Errorf("volumes %v, want the Secret portico-bgp, mode 0400", ds.Spec.Template.Spec.Volumes)
+	}
+	if slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "ConfigMap" && o.GetName() == "portico-bgp" }) {
+		t.Error("the BGP configuration (with its passwords) is also a ConfigMap")
 	}
 	if m := federationPeers(ds); m != [3]bool{} {
 		t.Errorf("federation peers (flag, mount, optional volume) %v without federation.member", m)
@@ -218,18 +227,18 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	if ds.Spec.Template.Annotations["portico.io/bgp-config"] == "" {
 		t.Errorf("pod template annotations %v, want the bgp config's checksum", ds.Spec.Template.Annotations)
 	}
-	cm := find[corev1.ConfigMap](t, objs, "ConfigMap", "portico-bgp")
+	sec := find[corev1.Secret](t, objs, "Secret", "portico-bgp")
 	p := filepath.Join(t.TempDir(), "bgp.yaml")
-	if err := os.WriteFile(p, []byte(cm.Data["bgp.yaml"]), 0o600); err != nil {
+	if err := os.WriteFile(p, []byte(sec.StringData["bgp.yaml"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	f, err := agent.LoadBGPFile(p)
 	if err != nil {
-		t.Fatalf("the agent cannot read the rendered ConfigMap: %v\n%s", err, cm.Data["bgp.yaml"])
+		t.Fatalf("the agent cannot read the rendered Secret: %v\n%s", err, sec.StringData["bgp.yaml"])
 	}
 	sc, err := f.SpeakerConfig("n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
 	if err != nil || sc.ASN != 64600 || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].HoldTime != 3*time.Second {
-		t.Errorf("speaker config from the ConfigMap: %+v, %v", sc, err)
+		t.Errorf("speaker config from the Secret: %+v, %v", sc, err)
 	}
 }
 
