@@ -58,7 +58,9 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 		defer m.end()
 	}
 	b.groups()
-	b.ingresses()
+	ings := b.boundIngresses()
+	b.owners = b.hostOwners(ings, b.routedPods(opts.PodRouteGroup))
+	b.ingresses(ings)
 	b.podRoutes(opts.PodRouteGroup)
 	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts)
 	return b.snapshot(), b.bindings, b.problems
@@ -101,6 +103,7 @@ type builder struct {
 	groupList []*corev1.Service // groups, oldest first
 	groupsOut map[string]*model.Group
 	vipOwner  map[netip.Addr]string // group or L4 Service ("ns/name") each VIP is applied to
+	owners    map[string]*hostOwner // hosts' namespaces (hostOwners)
 	l4        []l4Acc               // L4 Services, by name
 	bindings  Bindings
 

@@ -554,12 +554,11 @@ func TestBuild(t *testing.T) {
 						model.Upstream{Name: up("shop.example", "/nodejs", 3000), Endpoints: aps("10.3.0.1:3000", "10.3.0.2:3000")},
 						model.Upstream{Name: up("test.k8s.local", "/", 80), Endpoints: aps("10.3.0.1:80", "10.3.0.2:80")},
 						model.Upstream{Name: up("test.k8s.local", "/nodejs", 3000), Endpoints: aps("10.3.0.1:3000", "10.3.0.2:3000")},
-						model.Upstream{Name: "other-pod-" + shortHash("shop.example|/") + "-80", Endpoints: aps("10.4.0.1:80")},
 					),
 				}
 			}(),
 			problems: []model.Problem{
-				{Object: "Pod other/thief", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonPathConflict},
+				{Object: "Pod other/thief", Field: "metadata.annotations[trafficHosts]", Reason: model.ReasonHostTaken},
 				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonInvalidAnnotation},
 				{Object: "Pod shop/bad", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonInvalidAnnotation},
 				{Object: "Pod shop/no-paths", Field: "metadata.annotations[publicPaths]", Reason: model.ReasonInvalidAnnotation},

@@ -67,4 +67,14 @@
 // (entries separated by commas or spaces, paths as PORT:PATH) are routed
 // directly: every path on every host, Prefix semantics, upstream = pod IP:PORT. They are
 // served by the group in their portico.io/group annotation, or the configured default.
+//
+// A host belongs to the namespace whose Ingress or pod route named it first (the
+// oldest); another namespace's rules for it are refused (HostTaken) unless an
+// Ingress or pod route of the owner that names the host lists that namespace in
+// portico.io/host-delegates ("*": every namespace). The catch-all host is shared.
+//
+// An L4 Service port the edges already listen on (Options.ReservedPorts, the
+// group's HTTP and HTTPS ports) is refused (PortReserved), and so is a Service
+// its group's edges cannot hold beside the older ones (GroupFull: model's
+// MaxGroup* and MaxVRRPAddrs* limits), newest first.
 package controlplane

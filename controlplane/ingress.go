@@ -14,8 +14,8 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-func (b *builder) ingresses() {
-	for _, ing := range b.boundIngresses() {
+func (b *builder) ingresses(ings []*networkingv1.Ingress) {
+	for _, ing := range ings {
 		group := b.bindings[key(ing)].Group
 		src := key(ing)
 		g := b.groupsOut[group]
@@ -99,6 +99,12 @@ func (b *builder) ingresses() {
 		}
 		for ri, rule := range ing.Spec.Rules {
 			host := strings.ToLower(rule.Host)
+			if ok, o := b.mayRoute(host, ing.Namespace); !ok {
+				b.problem("Ingress", ing, fmt.Sprintf("spec.rules[%d].host", ri), model.ReasonHostTaken,
+					"host %q belongs to namespace %s (%s claimed it first, and does not delegate it in %s); not served",
+					host, o.namespace, o.by, AnnotationHostDelegates)
+				continue
+			}
 			if rule.HTTP == nil {
 				// A host without paths: all of it goes to the default backend.
 				if _, ok := tlsFor[host]; ok || defUp != "" {

@@ -51,6 +51,10 @@ const (
 	// serving it only while every backend Service it names has a ready endpoint
 	// (default: any of them).
 	AnnotationFederationHealth = "portico.io/federation-health"
+	// AnnotationHostDelegates on an Ingress (or pod route) of the namespace that
+	// owns a host (hostOwners) lists the other namespaces that may route paths of
+	// it too, separated by commas or spaces ("*": every namespace).
+	AnnotationHostDelegates = "portico.io/host-delegates"
 	// AnnotationTrafficHosts lists a pod route's hosts.
 	AnnotationTrafficHosts = "trafficHosts"
 	// AnnotationPublicPaths lists a pod route's PORT:PATH entries.

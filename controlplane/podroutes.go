@@ -18,12 +18,38 @@ func splitList(v string) []string {
 	return strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' || r == '\t' || r == '\n' })
 }
 
+// isPodRoute reports whether pod is a live pod route (labelled microservice).
+func isPodRoute(pod *corev1.Pod) bool {
+	return pod.Labels[LabelMicroservice] == "true" && pod.DeletionTimestamp == nil &&
+		pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
+}
+
+// podRouteGroup is the group a pod route asks for: its portico.io/group, else
+// defaultGroup.
+func podRouteGroup(pod *corev1.Pod, defaultGroup string) string {
+	if g, ok := pod.Annotations[AnnotationGroup]; ok {
+		return groupRef(g, pod.Namespace)
+	}
+	return defaultGroup
+}
+
+// routedPods are the live pod routes whose group exists, oldest first.
+func (b *builder) routedPods(defaultGroup string) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, pod := range b.st.Pods {
+		if g := podRouteGroup(pod, defaultGroup); isPodRoute(pod) && g != "" && b.groupsOut[g] != nil {
+			out = append(out, pod)
+		}
+	}
+	slices.SortFunc(out, func(x, y *corev1.Pod) int { return older(x, y) })
+	return out
+}
+
 func (b *builder) podRoutes(defaultGroup string) {
 	pods := slices.Clone(b.st.Pods)
 	slices.SortFunc(pods, func(x, y *corev1.Pod) int { return older(x, y) })
 	for _, pod := range pods {
-		if pod.Labels[LabelMicroservice] != "true" || pod.DeletionTimestamp != nil ||
-			pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if !isPodRoute(pod) {
 			continue
 		}
 		hostsV, okH := pod.Annotations[AnnotationTrafficHosts]
@@ -36,10 +62,7 @@ func (b *builder) podRoutes(defaultGroup string) {
 			b.problem("Pod", pod, "metadata.annotations["+missing+"]", model.ReasonInvalidAnnotation, "a microservice pod needs %s and %s", AnnotationTrafficHosts, AnnotationPublicPaths)
 			continue
 		}
-		group := defaultGroup
-		if g, ok := pod.Annotations[AnnotationGroup]; ok {
-			group = groupRef(g, pod.Namespace)
-		}
+		group := podRouteGroup(pod, defaultGroup)
 		if group == "" || b.groupsOut[group] == nil {
 			b.problem("Pod", pod, "metadata.annotations["+AnnotationGroup+"]", model.ReasonGroupNotFound, "pod route has no group (group %q)", group)
 			continue
@@ -76,6 +99,11 @@ func (b *builder) podRoutes(defaultGroup string) {
 		src := key(pod)
 		for _, h := range hosts {
 			h = strings.ToLower(h)
+			if ok, o := b.mayRoute(h, pod.Namespace); !ok {
+				b.problem("Pod", pod, "metadata.annotations["+AnnotationTrafficHosts+"]", model.ReasonHostTaken,
+					"host %q belongs to namespace %s (%s claimed it first); not routed", h, o.namespace, o.by)
+				continue
+			}
 			for _, p := range paths {
 				id := fmt.Sprintf("pod|%s|%s|%s|%d", pod.Namespace, h, p.path, p.port)
 				base := fmt.Sprintf("%s-pod-%s-%d", pod.Namespace, shortHash(h+"|"+p.path), p.port)

@@ -28,6 +28,7 @@ const (
 	ReasonNameTaken              Reason = "NameTaken"
 	ReasonPortReserved           Reason = "PortReserved"
 	ReasonGroupFull              Reason = "GroupFull"
+	ReasonHostTaken              Reason = "HostTaken"
 )
 
 // Reasons of both: a path nginx cannot match as written, and two sources asking for

@@ -1,0 +1,68 @@
+package controlplane
+
+import (
+	"slices"
+	"testing"
+
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// A host belongs to the namespace that claimed it first (issue 24, attack 3):
+// another namespace cannot add a path (or a certificate) to it, by Ingress or
+// pod route, unless the owner delegates it; a host nobody owns yet goes to
+// whoever names it first, whatever namespace.
+func TestBuildHostOwnership(t *testing.T) {
+	gs, gsl := g1Objects()
+	bind := []string{AnnotationGroup, "edge/g1"}
+	pfx := networkingv1.PathTypePrefix
+	shop := ingress("team-a", "shop", 1, "shop.example", []path{{"/", pfx, "web", 80}},
+		append(bind, AnnotationHostDelegates, "team-b")...)
+	steal := ingress("evil", "login", 2, "shop.example", []path{{"/login", pfx, "web", 80}}, bind...)
+	steal.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"shop.example"}, SecretName: "fake"}}
+	api := ingress("team-b", "api", 3, "shop.example", []path{{"/api", pfx, "web", 80}}, bind...)
+	// evil's own host, and a second rule of its Ingress that names one of team-a's.
+	own := ingress("evil", "own", 4, "evil.example", []path{{"/", pfx, "web", 80}}, bind...)
+	own.Spec.Rules = append(own.Spec.Rules, networkingv1.IngressRule{Host: "Shop.Example",
+		IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{
+			{Path: "/admin", PathType: &pfx, Backend: backend("web", 80)}}}}})
+	// Newer than evil's claim of evil.example: team-a does not get it.
+	late := ingress("team-a", "late", 5, "evil.example", []path{{"/a", pfx, "web", 80}}, bind...)
+	st := state(gs, gsl, shop, steal, api, own, late, tlsSecret("evil", "fake"),
+		backendSvc("team-a", "web", sport("", 80)), backendSvc("team-b", "web", sport("", 80)), backendSvc("evil", "web", sport("", 80)),
+		microservice("evil", "pod", 6, "10.9.0.1", "shop.example evil.example", "80:/pod", bind...))
+	snap, _, problems := Build(st, Options{})
+	if err := snap.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	routes := map[string][]string{}
+	for _, s := range snap.Servers {
+		for _, l := range s.Locations {
+			routes[s.Host] = append(routes[s.Host], l.Path+" "+l.Source)
+		}
+		if s.Host == "shop.example" && s.TLSCertificate != "" {
+			t.Errorf("shop.example has evil's certificate %s", s.TLSCertificate)
+		}
+	}
+	if want := []string{"/ team-a/shop", "/api team-b/api"}; !slices.Equal(routes["shop.example"], want) {
+		t.Errorf("shop.example routes %v, want %v (team-a's, and team-b's by delegation)", routes["shop.example"], want)
+	}
+	if want := []string{"/ evil/own", "/pod evil/pod"}; !slices.Equal(routes["evil.example"], want) {
+		t.Errorf("evil.example routes %v, want %v", routes["evil.example"], want)
+	}
+	var taken []string
+	for _, p := range problems {
+		if p.Reason == model.ReasonHostTaken {
+			taken = append(taken, p.Object+" "+p.Field)
+		}
+	}
+	want := []string{
+		"Ingress evil/login spec.rules[0].host", "Ingress evil/own spec.rules[1].host",
+		"Ingress team-a/late spec.rules[0].host", "Pod evil/pod metadata.annotations[trafficHosts]",
+	}
+	slices.Sort(taken)
+	if !slices.Equal(taken, want) {
+		t.Errorf("refused %v, want %v", taken, want)
+	}
+}
