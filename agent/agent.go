@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -58,6 +60,9 @@ type Config struct {
 	// ReservedPorts are ports the node's other daemons listen on, beyond
 	// NodePorts and the agent's own (ReservedPorts): no L4 Service may take them.
 	ReservedPorts []model.Port
+	// GroupNamespaces are namespaces beyond the agent's own (PodNamespace) and
+	// its group's where groups and IngressClaims are served (GroupNamespaces).
+	GroupNamespaces []string
 
 	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
@@ -219,7 +224,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	l7 := &firstSnapshot{Sink: reloader, arrived: make(chan struct{})}
 	ctrl, err := controlplane.New(controlplane.Config{
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
-		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, announcer}, ReservedPorts: ReservedPorts(cfg),
+		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, announcer}, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
 		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage,
 		AgentAPIServer: cfg.APIServer,
 	})
@@ -373,4 +378,20 @@ func ReservedPorts(cfg Config) map[model.Port]string {
 		}
 	}
 	return out
+}
+
+// GroupNamespaces are the namespaces where a Service labelled portico.io/group
+// is a group and IngressClaims are served: the agent's own (the release's), its
+// group's and cfg.GroupNamespaces, sorted. Anywhere else a tenant could make a
+// group, or have privileged agents provisioned.
+func GroupNamespaces(cfg Config) []string {
+	ns := slices.Clone(cfg.GroupNamespaces)
+	if g, _, ok := strings.Cut(cfg.Group, "/"); ok {
+		ns = append(ns, g)
+	}
+	if cfg.PodNamespace != "" {
+		ns = append(ns, cfg.PodNamespace)
+	}
+	slices.Sort(ns)
+	return slices.Compact(ns)
 }

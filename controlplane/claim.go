@@ -154,7 +154,8 @@ func claimService(c *IngressClaim) *corev1.Service {
 // the Lease namespace leaseNS; the image and API server address, unless empty; and
 // the VIP pools, the provisioning leader's own, so an agent of the claim that becomes
 // leader allocates as it did.
-func claimDaemonSet(c *IngressClaim, image, apiServer, leaseNS string, pools []Pool) (*appsv1.DaemonSet, error) {
+func claimDaemonSet(c *IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
+	image, apiServer, leaseNS, pools := cfg.AgentImage, cfg.AgentAPIServer, cfg.LeaseNamespace, cfg.Pools
 	ds, err := deploy.AgentDaemonSet()
 	if err != nil {
 		return nil, err
@@ -192,6 +193,15 @@ func claimDaemonSet(c *IngressClaim, image, apiServer, leaseNS string, pools []P
 		ps = append(ps, p.String())
 	}
 	agent.Args = setFlag(agent.Args, "vip-pool", strings.Join(ps, ";"))
+	// Its agents may lead too: they honour the same groups and reserve the
+	// same ports as the provisioning one, so every leader decides alike.
+	agent.Args = setFlag(agent.Args, "group-namespaces", strings.Join(cfg.GroupNamespaces, ","))
+	var rs []string
+	for p := range cfg.ReservedPorts {
+		rs = append(rs, fmt.Sprintf("%d/%s", p.Port, strings.ToLower(string(p.Protocol))))
+	}
+	slices.Sort(rs)
+	agent.Args = setFlag(agent.Args, "reserved-ports", strings.Join(rs, ","))
 	return ds, nil
 }
 
@@ -243,6 +253,7 @@ func (c *Controller) reconcileClaims(ctx context.Context, st State, snap model.S
 		if claim.DeletionTimestamp != nil {
 			continue
 		}
+
 		if err := c.reconcileClaim(ctx, claim, ix, &problems); err != nil {
 			errs = append(errs, fmt.Errorf("reconcile IngressClaim %s/%s: %w", claim.Namespace, claim.Name, err))
 		}
@@ -279,6 +290,13 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	warn := func(field string, reason model.Reason, detail string) {
 		*problems = append(*problems, model.Problem{Object: "IngressClaim " + claim.Namespace + "/" + claim.Name,
 			Field: field, Reason: reason, Detail: detail})
+	}
+	if ns := c.cfg.GroupNamespaces; len(ns) > 0 && !slices.Contains(ns, claim.Namespace) {
+		// Its agents would be privileged hostNetwork pods: only the operator's
+		// namespaces provision them.
+		msg := fmt.Sprintf("IngressClaims are served only in namespaces %s", strings.Join(ns, ", "))
+		warn("metadata.namespace", model.ReasonClaimNotAllowed, msg)
+		return c.writeClaimStatus(ctx, claim, IngressClaimStatus{Phase: ClaimPending, Message: msg})
 	}
 	group := claim.Namespace + "/" + claim.Name
 	status := IngressClaimStatus{Group: group}
@@ -328,7 +346,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	if !seen || time.Since(at) > c.cfg.ResyncPeriod {
 		dsc := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace)
 		if _, err := dsc.Get(ctx, claim.Name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
-			ds, err := claimDaemonSet(claim, c.cfg.AgentImage, c.cfg.AgentAPIServer, c.cfg.LeaseNamespace, c.cfg.Pools)
+			ds, err := claimDaemonSet(claim, c.cfg)
 			if err != nil {
 				return fmt.Errorf("derive DaemonSet: %w", err)
 			}

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
 )
 
@@ -39,6 +40,8 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		name     string
 		template ReplicaTemplate
 		pools    []Pool
+		groupNS  []string
+		reserved map[model.Port]string
 		image    string // "": the manifest's
 		api      string // the leader's --apiserver ("": none)
 		// sa and flags are what the claim changes in the manifest's pod.
@@ -49,11 +52,14 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			name:     "template and pools",
 			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true"}, Interface: "bond0", ServiceAccountName: "shop-agent"},
 			pools:    []Pool{pool4, pool6},
+			groupNS:  []string{"portico-system", "shop"},
+			reserved: map[model.Port]string{{Protocol: model.UDP, Port: 53}: "dns", {Protocol: model.TCP, Port: 10247}: "liveness"},
 			image:    "example/portico:test",
 			api:      "https://10.251.0.1:6443",
 			sa:       "shop-agent",
 			flags: map[string]string{"group": "shop/edge", "iface": "bond0", "pod-namespace": "portico-system", "apiserver": "https://10.251.0.1:6443",
-				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120", "claim-image": "example/portico:test"},
+				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120", "claim-image": "example/portico:test",
+				"group-namespaces": "portico-system,shop", "reserved-ports": "10247/tcp,53/udp"},
 		},
 		{
 			name: "manifest defaults, no pools",
@@ -64,7 +70,8 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := &IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
 				Spec: IngressClaimSpec{Template: tc.template}}
-			got, err := claimDaemonSet(claim, tc.image, tc.api, "portico-system", tc.pools)
+			got, err := claimDaemonSet(claim, Config{AgentImage: tc.image, AgentAPIServer: tc.api, LeaseNamespace: "portico-system", Pools: tc.pools,
+				GroupNamespaces: tc.groupNS, ReservedPorts: tc.reserved})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -51,6 +51,12 @@ type Config struct {
 	// ReservedPorts are the edges' and nodes' own ports, which no L4 Service
 	// may take (Options.ReservedPorts).
 	ReservedPorts map[model.Port]string
+	// GroupNamespaces are the namespaces where a Service labelled
+	// portico.io/group=true is a group, and where IngressClaims are served (the
+	// operator's; a claim provisions privileged agents). Elsewhere such a
+	// Service is a plain one (reported), and a claim is refused. Empty: every
+	// namespace.
+	GroupNamespaces []string
 	// Sinks receive every new snapshot.
 	Sinks []Sink
 	// AgentImage is the image of the DaemonSets IngressClaims provision (default:
@@ -452,7 +458,7 @@ func (c *Controller) build() *writeJob {
 	defer func() { c.metrics.syncDuration.Observe(time.Since(start).Seconds()) }()
 	// One state for the whole sync: the cache with this leader's writes that it
 	// does not show yet, so that nothing is allocated or scheduled twice.
-	st := c.withWritten(c.state())
+	st, notAllowed := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
 	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup, ReservedPorts: c.cfg.ReservedPorts})
 	if err := snap.Validate(); err != nil {
 		// A bug in Build, not a bad object: the sinks keep the last snapshot, and
@@ -464,7 +470,7 @@ func (c *Controller) build() *writeJob {
 	// Allocation is pure too: every instance computes it, so its problems show in
 	// Problems() and the metrics everywhere; only the leader writes the result.
 	alloc := c.allocate(st)
-	problems = append(problems, alloc.problems...)
+	problems = append(append(notAllowed, problems...), alloc.problems...)
 
 	c.mu.Lock()
 	// The first snapshot always goes out, even an empty one: sinks start from it.
@@ -496,7 +502,7 @@ func (c *Controller) writeOut(ctx context.Context, job *writeJob) error {
 	// The caches as they are now, with this leader's writes, and what they
 	// allocate: the build may be older than the writer's last writes, and a
 	// user's own portico.io/vip written since must not be overwritten.
-	st := c.withWritten(c.state())
+	st, _ := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
 	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st))
 	all := append(slices.Clone(job.problems), claimProblems...)
 	c.report(all)

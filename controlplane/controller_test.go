@@ -242,6 +242,47 @@ func TestClaimWarningsReported(t *testing.T) {
 	}
 }
 
+// TestClaimOutsideGroupNamespaces (issue 24, attack 4): a claim in a namespace
+// the operator did not list provisions nothing (no group Service, no privileged
+// DaemonSet), is Pending with the reason, and is reported.
+func TestClaimOutsideGroupNamespaces(t *testing.T) {
+	c, _ := fakeController(t)
+	c.cfg.GroupNamespaces = []string{"portico-system"}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"metadata": map[string]any{"name": "edge", "namespace": "tenant", "uid": "claim-uid"},
+		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
+	}}
+	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+	claim, err := claimFromUnstructured(u)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := State{Ingresses: []*networkingv1.Ingress{{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "shop"}}}}
+	c.leader.Store(true)
+	ctx := context.Background()
+	var problems []model.Problem
+	if err := c.reconcileClaim(ctx, claim, newClaimIndex(st, model.Snapshot{}), &problems); err != nil {
+		t.Fatal(err)
+	}
+	if len(problems) != 1 || problems[0].Reason != model.ReasonClaimNotAllowed || problems[0].Object != "IngressClaim tenant/edge" {
+		t.Errorf("problems %v, want one ClaimNotAllowed on the claim", problems)
+	}
+	svcs, _ := c.cfg.Client.CoreV1().Services("tenant").List(ctx, metav1.ListOptions{})
+	dss, _ := c.cfg.Client.AppsV1().DaemonSets("tenant").List(ctx, metav1.ListOptions{})
+	if len(svcs.Items) != 0 || len(dss.Items) != 0 {
+		t.Errorf("provisioned %d Services and %d DaemonSets, want none", len(svcs.Items), len(dss.Items))
+	}
+	got, err := c.cfg.Dynamic.Resource(ClaimResource).Namespace("tenant").Get(ctx, "edge", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if phase, _, _ := unstructured.NestedString(got.Object, "status", "phase"); phase != ClaimPending {
+		t.Errorf("claim status %v, want Pending", got.Object["status"])
+	}
+}
+
 // TestClaimDaemonSetLookups: the claim's DaemonSet is looked up on the API server
 // once, not on every sync, and again after a resync period.
 func TestClaimDaemonSetLookups(t *testing.T) {

@@ -3,6 +3,7 @@ package controlplane
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -25,6 +26,33 @@ func IsGroup(s *corev1.Service) bool {
 func IsL4Service(s *corev1.Service) bool {
 	return !IsGroup(s) && s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerClass != nil &&
 		*s.Spec.LoadBalancerClass == LoadBalancerClass
+}
+
+// allowedGroups is st with every group Service outside namespaces (empty: none
+// is) turned into a plain Service, a copy without the portico.io/group label, and
+// a problem for each: a tenant cannot make a group, attract other teams'
+// selector-bound Ingresses and write its address into their status.
+func allowedGroups(st State, namespaces []string) (State, []model.Problem) {
+	if len(namespaces) == 0 {
+		return st, nil
+	}
+	var problems []model.Problem
+	for i, s := range st.Services {
+		if !IsGroup(s) || slices.Contains(namespaces, s.Namespace) {
+			continue
+		}
+		if len(problems) == 0 {
+			st.Services = slices.Clone(st.Services)
+		}
+		c := *s
+		c.Labels = maps.Clone(s.Labels)
+		delete(c.Labels, LabelGroup)
+		st.Services[i] = &c
+		problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.labels[" + LabelGroup + "]",
+			Reason: model.ReasonGroupNotAllowed,
+			Detail: fmt.Sprintf("groups are served only in namespaces %s; a plain Service here", strings.Join(namespaces, ", "))})
+	}
+	return st, problems
 }
 
 // sortedGroups returns the group Services oldest first.

@@ -66,3 +66,35 @@ func TestBuildHostOwnership(t *testing.T) {
 		t.Errorf("refused %v, want %v", taken, want)
 	}
 }
+
+// A Service labelled portico.io/group=true outside the operator's namespaces
+// is not a group (issue 24, attack 2): no Ingress binds to it, by selector or
+// annotation, and it is reported; the operator's group keeps its Ingresses.
+func TestGroupsOnlyInTheOperatorsNamespaces(t *testing.T) {
+	gs, gsl := g1Objects() // edge/g1
+	fake := groupSvc("tenant", "g2", 0, AnnotationVIP, "198.51.100.9")
+	fake.Labels["tier"] = "public"
+	gs[0].Labels["tier"] = "public"
+	pfx := networkingv1.PathTypePrefix
+	victim := ingress("team-a", "shop", 1, "shop.example", []path{{"/", pfx, "web", 80}}, AnnotationGroupSelector, "tier=public")
+	bound := ingress("team-a", "bound", 2, "bound.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "tenant/g2")
+	st, notAllowed := allowedGroups(state(gs, gsl, fake, victim, bound, backendSvc("team-a", "web", sport("", 80))), []string{"edge"})
+	if len(notAllowed) != 1 || notAllowed[0].Reason != model.ReasonGroupNotAllowed || notAllowed[0].Object != "Service tenant/g2" {
+		t.Errorf("problems %v, want one GroupNotAllowed on tenant/g2", notAllowed)
+	}
+	if !IsGroup(fake) {
+		t.Error("allowedGroups changed the informer's object")
+	}
+	snap, bindings, problems := Build(st, Options{})
+	if len(snap.Groups) != 1 || snap.Groups[0].Name != "edge/g1" {
+		t.Errorf("groups %v, want edge/g1 alone", snap.Groups)
+	}
+	if g := bindings["team-a/bound"].Group; g != "tenant/g2" || !slices.ContainsFunc(problems, func(p model.Problem) bool {
+		return p.Object == "Ingress team-a/bound" && p.Reason == model.ReasonGroupNotFound
+	}) {
+		t.Errorf("the Ingress bound to tenant/g2 by annotation: binding %q, problems %v; want it reported, not served", g, problems)
+	}
+	if got := matchingGroups(sortedGroups(st.Services), bindings["team-a/shop"].Selector); len(got) != 1 || key(got[0]) != "edge/g1" {
+		t.Errorf("groups matching the selector: %d, want edge/g1 alone", len(got))
+	}
+}

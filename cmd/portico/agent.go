@@ -47,7 +47,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		livenessPort, rise              uint
 		priority, degraded, version     uint
 		bgpConfig, nextHop6             string
-		tunnel, reserved                string
+		tunnel, reserved, groupNS       string
 		err                             error
 	)
 	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
@@ -74,6 +74,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.DurationVar(&c.Liveness.FlapWindow, "liveness-flap-window", liveness.DefaultTiming.FlapWindow, "a replica that dies within this time of coming back needs twice as many good answers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9101", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&reserved, "reserved-ports", "", "ports other daemons of the edge nodes listen on, which no L4 Service may take, beyond ssh, BGP, BFD, the kubelet's and the agent's own: PORT/PROTOCOL separated by ',' (9100/tcp,53/udp)")
+	fs.StringVar(&groupNS, "group-namespaces", "", "namespaces, beyond the agent's own and its group's, where a Service labelled portico.io/group=true is a group and IngressClaims are served, separated by ','; elsewhere they are refused with an Event")
 	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's profiles (/debug/pprof/) on the metrics address")
 	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
 	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see the README)")
@@ -124,6 +125,11 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 			return c, fmt.Errorf("-vip-pool %q: %w", p, err)
 		}
 		c.Pools = append(c.Pools, pool)
+	}
+	for _, ns := range strings.Split(groupNS, ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			c.GroupNamespaces = append(c.GroupNamespaces, ns)
+		}
 	}
 	if c.ReservedPorts, err = parsePorts(reserved); err != nil {
 		return c, fmt.Errorf("-reserved-ports: %w", err)

@@ -29,6 +29,8 @@ const (
 	ReasonPortReserved           Reason = "PortReserved"
 	ReasonGroupFull              Reason = "GroupFull"
 	ReasonHostTaken              Reason = "HostTaken"
+	ReasonGroupNotAllowed        Reason = "GroupNotAllowed"
+	ReasonClaimNotAllowed        Reason = "ClaimNotAllowed"
 )
 
 // Reasons of both: a path nginx cannot match as written, and two sources asking for
