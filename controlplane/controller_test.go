@@ -203,14 +203,12 @@ func TestAllocationProblems(t *testing.T) {
 	}
 }
 
-// TestClaimWarningsReported: a claim's warnings are problems for report (deduplicated),
-// not Events sent on every sync.
-func TestClaimWarningsReported(t *testing.T) {
-	taken := corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "edge"}}
-	c, rec := fakeController(t, taken)
+// fakeClaim is the IngressClaim ns/edge of Ingress shop, in c's dynamic client.
+func fakeClaim(t *testing.T, c *Controller, ns string) *IngressClaim {
+	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
-		"metadata": map[string]any{"name": "edge", "namespace": "ns", "uid": "claim-uid"},
+		"metadata": map[string]any{"name": "edge", "namespace": ns, "uid": "claim-uid"},
 		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
 	}}
 	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
@@ -219,6 +217,15 @@ func TestClaimWarningsReported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return claim
+}
+
+// TestClaimWarningsReported: a claim's warnings are problems for report (deduplicated),
+// not Events sent on every sync.
+func TestClaimWarningsReported(t *testing.T) {
+	taken := corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "edge"}}
+	c, rec := fakeController(t, taken)
+	claim := fakeClaim(t, c, "ns")
 	st := State{Services: []*corev1.Service{&taken},
 		Ingresses: []*networkingv1.Ingress{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "shop"}}}}
 	c.leader.Store(true)
@@ -248,17 +255,7 @@ func TestClaimWarningsReported(t *testing.T) {
 func TestClaimOutsideGroupNamespaces(t *testing.T) {
 	c, _ := fakeController(t)
 	c.cfg.GroupNamespaces = []string{"portico-system"}
-	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
-		"metadata": map[string]any{"name": "edge", "namespace": "tenant", "uid": "claim-uid"},
-		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
-	}}
-	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
-	claim, err := claimFromUnstructured(u)
-	if err != nil {
-		t.Fatal(err)
-	}
+	claim := fakeClaim(t, c, "tenant")
 	st := State{Ingresses: []*networkingv1.Ingress{{ObjectMeta: metav1.ObjectMeta{Namespace: "tenant", Name: "shop"}}}}
 	c.leader.Store(true)
 	ctx := context.Background()
