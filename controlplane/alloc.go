@@ -106,11 +106,18 @@ func lastAddr(p netip.Prefix) netip.Addr {
 // AllocateVIPs picks VIPs for the groups and L4 Services that have none (no VIP
 // annotation at all), oldest first, one per address family that has a pool, the
 // lowest free address first. Addresses in every such Service's annotation count as
-// used. It returns the new VIPs by Service and a problem for each Service a
-// family's pools could not serve.
-func AllocateVIPs(services []*corev1.Service, pools []Pool) (map[string][]netip.Addr, []model.Problem) {
+// used, and so do the nodes' addresses. It returns the new VIPs by Service and a
+// problem for each Service a family's pools could not serve.
+func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools []Pool) (map[string][]netip.Addr, []model.Problem) {
 	groups := sortedVIPHolders(services)
 	used := map[netip.Addr]bool{}
+	for _, n := range nodes {
+		for _, a := range n.Status.Addresses {
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				used[ip.Unmap()] = true
+			}
+		}
+	}
 	for _, s := range groups {
 		if v, _, ok := vipAnnotation(s); ok {
 			vips, _ := parseVIPs(v)

@@ -62,6 +62,7 @@ func TestAllocateVIPs(t *testing.T) {
 	tests := []struct {
 		name     string
 		services []*corev1.Service
+		nodes    []*corev1.Node
 		pools    []string
 		want     map[string][]netip.Addr
 		problems []model.Problem
@@ -108,6 +109,14 @@ func TestAllocateVIPs(t *testing.T) {
 			want:  map[string][]netip.Addr{"e/g": addrs("192.0.2.1"), "app/dns": addrs("192.0.2.2")},
 		},
 		{
+			name:     "a node's address is never handed out (issue 24, attack 1)",
+			services: []*corev1.Service{groupSvc("e", "a", 1)},
+			nodes: []*corev1.Node{{ObjectMeta: meta("", "n1", 0), Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+				{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}, {Type: corev1.NodeHostName, Address: "n1"}}}}},
+			pools: []string{"192.0.2.0/29"},
+			want:  map[string][]netip.Addr{"e/a": addrs("192.0.2.2")},
+		},
+		{
 			name:     "no pools: nothing allocated, nothing reported",
 			services: []*corev1.Service{groupSvc("e", "a", 1)},
 			want:     map[string][]netip.Addr{},
@@ -125,7 +134,7 @@ func TestAllocateVIPs(t *testing.T) {
 			for _, p := range tc.pools {
 				pools = append(pools, mustPool(t, p))
 			}
-			got, problems := AllocateVIPs(tc.services, pools)
+			got, problems := AllocateVIPs(tc.services, tc.nodes, pools)
 			if d := cmp.Diff(tc.want, got, cmpAddrs); d != "" {
 				t.Errorf("allocations (-want +got):\n%s", d)
 			}

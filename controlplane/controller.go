@@ -524,7 +524,7 @@ type allocation struct {
 
 func (c *Controller) allocate(st State) allocation {
 	vrids, problems := AllocateVRIDs(st.Services)
-	vips, vipProblems := AllocateVIPs(st.Services, c.cfg.Pools)
+	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, c.cfg.Pools)
 	return allocation{vrids: vrids, vips: vips, problems: append(problems, vipProblems...)}
 }
 

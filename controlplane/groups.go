@@ -99,7 +99,8 @@ func parseVIPs(v string) ([]netip.Addr, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%q is not an IP address", f)
 		}
-		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() {
+		if a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() || a.IsLoopback() || a.IsLinkLocalUnicast() ||
+			a.Unmap() == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
 			return nil, fmt.Errorf("%s is not a usable unicast address", a)
 		}
 		a = a.Unmap()
@@ -146,7 +147,16 @@ func (b *builder) groupVIPs(s *corev1.Service) []netip.Addr {
 		b.problem("Service", s, "metadata.annotations["+name+"]", model.ReasonInvalidVIP, "%v", err)
 		return nil
 	}
-	return vips
+	// A node's address is never a VIP: every edge would put it on lo and answer
+	// ARP for it, taking the node's (or the API server's) traffic.
+	return slices.DeleteFunc(vips, func(a netip.Addr) bool {
+		node, is := b.nodeByIP[a]
+		if is {
+			b.problem("Service", s, "metadata.annotations["+name+"]", model.ReasonInvalidVIP,
+				"%s is the address of node %s; not applied", a, node)
+		}
+		return is
+	})
 }
 
 // parseVRID parses a VRRP virtual router id.

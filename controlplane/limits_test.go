@@ -224,3 +224,28 @@ func TestBuildRefusesWhatAGroupCannotHoldForItsReplicas(t *testing.T) {
 		t.Errorf("problems of the newest Service %v, want GroupFull", got)
 	}
 }
+
+// A tenant's L4 Service that names a node's address as its VIP (issue 24, attack
+// 1: every edge put it on lo, and the VRRP owner answered ARP for it) gets
+// nothing of it; its other VIPs are served. A link-local address is no VIP.
+func TestBuildRefusesANodesAddressAsVIP(t *testing.T) {
+	gs, gsl := g1Objects()
+	node := &corev1.Node{ObjectMeta: meta("", "n9", 0), Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
+		{Type: corev1.NodeInternalIP, Address: "10.1.0.9"}}}}
+	svcs := []*corev1.Service{tenantL4("thief", 1, addrs("10.1.0.9", "198.51.100.5"), 7000),
+		tenantL4("linklocal", 2, addrs("169.254.0.1"), 7000)}
+	snap, _, problems := Build(state(gs, gsl, node, svcs), Options{})
+	for _, s := range snap.Services {
+		if s.Name == "tenant/thief" && !slices.Equal(s.VIPs, addrs("198.51.100.5")) {
+			t.Errorf("tenant/thief serves %v, want 198.51.100.5 alone", s.VIPs)
+		}
+		if s.Name == "tenant/linklocal" && len(s.VIPs) != 0 {
+			t.Errorf("tenant/linklocal serves %v, want no VIP", s.VIPs)
+		}
+	}
+	for _, name := range []string{"Service tenant/thief", "Service tenant/linklocal"} {
+		if got := problemsOf(problems, name); len(got) != 1 || got[0].Reason != model.ReasonInvalidVIP {
+			t.Errorf("problems of %s: %v, want one InvalidVIP", name, got)
+		}
+	}
+}
