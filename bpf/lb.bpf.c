@@ -45,6 +45,7 @@ volatile const __u32 lb_sock_model = 0;
 /* Keep the enums Go needs in BTF for bpf2go. */
 const enum lb_limits *unused_limits __attribute__((unused));
 const enum backend_flags *unused_backend_flags __attribute__((unused));
+const enum vip_flags *unused_vip_flags __attribute__((unused));
 const enum cache_pin *unused_cache_pin __attribute__((unused));
 
 static __always_inline int count(enum reason r, int verdict)
@@ -84,14 +85,15 @@ static __always_inline int from_peer(const struct ethhdr *eth, const struct lb_c
 }
 
 /* lookup_vip finds the VIP of a flow's destination (address, port or any port,
- * protocol): 1 and its id, or 0. The answer is memoized per CPU. */
+ * protocol): 1 and its id; 2 for a VIP address whose port is served by nothing
+ * (VIP_F_CLOSED); or 0. The answer is memoized per CPU. */
 static __always_inline int lookup_vip(const struct flow_key *flow, const struct lb_config *cfg, __u32 *vip_id)
 {
 	struct vip_key vk = {};
 	struct vip_memo *m;
 	struct vip_val *v;
 	const __u32 *a, *b;
-	__u32 slot;
+	__u32 slot, found;
 
 	__builtin_memcpy(vk.addr, flow->dst, sizeof(vk.addr));
 	vk.port = flow->dport;
@@ -112,15 +114,16 @@ static __always_inline int lookup_vip(const struct flow_key *flow, const struct 
 		v = bpf_map_lookup_elem(&vips, &vk);
 		vk.port = flow->dport;
 	}
+	found = v ? (v->flags & VIP_F_CLOSED ? 2 : 1) : 0;
 	if (m) {
 		__builtin_memcpy(&m->key, &vk, sizeof(vk));
 		m->generation = cfg->generation;
-		m->found = v != 0;
+		m->found = found;
 		m->vip_id = v ? v->vip_id : 0;
 	}
 	if (v)
 		*vip_id = v->vip_id;
-	return v != 0;
+	return found;
 }
 
 /* ring_slot returns the slot a ring map (rings, prev_rings, mid_rings) holds at
@@ -514,7 +517,7 @@ static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const
 		proto = bpf_htons(ETH_P_IPV6);
 		rc = parse_ipv6(ip + 1, data_end, p);
 	}
-	if (rc != PARSE_OK || !lookup_vip(&p->flow, cfg, &vip_id))
+	if (rc != PARSE_OK || lookup_vip(&p->flow, cfg, &vip_id) != 1)
 		return 0;
 	__builtin_memcpy(dst, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(src, eth->h_source, ETH_ALEN);
@@ -826,7 +829,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		return count(REASON_HANDOFF_IN, XDP_PASS);
 	hops = mark_hops(m);
 	tag = get_tag(eth, data_end, m);
-	if (!th || !lookup_vip(&p->flow, cfg, &vip_id))
+	if (!th || lookup_vip(&p->flow, cfg, &vip_id) != 1)
 		return count(REASON_FROM_PEER, XDP_PASS);
 	relays = live(&relay_clock, &now);
 	if (p->syn) {
@@ -1030,8 +1033,18 @@ int xdp_lb(struct xdp_md *ctx)
 		}
 	}
 
-	if (!lookup_vip(&p.flow, cfg, &vip_id))
+	switch (lookup_vip(&p.flow, cfg, &vip_id)) {
+	case 1:
+		break;
+	case 2:
+		/* No listener of the node answers on a VIP: only what a Service
+		 * or the group serves (an ICMP error about such a flow passes). */
+		if (!p.icmp_error)
+			return count(REASON_VIP_CLOSED, XDP_DROP);
+		return count(REASON_ICMP_OTHER, XDP_PASS);
+	default:
 		return count(p.icmp_error ? REASON_ICMP_OTHER : REASON_NOT_VIP, XDP_PASS);
+	}
 	vs = bpf_map_lookup_elem(&vip_stats, &vip_id);
 	if (vs) {
 		vs->packets++;

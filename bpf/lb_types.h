@@ -93,7 +93,14 @@ struct vip_key {
 
 struct vip_val {
 	__u32 vip_id; /* index into rings and vip_stats, < LB_MAX_VIPS */
-	__u32 flags;  /* reserved, 0 */
+	__u32 flags;  /* vip_flags */
+};
+
+enum vip_flags {
+	VIP_F_CLOSED = 1, /* (address, 0, protocol): the address is a VIP whose
+			   * other ports of the protocol are served by nothing:
+			   * dropped, not passed to the node's stack (its own
+			   * listeners must not answer on a VIP) */
 };
 
 enum backend_flags {
@@ -263,6 +270,8 @@ enum reason {
 				  * can have: served here (the stack resets it) */
 	REASON_HANDOFF_WAIT,     /* the same within LB_SETTLE_MS of a ring change:
 				  * dropped (sent again, it finds settled rings) */
+	REASON_VIP_CLOSED,       /* a VIP address on a port (TCP, UDP) it does not
+				  * serve: dropped */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

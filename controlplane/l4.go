@@ -98,6 +98,9 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 		slices.SortFunc(ports, func(x, y port) int {
 			return cmp.Or(cmp.Compare(x.p.Protocol, y.p.Protocol), cmp.Compare(x.p.Port, y.p.Port))
 		})
+		if len(ports) == 0 {
+			continue // nothing to serve (each port's refusal is reported): its VIPs stay free
+		}
 		load := loads[group]
 		if load == nil {
 			load = newGroupLoad(g)
@@ -141,20 +144,21 @@ type groupLoad struct {
 	family                [2]int // VIP addresses: IPv4, IPv6
 }
 
-// newGroupLoad is the load of g's own VIPs and ports (none named: every TCP
-// and UDP port, two keys per VIP, as the data plane steers them).
+// newGroupLoad is the load of g's own VIPs and ports.
 func newGroupLoad(g *model.Group) *groupLoad {
 	l := &groupLoad{replicas: len(g.Replicas)}
-	l.add(g.VIPs, max(len(g.Ports), 2))
+	l.add(g.VIPs, len(g.Ports))
 	return l
 }
 
-// add adds a Service's VIPs and number of ports and returns "", or, when they
-// do not fit, which limit they would pass (and leaves the load as it was).
+// add adds VIPs with a number of ports and returns "", or, when they do not
+// fit, which limit they would pass (and leaves the load as it was). Each VIP
+// takes a key per port and two more, as the data plane steers them: its other
+// TCP and UDP ports closed, or, with no port named, every port of both.
 func (l *groupLoad) add(vips []netip.Addr, ports int) string {
 	n := *l
 	n.addrs += len(vips)
-	n.keys += len(vips) * ports
+	n.keys += len(vips) * (ports + 2)
 	for _, a := range vips {
 		if a.Is4() {
 			n.family[0]++

@@ -34,7 +34,7 @@ type Desired struct {
 type Group struct {
 	Name     string
 	VIPs     []netip.Addr
-	Ports    []model.Port // empty: every TCP and UDP port
+	Ports    []model.Port // empty: every TCP and UDP port; else the others are closed (dropped)
 	Backends []Backend
 	// Remotes are the edges of the other sites that serve the group's VIPs
 	// (anycast, in a federation), where a site hand-over (Handover) sends the
@@ -775,6 +775,18 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 					proto = unix.IPPROTO_UDP
 				}
 				p.vipKeys[lbVipKey{Addr: addr16(v), Port: portToMap(port.Port), Proto: proto}] = lbVipVal{VipId: vipID}
+			}
+			// With ports named, the address's other TCP and UDP ports are
+			// closed: xdp_lb drops what reaches them, so no listener of the
+			// node (the agent's metrics, the liveness checks, the kubelet,
+			// ssh) ever answers on a VIP.
+			if len(g.Ports) > 0 {
+				for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+					k := lbVipKey{Addr: addr16(v), Port: 0, Proto: proto}
+					if _, every := p.vipKeys[k]; !every {
+						p.vipKeys[k] = lbVipVal{VipId: vipID, Flags: uint32(lbVipFlagsVIP_F_CLOSED)}
+					}
+				}
 			}
 			idOf := map[netip.Addr]uint32{}
 			for _, b := range g.Backends {

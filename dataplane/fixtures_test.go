@@ -196,6 +196,7 @@ func reasons(kv ...any) map[Reason]uint64 {
 const (
 	rNotIP     = lbReasonREASON_NOT_IP
 	rNotVIP    = lbReasonREASON_NOT_VIP
+	rVIPClosed = lbReasonREASON_VIP_CLOSED
 	rMalformed = lbReasonREASON_MALFORMED
 	rFragment  = lbReasonREASON_FRAGMENT
 	rOptions   = lbReasonREASON_IP_OPTIONS
@@ -321,19 +322,25 @@ func fixtures() []fixture {
 				{name: "the same flow from a peer (cached)", in: est.WithMACs(r2MAC, nicMAC).Bytes(), verdict: xdptest.Pass, reasons: reasons(rFromPeer, 1)},
 			}
 		}},
-		{"non-VIP traffic passes byte-identical", single(r1), func(t testing.TB) []step {
+		{"non-VIP traffic passes byte-identical; a VIP's other ports are closed", single(r1), func(t testing.TB) []step {
 			otherAddr := tcp4(40010, xdptest.SYN)
 			otherAddr.Dst = other4
+			// The VIP serves TCP 80 and UDP 53 only: nothing of the node may
+			// answer on its other ports (the liveness checks', the metrics',
+			// the kubelet's, ssh).
 			otherPort := tcp4(40011, xdptest.SYN)
-			otherPort.DPort = 81
+			otherPort.DPort = 10247
 			otherProto := udp4(40012)
-			otherProto.DPort = 80 // the VIP serves TCP 80 and UDP 53 only
+			otherProto.DPort = 80
+			otherPort6 := tcp6(40015, xdptest.SYN)
+			otherPort6.DPort = 22
 			fromVIP := tcp4(40013, xdptest.ACK)
 			fromVIP.Src, fromVIP.Dst, fromVIP.SPort, fromVIP.DPort = vip4, client4, 80, 40013
 			return []step{
 				{name: "other address", in: otherAddr.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
-				{name: "other port", in: otherPort.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
-				{name: "other protocol", in: otherProto.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
+				{name: "other port", in: otherPort.Bytes(), verdict: xdptest.Drop, reasons: reasons(rVIPClosed, 1)},
+				{name: "other protocol", in: otherProto.Bytes(), verdict: xdptest.Drop, reasons: reasons(rVIPClosed, 1)},
+				{name: "other port, IPv6", in: otherPort6.Bytes(), verdict: xdptest.Drop, reasons: reasons(rVIPClosed, 1)},
 				{name: "reply from the VIP", in: fromVIP.Bytes(), verdict: xdptest.Pass, reasons: reasons(rNotVIP, 1)},
 				{name: "arp", in: xdptest.ARPRequest(clientMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rNotIP, 1)},
 				{name: "icmp echo to the VIP", in: xdptest.ICMPEcho(clientMAC, nicMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},

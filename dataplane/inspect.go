@@ -123,6 +123,9 @@ func (m maps) vipViews() ([]VIPView, error) {
 			v = &VIPView{Addr: addrFrom16(vk.Addr), ID: vv.VipId, Counters: cnt.VIPs[vv.VipId]}
 			byID[vv.VipId] = v
 		}
+		if vv.Flags&uint32(lbVipFlagsVIP_F_CLOSED) != 0 {
+			continue // the ports it does not serve
+		}
 		proto := model.TCP
 		if vk.Proto == unix.IPPROTO_UDP {
 			proto = model.UDP

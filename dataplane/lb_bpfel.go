@@ -167,7 +167,8 @@ const (
 	lbReasonREASON_SITE_IN      lbReason = 19
 	lbReasonREASON_HANDOFF_END  lbReason = 20
 	lbReasonREASON_HANDOFF_WAIT lbReason = 21
-	lbReasonREASON_MAX          lbReason = 22
+	lbReasonREASON_VIP_CLOSED   lbReason = 22
+	lbReasonREASON_MAX          lbReason = 23
 )
 
 type lbRingMeta struct {
@@ -203,6 +204,12 @@ type lbVipCounters struct {
 	NewFlows uint64
 	FlowHits uint64
 }
+
+type lbVipFlags uint32
+
+const (
+	lbVipFlagsVIP_F_CLOSED lbVipFlags = 1
+)
 
 type lbVipKey struct {
 	_     structs.HostLayout
@@ -260,6 +267,7 @@ const (
 	lbVarUnusedBackendFlags = "unused_backend_flags"
 	lbVarUnusedCachePin     = "unused_cache_pin"
 	lbVarUnusedLimits       = "unused_limits"
+	lbVarUnusedVipFlags     = "unused_vip_flags"
 )
 
 // loadLb returns the embedded CollectionSpec for lb.
@@ -345,6 +353,7 @@ type lbVariableSpecs struct {
 	UnusedBackendFlags *ebpf.VariableSpec `ebpf:"unused_backend_flags"`
 	UnusedCachePin     *ebpf.VariableSpec `ebpf:"unused_cache_pin"`
 	UnusedLimits       *ebpf.VariableSpec `ebpf:"unused_limits"`
+	UnusedVipFlags     *ebpf.VariableSpec `ebpf:"unused_vip_flags"`
 }
 
 // lbObjects contains all objects after they have been loaded into the kernel.
@@ -430,6 +439,7 @@ type lbVariables struct {
 	UnusedBackendFlags *ebpf.Variable `ebpf:"unused_backend_flags"`
 	UnusedCachePin     *ebpf.Variable `ebpf:"unused_cache_pin"`
 	UnusedLimits       *ebpf.Variable `ebpf:"unused_limits"`
+	UnusedVipFlags     *ebpf.Variable `ebpf:"unused_vip_flags"`
 }
 
 // lbPrograms contains all programs after they have been loaded into the kernel.

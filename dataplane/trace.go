@@ -15,8 +15,10 @@ import (
 // asks when a connection hangs or is reset ("where does this node send it, and
 // why?"). It reads the maps only; it sends nothing.
 type Trace struct {
-	Flow   Flow
-	VIP    bool // the flow's destination is a VIP of this node
+	Flow Flow
+	VIP  bool // the flow's destination is a VIP of this node
+	// Closed: a VIP address on a port it does not serve (xdp_lb drops it).
+	Closed bool
 	VIPID  uint32
 	Hash   uint32
 	Slot   uint32 // FlowHash % ring size
@@ -76,13 +78,14 @@ func (m maps) trace(f Flow) (Trace, error) {
 		err := m.vips.Lookup(&k, &v)
 		if err == nil {
 			t.VIP, t.VIPID = true, v.VipId
+			t.Closed = v.Flags&uint32(lbVipFlagsVIP_F_CLOSED) != 0
 			break
 		}
 		if !errors.Is(err, ebpf.ErrKeyNotExist) {
 			return t, &mapReadError{lbMapVips, err}
 		}
 	}
-	if !t.VIP || cfg.RingSize == 0 {
+	if !t.VIP || t.Closed || cfg.RingSize == 0 {
 		return t, nil
 	}
 	t.Hash = FlowHash(f, cfg.Seed)

@@ -67,4 +67,9 @@ func TestTrace(t *testing.T) {
 	if tr, err = dr.d.Trace(flowOf(other)); err != nil || tr.VIP {
 		t.Errorf("a flow to no VIP: %+v, %v", tr, err)
 	}
+	closed := flowOf(old)
+	closed.DPort = 10247 // the VIP serves TCP 80 and UDP 53
+	if tr, err = dr.d.Trace(closed); err != nil || !tr.VIP || !tr.Closed || len(tr.Rings) != 0 {
+		t.Errorf("a flow to a port the VIP does not serve: %+v, %v; want a closed VIP, no rings", tr, err)
+	}
 }

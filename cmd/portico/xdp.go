@@ -297,6 +297,10 @@ func printTrace(out io.Writer, t dataplane.Trace) error {
 		fmt.Fprintln(out, "not a VIP of this node: xdp_lb passes it to the stack")
 		return nil
 	}
+	if t.Closed {
+		fmt.Fprintln(out, "a VIP of this node on a port it does not serve: xdp_lb drops it (vip_closed)")
+		return nil
+	}
 	moved := "no"
 	if t.Moved {
 		moved = "yes: a packet other than a SYN walks the rings below"

@@ -4,9 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -253,6 +255,17 @@ func TestL4Services(t *testing.T) {
 	}); err != nil {
 		t.Error(err)
 	}
+	// Nor does anything of the node answer on a VIP's other ports (issue 24,
+	// attack 6: the liveness port accepted connections on the group's VIP): the
+	// SYN is dropped at the director (reason vip_closed), so the dial times out.
+	dctx, cancel := context.WithTimeout(ctx, time.Second)
+	if conn, err := l.Dial(dctx, "tcp", netip.AddrPortFrom(VIP, 10247).String()); err == nil {
+		conn.Close()
+		t.Error("the group VIP's port 10247 (the liveness checks') accepts connections")
+	} else if !errors.Is(err, context.DeadlineExceeded) && !os.IsTimeout(err) {
+		t.Errorf("the group VIP's port 10247: %v, want a timeout (the SYN dropped, not a reset from the node)", err)
+	}
+	cancel()
 	tcpAddr := netip.AddrPortFrom(tcpVIP, 7000).String()
 	udpAddr := netip.AddrPortFrom(udpVIP, 53).String()
 	client := l.Client.Addr.Addr().String()
