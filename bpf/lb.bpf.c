@@ -488,8 +488,11 @@ static __always_inline int to_site(struct xdp_md *ctx, const struct backend *be,
 
 /* from_site takes out of its tunnel a packet another site's edge sent to this
  * node's tunnel address (to_site there): 1, with the packet now the inner one
- * and p describing it, if the inner packet is VIP traffic; 0, the packet
- * untouched, for anything else (the stack gets it as it came). */
+ * and p describing it, if the inner packet is VIP traffic; -1, untouched, for
+ * VIP traffic from any other source (a stranger would reach the VIPs with a
+ * source address of its choosing, past the network's filters); 0, the packet
+ * untouched, for anything else (the stack gets it as it came: other tunnels to
+ * the node's address, as a CNI's, are none of xdp_lb's business). */
 static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const struct lb_config *cfg)
 {
 	void *data = (void *)(long)ctx->data;
@@ -497,6 +500,7 @@ static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const
 	struct ethhdr *eth = data;
 	struct iphdr *ip = (void *)(eth + 1);
 	struct tunnel_cfg *tc;
+	struct site_peer_key sk;
 	__u8 dst[ETH_ALEN], src[ETH_ALEN];
 	__u32 zero = 0, vip_id;
 	__be16 proto;
@@ -519,6 +523,9 @@ static __always_inline int from_site(struct xdp_md *ctx, struct parsed *p, const
 	}
 	if (rc != PARSE_OK || lookup_vip(&p->flow, cfg, &vip_id) != 1)
 		return 0;
+	__builtin_memcpy(sk.addr, &ip->saddr, sizeof(sk.addr));
+	if (!bpf_map_lookup_elem(&site_peers, &sk))
+		return -1;
 	__builtin_memcpy(dst, eth->h_dest, ETH_ALEN);
 	__builtin_memcpy(src, eth->h_source, ETH_ALEN);
 	if (bpf_xdp_adjust_head(ctx, (int)sizeof(struct iphdr)))
@@ -965,7 +972,11 @@ int xdp_lb(struct xdp_md *ctx)
 		/* Another site's edge sent here, in a tunnel, a packet of a connection
 		 * this site holds: steered here as if it came from a router, but
 		 * never sent on to another site (one hop at most). */
-		if (rc != REASON_NOT_VIP || !mac_eq(eth->h_dest, cfg->mac) || !from_site(ctx, &p, cfg))
+		int site = rc == REASON_NOT_VIP && mac_eq(eth->h_dest, cfg->mac) ? from_site(ctx, &p, cfg) : 0;
+
+		if (site < 0)
+			return count(REASON_SITE_STRANGER, XDP_DROP);
+		if (!site)
 			return count(rc, XDP_PASS);
 		data = (void *)(long)ctx->data;
 		data_end = (void *)(long)ctx->data_end;

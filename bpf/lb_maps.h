@@ -169,6 +169,14 @@ struct {
 	__type(value, __u32);
 } peers SEC(".maps");
 
+/* The other sites' edges' tunnel addresses (struct site_peer_key). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_PEERS);
+	__type(key, struct site_peer_key);
+	__type(value, __u32);
+} site_peers SEC(".maps");
+
 /* This node's tunnel end (struct tunnel_cfg), one entry. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -129,6 +129,12 @@ struct backend {
  * packet for another site's edge leaves in IPv4 (IPIP for IPv4, proto 41 for
  * IPv6) from src4; an IPIP or proto-41 packet to src4 whose inner packet is VIP
  * traffic is taken out and steered here. src4 zero: no tunnel. */
+/* site_peers: the tunnel address of every edge of the other sites (a
+ * federation's Remotes), the only sources from_site takes VIP traffic from. */
+struct site_peer_key {
+	__u8 addr[4];
+};
+
 struct tunnel_cfg {
 	__u8 src4[4];
 	__u32 pad;
@@ -272,6 +278,8 @@ enum reason {
 				  * dropped (sent again, it finds settled rings) */
 	REASON_VIP_CLOSED,       /* a VIP address on a port (TCP, UDP) it does not
 				  * serve: dropped */
+	REASON_SITE_STRANGER,    /* VIP traffic in a tunnel to this node's tunnel
+				  * address from no other site's edge: dropped */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

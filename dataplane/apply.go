@@ -110,7 +110,9 @@ type applied struct {
 	midHead map[uint32]uint32
 	digests map[uint32]string
 	peers   map[lbPeerKey]bool
-	nextID  uint32 // where the round-robin backend id search starts
+	// sitePeers: the other sites' edges' tunnel addresses (site_peers).
+	sitePeers map[lbSitePeerKey]bool
+	nextID    uint32 // where the round-robin backend id search starts
 	// remotes: vip id -> its group's remote edges with their backend ids, for
 	// Handover; handGroup: vip id -> its group's name.
 	remotes   map[uint32][]remoteID
@@ -148,6 +150,7 @@ func (d *Dataplane) recover() error {
 		midHead:    map[uint32]uint32{},
 		digests:    map[uint32]string{},
 		peers:      map[lbPeerKey]bool{},
+		sitePeers:  map[lbSitePeerKey]bool{},
 		nextID:     1,
 		remotes:    map[uint32][]remoteID{},
 		handGroup:  map[uint32]string{},
@@ -161,6 +164,10 @@ func (d *Dataplane) recover() error {
 	var pv uint32
 	for it := d.objs.Peers.Iterate(); it.Next(&pk, &pv); {
 		st.peers[pk] = true
+	}
+	var sk lbSitePeerKey
+	for it := d.objs.SitePeers.Iterate(); it.Next(&sk, &pv); {
+		st.sitePeers[sk] = true
 	}
 	var tc lbTunnelCfg
 	if err := d.objs.Tunnel.Lookup(uint32(0), &tc); err != nil {
@@ -400,6 +407,18 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 			return stats, err
 		}
 	}
+	// Other sites' edges are taken from before anything sends them traffic
+	// that they answer through a tunnel, and forgotten last.
+	for k := range plan.sitePeers {
+		if d.st.sitePeers[k] {
+			continue
+		}
+		if err := d.objs.SitePeers.Put(&k, uint32(1)); err != nil {
+			return stats, fmt.Errorf("update map site_peers: %w", err)
+		}
+		d.st.sitePeers[k] = true
+		stats.Peers++
+	}
 	if added, err := d.addPeers(plan.peers); err != nil {
 		return stats, err
 	} else if added > 0 {
@@ -475,6 +494,16 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 			return stats, fmt.Errorf("delete from map peers: %w", err)
 		}
 		delete(d.st.peers, k)
+		stats.Peers++
+	}
+	for k := range d.st.sitePeers {
+		if plan.sitePeers[k] {
+			continue
+		}
+		if err := d.objs.SitePeers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return stats, fmt.Errorf("delete from map site_peers: %w", err)
+		}
+		delete(d.st.sitePeers, k)
 		stats.Peers++
 	}
 	seedChanged := d.cfg.Seed != want.Seed
@@ -556,13 +585,15 @@ func (d *Dataplane) Digests() map[netip.Addr]string {
 }
 
 type plan struct {
-	peers    map[lbPeerKey]bool // every remote backend's MAC
-	vipIDs   map[netip.Addr]uint32
-	vipKeys  map[lbVipKey]lbVipVal
-	backends map[uint32]lbBackend
-	rings    map[uint32][]uint32
-	digests  map[uint32]string
-	arrival  map[uint32][]uint32 // with d.arriving: vip id -> the ring before this node joined
+	peers map[lbPeerKey]bool // every remote backend's MAC
+	// sitePeers: every other site's edge's tunnel address (Remotes, Spill).
+	sitePeers map[lbSitePeerKey]bool
+	vipIDs    map[netip.Addr]uint32
+	vipKeys   map[lbVipKey]lbVipVal
+	backends  map[uint32]lbBackend
+	rings     map[uint32][]uint32
+	digests   map[uint32]string
+	arrival   map[uint32][]uint32 // with d.arriving: vip id -> the ring before this node joined
 	// remotes, handGroup: see applied.
 	remotes   map[uint32][]remoteID
 	handGroup map[uint32]string
@@ -573,6 +604,7 @@ type plan struct {
 func (d *Dataplane) plan(want Desired) (plan, error) {
 	p := plan{
 		peers:     map[lbPeerKey]bool{},
+		sitePeers: map[lbSitePeerKey]bool{},
 		vipIDs:    map[netip.Addr]uint32{},
 		vipKeys:   map[lbVipKey]lbVipVal{},
 		backends:  map[uint32]lbBackend{},
@@ -614,6 +646,11 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 				p.peers[k] = true
 			}
 			seen[b.Addr.Unmap()] = true
+		}
+		for _, r := range slices.Concat(g.Remotes, g.Spill) {
+			if r.Addr.Unmap().Is4() {
+				p.sitePeers[lbSitePeerKey{Addr: r.Addr.Unmap().As4()}] = true
+			}
 		}
 		for _, r := range g.Remotes {
 			if problem := r.check("remote", want.Tunnel); problem != "" {

@@ -145,30 +145,31 @@ type lbPeerKey struct {
 type lbReason uint32
 
 const (
-	lbReasonREASON_NOT_IP       lbReason = 0
-	lbReasonREASON_NOT_VIP      lbReason = 1
-	lbReasonREASON_MALFORMED    lbReason = 2
-	lbReasonREASON_FRAGMENT     lbReason = 3
-	lbReasonREASON_IP_OPTIONS   lbReason = 4
-	lbReasonREASON_IPV6EXT      lbReason = 5
-	lbReasonREASON_ICMP_STEERED lbReason = 6
-	lbReasonREASON_ICMP_OTHER   lbReason = 7
-	lbReasonREASON_NO_BACKEND   lbReason = 8
-	lbReasonREASON_LOCAL        lbReason = 9
-	lbReasonREASON_TX           lbReason = 10
-	lbReasonREASON_FLOW_REPICK  lbReason = 11
-	lbReasonREASON_OTHER_HOST   lbReason = 12
-	lbReasonREASON_FROM_PEER    lbReason = 13
-	lbReasonREASON_PINNED       lbReason = 14
-	lbReasonREASON_NEW_PINNED   lbReason = 15
-	lbReasonREASON_HANDOFF      lbReason = 16
-	lbReasonREASON_HANDOFF_IN   lbReason = 17
-	lbReasonREASON_SITE_OUT     lbReason = 18
-	lbReasonREASON_SITE_IN      lbReason = 19
-	lbReasonREASON_HANDOFF_END  lbReason = 20
-	lbReasonREASON_HANDOFF_WAIT lbReason = 21
-	lbReasonREASON_VIP_CLOSED   lbReason = 22
-	lbReasonREASON_MAX          lbReason = 23
+	lbReasonREASON_NOT_IP        lbReason = 0
+	lbReasonREASON_NOT_VIP       lbReason = 1
+	lbReasonREASON_MALFORMED     lbReason = 2
+	lbReasonREASON_FRAGMENT      lbReason = 3
+	lbReasonREASON_IP_OPTIONS    lbReason = 4
+	lbReasonREASON_IPV6EXT       lbReason = 5
+	lbReasonREASON_ICMP_STEERED  lbReason = 6
+	lbReasonREASON_ICMP_OTHER    lbReason = 7
+	lbReasonREASON_NO_BACKEND    lbReason = 8
+	lbReasonREASON_LOCAL         lbReason = 9
+	lbReasonREASON_TX            lbReason = 10
+	lbReasonREASON_FLOW_REPICK   lbReason = 11
+	lbReasonREASON_OTHER_HOST    lbReason = 12
+	lbReasonREASON_FROM_PEER     lbReason = 13
+	lbReasonREASON_PINNED        lbReason = 14
+	lbReasonREASON_NEW_PINNED    lbReason = 15
+	lbReasonREASON_HANDOFF       lbReason = 16
+	lbReasonREASON_HANDOFF_IN    lbReason = 17
+	lbReasonREASON_SITE_OUT      lbReason = 18
+	lbReasonREASON_SITE_IN       lbReason = 19
+	lbReasonREASON_HANDOFF_END   lbReason = 20
+	lbReasonREASON_HANDOFF_WAIT  lbReason = 21
+	lbReasonREASON_VIP_CLOSED    lbReason = 22
+	lbReasonREASON_SITE_STRANGER lbReason = 23
+	lbReasonREASON_MAX           lbReason = 24
 )
 
 type lbRingMeta struct {
@@ -183,6 +184,11 @@ type lbSelfAddr struct {
 	Addr [16]uint8
 	Set  uint32
 	Tags uint32
+}
+
+type lbSitePeerKey struct {
+	_    structs.HostLayout
+	Addr [4]uint8
 }
 
 type lbTagMac struct {
@@ -255,6 +261,7 @@ const (
 	lbMapRings              = "rings"
 	lbMapRingsMeta          = "rings_meta"
 	lbMapSelfAddr           = "self_addr"
+	lbMapSitePeers          = "site_peers"
 	lbMapSockModel          = "sock_model"
 	lbMapSrcMacs            = "src_macs"
 	lbMapTagMacs            = "tag_macs"
@@ -336,6 +343,7 @@ type lbMapSpecs struct {
 	Rings        *ebpf.MapSpec `ebpf:"rings"`
 	RingsMeta    *ebpf.MapSpec `ebpf:"rings_meta"`
 	SelfAddr     *ebpf.MapSpec `ebpf:"self_addr"`
+	SitePeers    *ebpf.MapSpec `ebpf:"site_peers"`
 	SockModel    *ebpf.MapSpec `ebpf:"sock_model"`
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
 	TagMacs      *ebpf.MapSpec `ebpf:"tag_macs"`
@@ -393,6 +401,7 @@ type lbMaps struct {
 	Rings        *ebpf.Map `ebpf:"rings"`
 	RingsMeta    *ebpf.Map `ebpf:"rings_meta"`
 	SelfAddr     *ebpf.Map `ebpf:"self_addr"`
+	SitePeers    *ebpf.Map `ebpf:"site_peers"`
 	SockModel    *ebpf.Map `ebpf:"sock_model"`
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
 	TagMacs      *ebpf.Map `ebpf:"tag_macs"`
@@ -421,6 +430,7 @@ func (m *lbMaps) Close() error {
 		m.Rings,
 		m.RingsMeta,
 		m.SelfAddr,
+		m.SitePeers,
 		m.SockModel,
 		m.SrcMacs,
 		m.TagMacs,

@@ -122,7 +122,7 @@ func Load(opts Options) (*Dataplane, error) {
 		// which no cached entry counts anyway.
 		switch name {
 		case lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta, lbMapRingChanged, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
-			lbMapPinClock, lbMapRelayClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers, lbMapTunnel:
+			lbMapPinClock, lbMapRelayClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers, lbMapSitePeers, lbMapTunnel:
 			m.Pinning = ebpf.PinByName
 		}
 	}

@@ -217,12 +217,21 @@ func TestSiteTunnelIn(t *testing.T) {
 			t.Errorf("%s: changed to % x", name, out[:34])
 		}
 	}
+	// VIP traffic in a tunnel from no other site's edge (issue 24, attack 6:
+	// a stranger reached the VIPs with a source of its choosing, past the
+	// network's filters) is dropped; so is an edge's once its site is gone.
+	stranger := netip.MustParseAddr("203.0.113.66")
+	run("VIP traffic from a stranger", ipip(nicMAC, gwMAC, stranger, s1.Addr, p.IP()), xdptest.Drop)
+	dr.apply(t, withRemotes(s1.Addr, []Remote{{Addr: stranger, MAC: gwMAC}}, bs...))
+	run("from the stranger, now another site's edge", ipip(nicMAC, gwMAC, stranger, s1.Addr, p.IP()), xdptest.TX)
+	run("from the edge of a site no longer a peer", ipip(nicMAC, gwMAC, here, s1.Addr, p.IP()), xdptest.Drop)
 	c, err := dr.d.Counters()
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Reasons[lbReasonREASON_SITE_IN] != 3 || c.Reasons[lbReasonREASON_SITE_OUT] != 0 {
-		t.Errorf("%d taken out of the tunnel (want 3), %d sent to a site (want 0)", c.Reasons[lbReasonREASON_SITE_IN], c.Reasons[lbReasonREASON_SITE_OUT])
+	if c.Reasons[lbReasonREASON_SITE_IN] != 4 || c.Reasons[lbReasonREASON_SITE_OUT] != 0 || c.Reasons[lbReasonREASON_SITE_STRANGER] != 2 {
+		t.Errorf("%d taken out of the tunnel (want 4), %d sent to a site (want 0), %d from strangers dropped (want 2)",
+			c.Reasons[lbReasonREASON_SITE_IN], c.Reasons[lbReasonREASON_SITE_OUT], c.Reasons[lbReasonREASON_SITE_STRANGER])
 	}
 }
 

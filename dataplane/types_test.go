@@ -34,6 +34,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapBackendStats, uint32(0), lbBackendCounters{}},
 		{lbMapReasonStats, lbReason(0), uint64(0)},
 		{lbMapPeers, lbPeerKey{}, uint32(0)},
+		{lbMapSitePeers, lbSitePeerKey{}, uint32(0)},
 		{lbMapTunnel, uint32(0), lbTunnelCfg{}},
 		{lbMapSrcMacs, uint32(0), [12]byte{}},  // struct mac_verdict: BPF-only
 		{lbMapVipMemos, uint32(0), [36]byte{}}, // struct vip_memo: BPF-only
