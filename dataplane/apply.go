@@ -184,6 +184,18 @@ func (d *Dataplane) recover() error {
 		st.backends[id] = be
 		st.backendIDs[keyOf(be)] = id
 		st.nextID = max(st.nextID, id+1)
+		// The other sites' edges this node sends to are the ones it takes
+		// tunnel traffic from: known before the first Apply (an upgrade from
+		// a version without site_peers finds it empty).
+		if a := addrFrom16(be.Addr); be.Flags&uint16(lbBackendFlagsBACKEND_F_REMOTE) != 0 && a.Is4() {
+			k := lbSitePeerKey{Addr: a.As4()}
+			if !st.sitePeers[k] {
+				if err := d.objs.SitePeers.Put(&k, uint32(1)); err != nil {
+					return fmt.Errorf("update map site_peers: %w", err)
+				}
+				st.sitePeers[k] = true
+			}
+		}
 	}
 	// A replica removed before the restart gets its id back when it returns,
 	// as it would have from this process: the rings of a transition name it

@@ -429,3 +429,29 @@ func TestSpill(t *testing.T) {
 		}
 	}
 }
+
+// TestSitePeersBeforeTheFirstApply: a restarted agent takes tunnel traffic from
+// the other sites' edges from its start, before its first Apply, even when it
+// finds site_peers empty (an upgrade from a version without it): the remote
+// backends it finds pinned name them.
+func TestSitePeersBeforeTheFirstApply(t *testing.T) {
+	dr := newDirector(t, "a")
+	bs := []Backend{r1, r3}
+	dr.apply(t, withRemotes(s1.Addr, []Remote{{Site: "b", Addr: here, MAC: gwMAC}}, bs...))
+	if _, err := dr.d.Handover("edge/web"); err != nil {
+		t.Fatal(err)
+	}
+	k := lbSitePeerKey{Addr: here.As4()}
+	if err := dr.d.objs.SitePeers.Delete(&k); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Load(Options{PinPath: dr.d.opts.PinPath, RingSize: testRing, FlowEntries: 4096})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	var v uint32
+	if err := again.objs.SitePeers.Lookup(&k, &v); err != nil {
+		t.Errorf("after the restart, before any Apply: %s not among the site peers: %v", here, err)
+	}
+}
