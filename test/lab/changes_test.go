@@ -292,16 +292,29 @@ func (l *Lab) reloads(t *testing.T) (counts []int, last time.Time) {
 	return counts, last
 }
 
-// becameMaster reads how often each edge's VRRP routers became master.
-func (l *Lab) becameMaster(t *testing.T) []float64 {
+// vrrpTransitions reads how often each edge's VRRP routers made the transitions
+// that match labels (`to="master"`).
+func (l *Lab) vrrpTransitions(t *testing.T, labels string) []float64 {
 	t.Helper()
 	var out []float64
 	for i := range l.Edges {
-		n, err := l.MetricSum(i, "portico_vrrp_transitions_total", `to="master"`)
+		n, err := l.MetricSum(i, "portico_vrrp_transitions_total", labels)
 		if err != nil {
 			t.Fatal(err)
 		}
 		out = append(out, n)
+	}
+	return out
+}
+
+// vrrpRestarts reads how often each edge's VRRP routers stopped or started
+// (transitions to and from init): what rebuilding the announcer does, which
+// makes the master give the VIPs up at once (priority 0).
+func (l *Lab) vrrpRestarts(t *testing.T) []float64 {
+	t.Helper()
+	out := l.vrrpTransitions(t, `to="init"`)
+	for i, n := range l.vrrpTransitions(t, `from="init"`) {
+		out[i] += n
 	}
 	return out
 }
@@ -393,7 +406,7 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 	}
 
 	reloads0, _ := l.reloads(t)
-	masters0 := l.becameMaster(t)
+	masters0, restarts0 := l.vrrpTransitions(t, `to="master"`), l.vrrpRestarts(t)
 	stopWatch := held.watch(6 * time.Minute)
 	defer stopWatch()
 	cs := &changeSet{l: l}
@@ -417,10 +430,14 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 		}
 	}
 	// A new L4 Service adds a VIP to the group: the VRRP routers take it in
-	// place, and the owner of the others does not move.
-	if masters1 := l.becameMaster(t); !slices.Equal(masters0, masters1) {
-		t.Errorf("VRRP transitions to master per edge went from %v to %v during the changes: a new VIP moved the owner", masters0, masters1)
+	// place. No router stops or starts for it: a rebuilt announcer gave every
+	// VIP up at once (priority 0) and moved the owner at each new L4 Service.
+	// (An owner can still move on a loaded machine, a backup missing three
+	// 100 ms adverts: that is VRRP's timing, logged, not a change's doing.)
+	if restarts1 := l.vrrpRestarts(t); !slices.Equal(restarts0, restarts1) {
+		t.Errorf("VRRP routers stopped or started per edge: %v, then %v during the changes: a new VIP restarted the announcer", restarts0, restarts1)
 	}
+	t.Logf("VRRP transitions to master per edge: %v before the changes, %v after", masters0, l.vrrpTransitions(t, `to="master"`))
 	// What the workers those reloads replaced cost while they hold the connections.
 	for i, e := range l.Edges {
 		n, err1 := l.Metric(i, "portico_nginx_draining_workers")
