@@ -340,20 +340,38 @@ func tagsExact(self netip.Addr, sets ...map[uint32]lbBackend) bool {
 	return true
 }
 
-// addPeers writes the MACs of peers that are new, and says how many.
-func (d *Dataplane) addPeers(peers map[lbPeerKey]bool) (int, error) {
+// putNew writes into m (named name) the keys of want that have lacks, adds them
+// to have, and says how many.
+func putNew[K comparable](m *ebpf.Map, name string, have, want map[K]bool) (int, error) {
 	added := 0
-	for k := range peers {
-		if d.st.peers[k] {
+	for k := range want {
+		if have[k] {
 			continue
 		}
-		if err := d.objs.Peers.Put(&k, uint32(1)); err != nil {
-			return added, fmt.Errorf("update map peers: %w", err)
+		if err := m.Put(&k, uint32(1)); err != nil {
+			return added, fmt.Errorf("update map %s: %w", name, err)
 		}
-		d.st.peers[k] = true
+		have[k] = true
 		added++
 	}
 	return added, nil
+}
+
+// deleteGone deletes from m (named name) the keys of have that want lacks,
+// removes them from have, and says how many.
+func deleteGone[K comparable](m *ebpf.Map, name string, have, want map[K]bool) (int, error) {
+	gone := 0
+	for k := range have {
+		if want[k] {
+			continue
+		}
+		if err := m.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return gone, fmt.Errorf("delete from map %s: %w", name, err)
+		}
+		delete(have, k)
+		gone++
+	}
+	return gone, nil
 }
 
 // localDown is want with this node's own replicas Down (Options.Rejoin), and
@@ -421,17 +439,12 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	}
 	// Other sites' edges are taken from before anything sends them traffic
 	// that they answer through a tunnel, and forgotten last.
-	for k := range plan.sitePeers {
-		if d.st.sitePeers[k] {
-			continue
-		}
-		if err := d.objs.SitePeers.Put(&k, uint32(1)); err != nil {
-			return stats, fmt.Errorf("update map site_peers: %w", err)
-		}
-		d.st.sitePeers[k] = true
-		stats.Peers++
+	added, err := putNew(d.objs.SitePeers, lbMapSitePeers, d.st.sitePeers, plan.sitePeers)
+	stats.Peers += added
+	if err != nil {
+		return stats, err
 	}
-	if added, err := d.addPeers(plan.peers); err != nil {
+	if added, err := putNew(d.objs.Peers, lbMapPeers, d.st.peers, plan.peers); err != nil {
 		return stats, err
 	} else if added > 0 {
 		stats.Peers += added
@@ -498,25 +511,15 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	}
 	// Peers that go are forgotten last (a frame their director sent is
 	// still in flight).
-	for k := range d.st.peers {
-		if plan.peers[k] {
-			continue
-		}
-		if err := d.objs.Peers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return stats, fmt.Errorf("delete from map peers: %w", err)
-		}
-		delete(d.st.peers, k)
-		stats.Peers++
+	gone, err := deleteGone(d.objs.Peers, lbMapPeers, d.st.peers, plan.peers)
+	stats.Peers += gone
+	if err != nil {
+		return stats, err
 	}
-	for k := range d.st.sitePeers {
-		if plan.sitePeers[k] {
-			continue
-		}
-		if err := d.objs.SitePeers.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return stats, fmt.Errorf("delete from map site_peers: %w", err)
-		}
-		delete(d.st.sitePeers, k)
-		stats.Peers++
+	gone, err = deleteGone(d.objs.SitePeers, lbMapSitePeers, d.st.sitePeers, plan.sitePeers)
+	stats.Peers += gone
+	if err != nil {
+		return stats, err
 	}
 	seedChanged := d.cfg.Seed != want.Seed
 	d.cfg.Seed = want.Seed
