@@ -524,7 +524,7 @@ func setupTenant(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	if _, err := cs.CoreV1().Services("tenant-a").Create(ctx, &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "lb", Annotations: map[string]string{"portico.io/group": namespace + "/edge"}},
 		Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &lbClass,
-			Ports: []corev1.ServicePort{{Name: "http", Port: 80, TargetPort: intstr.FromInt32(80)}}},
+			Ports: []corev1.ServicePort{{Name: "pg", Port: 5432, TargetPort: intstr.FromInt32(5432)}}},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
