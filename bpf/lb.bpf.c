@@ -1129,13 +1129,12 @@ int xdp_lb(struct xdp_md *ctx)
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
 			/* Its replica learns the frame came by a pin: one without the
-			 * connection knows the pin is stale (from_director). In a
-			 * transition it walks the flow's chain from there, so the
-			 * frame carries this director's tag, as every walked frame
-			 * does: without it the walk could come back here, and this
-			 * node send the packet on a second time. */
+			 * connection knows the pin is stale (from_director). (In a
+			 * transition it walks the flow's chain from there, and the
+			 * walk can come back here without this director's tag:
+			 * bpf/README.md, a known bug.) */
 			if (!(be->flags & BACKEND_F_LOCAL) && p.flow.proto == IPPROTO_TCP)
-				fmark = LB_MARK_TAG | 1 << 8 | LB_MARK_PINNED;
+				fmark = 1 << 8 | LB_MARK_PINNED;
 			/* A pin to a replica called down, outside a moved slot: the
 			 * ring's replica is asked first (LB_MARK_DOWNPIN), which
 			 * serves what it has and hands on the rest. The pin may be

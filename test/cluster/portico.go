@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -183,14 +182,17 @@ func (p *Portico) WaitRollout(ctx context.Context, name string, timeout time.Dur
 	return err
 }
 
-// WaitVIP waits until the VIP answers the liveness port of nginx (10247, the
-// chart's default) from the client: some edge node owns it and serves.
+// WaitVIP waits until the VIP takes a TCP connection on port 80 (nginx's HTTP,
+// the chart's default) from the client: some edge node owns it and serves. (Not
+// the liveness port: a VIP answers only on the ports it serves.)
 func (p *Portico) WaitVIP(ctx context.Context, vip netip.Addr, timeout time.Duration) error {
-	hc := HTTPClient(p.NS, time.Second)
 	deadline := time.Now().Add(timeout)
 	for {
-		_, err := get(hc, fmt.Sprintf("http://%s/live", net.JoinHostPort(vip.String(), fmt.Sprint(LivenessPort))))
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		c, err := p.Dial(dctx, "tcp", netip.AddrPortFrom(vip, 80).String())
+		cancel()
 		if err == nil {
+			c.Close()
 			return nil
 		}
 		if time.Now().After(deadline) {
