@@ -218,7 +218,9 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	}) {
 		t.Errorf("volumes %v, want the Secret portico-bgp, mode 0400", ds.Spec.Template.Spec.Volumes)
 	}
-	if slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool { return o.GetKind() == "ConfigMap" && o.GetName() == "portico-bgp" }) {
+	if slices.ContainsFunc(objs, func(o *unstructured.Unstructured) bool {
+		return o.GetKind() == "ConfigMap" && o.GetName() == "portico-bgp"
+	}) {
 		t.Error("the BGP configuration (with its passwords) is also a ConfigMap")
 	}
 	if m := federationPeers(ds); m != [3]bool{} {
