@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/netip"
 	"slices"
 	"testing"
@@ -20,17 +19,6 @@ import (
 
 	"github.com/portico-edge/portico/internal/testenv"
 )
-
-// freePort returns a TCP port nothing listens on at the moment.
-func freePort(t *testing.T) int32 {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.2:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return int32(l.Addr().(*net.TCPAddr).Port)
-}
 
 // startSpeaker runs a speaker until the test ends.
 func startSpeaker(t *testing.T, name string, cfg Config) (*Speaker, *prometheus.Registry) {
@@ -128,7 +116,7 @@ func rib(t *testing.T, s *Speaker, family bgp.Family) map[netip.Prefix]ribPath {
 // edge dials the "router", which listens; each transition of Announce must show
 // in the router's RIB.
 func TestAnnounceLoopback(t *testing.T) {
-	port := freePort(t)
+	port := int32(testenv.FreePort(t))
 	nh6 := netip.MustParseAddr("fd00:99::11")
 	router, _ := startSpeaker(t, "router", Config{
 		ASN: 65000, RouterID: netip.MustParseAddr("10.0.0.2"), ListenPort: port, NextHop6: nh6,

@@ -15,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // replicaServer stands in for one replica's nginx: an HTTP server on its own
@@ -91,15 +93,6 @@ func (r *replicaServer) setHang(h bool) {
 	}
 }
 
-func freePort(t *testing.T) uint16 {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return uint16(ln.Addr().(*net.TCPAddr).Port)
-}
-
 func startChecker(t *testing.T, cfg Config) (*Checker, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -132,7 +125,7 @@ func waitDead(t *testing.T, c *Checker, want []netip.Addr, limit time.Duration) 
 func noneLocal(netip.Addr) bool { return false }
 
 func TestCheckerFollowsReplicas(t *testing.T) {
-	port := freePort(t)
+	port := uint16(testenv.FreePort(t))
 	a := newReplicaServer(t, "127.0.0.2", port)
 	b := newReplicaServer(t, "127.0.0.3", port)
 	c, reg := startChecker(t, Config{Port: port})
@@ -177,7 +170,7 @@ func TestCheckerFollowsReplicas(t *testing.T) {
 // A checker that cannot open sockets says nothing of the replicas: they stay
 // live (Kubernetes' view), loudly.
 func TestCheckerFaultFallsBack(t *testing.T) {
-	port := freePort(t)
+	port := uint16(testenv.FreePort(t))
 	a := newReplicaServer(t, "127.0.0.2", port)
 	var mu sync.Mutex
 	broken := false
@@ -326,7 +319,7 @@ func TestCheckerExcusesItsOwnStall(t *testing.T) {
 // checks find serving, is dead for its rings while most other edges' answers
 // say they call it down; an edge this node cannot hear has no say.
 func TestCheckerLearnsOthersVerdict(t *testing.T) {
-	port := freePort(t)
+	port := uint16(testenv.FreePort(t))
 	self := newReplicaServer(t, "127.0.0.4", port)
 	a := newReplicaServer(t, "127.0.0.2", port)
 	b := newReplicaServer(t, "127.0.0.3", port)

@@ -2,7 +2,6 @@ package nginx
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -70,21 +69,16 @@ func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 	}
 }
 
-// freePorts returns n distinct loopback TCP ports that were free a moment ago.
+// freePorts returns n distinct ports nothing listened on a moment ago.
 func freePorts(t testing.TB, n int) []uint16 {
 	t.Helper()
-	var ls []net.Listener
-	var ports []uint16
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, uint16(l.Addr().(*net.TCPAddr).Port))
+	ps, err := testenv.FreePorts(n)
+	if err != nil {
+		t.Fatal(err)
 	}
-	for _, l := range ls {
-		l.Close()
+	ports := make([]uint16, n)
+	for i, p := range ps {
+		ports[i] = uint16(p)
 	}
 	return ports
 }

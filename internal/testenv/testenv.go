@@ -7,6 +7,9 @@ package testenv
 
 import (
 	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -93,4 +96,60 @@ func BenchTrials(t testing.TB, gate, target string) int {
 		t.Fatalf("PORTICO_BENCH_TRIALS=%q: want 1 to 100", s)
 	}
 	return n
+}
+
+// FreePorts returns n distinct ports on which nothing listened a moment ago, for
+// TCP and UDP on every address. They come from below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), never from it: a port the kernel hands out
+// ("127.0.0.1:0") is also what it hands the next outgoing connection of any
+// process, so a server started on it a moment later can find it taken (a BGP
+// test's listener did, in CI beside the other packages' tests). Below that range
+// only another test's explicit listener can take it, and those pick at random too.
+func FreePorts(n int) ([]int, error) {
+	low := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		var lo, hi int
+		if _, err := fmt.Sscan(string(b), &lo, &hi); err == nil && lo > firstFreePort+1000 {
+			low = lo
+		}
+	}
+	var held []io.Closer
+	defer func() {
+		for _, c := range held {
+			c.Close()
+		}
+	}()
+	ports := make([]int, 0, n)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 1000 {
+			return nil, fmt.Errorf("no free port in %d to %d after %d tries", firstFreePort, low-1, tries)
+		}
+		p := firstFreePort + rand.IntN(low-firstFreePort)
+		l, err := net.Listen("tcp", ":"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		held = append(held, l)
+		u, err := net.ListenPacket("udp", ":"+strconv.Itoa(p))
+		if err != nil {
+			continue
+		}
+		held = append(held, u)
+		ports = append(ports, p)
+	}
+	return ports, nil
+}
+
+// firstFreePort is the lowest port FreePorts hands out: above the well-known and
+// most registered services' ports.
+const firstFreePort = 10000
+
+// FreePort is FreePorts(1) for a test: it fails t when there is none.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	ps, err := FreePorts(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ps[0]
 }

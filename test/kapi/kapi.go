@@ -22,7 +22,6 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -147,7 +146,7 @@ func launch(ctx context.Context, opts Options) (s *Server, err error) {
 			err = fmt.Errorf("%w\n%s", err, logs)
 		}
 	}()
-	ports, err := freePorts(3)
+	ports, err := testenv.FreePorts(3)
 	if err != nil {
 		return nil, err
 	}
@@ -374,25 +373,6 @@ func Require(t testing.TB) {
 	if err := Available(); err != nil {
 		testenv.Unavailable(t, "the API server is missing: %v", err)
 	}
-}
-
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, 0, n)
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("find a free port: %w", err)
-		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
-	}
-	return ports, nil
 }
 
 func get(url string, tlsConfig *tls.Config) error {
