@@ -7,14 +7,26 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-// Pool is a range VIPs are allocated from.
+// Pool is a range VIPs are taken from: one prefix of a VIPPool, or a
+// --vip-pool flag (Name "", any Service, auto-assigned).
 type Pool struct {
+	Name    string // the VIPPool's
 	CIDR    netip.Prefix
 	Exclude []netip.Prefix
+	// Manual pools are not allocated from: a Service takes their addresses
+	// only by naming them (autoAssign: false).
+	Manual bool
+	// Restricted pools serve only the Services their ServiceAllocation allows
+	// (allows).
+	Restricted         bool
+	Namespaces         []string
+	NamespaceSelectors []labels.Selector
+	ServiceSelectors   []labels.Selector
 }
 
 // ParsePool parses "CIDR" or "CIDR!excluded,excluded..." (each excluded entry a prefix
@@ -104,11 +116,12 @@ func lastAddr(p netip.Prefix) netip.Addr {
 }
 
 // AllocateVIPs picks VIPs for the groups and L4 Services that have none (no VIP
-// annotation at all), oldest first, one per address family that has a pool, the
-// lowest free address first. Addresses in every such Service's annotation count as
-// used, and so do the nodes' addresses. It returns the new VIPs by Service and a
-// problem for each Service a family's pools could not serve.
-func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools []Pool) (map[string][]netip.Addr, []model.Problem) {
+// annotation at all), oldest first, one per address family that has a pool
+// allowing the Service (not Manual), the lowest free address of the first such
+// pool first. Addresses in every such Service's annotation count as used, and so
+// do the nodes' addresses. It returns the new VIPs by Service and a problem for
+// each Service a family's pools could not serve, or no pool allows.
+func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools Pools) (map[string][]netip.Addr, []model.Problem) {
 	groups := sortedVIPHolders(services)
 	used := map[netip.Addr]bool{}
 	for _, n := range nodes {
@@ -126,22 +139,33 @@ func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools []Pool
 			}
 		}
 	}
-	var families []bool // is4, in first-pool order
-	for _, p := range pools {
-		is4 := p.CIDR.Addr().Is4()
-		if !slices.Contains(families, is4) {
-			families = append(families, is4)
-		}
-	}
 	out := map[string][]netip.Addr{}
 	var problems []model.Problem
 	for _, s := range groups {
 		if _, _, ok := vipAnnotation(s); ok {
 			continue
 		}
+		var mine []Pool
+		var families []bool // is4, in first-pool order
+		for _, p := range pools.List {
+			if p.Manual || !p.allows(s, pools.NamespaceLabels) {
+				continue
+			}
+			mine = append(mine, p)
+			if is4 := p.CIDR.Addr().Is4(); !slices.Contains(families, is4) {
+				families = append(families, is4)
+			}
+		}
+		if len(mine) == 0 && len(pools.List) > 0 {
+			problems = append(problems, model.Problem{
+				Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVIP + "]",
+				Reason: model.ReasonVIPNotInPool, Detail: "no VIP pool that assigns addresses allows this Service",
+			})
+			continue
+		}
 		for _, is4 := range families {
 			found := false
-			for _, p := range pools {
+			for _, p := range mine {
 				if p.CIDR.Addr().Is4() != is4 {
 					continue
 				}
@@ -159,7 +183,7 @@ func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools []Pool
 				}
 				problems = append(problems, model.Problem{
 					Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVIP + "]",
-					Reason: model.ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools", fam),
+					Reason: model.ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools that allow it", fam),
 				})
 			}
 		}

@@ -134,7 +134,7 @@ func TestAllocateVIPs(t *testing.T) {
 			for _, p := range tc.pools {
 				pools = append(pools, mustPool(t, p))
 			}
-			got, problems := AllocateVIPs(tc.services, tc.nodes, pools)
+			got, problems := AllocateVIPs(tc.services, tc.nodes, Pools{List: pools})
 			if d := cmp.Diff(tc.want, got, cmpAddrs); d != "" {
 				t.Errorf("allocations (-want +got):\n%s", d)
 			}

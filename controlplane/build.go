@@ -13,6 +13,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -26,6 +27,10 @@ type State struct {
 	Secrets        []*corev1.Secret
 	Pods           []*corev1.Pod
 	Nodes          []*corev1.Node
+	// VIPPools are the operator's pools, and Namespaces the namespaces whose
+	// labels the pools' selectors read.
+	VIPPools   []*v1alpha1.VIPPool
+	Namespaces []*corev1.Namespace
 }
 
 // Options are the settings Build depends on besides the objects.
@@ -39,6 +44,12 @@ type Options struct {
 	// listener would fail every edge's nginx reload). Each group's HTTP and
 	// HTTPS ports are reserved for its L4 Services too.
 	ReservedPorts map[model.Port]string
+	// Pools are the --vip-pool flags' pools, before the VIPPools.
+	Pools []Pool
+	// OperatorNamespaces are the namespaces the operator writes (the agent's,
+	// the groups'): an L4 Service there may name any VIP that is no node's;
+	// elsewhere only one of a pool that allows it. Empty: every namespace.
+	OperatorNamespaces []string
 }
 
 // Build translates the cluster state into a snapshot, and returns the binding of
@@ -62,7 +73,14 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 	b.owners = b.hostOwners(ings, b.routedPods(opts.PodRouteGroup))
 	b.ingresses(ings)
 	b.podRoutes(opts.PodRouteGroup)
-	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts)
+	pools, poolProblems := vipPools(opts.Pools, st.VIPPools, st.Namespaces)
+	b.problems = append(b.problems, poolProblems...)
+	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts, func(s *corev1.Service) *Pools {
+		if len(opts.OperatorNamespaces) == 0 || slices.Contains(opts.OperatorNamespaces, s.Namespace) {
+			return nil
+		}
+		return &pools
+	})
 	return b.snapshot(), b.bindings, b.problems
 }
 

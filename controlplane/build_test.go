@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -114,6 +115,10 @@ func state(objs ...any) State {
 			st.Pods = append(st.Pods, o)
 		case *corev1.Node:
 			st.Nodes = append(st.Nodes, o)
+		case *v1alpha1.VIPPool:
+			st.VIPPools = append(st.VIPPools, o)
+		case *corev1.Namespace:
+			st.Namespaces = append(st.Namespaces, o)
 		default:
 			panic("state: unknown object")
 		}

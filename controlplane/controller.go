@@ -20,6 +20,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/dynamic/dynamicinformer"
@@ -31,6 +34,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -108,6 +112,9 @@ type Controller struct {
 	pods          cache.Indexer
 	nodes         cache.Indexer
 	claimInformer cache.SharedIndexInformer
+	poolFactory   dynamicinformer.DynamicSharedInformerFactory // cluster-scoped VIPPools
+	vipPools      cache.Indexer                                // nil: the CRD is not served
+	namespaces    cache.Indexer
 	agentLeases   cache.Indexer // the agents' status Leases
 	// waits: since when each Ingress generation's first address waits for
 	// the edges to serve it (leader's sync only).
@@ -225,27 +232,55 @@ func New(cfg Config) (*Controller, error) {
 // watchClaims adds the IngressClaim informer when the CRD is served (an informer on a
 // missing resource would never sync). A CRD installed later needs a restart.
 func (c *Controller) watchClaims() error {
-	if c.cfg.Dynamic == nil {
-		return nil
-	}
-	gv := ClaimResource.GroupVersion().String()
-	list, err := c.cfg.Client.Discovery().ServerResourcesForGroupVersion(gv)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return fmt.Errorf("discover %s: %w", gv, err)
-	}
-	served := false
-	if list != nil {
-		for _, r := range list.APIResources {
-			served = served || r.Name == ClaimResource.Resource
-		}
-	}
-	if !served {
-		c.log.Warn("IngressClaim CRD not installed: claims are not served", zap.String("resource", ClaimResource.String()))
-		return nil
+	if ok, err := c.served(ClaimResource, "IngressClaim CRD not installed: claims are not served"); !ok {
+		return err
 	}
 	c.dynFactory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod, c.cfg.Namespace, nil)
 	c.claimInformer = c.dynFactory.ForResource(ClaimResource).Informer()
 	return c.watch(c.claimInformer)
+}
+
+// watchPools adds the VIPPool informer, and the Namespace informer the pools'
+// selectors read, when the CRD is served. Without it, the --vip-pool flags are
+// the only pools. A CRD installed later needs a restart.
+func (c *Controller) watchPools() error {
+	if ok, err := c.served(v1alpha1.VIPPoolResource, "VIPPool CRD not installed: the --vip-pool flags are the only VIP pools"); !ok {
+		return err
+	}
+	c.poolFactory = dynamicinformer.NewDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod)
+	pools := c.poolFactory.ForResource(v1alpha1.VIPPoolResource).Informer()
+	namespaces := informers.NewSharedInformerFactory(c.cfg.Client, c.cfg.ResyncPeriod)
+	c.factories = append(c.factories, namespaces)
+	ns := namespaces.Core().V1().Namespaces().Informer()
+	for _, i := range []cache.SharedIndexInformer{pools, ns} {
+		if err := c.watch(i); err != nil {
+			return err
+		}
+	}
+	c.vipPools, c.namespaces = pools.GetIndexer(), ns.GetIndexer()
+	return nil
+}
+
+// served reports whether the API server serves resource r (an informer on a
+// missing resource would never sync), logging missing when it does not.
+func (c *Controller) served(r schema.GroupVersionResource, missing string) (bool, error) {
+	if c.cfg.Dynamic == nil {
+		return false, nil
+	}
+	gv := r.GroupVersion().String()
+	list, err := c.cfg.Client.Discovery().ServerResourcesForGroupVersion(gv)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return false, fmt.Errorf("discover %s: %w", gv, err)
+	}
+	if list != nil {
+		for _, res := range list.APIResources {
+			if res.Name == r.Resource {
+				return true, nil
+			}
+		}
+	}
+	c.log.Warn(missing, zap.String("resource", r.String()))
+	return false, nil
 }
 
 func setDefault(d *time.Duration, v time.Duration) {
@@ -283,18 +318,25 @@ func (c *Controller) Run(ctx context.Context) error {
 	if err := c.watchClaims(); err != nil {
 		return err
 	}
+	if err := c.watchPools(); err != nil {
+		return err
+	}
 	for _, f := range c.factories {
 		f.Start(ctx.Done())
 	}
-	if c.dynFactory != nil {
-		c.dynFactory.Start(ctx.Done())
+	for _, f := range []dynamicinformer.DynamicSharedInformerFactory{c.dynFactory, c.poolFactory} {
+		if f != nil {
+			f.Start(ctx.Done())
+		}
 	}
 	defer func() {
 		for _, f := range c.factories {
 			f.Shutdown()
 		}
-		if c.dynFactory != nil {
-			c.dynFactory.Shutdown()
+		for _, f := range []dynamicinformer.DynamicSharedInformerFactory{c.dynFactory, c.poolFactory} {
+			if f != nil {
+				f.Shutdown()
+			}
 		}
 	}()
 	if !cache.WaitForCacheSync(ctx.Done(), c.synced...) {
@@ -376,6 +418,9 @@ func (c *Controller) processNext(ctx context.Context) bool {
 }
 
 func list[T any](i cache.Indexer) []T {
+	if i == nil {
+		return nil
+	}
 	objs := i.List()
 	out := make([]T, 0, len(objs))
 	for _, o := range objs {
@@ -396,7 +441,31 @@ func (c *Controller) state() State {
 		Secrets:        list[*corev1.Secret](c.secrets),
 		Pods:           list[*corev1.Pod](c.pods),
 		Nodes:          list[*corev1.Node](c.nodes),
+		VIPPools:       c.listPools(),
+		Namespaces:     list[*corev1.Namespace](c.namespaces),
 	}
+}
+
+// listPools decodes the cached VIPPools; one that does not decode (the CRD's
+// schema should not let it in) is logged and not used.
+func (c *Controller) listPools() []*v1alpha1.VIPPool {
+	if c.vipPools == nil {
+		return nil
+	}
+	var out []*v1alpha1.VIPPool
+	for _, o := range c.vipPools.List() {
+		u, ok := o.(*unstructured.Unstructured)
+		if !ok {
+			continue
+		}
+		p := &v1alpha1.VIPPool{}
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, p); err != nil {
+			c.log.Warn("VIPPool does not decode; not used", zap.String("pool", u.GetName()), zap.Error(err))
+			continue
+		}
+		out = append(out, p)
+	}
+	return out
 }
 
 func (c *Controller) sync(ctx context.Context) error {
@@ -459,7 +528,8 @@ func (c *Controller) build() *writeJob {
 	// One state for the whole sync: the cache with this leader's writes that it
 	// does not show yet, so that nothing is allocated or scheduled twice.
 	st, notAllowed := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
-	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup, ReservedPorts: c.cfg.ReservedPorts})
+	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup, ReservedPorts: c.cfg.ReservedPorts,
+		Pools: c.cfg.Pools, OperatorNamespaces: c.cfg.GroupNamespaces})
 	if err := snap.Validate(); err != nil {
 		// A bug in Build, not a bad object: the sinks keep the last snapshot, and
 		// nothing is written from this one.
@@ -489,6 +559,7 @@ func (c *Controller) build() *writeJob {
 		c.metrics.syncs.WithLabelValues("unchanged").Inc()
 	}
 	c.observe(st, all)
+	c.observePools(st, snap)
 	job := &writeJob{snap: snap, bindings: bindings, problems: problems}
 	c.mu.Lock()
 	c.lastJob = job
@@ -524,8 +595,19 @@ type allocation struct {
 
 func (c *Controller) allocate(st State) allocation {
 	vrids, problems := AllocateVRIDs(st.Services)
-	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, c.cfg.Pools)
+	pools, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces) // reported by the build
+	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, pools)
 	return allocation{vrids: vrids, vips: vips, problems: append(problems, vipProblems...)}
+}
+
+// observePools sets the pools' usage from the snapshot the sinks serve.
+func (c *Controller) observePools(st State, snap model.Snapshot) {
+	pools, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces)
+	c.metrics.poolAddrs.Reset()
+	for k, v := range poolUsage(pools, snap) {
+		c.metrics.poolAddrs.WithLabelValues(k[0], k[1], "used").Set(v[0])
+		c.metrics.poolAddrs.WithLabelValues(k[0], k[1], "free").Set(v[1])
+	}
 }
 
 func (c *Controller) observe(st State, problems []model.Problem) {

@@ -16,11 +16,13 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
@@ -191,36 +193,67 @@ var (
 	crdErr  error
 )
 
-// installCRD creates the IngressClaim CRD from deploy/crds once per server and waits
-// until it is served.
+// installCRD creates the CRDs of deploy/crds (IngressClaim, VIPPool) once per
+// server and waits until they are served.
 func (e *env) installCRD() {
 	e.t.Helper()
 	crdOnce.Do(func() {
-		data, err := os.ReadFile("../deploy/crds/ingressclaims.portico.io.yaml")
-		if err != nil {
-			crdErr = err
-			return
-		}
-		u := &unstructured.Unstructured{}
-		if err := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096).Decode(&u.Object); err != nil {
-			crdErr = fmt.Errorf("decode CRD: %w", err)
-			return
-		}
 		crds := e.dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-		if _, err := crds.Create(e.ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			crdErr = fmt.Errorf("create CRD: %w", err)
-			return
+		for _, f := range []string{"ingressclaims.portico.io.yaml", "vippools.portico.io.yaml"} {
+			data, err := os.ReadFile("../deploy/crds/" + f)
+			if err != nil {
+				crdErr = err
+				return
+			}
+			u := &unstructured.Unstructured{}
+			if err := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096).Decode(&u.Object); err != nil {
+				crdErr = fmt.Errorf("decode CRD %s: %w", f, err)
+				return
+			}
+			if _, err := crds.Create(e.ctx, u, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				crdErr = fmt.Errorf("create CRD %s: %w", f, err)
+				return
+			}
 		}
 		served := func() bool {
 			_, err := e.dyn.Resource(ClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
-			return err == nil
+			_, perr := e.dyn.Resource(v1alpha1.VIPPoolResource).List(e.ctx, metav1.ListOptions{})
+			return err == nil && perr == nil
 		}
 		if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, served); !ok {
-			crdErr = fmt.Errorf("CRD not served after 30s")
+			crdErr = fmt.Errorf("CRDs not served after 30s")
 		}
 	})
 	if crdErr != nil {
 		e.t.Fatal(crdErr)
+	}
+}
+
+// pool creates or replaces a VIPPool (cluster-scoped: deleted when the test ends).
+func (e *env) pool(p *v1alpha1.VIPPool) {
+	e.t.Helper()
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(p)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(v1alpha1.GroupVersion.String())
+	u.SetKind("VIPPool")
+	ri := e.dyn.Resource(v1alpha1.VIPPoolResource)
+	cur, err := ri.Get(e.ctx, p.Name, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		if _, err := ri.Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+			e.t.Fatalf("create VIPPool %s: %v", p.Name, err)
+		}
+		e.t.Cleanup(func() { _ = ri.Delete(context.Background(), p.Name, metav1.DeleteOptions{}) })
+	case err != nil:
+		e.t.Fatal(err)
+	default:
+		u.SetResourceVersion(cur.GetResourceVersion())
+		if _, err := ri.Update(e.ctx, u, metav1.UpdateOptions{}); err != nil {
+			e.t.Fatalf("update VIPPool %s: %v", p.Name, err)
+		}
 	}
 }
 

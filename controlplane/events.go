@@ -6,6 +6,7 @@ import (
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -47,7 +48,7 @@ func problemRef(p model.Problem) *corev1.ObjectReference {
 func objRef(kind, ns, name string) *corev1.ObjectReference {
 	api := map[string]string{"Ingress": "networking.k8s.io/v1", "IngressClass": "networking.k8s.io/v1",
 		"Service": "v1", "Pod": "v1", "Secret": "v1", "Node": "v1",
-		"IngressClaim": ClaimResource.GroupVersion().String()}[kind]
+		"IngressClaim": ClaimResource.GroupVersion().String(), "VIPPool": v1alpha1.GroupVersion.String()}[kind]
 	if api == "" {
 		return nil
 	}

@@ -20,10 +20,12 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
 )
@@ -951,4 +953,65 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 		}
 		return ""
 	})
+}
+
+// TestIntegrationVIPPools: VIPPools are read live, with no restart: a tenant's
+// L4 Service that no pool allows gets no VIP and a VIPNotInPool Event; once the
+// operator's pool selects its namespace (a label on the Namespace), the leader
+// allocates it an address of that pool; a second, manual pool is never allocated
+// from. The real API server validates the pool's addresses (the CRD's CEL rule).
+func TestIntegrationVIPPools(t *testing.T) {
+	e := newEnv(t)
+	lb := func(name string) *corev1.Service {
+		s := backendSvc("", name, sport("dns", 53))
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+		return s
+	}
+	selected := &v1alpha1.ServiceAllocation{NamespaceSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"vip-pool": e.ns}}}}
+	e.pool(vipPool(e.ns+"-a-manual", false, selected, "192.0.2.0/29"))
+	e.pool(vipPool(e.ns+"-b-auto", true, selected, "203.0.113.8/29"))
+	e.svc(lb("dns"))
+	e.start(func(c *Config) { c.GroupNamespaces = []string{"portico-system"} })
+
+	eventually(t, converge, func() string {
+		if !hasEvent(e, "dns", string(model.ReasonVIPNotInPool)) {
+			return "no VIPNotInPool event on dns"
+		}
+		return ""
+	})
+	if v, ok := annotations(t, e, "Service", "dns")[AnnotationVIP]; ok {
+		t.Fatalf("dns got VIP %q with no pool that allows it", v)
+	}
+
+	ns, err := e.cs.CoreV1().Namespaces().Get(e.ctx, e.ns, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ns.Labels == nil {
+		ns.Labels = map[string]string{}
+	}
+	ns.Labels["vip-pool"] = e.ns
+	e.must(e.cs.CoreV1().Namespaces().Update(e.ctx, ns, metav1.UpdateOptions{}))
+	eventually(t, converge, func() string {
+		if v := annotations(t, e, "Service", "dns")[AnnotationVIP]; v != "203.0.113.9" {
+			return fmt.Sprintf("dns has VIP %q, want 203.0.113.9 (the auto pool's first)", v)
+		}
+		return ""
+	})
+
+	bad := vipPool(e.ns+"-c-bad", true, nil, "203.0.113.300/32")
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(bad)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u := &unstructured.Unstructured{Object: obj}
+	u.SetAPIVersion(v1alpha1.GroupVersion.String())
+	u.SetKind("VIPPool")
+	if _, err := e.dyn.Resource(v1alpha1.VIPPoolResource).Create(e.ctx, u, metav1.CreateOptions{}); err == nil {
+		_ = e.dyn.Resource(v1alpha1.VIPPoolResource).Delete(e.ctx, bad.Name, metav1.DeleteOptions{})
+		t.Errorf("the API server accepted a VIPPool with address 203.0.113.300/32")
+	} else if !strings.Contains(err.Error(), "each address must be a prefix") {
+		t.Errorf("creating a VIPPool with address 203.0.113.300/32: %v, want the CRD's validation message", err)
+	}
 }

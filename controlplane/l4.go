@@ -28,8 +28,10 @@ type l4Acc struct {
 // group, or has no valid VIP yet, is reported or waits for the leader's
 // allocation; a port that is reserved (Options.ReservedPorts, the group's HTTP
 // and HTTPS ports) is refused, and so is a Service its group's edges cannot
-// hold beside the older ones (groupLoad); the rest are served.
-func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string) {
+// hold beside the older ones (groupLoad); the rest are served. A VIP of a
+// Service that poolsFor gives pools (outside the operator's namespaces) must
+// be in one that allows the Service.
+func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string, poolsFor func(*corev1.Service) *Pools) {
 	loads := map[string]*groupLoad{}
 	for _, s := range sortedServices(b.st.Services, IsL4Service) {
 		svc := model.Service{Name: key(s), ClientIPAffinity: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP}
@@ -47,7 +49,15 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 			continue
 		}
 		svc.Group = group
+		pools := poolsFor(s)
 		for _, a := range b.groupVIPs(s) {
+			if pools != nil {
+				if _, ok := pools.pooled(a, s); !ok {
+					b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", model.ReasonVIPNotInPool,
+						"VIP %s is in no VIP pool that allows this Service; not applied", a)
+					continue
+				}
+			}
 			if o, taken := b.vipOwner[a]; taken {
 				b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", model.ReasonVIPConflict,
 					"VIP %s already belongs to %s; not applied", a, o)

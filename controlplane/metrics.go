@@ -14,6 +14,7 @@ type metrics struct {
 	sinkApplies  *prometheus.CounterVec
 	writes       *prometheus.CounterVec
 	leader       prometheus.Gauge
+	poolAddrs    *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics, error) {
@@ -31,12 +32,15 @@ func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics,
 			Help: "Snapshot deliveries to sinks by sink and result."}, []string{"sink", "result"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "writes_total",
 			Help: "Cluster-wide writes made as leader by kind of write and result."}, []string{"write", "result"}),
+		poolAddrs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "vip_pool_addresses",
+			Help: "Addresses of each VIP pool (a VIPPool's name, or \"--vip-pool <prefix>\") by family and state: used (a VIP served now) or free (neither used, excluded, nor a network, broadcast or IPv6 subnet-router address; counted exactly up to 4,096 addresses a prefix, above that less the excluded prefixes' sizes)."},
+			[]string{"pool", "family", "state"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
 			Help: "1 while this instance holds the leader Lease."}),
 	}
 	depth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_depth",
 		Help: "Items waiting in the sync workqueue."}, queueDepth)
-	for _, c := range []prometheus.Collector{m.syncDuration, m.syncs, m.objects, m.problems, m.sinkApplies, m.writes, m.leader, depth} {
+	for _, c := range []prometheus.Collector{m.syncDuration, m.syncs, m.objects, m.problems, m.sinkApplies, m.writes, m.leader, m.poolAddrs, depth} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -31,6 +31,8 @@ const (
 	ReasonHostTaken              Reason = "HostTaken"
 	ReasonGroupNotAllowed        Reason = "GroupNotAllowed"
 	ReasonClaimNotAllowed        Reason = "ClaimNotAllowed"
+	ReasonVIPNotInPool           Reason = "VIPNotInPool"
+	ReasonInvalidPool            Reason = "InvalidPool"
 )
 
 // Reasons of both: a path nginx cannot match as written, and two sources asking for

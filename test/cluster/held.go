@@ -41,11 +41,20 @@ const (
 	LivenessPort = 10247
 )
 
-// holdYAML is an L4 Service of class portico.io/vip served by the chart's group:
+// holdYAML is an L4 Service of class portico.io/vip served by the chart's group,
+// and the operator's VIPPool that lets its namespace have those addresses:
 // TCP port HoldPort on HoldVIP and HoldVIP6 to the holdweb pods. (Its own
 // backends, on a node that is never drained: a change of an L4 Service's
 // endpoints still reloads nginx, which closes idle HTTP connections.)
 var holdYAML = fmt.Sprintf(`
+apiVersion: portico.io/v1alpha1
+kind: VIPPool
+metadata: {name: hold}
+spec:
+  addresses: [%s/32, %s/128]
+  autoAssign: false
+  serviceAllocation: {namespaces: [default]}
+---
 apiVersion: v1
 kind: Service
 metadata:
@@ -58,7 +67,7 @@ spec:
   allocateLoadBalancerNodePorts: false
   selector: {app: holdweb}
   ports: [{name: hold, port: %d, targetPort: 8080, protocol: TCP}]
-`, PorticoNamespace, HoldVIP, HoldVIP6, HoldPort)
+`, HoldVIP, HoldVIP6, PorticoNamespace, HoldVIP, HoldVIP6, HoldPort)
 
 // DeployHold creates the hold Service with one backend on node, and waits until
 // both its VIPs answer through every edge of edges.

@@ -9,7 +9,9 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"time"
 
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
@@ -17,6 +19,8 @@ import (
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
+
+	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // deployDir is the repository's deploy/ folder (the lab runs from source).
@@ -32,6 +36,13 @@ func (l *Lab) ApplyFile(ctx context.Context, rel string) error {
 	if err != nil {
 		return err
 	}
+	return l.ApplyYAML(ctx, rel, b)
+}
+
+// ApplyYAML creates every object of a multi-document YAML document (named rel in
+// errors), as `kubectl create -f` would; a kind the API server does not serve
+// yet (a CRD created a moment ago) is waited for, up to 30 s.
+func (l *Lab) ApplyYAML(ctx context.Context, rel string, b []byte) error {
 	dc, err := discovery.NewDiscoveryClientForConfig(l.API.Config)
 	if err != nil {
 		return err
@@ -54,8 +65,15 @@ func (l *Lab) ApplyFile(ctx context.Context, rel string) error {
 			continue
 		}
 		gvk := obj.GroupVersionKind()
-		m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-		if err != nil {
+		var m *meta.RESTMapping
+		if _, ok := testenv.Until(30*time.Second, 200*time.Millisecond, func() bool {
+			m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
+			if meta.IsNoMatchError(err) {
+				mapper.Reset()
+				return false
+			}
+			return true
+		}); !ok || err != nil {
 			return fmt.Errorf("%s: %s: %w", rel, gvk, err)
 		}
 		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)

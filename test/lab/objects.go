@@ -13,6 +13,18 @@ import (
 
 func ptr[T any](v T) *T { return &v }
 
+// labPool lets the applications' L4 Services take the addresses they name from
+// 192.0.2.64/26 (none is allocated: they all name one).
+const labPool = `
+apiVersion: portico.io/v1alpha1
+kind: VIPPool
+metadata: {name: lab-apps}
+spec:
+  addresses: [192.0.2.64/26]
+  autoAssign: false
+  serviceAllocation: {namespaces: [` + AppNamespace + `]}
+`
+
 // createObjects writes the cluster state the lab starts from: the group Service
 // and its EndpointSlice (every edge node, ready), and the Lease namespace.
 func (l *Lab) createObjects(ctx context.Context) error {
@@ -30,6 +42,14 @@ func (l *Lab) createObjects(ctx context.Context) error {
 	}
 	if _, err := l.Kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: AppNamespace}}, metav1.CreateOptions{}); err != nil {
 		return fmt.Errorf("create namespace %s: %w", AppNamespace, err)
+	}
+	// The applications' L4 Services name their VIPs: only a pool that allows
+	// their namespace lets them (the operator's; the agents read it at start).
+	if err := l.ApplyFile(ctx, "crds/vippools.portico.io.yaml"); err != nil {
+		return err
+	}
+	if err := l.ApplyYAML(ctx, "the lab's VIPPool", []byte(labPool)); err != nil {
+		return err
 	}
 	// No kubelet runs: the lab writes the endpoints of the example's Services.
 	if err := l.writeSlice(ctx, GroupNamespace, "web", l.Pods...); err != nil {
