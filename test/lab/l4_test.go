@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -217,6 +218,12 @@ func TestL4Services(t *testing.T) {
 	if err := l.l4Service(ctx, "liveness-thief", netip.MustParseAddr("192.0.2.92"), corev1.ProtocolTCP, 10247, l4TCPPort); err != nil {
 		t.Fatal(err)
 	}
+	// And a tenant's Service that names the client's own address (issue 24,
+	// attack 1: every edge put it on lo, and the VRRP owner answered ARP for
+	// it): no VIPPool lets its namespace have that address, so it gets none.
+	if err := l.l4Service(ctx, "ip-thief", l.Client.Addr.Addr(), corev1.ProtocolTCP, 7001, l4TCPPort); err != nil {
+		t.Fatal(err)
+	}
 	tcpVIP, udpVIP := netip.MustParseAddr("192.0.2.90"), netip.MustParseAddr("192.0.2.91")
 	if err := l.l4Service(ctx, "tcp-echo", tcpVIP, corev1.ProtocolTCP, 7000, l4TCPPort, "portico.io/proxy-protocol", "true"); err != nil {
 		t.Fatal(err)
@@ -240,20 +247,35 @@ func TestL4Services(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := waitFor(10*time.Second, func() error {
-		evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=liveness-thief"})
-		if err != nil {
-			return err
-		}
-		for _, e := range evs.Items {
-			if e.Type == corev1.EventTypeWarning && e.Reason == "PortReserved" {
-				t.Logf("event on the Service on the liveness port: %s: %s", e.Reason, e.Message)
-				return nil
+	for name, reason := range map[string]string{"liveness-thief": "PortReserved", "ip-thief": "VIPNotInPool"} {
+		if err := waitFor(10*time.Second, func() error {
+			evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+			if err != nil {
+				return err
 			}
+			for _, e := range evs.Items {
+				if e.Type == corev1.EventTypeWarning && e.Reason == reason {
+					t.Logf("event on Service %s: %s: %s", name, e.Reason, e.Message)
+					return nil
+				}
+			}
+			return fmt.Errorf("no %s warning on Service %s (%d events)", reason, name, len(evs.Items))
+		}); err != nil {
+			t.Error(err)
 		}
-		return fmt.Errorf("no PortReserved warning on the Service on the liveness port (%d events)", len(evs.Items))
-	}); err != nil {
+	}
+	if s, err := l.Kube.CoreV1().Services(AppNamespace).Get(ctx, "ip-thief", metav1.GetOptions{}); err != nil {
 		t.Error(err)
+	} else if lb := s.Status.LoadBalancer.Ingress; len(lb) != 0 {
+		t.Errorf("Service ip-thief, on the client's address, has status %+v, want none", lb)
+	}
+	for _, e := range l.Edges {
+		out, err := exec.Command("ip", "-n", e.NS, "-o", "addr", "show", "dev", "lo").CombinedOutput()
+		if err != nil {
+			t.Errorf("edge %s: ip addr: %v: %s", e.Name, err, out)
+		} else if strings.Contains(string(out), " "+l.Client.Addr.Addr().String()+"/") {
+			t.Errorf("edge %s put the client's address on lo:\n%s", e.Name, out)
+		}
 	}
 	// Nor does anything of the node answer on a VIP's other ports (issue 24,
 	// attack 6: the liveness port accepted connections on the group's VIP): the
