@@ -32,7 +32,9 @@
 // is not a group. The group its annotation portico.io/group names ("name" in its
 // namespace, or "namespace/name"; without it, Options.PodRouteGroup, which the agent
 // leaves empty, so the annotation is required and its absence reported) serves it: its VIPs (portico.io/vip, or allocated from the pools like a group's,
-// and written to status.loadBalancer.ingress) are announced with the group's and
+// and written to status.loadBalancer.ingress; outside Options.OperatorNamespaces
+// only addresses of a pool that allows the Service: a VIPPool, by namespace list,
+// namespace labels or Service labels, or a --vip-pool flag's) are announced with the group's and
 // steered over the group's replicas, whose nginx forwards each TCP and UDP port to
 // the Service's ready endpoints. portico.io/proxy-protocol: "true" gives the
 // endpoints the client's address: a PROXY protocol v1 header on each TCP
