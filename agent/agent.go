@@ -17,6 +17,7 @@ import (
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.uber.org/zap"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -63,6 +64,10 @@ type Config struct {
 	// GroupNamespaces are namespaces beyond the agent's own (PodNamespace) and
 	// its group's where groups and IngressClaims are served (GroupNamespaces).
 	GroupNamespaces []string
+	// ReadOnly agents only read the cluster: the controller Deployment
+	// (RunController) makes the cluster-wide writes, under its own
+	// ServiceAccount (controlplane.Config.ReadOnly).
+	ReadOnly bool
 
 	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
@@ -222,12 +227,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	// with the first real snapshot: an adopted master must never be reloaded
 	// with an empty configuration while it serves traffic.
 	l7 := &firstSnapshot{Sink: reloader, arrived: make(chan struct{})}
-	ctrl, err := controlplane.New(controlplane.Config{
-		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
-		Namespace: cfg.Namespace, Pools: cfg.Pools, Sinks: []controlplane.Sink{l4, l7, announcer}, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
-		Identity: cfg.Node, LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage,
-		AgentAPIServer: cfg.APIServer,
-	})
+	ccfg := controlplaneConfig(cfg, client, dyn, log, reg)
+	ccfg.Sinks, ccfg.Identity, ccfg.ReadOnly = []controlplane.Sink{l4, l7, announcer}, cfg.Node, cfg.ReadOnly
+	ctrl, err := controlplane.New(ccfg)
 	if err != nil {
 		return err
 	}
@@ -325,6 +327,60 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	srv.Shutdown(sctx)
 	log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)")
 	return runErr
+}
+
+// controlplaneConfig is the control plane's configuration for cfg: an agent's
+// and the controller's decide alike from the same flags (the same pools,
+// reserved ports and group namespaces).
+func controlplaneConfig(cfg Config, client kubernetes.Interface, dyn dynamic.Interface, log *zap.Logger, reg prometheus.Registerer) controlplane.Config {
+	return controlplane.Config{
+		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
+		Namespace: cfg.Namespace, Pools: cfg.Pools, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
+		LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage, AgentAPIServer: cfg.APIServer,
+	}
+}
+
+// RunController runs the control plane alone, as the one that writes: it
+// campaigns for the leader Lease and, while it holds it, makes the cluster-wide
+// writes (allocations, bindings, statuses, Events, IngressClaims' Services and
+// DaemonSets) that ReadOnly agents leave to it. It decides from the same flags as
+// the agents (cfg), serves /metrics, /healthz and /readyz on cfg.MetricsAddr,
+// and runs until ctx ends. identity names it in the Lease (its pod's name).
+func RunController(ctx context.Context, cfg Config, identity string, log *zap.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	client, err := kubernetes.NewForConfig(cfg.Kube)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg.Kube)
+	if err != nil {
+		return fmt.Errorf("dynamic client: %w", err)
+	}
+	ccfg := controlplaneConfig(cfg, client, dyn, log, reg)
+	ccfg.Identity = identity
+	ctrl, err := controlplane.New(ccfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", cfg.MetricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	ok := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
+	mux.HandleFunc("/healthz", ok)
+	mux.HandleFunc("/readyz", ok)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go srv.Serve(ln)
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(sctx)
+	}()
+	log.Info("controller started", zap.String("identity", identity), zap.String("metrics", cfg.MetricsAddr))
+	return ctrl.Run(ctx)
 }
 
 // firstSnapshot passes snapshots to a sink and closes arrived at the first one.

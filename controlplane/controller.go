@@ -63,6 +63,11 @@ type Config struct {
 	GroupNamespaces []string
 	// Sinks receive every new snapshot.
 	Sinks []Sink
+	// ReadOnly makes an observer: it builds and publishes snapshots to its
+	// sinks, and never campaigns for the Lease nor writes anything (no
+	// allocations, statuses, claims or Events), so it needs read access alone:
+	// the edges' agents, when the controller Deployment makes the writes.
+	ReadOnly bool
 	// AgentImage is the image of the DaemonSets IngressClaims provision (default:
 	// deploy/agent.yaml's, which make manifests renders from the Makefile's
 	// IMAGE_REPO and IMAGE_TAG).
@@ -223,8 +228,10 @@ func New(cfg Config) (*Controller, error) {
 		}
 		*inf.dst = inf.i.GetIndexer()
 	}
-	if err := c.watchAgents(); err != nil {
-		return nil, err
+	if !cfg.ReadOnly { // only the leader's writes wait for the edges
+		if err := c.watchAgents(); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }
@@ -312,11 +319,12 @@ func (c *Controller) watch(i cache.SharedIndexInformer) error {
 // until ctx ends.
 func (c *Controller) Run(ctx context.Context) error {
 	defer c.queue.ShutDown()
-	c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
-	defer c.events.Shutdown()
-
-	if err := c.watchClaims(); err != nil {
-		return err
+	if !c.cfg.ReadOnly {
+		c.events.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: c.cfg.Client.CoreV1().Events("")})
+		defer c.events.Shutdown()
+		if err := c.watchClaims(); err != nil {
+			return err
+		}
 	}
 	if err := c.watchPools(); err != nil {
 		return err
@@ -347,11 +355,13 @@ func (c *Controller) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	c.fanout.run(ctx, &wg)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		c.elect(ctx)
-	}()
+	if !c.cfg.ReadOnly {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.elect(ctx)
+		}()
+	}
 	for range 2 { // one builds while the other writes (the queue never runs a key twice at once)
 		wg.Add(1)
 		go func() {

@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -51,6 +53,33 @@ func (c *Controller) elect(ctx context.Context) {
 			return
 		}
 		le.Run(ctx)
+	}
+	if c.cfg.ReleaseOnCancel {
+		c.releaseLease()
+	}
+}
+
+// releaseLease gives the Lease up if this instance still holds it. client-go's
+// own release (ReleaseOnCancel) is best effort: a renewal cut short by the
+// cancellation may have reached the API server, and the release then fails on
+// the stale resourceVersion, leaving a successor to wait out LeaseDuration.
+func (c *Controller) releaseLease() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	leases := c.cfg.Client.CoordinationV1().Leases(c.cfg.LeaseNamespace)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		l, err := leases.Get(ctx, c.cfg.LeaseName, metav1.GetOptions{})
+		if err != nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity != c.cfg.Identity {
+			return err // gone, released or someone else's
+		}
+		l.Spec.HolderIdentity = nil
+		one := int32(1)
+		l.Spec.LeaseDurationSeconds = &one
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
+		c.log.Warn("release the leader Lease", zap.Error(err))
 	}
 }
 

@@ -33,6 +33,7 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -176,15 +177,18 @@ func (g grant) String() string {
 	return s
 }
 
-// codeNeeds is what controlplane/*.go and the agent (agent/lease.go) call,
-// read from the code (file: call), kept in
-// one table so a rule added to or dropped from rbac.yaml without a reason fails here.
-// The controller run below proves it is enough; the access reviews prove the rest is
-// refused.
-var codeNeeds = []struct {
+// need is one permission the code uses, and the call that uses it.
+type need struct {
 	grant
 	why string
-}{
+}
+
+// controllerNeeds is what the writing control plane (controlplane/*.go, run by
+// portico controller) calls, read from the code (file: call), kept in one table so
+// a rule added to or dropped from rbac.yaml without a reason fails here. The
+// controller run below proves it is enough; the access reviews prove the rest is
+// refused.
+var controllerNeeds = []need{
 	{grant{"", "networking.k8s.io", "ingressclasses", "list", ""}, "controller.go New: IngressClass informer"},
 	{grant{"", "networking.k8s.io", "ingressclasses", "watch", ""}, "controller.go New: IngressClass informer"},
 	{grant{"", "networking.k8s.io", "ingresses", "list", ""}, "controller.go New: Ingress informer"},
@@ -220,15 +224,64 @@ var codeNeeds = []struct {
 	{grant{"", "apps", "daemonsets", "get", ""}, "claim.go reconcileClaim, reclaim: DaemonSets().Get"},
 	{grant{"", "apps", "daemonsets", "create", ""}, "claim.go reconcileClaim: DaemonSets().Create"},
 	{grant{"", "apps", "daemonsets", "delete", ""}, "claim.go reclaim: DaemonSets().Delete"},
-	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "controller.go elect: LeaseLock.Create; agent/lease.go WriteLease"},
-	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "controller.go elect: LeaseLock.Get; agent/lease.go WriteLease"},
-	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "controller.go elect: LeaseLock.Update; agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "leader.go elect: LeaseLock.Create"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "leader.go elect: LeaseLock.Get"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "leader.go elect: LeaseLock.Update"},
 	{grant{namespace, "coordination.k8s.io", "leases", "list", ""}, "served.go watchAgents: status Lease informer"},
 	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "served.go watchAgents: status Lease informer"},
 }
 
-// mustDeny are things the agent must not be able to do (sample checks of what the
-// code never calls, several of them close to what it does call).
+// agentNeeds is what an edge's agent calls: its read-only control plane's
+// informers (controlplane.Config.ReadOnly: no claims, no Events, no Lease
+// election, no status Lease informer) and its own status Lease.
+var agentNeeds = []need{
+	{grant{"", "networking.k8s.io", "ingressclasses", "list", ""}, "controller.go New: IngressClass informer"},
+	{grant{"", "networking.k8s.io", "ingressclasses", "watch", ""}, "controller.go New: IngressClass informer"},
+	{grant{"", "networking.k8s.io", "ingresses", "list", ""}, "controller.go New: Ingress informer"},
+	{grant{"", "networking.k8s.io", "ingresses", "watch", ""}, "controller.go New: Ingress informer"},
+	{grant{"", "", "services", "list", ""}, "controller.go New: Service informer"},
+	{grant{"", "", "services", "watch", ""}, "controller.go New: Service informer"},
+	{grant{"", "discovery.k8s.io", "endpointslices", "list", ""}, "controller.go New: EndpointSlice informer"},
+	{grant{"", "discovery.k8s.io", "endpointslices", "watch", ""}, "controller.go New: EndpointSlice informer"},
+	{grant{"", "", "nodes", "list", ""}, "controller.go New: Node informer"},
+	{grant{"", "", "nodes", "watch", ""}, "controller.go New: Node informer"},
+	{grant{"", "", "secrets", "list", ""}, "controller.go New: TLS Secret informer"},
+	{grant{"", "", "secrets", "watch", ""}, "controller.go New: TLS Secret informer"},
+	{grant{"", "", "pods", "list", ""}, "controller.go New: microservice Pod informer"},
+	{grant{"", "", "pods", "watch", ""}, "controller.go New: microservice Pod informer"},
+	{grant{"", "portico.io", "vippools", "list", ""}, "controller.go watchPools: dynamic informer"},
+	{grant{"", "portico.io", "vippools", "watch", ""}, "controller.go watchPools: dynamic informer"},
+	{grant{"", "", "namespaces", "list", ""}, "controller.go watchPools: Namespace informer"},
+	{grant{"", "", "namespaces", "watch", ""}, "controller.go watchPools: Namespace informer"},
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease.go WriteLease"},
+}
+
+// agentMustDeny are what the controller may do and an agent may not: every
+// cluster-wide write (issue 24: one compromised edge must not be the whole
+// cluster), and every read the agent never makes.
+var agentMustDeny = []grant{
+	{"tenant-a", "apps", "daemonsets", "create", ""},
+	{"tenant-a", "apps", "daemonsets", "delete", ""},
+	{"tenant-a", "apps", "daemonsets", "get", "x"},
+	{"tenant-a", "", "services", "delete", "x"},
+	{"tenant-a", "", "services", "create", ""},
+	{"tenant-a", "", "services", "patch", "x"},
+	{"tenant-a", "", "services", "get", "x"},
+	{"tenant-a", "", "services/status", "update", "x"},
+	{"tenant-a", "networking.k8s.io", "ingresses", "patch", "x"},
+	{"tenant-a", "networking.k8s.io", "ingresses/status", "update", "x"},
+	{"tenant-a", "", "events", "create", ""},
+	{"tenant-a", "portico.io", "ingressclaims", "list", ""},
+	{"tenant-a", "portico.io", "ingressclaims", "delete", "x"},
+	{"tenant-a", "portico.io", "ingressclaims/status", "patch", "x"},
+	{namespace, "coordination.k8s.io", "leases", "list", ""},
+	{namespace, "coordination.k8s.io", "leases", "delete", "x"},
+}
+
+// mustDeny are things neither the agent nor the controller may do (sample checks
+// of what the code never calls, several of them close to what it does call).
 var mustDeny = []grant{
 	{"", "", "nodes", "delete", ""},
 	{"", "", "nodes", "update", ""},
@@ -284,12 +337,12 @@ var mustDeny = []grant{
 var clusterScoped = map[string]bool{"nodes": true, "ingressclasses": true, "namespaces": true, "users": true,
 	"clusterroles": true, "clusterrolebindings": true, "customresourcedefinitions": true}
 
-// rbacGrants expands the agent's ClusterRoles and Roles into grants.
-func rbacGrants(t *testing.T, objs []*unstructured.Unstructured) []grant {
+// rbacGrants expands the ClusterRoles and Roles of s into grants.
+func rbacGrants(t *testing.T, objs []*unstructured.Unstructured, s subject) []grant {
 	t.Helper()
 	var out []grant
 	for _, u := range objs {
-		if u.GetKind() != "ClusterRole" && u.GetKind() != "Role" {
+		if u.GetKind() != "ClusterRole" && u.GetKind() != "Role" || !slices.Contains(s.roles, u.GetName()) {
 			continue
 		}
 		r := find[rbacv1.Role](t, objs, u.GetKind(), u.GetName()) // same shape as ClusterRole
@@ -352,24 +405,35 @@ func TestAPIServer(t *testing.T) {
 	a.applyAll(t, ctx, all)
 
 	t.Run("agent pod admitted", func(t *testing.T) { testAgentPod(t, ctx, cs) })
+	t.Run("controller pod admitted under Pod Security restricted", func(t *testing.T) { testControllerPod(t, ctx, cs) })
 	t.Run("helm chart, server-side dry run", func(t *testing.T) { testChartDryRun(t, ctx, srv, a) })
 	t.Run("rbac is what the code calls", func(t *testing.T) {
-		var want []grant
-		for _, n := range codeNeeds {
-			want = append(want, n.grant)
-		}
-		if diff := cmp.Diff(sortedStrings(want), sortedStrings(rbacGrants(t, objs))); diff != "" {
-			t.Errorf("rbac.yaml grants other permissions than the code's calls (-code +rbac.yaml):\n%s", diff)
+		for _, sn := range []struct {
+			subject
+			needs []need
+		}{{agentSubject, agentNeeds}, {controllerSubject, controllerNeeds}} {
+			s := sn.subject
+			var want []grant
+			for _, n := range sn.needs {
+				want = append(want, n.grant)
+			}
+			if diff := cmp.Diff(sortedStrings(want), sortedStrings(rbacGrants(t, objs, s))); diff != "" {
+				t.Errorf("rbac.yaml grants %s other permissions than the code's calls (-code +rbac.yaml):\n%s", s.name, diff)
+			}
 		}
 	})
-	t.Run("access reviews", func(t *testing.T) { testAccessReviews(t, ctx, cs) })
+	t.Run("access reviews", func(t *testing.T) {
+		testAccessReviews(t, ctx, cs, agentSubject, agentNeeds, append(slices.Clone(mustDeny), agentMustDeny...))
+		testAccessReviews(t, ctx, cs, controllerSubject, controllerNeeds, mustDeny)
+	})
 	t.Run("agent status lease", func(t *testing.T) { testStatusLease(t, ctx, srv.Config) })
 	// The controller runs twice: with client-go's default informers (a streaming list:
 	// one watch with sendInitialEvents) and with WatchListClient off (list, then
 	// watch), the fallback for API servers without streaming lists.
 	setupTenant(t, ctx, cs)
-	t.Run("controller as the agent", func(t *testing.T) { testControllerAsAgent(t, ctx, srv.Config, cs, "deploy-test-1", true) })
-	t.Run("controller as the agent, list then watch", func(t *testing.T) {
+	t.Run("read-only control plane as the agent", func(t *testing.T) { testReadOnlyAsAgent(t, ctx, srv.Config) })
+	t.Run("controller", func(t *testing.T) { testController(t, ctx, srv.Config, cs, "deploy-test-1", true) })
+	t.Run("controller, list then watch", func(t *testing.T) {
 		// Informers read the gate when they are made (client-go logs that the gates
 		// were replaced after use; harmless here, the first controller has stopped).
 		prev := clientfeatures.FeatureGates()
@@ -380,7 +444,7 @@ func TestAPIServer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		testControllerAsAgent(t, ctx, srv.Config, cs, "deploy-test-2", false)
+		testController(t, ctx, srv.Config, cs, "deploy-test-2", false)
 	})
 }
 
@@ -441,9 +505,37 @@ func testAgentPod(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	}
 }
 
-// testAccessReviews asks the API server's authorizer, for the agent's ServiceAccount,
-// about every grant the code needs (allowed) and every one in mustDeny (refused).
-func testAccessReviews(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
+// testControllerPod dry-runs a Pod made from the controller Deployment's template
+// in a namespace that enforces Pod Security "restricted": the controller, which
+// makes the cluster-wide writes, needs no privilege at all.
+func testControllerPod(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
+	d, err := cs.AppsV1().Deployments(namespace).Get(ctx, "portico-controller", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	strict, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		GenerateName: "restricted-", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ServiceAccounts(strict.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: controllerSA}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	spec := *d.Spec.Template.Spec.DeepCopy()
+	spec.PriorityClassName = "" // system-node-critical is for kube-system and the agents' namespace
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "portico-controller-dry-run", Namespace: strict.Name, Labels: d.Spec.Template.Labels}, Spec: spec}
+	if _, err := cs.CoreV1().Pods(strict.Name).Create(ctx, pod, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}); err != nil {
+		t.Errorf("controller pod under Pod Security restricted: %v", err)
+	}
+	if labels := d.Spec.Template.Labels; labels["app.kubernetes.io/name"] == "portico-agent" {
+		t.Errorf("controller pod labels %v: the group Service would select it as a replica", labels)
+	}
+}
+
+// testAccessReviews asks the API server's authorizer, for the ServiceAccount of s,
+// about every grant the code needs (allowed) and every one of deny (refused), as
+// `kubectl auth can-i` does (SubjectAccessReview).
+func testAccessReviews(t *testing.T, ctx context.Context, cs kubernetes.Interface, s subject, needs []need, deny []grant) {
 	review := func(g grant) bool {
 		ns := g.Namespace
 		if ns == "" && !clusterScoped[g.Resource] {
@@ -451,7 +543,7 @@ func testAccessReviews(t *testing.T, ctx context.Context, cs kubernetes.Interfac
 		}
 		res, sub, _ := strings.Cut(g.Resource, "/")
 		sar, err := cs.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
-			User: agentUser, Groups: agentGroups,
+			User: s.user(), Groups: agentGroups,
 			ResourceAttributes: &authorizationv1.ResourceAttributes{
 				Namespace: ns, Group: g.Group, Resource: res, Subresource: sub, Verb: g.Verb, Name: g.Name},
 		}}, metav1.CreateOptions{})
@@ -460,18 +552,18 @@ func testAccessReviews(t *testing.T, ctx context.Context, cs kubernetes.Interfac
 		}
 		return sar.Status.Allowed
 	}
-	for _, n := range codeNeeds {
+	for _, n := range needs {
 		g := n.grant
 		if g.Name == "" && (g.Verb == "get" || g.Verb == "update" || g.Verb == "delete" || g.Verb == "patch") {
 			g.Name = "x" // these verbs always name an object
 		}
 		if !review(g) {
-			t.Errorf("the agent may not %s (%s)", g, n.why)
+			t.Errorf("%s may not %s (%s)", s.name, g, n.why)
 		}
 	}
-	for _, g := range mustDeny {
+	for _, g := range deny {
 		if review(g) {
-			t.Errorf("the agent may %s; the code never does", g)
+			t.Errorf("%s may %s; its code never does", s.name, g)
 		}
 	}
 }
@@ -482,6 +574,8 @@ type requestLog struct {
 	mu                  sync.Mutex
 	reqs                []string
 	classLists, streams int
+	writes              int      // requests other than GET (the selfsubjectreview aside)
+	writeList           []string // the first few
 }
 
 type roundTripperFunc func(*http.Request) (*http.Response, error)
@@ -495,6 +589,12 @@ func (l *requestLog) wrap(rt http.RoundTripper) http.RoundTripper {
 		defer l.mu.Unlock()
 		if err == nil && resp.StatusCode == http.StatusForbidden {
 			l.reqs = append(l.reqs, r.Method+" "+r.URL.RequestURI())
+		}
+		if r.Method != http.MethodGet && !strings.Contains(r.URL.Path, "selfsubjectreviews") {
+			l.writes++
+			if len(l.writeList) < 5 {
+				l.writeList = append(l.writeList, r.Method+" "+r.URL.RequestURI())
+			}
 		}
 		q := r.URL.Query()
 		switch {
@@ -542,8 +642,13 @@ func setupTenant(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 // asAgent is admin's connection impersonating the agent's ServiceAccount, its requests
 // logged.
 func asAgent(admin *rest.Config, reqs *requestLog) *rest.Config {
+	return as(admin, agentSubject, reqs)
+}
+
+// as is admin's connection impersonating s's ServiceAccount, its requests logged.
+func as(admin *rest.Config, s subject, reqs *requestLog) *rest.Config {
 	cfg := rest.CopyConfig(admin)
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: agentUser, Groups: agentGroups}
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: s.user(), Groups: agentGroups}
 	cfg.WrapTransport = reqs.wrap
 	return cfg
 }
@@ -571,17 +676,17 @@ func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
 	}
 }
 
-// testControllerAsAgent runs the real control plane with the agent ServiceAccount's
-// identity (impersonation) over the applied manifests, drives every write path, and
-// fails on any request the API server refuses.
-func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config, cs kubernetes.Interface, identity string, streaming bool) {
+// testController runs the real control plane with the controller
+// ServiceAccount's identity (impersonation) over the applied manifests, drives
+// every write path, and fails on any request the API server refuses.
+func testController(t *testing.T, ctx context.Context, admin *rest.Config, cs kubernetes.Interface, identity string, streaming bool) {
 	var reqs requestLog
-	cfg := asAgent(admin, &reqs)
+	cfg := as(admin, controllerSubject, &reqs)
 	whoami, err := kubernetes.NewForConfigOrDie(cfg).AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u := whoami.Status.UserInfo.Username; u != agentUser {
+	if u := whoami.Status.UserInfo.Username; u != controllerSubject.user() {
 		t.Fatalf("impersonation: the API server sees %q", u)
 	}
 
@@ -617,7 +722,7 @@ func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config
 	annotation := func(obj metav1.Object, k string) string { return obj.GetAnnotations()[k] }
 	testenv.Eventually(t, 30*time.Second, func() string {
 		if bad := reqs.list(); len(bad) > 0 {
-			t.Fatalf("the API server refused the agent: %v", bad)
+			t.Fatalf("the API server refused the controller: %v", bad)
 		}
 		lease, err := cs.CoordinationV1().Leases(namespace).Get(ctx, leaseName, metav1.GetOptions{})
 		if err != nil || lease.Spec.HolderIdentity == nil || *lease.Spec.HolderIdentity != identity {
@@ -675,7 +780,7 @@ func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config
 	}
 	testenv.Eventually(t, 20*time.Second, func() string {
 		if bad := reqs.list(); len(bad) > 0 {
-			t.Fatalf("the API server refused the agent: %v", bad)
+			t.Fatalf("the API server refused the controller: %v", bad)
 		}
 		if _, err := claims.Get(ctx, "shop", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Sprintf("claim still there (%v)", err)
@@ -701,12 +806,75 @@ func testControllerAsAgent(t *testing.T, ctx context.Context, admin *rest.Config
 		t.Errorf("Lease still held by %s after shutdown", *h)
 	}
 	if bad := reqs.list(); len(bad) > 0 {
-		t.Errorf("the API server refused the agent: %v", bad)
+		t.Errorf("the API server refused the controller: %v", bad)
 	}
 	reqs.mu.Lock()
 	defer reqs.mu.Unlock()
 	if streaming && reqs.streams == 0 || !streaming && reqs.classLists == 0 {
 		t.Errorf("informers started with %d streaming watches and %d IngressClass lists; want the %s path",
 			reqs.streams, reqs.classLists, map[bool]string{true: "streaming", false: "list"}[streaming])
+	}
+}
+
+// snapshotSink keeps the last snapshot it was given.
+type snapshotSink struct {
+	mu   sync.Mutex
+	last *model.Snapshot
+}
+
+func (s *snapshotSink) Name() string { return "test" }
+
+func (s *snapshotSink) Apply(_ context.Context, snap model.Snapshot) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.last = &snap
+	return nil
+}
+
+// testReadOnlyAsAgent runs the control plane as an edge's agent does
+// (ReadOnly), as the agent's ServiceAccount: it builds the edge group's snapshot
+// from the applied manifests with nothing refused, and writes nothing.
+func testReadOnlyAsAgent(t *testing.T, ctx context.Context, admin *rest.Config) {
+	var reqs requestLog
+	cfg := asAgent(admin, &reqs)
+	sink := &snapshotSink{}
+	ctl, err := controlplane.New(controlplane.Config{
+		Client: kubernetes.NewForConfigOrDie(cfg), Dynamic: dynamic.NewForConfigOrDie(cfg),
+		Logger: zaptest.NewLogger(t).Named("agent"), Registerer: prometheus.NewRegistry(),
+		Identity: "node-1", ReadOnly: true, Sinks: []controlplane.Sink{sink},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- ctl.Run(runCtx) }()
+	testenv.Eventually(t, 30*time.Second, func() string {
+		if bad := reqs.list(); len(bad) > 0 {
+			t.Fatalf("the API server refused the agent: %v", bad)
+		}
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		if sink.last == nil {
+			return "no snapshot yet"
+		}
+		for _, g := range sink.last.Groups {
+			if g.Name == namespace+"/edge" {
+				return ""
+			}
+		}
+		return fmt.Sprintf("no group %s/edge in the snapshot (%d groups)", namespace, len(sink.last.Groups))
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("read-only control plane: %v", err)
+	}
+	if bad := reqs.list(); len(bad) > 0 {
+		t.Errorf("the API server refused the agent: %v", bad)
+	}
+	reqs.mu.Lock()
+	defer reqs.mu.Unlock()
+	if reqs.writes > 0 {
+		t.Errorf("the read-only control plane made %d writes: %v", reqs.writes, reqs.writeList)
 	}
 }

@@ -278,12 +278,22 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	if want := "registry.example/portico@sha256:" + strings.Repeat("ab", 32); c.Image != want || c.ImagePullPolicy != corev1.PullAlways {
 		t.Errorf("image %s (%s), want %s (Always)", c.Image, c.ImagePullPolicy, want)
 	}
-	wantArgs := []string{"agent", "--group=edge-infra/public", "--iface=bond0", "--node-name=$(NODE_NAME)",
-		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101",
+	shared := []string{"--group=edge-infra/public",
+		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101", "--liveness-port=0"}
+	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
-		"--liveness-port=0", "--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5"}
+		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
+	}
+	// The controller decides from the same flags as the agents.
+	ctl := find[appsv1.Deployment](t, objs, "Deployment", "portico-controller").Spec.Template.Spec
+	if d := cmp.Diff(append([]string{"controller"}, shared...), ctl.Containers[0].Args); d != "" {
+		t.Errorf("controller args (-want +got):\n%s", d)
+	}
+	if i := slices.IndexFunc(ctl.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "PORTICO_APISERVER" }); i < 0 ||
+		ctl.Containers[0].Env[i].Value != "https://10.0.0.1:6443" {
+		t.Errorf("controller env %v, want PORTICO_APISERVER=https://10.0.0.1:6443", ctl.Containers[0].Env)
 	}
 	if i := slices.IndexFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "PORTICO_APISERVER" }); i < 0 || c.Env[i].Value != "https://10.0.0.1:6443" {
 		t.Errorf("env %v, want PORTICO_APISERVER=https://10.0.0.1:6443", c.Env)

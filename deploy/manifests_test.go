@@ -32,12 +32,28 @@ const (
 	namespace = "portico-system"
 	agentSA   = "portico-agent"
 	agentUser = "system:serviceaccount:" + namespace + ":" + agentSA
+	// controllerSA is the controller Deployment's ServiceAccount.
+	controllerSA = "portico-controller"
 	// leaseName is controlplane.Config.LeaseName's default (not exported).
 	leaseName = "portico-controlplane"
 )
 
-// agentGroups are the groups the API server gives the agent's ServiceAccount.
+// agentGroups are the groups the API server gives the agent's (and any)
+// ServiceAccount of the namespace.
 var agentGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"}
+
+// subject is one of the chart's ServiceAccounts, with the roles bound to it.
+type subject struct {
+	name  string   // the ServiceAccount's
+	roles []string // its ClusterRole and Role
+}
+
+func (s subject) user() string { return "system:serviceaccount:" + namespace + ":" + s.name }
+
+var (
+	agentSubject      = subject{agentSA, []string{"portico-agent", "portico-agent-leases"}}
+	controllerSubject = subject{controllerSA, []string{"portico-controller", "portico-controller-leases"}}
+)
 
 // notInKustomization are manifests under deploy/ that kustomization.yaml leaves out on
 // purpose (the test still applies them). Any other manifest missing from it fails.
@@ -328,14 +344,23 @@ func TestManifestsAgree(t *testing.T) {
 		t.Errorf("downward API env (-want +got):\n%s", diff)
 	}
 
-	// RBAC is bound to that ServiceAccount, and nothing else is.
+	// Each role is bound to its ServiceAccount alone, and nothing else is bound.
+	bound := map[string]string{}
+	for _, s := range []subject{agentSubject, controllerSubject} {
+		for _, r := range s.roles {
+			bound[r] = s.name
+		}
+	}
 	for _, kind := range []string{"ClusterRoleBinding", "RoleBinding"} {
 		for _, u := range objs {
 			if u.GetKind() != kind {
 				continue
 			}
 			b := find[rbacv1.RoleBinding](t, objs, kind, u.GetName()) // same shape as ClusterRoleBinding
-			want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: agentSA, Namespace: namespace}}
+			if bound[b.RoleRef.Name] == "" {
+				t.Errorf("%s %s binds %s, which is no subject's role", kind, b.Name, b.RoleRef.Name)
+			}
+			want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: bound[b.RoleRef.Name], Namespace: namespace}}
 			if diff := cmp.Diff(want, b.Subjects); diff != "" {
 				t.Errorf("%s %s subjects (-want +got):\n%s", kind, b.Name, diff)
 			}

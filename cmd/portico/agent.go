@@ -39,6 +39,14 @@ type agentFlags struct {
 // to the environment: PORTICO_<FLAG> (dashes as underscores), and NODE_NAME and
 // POD_NAMESPACE as the DaemonSet's downward API sets them.
 func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, error) {
+	return parseFlags("agent", args, getenv)
+}
+
+// parseFlags reads the flags of `portico agent`, or of `portico controller`
+// (command "controller"), which takes the same ones so that it decides as the
+// agents do, but runs on no node: no interface, node name or announcer.
+func parseFlags(command string, args []string, getenv func(string) string) (agentFlags, error) {
+	node := command == "agent"
 	var (
 		c                               agentFlags
 		pools                           string
@@ -50,7 +58,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 		tunnel, reserved, groupNS       string
 		err                             error
 	)
-	fs := flag.NewFlagSet("agent", flag.ContinueOnError)
+	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	fs.StringVar(&c.Group, "group", "", "the group Service this node serves, namespace/name (required)")
 	fs.StringVar(&c.Iface, "iface", "", "the edge interface: XDP, VRRP and ARP run on it (required)")
 	fs.StringVar(&c.Node, "node-name", "", "this node's name (env NODE_NAME)")
@@ -89,6 +97,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
 	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
+	fs.BoolVar(&c.ReadOnly, "read-only", false, "only read the cluster: the controller Deployment (portico controller) makes the cluster-wide writes (allocations, statuses, Events, IngressClaims); without it this agent takes part in leader election and writes as leader")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -137,11 +146,11 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	switch {
 	case c.Group == "" || !strings.Contains(c.Group, "/"):
 		return c, fmt.Errorf("-group namespace/name is required")
-	case c.Iface == "":
+	case c.Iface == "" && node:
 		return c, fmt.Errorf("-iface is required")
 	case c.APIServer != "" && !validAPIServer(c.APIServer):
 		return c, fmt.Errorf("-apiserver %q: want https://host:port", c.APIServer)
-	case c.Node == "":
+	case c.Node == "" && node:
 		return c, fmt.Errorf("-node-name (or NODE_NAME) is required")
 	case priority < 1 || priority > 254 || degraded < 1 || degraded >= priority:
 		return c, fmt.Errorf("-vrrp-priority must be 1-254 and above -vrrp-degraded-priority (>= 1)")
@@ -150,9 +159,12 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	case livenessPort != 0 && (c.Liveness.Interval <= 0 || c.Liveness.DeadAfter < c.Liveness.Interval || rise < 1 || rise > 1000):
 		return c, fmt.Errorf("-liveness-interval must be positive, -liveness-dead-after at least one interval, -liveness-rise 1-1000")
 	}
-	switch c.Announce {
-	case "vrrp":
-	case "bgp":
+	switch {
+	case !node:
+		// The controller announces nothing: the BGP and tunnel files are the agents'.
+		c.Announce, c.Sites = "", ""
+	case c.Announce == "vrrp":
+	case c.Announce == "bgp":
 		if bgpConfig == "" {
 			return c, fmt.Errorf("-announce=bgp needs -bgp-config")
 		}
@@ -173,7 +185,7 @@ func parseAgentFlags(args []string, getenv func(string) string) (agentFlags, err
 	default:
 		return c, fmt.Errorf("-announce %q: want vrrp or bgp", c.Announce)
 	}
-	if c.Sites != "" {
+	if c.Sites != "" && node {
 		if c.Announce != "bgp" {
 			return c, fmt.Errorf("-federation-peers needs -announce=bgp (anycast)")
 		}
@@ -229,6 +241,36 @@ func runAgent(args []string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	return agent.Run(ctx, f.Config, log)
+}
+
+// runController runs `portico controller`: the control plane that makes the
+// cluster-wide writes, off the edges (the chart's controller Deployment), with
+// the agents' own flags so that it decides as they do. Its identity in the
+// leader Lease is POD_NAME (the Deployment's downward API), else the host name.
+func runController(args []string) error {
+	f, err := parseFlags("controller", args, os.Getenv)
+	if err != nil {
+		return err
+	}
+	log, err := newLogger(f.logLevel)
+	if err != nil {
+		return err
+	}
+	defer log.Sync()
+	identity := os.Getenv("POD_NAME")
+	if identity == "" {
+		if identity, err = os.Hostname(); err != nil {
+			return fmt.Errorf("identity: %w", err)
+		}
+	}
+	log = log.With(zap.String("controller", identity))
+	klog.SetLogger(zapr.NewLogger(log.Named("k8s")))
+	if f.Kube, err = kubeConfig(f.kubeconfig, f.APIServer); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return agent.RunController(ctx, f.Config, identity, log)
 }
 
 // kubeConfig reads the kubeconfig at path, or without one the in-cluster config,

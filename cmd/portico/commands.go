@@ -3,6 +3,7 @@ package main
 // registerAll registers every subcommand. Each subcommand's file adds one line here.
 func registerAll() {
 	register("agent", "run the edge agent: control plane, XDP data plane, VRRP and nginx for one group", runAgent)
+	register("controller", "run the control plane that makes the cluster-wide writes (allocations, statuses, Events, IngressClaims), off the edges; takes the agent's flags", runController)
 	register("status", "each VIP's owner, replicas, ring shares and every node's table digest (reads the agents' Leases)", runStatus)
 	register("vips", "show VIPs, their backends and ring shares from the pinned maps", runVIPs)
 	register("flows", "show flow table entries from the pinned maps", runFlows)

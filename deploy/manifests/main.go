@@ -32,6 +32,7 @@ var files = map[string]string{
 	"templates/namespace.yaml":           "namespace.yaml",
 	"templates/rbac.yaml":                "rbac.yaml",
 	"templates/agent.yaml":               "agent.yaml",
+	"templates/controller.yaml":          "controller.yaml",
 	"templates/group.yaml":               "examples/group.yaml",
 }
 

@@ -17,3 +17,35 @@ app.kubernetes.io/part-of: portico
 {{- define "portico.group" -}}
 {{ .Release.Namespace }}/{{ .Values.group.name }}
 {{- end }}
+
+{{/*
+The flags the agents and the controller must share: each builds the same
+configuration from the same objects (the same pools, reserved ports and group
+namespaces), so the controller's statuses and refusals are what the edges serve.
+*/}}
+{{- define "portico.sharedArgs" -}}
+# The group the agents serve (namespace/name of its group Service).
+- --group={{ include "portico.group" . }}
+# The image of the agent DaemonSets the controller provisions for IngressClaims:
+# this one.
+- --claim-image={{ include "portico.image" . }}
+# Prometheus /metrics and the /healthz, /readyz probes below (the agents' port is
+# reserved: no L4 Service may take it).
+- --metrics-addr=:9101
+{{- with .Values.vipPool }}
+# VIPs the leader allocates to groups and L4 Services without a portico.io/vip
+# annotation (CIDR, optionally "!excluded,..."; several separated by ";"). Use a
+# free range of the edge segment.
+- --vip-pool={{ . }}
+{{- end }}
+# Liveness checks of every replica's nginx (port 0: off).
+- --liveness-port={{ .Values.liveness.port }}
+{{- with .Values.groupNamespaces }}
+# Namespaces beyond the release's where groups and IngressClaims are served.
+- --group-namespaces={{ join "," . }}
+{{- end }}
+{{- with .Values.reservedPorts }}
+# Ports other daemons of the edge nodes listen on: no L4 Service may take them.
+- --reserved-ports={{ join "," . }}
+{{- end }}
+{{- end }}
