@@ -113,7 +113,8 @@ type Portico struct {
 // as README's "Installing in a cluster" says, with the lab's values: the nodes' NIC
 // eth0, GroupVIP and VIPPool, the image imported on the nodes (never pulled), and the
 // API server's address (the lab runs no kube-proxy, so the in-cluster Service address
-// goes nowhere). It returns when every agent is ready and the VIP answers.
+// goes nowhere). It returns when every agent and the controller are ready and the
+// VIP answers.
 func (c *Cluster) InstallPortico(ctx context.Context, o PorticoOptions) (*Portico, error) {
 	helm, err := HelmBinary(o.Root)
 	if err != nil {
@@ -142,6 +143,11 @@ func (c *Cluster) InstallPortico(ctx context.Context, o PorticoOptions) (*Portic
 		return nil, err
 	}
 	if err := p.WaitRollout(ctx, "portico-agent", o.Timeout); err != nil {
+		return nil, err
+	}
+	// The controller Deployment writes the statuses and allocations the tests read.
+	if _, err := c.Kubectl(ctx, nil, "-n", PorticoNamespace, "rollout", "status", "deployment/portico-controller",
+		"--timeout="+o.Timeout.String()); err != nil {
 		return nil, err
 	}
 	return p, p.WaitVIP(ctx, GroupVIP, o.Timeout)
