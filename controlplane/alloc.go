@@ -66,7 +66,8 @@ func (p Pool) String() string {
 }
 
 // usable reports whether an address of the pool may be handed out: not excluded, and
-// not an IPv4 network or broadcast address, nor an IPv6 subnet-router anycast address.
+// not an IPv4 network or broadcast address, nor an IPv6 subnet-router anycast address
+// (but for a single address: a /32 or /128).
 func (p Pool) usable(a netip.Addr) bool {
 	if !p.CIDR.Contains(a) {
 		return false
@@ -76,8 +77,8 @@ func (p Pool) usable(a netip.Addr) bool {
 			return false
 		}
 	}
-	if a == p.CIDR.Addr() && (a.Is6() || p.CIDR.Bits() < 31) {
-		return false
+	if a == p.CIDR.Addr() && (a.Is6() && p.CIDR.Bits() < 128 || a.Is4() && p.CIDR.Bits() < 31) {
+		return false // an IPv6 /128 or IPv4 /32 is its one address
 	}
 	if a.Is4() && p.CIDR.Bits() < 31 && !p.CIDR.Contains(a.Next()) {
 		return false

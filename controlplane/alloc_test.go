@@ -81,10 +81,15 @@ func TestAllocateVIPs(t *testing.T) {
 			problems: []model.Problem{{Object: "Service e/b", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPPoolExhausted}},
 		},
 		{
-			name:     "second pool of a family when the first is full; /31 and /32 use every address",
+			name:     "second pool of a family when the first is full; /31, /32 and /128 use every address",
 			services: []*corev1.Service{groupSvc("e", "a", 1), groupSvc("e", "b", 2), groupSvc("e", "c", 3)},
-			pools:    []string{"192.0.2.8/31", "198.51.100.7/32"},
-			want:     map[string][]netip.Addr{"e/a": addrs("192.0.2.8"), "e/b": addrs("192.0.2.9"), "e/c": addrs("198.51.100.7")},
+			pools:    []string{"192.0.2.8/31", "198.51.100.7/32", "2001:db8::7/128"},
+			want: map[string][]netip.Addr{"e/a": addrs("192.0.2.8", "2001:db8::7"), "e/b": addrs("192.0.2.9"),
+				"e/c": addrs("198.51.100.7")},
+			problems: []model.Problem{
+				{Object: "Service e/b", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPPoolExhausted},
+				{Object: "Service e/c", Field: "metadata.annotations[portico.io/vip]", Reason: model.ReasonVIPPoolExhausted},
+			},
 		},
 		{
 			name: "groups with any VIP annotation (even invalid, or the ingress-vip alias) and non-groups are left alone",
