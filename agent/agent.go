@@ -105,16 +105,9 @@ const DefaultStateDir = "/run/portico"
 // program stays attached and its maps pinned, so forwarding goes on while the
 // agent restarts.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-
-	client, err := kubernetes.NewForConfig(cfg.Kube)
+	reg, client, dyn, err := start(cfg)
 	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg.Kube)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
+		return err
 	}
 	ifc, err := net.InterfaceByName(cfg.Iface)
 	if err != nil {
@@ -329,6 +322,22 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	return runErr
 }
 
+// start makes what the agent and the controller both begin with: a registry with
+// the Go and process collectors, and the API server's clients.
+func start(cfg Config) (*prometheus.Registry, kubernetes.Interface, dynamic.Interface, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	client, err := kubernetes.NewForConfig(cfg.Kube)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	dyn, err := dynamic.NewForConfig(cfg.Kube)
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("dynamic client: %w", err)
+	}
+	return reg, client, dyn, nil
+}
+
 // controlplaneConfig is the control plane's configuration for cfg: an agent's
 // and the controller's decide alike from the same flags (the same pools,
 // reserved ports and group namespaces).
@@ -347,15 +356,9 @@ func controlplaneConfig(cfg Config, client kubernetes.Interface, dyn dynamic.Int
 // the agents (cfg), serves /metrics, /healthz and /readyz on cfg.MetricsAddr,
 // and runs until ctx ends. identity names it in the Lease (its pod's name).
 func RunController(ctx context.Context, cfg Config, identity string, log *zap.Logger) error {
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	client, err := kubernetes.NewForConfig(cfg.Kube)
+	reg, client, dyn, err := start(cfg)
 	if err != nil {
-		return fmt.Errorf("kubernetes client: %w", err)
-	}
-	dyn, err := dynamic.NewForConfig(cfg.Kube)
-	if err != nil {
-		return fmt.Errorf("dynamic client: %w", err)
+		return err
 	}
 	ccfg := controlplaneConfig(cfg, client, dyn, log, reg)
 	ccfg.Identity = identity

@@ -188,28 +188,14 @@ type need struct {
 // a rule added to or dropped from rbac.yaml without a reason fails here. The
 // controller run below proves it is enough; the access reviews prove the rest is
 // refused.
-var controllerNeeds = []need{
-	{grant{"", "networking.k8s.io", "ingressclasses", "list", ""}, "controller.go New: IngressClass informer"},
-	{grant{"", "networking.k8s.io", "ingressclasses", "watch", ""}, "controller.go New: IngressClass informer"},
-	{grant{"", "networking.k8s.io", "ingresses", "list", ""}, "controller.go New: Ingress informer"},
-	{grant{"", "networking.k8s.io", "ingresses", "watch", ""}, "controller.go New: Ingress informer"},
+var controllerNeeds = append(slices.Clone(informerNeeds), []need{
 	{grant{"", "networking.k8s.io", "ingresses", "patch", ""}, "controller.go patchAnnotation: portico.io/group"},
 	{grant{"", "networking.k8s.io", "ingresses/status", "update", ""}, "controller.go write: Ingresses().UpdateStatus"},
-	{grant{"", "", "services", "list", ""}, "controller.go New: Service informer"},
-	{grant{"", "", "services", "watch", ""}, "controller.go New: Service informer"},
 	{grant{"", "", "services", "patch", ""}, "controller.go patchAnnotation: portico.io/vip, portico.io/vrid"},
 	{grant{"", "", "services", "create", ""}, "claim.go reconcileClaim: Services().Create"},
 	{grant{"", "", "services", "get", ""}, "claim.go reclaim: Services().Get"},
 	{grant{"", "", "services", "delete", ""}, "claim.go reclaim: Services().Delete"},
 	{grant{"", "", "services/status", "update", ""}, "controller.go write: Services().UpdateStatus"},
-	{grant{"", "discovery.k8s.io", "endpointslices", "list", ""}, "controller.go New: EndpointSlice informer"},
-	{grant{"", "discovery.k8s.io", "endpointslices", "watch", ""}, "controller.go New: EndpointSlice informer"},
-	{grant{"", "", "nodes", "list", ""}, "controller.go New: Node informer"},
-	{grant{"", "", "nodes", "watch", ""}, "controller.go New: Node informer"},
-	{grant{"", "", "secrets", "list", ""}, "controller.go New: TLS Secret informer"},
-	{grant{"", "", "secrets", "watch", ""}, "controller.go New: TLS Secret informer"},
-	{grant{"", "", "pods", "list", ""}, "controller.go New: microservice Pod informer"},
-	{grant{"", "", "pods", "watch", ""}, "controller.go New: microservice Pod informer"},
 	{grant{"", "", "events", "create", ""}, "controller.go Run: record.EventBroadcaster (new Event)"},
 	{grant{"", "", "events", "patch", ""}, "controller.go Run: record.EventBroadcaster (repeated Event)"},
 	{grant{"", "portico.io", "ingressclaims", "list", ""}, "controller.go watchClaims: dynamic informer"},
@@ -217,10 +203,6 @@ var controllerNeeds = []need{
 	{grant{"", "portico.io", "ingressclaims", "delete", ""}, "claim.go reclaim: Delete"},
 	{grant{"", "portico.io", "ingressclaims/status", "patch", ""}, "claim.go writeClaimStatus: Patch status"},
 	{grant{"", "portico.io", "ingressclaims/finalizers", "update", ""}, "claim.go ownerRef: blockOwnerDeletion (OwnerReferencesPermissionEnforcement)"},
-	{grant{"", "portico.io", "vippools", "list", ""}, "controller.go watchPools: dynamic informer"},
-	{grant{"", "portico.io", "vippools", "watch", ""}, "controller.go watchPools: dynamic informer"},
-	{grant{"", "", "namespaces", "list", ""}, "controller.go watchPools: Namespace informer"},
-	{grant{"", "", "namespaces", "watch", ""}, "controller.go watchPools: Namespace informer"},
 	{grant{"", "apps", "daemonsets", "get", ""}, "claim.go reconcileClaim, reclaim: DaemonSets().Get"},
 	{grant{"", "apps", "daemonsets", "create", ""}, "claim.go reconcileClaim: DaemonSets().Create"},
 	{grant{"", "apps", "daemonsets", "delete", ""}, "claim.go reclaim: DaemonSets().Delete"},
@@ -229,12 +211,20 @@ var controllerNeeds = []need{
 	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "leader.go elect: LeaseLock.Update"},
 	{grant{namespace, "coordination.k8s.io", "leases", "list", ""}, "served.go watchAgents: status Lease informer"},
 	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "served.go watchAgents: status Lease informer"},
-}
+}...)
 
 // agentNeeds is what an edge's agent calls: its read-only control plane's
 // informers (controlplane.Config.ReadOnly: no claims, no Events, no Lease
 // election, no status Lease informer) and its own status Lease.
-var agentNeeds = []need{
+var agentNeeds = append(slices.Clone(informerNeeds), []need{
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease.go WriteLease"},
+}...)
+
+// informerNeeds are the control plane's informers, the agents' and the
+// controller's alike (controller.go New, watchPools).
+var informerNeeds = []need{
 	{grant{"", "networking.k8s.io", "ingressclasses", "list", ""}, "controller.go New: IngressClass informer"},
 	{grant{"", "networking.k8s.io", "ingressclasses", "watch", ""}, "controller.go New: IngressClass informer"},
 	{grant{"", "networking.k8s.io", "ingresses", "list", ""}, "controller.go New: Ingress informer"},
@@ -253,9 +243,6 @@ var agentNeeds = []need{
 	{grant{"", "portico.io", "vippools", "watch", ""}, "controller.go watchPools: dynamic informer"},
 	{grant{"", "", "namespaces", "list", ""}, "controller.go watchPools: Namespace informer"},
 	{grant{"", "", "namespaces", "watch", ""}, "controller.go watchPools: Namespace informer"},
-	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease.go WriteLease"},
-	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease.go WriteLease"},
-	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease.go WriteLease"},
 }
 
 // agentMustDeny are what the controller may do and an agent may not: every
@@ -472,14 +459,7 @@ func testAgentPod(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 
 	// Under Pod Security "baseline" the same pod is refused: the namespace's
 	// "privileged" label is what admits it.
-	strict, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		GenerateName: "baseline-", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().ServiceAccounts(strict.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: agentSA}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	strict := podSecurityNamespace(t, ctx, cs, "baseline", agentSA)
 	_, err = cs.CoreV1().Pods(strict.Name).Create(ctx, podIn(strict.Name, ds.Spec.Template.Spec), dry)
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "PodSecurity") {
 		t.Errorf("agent pod under Pod Security baseline: got %v, want a PodSecurity refusal", err)
@@ -505,6 +485,21 @@ func testAgentPod(t *testing.T, ctx context.Context, cs kubernetes.Interface) {
 	}
 }
 
+// podSecurityNamespace makes a namespace that enforces Pod Security level, with
+// the ServiceAccount sa.
+func podSecurityNamespace(t *testing.T, ctx context.Context, cs kubernetes.Interface, level, sa string) *corev1.Namespace {
+	t.Helper()
+	ns, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		GenerateName: level + "-", Labels: map[string]string{"pod-security.kubernetes.io/enforce": level}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cs.CoreV1().ServiceAccounts(ns.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	return ns
+}
+
 // testControllerPod dry-runs a Pod made from the controller Deployment's template
 // in a namespace that enforces Pod Security "restricted": the controller, which
 // makes the cluster-wide writes, needs no privilege at all.
@@ -513,14 +508,7 @@ func testControllerPod(t *testing.T, ctx context.Context, cs kubernetes.Interfac
 	if err != nil {
 		t.Fatal(err)
 	}
-	strict, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		GenerateName: "restricted-", Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"}}}, metav1.CreateOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cs.CoreV1().ServiceAccounts(strict.Name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: controllerSA}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	strict := podSecurityNamespace(t, ctx, cs, "restricted", controllerSA)
 	spec := *d.Spec.Template.Spec.DeepCopy()
 	spec.PriorityClassName = "" // system-node-critical is for kube-system and the agents' namespace
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "portico-controller-dry-run", Namespace: strict.Name, Labels: d.Spec.Template.Labels}, Spec: spec}

@@ -227,20 +227,27 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
+	return runWith(&f, func(ctx context.Context, log *zap.Logger) error {
+		return agent.Run(ctx, f.Config, log.With(zap.String("node", f.Node), zap.String("group", f.Group)))
+	})
+}
+
+// runWith sets up what `portico agent` and `portico controller` share (the
+// logger, client-go's logging through it, the API server's configuration into
+// f.Kube) and runs run until SIGINT or SIGTERM.
+func runWith(f *agentFlags, run func(context.Context, *zap.Logger) error) error {
 	log, err := newLogger(f.logLevel)
 	if err != nil {
 		return err
 	}
 	defer log.Sync()
-	log = log.With(zap.String("node", f.Node), zap.String("group", f.Group))
 	klog.SetLogger(zapr.NewLogger(log.Named("k8s")))
 	if f.Kube, err = kubeConfig(f.kubeconfig, f.APIServer); err != nil {
 		return err
 	}
-
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	return agent.Run(ctx, f.Config, log)
+	return run(ctx, log)
 }
 
 // runController runs `portico controller`: the control plane that makes the
@@ -252,25 +259,15 @@ func runController(args []string) error {
 	if err != nil {
 		return err
 	}
-	log, err := newLogger(f.logLevel)
-	if err != nil {
-		return err
-	}
-	defer log.Sync()
 	identity := os.Getenv("POD_NAME")
 	if identity == "" {
 		if identity, err = os.Hostname(); err != nil {
 			return fmt.Errorf("identity: %w", err)
 		}
 	}
-	log = log.With(zap.String("controller", identity))
-	klog.SetLogger(zapr.NewLogger(log.Named("k8s")))
-	if f.Kube, err = kubeConfig(f.kubeconfig, f.APIServer); err != nil {
-		return err
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	return agent.RunController(ctx, f.Config, identity, log)
+	return runWith(&f, func(ctx context.Context, log *zap.Logger) error {
+		return agent.RunController(ctx, f.Config, identity, log.With(zap.String("controller", identity)))
+	})
 }
 
 // kubeConfig reads the kubeconfig at path, or without one the in-cluster config,
