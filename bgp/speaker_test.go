@@ -133,12 +133,17 @@ func TestAnnounceLoopback(t *testing.T) {
 		}
 		return ""
 	})
-	if got := testutil.ToFloat64(edge.met.established); got != 1 {
-		t.Errorf("established sessions gauge = %v, want 1", got)
-	}
-	if got := testutil.ToFloat64(edge.met.sessionTransitions.WithLabelValues("127.0.0.2", "established")); got != 1 {
-		t.Errorf("transitions to established = %v, want 1", got)
-	}
+	// The metrics follow GoBGP's peer events, a moment after the state Status
+	// reads (CI once read them in between).
+	testenv.Eventually(t, 5*time.Second, func() string {
+		if got := testutil.ToFloat64(edge.met.established); got != 1 {
+			return fmt.Sprintf("established sessions gauge = %v, want 1", got)
+		}
+		if got := testutil.ToFloat64(edge.met.sessionTransitions.WithLabelValues("127.0.0.2", "established")); got != 1 {
+			return fmt.Sprintf("transitions to established = %v, want 1", got)
+		}
+		return ""
+	})
 
 	vip6 := netip.MustParsePrefix("fd00:99::100/128")
 	normal := ribPath{ASPath: []uint32{65001}, Communities: []string{"65000:100"}, NextHop: "127.0.0.1"}
