@@ -124,6 +124,8 @@ type Controller struct {
 	// waits: since when each Ingress generation's first address waits for
 	// the edges to serve it (leader's sync only).
 	waits map[servedWait]time.Time
+	// poolSizes memoizes each pool prefix's size (observePools; build only).
+	poolSizes map[string]float64
 	// memo carries what one build derived to the next (build only: the
 	// queue never runs one key twice at once).
 	memo Memo
@@ -549,7 +551,9 @@ func (c *Controller) build() *writeJob {
 	}
 	// Allocation is pure too: every instance computes it, so its problems show in
 	// Problems() and the metrics everywhere; only the leader writes the result.
-	alloc := c.allocate(st)
+	// The pools are parsed once per sync: Build parses its own copy (it is pure).
+	pools, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces) // reported by the build
+	alloc := c.allocate(st, &pools)
 	problems = append(append(notAllowed, problems...), alloc.problems...)
 
 	c.mu.Lock()
@@ -569,7 +573,7 @@ func (c *Controller) build() *writeJob {
 		c.metrics.syncs.WithLabelValues("unchanged").Inc()
 	}
 	c.observe(st, all)
-	c.observePools(st, snap)
+	c.observePools(pools, snap)
 	job := &writeJob{snap: snap, bindings: bindings, problems: problems}
 	c.mu.Lock()
 	c.lastJob = job
@@ -584,7 +588,7 @@ func (c *Controller) writeOut(ctx context.Context, job *writeJob) error {
 	// allocate: the build may be older than the writer's last writes, and a
 	// user's own portico.io/vip written since must not be overwritten.
 	st, _ := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
-	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st))
+	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st, nil))
 	all := append(slices.Clone(job.problems), claimProblems...)
 	c.report(all)
 	if err != nil {
@@ -603,18 +607,39 @@ type allocation struct {
 	problems []model.Problem
 }
 
-func (c *Controller) allocate(st State) allocation {
+func (c *Controller) allocate(st State, pools *Pools) allocation {
+	if pools == nil {
+		p, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces) // reported by the build
+		pools = &p
+	}
 	vrids, problems := AllocateVRIDs(st.Services)
-	pools, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces) // reported by the build
-	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, pools)
+	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, *pools)
 	return allocation{vrids: vrids, vips: vips, problems: append(problems, vipProblems...)}
 }
 
 // observePools sets the pools' usage from the snapshot the sinks serve.
-func (c *Controller) observePools(st State, snap model.Snapshot) {
-	pools, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces)
+func (c *Controller) observePools(pools Pools, snap model.Snapshot) {
 	c.metrics.poolAddrs.Reset()
-	for k, v := range poolUsage(pools, snap) {
+	// A pool's size takes up to 4,096 steps a prefix to count: once per pool,
+	// not on every sync (an endpoint change is one). Only the build worker
+	// runs this.
+	if c.poolSizes == nil {
+		c.poolSizes = map[string]float64{}
+	}
+	seen := map[string]bool{}
+	size := func(p Pool) float64 {
+		k := p.String()
+		seen[k] = true
+		n, ok := c.poolSizes[k]
+		if !ok {
+			n = p.size()
+			c.poolSizes[k] = n
+		}
+		return n
+	}
+	usage := poolUsage(pools, snap, size)
+	maps.DeleteFunc(c.poolSizes, func(k string, _ float64) bool { return !seen[k] })
+	for k, v := range usage {
 		c.metrics.poolAddrs.WithLabelValues(k[0], k[1], "used").Set(v[0])
 		c.metrics.poolAddrs.WithLabelValues(k[0], k[1], "free").Set(v[1])
 	}

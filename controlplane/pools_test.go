@@ -171,7 +171,7 @@ func TestPoolUsage(t *testing.T) {
 		{"dual", "IPv4"}: {1, 1},         // .1 and .2 usable
 		{"dual", "IPv6"}: {1, 1<<63 - 2}, // the upper half, less the subnet-router address
 	}
-	if d := cmp.Diff(want, poolUsage(pools, snap)); d != "" {
+	if d := cmp.Diff(want, poolUsage(pools, snap, Pool.size)); d != "" {
 		t.Errorf("usage (-want +got):\n%s", d)
 	}
 }
