@@ -340,7 +340,8 @@ func TestManifestsAgree(t *testing.T) {
 			envs[e.Name] = e.ValueFrom.FieldRef.FieldPath
 		}
 	}
-	if diff := cmp.Diff(map[string]string{"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}, envs); diff != "" {
+	if diff := cmp.Diff(map[string]string{"NODE_NAME": "spec.nodeName", "POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name",
+		"HOST_IP": "status.hostIP"}, envs); diff != "" {
 		t.Errorf("downward API env (-want +got):\n%s", diff)
 	}
 
