@@ -57,7 +57,10 @@ type Config struct {
 	LivenessPort uint16
 	Liveness     liveness.Timing // zero: liveness.DefaultTiming
 	MetricsAddr  string          // address of /metrics, /healthz and /readyz
-	Pprof        bool            // also Go's /debug/pprof/ there
+	// NodeIP, when valid, is the node's own address: nginx's liveness server
+	// listens on it alone (MetricsAddr names it too).
+	NodeIP netip.Addr
+	Pprof  bool // also Go's /debug/pprof/ there
 	// ReservedPorts are ports the node's other daemons listen on, beyond
 	// NodePorts and the agent's own (ReservedPorts): no L4 Service may take them.
 	ReservedPorts []model.Port
@@ -137,7 +140,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ropts := nginx.DefaultOptions(cfg.NginxDir)
 	ropts.Group = cfg.Group
 	ropts.HTTPPort, ropts.HTTPSPort, ropts.StatusPort = cfg.HTTPPort, cfg.HTTPSPort, cfg.StatusPort
-	ropts.LivenessPort = cfg.LivenessPort
+	ropts.LivenessPort, ropts.LivenessAddr = cfg.LivenessPort, cfg.NodeIP
 	ropts.DrainTimeout = cfg.NginxDrainTimeout
 	served := &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
 	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: served.set},

@@ -280,7 +280,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 	shared := []string{"--group=edge-infra/public",
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101", "--liveness-port=0"}
-	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--metrics-ip=$(HOST_IP)",
+	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {

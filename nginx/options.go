@@ -31,10 +31,12 @@ type Options struct {
 	HTTPSPort   uint16
 	// StatusPort serves /healthz and /nginx_status (stub_status) on 127.0.0.1 only.
 	StatusPort uint16
-	// LivenessPort answers GET /live with 200 on the listen addresses, for the
-	// liveness checks of every director (package liveness): they reach it over
-	// the edge network, so it shows that this nginx serves. 0: no such server.
+	// LivenessPort answers GET /live with 200 on the listen addresses (on
+	// LivenessAddr alone when it is set), for the liveness checks of every
+	// director (package liveness): they reach it over the edge network, so it
+	// shows that this nginx serves. 0: no such server.
 	LivenessPort uint16
+	LivenessAddr netip.Addr
 
 	PIDFile   string // nginx's pid file
 	ErrorLog  string // a file or "stderr"
@@ -177,7 +179,11 @@ func listenAddrs(o Options) (plain, secure, liveness []string) {
 		}
 		return l
 	}
-	return addrs(o.HTTPPort), addrs(o.HTTPSPort), addrs(o.LivenessPort)
+	live := addrs(o.LivenessPort)
+	if o.LivenessPort != 0 && o.LivenessAddr.IsValid() {
+		live = []string{netip.AddrPortFrom(o.LivenessAddr, o.LivenessPort).String()}
+	}
+	return addrs(o.HTTPPort), addrs(o.HTTPSPort), live
 }
 
 // ipv6Available reports whether the node has IPv6 (an interface address in

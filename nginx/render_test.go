@@ -334,3 +334,25 @@ func checkGolden(t *testing.T, path string, got []byte) {
 		t.Errorf("%s differs (-want +got), refresh with -update if intended:\n%s", path, diff)
 	}
 }
+
+// TestRenderLivenessAddr: with LivenessAddr the liveness server listens on that
+// address alone (the node's own, not every address of the node, its VIPs among
+// them); real nginx accepts it.
+func TestRenderLivenessAddr(t *testing.T) {
+	opt := goldenOptions()
+	opt.LivenessPort = freePorts(t, 1)[0]
+	opt.LivenessAddr = netip.MustParseAddr("127.0.0.1")
+	cfg, err := Render(model.Snapshot{}, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(cfg.Text)
+	want := fmt.Sprintf("listen 127.0.0.1:%d", opt.LivenessPort)
+	if !strings.Contains(text, want) {
+		t.Errorf("config lacks %q", want)
+	}
+	if strings.Contains(text, fmt.Sprintf("listen %d", opt.LivenessPort)) {
+		t.Errorf("config still listens on every address's port %d", opt.LivenessPort)
+	}
+	nginxTest(t, t.TempDir(), cfg, opt)
+}

@@ -57,7 +57,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		priority, degraded, version     uint
 		bgpConfig, nextHop6             string
 		tunnel, reserved, groupNS       string
-		metricsIP                       string
+		nodeIP                          string
 		err                             error
 	)
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
@@ -83,7 +83,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
 	fs.DurationVar(&c.Liveness.FlapWindow, "liveness-flap-window", liveness.DefaultTiming.FlapWindow, "a replica that dies within this time of coming back needs twice as many good answers")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9101", "address of /metrics, /healthz and /readyz")
-	fs.StringVar(&metricsIP, "metrics-ip", "", "listen for /metrics, /healthz and /readyz on this address only, on -metrics-addr's port (the chart gives the node's own address, status.hostIP); empty: -metrics-addr as it is")
+	fs.StringVar(&nodeIP, "node-ip", "", "the node's own address (the chart gives status.hostIP): /metrics, /healthz and /readyz (on -metrics-addr's port) and nginx's liveness server listen on it alone, not on every address of the node; empty: -metrics-addr as it is, liveness on every address")
 	fs.StringVar(&reserved, "reserved-ports", "", "ports other daemons of the edge nodes listen on, which no L4 Service may take, beyond ssh, BGP, BFD, the kubelet's and the agent's own: PORT/PROTOCOL separated by ',' (9100/tcp,53/udp)")
 	fs.StringVar(&groupNS, "group-namespaces", "", "namespaces, beyond the agent's own and its group's, where a Service labelled portico.io/group=true is a group and IngressClaims are served, separated by ','; elsewhere they are refused with an Event")
 	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's profiles (/debug/pprof/) on the metrics address")
@@ -143,13 +143,14 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 			c.GroupNamespaces = append(c.GroupNamespaces, ns)
 		}
 	}
-	if metricsIP != "" {
-		ip, perr := netip.ParseAddr(metricsIP)
+	if nodeIP != "" {
+		ip, perr := netip.ParseAddr(nodeIP)
 		_, port, serr := net.SplitHostPort(c.MetricsAddr)
 		if perr != nil || serr != nil {
-			return c, fmt.Errorf("-metrics-ip %q with -metrics-addr %q: want an IP address and host:port", metricsIP, c.MetricsAddr)
+			return c, fmt.Errorf("-node-ip %q with -metrics-addr %q: want an IP address and host:port", nodeIP, c.MetricsAddr)
 		}
-		c.MetricsAddr = net.JoinHostPort(ip.String(), port)
+		c.NodeIP = ip.Unmap()
+		c.MetricsAddr = net.JoinHostPort(c.NodeIP.String(), port)
 	}
 	if c.ReservedPorts, err = parsePorts(reserved); err != nil {
 		return c, fmt.Errorf("-reserved-ports: %w", err)

@@ -71,14 +71,14 @@ func TestParseAgentFlags(t *testing.T) {
 					t.Errorf("API server %q", c.APIServer)
 				}
 			}},
-		{name: "metrics on the node's address, IPv4 and IPv6", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
-			env: map[string]string{"PORTICO_METRICS_IP": "fd00:251::11", "PORTICO_METRICS_ADDR": ":9102"},
+		{name: "metrics and liveness on the node's address (IPv6)", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
+			env: map[string]string{"PORTICO_NODE_IP": "fd00:251::11", "PORTICO_METRICS_ADDR": ":9102"},
 			check: func(t *testing.T, c agentFlags) {
-				if c.MetricsAddr != "[fd00:251::11]:9102" {
-					t.Errorf("metrics address %q, want [fd00:251::11]:9102", c.MetricsAddr)
+				if c.MetricsAddr != "[fd00:251::11]:9102" || c.NodeIP != netip.MustParseAddr("fd00:251::11") {
+					t.Errorf("metrics address %q, node IP %v; want [fd00:251::11]:9102, fd00:251::11", c.MetricsAddr, c.NodeIP)
 				}
 			}},
-		{name: "metrics IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-metrics-ip", "node-1"}, wantErr: "-metrics-ip"},
+		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
 		{name: "group required", args: []string{"-iface", "eth0", "-node-name", "n"}, wantErr: "-group"},
