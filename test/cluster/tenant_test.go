@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+// tenantYAML is what a namespace admin tries against the others (issue 24): an
+// L4 Service on the client's own address (attack 1), a group of its own that
+// would attract other teams' Ingresses (2), a path on another team's host (3), and
+// an L4 Service on the port the liveness checks use (5).
+var tenantYAML = fmt.Sprintf(`
+apiVersion: v1
+kind: Service
+metadata:
+  name: ip-thief
+  annotations: {portico.io/group: %[1]s/edge, portico.io/vip: "%[2]s"}
+spec:
+  type: LoadBalancer
+  loadBalancerClass: portico.io/vip
+  allocateLoadBalancerNodePorts: false
+  ports: [{name: x, port: 7100, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: my-group
+  labels: {portico.io/group: "true"}
+  annotations: {portico.io/vip: "%[2]s"}
+spec:
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: login-thief
+spec:
+  ingressClassName: portico
+  rules:
+  - host: web.example
+    http:
+      paths:
+      - {path: /login, pathType: Prefix, backend: {service: {name: ip-thief, port: {number: 7100}}}}
+---
+apiVersion: v1
+kind: Service
+metadata:
+  name: liveness-thief
+  annotations: {portico.io/group: %[1]s/edge}
+spec:
+  type: LoadBalancer
+  loadBalancerClass: portico.io/vip
+  allocateLoadBalancerNodePorts: false
+  ports: [{name: x, port: %[3]d, protocol: TCP}]
+`, PorticoNamespace, ClientAddr, LivenessPort)
+
+// testTenant: a tenant with namespace-admin rights only (kubectl --as) tries
+// attacks 1 to 5 of issue 24 while other teams' connections are held and new
+// ones keep coming: each object is refused with its Warning Event, an
+// IngressClaim is refused by RBAC, no edge takes the client's address, and not
+// one held or new connection of the others fails.
+func testTenant(t *testing.T, ctx context.Context, p *Portico) {
+	const ns, user = "tenant-mallory", "mallory"
+	c := p.C
+	if _, err := c.Kubectl(ctx, nil, "create", "namespace", ns); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Kubectl(context.Background(), nil, "delete", "namespace", ns, "--wait=false") })
+	if _, err := c.Kubectl(ctx, nil, "-n", ns, "create", "rolebinding", "mallory-admin", "--clusterrole=admin", "--user="+user); err != nil {
+		t.Fatal(err)
+	}
+	held := openHeld(t, p, 30, 10)
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 20 * time.Millisecond, Timeout: slowAnswer})
+	start := time.Now()
+	if _, err := c.Kubectl(ctx, strings.NewReader(tenantYAML), "--as="+user, "-n", ns, "apply", "-f", "-"); err != nil {
+		stream.Stop()
+		t.Fatalf("the tenant's objects: %v", err)
+	}
+	claim := `{"apiVersion": "portico.io/v1alpha1", "kind": "IngressClaim", "metadata": {"name": "mine"}, "spec": {"ingresses": ["login-thief"]}}`
+	if out, err := c.Kubectl(ctx, strings.NewReader(claim), "--as="+user, "-n", ns, "create", "-f", "-"); err == nil || !strings.Contains(err.Error()+out, "forbidden") {
+		t.Errorf("a namespace admin's IngressClaim: %v %s, want forbidden (claims provision privileged DaemonSets)", err, out)
+	}
+	want := map[string]string{"ip-thief": "VIPNotInPool", "my-group": "GroupNotAllowed", "login-thief": "HostTaken", "liveness-thief": "PortReserved"}
+	testenv.Eventually(t, time.Minute, func() string {
+		evs, err := c.Kube.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		var missing []string
+		for obj, reason := range want {
+			found := false
+			for _, e := range evs.Items {
+				found = found || e.InvolvedObject.Name == obj && e.Reason == reason && e.Type == "Warning"
+			}
+			if !found {
+				missing = append(missing, obj+": "+reason)
+			}
+		}
+		if len(missing) > 0 {
+			return fmt.Sprintf("no Warning Event %v (%d events)", missing, len(evs.Items))
+		}
+		return ""
+	})
+	for _, e := range p.Edges {
+		out, err := exec.Command("ip", "-n", e.Net.NS, "-o", "addr", "show", "dev", "lo").CombinedOutput()
+		if err != nil {
+			t.Errorf("edge %s: ip addr: %v: %s", e.Name, err, out)
+		} else if strings.Contains(string(out), " "+ClientAddr.String()+"/") {
+			t.Errorf("edge %s put the client's address on lo:\n%s", e.Name, out)
+		}
+	}
+	// The others' traffic: the owner of web.example keeps /login, every held
+	// connection answers, and no new one failed.
+	hc := p.HTTPClient(false, 2*time.Second)
+	if r, err := p.Get(ctx, hc, "web.example", "/login"); err != nil || !strings.HasPrefix(r.Pod, "web-") {
+		t.Errorf("GET web.example/login: %+v, %v; want the owner's web pod", r, err)
+	}
+	time.Sleep(2 * time.Second)
+	checkHeld(t, ctx, p, "while a tenant attacks", held, 3*time.Second)
+	atts := stream.Stop()
+	if f := failures(t, p, atts, start); f.Failed > 0 {
+		t.Errorf("%d of the other teams' new connections failed while a tenant attacked, want 0", f.Failed)
+	}
+}
