@@ -77,7 +77,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.UintVar(&httpPort, "http-port", 80, "nginx HTTP port")
 	fs.UintVar(&httpsPort, "https-port", 443, "nginx HTTPS port")
 	fs.UintVar(&statusPort, "nginx-status-port", 10246, "nginx status port on 127.0.0.1 (health, stub_status)")
-	fs.UintVar(&livenessPort, "liveness-port", 10247, "nginx answers every director's liveness checks on this port (all addresses); 0 turns liveness checks off")
+	fs.UintVar(&livenessPort, "liveness-port", 10247, "nginx answers every director's liveness checks on this port (on -node-ip alone when given, else on every address); 0 turns liveness checks off")
 	fs.DurationVar(&c.Liveness.Interval, "liveness-interval", liveness.DefaultTiming.Interval, "time between two liveness checks of one replica")
 	fs.DurationVar(&c.Liveness.DeadAfter, "liveness-dead-after", liveness.DefaultTiming.DeadAfter, "a replica with no good answer for this long gets no new flows")
 	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
