@@ -64,6 +64,9 @@ type targetState struct {
 	// report is which replicas its node calls down, from its last good
 	// answer (a remote replica's; nil for none).
 	report []netip.Addr
+	// held: a probe waits on a replica that ended its connection itself and
+	// accepted a new one (prober.probe); its silence does not count meanwhile.
+	held bool
 }
 
 // Replica is one replica as the checker sees it, for status and logs.
@@ -206,7 +209,7 @@ func (c *Checker) step(now, last time.Time) bool {
 	}
 	changed := false
 	for a, t := range c.targets {
-		if t.fault == nil && t.rep.expire(c.cfg.Timing, now) {
+		if t.fault == nil && !t.held && t.rep.expire(c.cfg.Timing, now) {
 			c.transitionLocked(a, t, "no answer for "+now.Sub(t.rep.lastOK).Round(time.Millisecond).String())
 			changed = true
 		}
@@ -241,7 +244,8 @@ func (c *Checker) probeLoop(ctx context.Context, a netip.Addr, t *targetState) {
 
 func (c *Checker) probeReplica(ctx context.Context, a netip.Addr, t *targetState) {
 	defer c.survive("probe of "+a.String(), func(err error) { c.record(a, t, Fault, err, nil) })
-	p := &prober{addr: target(a, c.cfg.Port), dial: c.cfg.dial(c.cfg.Iface, t.local)}
+	p := &prober{addr: target(a, c.cfg.Port), dial: c.cfg.dial(c.cfg.Iface, t.local),
+		grace: c.cfg.ReloadGrace, hold: func() { c.hold(t) }}
 	defer p.close()
 	tick := time.NewTicker(c.cfg.Interval)
 	defer tick.Stop()
@@ -259,6 +263,15 @@ func (c *Checker) probeReplica(ctx context.Context, a netip.Addr, t *targetState
 	}
 }
 
+// hold keeps the verdict on a replica whose probe waits for a restarted
+// nginx to answer, until record has the probe's result.
+func (c *Checker) hold(t *targetState) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.met.holds.Inc()
+	t.held = true
+}
+
 // record feeds one probe result to the replica's verdict; report is what a
 // good answer said its node calls down.
 func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, report []netip.Addr) {
@@ -269,6 +282,7 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, re
 		c.mu.Unlock()
 		return // forgotten or replaced meanwhile
 	}
+	t.held = false
 	changed := false
 	switch {
 	case res == Fault:

@@ -29,6 +29,17 @@
 //     own loop (an agent starved of CPU) is not held against the replicas.
 //     150 ms was tried first: in the loaded lab a live nginx now and then left
 //     one probe connection unanswered that long.
+//   - A reload is not a death: it ends every kept-alive connection, and the
+//     connections that queue on the listening socket meanwhile wait for the
+//     new workers, which on the loaded lab took 250–400 ms to run — every edge
+//     called every replica dead at every reload (every new L4 port). So after
+//     a replica ends the probe's connection itself (a close, a reset, or an
+//     answer with Connection: close), a new connection its kernel accepts is
+//     waited on for ReloadGrace (1 s) from that close, and the verdict is
+//     held meanwhile (portico_liveness_reload_holds_total). A refused
+//     connection (nothing listens: nginx stopped), a handshake that does not
+//     complete (node or link down) and silence on an open connection (a
+//     wedged nginx closes nothing) are judged as before.
 //   - Damped: a dead replica comes back after Rise (5) consecutive good answers
 //     (100 ms);
 //     one that dies again within FlapWindow (10 s) of coming back needs twice as

@@ -17,6 +17,7 @@ type metrics struct {
 	fallback    prometheus.Gauge
 	calledDown  prometheus.Gauge
 	learned     prometheus.Counter
+	holds       prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -40,11 +41,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			"1 while most other edges call this node's own replica down (their probes' answers say so): its rings follow them."))),
 		learned: prometheus.NewCounter(prometheus.CounterOpts(opts("called_down_transitions_total",
 			"Times this node learned that the other edges call its replica down, or up again."))),
+		holds: prometheus.NewCounter(prometheus.CounterOpts(opts("reload_holds_total",
+			"Probes that waited on a replica which had ended its connection itself (an nginx reload or restart) and accepted a new one; its verdict was held meanwhile, up to the reload grace."))),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.stalls, m.fallback, m.calledDown, m.learned} {
+	for _, c := range []prometheus.Collector{m.probes, m.transitions, m.replicas, m.faults, m.stalls, m.fallback, m.calledDown, m.learned, m.holds} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register liveness metrics: %w", err)
 		}

@@ -49,6 +49,14 @@ type prober struct {
 	// report is what the last good answer said the replica's node calls
 	// down (its "down <addr>" lines), nil when it said nothing.
 	report []netip.Addr
+
+	// grace is Timing.ReloadGrace; hold is called when the prober starts
+	// waiting on a replica that ended its last connection itself (the
+	// checker releases it with the probe's result); ended is when it did
+	// (zero once it answers again).
+	grace time.Duration
+	hold  func()
+	ended time.Time
 }
 
 // maxAnswer bounds what a probe reads of an answer's body: "live" and the
@@ -59,6 +67,14 @@ const maxAnswer = 64 << 10
 // connection that nginx closed since the last answer (a reload ends kept-alive
 // connections; so does keepalive_requests) is re-dialled once at once, so only
 // a replica that does not answer on a fresh connection fails.
+//
+// After such a close, a new connection that the replica's kernel accepts is
+// waited on until grace after the close, and hold keeps the replica's verdict
+// meanwhile: its nginx still listens (the master keeps the socket across a
+// reload) and its new workers answer what queued there as soon as they run,
+// which on a loaded node takes longer than DeadAfter. Whatever else fails —
+// a refused connection (nothing listens), no handshake (node or link down),
+// no close (a wedged nginx keeps its connections) — is judged as before.
 func (p *prober) probe(ctx context.Context, deadline time.Time) (Result, error) {
 	reused := p.conn != nil
 	res, err := p.try(ctx, deadline)
@@ -74,11 +90,24 @@ func (p *prober) try(ctx context.Context, deadline time.Time) (Result, error) {
 		c, err := p.dial(dctx, "tcp", p.addr)
 		cancel()
 		if err != nil {
+			p.ended = time.Time{}
 			return classify(err), err
 		}
 		p.conn, p.br = c, bufio.NewReaderSize(c, 512)
+		if until := p.ended.Add(p.grace); !p.ended.IsZero() && until.After(deadline) {
+			deadline = until
+			p.hold() // until the result is recorded
+		}
 	}
+	ended := p.ended
+	p.ended = time.Time{}
 	res, err := p.exchange(deadline)
+	switch {
+	case res == Reset && !ended.IsZero():
+		p.ended = ended // a new connection that ended too: the grace still runs from the first close
+	case res == Reset:
+		p.ended = time.Now() // the replica ended the connection: see probe
+	}
 	if res != OK {
 		p.close()
 	}
@@ -109,7 +138,11 @@ func (p *prober) exchange(deadline time.Time) (Result, error) {
 	}
 	p.report = parseReport(body)
 	if resp.Close {
+		// The replica ends the connection after this answer (an nginx
+		// shutting its workers down for a reload answers what it has in
+		// hand this way): the next connection may wait on its new workers.
 		p.close()
+		p.ended = time.Now()
 	}
 	return OK, nil
 }

@@ -15,6 +15,14 @@ type Timing struct {
 	// needs twice as many good answers the next time (up to Rise<<MaxPenalty);
 	// one that stays live this long is forgiven.
 	FlapWindow time.Duration
+	// ReloadGrace is how long a replica may take to answer on a new
+	// connection after it ended the previous one itself (an nginx reload or
+	// restart ends every kept-alive connection, and its new workers accept
+	// the connections its listening socket queued meanwhile): its verdict is
+	// held while that answer is awaited, for at most this long after the
+	// close. Zero holds nothing. A replica that refuses the new connection, or
+	// does not accept it at all, is judged as before.
+	ReloadGrace time.Duration
 }
 
 // MaxPenalty caps the damping of a flapping replica: Rise<<MaxPenalty good
@@ -27,7 +35,11 @@ const MaxPenalty = 6
 // of good answers. 150 ms of silence was tried first: on a loaded 2-core lab
 // node a live nginx now and then went that long without answering one probe
 // connection, and was taken out for 100 ms.
-var DefaultTiming = Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 5, FlapWindow: 10 * time.Second}
+//
+// ReloadGrace is 1 s: on the loaded 2-core lab, an nginx reload left the
+// probes' new connections unanswered for 250–400 ms (new workers starting),
+// which called every replica of the group dead on every edge at each reload.
+var DefaultTiming = Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 5, FlapWindow: 10 * time.Second, ReloadGrace: time.Second}
 
 // replica is the damped verdict on one replica, a pure function of the probe
 // results and times it is shown. A replica starts live: Kubernetes already

@@ -82,6 +82,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.DurationVar(&c.Liveness.DeadAfter, "liveness-dead-after", liveness.DefaultTiming.DeadAfter, "a replica with no good answer for this long gets no new flows")
 	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
 	fs.DurationVar(&c.Liveness.FlapWindow, "liveness-flap-window", liveness.DefaultTiming.FlapWindow, "a replica that dies within this time of coming back needs twice as many good answers")
+	fs.DurationVar(&c.Liveness.ReloadGrace, "liveness-reload-grace", liveness.DefaultTiming.ReloadGrace, "how long a replica whose nginx ended the probe connection itself (a reload) may take to answer on a new one before its silence counts (0: not at all)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", ":9101", "address of /metrics, /healthz and /readyz")
 	fs.StringVar(&nodeIP, "node-ip", "", "the node's own address (the chart gives status.hostIP): /metrics, /healthz and /readyz (on -metrics-addr's port) and nginx's liveness server listen on it alone, not on every address of the node; empty: -metrics-addr as it is, liveness on every address")
 	fs.StringVar(&reserved, "reserved-ports", "", "ports other daemons of the edge nodes listen on, which no L4 Service may take, beyond ssh, BGP, BFD, the kubelet's and the agent's own: PORT/PROTOCOL separated by ',' (9100/tcp,53/udp)")
