@@ -282,7 +282,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101", "--liveness-port=0"}
 	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
-		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5")
+		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
 	}
