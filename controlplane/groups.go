@@ -77,13 +77,22 @@ func sortedServices(services []*corev1.Service, keep func(*corev1.Service) bool)
 	return out
 }
 
-// vipAnnotation returns a Service's VIP annotation (portico.io/vip, else the alias).
-func vipAnnotation(s *corev1.Service) (string, string, bool) {
+// vipAnnotation returns the VIPs a Service names and the field that names
+// them: its portico.io/vip annotation, else the alias annotation, else, for a
+// LoadBalancer Service, spec.loadBalancerIP (deprecated by Kubernetes, still
+// what many manifests set). Any of them is honoured only where an address
+// from it may be used (poolsFor, the nodes' addresses).
+func vipAnnotation(s *corev1.Service) (value, field string, ok bool) {
 	if v, ok := s.Annotations[AnnotationVIP]; ok {
-		return v, AnnotationVIP, true
+		return v, "metadata.annotations[" + AnnotationVIP + "]", true
 	}
-	v, ok := s.Annotations[AnnotationVIPAlias]
-	return v, AnnotationVIPAlias, ok
+	if v, ok := s.Annotations[AnnotationVIPAlias]; ok {
+		return v, "metadata.annotations[" + AnnotationVIPAlias + "]", true
+	}
+	if s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerIP != "" {
+		return s.Spec.LoadBalancerIP, "spec.loadBalancerIP", true
+	}
+	return "", "", false
 }
 
 // parseVIPs parses a comma-separated VIP list: at most model.MaxVIPsPerFamily
@@ -132,31 +141,45 @@ func family(a netip.Addr) string {
 	return "IPv6"
 }
 
-// groupVIPs is a group's valid VIP annotation, reporting anything wrong with it.
-func (b *builder) groupVIPs(s *corev1.Service) []netip.Addr {
-	v, name, ok := vipAnnotation(s)
+// groupVIPs is the valid VIPs a Service names (vipAnnotation) and the field
+// that names them, reporting anything wrong with them.
+func (b *builder) groupVIPs(s *corev1.Service) ([]netip.Addr, string) {
+	v, field, ok := vipAnnotation(s)
 	if !ok {
-		return nil
+		return nil, ""
 	}
-	if alias, aok := s.Annotations[AnnotationVIPAlias]; aok && name == AnnotationVIP && alias != v {
-		b.problem("Service", s, "metadata.annotations["+AnnotationVIPAlias+"]", model.ReasonInvalidVIP,
+	aliasField := "metadata.annotations[" + AnnotationVIPAlias + "]"
+	if alias, aok := s.Annotations[AnnotationVIPAlias]; aok && field != aliasField && alias != v {
+		b.problem("Service", s, aliasField, model.ReasonInvalidVIP,
 			"differs from %s (%q); %s is used", AnnotationVIP, v, AnnotationVIP)
+	}
+	if lb := s.Spec.LoadBalancerIP; lb != "" && field != "spec.loadBalancerIP" && s.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		if lbv, err := parseVIPs(lb); err != nil || !slices.Contains(mustParseVIPs(v), lbv[0]) {
+			b.problem("Service", s, "spec.loadBalancerIP", model.ReasonInvalidVIP,
+				"%q is not among the VIPs of %s (%q); %s is used", lb, field, v, field)
+		}
 	}
 	vips, err := parseVIPs(v)
 	if err != nil {
-		b.problem("Service", s, "metadata.annotations["+name+"]", model.ReasonInvalidVIP, "%v", err)
-		return nil
+		b.problem("Service", s, field, model.ReasonInvalidVIP, "%v", err)
+		return nil, field
 	}
 	// A node's address is never a VIP: every edge would put it on lo and answer
 	// ARP for it, taking the node's (or the API server's) traffic.
 	return slices.DeleteFunc(vips, func(a netip.Addr) bool {
 		node, is := b.nodeByIP[a]
 		if is {
-			b.problem("Service", s, "metadata.annotations["+name+"]", model.ReasonInvalidVIP,
+			b.problem("Service", s, field, model.ReasonInvalidVIP,
 				"%s is the address of node %s; not applied", a, node)
 		}
 		return is
-	})
+	}), field
+}
+
+// mustParseVIPs is parseVIPs' addresses, none when it fails.
+func mustParseVIPs(v string) []netip.Addr {
+	vips, _ := parseVIPs(v)
+	return vips
 }
 
 // parseVRID parses a VRRP virtual router id.
@@ -200,9 +223,10 @@ func (b *builder) groups() {
 	vridOwner := map[uint8]string{}
 	for _, s := range b.groupList {
 		g := &model.Group{Name: key(s)}
-		for _, a := range b.groupVIPs(s) {
+		vips, field := b.groupVIPs(s)
+		for _, a := range vips {
 			if o, taken := vipOwner[a]; taken {
-				b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", model.ReasonVIPConflict,
+				b.problem("Service", s, field, model.ReasonVIPConflict,
 					"VIP %s already belongs to group %s; not applied", a, o)
 				continue
 			}

@@ -50,16 +50,17 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 		}
 		svc.Group = group
 		pools := poolsFor(s)
-		for _, a := range b.groupVIPs(s) {
+		vips, field := b.groupVIPs(s)
+		for _, a := range vips {
 			if pools != nil {
 				if _, ok := pools.pooled(a, s); !ok {
-					b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", model.ReasonVIPNotInPool,
+					b.problem("Service", s, field, model.ReasonVIPNotInPool,
 						"VIP %s is in no VIP pool that allows this Service; not applied", a)
 					continue
 				}
 			}
 			if o, taken := b.vipOwner[a]; taken {
-				b.problem("Service", s, "metadata.annotations["+AnnotationVIP+"]", model.ReasonVIPConflict,
+				b.problem("Service", s, field, model.ReasonVIPConflict,
 					"VIP %s already belongs to %s; not applied", a, o)
 				continue
 			}

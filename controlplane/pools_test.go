@@ -175,3 +175,64 @@ func TestPoolUsage(t *testing.T) {
 		t.Errorf("usage (-want +got):\n%s", d)
 	}
 }
+
+// spec.loadBalancerIP, what most LoadBalancer manifests set, names a VIP as
+// portico.io/vip does and is honoured only where portico.io/vip would be:
+// inside a pool that allows the Service, never a node's address. Beside the
+// annotation it must agree with it, else the annotation wins and the
+// disagreement is reported; the allocator leaves a Service that names one
+// alone.
+func TestBuildHonoursLoadBalancerIPInsideAPool(t *testing.T) {
+	gs, gsl := g1Objects()
+	lb := func(name string, age int, ip string, ann ...string) *corev1.Service {
+		s := tenantL4(name, age, nil, 7000)
+		s.ObjectMeta = meta("team-a", name, age, append([]string{AnnotationGroup, "edge/g1"}, ann...)...)
+		s.Spec.LoadBalancerIP = ip
+		return s
+	}
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"},
+		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "198.51.100.9"}}}}
+	objs := []any{gs, gsl, node, namespace("team-a", nil),
+		vipPool("a", true, &v1alpha1.ServiceAllocation{Namespaces: []string{"team-a"}}, "198.51.100.0/28"),
+		lb("in-pool", 1, "198.51.100.5"),
+		lb("outside", 2, "10.9.9.9"),
+		lb("node", 3, "198.51.100.9"),
+		lb("both", 4, "198.51.100.7", AnnotationVIP, "198.51.100.6"),
+		lb("bad", 5, "not-an-ip"),
+	}
+	st := state(objs...)
+	snap, _, problems := Build(st, Options{OperatorNamespaces: []string{"edge"}})
+	got := servedVIPs(snap)
+	for name, vips := range got {
+		if len(vips) == 0 {
+			delete(got, name)
+		}
+	}
+	want := map[string][]string{"team-a/in-pool": {"198.51.100.5"}, "team-a/both": {"198.51.100.6"}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("VIPs served (-want +got):\n%s", d)
+	}
+	for name, want := range map[string]model.Problem{
+		"team-a/outside": {Field: "spec.loadBalancerIP", Reason: model.ReasonVIPNotInPool},
+		"team-a/node":    {Field: "spec.loadBalancerIP", Reason: model.ReasonInvalidVIP},
+		"team-a/both":    {Field: "spec.loadBalancerIP", Reason: model.ReasonInvalidVIP},
+		"team-a/bad":     {Field: "spec.loadBalancerIP", Reason: model.ReasonInvalidVIP},
+	} {
+		got := problemsOf(problems, "Service "+name)
+		if len(got) != 1 || got[0].Field != want.Field || got[0].Reason != want.Reason {
+			t.Errorf("problems of %s: %v, want one %s on %s", name, got, want.Reason, want.Field)
+		}
+	}
+	if got := problemsOf(problems, "Service team-a/in-pool"); len(got) != 0 {
+		t.Errorf("problems of team-a/in-pool: %v, want none", got)
+	}
+	// The allocator gives nothing to a Service that names its VIP, and counts
+	// that VIP as used.
+	pools, _ := vipPools(nil, st.VIPPools, st.Namespaces)
+	alloc, _ := AllocateVIPs(st.Services, st.Nodes, pools)
+	for _, name := range []string{"team-a/in-pool", "team-a/outside", "team-a/both"} {
+		if a, ok := alloc[name]; ok {
+			t.Errorf("allocated %v to %s, which names its VIP", a, name)
+		}
+	}
+}
