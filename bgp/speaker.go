@@ -55,6 +55,9 @@ type Speaker struct {
 
 	peerMu sync.Mutex
 	peers  map[netip.Addr]*peerTrack
+	// quiet is set by stop: GoBGP's watch goroutine may still deliver an
+	// event after the server stopped, and nothing is logged or counted then.
+	quiet bool
 }
 
 type runState int
@@ -219,6 +222,9 @@ func (s *Speaker) stop() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.state = stopped
+	s.peerMu.Lock()
+	s.quiet = true // before the stop's own events: nothing more from the watch
+	s.peerMu.Unlock()
 	if s.cfg.GracefulRestart {
 		if err := s.srv.StopBgp(context.Background(), &api.StopBgpRequest{AllowGracefulRestart: true}); err != nil {
 			s.log.Error("stop bgp", zap.Error(err))
@@ -364,7 +370,7 @@ func (s *Speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Ti
 	s.peerMu.Lock()
 	defer s.peerMu.Unlock()
 	pt, ok := s.peers[addr]
-	if !ok || pt.session == to {
+	if s.quiet || !ok || pt.session == to {
 		return
 	}
 	from := pt.session
