@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -282,7 +283,8 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101", "--liveness-port=0"}
 	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
-		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s")
+		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",
+		"--hash-seed-file=/etc/portico/hash-seed/seed")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
 	}
@@ -356,6 +358,16 @@ func TestHelmInstall(t *testing.T) {
 		}
 	}
 
+	// A fresh install draws its own flow hash seed (issue 24: the seed was a
+	// public constant), which the agents read from the Secret's file.
+	seed := hashSeed(ctx, t, cs)
+	if seed == "" {
+		t.Fatal("no flow hash seed after helm install")
+	}
+	if !slices.Contains(ds.Spec.Template.Spec.Containers[0].Args, "--hash-seed-file=/etc/portico/hash-seed/seed") {
+		t.Errorf("installed agent args %v, want --hash-seed-file", ds.Spec.Template.Spec.Containers[0].Args)
+	}
+
 	h("upgrade", "portico", chart, "-n", namespace, "--reuse-values", "--set", "vrrp.version=2")
 	ds, err = cs.AppsV1().DaemonSets(namespace).Get(ctx, "portico-agent", metav1.GetOptions{})
 	if err != nil {
@@ -365,6 +377,9 @@ func TestHelmInstall(t *testing.T) {
 	if !slices.Contains(args, "--vrrp-version=2") || !slices.Contains(args, "--iface=eth1") {
 		t.Errorf("upgraded agent args %v, want --vrrp-version=2 and still --iface=eth1", args)
 	}
+	if got := hashSeed(ctx, t, cs); got != seed {
+		t.Errorf("flow hash seed %q after an upgrade, want the install's %q (a new one moves every connection)", got, seed)
+	}
 
 	h("uninstall", "portico", "-n", namespace)
 	if _, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "portico-agent", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
@@ -373,4 +388,38 @@ func TestHelmInstall(t *testing.T) {
 	if _, err := dyn.Resource(crdResource).Get(ctx, "ingressclaims.portico.io", metav1.GetOptions{}); err != nil {
 		t.Errorf("the CRD after helm uninstall: %v, want kept", err)
 	}
+	if got := hashSeed(ctx, t, cs); got != seed {
+		t.Errorf("flow hash seed %q after an uninstall, want the install's %q kept", got, seed)
+	}
+
+	// An install from before per-install seeds has no Secret: its upgrade keeps
+	// the old seed (no Secret, the agents' default) rather than move every
+	// connection.
+	if err := cs.CoreV1().Secrets(namespace).Delete(ctx, "portico-hash-seed", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	h("install", "portico", chart, "-n", namespace, "--set", "hashSeed=legacy")
+	h("upgrade", "portico", chart, "-n", namespace, "--reuse-values", "--set", "hashSeed=")
+	if got := hashSeed(ctx, t, cs); got != "" {
+		t.Errorf("an upgrade of an install without a seed made one (%q): held connections would move", got)
+	}
+	h("uninstall", "portico", "-n", namespace)
+}
+
+// hashSeed is the seed in the release's Secret, "" when there is none; it
+// fails the test when the seed is not a number below 2^32.
+func hashSeed(ctx context.Context, t *testing.T, cs kubernetes.Interface) string {
+	t.Helper()
+	s, err := cs.CoreV1().Secrets(namespace).Get(ctx, "portico-hash-seed", metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return ""
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := string(s.Data["seed"])
+	if _, err := strconv.ParseUint(v, 10, 32); err != nil {
+		t.Errorf("flow hash seed %q: %v", v, err)
+	}
+	return v
 }

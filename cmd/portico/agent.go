@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -52,6 +53,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		c                               agentFlags
 		pools                           string
 		seed, ringSize                  uint
+		seedFile                        string
 		httpPort, httpsPort, statusPort uint
 		livenessPort, rise              uint
 		priority, degraded, version     uint
@@ -69,7 +71,8 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&c.Namespace, "namespace", "", "watch only this namespace; empty: all")
 	fs.StringVar(&c.PodNamespace, "pod-namespace", "portico-system", "namespace of the leader Lease (env POD_NAMESPACE)")
 	fs.StringVar(&pools, "vip-pool", "", "VIP pools the leader allocates from: CIDR[!excluded,...] separated by ';'")
-	fs.UintVar(&seed, "hash-seed", 0x706f7274, "cluster-wide flow hash seed: must be equal on every node")
+	fs.UintVar(&seed, "hash-seed", legacySeed, "cluster-wide flow hash seed: must be equal on every node (-hash-seed-file, when it exists, wins)")
+	fs.StringVar(&seedFile, "hash-seed-file", "", "file holding the flow hash seed (the chart's Secret <release>-hash-seed, random per install); absent: -hash-seed")
 	fs.StringVar(&c.PinPath, "pin-path", dataplane.DefaultPinPath, "bpffs directory for xdp_lb's maps, program and link")
 	fs.UintVar(&ringSize, "ring-size", uint(dataplane.DefaultRingSize), "Maglev table size (a prime), equal on every node")
 	fs.StringVar(&c.NginxDir, "nginx-dir", "/var/lib/portico/nginx", "nginx prefix: configuration, certificates, pid file")
@@ -218,10 +221,52 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		c.Tunnel = a.Unmap()
 	}
 	c.LivenessPort, c.Liveness.Rise = uint16(livenessPort), int(rise)
+	if seed > math.MaxUint32 {
+		return c, fmt.Errorf("-hash-seed %d: want at most %d", seed, uint32(math.MaxUint32))
+	}
 	c.Seed, c.RingSize = uint32(seed), uint32(ringSize)
+	if seedFile != "" {
+		s, ok, err := readSeed(seedFile)
+		if err != nil {
+			return c, err
+		}
+		if ok {
+			c.Seed = s
+		}
+	}
 	c.HTTPPort, c.HTTPSPort, c.StatusPort = uint16(httpPort), uint16(httpsPort), uint16(statusPort)
 	c.VRRPPriority, c.VRRPDegraded, c.VRRPVersion = uint8(priority), uint8(degraded), uint8(version)
 	return c, nil
+}
+
+// legacySeed is the flow hash seed of every install before per-install seeds
+// (and of any without the seed Secret): a public constant, so anyone who knows
+// a group's replicas can pick 5-tuples that land on one of them. Changing an
+// installed group's seed moves every flow, so an upgrade keeps it.
+const legacySeed = 0x706f7274
+
+// readSeed reads a seed file: a decimal (leading zeros allowed) or 0x-hex
+// number below 2^32. A file
+// that does not exist is no seed (ok false); one that does not parse is an
+// error, since starting with another seed than the other edges' would send
+// their connections elsewhere.
+func readSeed(path string) (seed uint32, ok bool, err error) {
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("-hash-seed-file: %w", err)
+	}
+	text, base := strings.TrimSpace(string(b)), 10 // the chart's may start with 0: not octal
+	if h, ok := strings.CutPrefix(strings.ToLower(text), "0x"); ok {
+		text, base = h, 16
+	}
+	v, err := strconv.ParseUint(text, base, 32)
+	if err != nil {
+		return 0, false, fmt.Errorf("-hash-seed-file %s: %q is not a number below 2^32", path, strings.TrimSpace(string(b)))
+	}
+	return uint32(v), true, nil
 }
 
 func newLogger(level string) (*zap.Logger, error) {

@@ -81,6 +81,33 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
+		{name: "seed too big", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed", "4294967296"}, wantErr: "-hash-seed"},
+		{name: "seed file not a number", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed-file", seedFile(t, "0xnope")}, wantErr: "-hash-seed-file"},
+		{name: "seed file", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed", "7", "-hash-seed-file", seedFile(t, " 3141592653\n")},
+			check: func(t *testing.T, c agentFlags) {
+				if c.Seed != 3141592653 {
+					t.Errorf("seed %d, want the file's 3141592653", c.Seed)
+				}
+			}},
+		{name: "seed file with leading zeros (decimal, not octal)", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed-file", seedFile(t, "000000089")},
+			check: func(t *testing.T, c agentFlags) {
+				if c.Seed != 89 {
+					t.Errorf("seed %d, want 89", c.Seed)
+				}
+			}},
+		{name: "seed file in hex", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed-file", seedFile(t, "0x706F7275")},
+			check: func(t *testing.T, c agentFlags) {
+				if c.Seed != 0x706f7275 {
+					t.Errorf("seed %#x, want 0x706f7275", c.Seed)
+				}
+			}},
+		{name: "seed file absent (an install older than per-install seeds)", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n",
+			"-hash-seed-file", filepath.Join(t.TempDir(), "seed")},
+			check: func(t *testing.T, c agentFlags) {
+				if c.Seed != legacySeed {
+					t.Errorf("seed %#x, want the legacy %#x", c.Seed, legacySeed)
+				}
+			}},
 		{name: "group required", args: []string{"-iface", "eth0", "-node-name", "n"}, wantErr: "-group"},
 		{name: "group needs a namespace", args: []string{"-group", "web", "-iface", "eth0", "-node-name", "n"}, wantErr: "-group"},
 		{name: "node required", args: []string{"-group", "a/b", "-iface", "eth0"}, wantErr: "-node-name"},
@@ -177,6 +204,15 @@ func bgpFile(t *testing.T, content string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "bgp.yaml")
 	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// seedFile is a file holding text, for -hash-seed-file.
+func seedFile(t *testing.T, text string) string {
+	p := filepath.Join(t.TempDir(), "seed")
+	if err := os.WriteFile(p, []byte(text), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return p
