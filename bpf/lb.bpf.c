@@ -396,6 +396,24 @@ static __always_inline __u32 get_tag(void *data, void *data_end, __u32 m)
 	return ((__u16)w[0] << 8 | w[1]) + 1;
 }
 
+/* sender_tag is the tag + 1 of the edge that sent a frame (mac_tags), 0 when
+ * tags are off here or the sender is none of this site's edges; with one, the
+ * mark m says the frame is tagged, and the frame carries it from here on. */
+static __always_inline __u32 sender_tag(struct ethhdr *eth, __u32 *m)
+{
+	struct peer_key pk = {};
+	__u32 *t;
+
+	if (!self_tag())
+		return 0;
+	__builtin_memcpy(pk.mac, eth->h_source, ETH_ALEN);
+	t = bpf_map_lookup_elem(&mac_tags, &pk);
+	if (!t)
+		return 0;
+	*m |= LB_MARK_TAG;
+	return *t + 1;
+}
+
 /* has_connection reports whether this node's stack has the TCP connection of
  * a packet (established, in its handshake, or closing). A listening socket
  * alone does not count, nor a connection that ended here (TIME_WAIT, CLOSE):
@@ -838,6 +856,13 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	tag = get_tag(eth, data_end, m);
 	if (!th || lookup_vip(&p->flow, cfg, &vip_id) != 1)
 		return count(REASON_FROM_PEER, XDP_PASS);
+	/* A director sends a frame by its pin without its tag (a tag there made
+	 * another site's spill misroute: bpf/README.md); its sender is that
+	 * director, so a walk on from here carries the sender's tag, and no edge
+	 * along it sends the frame back to the director, which would send it on
+	 * a second time. */
+	if (!tag && (m & 0xff) == LB_MARK_PINNED)
+		tag = sender_tag(eth, &m);
 	relays = live(&relay_clock, &now);
 	if (p->syn) {
 		/* A new connection is served here; an old pin of its 5-tuple goes. */
@@ -876,6 +901,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 				fv->last_seen_ns = now;
 				seen(&relay_clock, now);
 			}
+			if (tag)
+				put_tag(eth, data_end, tag - 1);
 			return hand_on(ctx, eth, th, be, (m & LB_MARK_TAG) | (hops + 1) << 8 | fv->hop, cfg);
 		}
 		/* A frame a director steered here by a pin, of a connection this
@@ -925,6 +952,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		if ((be = active_backend(id))) {
 			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
 			seen(&relay_clock, now);
+			if (tag)
+				put_tag(eth, data_end, tag - 1);
 			return hand_on(ctx, eth, th, be, (m & LB_MARK_TAG) | (hops + 1) << 8 | cls, cfg);
 		}
 	}
@@ -1130,9 +1159,8 @@ int xdp_lb(struct xdp_md *ctx)
 			pin = CACHE_PINNED;
 			/* Its replica learns the frame came by a pin: one without the
 			 * connection knows the pin is stale (from_director). (In a
-			 * transition it walks the flow's chain from there, and the
-			 * walk can come back here without this director's tag:
-			 * bpf/README.md, a known bug.) */
+			 * transition it walks the flow's chain from there, with this
+			 * director's tag, which it knows by the sender's MAC.) */
 			if (!(be->flags & BACKEND_F_LOCAL) && p.flow.proto == IPPROTO_TCP)
 				fmark = 1 << 8 | LB_MARK_PINNED;
 			/* A pin to a replica called down, outside a moved slot: the

@@ -252,6 +252,16 @@ struct {
 	__type(value, struct tag_mac);
 } tag_macs SEC(".maps");
 
+/* mac_tags: tag_macs the other way round, each of those edges' tag (addr_tag)
+ * by its MAC, for a frame a director sent by its pin, which carries no tag
+ * (from_director). Written only where tags are exact; not pinned either. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, LB_MAX_PEERS);
+	__type(key, struct peer_key);
+	__type(value, __u32);
+} mac_tags SEC(".maps");
+
 /* Per-CPU room for one flow's chain (struct chain: too big for the stack), not
  * pinned. */
 struct {

@@ -283,7 +283,8 @@ func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags bool) error {
 
 // setTagMACs makes tag_macs hold the MAC of every other edge of this site
 // whose replica is a backend, by its tag, where tags are on (none where not):
-// where a frame marked LB_MARK_DOWNPIN goes on to.
+// where a frame marked LB_MARK_DOWNPIN goes on to; and mac_tags their tags by
+// MAC: whose tag a frame a director sent by its pin carries on a walk.
 func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 	want := map[uint32]lbTagMac{}
 	if d.st.tags {
@@ -306,7 +307,7 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 		}
 		d.st.tagMACs[k] = v
 	}
-	for k := range d.st.tagMACs {
+	for k, v := range d.st.tagMACs {
 		if _, ok := want[k]; ok {
 			continue
 		}
@@ -314,6 +315,23 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 			return fmt.Errorf("delete from map tag_macs: %w", err)
 		}
 		delete(d.st.tagMACs, k)
+		// Its MAC's tag too, unless another tag has that MAC now.
+		stillThere := false
+		for _, w := range want {
+			stillThere = stillThere || w.Mac == v.Mac
+		}
+		if !stillThere {
+			if err := d.objs.MacTags.Delete(&lbPeerKey{Mac: v.Mac}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+				return fmt.Errorf("delete from map mac_tags: %w", err)
+			}
+		}
+	}
+	// mac_tags is tag_macs the other way round (every Apply: not pinned, and
+	// a few entries).
+	for k, v := range want {
+		if err := d.objs.MacTags.Put(&lbPeerKey{Mac: v.Mac}, k); err != nil {
+			return fmt.Errorf("update map mac_tags: %w", err)
+		}
 	}
 	return nil
 }

@@ -250,6 +250,7 @@ const (
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
 	lbMapLbCfg              = "lb_cfg"
+	lbMapMacTags            = "mac_tags"
 	lbMapMidRings           = "mid_rings"
 	lbMapNewPins            = "new_pins"
 	lbMapPeers              = "peers"
@@ -332,6 +333,7 @@ type lbMapSpecs struct {
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
+	MacTags      *ebpf.MapSpec `ebpf:"mac_tags"`
 	MidRings     *ebpf.MapSpec `ebpf:"mid_rings"`
 	NewPins      *ebpf.MapSpec `ebpf:"new_pins"`
 	Peers        *ebpf.MapSpec `ebpf:"peers"`
@@ -390,6 +392,7 @@ type lbMaps struct {
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
+	MacTags      *ebpf.Map `ebpf:"mac_tags"`
 	MidRings     *ebpf.Map `ebpf:"mid_rings"`
 	NewPins      *ebpf.Map `ebpf:"new_pins"`
 	Peers        *ebpf.Map `ebpf:"peers"`
@@ -419,6 +422,7 @@ func (m *lbMaps) Close() error {
 		m.FlowCache,
 		m.Flows,
 		m.LbCfg,
+		m.MacTags,
 		m.MidRings,
 		m.NewPins,
 		m.Peers,
