@@ -42,6 +42,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapChains, uint32(0), [212]byte{}}, // struct chain: BPF-only
 		{lbMapSelfAddr, uint32(0), lbSelfAddr{}},
 		{lbMapTagMacs, uint32(0), lbTagMac{}},
+		{lbMapMacTags, lbPeerKey{}, uint32(0)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
