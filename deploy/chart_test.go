@@ -96,10 +96,32 @@ func TestChartLint(t *testing.T) {
 	}
 	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
-		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true"} {
+		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true",
+		"hashSeed=12345678901", "hashSeed=0x10"} {
 		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("schema")) {
 			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
+		}
+	}
+}
+
+// TestHashSeedNotDrawnWithoutACluster: rendered without a cluster (helm
+// template, as Argo CD renders charts), the chart draws no flow hash seed, which
+// would change at every render and split the edges' hashing as agents
+// restart; a seed given in the values is rendered as it is.
+func TestHashSeedNotDrawnWithoutACluster(t *testing.T) {
+	helm := helmBinary(t)
+	secret := []byte("name: portico-hash-seed\n")
+	for _, tc := range []struct {
+		sets []string
+		want bool
+	}{{nil, false}, {[]string{"--set-string", "hashSeed=3141592653"}, true}} {
+		out := run(t, nil, helm, append([]string{"template", "portico", chart, "--namespace", namespace}, tc.sets...)...)
+		if got := bytes.Contains(out, []byte("kind: Secret\nmetadata:\n  "+string(secret))); got != tc.want {
+			t.Errorf("helm template %v: a hash seed Secret %v, want %v", tc.sets, got, tc.want)
+		}
+		if tc.want && !bytes.Contains(out, []byte(`seed: "MzE0MTU5MjY1Mw=="`)) {
+			t.Errorf("helm template %v: the seed is not the value's", tc.sets)
 		}
 	}
 }
