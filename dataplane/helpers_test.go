@@ -23,16 +23,18 @@ func loadWith(t testing.TB, opts Options) *Dataplane {
 	t.Helper()
 	bpftest.Require(t)
 	opts.PinPath = testPinPath()
-	d, err := Load(opts)
-	if err != nil {
-		t.Fatalf("load: %v", err)
-	}
+	// Registered before Load: a load that fails (the verifier refuses the
+	// program) has pinned maps already, and they go too.
 	t.Cleanup(func() {
-		d.Close()
 		if err := Uninstall(opts.PinPath); err != nil {
 			t.Errorf("uninstall: %v", err)
 		}
 	})
+	d, err := Load(opts)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	t.Cleanup(func() { d.Close() })
 	return d
 }
 
