@@ -46,9 +46,17 @@ func New(prefix string) (*Lab, error) {
 	if _, err := rand.Read(b[:]); err != nil {
 		return nil, err
 	}
+	// What killed runs left behind goes first (sweep.go).
+	if err := sweep(); err != nil {
+		return nil, fmt.Errorf("remove the labs of ended runs: %w", err)
+	}
 	l := &Lab{Prefix: prefix + hex.EncodeToString(b[:])}
 	l.Switch = l.Prefix + "sw"
+	if err := l.own(); err != nil {
+		return nil, err
+	}
 	if err := l.addNS(l.Switch); err != nil {
+		l.Close()
 		return nil, err
 	}
 	for _, args := range [][]string{
