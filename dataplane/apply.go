@@ -305,6 +305,10 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 		if err := d.objs.TagMacs.Put(k, &v); err != nil {
 			return fmt.Errorf("update map tag_macs: %w", err)
 		}
+		// mac_tags is tag_macs the other way round, written with it.
+		if err := d.objs.MacTags.Put(&lbPeerKey{Mac: v.Mac}, k); err != nil {
+			return fmt.Errorf("update map mac_tags: %w", err)
+		}
 		d.st.tagMACs[k] = v
 	}
 	for k, v := range d.st.tagMACs {
@@ -324,13 +328,6 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 			if err := d.objs.MacTags.Delete(&lbPeerKey{Mac: v.Mac}); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 				return fmt.Errorf("delete from map mac_tags: %w", err)
 			}
-		}
-	}
-	// mac_tags is tag_macs the other way round (every Apply: not pinned, and
-	// a few entries).
-	for k, v := range want {
-		if err := d.objs.MacTags.Put(&lbPeerKey{Mac: v.Mac}, k); err != nil {
-			return fmt.Errorf("update map mac_tags: %w", err)
 		}
 	}
 	return nil
