@@ -419,7 +419,28 @@ static __always_inline __u32 sender_tag(struct ethhdr *eth, __u32 *m)
  * alone does not count, nor a connection that ended here (TIME_WAIT, CLOSE):
  * a client reuses its port, and the same 5-tuple may be a new connection that
  * another replica holds (a director that took it for its own reset it). */
-static __always_inline int has_connection(struct xdp_md *ctx, int v4, const struct flow_key *f)
+/* The kernel's tcp_sock, as far as has_connection reads it (CO-RE: the
+ * offsets come from the running kernel's BTF). */
+struct tcp_sock {
+	__u32 rcv_nxt;
+	__u32 snd_nxt;
+	__u32 snd_una;
+} __attribute__((preserve_access_index));
+
+/* ACK_STALE bounds how far below snd_una a connection's own ACK may be (an old
+ * duplicate): further, or above snd_nxt, the packet is of another connection. */
+#define ACK_STALE (1U << 24)
+
+/* pkt_ack is a TCP packet's acknowledgment number with bit 32 set, or 0 for a
+ * packet without ACK (or no TCP header). */
+static __always_inline __u64 pkt_ack(const __u8 *th)
+{
+	if (!th || !(th[13] & 0x10))
+		return 0;
+	return 1ULL << 32 | ((__u32)th[8] << 24 | (__u32)th[9] << 16 | (__u32)th[10] << 8 | th[11]);
+}
+
+static __always_inline int has_connection(struct xdp_md *ctx, int v4, const struct flow_key *f, __u64 ack)
 {
 	struct bpf_sock_tuple t = {};
 	struct bpf_sock *sk;
@@ -447,6 +468,20 @@ static __always_inline int has_connection(struct xdp_md *ctx, int v4, const stru
 	if (!sk)
 		return 0;
 	has = sk->state != BPF_TCP_LISTEN && sk->state != BPF_TCP_TIME_WAIT && sk->state != BPF_TCP_CLOSE;
+	/* A socket of an ended connection whose end never reached it (the
+	 * client's RST went to another replica while the rings moved) still
+	 * names the 5-tuple a client reuses: its new connection lives where its
+	 * SYN went, and an ACK this socket never sent for shows it. */
+	if (has && ack) {
+		struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+
+		if (tp) {
+			__u32 a = (__u32)ack, una = tp->snd_una, nxt = tp->snd_nxt;
+
+			if ((__s32)(a - nxt) > 0 || (__s32)(una - a) > (__s32)ACK_STALE)
+				has = 0;
+		}
+	}
 	bpf_sk_release(sk);
 	return has;
 }
@@ -720,7 +755,7 @@ __attribute__((noinline)) int chain_next(struct chain *c, __u32 after, __u32 tag
  * walks on from there if it does not have it. 0 if the chain names only this
  * node; c->pick is the index of the one picked. A global function, like
  * build_chain. */
-__attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, struct flow_key *f, int v4)
+__attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, struct flow_key *f, int v4, __u64 ack)
 {
 	int j;
 
@@ -735,7 +770,7 @@ __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, st
 		be = active_backend(c->id[i]);
 		if (!be || !(be->flags & BACKEND_F_LOCAL))
 			continue;
-		if (has_connection(ctx, v4, f)) {
+		if (has_connection(ctx, v4, f, ack)) {
 			c->pick = i;
 			return c->id[i];
 		}
@@ -792,7 +827,8 @@ static __always_inline int stale_pin(struct xdp_md *ctx, const struct ethhdr *et
 		return PIN_HOLDS;
 	int local = (be->flags & BACKEND_F_LOCAL) != 0, has;
 
-	has = has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow);
+	has = has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow,
+			     pkt_ack(tcp_hdr((void *)eth, (void *)(long)ctx->data_end, p)));
 	if (local == has)
 		return PIN_HOLDS;
 	return local ? PIN_ENDED : PIN_HERE;
@@ -879,7 +915,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		__u32 key = tag - 1;
 		struct tag_mac *tm;
 
-		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th)))
 			return count(REASON_HANDOFF_IN, XDP_PASS);
 		tm = tag ? bpf_map_lookup_elem(&tag_macs, &key) : 0;
 		if (!tm || mac_eq(tm->mac, cfg->mac))
@@ -910,7 +946,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		 * and the client reused its port for a new one, which the ring
 		 * placed), so the current ring's replica gets it, to be served there
 		 * (one hop, never on). */
-		if ((m & 0xff) == LB_MARK_PINNED && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow)) {
+		if ((m & 0xff) == LB_MARK_PINNED && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th))) {
 			__u32 rid = pick_from_ring(&rings, vip_id, flow_hash(&p->flow, cfg->seed), cfg);
 
 			be = rid ? active_backend(rid) : 0;
@@ -921,11 +957,11 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		 * not give (it has not applied the change yet, or its transition
 		 * ended first): served if the stack has it; else, right after a
 		 * change, dropped, to be sent again once the rings agree. */
-		if (m && settling(vip_id, &now) && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+		if (m && settling(vip_id, &now) && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th)))
 			return count(REASON_HANDOFF_WAIT, XDP_DROP);
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
 	}
-	if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow))
+	if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th)))
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
 	/* In the transition, along the chain its rings give now (a pin made
 	 * under other rings may name a replica they no longer give). */
@@ -1227,7 +1263,7 @@ int xdp_lb(struct xdp_md *ctx)
 				build_chain(ch);
 				struct backend *fb;
 
-				found = first_held(ctx, ch, &p.flow, eth->h_proto == bpf_htons(ETH_P_IP));
+				found = first_held(ctx, ch, &p.flow, eth->h_proto == bpf_htons(ETH_P_IP), pkt_ack(tcp_hdr(data, data_end, &p)));
 				fb = found ? active_backend(found) : 0;
 				/* Another replica gets it with its class: it walks on
 				 * from there, and one whose rings are not yet (or no
@@ -1265,7 +1301,7 @@ int xdp_lb(struct xdp_md *ctx)
 	 * and CPU (the flow cache keeps the mark), only in a transition. */
 	if (!fmark && !p.syn && !p.icmp_error && !tunneled && p.flow.proto == IPPROTO_TCP &&
 	    !(be->flags & (BACKEND_F_LOCAL | BACKEND_F_REMOTE)) && prev_live(vip_id, &now)) {
-		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p.flow))
+		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p.flow, pkt_ack(tcp_hdr(data, data_end, &p))))
 			return serve_here(data, data_end, &p);
 		fmark = LB_MARK_TAG | 1 << 8 | LB_MARK_PROBE;
 	}

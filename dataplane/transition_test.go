@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/dataplane/bpftest"
 	"github.com/portico-edge/portico/dataplane/xdptest"
@@ -1020,6 +1021,13 @@ func TestLocalConnectionSettles(t *testing.T) {
 		}
 		return nil
 	}))
+	// The client's packets acknowledge what this node's side sent: its
+	// receive sequence (read in TCP repair mode, as CRIU does).
+	stale := map[uint16]xdptest.Packet{}
+	for i, p := range []*xdptest.Packet{&toOld, &toNew, &elsewhere} {
+		stale[p.SPort] = *p
+		p.Ack = rcvNxt(t, conns[2*i])
+	}
 	if v, out := run(toOld); v != xdptest.Pass {
 		t.Errorf("local connection, r1's before, here now: verdict %s (to %s), want PASS", xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 	}
@@ -1033,6 +1041,16 @@ func TestLocalConnectionSettles(t *testing.T) {
 		}
 		dr.d.cfg.Generation++ // every CPU's cache retired, the pin kept
 		must(t, dr.d.writeConfig())
+	}
+
+	// A packet whose ACK this node's socket never sent for is another
+	// connection's on the same 5-tuple (a client reused the port of one whose
+	// end never reached this socket): not this node's, so it goes where the
+	// rings say (CI's TestPortico/RollingUpdateWithDrain: a new connection's
+	// packets went into a FIN_WAIT socket left on the VIP's new owner, and hung).
+	if v, out := run(stale[toNew.SPort]); v != xdptest.TX || net.HardwareAddr(out[0:6]).String() != r4.MAC.String() {
+		t.Errorf("a socket of the 5-tuple whose sequence the packet does not fit: verdict %s (to %s), want TX to r4, as without one",
+			xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 	}
 
 	// Once they ended here (this node closed first, so its side waits in
@@ -1140,4 +1158,36 @@ func TestDownPin(t *testing.T) {
 	if out := dr.run(t, "pinned to r1, up", p.Bytes(), xdptest.TX); !slices.Equal(out[:6], r1MAC) {
 		t.Errorf("r1 up: sent to %s, want r1", net.HardwareAddr(out[:6]))
 	}
+}
+
+// tcpRecvQueue is linux/tcp.h's TCP_RECV_QUEUE (x/sys/unix lacks it).
+const tcpRecvQueue = 1
+
+// rcvNxt is the next sequence number a TCP connection expects: what its
+// peer sent so far, which its ACKs name. Read in repair mode (root), as CRIU
+// reads a live socket's queues.
+func rcvNxt(t *testing.T, c net.Conn) uint32 {
+	t.Helper()
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var seq int
+	var serr error
+	if err := raw.Control(func(fd uintptr) {
+		if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 1); serr != nil {
+			return
+		}
+		defer unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR, 0)
+		if serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_REPAIR_QUEUE, tcpRecvQueue); serr != nil {
+			return
+		}
+		seq, serr = unix.GetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_QUEUE_SEQ)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if serr != nil {
+		t.Fatalf("read a socket's receive sequence: %v", serr)
+	}
+	return uint32(seq)
 }

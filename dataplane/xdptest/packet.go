@@ -36,6 +36,7 @@ type Packet struct {
 	Proto          uint8      // TCP or UDP
 	SPort, DPort   uint16
 	Flags          uint8  // TCP flags
+	Ack            uint32 // TCP acknowledgment number with ACK (2000 when 0)
 	Payload        []byte // L4 payload
 	IPOptions      []byte // IPv4 options, a multiple of 4 bytes
 	FragOffset     uint16 // IPv4 fragment offset in 8-byte units
@@ -69,7 +70,11 @@ func (p Packet) l4() []byte {
 		binary.BigEndian.PutUint16(h[2:], p.DPort)
 		binary.BigEndian.PutUint32(h[4:], 1000) // sequence number
 		if p.Flags&ACK != 0 {
-			binary.BigEndian.PutUint32(h[8:], 2000)
+			ack := p.Ack
+			if ack == 0 {
+				ack = 2000
+			}
+			binary.BigEndian.PutUint32(h[8:], ack)
 		}
 		h[12] = 5 << 4
 		h[13] = p.Flags
