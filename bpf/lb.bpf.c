@@ -874,7 +874,7 @@ static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 af
  * have applied it; TCP sends the packet again), and served after that (the stack
  * resets it). */
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
-					 const struct parsed *p, const struct lb_config *cfg)
+					 const struct parsed *p, const struct lb_config *cfg, int stranger)
 {
 	__u32 vip_id, hash, m = 0, zero = 0, hops, tag;
 	__u8 *th = tcp_hdr(eth, data_end, p);
@@ -889,6 +889,14 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	if (m == LB_MARK_FINAL)
 		return count(REASON_HANDOFF_IN, XDP_PASS);
 	hops = mark_hops(m);
+	/* A mark from no peer edge: a new peer's, which this node has not
+	 * learned yet, or reserved bits a stranger set. Either way it buys one
+	 * hand-off at most: a spoofed frame is sent on once, never walked along
+	 * a chain (and a new peer's frame is rarely walked further). */
+	if (stranger && m != LB_MARK_FINAL && hops < LB_MAX_HOPS - 1) {
+		hops = LB_MAX_HOPS - 1;
+		count(REASON_STRANGER_MARK, 0);
+	}
 	tag = get_tag(eth, data_end, m);
 	if (!th || lookup_vip(&p->flow, cfg, &vip_id) != 1)
 		return count(REASON_FROM_PEER, XDP_PASS);
@@ -1063,9 +1071,11 @@ int xdp_lb(struct xdp_md *ctx)
 		 * a moment later than the others', must not steer it again):
 		 * never steered again, but along its chain. A SYN is a client's
 		 * (edges mark no SYN): it follows the ring. */
+		if (from_peer(eth, cfg))
+			return from_director(ctx, eth, data_end, &p, cfg, 0);
 		th = tcp_hdr(data, data_end, &p);
-		if ((th && !p.syn && marked(th)) || from_peer(eth, cfg))
-			return from_director(ctx, eth, data_end, &p, cfg);
+		if (th && !p.syn && marked(th))
+			return from_director(ctx, eth, data_end, &p, cfg, 1);
 	}
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens
 	 * a new connection: it always follows the ring, never an old entry of the

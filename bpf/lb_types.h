@@ -280,6 +280,9 @@ enum reason {
 				  * serve: dropped */
 	REASON_SITE_STRANGER,    /* VIP traffic in a tunnel to this node's tunnel
 				  * address from no other site's edge: dropped */
+	REASON_STRANGER_MARK,    /* a hand-off mark on a frame from no peer edge (a
+				  * new peer not learned yet, or a stranger): one
+				  * more hand-off at most */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

@@ -169,7 +169,8 @@ const (
 	lbReasonREASON_HANDOFF_WAIT  lbReason = 21
 	lbReasonREASON_VIP_CLOSED    lbReason = 22
 	lbReasonREASON_SITE_STRANGER lbReason = 23
-	lbReasonREASON_MAX           lbReason = 24
+	lbReasonREASON_STRANGER_MARK lbReason = 24
+	lbReasonREASON_MAX           lbReason = 25
 )
 
 type lbRingMeta struct {
