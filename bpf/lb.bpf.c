@@ -423,12 +423,17 @@ static __always_inline __u32 sender_tag(struct ethhdr *eth, __u32 *m)
  * offsets come from the running kernel's BTF). */
 struct tcp_sock {
 	__u32 rcv_nxt;
-	__u32 snd_nxt;
 	__u32 snd_una;
+	__u32 write_seq;
 } __attribute__((preserve_access_index));
 
 /* ACK_STALE bounds how far below snd_una a connection's own ACK may be (an old
- * duplicate): further, or above snd_nxt, the packet is of another connection. */
+ * duplicate): further, or above write_seq, the packet is of another connection.
+ * Not snd_nxt: the stack moves it only after a segment is sent, and on a fast
+ * path (a veth pair, a client on the same host) the peer's ACK of that segment
+ * reaches XDP before (lab: a held connection's first ACK taken for a stranger's
+ * and walked to a replica that reset it). write_seq moves when the data is
+ * queued, before it is sent; it counts the FIN too. */
 #define ACK_STALE (1U << 24)
 
 /* pkt_ack is a TCP packet's acknowledgment number with bit 32 set, or 0 for a
@@ -476,9 +481,9 @@ static __always_inline int has_connection(struct xdp_md *ctx, int v4, const stru
 		struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 
 		if (tp) {
-			__u32 a = (__u32)ack, una = tp->snd_una, nxt = tp->snd_nxt;
+			__u32 a = (__u32)ack, una = tp->snd_una, end = tp->write_seq;
 
-			if ((__s32)(a - nxt) > 0 || (__s32)(una - a) > (__s32)ACK_STALE)
+			if ((__s32)(a - end) > 0 || (__s32)(una - a) > (__s32)ACK_STALE)
 				has = 0;
 		}
 	}
