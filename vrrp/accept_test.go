@@ -151,3 +151,65 @@ func TestSameAddrs(t *testing.T) {
 		}
 	}
 }
+
+// TestSetPeersInPlace: a router's peers change while it runs (an edge joins or
+// leaves the group): adverts go to the new peers, only they are accepted, and
+// no peers at all is multicast from anyone; the state machine is untouched.
+func TestSetPeersInPlace(t *testing.T) {
+	met, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Announcer{cfg: Config{Interface: "eth0"}, log: zap.NewNop(), met: met, byVRID: map[vridKey]*instance{}, rejectLog: newLimiter(time.Second)}
+	vip := a4("10.0.0.100")
+	ic := InstanceConfig{Name: "x", VRID: 1, Version: 3, Priority: 100, AdvertInterval: Duration{time.Second},
+		VIPs: []netip.Addr{vip}, Peers: []netip.Addr{a4("10.0.0.1"), a4("10.0.0.2")}}
+	a.cfg.Instances = []InstanceConfig{ic}
+	a.cfg.SetDefaults()
+	ic = a.cfg.Instances[0]
+	in := newInstance(a, ic, true, a4("10.0.0.1"))
+	a.insts, a.byVRID[vridKey{true, 1}] = []*instance{in}, in
+	accepted := func(from string) bool {
+		b, err := Encode(Advert{Version: 3, VRID: 1, Priority: 50, Interval: time.Second, Addrs: []netip.Addr{vip}}, a4(from), GroupIPv4)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _, ok := a.accept(received{payload: b, src: a4(from), dst: GroupIPv4, hopLimit: 255}, true)
+		return ok
+	}
+	state := in.m.State()
+	set := func(peers ...netip.Addr) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- a.SetPeers(t.Context(), "x", peers) }()
+		select {
+		case ev := <-in.events:
+			in.handle(ev) // the run goroutine's part
+		case err := <-done:
+			t.Fatalf("SetPeers(%v): %v", peers, err)
+		}
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !accepted("10.0.0.2") || accepted("10.0.0.3") {
+		t.Fatal("before: want 10.0.0.2 accepted and 10.0.0.3 refused")
+	}
+	set(a4("10.0.0.1"), a4("10.0.0.3"))
+	if accepted("10.0.0.2") || !accepted("10.0.0.3") {
+		t.Error("after SetPeers(.1, .3): want 10.0.0.2 refused and 10.0.0.3 accepted")
+	}
+	if want := []netip.Addr{a4("10.0.0.3")}; !slices.Equal(in.dsts, want) {
+		t.Errorf("destinations %v, want %v", in.dsts, want)
+	}
+	set()
+	if !accepted("10.0.0.9") || !slices.Equal(in.dsts, []netip.Addr{GroupIPv4}) {
+		t.Errorf("without peers: destinations %v, want the group, and any source accepted", in.dsts)
+	}
+	if in.m.State() != state {
+		t.Errorf("state %v after SetPeers, want %v unchanged", in.m.State(), state)
+	}
+	if err := a.SetPeers(t.Context(), "x", []netip.Addr{a4("2001:db8::1")}); err == nil {
+		t.Error("SetPeers accepted a global IPv6 peer for an IPv4 router")
+	}
+}

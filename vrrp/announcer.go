@@ -281,6 +281,53 @@ func (a *Announcer) SetVIPs(ctx context.Context, name string, vips []netip.Addr)
 	}
 }
 
+// SetPeers makes peers the unicast peers of the named virtual router while it
+// runs, as SetVIPs does its addresses: its state stays, its adverts go to the new
+// peers from the next one on, and only adverts from them are accepted (unless
+// AcceptAnySource). No peers: multicast, from any source. The peers are checked
+// as New checks them (IPv6 peers by their link-local addresses).
+func (a *Announcer) SetPeers(ctx context.Context, name string, peers []netip.Addr) error {
+	var in *instance
+	for _, x := range a.insts {
+		if x.cfg.Name == name {
+			in = x
+		}
+	}
+	if in == nil {
+		return fmt.Errorf("set peers: no instance %q", name)
+	}
+	cfg := a.cfg
+	cfg.Instances = slices.Clone(cfg.Instances)
+	clean := make([]netip.Addr, len(peers))
+	for i, p := range peers {
+		clean[i] = p.Unmap().WithZone("") // as SetDefaults does
+	}
+	for i := range cfg.Instances {
+		if cfg.Instances[i].Name == name {
+			cfg.Instances[i].Peers = clean
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("set peers of %s: %w", name, err)
+	}
+	ev := peersEvent{peers: clean, done: make(chan error, 1)}
+	select {
+	case in.events <- ev:
+	case <-in.stopped:
+		return fmt.Errorf("set peers of %s: the announcer has stopped", name)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-ev.done:
+		return err
+	case <-in.stopped:
+		return fmt.Errorf("set peers of %s: the announcer has stopped", name)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // States returns the current state of each virtual router by name.
 func (a *Announcer) States() map[string]State {
 	out := make(map[string]State, len(a.insts))

@@ -28,6 +28,13 @@ type vipsEvent struct {
 	done chan error
 }
 
+// peersEvent replaces the virtual router's unicast peers (SetPeers); done gets
+// the outcome.
+type peersEvent struct {
+	peers []netip.Addr
+	done  chan error
+}
+
 // instance is one virtual router: its state machine and the goroutine that feeds
 // it events and real time, and carries out its outputs.
 type instance struct {
@@ -39,7 +46,10 @@ type instance struct {
 	// sorted is vips sorted, for the readers of adverts and claims (which
 	// compare with it while SetVIPs may change it).
 	sorted  atomic.Pointer[[]netip.Addr]
-	dsts    []netip.Addr // where adverts go: the group, or the peers but us
+	dsts    []netip.Addr // where adverts go: the group, or the peers but us; the run goroutine's
+	// peers are the unicast peers adverts are accepted from (none: any
+	// source), for the readers of adverts while SetPeers may change them.
+	peers atomic.Pointer[[]netip.Addr]
 	m       *Machine
 	log     *zap.Logger
 	events  chan any
@@ -109,22 +119,7 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 		}
 		c.Inc()
 	}
-	switch {
-	case len(ic.Peers) == 0 && is4:
-		in.dsts = []netip.Addr{GroupIPv4}
-	case len(ic.Peers) == 0:
-		in.dsts = []netip.Addr{GroupIPv6}
-	default:
-		// A shared peer list names this node too: no advert to ourselves.
-		for _, p := range ic.Peers {
-			if p != primary {
-				in.dsts = append(in.dsts, p)
-			}
-		}
-		if len(in.dsts) == 0 {
-			in.log.Warn("the only unicast peer is this node's own address: no adverts will be sent", zap.Stringer("primary", primary))
-		}
-	}
+	in.setPeers(ic.Peers)
 	in.m = NewMachine(MachineConfig{
 		Version:      ic.Version,
 		Priority:     ic.Priority,
@@ -136,6 +131,31 @@ func newInstance(a *Announcer, ic InstanceConfig, is4 bool, primary netip.Addr) 
 	in.mState.Set(float64(StateInit))
 	in.mPriority.Set(float64(ic.Priority))
 	return in
+}
+
+// setPeers makes peers the router's unicast peers: adverts go to each but this
+// node (to the multicast group when there are none), and come only from them
+// (unless AcceptAnySource).
+func (in *instance) setPeers(peers []netip.Addr) {
+	peers = slices.Clone(peers)
+	in.peers.Store(&peers)
+	in.dsts = nil
+	switch {
+	case len(peers) == 0 && in.is4:
+		in.dsts = []netip.Addr{GroupIPv4}
+	case len(peers) == 0:
+		in.dsts = []netip.Addr{GroupIPv6}
+	default:
+		// A shared peer list names this node too: no advert to ourselves.
+		for _, p := range peers {
+			if p != in.primary {
+				in.dsts = append(in.dsts, p)
+			}
+		}
+		if len(in.dsts) == 0 {
+			in.log.Warn("the only unicast peer is this node's own address: no adverts will be sent", zap.Stringer("primary", in.primary))
+		}
+	}
 }
 
 // setAddrs makes vips the router's addresses.
@@ -161,7 +181,7 @@ func (in *instance) has(vip netip.Addr) bool {
 // RFC 5798 §7.1 asks only that it be logged. Version 2 drops it, as RFC 3768
 // §7.1 requires.
 func (in *instance) check(adv Advert, src netip.Addr) (Reason, error) {
-	if len(in.cfg.Peers) > 0 && !in.cfg.AcceptAnySource && !slices.Contains(in.cfg.Peers, src) {
+	if peers := *in.peers.Load(); len(peers) > 0 && !in.cfg.AcceptAnySource && !slices.Contains(peers, src) {
 		return ReasonPeer, fmt.Errorf("source %v is not a configured peer", src)
 	}
 	if adv.Version != in.cfg.Version {
@@ -266,6 +286,10 @@ func (in *instance) handle(ev any) {
 		in.mPriority.Set(float64(in.m.Priority()))
 	case vipsEvent:
 		ev.done <- in.changeVIPs(ev.vips, now)
+	case peersEvent:
+		in.log.Info("vrrp peers changed", zap.Stringers("peers", ev.peers), zap.Stringer("state", in.m.State()))
+		in.setPeers(ev.peers)
+		ev.done <- nil
 	}
 }
 
