@@ -82,6 +82,10 @@ type Config struct {
 	VRRPDegraded uint8 // VRRP priority while unhealthy
 	VRRPVersion  uint8 // for IPv4 (2 for keepalived peers); IPv6 is always 3
 	VRRPInterval time.Duration
+	// VRRPUnicast sends adverts to the group's other agents and accepts them
+	// from those alone (their status Leases name them); false: multicast, from
+	// any source (keepalived peers on the segment need it).
+	VRRPUnicast bool
 
 	// ClaimImage is the image of the agent DaemonSets the leader provisions for
 	// IngressClaims; empty: deploy/agent.yaml's.
@@ -215,7 +219,8 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		vs = &vrrpSink{base: context.WithoutCancel(ctx), iface: cfg.Iface, group: cfg.Group,
 			priority: cfg.VRRPPriority, degraded: cfg.VRRPDegraded,
 			interval: cfg.VRRPInterval, version: cfg.VRRPVersion, log: vlog,
-			newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs()}
+			newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: host.setLoVIPs, managed: host.managedVIPs(),
+			unicast: cfg.VRRPUnicast}
 		announcer, setHealthy, release, vrrpStates = vs, vs.setHealthy, vs.stop, vs.states
 	}
 
@@ -281,10 +286,24 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		goRun("bgp", speaker.Run)
 		goRun("bgp-announce", bs.run)
 	}
+	if vs != nil && vs.unicast {
+		goRun("vrrp-peers", func(ctx context.Context) error {
+			return followPeers(ctx, client, cfg.PodNamespace, vs, cfg.Node, log.Named("vrrp"))
+		})
+	}
 	goRun("health", func(ctx context.Context) error { h.loop(ctx, setHealthy, log); return nil })
 	goRun("status", func(ctx context.Context) error {
 		view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: h.current, vrrp: vrrpStates, vips: dp.VIPs,
 			replicas: l4.replicas, bgp: bgpStatus, served: served.get, tunnel: l4.tunnel, spill: l4.spillRatio}
+		if vs != nil && vs.unicast {
+			view.vrrpSources = func() []netip.Addr {
+				srcs, err := vrrp.SourceAddrs(cfg.Iface, vs.vips())
+				if err != nil {
+					log.Warn("vrrp sources", zap.Error(err))
+				}
+				return srcs
+			}
+		}
 		publishStatus(ctx, client, cfg.PodNamespace, view.collect, served.kick, log.Named("status"))
 		return nil
 	})

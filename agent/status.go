@@ -41,7 +41,12 @@ type State struct {
 	Healthy bool              `json:"healthy"`
 	Reason  string            `json:"reason,omitempty"`
 	VRRP    map[string]string `json:"vrrp"` // instance -> state
-	VIPs    []VIPState        `json:"vips"`
+	// VRRPSources are the addresses this node's VRRP adverts come from (its
+	// first IPv4 address and its IPv6 link-local one on the edge interface):
+	// the group's other agents send their adverts to them and accept adverts
+	// from them alone (vrrpPeers). Empty in BGP mode and with multicast VRRP.
+	VRRPSources []string   `json:"vrrpSources,omitempty"`
+	VIPs        []VIPState `json:"vips"`
 	// Replicas are the group's replicas as Kubernetes lists them, with this
 	// node's liveness verdict on each (a dead one is in no VIP's ring).
 	Replicas []ReplicaLiveness `json:"replicas,omitempty"`
@@ -94,6 +99,7 @@ type nodeView struct {
 	served             func() map[string]int64             // the Ingress generations nginx serves
 	tunnel             netip.Addr                          // the tunnel address, in a federation
 	spill              func() float64                      // the spill ratio, in a federation
+	vrrpSources        func() []netip.Addr                 // nil: none published
 }
 
 // servedIngresses is what the node's nginx serves of its group's Ingresses
@@ -149,6 +155,11 @@ func (n nodeView) collect() State {
 	}
 	st.Reason = n.health()
 	st.Healthy = st.Reason == ""
+	if n.vrrpSources != nil {
+		for _, a := range n.vrrpSources() {
+			st.VRRPSources = append(st.VRRPSources, a.String())
+		}
+	}
 	for name, s := range n.vrrp() {
 		st.VRRP[name] = s.String()
 	}

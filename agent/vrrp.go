@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -30,6 +31,9 @@ type vrrpSink struct {
 	log          *zap.Logger
 	newAnnouncer func(vrrp.Config) (announcer, error)
 	setLoVIPs    func(want, managed []netip.Addr) error
+	// unicast: adverts go to the group's peers and come from them alone
+	// (followPeers); the announcer waits until they are known.
+	unicast bool
 
 	mu       sync.Mutex
 	key      string
@@ -41,6 +45,10 @@ type vrrpSink struct {
 	stopRun  context.CancelFunc
 	done     chan struct{}
 	healthy  bool
+	want     model.Group  // the group as the last snapshot has it
+	peers    []netip.Addr // the group's peers, both families; nil: multicast
+	ready    bool         // the peers are known (or unicast is off)
+	waitLog  bool         // "waiting for peers" was logged
 }
 
 // announcer is what the sink uses of a vrrp.Announcer.
@@ -48,6 +56,7 @@ type announcer interface {
 	Run(ctx context.Context) error
 	SetPriority(ctx context.Context, instance string, p uint8) error
 	SetVIPs(ctx context.Context, instance string, vips []netip.Addr) error
+	SetPeers(ctx context.Context, instance string, peers []netip.Addr) error
 	States() map[string]vrrp.State
 }
 
@@ -95,6 +104,7 @@ func (v *vrrpSink) instancesFor(g model.Group) []vrrp.InstanceConfig {
 			Priority:       v.currentPriority(),
 			AdvertInterval: vrrp.Duration{Duration: v.interval},
 			VIPs:           fam.vips,
+			Peers:          familyPeers(v.peers, fam.name == "v4"),
 		})
 	}
 	return out
@@ -114,6 +124,21 @@ func (v *vrrpSink) Apply(ctx context.Context, snap model.Snapshot) error {
 	g := announcedGroup(snap, v.group)
 	if err := syncLo(v.setLoVIPs, &v.loSynced, &v.managed, g.VIPs); err != nil {
 		return err
+	}
+	v.want = g
+	return v.reconcileLocked(ctx)
+}
+
+// reconcileLocked runs the announcer v.want asks for: kept, given new VIPs in
+// place, or rebuilt. With unicast on, nothing starts before the peers are known.
+func (v *vrrpSink) reconcileLocked(ctx context.Context) error {
+	g := v.want
+	if v.unicast && !v.ready {
+		if !v.waitLog && g.VRID != 0 && len(g.VIPs) > 0 {
+			v.waitLog = true
+			v.log.Info("vrrp waits for the group's peers (this node's status Lease among the agents')", zap.String("group", v.group))
+		}
+		return nil
 	}
 	key := fmt.Sprint(g.VRID, g.VIPs)
 	if key == v.key {
@@ -155,6 +180,60 @@ func (v *vrrpSink) Apply(ctx context.Context, snap model.Snapshot) error {
 	}
 	v.log.Info("vrrp announcing", zap.String("group", v.group), zap.Uint8("vrid", g.VRID), zap.Stringers("vip", g.VIPs))
 	return nil
+}
+
+// familyPeers returns the peers of one address family.
+func familyPeers(peers []netip.Addr, v4 bool) []netip.Addr {
+	var out []netip.Addr
+	for _, p := range peers {
+		if p.Is4() == v4 {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// setPeers gives the sink the group's peers as the agents' Leases have them
+// (followPeers). The first known answer starts the announcer; later changes go
+// to the running routers in place (their state stays), and peersUnknown then
+// changes nothing. fallback is the wait's end without this node's own Lease:
+// multicast until the peers are known. It reports whether it changed anything.
+func (v *vrrpSink) setPeers(ctx context.Context, peers []netip.Addr, mode peerMode, fallback bool) bool {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if mode == peersUnknown || (fallback && v.ready) {
+		return false
+	}
+	if mode == peersMulticast {
+		peers = nil
+	}
+	if v.ready && slices.Equal(peers, v.peers) {
+		return false
+	}
+	first := !v.ready
+	v.ready, v.peers = true, peers
+	v.log.Info("vrrp peers", zap.Bool("unicast", mode == peersUnicast), zap.Stringers("peers", peers))
+	if first {
+		if err := v.reconcileLocked(ctx); err != nil {
+			v.log.Error("start vrrp", zap.String("group", v.group), zap.Error(err))
+		}
+		return true
+	}
+	if v.ann == nil {
+		return true
+	}
+	for _, n := range v.names {
+		if err := v.ann.SetPeers(ctx, n, familyPeers(peers, strings.HasSuffix(n, "/v4"))); err != nil {
+			v.log.Warn("change the vrrp peers in place; restarting the announcer", zap.String("instance", n), zap.Error(err))
+			v.stopLocked()
+			v.key = ""
+			if err := v.reconcileLocked(ctx); err != nil {
+				v.log.Error("restart vrrp", zap.String("group", v.group), zap.Error(err))
+			}
+			break
+		}
+	}
+	return true
 }
 
 // setVIPsLocked gives the running announcer g's VIPs, when only they changed
@@ -250,6 +329,14 @@ func (v *vrrpSink) stopLocked() {
 	v.stopRun()
 	<-v.done
 	v.ann, v.stopRun, v.done, v.names = nil, nil, nil, nil
+}
+
+// vips returns the group's VIPs as the last snapshot has them: the addresses
+// the announcer sends no advert from.
+func (v *vrrpSink) vips() []netip.Addr {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return slices.Clone(v.want.VIPs)
 }
 
 // states reports each virtual router's state, for /readyz and logs.

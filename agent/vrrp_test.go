@@ -26,6 +26,17 @@ type fakeAnnouncer struct {
 	priorities map[string]uint8
 	vips       map[string][]netip.Addr // by SetVIPs
 	failVIPs   error                   // SetVIPs fails
+	peers      map[string][]netip.Addr // by SetPeers
+}
+
+func (f *fakeAnnouncer) SetPeers(_ context.Context, instance string, peers []netip.Addr) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peers == nil {
+		f.peers = map[string][]netip.Addr{}
+	}
+	f.peers[instance] = peers
+	return nil
 }
 
 func (f *fakeAnnouncer) SetVIPs(_ context.Context, instance string, vips []netip.Addr) error {

@@ -215,11 +215,14 @@ var controllerNeeds = append(slices.Clone(informerNeeds), []need{
 
 // agentNeeds is what an edge's agent calls: its read-only control plane's
 // informers (controlplane.Config.ReadOnly: no claims, no Events, no Lease
-// election, no status Lease informer) and its own status Lease.
+// election, no served-status informer), its own status Lease, and the others'
+// (read, for its VRRP peers).
 var agentNeeds = append(slices.Clone(informerNeeds), []need{
 	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease.go WriteLease"},
 	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease.go WriteLease"},
 	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "list", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
+	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
 }...)
 
 // informerNeeds are the control plane's informers, the agents' and the
@@ -263,7 +266,7 @@ var agentMustDeny = []grant{
 	{"tenant-a", "portico.io", "ingressclaims", "list", ""},
 	{"tenant-a", "portico.io", "ingressclaims", "delete", "x"},
 	{"tenant-a", "portico.io", "ingressclaims/status", "patch", "x"},
-	{namespace, "coordination.k8s.io", "leases", "list", ""},
+	{"tenant-a", "coordination.k8s.io", "leases", "list", ""},
 	{namespace, "coordination.k8s.io", "leases", "delete", "x"},
 }
 

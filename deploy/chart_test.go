@@ -72,7 +72,7 @@ var otherValues = []string{
 	"image.repository=registry.example/portico", "image.tag=sha256:" + strings.Repeat("ab", 32), "image.pullPolicy=Always",
 	"nodeSelector=null", "tolerations=null", "priorityClassName=", "resources.limits.memory=512Mi",
 	"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
-	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s",
+	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s", "vrrp.unicast=false",
 	"liveness.port=0", "apiServer=https://10.0.0.1:6443",
 }
 
@@ -94,7 +94,7 @@ func TestChartLint(t *testing.T) {
 			t.Logf("%s", out)
 		})
 	}
-	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100",
+	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
 		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true",
 		"hashSeed=12345678901", "hashSeed=0x10"} {
@@ -304,7 +304,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	shared := []string{"--group=edge-infra/public",
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--metrics-addr=:9101", "--liveness-port=0"}
 	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
-		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s",
+		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s", "--vrrp-unicast=false",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",
 		"--hash-seed-file=/etc/portico/hash-seed/seed")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {

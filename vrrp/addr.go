@@ -97,3 +97,31 @@ func primaryAddr(h *netlink.Handle, link netlink.Link, is4 bool, vips map[netip.
 	}
 	return netip.Addr{}, fmt.Errorf("interface %s has no ipv6 link-local address to send adverts from", link.Attrs().Name)
 }
+
+// SourceAddrs returns the addresses an announcer for vips on iface sends its
+// adverts from (as New picks them): the first IPv4 address that is not one of
+// vips, and the IPv6 link-local address, each when iface has one. Peers list
+// them as this node's (Peers, unicast mode).
+func SourceAddrs(iface string, vips []netip.Addr) ([]netip.Addr, error) {
+	link, err := netlink.LinkByName(iface)
+	if err != nil {
+		return nil, fmt.Errorf("find interface %s: %w", iface, err)
+	}
+	h, err := netlink.NewHandle()
+	if err != nil {
+		return nil, fmt.Errorf("netlink: %w", err)
+	}
+	defer h.Close()
+	skip := map[netip.Addr]bool{}
+	for _, v := range vips {
+		skip[v.Unmap()] = true
+	}
+	var out []netip.Addr
+	for _, is4 := range []bool{true, false} {
+		a, err := primaryAddr(h, link, is4, skip)
+		if err == nil {
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}

@@ -45,11 +45,11 @@ type instance struct {
 	vips    []netip.Addr // in configured order, as adverts carry them; the run goroutine's
 	// sorted is vips sorted, for the readers of adverts and claims (which
 	// compare with it while SetVIPs may change it).
-	sorted  atomic.Pointer[[]netip.Addr]
-	dsts    []netip.Addr // where adverts go: the group, or the peers but us; the run goroutine's
+	sorted atomic.Pointer[[]netip.Addr]
+	dsts   []netip.Addr // where adverts go: the group, or the peers but us; the run goroutine's
 	// peers are the unicast peers adverts are accepted from (none: any
 	// source), for the readers of adverts while SetPeers may change them.
-	peers atomic.Pointer[[]netip.Addr]
+	peers   atomic.Pointer[[]netip.Addr]
 	m       *Machine
 	log     *zap.Logger
 	events  chan any

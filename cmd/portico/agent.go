@@ -100,6 +100,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.UintVar(&degraded, "vrrp-degraded-priority", 10, "VRRP priority while unhealthy (XDP detached, maps stale, nginx down)")
 	fs.UintVar(&version, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
 	fs.DurationVar(&c.VRRPInterval, "vrrp-interval", 100*time.Millisecond, "VRRP advert interval")
+	fs.BoolVar(&c.VRRPUnicast, "vrrp-unicast", true, "send VRRP adverts to the group's other agents (their status Leases name them) and accept adverts from them alone; false: multicast, from any source (for keepalived peers on the segment)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
