@@ -90,6 +90,10 @@ type Config struct {
 	// ClaimImage is the image of the agent DaemonSets the leader provisions for
 	// IngressClaims; empty: deploy/agent.yaml's.
 	ClaimImage string
+	// ClaimIface and ClaimNodeSelector place those DaemonSets' agents
+	// (controlplane.Config): the operator's, never a claim's.
+	ClaimIface        string
+	ClaimNodeSelector map[string]string
 	// APIServer is the API server this agent was told to use instead of the
 	// in-cluster Service (--apiserver); the agents of the IngressClaims it provisions
 	// are told the same.
@@ -368,6 +372,7 @@ func controlplaneConfig(cfg Config, client kubernetes.Interface, dyn dynamic.Int
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
 		Namespace: cfg.Namespace, Pools: cfg.Pools, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
 		LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage, AgentAPIServer: cfg.APIServer,
+		ClaimIface: cfg.ClaimIface, ClaimNodeSelector: cfg.ClaimNodeSelector,
 	}
 }
 

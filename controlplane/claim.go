@@ -23,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/portico-edge/portico/controlplane/model"
@@ -65,16 +66,52 @@ type IngressClaimSpec struct {
 	ReclaimPolicy ReclaimPolicy                 `json:"reclaimPolicy,omitempty"`
 }
 
-// ReplicaTemplate places the group's agents.
+// ReplicaTemplate places the group's agents. Its agents are privileged
+// hostNetwork pods, so what they run as and where is the operator's: the
+// node selector narrows the operator's (--claim-node-selector, whose labels
+// win), and Interface and ServiceAccountName are kept for old claims but never
+// used: the operator's interface (--claim-iface) and the manifest's ServiceAccount
+// portico-agent run them (ReasonClaimTemplateOverridden when they differ).
 type ReplicaTemplate struct {
-	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
-	Replicas     int32             `json:"replicas,omitempty"`
-	// Interface is the agents' edge interface (default eth0).
-	Interface string `json:"interface,omitempty"`
-	// ServiceAccountName runs the agents (default portico-agent). It must exist in
-	// the claim's namespace with the agent's permissions (deploy/rbac.yaml): the
-	// controller does not create ServiceAccounts or bindings.
-	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+	NodeSelector       map[string]string `json:"nodeSelector,omitempty"`
+	Replicas           int32             `json:"replicas,omitempty"`
+	Interface          string            `json:"interface,omitempty"`
+	ServiceAccountName string            `json:"serviceAccountName,omitempty"`
+}
+
+// overridden lists what of the template the operator's settings (cfg) and
+// the manifest's ServiceAccount (sa) override: each field and why.
+func (t ReplicaTemplate) overridden(cfg Config, sa string) [][2]string {
+	var out [][2]string
+	if t.ServiceAccountName != "" && t.ServiceAccountName != sa {
+		out = append(out, [2]string{"spec.template.serviceAccountName",
+			fmt.Sprintf("the agents run as ServiceAccount %s, the operator's, not %s", sa, t.ServiceAccountName)})
+	}
+	if t.Interface != "" && cfg.ClaimIface != "" && t.Interface != cfg.ClaimIface {
+		out = append(out, [2]string{"spec.template.interface",
+			fmt.Sprintf("the agents use interface %s, the operator's, not %s", cfg.ClaimIface, t.Interface)})
+	}
+	for _, k := range slices.Sorted(maps.Keys(t.NodeSelector)) {
+		if v, ok := cfg.ClaimNodeSelector[k]; ok && v != t.NodeSelector[k] {
+			out = append(out, [2]string{"spec.template.nodeSelector",
+				fmt.Sprintf("node label %s is %q by the operator's selector, not %q", k, v, t.NodeSelector[k])})
+		}
+	}
+	return out
+}
+
+// claimNodeSelector is the nodes a claim's agents run on: the operator's
+// selector with the template's other labels added (the operator's win).
+func claimNodeSelector(t ReplicaTemplate, cfg Config) map[string]string {
+	if len(t.NodeSelector) == 0 && len(cfg.ClaimNodeSelector) == 0 {
+		return nil
+	}
+	out := maps.Clone(t.NodeSelector)
+	if out == nil {
+		out = map[string]string{}
+	}
+	maps.Copy(out, cfg.ClaimNodeSelector)
+	return out
 }
 
 // IngressClaimStatus is what the leader reports back.
@@ -150,7 +187,8 @@ func claimService(c *IngressClaim) *corev1.Service {
 // claimDaemonSet is the agent DaemonSet of a claim's group: deploy/agent.yaml's
 // (deploy.AgentDaemonSet, so the same pod, tolerations, priority class, grace period
 // and update strategy) with only what a claim changes: its name, namespace, labels,
-// selector and owner; the template's nodes, interface and ServiceAccount; the group;
+// selector and owner; its nodes (the operator's selector, narrowed by the
+// template's) and the operator's interface; the group;
 // the Lease namespace leaseNS; the image and API server address, unless empty; and
 // the VIP pools, the provisioning leader's own, so an agent of the claim that becomes
 // leader allocates as it did.
@@ -171,10 +209,7 @@ func claimDaemonSet(c *IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
 		OwnerReferences: []metav1.OwnerReference{c.ownerRef()}}
 	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
 	ds.Spec.Template.Labels = maps.Clone(labels)
-	pod.NodeSelector = c.Spec.Template.NodeSelector
-	if sa := c.Spec.Template.ServiceAccountName; sa != "" {
-		pod.ServiceAccountName = sa
-	}
+	pod.NodeSelector = claimNodeSelector(c.Spec.Template, cfg)
 	if image != "" {
 		agent.Image = image
 		// Its agents provision claims with the same image when they lead.
@@ -184,9 +219,12 @@ func claimDaemonSet(c *IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
 		agent.Args = setFlag(agent.Args, "apiserver", apiServer)
 	}
 	agent.Args = setFlag(agent.Args, "group", c.Namespace+"/"+c.Name)
-	if iface := c.Spec.Template.Interface; iface != "" {
-		agent.Args = setFlag(agent.Args, "iface", iface)
+	if cfg.ClaimIface != "" {
+		agent.Args = setFlag(agent.Args, "iface", cfg.ClaimIface)
 	}
+	// Its agents may lead too, and place the claims they provision alike.
+	agent.Args = setFlag(agent.Args, "claim-iface", cfg.ClaimIface)
+	agent.Args = setFlag(agent.Args, "claim-node-selector", FormatNodeSelector(cfg.ClaimNodeSelector))
 	agent.Args = setFlag(agent.Args, "pod-namespace", leaseNS)
 	var ps []string
 	for _, p := range pools {
@@ -300,6 +338,11 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	}
 	group := claim.Namespace + "/" + claim.Name
 	status := IngressClaimStatus{Group: group}
+	if ds, err := deploy.AgentDaemonSet(); err == nil {
+		for _, o := range claim.Spec.Template.overridden(c.cfg, ds.Spec.Template.Spec.ServiceAccountName) {
+			warn(o[0], model.ReasonClaimTemplateOverridden, o[1])
+		}
+	}
 
 	// Which listed Ingresses exist, and which are bound here.
 	var existing []string
@@ -482,4 +525,36 @@ func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, 
 		return fmt.Errorf("write claim status: %w", err)
 	}
 	return nil
+}
+
+// ParseNodeSelector reads "key=value,key=value" (--claim-node-selector); ""
+// is none.
+func ParseNodeSelector(s string) (map[string]string, error) {
+	if s == "" {
+		return nil, nil
+	}
+	out := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("node selector %q: want key=value, not %q", s, kv)
+		}
+		if errs := validation.IsQualifiedName(k); len(errs) > 0 {
+			return nil, fmt.Errorf("node selector label %q: %s", k, strings.Join(errs, "; "))
+		}
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			return nil, fmt.Errorf("node selector value %q of %s: %s", v, k, strings.Join(errs, "; "))
+		}
+		out[k] = v
+	}
+	return out, nil
+}
+
+// FormatNodeSelector writes a selector as ParseNodeSelector reads it, sorted.
+func FormatNodeSelector(sel map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(sel)) {
+		parts = append(parts, k+"="+sel[k])
+	}
+	return strings.Join(parts, ",")
 }

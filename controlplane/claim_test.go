@@ -25,8 +25,9 @@ func agentFlags(args []string) map[string]string {
 // TestClaimDaemonSetDerivesFromAgentManifest: a claim's DaemonSet is the one of
 // deploy/agent.yaml (update strategy, tolerations, priority, grace period, the whole
 // pod) with only what a claim changes: its name, namespace, labels, selector and
-// owner, the template's node selector, interface and ServiceAccount, the group, the
-// Lease namespace, the image and API server (when given) and the leader's pools.
+// owner, its nodes (the operator's selector narrowed by the template's) and the
+// operator's interface (never the template's, nor its ServiceAccount), the group,
+// the Lease namespace, the image and API server (when given) and the leader's pools.
 func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 	pool4, err := ParsePool("203.0.113.0/28!203.0.113.1")
 	if err != nil {
@@ -44,34 +45,41 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		reserved map[model.Port]string
 		image    string // "": the manifest's
 		api      string // the leader's --apiserver ("": none)
-		// sa and flags are what the claim changes in the manifest's pod.
-		sa    string
-		flags map[string]string
+		iface    string // the operator's --claim-iface
+		nodes    map[string]string
+		// selector and flags are what the claim changes in the manifest's pod.
+		selector map[string]string
+		flags    map[string]string
 	}{
 		{
-			name:     "template and pools",
-			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true"}, Interface: "bond0", ServiceAccountName: "shop-agent"},
+			name: "template, operator's placement and pools",
+			// The template asks for another interface, ServiceAccount and
+			// edge label: the operator's are used; its zone narrows.
+			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "false", "zone": "a"}, Interface: "bond0", ServiceAccountName: "shop-admin"},
 			pools:    []Pool{pool4, pool6},
 			groupNS:  []string{"portico-system", "shop"},
 			reserved: map[model.Port]string{{Protocol: model.UDP, Port: 53}: "dns", {Protocol: model.TCP, Port: 10247}: "liveness"},
 			image:    "example/portico:test",
 			api:      "https://10.251.0.1:6443",
-			sa:       "shop-agent",
-			flags: map[string]string{"group": "shop/edge", "iface": "bond0", "pod-namespace": "portico-system", "apiserver": "https://10.251.0.1:6443",
+			iface:    "bond1",
+			nodes:    map[string]string{"portico.io/edge": "true"},
+			selector: map[string]string{"portico.io/edge": "true", "zone": "a"},
+			flags: map[string]string{"group": "shop/edge", "iface": "bond1", "pod-namespace": "portico-system", "apiserver": "https://10.251.0.1:6443",
 				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120", "claim-image": "example/portico:test",
-				"group-namespaces": "portico-system,shop", "reserved-ports": "10247/tcp,53/udp"},
+				"group-namespaces": "portico-system,shop", "reserved-ports": "10247/tcp,53/udp",
+				"claim-iface": "bond1", "claim-node-selector": "portico.io/edge=true"},
 		},
 		{
 			name: "manifest defaults, no pools",
 			flags: map[string]string{"group": "shop/edge", "pod-namespace": "portico-system",
-				"vip-pool": ""}, // "" = removed
+				"vip-pool": "", "claim-iface": "", "claim-node-selector": ""}, // "" = removed
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			claim := &IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
 				Spec: IngressClaimSpec{Template: tc.template}}
 			got, err := claimDaemonSet(claim, Config{AgentImage: tc.image, AgentAPIServer: tc.api, LeaseNamespace: "portico-system", Pools: tc.pools,
-				GroupNamespaces: tc.groupNS, ReservedPorts: tc.reserved})
+				GroupNamespaces: tc.groupNS, ReservedPorts: tc.reserved, ClaimIface: tc.iface, ClaimNodeSelector: tc.nodes})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -85,10 +93,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			want.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
 			want.Spec.Template.Labels = labels
 			pod := &want.Spec.Template.Spec
-			pod.NodeSelector = tc.template.NodeSelector
-			if tc.sa != "" {
-				pod.ServiceAccountName = tc.sa
-			}
+			pod.NodeSelector = tc.selector
 			agent := &pod.Containers[0]
 			if tc.image != "" {
 				agent.Image = tc.image
@@ -118,5 +123,43 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 				t.Errorf("no tolerations, priority class, grace period or rolling update: %+v", got.Spec)
 			}
 		})
+	}
+}
+
+// TestClaimTemplateOverridden: what a claim's template asks of the operator's
+// placement is reported, field by field; what agrees, or only narrows, is not.
+func TestClaimTemplateOverridden(t *testing.T) {
+	cfg := Config{ClaimIface: "bond1", ClaimNodeSelector: map[string]string{"portico.io/edge": "true"}}
+	got := ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "false", "zone": "a"}, Interface: "bond0",
+		ServiceAccountName: "shop-admin"}.overridden(cfg, "portico-agent")
+	var fields []string
+	for _, o := range got {
+		fields = append(fields, o[0])
+	}
+	want := []string{"spec.template.serviceAccountName", "spec.template.interface", "spec.template.nodeSelector"}
+	if d := cmp.Diff(want, fields); d != "" {
+		t.Errorf("overridden fields (-want +got):\n%s\n%v", d, got)
+	}
+	if got := (ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true", "zone": "a"}, Interface: "bond1",
+		ServiceAccountName: "portico-agent"}).overridden(cfg, "portico-agent"); len(got) != 0 {
+		t.Errorf("a template that agrees or narrows: %v", got)
+	}
+}
+
+func TestParseNodeSelector(t *testing.T) {
+	got, err := ParseNodeSelector("portico.io/edge=true,zone=a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(map[string]string{"portico.io/edge": "true", "zone": "a"}, got); d != "" {
+		t.Errorf("(-want +got):\n%s", d)
+	}
+	if s := FormatNodeSelector(got); s != "portico.io/edge=true,zone=a" {
+		t.Errorf("formatted %q", s)
+	}
+	for _, bad := range []string{"zone", "=a", "zone=a b", "bad key=x"} {
+		if _, err := ParseNodeSelector(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }

@@ -75,6 +75,12 @@ type Config struct {
 	// AgentAPIServer is the API server address those DaemonSets' agents are given
 	// (--apiserver), the provisioning agent's own; empty: the in-cluster Service.
 	AgentAPIServer string
+	// ClaimIface and ClaimNodeSelector place those DaemonSets' agents: the
+	// edge interface ("": the manifest's) and the nodes, which a claim's own
+	// selector may narrow but never widen (the operator's labels win). The
+	// operator's alone: a claim's agents are privileged hostNetwork pods.
+	ClaimIface        string
+	ClaimNodeSelector map[string]string
 
 	// Identity names this instance in the leader Lease (default: a random name).
 	Identity string

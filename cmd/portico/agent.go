@@ -59,6 +59,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		priority, degraded, version     uint
 		bgpConfig, nextHop6             string
 		tunnel, reserved, groupNS       string
+		claimSel                        string
 		nodeIP                          string
 		err                             error
 	)
@@ -104,6 +105,8 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
+	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims (a claim's own is not used); empty: -iface")
+	fs.StringVar(&claimSel, "claim-node-selector", "", "nodes the agents the leader provisions for IngressClaims run on, key=value separated by ','; a claim's own selector may narrow it, never widen it")
 	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
 	fs.BoolVar(&c.ReadOnly, "read-only", false, "only read the cluster: the controller Deployment (portico controller) makes the cluster-wide writes (allocations, statuses, Events, IngressClaims); without it this agent takes part in leader election and writes as leader")
 	if err := fs.Parse(args); err != nil {
@@ -142,6 +145,12 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 			return c, fmt.Errorf("-vip-pool %q: %w", p, err)
 		}
 		c.Pools = append(c.Pools, pool)
+	}
+	if c.ClaimIface == "" {
+		c.ClaimIface = c.Iface
+	}
+	if c.ClaimNodeSelector, err = controlplane.ParseNodeSelector(claimSel); err != nil {
+		return c, fmt.Errorf("-claim-node-selector: %w", err)
 	}
 	for _, ns := range strings.Split(groupNS, ",") {
 		if ns = strings.TrimSpace(ns); ns != "" {

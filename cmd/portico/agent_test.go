@@ -43,7 +43,7 @@ func TestParseAgentFlags(t *testing.T) {
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
-					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp"}
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0"}
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}

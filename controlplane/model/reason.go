@@ -31,8 +31,12 @@ const (
 	ReasonHostTaken              Reason = "HostTaken"
 	ReasonGroupNotAllowed        Reason = "GroupNotAllowed"
 	ReasonClaimNotAllowed        Reason = "ClaimNotAllowed"
-	ReasonVIPNotInPool           Reason = "VIPNotInPool"
-	ReasonInvalidPool            Reason = "InvalidPool"
+	// ReasonClaimTemplateOverridden: a claim's template asks for an agent
+	// setting the operator decides (ServiceAccount, interface, a node label
+	// the operator's selector sets otherwise); the operator's is used.
+	ReasonClaimTemplateOverridden Reason = "ClaimTemplateOverridden"
+	ReasonVIPNotInPool            Reason = "VIPNotInPool"
+	ReasonInvalidPool             Reason = "InvalidPool"
 )
 
 // Reasons of both: a path nginx cannot match as written, and two sources asking for

@@ -29,6 +29,13 @@ namespaces), so the controller's statuses and refusals are what the edges serve.
 # The image of the agent DaemonSets the controller provisions for IngressClaims:
 # this one.
 - --claim-image={{ include "portico.image" . }}
+# Where those DaemonSets' agents run, and on which NIC: the operator's, never what
+# a claim asks (its agents are privileged hostNetwork pods; a claim's node selector
+# may narrow values.yaml claims.nodeSelector).
+- --claim-iface={{ .Values.claims.iface | default .Values.iface }}
+{{- with .Values.claims.nodeSelector }}
+- --claim-node-selector={{ $parts := list }}{{ range $k, $v := . }}{{ $parts = append $parts (printf "%s=%s" $k $v) }}{{ end }}{{ join "," $parts }}
+{{- end }}
 # Prometheus /metrics and the /healthz, /readyz probes below (the agents' port is
 # reserved: no L4 Service may take it).
 - --metrics-addr=:9101
