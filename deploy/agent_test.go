@@ -33,3 +33,47 @@ func TestAgentDaemonSet(t *testing.T) {
 		t.Errorf("a change to one copy reached the next (-installed +second copy):\n%s", d)
 	}
 }
+
+// TestAgentTokenRootOnly: the agents' API token is not automounted (0644, which
+// nginx's unprivileged workers in the same container could read) but mounted
+// where client-go looks for it, root's alone; IngressClaim agents get the same pod.
+func TestAgentTokenRootOnly(t *testing.T) {
+	ds, err := deploy.AgentDaemonSet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := ds.Spec.Template.Spec
+	if a := pod.AutomountServiceAccountToken; a == nil || *a {
+		t.Errorf("automountServiceAccountToken %v, want false", a)
+	}
+	var mode int32 = -1
+	sources := map[string]bool{}
+	for _, v := range pod.Volumes {
+		if v.Name != "kube-api-access" || v.Projected == nil {
+			continue
+		}
+		if v.Projected.DefaultMode != nil {
+			mode = *v.Projected.DefaultMode
+		}
+		for _, s := range v.Projected.Sources {
+			switch {
+			case s.ServiceAccountToken != nil && s.ServiceAccountToken.Path == "token":
+				sources["token"] = true
+			case s.ConfigMap != nil && s.ConfigMap.Name == "kube-root-ca.crt":
+				sources["ca.crt"] = true
+			case s.DownwardAPI != nil:
+				sources["namespace"] = true
+			}
+		}
+	}
+	if mode != 0o400 || len(sources) != 3 {
+		t.Errorf("kube-api-access: mode %#o, sources %v; want 0400 with token, ca.crt and namespace", mode, sources)
+	}
+	mounted := false
+	for _, m := range pod.Containers[0].VolumeMounts {
+		mounted = mounted || (m.Name == "kube-api-access" && m.MountPath == "/var/run/secrets/kubernetes.io/serviceaccount" && m.ReadOnly)
+	}
+	if !mounted {
+		t.Errorf("kube-api-access is not mounted read-only where client-go reads the token: %+v", pod.Containers[0].VolumeMounts)
+	}
+}

@@ -106,6 +106,7 @@ func TestPortico(t *testing.T) {
 	waitServed(t, p, "web.example", "/", p.Edges)
 	t.Run("Routing", func(t *testing.T) { testRouting(t, ctx, p, certs, p.Edges) })
 	t.Run("TenantAttacks", func(t *testing.T) { testTenant(t, ctx, p) })
+	t.Run("AgentTokenRootOnly", func(t *testing.T) { testAgentTokenRootOnly(t, ctx, p) })
 	t.Run("Drain", func(t *testing.T) { testDrain(t, ctx, p, drained) })
 	t.Run("IngressClaim", func(t *testing.T) { testIngressClaim(t, ctx, p, worker) })
 	t.Run("RollingUpdateWithDrain", func(t *testing.T) { testRollingUpdate(t, ctx, p, drained) })

@@ -131,3 +131,43 @@ func testTenant(t *testing.T, ctx context.Context, p *Portico) {
 		t.Errorf("%d of the other teams' new connections failed while a tenant attacked, want 0", f.Failed)
 	}
 }
+
+// tokenCheck prints the agent's API token's mode and owner, then the user id of
+// every nginx worker in the agent's container (its own PID namespace).
+const tokenCheck = `stat -L -c '%a %u' /var/run/secrets/kubernetes.io/serviceaccount/token
+for d in /proc/[0-9]*; do
+  if grep -qa 'nginx: worker' "$d/cmdline" 2>/dev/null; then sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/worker \1/p' "$d/status"; fi
+done`
+
+// testAgentTokenRootOnly (issue 24, least privilege): on every edge, the agent's
+// API token is its (root's) alone, and nginx's workers, in the same container,
+// run as another user, so a worker taken over cannot read it.
+func testAgentTokenRootOnly(t *testing.T, ctx context.Context, p *Portico) {
+	agents, err := p.Agents(ctx, "portico-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(agents) == 0 {
+		t.Fatal("no agent pods")
+	}
+	for node, pod := range agents {
+		out, err := p.C.Kubectl(ctx, nil, "-n", PorticoNamespace, "exec", pod, "-c", "agent", "--", "sh", "-c", tokenCheck)
+		if err != nil {
+			t.Errorf("%s (%s): %v: %s", pod, node, err, out)
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		workers := 0
+		for _, l := range lines[1:] {
+			if uid, ok := strings.CutPrefix(l, "worker "); ok {
+				workers++
+				if uid == "0" {
+					t.Errorf("%s (%s): an nginx worker runs as root", pod, node)
+				}
+			}
+		}
+		if lines[0] != "400 0" || workers == 0 {
+			t.Errorf("%s (%s): token mode and owner %q, %d nginx workers; want \"400 0\" and workers as another user:\n%s", pod, node, lines[0], workers, out)
+		}
+	}
+}
