@@ -1,7 +1,11 @@
 package controlplane
 
 import (
+	"maps"
+
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // metrics are the control plane's Prometheus series (namespace portico, subsystem
@@ -46,4 +50,49 @@ func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics,
 		}
 	}
 	return m, nil
+}
+
+// observePools sets the pools' usage from the snapshot the sinks serve.
+func (c *Controller) observePools(pools Pools, snap model.Snapshot) {
+	c.metrics.poolAddrs.Reset()
+	// A pool's size takes up to 4,096 steps a prefix to count: once per pool,
+	// not on every sync (an endpoint change is one). Only the build worker
+	// runs this.
+	if c.poolSizes == nil {
+		c.poolSizes = map[string]float64{}
+	}
+	seen := map[string]bool{}
+	size := func(p Pool) float64 {
+		k := p.String()
+		seen[k] = true
+		n, ok := c.poolSizes[k]
+		if !ok {
+			n = p.size()
+			c.poolSizes[k] = n
+		}
+		return n
+	}
+	usage := poolUsage(pools, snap, size)
+	maps.DeleteFunc(c.poolSizes, func(k string, _ float64) bool { return !seen[k] })
+	for k, v := range usage {
+		c.metrics.poolAddrs.WithLabelValues(k[0], k[1], "used").Set(v[0])
+		c.metrics.poolAddrs.WithLabelValues(k[0], k[1], "free").Set(v[1])
+	}
+}
+
+// observe sets the counts of cached objects and of the problems.
+func (c *Controller) observe(st State, problems []model.Problem) {
+	for kind, n := range map[string]int{
+		"IngressClass": len(st.IngressClasses), "Ingress": len(st.Ingresses), "Service": len(st.Services),
+		"EndpointSlice": len(st.EndpointSlices), "Secret": len(st.Secrets), "Pod": len(st.Pods), "Node": len(st.Nodes),
+	} {
+		c.metrics.objects.WithLabelValues(kind).Set(float64(n))
+	}
+	if c.claimInformer != nil {
+		c.metrics.objects.WithLabelValues("IngressClaim").Set(float64(len(c.claimInformer.GetStore().List())))
+	}
+	c.metrics.problems.Reset()
+	for _, p := range problems {
+		c.metrics.problems.WithLabelValues(string(p.Reason)).Inc()
+	}
 }
