@@ -1,0 +1,95 @@
+package bgp
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/osrg/gobgp/v4/api"
+	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
+	"github.com/osrg/gobgp/v4/pkg/server"
+)
+
+// Status is the speaker's state, for `portico status`.
+type Status struct {
+	Peers     []PeerStatus   `json:"peers"`
+	Announced []Announcement `json:"announced"`
+}
+
+// PeerStatus is one peer's session.
+type PeerStatus struct {
+	Addr  netip.Addr `json:"addr"`
+	ASN   uint32     `json:"asn"`
+	State string     `json:"state"` // idle, connect, active, opensent, openconfirm, established
+	// EstablishedAt and UptimeSeconds are set while established.
+	EstablishedAt time.Time `json:"established_at,omitzero"`
+	UptimeSeconds float64   `json:"uptime_seconds,omitempty"`
+	// BFD is up, down, init or admin-down; empty without BFD.
+	BFD string `json:"bfd,omitempty"`
+	// Received and Accepted count the peer's paths, over all families.
+	Received uint64 `json:"received"`
+	Accepted uint64 `json:"accepted"`
+}
+
+// Status reports the sessions and the announced prefixes.
+func (s *Speaker) Status() Status {
+	var st Status
+	s.mu.Lock()
+	st.Announced = s.announcements()
+	var srv *server.BgpServer
+	if s.state == running {
+		srv = s.srv
+	}
+	s.mu.Unlock()
+
+	byAddr := map[netip.Addr]*api.Peer{}
+	if srv != nil {
+		// Ends with an error, not a wait, if Run has stopped the server since.
+		_ = srv.ListPeer(context.Background(), &api.ListPeerRequest{}, func(p *api.Peer) {
+			if a, err := netip.ParseAddr(p.GetConf().GetNeighborAddress()); err == nil {
+				byAddr[a.Unmap()] = p
+			}
+		})
+	}
+	now := time.Now()
+	for _, c := range s.cfg.Peers {
+		ps := PeerStatus{Addr: c.Addr, ASN: c.ASN, State: sessionIdle}
+		if p := byAddr[c.Addr]; p != nil {
+			var fsm bgp.FSMState
+			switch p.GetState().GetSessionState() {
+			case api.PeerState_SESSION_STATE_CONNECT:
+				fsm = bgp.BGP_FSM_CONNECT
+			case api.PeerState_SESSION_STATE_ACTIVE:
+				fsm = bgp.BGP_FSM_ACTIVE
+			case api.PeerState_SESSION_STATE_OPENSENT:
+				fsm = bgp.BGP_FSM_OPENSENT
+			case api.PeerState_SESSION_STATE_OPENCONFIRM:
+				fsm = bgp.BGP_FSM_OPENCONFIRM
+			case api.PeerState_SESSION_STATE_ESTABLISHED:
+				fsm = bgp.BGP_FSM_ESTABLISHED
+			}
+			ps.State = sessionName(fsm)
+			if up := p.GetTimers().GetState().GetUptime(); ps.State == sessionEstablished && up != nil && up.IsValid() {
+				ps.EstablishedAt = up.AsTime()
+				ps.UptimeSeconds = now.Sub(ps.EstablishedAt).Round(time.Second).Seconds()
+			}
+			if c.BFD != nil {
+				ps.BFD = "down" // until bfdStartDelay after the session is up
+				s.peerMu.Lock()
+				on := s.peers[c.Addr].bfdOn
+				s.peerMu.Unlock()
+				if on {
+					ps.BFD = bfdName(p.GetState().GetBfdState().GetSessionState())
+				}
+			}
+			for _, af := range p.GetAfiSafis() {
+				ps.Received += af.GetState().GetReceived()
+				ps.Accepted += af.GetState().GetAccepted()
+			}
+		} else if c.BFD != nil {
+			ps.BFD = "down"
+		}
+		st.Peers = append(st.Peers, ps)
+	}
+	return st
+}
