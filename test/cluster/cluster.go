@@ -21,19 +21,14 @@ package cluster
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -51,51 +46,6 @@ import (
 // KubeVersion is the version of kubelet, kube-controller-manager and kube-scheduler
 // that build.sh builds (kube/go.mod); the API server's is kapi.KubeVersion.
 const KubeVersion = "v1.36.3"
-
-// The lab's addresses. They live only inside the run's own namespaces, so parallel
-// runs do not collide.
-var (
-	// APIAddr is the API server's address: the bridge's, in the switch namespace.
-	APIAddr = netip.MustParseAddr("10.251.0.1")
-	// ClientAddr is the client namespace's address on the bridge.
-	ClientAddr = netip.MustParseAddr("10.251.0.100")
-	// ClientAddr6 is the client's IPv6 address on the bridge (Prefix6).
-	ClientAddr6 = netip.MustParseAddr("fd00:251::100")
-	// Prefix6 is the bridge's IPv6 subnet: the client and every node have an
-	// address on it, so IPv6 VIPs of the segment are reached on-link.
-	Prefix6 = netip.MustParsePrefix("fd00:251::/64")
-	// ServiceCIDR is the Service cluster-IP range (no kube-proxy runs: cluster IPs
-	// are names, not reachable addresses).
-	ServiceCIDR = netip.MustParsePrefix("10.0.0.0/24")
-)
-
-const (
-	bridgeBits = 24
-	apiPort    = 6443
-)
-
-// NodeAddr is the address of node i (1-based) on the bridge: 10.251.0.(10+i).
-func NodeAddr(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 251, 0, byte(10 + i)}) }
-
-// NodeAddr6 is node i's IPv6 address on the bridge: fd00:251::(10+i).
-func NodeAddr6(i int) netip.Addr {
-	a := Prefix6.Addr().As16()
-	a[15] = byte(10 + i)
-	return netip.AddrFrom16(a)
-}
-
-// addAddr6 gives a namespace's eth0 an IPv6 address of Prefix6 (no DAD: the lab
-// knows its addresses unique, and a tentative address would delay the first
-// connections).
-func addAddr6(ns string, a netip.Addr) error {
-	return netlab.IP("-n", ns, "addr", "add", netip.PrefixFrom(a, Prefix6.Bits()).String(), "dev", "eth0", "nodad")
-}
-
-// PodCIDR is the range node i (1-based) gives its pods (bridge CNI, host-local IPAM):
-// 10.252.i.0/24. Every namespace of the lab routes it to the node.
-func PodCIDR(i int) netip.Prefix {
-	return netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 252, byte(i), 0}), 24)
-}
 
 // BinDir is where build.sh caches kubelet, kube-controller-manager and kube-scheduler:
 // $PORTICO_CLUSTER_DIR if set, else
@@ -200,22 +150,8 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := Available(); err != nil {
 		return nil, err
 	}
-	if opts.Nodes == 0 {
-		opts.Nodes = 1
-	}
-	if opts.Nodes < 0 || opts.Nodes > 200 {
-		return nil, fmt.Errorf("%d nodes: want 1-200", opts.Nodes)
-	}
-	if opts.NodeMonitorGracePeriod == 0 {
-		opts.NodeMonitorGracePeriod = 16 * time.Second
-	}
-	if opts.ReadyTimeout == 0 {
-		opts.ReadyTimeout = 3 * time.Minute
-	}
-	for _, img := range opts.Images {
-		if _, err := os.Stat(img); err != nil {
-			return nil, fmt.Errorf("image archive: %w", err)
-		}
+	if opts, err = opts.withDefaults(); err != nil {
+		return nil, err
 	}
 	c = &Cluster{opts: opts, tokens: map[string]string{}}
 	defer func() {
@@ -224,27 +160,10 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			_ = c.Close()
 		}
 	}()
-	if c.Dir, err = os.MkdirTemp("", "portico-cluster-"); err != nil {
-		return c, fmt.Errorf("create the run's folder: %w", err)
-	}
-	if c.Net, err = netlab.New("pc"); err != nil {
-		return c, fmt.Errorf("create the bridge: %w", err)
-	}
-	c.Prefix = c.Net.Prefix
-	if err := netlab.IP("-n", c.Net.Switch, "addr", "add", netip.PrefixFrom(APIAddr, bridgeBits).String(), "dev", "br0"); err != nil {
+	if err := c.makeBridge(); err != nil {
 		return c, err
 	}
-
-	images := make(chan error, 1)
-	go func() {
-		dir := filepath.Join(c.Dir, "images")
-		err := os.MkdirAll(dir, 0o755)
-		if err == nil {
-			c.Images, err = BuildImages(dir)
-			c.Images = append(c.Images, opts.Images...)
-		}
-		images <- err
-	}()
+	images := c.buildImages()
 	if err := c.startControlPlane(ctx); err != nil {
 		<-images
 		return c, err
@@ -253,11 +172,82 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	if err := <-images; err != nil {
 		return c, err
 	}
+	if err := c.addNodes(); err != nil {
+		return c, err
+	}
+	if err := c.addClient(); err != nil {
+		return c, err
+	}
+	if err := c.routePods(); err != nil {
+		return c, err
+	}
+	if err := c.startNodes(ctx); err != nil {
+		return c, err
+	}
+	if err := c.waitNodesReady(ctx, t0.Add(opts.ReadyTimeout)); err != nil {
+		return c, err
+	}
+	c.Timings.NodesReady = time.Since(t0)
+	return c, nil
+}
 
-	for i := 1; i <= opts.Nodes; i++ {
+// withDefaults checks o and fills in its defaults.
+func (o Options) withDefaults() (Options, error) {
+	if o.Nodes == 0 {
+		o.Nodes = 1
+	}
+	if o.Nodes < 0 || o.Nodes > 200 {
+		return o, fmt.Errorf("%d nodes: want 1-200", o.Nodes)
+	}
+	if o.NodeMonitorGracePeriod == 0 {
+		o.NodeMonitorGracePeriod = 16 * time.Second
+	}
+	if o.ReadyTimeout == 0 {
+		o.ReadyTimeout = 3 * time.Minute
+	}
+	for _, img := range o.Images {
+		if _, err := os.Stat(img); err != nil {
+			return o, fmt.Errorf("image archive: %w", err)
+		}
+	}
+	return o, nil
+}
+
+// makeBridge makes the run's folder and its namespaces: the switch with the
+// bridge, which holds APIAddr.
+func (c *Cluster) makeBridge() (err error) {
+	if c.Dir, err = os.MkdirTemp("", "portico-cluster-"); err != nil {
+		return fmt.Errorf("create the run's folder: %w", err)
+	}
+	if c.Net, err = netlab.New("pc"); err != nil {
+		return fmt.Errorf("create the bridge: %w", err)
+	}
+	c.Prefix = c.Net.Prefix
+	return netlab.IP("-n", c.Net.Switch, "addr", "add", netip.PrefixFrom(APIAddr, bridgeBits).String(), "dev", "br0")
+}
+
+// buildImages builds the lab's images (c.Images, with Options.Images) while the
+// control plane starts; the channel gets the result.
+func (c *Cluster) buildImages() <-chan error {
+	images := make(chan error, 1)
+	go func() {
+		dir := filepath.Join(c.Dir, "images")
+		err := os.MkdirAll(dir, 0o755)
+		if err == nil {
+			c.Images, err = BuildImages(dir)
+			c.Images = append(c.Images, c.opts.Images...)
+		}
+		images <- err
+	}()
+	return images
+}
+
+// addNodes makes the nodes' namespaces on the bridge.
+func (c *Cluster) addNodes() error {
+	for i := 1; i <= c.opts.Nodes; i++ {
 		n, err := c.addNode(i)
 		if err != nil {
-			return c, err
+			return err
 		}
 		c.Nodes = append(c.Nodes, n)
 		// An edge node's XDP_TX frames leave its veth only if the peer runs XDP too.
@@ -268,18 +258,23 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			}
 			return err
 		}); err != nil {
-			return c, fmt.Errorf("node %s: %w", n.Name, err)
+			return fmt.Errorf("node %s: %w", n.Name, err)
 		}
 	}
+	return nil
+}
+
+// addClient makes the client's namespace on the bridge, outside the cluster.
+func (c *Cluster) addClient() (err error) {
 	if c.Client, err = c.Net.AddNode("cl", netip.PrefixFrom(ClientAddr, bridgeBits), mac(0xfe)); err != nil {
-		return c, fmt.Errorf("add the client namespace: %w", err)
+		return fmt.Errorf("add the client namespace: %w", err)
 	}
-	if err := addAddr6(c.Client.NS, ClientAddr6); err != nil {
-		return c, err
-	}
-	if err := c.routePods(); err != nil {
-		return c, err
-	}
+	return addAddr6(c.Client.NS, ClientAddr6)
+}
+
+// startNodes starts every node's containerd and kubelet, all at once.
+func (c *Cluster) startNodes(ctx context.Context) error {
+	var err error
 	errs := make(chan error, len(c.Nodes))
 	for _, n := range c.Nodes {
 		go func() { errs <- c.startNode(ctx, n) }()
@@ -289,37 +284,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 			err = errors.Join(err, e)
 		}
 	}
-	if err != nil {
-		return c, err
-	}
-	if err := c.waitNodesReady(ctx, t0.Add(opts.ReadyTimeout)); err != nil {
-		return c, err
-	}
-	c.Timings.NodesReady = time.Since(t0)
-	return c, nil
-}
-
-// mac returns the lab's MAC address number b (locally administered).
-func mac(b byte) net.HardwareAddr { return net.HardwareAddr{0x02, 0x70, 0x63, 0, 0, b} }
-
-// routePods routes each node's pod range to the node, in the switch, the client and
-// the other nodes, so pods are reachable from every namespace of the lab.
-func (c *Cluster) routePods() error {
-	for _, n := range c.Nodes {
-		via := n.IP.String()
-		nss := []string{c.Net.Switch, c.Client.NS}
-		for _, m := range c.Nodes {
-			if m != n {
-				nss = append(nss, m.Net.NS)
-			}
-		}
-		for _, ns := range nss {
-			if err := netlab.IP("-n", ns, "route", "add", n.PodCIDR.String(), "via", via); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
+	return err
 }
 
 // waitNodesReady polls until every node reports Ready.
@@ -372,24 +337,6 @@ func NodeReady(n *corev1.Node) bool {
 		}
 	}
 	return false
-}
-
-// dialer dials from inside ns: the lab's addresses exist only there.
-func dialer(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		var conn net.Conn
-		err := netlab.Do(ns, func() (err error) {
-			conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-			return err
-		})
-		return conn, err
-	}
-}
-
-// HTTPClient returns an HTTP client whose connections start in namespace ns (e.g.
-// c.Client.NS): the only way to reach the lab's addresses from this process.
-func HTTPClient(ns string, timeout time.Duration) *http.Client {
-	return &http.Client{Timeout: timeout, Transport: &http.Transport{DialContext: dialer(ns), DisableKeepAlives: true}}
 }
 
 // Close tears the cluster down: each node's kubelet, containerd, shims and containers
@@ -457,79 +404,4 @@ func (c *Cluster) tails() string {
 		fmt.Fprintf(&b, "--- %s (tail)\n%s\n", rel, strings.Join(lines, "\n"))
 	}
 	return b.String()
-}
-
-// randomHex returns n random bytes in hex.
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
-// proc is one process the lab started, ended by PID.
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-// spawn starts argv with its output in logPath. The child is killed if this process
-// dies first (Pdeathsig), so a crashed test leaves no server behind.
-func spawn(name, logPath string, argv ...string) (*proc, error) {
-	log, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("create %s log: %w", name, err)
-	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.Stdout, cmd.Stderr = log, log
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		log.Close()
-		return nil, fmt.Errorf("start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		log.Close()
-		close(p.done)
-	}()
-	return p, nil
-}
-
-func (p *proc) pid() int { return p.cmd.Process.Pid }
-
-func (p *proc) alive() bool {
-	select {
-	case <-p.done:
-		return false
-	default:
-		return true
-	}
-}
-
-// kill ends the process with SIGKILL and waits for it: the lab's state is thrown away,
-// so nothing needs a graceful stop.
-func (p *proc) kill() {
-	if p == nil {
-		return
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-}
-
-// wait polls ready every 100 ms until it holds, p exits, ctx ends or deadline passes.
-func (p *proc) wait(ctx context.Context, deadline time.Time, ready func() bool) error {
-	for !ready() {
-		select {
-		case <-p.done:
-			return fmt.Errorf("%s exited: %s", p.name, p.cmd.ProcessState)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready in time", p.name)
-		}
-	}
-	return nil
 }
