@@ -11,7 +11,11 @@
 //   - config.go: Config, Peer, BFD, their defaults and validation;
 //   - paths.go: the desired-versus-announced diff and the path attributes of
 //     each Preference (pure, tested without sessions);
-//   - speaker.go: the embedded server, its peers, the event watch and Status;
+//   - speaker.go: the embedded server, its start and stop;
+//   - peers.go: the peers' GoBGP configuration and the session event watch;
+//   - bfd.go: each peer's BFD session, started once its BGP session is up;
+//   - announce.go: Announce, keeping GoBGP's paths equal to the desired set;
+//   - status.go: Status, the sessions and announced prefixes for portico status;
 //   - metrics.go: the portico_bgp_* Prometheus series.
 //
 // Paths are shared by every session (GoBGP applies per-neighbour export policy
