@@ -189,17 +189,17 @@ type need struct {
 // controller run below proves it is enough; the access reviews prove the rest is
 // refused.
 var controllerNeeds = append(slices.Clone(informerNeeds), []need{
-	{grant{"", "networking.k8s.io", "ingresses", "patch", ""}, "controller.go patchAnnotation: portico.io/group"},
-	{grant{"", "networking.k8s.io", "ingresses/status", "update", ""}, "controller.go write: Ingresses().UpdateStatus"},
-	{grant{"", "", "services", "patch", ""}, "controller.go patchAnnotation: portico.io/vip, portico.io/vrid"},
+	{grant{"", "networking.k8s.io", "ingresses", "patch", ""}, "annotations.go patchAnnotation: portico.io/group"},
+	{grant{"", "networking.k8s.io", "ingresses/status", "update", ""}, "leader.go write: Ingresses().UpdateStatus"},
+	{grant{"", "", "services", "patch", ""}, "annotations.go patchAnnotation: portico.io/vip, portico.io/vrid"},
 	{grant{"", "", "services", "create", ""}, "claim.go reconcileClaim: Services().Create"},
 	{grant{"", "", "services", "get", ""}, "claim.go reclaim: Services().Get"},
 	{grant{"", "", "services", "delete", ""}, "claim.go reclaim: Services().Delete"},
-	{grant{"", "", "services/status", "update", ""}, "controller.go write: Services().UpdateStatus"},
+	{grant{"", "", "services/status", "update", ""}, "leader.go write: Services().UpdateStatus"},
 	{grant{"", "", "events", "create", ""}, "controller.go Run: record.EventBroadcaster (new Event)"},
 	{grant{"", "", "events", "patch", ""}, "controller.go Run: record.EventBroadcaster (repeated Event)"},
-	{grant{"", "portico.io", "ingressclaims", "list", ""}, "controller.go watchClaims: dynamic informer"},
-	{grant{"", "portico.io", "ingressclaims", "watch", ""}, "controller.go watchClaims: dynamic informer"},
+	{grant{"", "portico.io", "ingressclaims", "list", ""}, "informers.go watchClaims: dynamic informer"},
+	{grant{"", "portico.io", "ingressclaims", "watch", ""}, "informers.go watchClaims: dynamic informer"},
 	{grant{"", "portico.io", "ingressclaims", "delete", ""}, "claim.go reclaim: Delete"},
 	{grant{"", "portico.io", "ingressclaims/status", "patch", ""}, "claim.go writeClaimStatus: Patch status"},
 	{grant{"", "portico.io", "ingressclaims/finalizers", "update", ""}, "claim.go ownerRef: blockOwnerDeletion (OwnerReferencesPermissionEnforcement)"},
@@ -226,26 +226,26 @@ var agentNeeds = append(slices.Clone(informerNeeds), []need{
 }...)
 
 // informerNeeds are the control plane's informers, the agents' and the
-// controller's alike (controller.go New, watchPools).
+// controller's alike (informers.go watchCluster, watchPools).
 var informerNeeds = []need{
-	{grant{"", "networking.k8s.io", "ingressclasses", "list", ""}, "controller.go New: IngressClass informer"},
-	{grant{"", "networking.k8s.io", "ingressclasses", "watch", ""}, "controller.go New: IngressClass informer"},
-	{grant{"", "networking.k8s.io", "ingresses", "list", ""}, "controller.go New: Ingress informer"},
-	{grant{"", "networking.k8s.io", "ingresses", "watch", ""}, "controller.go New: Ingress informer"},
-	{grant{"", "", "services", "list", ""}, "controller.go New: Service informer"},
-	{grant{"", "", "services", "watch", ""}, "controller.go New: Service informer"},
-	{grant{"", "discovery.k8s.io", "endpointslices", "list", ""}, "controller.go New: EndpointSlice informer"},
-	{grant{"", "discovery.k8s.io", "endpointslices", "watch", ""}, "controller.go New: EndpointSlice informer"},
-	{grant{"", "", "nodes", "list", ""}, "controller.go New: Node informer"},
-	{grant{"", "", "nodes", "watch", ""}, "controller.go New: Node informer"},
-	{grant{"", "", "secrets", "list", ""}, "controller.go New: TLS Secret informer"},
-	{grant{"", "", "secrets", "watch", ""}, "controller.go New: TLS Secret informer"},
-	{grant{"", "", "pods", "list", ""}, "controller.go New: microservice Pod informer"},
-	{grant{"", "", "pods", "watch", ""}, "controller.go New: microservice Pod informer"},
-	{grant{"", "portico.io", "vippools", "list", ""}, "controller.go watchPools: dynamic informer"},
-	{grant{"", "portico.io", "vippools", "watch", ""}, "controller.go watchPools: dynamic informer"},
-	{grant{"", "", "namespaces", "list", ""}, "controller.go watchPools: Namespace informer"},
-	{grant{"", "", "namespaces", "watch", ""}, "controller.go watchPools: Namespace informer"},
+	{grant{"", "networking.k8s.io", "ingressclasses", "list", ""}, "informers.go watchCluster: IngressClass informer"},
+	{grant{"", "networking.k8s.io", "ingressclasses", "watch", ""}, "informers.go watchCluster: IngressClass informer"},
+	{grant{"", "networking.k8s.io", "ingresses", "list", ""}, "informers.go watchCluster: Ingress informer"},
+	{grant{"", "networking.k8s.io", "ingresses", "watch", ""}, "informers.go watchCluster: Ingress informer"},
+	{grant{"", "", "services", "list", ""}, "informers.go watchCluster: Service informer"},
+	{grant{"", "", "services", "watch", ""}, "informers.go watchCluster: Service informer"},
+	{grant{"", "discovery.k8s.io", "endpointslices", "list", ""}, "informers.go watchCluster: EndpointSlice informer"},
+	{grant{"", "discovery.k8s.io", "endpointslices", "watch", ""}, "informers.go watchCluster: EndpointSlice informer"},
+	{grant{"", "", "nodes", "list", ""}, "informers.go watchCluster: Node informer"},
+	{grant{"", "", "nodes", "watch", ""}, "informers.go watchCluster: Node informer"},
+	{grant{"", "", "secrets", "list", ""}, "informers.go watchCluster: TLS Secret informer"},
+	{grant{"", "", "secrets", "watch", ""}, "informers.go watchCluster: TLS Secret informer"},
+	{grant{"", "", "pods", "list", ""}, "informers.go watchCluster: microservice Pod informer"},
+	{grant{"", "", "pods", "watch", ""}, "informers.go watchCluster: microservice Pod informer"},
+	{grant{"", "portico.io", "vippools", "list", ""}, "informers.go watchPools: dynamic informer"},
+	{grant{"", "portico.io", "vippools", "watch", ""}, "informers.go watchPools: dynamic informer"},
+	{grant{"", "", "namespaces", "list", ""}, "informers.go watchPools: Namespace informer"},
+	{grant{"", "", "namespaces", "watch", ""}, "informers.go watchPools: Namespace informer"},
 }
 
 // agentMustDeny are what the controller may do and an agent may not: every
