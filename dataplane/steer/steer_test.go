@@ -41,7 +41,7 @@ func TestSteering(t *testing.T) {
 	}
 	vip4, vip6 := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")
 	for _, args := range [][]string{
-			{"-n", node.NS, "addr", "add", vip4.String() + "/32", "dev", "lo"},
+		{"-n", node.NS, "addr", "add", vip4.String() + "/32", "dev", "lo"},
 		{"-n", node.NS, "addr", "add", vip6.String() + "/128", "dev", "lo", "nodad"},
 	} {
 		if err := netlab.IP(args...); err != nil {
