@@ -49,6 +49,11 @@ type Config struct {
 	// NginxDrainTimeout bounds how long nginx workers replaced by a reload keep
 	// the connections they hold (nginx.Options.DrainTimeout); "" until they close.
 	NginxDrainTimeout string
+	// L4SteerPort, when not 0, is the first of the two ports of nginx's fixed
+	// listeners for L4 Services' TCP connections (plain, then PROXY), which an
+	// sk_lookup program steers each VIP:port to (nginx.Options.L4Steered): a
+	// TCP Service then never reloads nginx. 0 gives each TCP port a listener.
+	L4SteerPort uint16
 
 	HTTPPort, HTTPSPort uint16
 	StatusPort          uint16 // nginx status port on 127.0.0.1 (health, stub_status)
@@ -151,8 +156,17 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	ropts.LivenessPort, ropts.LivenessAddr = cfg.LivenessPort, cfg.NodeIP
 	ropts.DrainTimeout = cfg.NginxDrainTimeout
 	served := &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
-	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: served.set},
-		nginx.Exec{Log: log.Named("nginx.master")}, log.Named("nginx"), reg)
+	rcfg := nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: served.set}
+	if cfg.L4SteerPort != 0 {
+		st, err := loadSteering(cfg, log.Named("steer"), reg)
+		if err != nil {
+			return err
+		}
+		defer st.Close() // pins stay: steering goes on while the agent restarts
+		rcfg.Render.L4Steered = [2]uint16{cfg.L4SteerPort, cfg.L4SteerPort + 1}
+		rcfg.SteerL4 = steerRoutes(st)
+	}
+	reloader, err := nginx.NewReloader(rcfg, nginx.Exec{Log: log.Named("nginx.master")}, log.Named("nginx"), reg)
 	if err != nil {
 		return err
 	}
