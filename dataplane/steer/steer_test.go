@@ -2,6 +2,7 @@ package steer
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -188,5 +189,32 @@ func TestSteering(t *testing.T) {
 	refused(pp4, "listener closed")
 	if got := s.Listeners(); fmt.Sprint(got) != "[false false true true]" {
 		t.Errorf("listeners after the plain ones closed: %v", got)
+	}
+}
+
+// TestMapLayout parses the embedded object (no privileges needed): each map's
+// key and value sizes match the Go types the package writes into it.
+func TestMapLayout(t *testing.T) {
+	spec, err := loadSteer()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []struct {
+		name       string
+		key, value any
+	}{
+		{steerMapSteerRoutes, steerSteerKey{}, steerSteerClass(0)},
+		{steerMapSteerConfig, uint32(0), steerSteerCfg{}},
+		{steerMapSteerSocks, uint32(0), uint64(0)},
+		{steerMapSteerStats, uint32(0), uint64(0)},
+	} {
+		ms := spec.Maps[m.name]
+		if ms == nil {
+			t.Errorf("map %s missing", m.name)
+			continue
+		}
+		if k, v := binary.Size(m.key), binary.Size(m.value); ms.KeySize != uint32(k) || ms.ValueSize != uint32(v) {
+			t.Errorf("map %s: key %d, value %d bytes; Go writes %d and %d", m.name, ms.KeySize, ms.ValueSize, k, v)
+		}
 	}
 }
