@@ -24,7 +24,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	defer a.dp.Close() // pins stay: forwarding goes on while the agent restarts
-	if err := a.buildNginx(); err != nil {
+	err = a.buildNginx()
+	if a.steer != nil {
+		defer a.steer.Close() // pins stay: steering goes on while the agent restarts
+	}
+	if err != nil {
 		return err
 	}
 	a.buildL4()

@@ -18,6 +18,7 @@ import (
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/dataplane/steer"
 	"github.com/portico-edge/portico/liveness"
 	"github.com/portico-edge/portico/nginx"
 	"github.com/portico-edge/portico/vrrp"
@@ -38,6 +39,7 @@ type agent struct {
 	dp       *dataplane.Dataplane
 	served   *servedIngresses
 	reloader *nginx.Reloader
+	steer    *steer.Steering // nil: a listener per L4 TCP port (Config.L4SteerPort 0)
 	l4       *l4Sink
 	checker  *liveness.Checker // nil: liveness checks off
 	ann      announcement
@@ -96,8 +98,17 @@ func (a *agent) buildNginx() error {
 	ropts.LivenessPort, ropts.LivenessAddr = cfg.LivenessPort, cfg.NodeIP
 	ropts.DrainTimeout = cfg.NginxDrainTimeout
 	a.served = &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
-	reloader, err := nginx.NewReloader(nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: a.served.set},
-		nginx.Exec{Log: a.log.Named("nginx.master")}, a.log.Named("nginx"), a.reg)
+	rcfg := nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: a.served.set}
+	if cfg.L4SteerPort != 0 {
+		st, err := loadSteering(cfg, a.log.Named("steer"), a.reg)
+		if err != nil {
+			return err
+		}
+		a.steer = st
+		rcfg.Render.L4Steered = [2]uint16{cfg.L4SteerPort, cfg.L4SteerPort + 1}
+		rcfg.SteerL4 = steerRoutes(st)
+	}
+	reloader, err := nginx.NewReloader(rcfg, nginx.Exec{Log: a.log.Named("nginx.master")}, a.log.Named("nginx"), a.reg)
 	if err != nil {
 		return err
 	}

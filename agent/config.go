@@ -37,6 +37,11 @@ type Config struct {
 	// NginxDrainTimeout bounds how long nginx workers replaced by a reload keep
 	// the connections they hold (nginx.Options.DrainTimeout); "" until they close.
 	NginxDrainTimeout string
+	// L4SteerPort, when not 0, is the first of the two ports of nginx's fixed
+	// listeners for L4 Services' TCP connections (plain, then PROXY), which an
+	// sk_lookup program steers each VIP:port to (nginx.Options.L4Steered): a
+	// TCP Service then never reloads nginx. 0 gives each TCP port a listener.
+	L4SteerPort uint16
 
 	HTTPPort, HTTPSPort uint16
 	StatusPort          uint16 // nginx status port on 127.0.0.1 (health, stub_status)

@@ -113,11 +113,17 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 		// configuration keeps running: either way the table is all there is to
 		// apply.
 		res, err := r.updateTable(ctx, cfg, res)
+		if err == nil {
+			err = r.steer(cfg)
+		}
 		res.Serving = err == nil && bytes.Equal(cfg.Text, r.applied)
 		return res, err
 	}
 	if deferReload && r.applied != nil {
 		res, err := r.updateTable(ctx, cfg, res)
+		if err == nil {
+			err = r.steer(cfg)
+		}
 		if err == nil {
 			res.Result = ResultDeferred
 		}
@@ -151,7 +157,12 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 		}
 		res, _ = fail(result, err)
 		if r.applied != nil {
-			res, _ = r.updateTable(ctx, cfg, res)
+			var terr error
+			if res, terr = r.updateTable(ctx, cfg, res); terr == nil {
+				// Routes whose listeners the running configuration lacks
+				// are refused, as without a route; a failure is logged.
+				_ = r.steer(cfg)
+			}
 		}
 		res.Result, res.Serving = result, false
 		return res, err
@@ -222,6 +233,10 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 			res.Switch = res.Serve
 		}
 		r.m.reloadDuration.Observe(res.Switch.Seconds())
+	}
+	if err := r.steer(cfg); err != nil {
+		res.Result = ResultError
+		return res, err
 	}
 	if err := r.pruneL4(cfg.L4); err != nil {
 		r.log.Warn("remove stale L4 endpoint files", zap.Error(err))
@@ -369,6 +384,52 @@ func (r *Reloader) flushTable() {
 	}
 }
 
+// steer hands the routes of the steered listeners to SteerL4, then removes the
+// files of routes that are gone: a route leaves the sk_lookup program before
+// its file, as it came after it (writeL4).
+func (r *Reloader) steer(cfg *Config) error {
+	if r.cfg.SteerL4 == nil {
+		return nil
+	}
+	pid := 0
+	r.mu.Lock()
+	if r.master != nil {
+		pid = r.master.PID()
+	}
+	r.mu.Unlock()
+	r.steered = cfg.L4Routes
+	if err := r.cfg.SteerL4(pid, cfg.L4Routes); err != nil {
+		r.m.reloads.WithLabelValues(ResultError).Inc()
+		r.log.Error("L4 routes not steered", zap.Error(err))
+		return fmt.Errorf("steer L4 routes: %w", err)
+	}
+	if err := r.pruneSteered(cfg.L4); err != nil {
+		r.log.Warn("remove stale L4 route files", zap.Error(err))
+	}
+	return nil
+}
+
+// pruneSteered removes the files of steered routes that L4 no longer has.
+func (r *Reloader) pruneSteered(files map[string][]byte) error {
+	dir := filepath.Join(resolve(r.cfg.Dir, r.cfg.Render.L4Dir), steeredDir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if _, ok := files[steeredDir+"/"+e.Name()]; !ok {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
 // writeL4 writes the L4 Service ports' endpoint files that changed. A file is
 // replaced by a rename, so a worker reads the old list or the new one.
 func (r *Reloader) writeL4(files map[string][]byte) error {
@@ -378,6 +439,9 @@ func (r *Reloader) writeL4(files map[string][]byte) error {
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("create L4 endpoint directory: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Join(dir, steeredDir), 0o755); err != nil {
+		return fmt.Errorf("create L4 route directory: %w", err)
 	}
 	for name, b := range files {
 		if err := writeFileIfChanged(filepath.Join(dir, name), b, 0o644); err != nil {
@@ -400,7 +464,7 @@ func (r *Reloader) pruneL4(files map[string][]byte) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if _, ok := files[e.Name()]; !ok {
+		if _, ok := files[e.Name()]; !ok && !e.IsDir() {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}

@@ -84,7 +84,11 @@
 // L4 Services go through nginx's stream module, which has no Lua: each port's
 // endpoints are in a file (Options.L4Dir) that js/portico.js reads for every new
 // connection or UDP session, so that an endpoint change rewrites the file and
-// needs no reload either.
+// needs no reload either. With Options.L4Steered, TCP ports have no listeners
+// of their own: two fixed listeners serve them all, package dataplane/steer
+// gives each VIP:port to one (Config.L4Routes, ReloaderConfig.SteerL4), and
+// portico.js finds the route's file by the accepted socket's address, so a TCP
+// Service that comes or goes needs no reload either.
 //
 // # Cookie affinity
 //

@@ -58,6 +58,14 @@ type Options struct {
 	// L4Dir holds one endpoint file per L4 Service port, which nginx's workers
 	// read for every new connection.
 	L4Dir string
+	// L4Steered are the ports of two fixed stream listeners, on the wildcard
+	// addresses of both families, that every L4 Service's TCP connections reach
+	// through package dataplane/steer: L4Steered[0] proxies the bytes,
+	// L4Steered[1] sends a PROXY header first. A TCP Service that comes,
+	// changes or goes is then a route (Config.L4Routes) and a file, never a
+	// reload. Zero gives every TCP Service port a listener of its own, as UDP
+	// ports have, so that a new one reloads nginx.
+	L4Steered [2]uint16
 	// DrainTimeout, when not "", bounds how long workers of a replaced
 	// configuration keep serving the connections they hold (nginx's
 	// worker_shutdown_timeout, "30m"); "" lets them serve until those close.
@@ -135,12 +143,15 @@ func (o Options) validate() error {
 		errs = append(errs, errors.New("options HTTPPort, HTTPSPort and StatusPort must be set"))
 	}
 	ports := map[uint16]bool{}
-	for _, p := range []uint16{o.HTTPPort, o.HTTPSPort, o.StatusPort, o.LivenessPort} {
+	for _, p := range []uint16{o.HTTPPort, o.HTTPSPort, o.StatusPort, o.LivenessPort, o.L4Steered[0], o.L4Steered[1]} {
 		if p != 0 && ports[p] {
-			errs = append(errs, errors.New("options HTTPPort, HTTPSPort, StatusPort and LivenessPort must differ"))
+			errs = append(errs, errors.New("options HTTPPort, HTTPSPort, StatusPort, LivenessPort and L4Steered must differ"))
 			break
 		}
 		ports[p] = true
+	}
+	if (o.L4Steered[0] == 0) != (o.L4Steered[1] == 0) {
+		errs = append(errs, errors.New("option L4Steered needs both ports or neither"))
 	}
 	if o.User != "" {
 		if err := validateLabel(o.User); err != nil {

@@ -45,6 +45,12 @@ type ReloaderConfig struct {
 	// OnServed, if set, is called by Run with each snapshot nginx has started
 	// serving (its configuration confirmed live, or only its endpoints changed).
 	OnServed func(model.Snapshot)
+	// SteerL4, when set, is called once nginx serves a configuration, with its
+	// master's process id (0 without one) and the TCP routes of its steered
+	// listeners (Config.L4Routes; none without Render.L4Steered): it points
+	// them at nginx's listeners (dataplane/steer). An error makes the apply
+	// fail, so that it is tried again.
+	SteerL4 func(pid int, routes []L4Route) error
 	// MaxDraining bounds the workers that reloads replaced and that still serve
 	// the connections they hold: before a reload, the oldest beyond it are ended
 	// (their connections with them), so that at most MaxDraining plus the workers
@@ -100,6 +106,9 @@ type Reloader struct {
 	// not known (before the first start or reload).
 	appliedTable  table
 	appliedDigest string
+	// steered are the L4 routes last given to SteerL4, for a master that
+	// starts later.
+	steered []L4Route
 	// fileDigest is the digest of the table in Options.TableFile, which is
 	// written before every start and reload, and after changes once they stop
 	// coming (Run), so that an agent that restarts finds what nginx has.
@@ -114,6 +123,9 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	}
 	if err := cfg.Render.validate(); err != nil {
 		return nil, fmt.Errorf("new nginx reloader: %w", err)
+	}
+	if cfg.Render.L4Steered[0] != 0 && cfg.SteerL4 == nil {
+		return nil, errors.New("new nginx reloader: steered L4 listeners (Render.L4Steered) without SteerL4")
 	}
 	if cfg.Debounce <= 0 {
 		cfg.Debounce = DefaultDebounce

@@ -44,6 +44,10 @@ type Config struct {
 	// L4 are the contents of the L4 Service ports' endpoint files, by file name
 	// inside Options.L4Dir.
 	L4 map[string][]byte
+	// L4Routes are the TCP VIPs and ports that the steered listeners serve
+	// (Options.L4Steered), each with its file in L4: the routes of package
+	// dataplane/steer, which ReloaderConfig.SteerL4 gets.
+	L4Routes []L4Route
 	// Certificates are the certificates Table holds, as files, for OpenSSL's
 	// check (checkWithNginx) before nginx gets them.
 	Certificates []CertFile
@@ -214,7 +218,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	}
 	cfg.Digest = t.digest()
 	if d.Stream != nil {
-		cfg.L4 = d.Stream.Endpoints
+		cfg.L4, cfg.L4Routes = d.Stream.Endpoints, d.Stream.Routes
 	}
 	slices.SortFunc(cfg.Certificates, func(a, b CertFile) int { return strings.Compare(a.Name, b.Name) })
 	// In one order whatever the order they were found in (cachedLocations).

@@ -116,6 +116,27 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 				{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
 			},
 		},
+		// The same L4 Services with steered listeners (Options.L4Steered): the
+		// TCP ports become routes and files, served by two fixed listeners; the
+		// UDP port keeps its own.
+		"l4-steered": {
+			Groups: []model.Group{{Name: "edge/a"}, {Name: "edge/b"}},
+			Services: []model.Service{
+				{Name: "shop/dns", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("127.0.0.153")},
+					ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
+						{Protocol: model.TCP, Port: 15353, Upstream: "shop-dns-15353-tcp"}, {Protocol: model.UDP, Port: 15353, Upstream: "shop-dns-15353-udp"}}},
+				{Name: "shop/empty", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.54")}, Ports: []model.ServicePort{
+					{Protocol: model.TCP, Port: 15432, Upstream: "shop-empty-15432-tcp"}}},
+				{Name: "shop/other", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.55")}, Ports: []model.ServicePort{
+					{Protocol: model.TCP, Port: 15022, Upstream: "shop-other-15022-tcp"}}},
+			},
+			Upstreams: []model.Upstream{
+				{Name: "shop-dns-15353-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("10.0.5.2:5353")}},
+				{Name: "shop-dns-15353-udp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("[2001:db8:5::2]:5353")}},
+				{Name: "shop-empty-15432-tcp"},
+				{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
+			},
+		},
 		// Cookie affinity on two paths (one with a max-age), none on a third.
 		"cookie-affinity": {
 			Servers: []model.Server{{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
@@ -285,6 +306,9 @@ func TestRenderGolden(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			opt := goldenOptions()
 			opt.Group = "edge/a"
+			if strings.HasPrefix(name, "l4-steered") {
+				opt.L4Steered = [2]uint16{10242, 10243}
+			}
 			cfg, err := Render(snap, opt)
 			if err != nil {
 				t.Fatal(err)
@@ -307,6 +331,9 @@ func TestRenderGolden(t *testing.T) {
 				var l4 bytes.Buffer
 				for _, f := range slices.Sorted(maps.Keys(cfg.L4)) {
 					fmt.Fprintf(&l4, "%s: %s", f, cfg.L4[f])
+				}
+				for _, r := range cfg.L4Routes {
+					fmt.Fprintf(&l4, "route %s class %d\n", r.VIP, r.Class)
 				}
 				checkGolden(t, filepath.Join("testdata", name, "l4.golden"), l4.Bytes())
 			}

@@ -109,9 +109,16 @@ func prefixDir(t testing.TB) string {
 // change the render options (after the ports are set).
 func startNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) *liveNginx {
 	t.Helper()
+	return startNginxWith(t, snap, nil, opts...)
+}
+
+// startNginxWith is startNginx with rc, when not nil, changing the
+// Reloader's configuration.
+func startNginxWith(t testing.TB, snap model.Snapshot, rc func(*ReloaderConfig), opts ...func(*Options)) *liveNginx {
+	t.Helper()
 	var lastErr error
 	for range 3 {
-		n, err := tryStartNginx(t, snap, opts...)
+		n, err := tryStartNginx(t, snap, rc, opts...)
 		if err == nil {
 			return n
 		}
@@ -122,7 +129,7 @@ func startNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) *live
 	return nil
 }
 
-func tryStartNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) (*liveNginx, error) {
+func tryStartNginx(t testing.TB, snap model.Snapshot, rc func(*ReloaderConfig), opts ...func(*Options)) (*liveNginx, error) {
 	bin := nginxBinary(t)
 	ports := freePorts(t, 4)
 	opt := DefaultOptions("")
@@ -134,10 +141,14 @@ func tryStartNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) (*
 		o(&opt)
 	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	r, err := NewReloader(ReloaderConfig{
+	cfg := ReloaderConfig{
 		Dir: prefixDir(t), Render: opt, Debounce: 50 * time.Millisecond,
 		ConfirmTimeout: 10 * time.Second, RestartBackoff: 100 * time.Millisecond, StopTimeout: 10 * time.Second,
-	}, Exec{Binary: bin, Log: log.Named("nginx")}, log, prometheus.NewRegistry())
+	}
+	if rc != nil {
+		rc(&cfg)
+	}
+	r, err := NewReloader(cfg, Exec{Binary: bin, Log: log.Named("nginx")}, log, prometheus.NewRegistry())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -18,8 +19,18 @@ type (
 		Servers []tmplStreamServer
 		JS      string // the digest of the njs module
 		// Endpoints are the contents of each port's endpoint file (in
-		// Options.L4Dir), by upstream name: its endpoints, separated by spaces.
+		// Options.L4Dir), by upstream name: its endpoints, separated by spaces;
+		// and of each steered route's file, by steeredFile.
 		Endpoints map[string][]byte
+		// Steered are the fixed listeners of Options.L4Steered, when a TCP
+		// Service port is in the group; Routes what they serve.
+		Steered []tmplSteered
+		Routes  []L4Route
+	}
+	tmplSteered struct {
+		Listen        []string
+		Route         string // the route file's path, from nginx's $server_addr and $server_port
+		ProxyProtocol bool
 	}
 	tmplStreamServer struct {
 		Comment        string // Service and port
@@ -43,6 +54,8 @@ type (
 // its last endpoint reloads nginx, whose old workers keep their connections.
 func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 	st := tmplStream{JS: jsDigest, Endpoints: map[string][]byte{}}
+	steered := r.opt.L4Steered[0] != 0
+	anyTCP := false
 	for _, svc := range snap.Services {
 		if r.opt.Group != "" && svc.Group != r.opt.Group {
 			continue
@@ -71,10 +84,15 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 				}
 				eps = append(eps, e.String())
 			}
+			udp := p.Protocol == model.UDP
+			if steered && !udp {
+				anyTCP = true
+				r.steer(&st, svc, p, eps)
+				continue
+			}
 			if len(eps) == 0 || len(svc.VIPs) == 0 {
 				continue
 			}
-			udp := p.Protocol == model.UDP
 			srv := tmplStreamServer{Comment: fmt.Sprintf("%s %s/%d", svc.Name, p.Protocol, p.Port), UDP: udp,
 				Upstream: path.Join(r.opt.L4Dir, p.Upstream), Hash: svc.ClientIPAffinity,
 				ProxyProtocol: svc.ProxyProtocol && !udp, ProxyDatagrams: svc.ProxyProtocol && udp, Timeout: "1h"}
@@ -88,8 +106,80 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 			st.Endpoints[p.Upstream] = []byte(strings.Join(eps, " ") + "\n")
 		}
 	}
-	if len(st.Servers) == 0 {
+	if anyTCP {
+		// Both listeners, whichever classes the routes use: a Service that
+		// turns the PROXY protocol on must not reload nginx either.
+		for i, port := range r.opt.L4Steered {
+			l := tmplSteered{Listen: []string{"0.0.0.0:" + strconv.Itoa(int(port))},
+				Route: path.Join(r.opt.L4Dir, steeredDir) + "/${server_addr}_${server_port}", ProxyProtocol: i == int(ProxyRoute)}
+			if r.opt.ListenIPv6 {
+				l.Listen = append(l.Listen, "[::]:"+strconv.Itoa(int(port)))
+			}
+			st.Steered = append(st.Steered, l)
+		}
+		slices.SortFunc(st.Routes, func(a, b L4Route) int { return a.VIP.Compare(b.VIP) })
+	}
+	if len(st.Servers) == 0 && len(st.Steered) == 0 {
 		return nil
 	}
 	return &st
+}
+
+// L4Route is a TCP VIP and port that a steered listener serves
+// (Options.L4Steered), and which: PlainRoute or ProxyRoute.
+type L4Route struct {
+	VIP   netip.AddrPort
+	Class uint32
+}
+
+// The listener classes of L4Route, the indices of Options.L4Steered.
+const (
+	PlainRoute uint32 = 0
+	ProxyRoute uint32 = 1
+)
+
+// steeredDir is the subdirectory of Options.L4Dir with the steered routes'
+// files.
+const steeredDir = "tcp"
+
+// steer adds a TCP Service port's routes, one per VIP, when it has endpoints:
+// its file names the balancing ("hash" for client-address affinity, else
+// "any") and the endpoints.
+func (r *renderer) steer(st *tmplStream, svc model.Service, p model.ServicePort, eps []string) {
+	if len(eps) == 0 {
+		return
+	}
+	mode := "any"
+	if svc.ClientIPAffinity {
+		mode = "hash"
+	}
+	body := []byte(mode + " " + strings.Join(eps, " ") + "\n")
+	class := PlainRoute
+	if svc.ProxyProtocol {
+		class = ProxyRoute
+	}
+	for _, v := range svc.VIPs {
+		name, ok := steeredFile(v, p.Port)
+		if !ok {
+			r.problem("Service "+svc.Name, fmt.Sprintf("port %s/%d", p.Protocol, p.Port), model.ReasonInvalidVIP,
+				fmt.Sprintf("VIP %s is an IPv4-compatible or -mapped IPv6 address, which nginx names otherwise; not served", v))
+			continue
+		}
+		st.Endpoints[name] = body
+		st.Routes = append(st.Routes, L4Route{VIP: netip.AddrPortFrom(v, p.Port), Class: class})
+	}
+}
+
+// steeredFile is the name, inside Options.L4Dir, of a route's file, as
+// portico.js finds it from nginx's $server_addr and $server_port. nginx
+// writes IPv6 addresses as RFC 5952 does (and Go), except those in ::/96 and
+// ::ffff:0:0/96, which it writes with an IPv4 tail: those are refused.
+func steeredFile(vip netip.Addr, port uint16) (string, bool) {
+	if vip.Is6() {
+		b := vip.As16()
+		if [10]byte(b[:10]) == [10]byte{} && (b[10] == 0 && b[11] == 0 || b[10] == 0xff && b[11] == 0xff) {
+			return "", false
+		}
+	}
+	return steeredDir + "/" + vip.String() + "_" + strconv.Itoa(int(port)), true
 }

@@ -252,6 +252,16 @@ func (r *Reloader) start(ctx context.Context) error {
 			return fmt.Errorf("start nginx: %w", err)
 		}
 	}
+	if r.cfg.SteerL4 != nil {
+		// A new master has new listeners: the routes nginx serves now point at
+		// them (the last apply's, or none before the first).
+		r.applyMu.Lock()
+		routes := r.steered
+		r.applyMu.Unlock()
+		if err := r.cfg.SteerL4(m.PID(), routes); err != nil {
+			r.log.Error("L4 routes not steered to the new nginx master; the next change tries again", zap.Error(err))
+		}
+	}
 	return nil
 }
 

@@ -56,6 +56,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		seedFile                        string
 		httpPort, httpsPort, statusPort uint
 		livenessPort, rise              uint
+		steerPort                       uint
 		priority, degraded, version     uint
 		bgpConfig, nextHop6             string
 		tunnel, reserved, groupNS       string
@@ -82,6 +83,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.UintVar(&httpsPort, "https-port", 443, "nginx HTTPS port")
 	fs.UintVar(&statusPort, "nginx-status-port", 10246, "nginx status port on 127.0.0.1 (health, stub_status)")
 	fs.UintVar(&livenessPort, "liveness-port", 10247, "nginx answers every director's liveness checks on this port (on -node-ip alone when given, else on every address); 0 turns liveness checks off")
+	fs.UintVar(&steerPort, "l4-steer-port", 10242, "nginx's two listeners for every L4 Service's TCP connections are on this port and the next (on the wildcard addresses, reachable only through the agent's sk_lookup program), so that a TCP Service that comes, changes or goes never reloads nginx; 0: a listener per TCP Service port, each new one a reload")
 	fs.DurationVar(&c.Liveness.Interval, "liveness-interval", liveness.DefaultTiming.Interval, "time between two liveness checks of one replica")
 	fs.DurationVar(&c.Liveness.DeadAfter, "liveness-dead-after", liveness.DefaultTiming.DeadAfter, "a replica with no good answer for this long gets no new flows")
 	fs.UintVar(&rise, "liveness-rise", uint(liveness.DefaultTiming.Rise), "consecutive good answers that bring a dead replica back (doubled each time it dies again within -liveness-flap-window)")
@@ -245,6 +247,10 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		}
 	}
 	c.HTTPPort, c.HTTPSPort, c.StatusPort = uint16(httpPort), uint16(httpsPort), uint16(statusPort)
+	if steerPort > math.MaxUint16-1 {
+		return c, fmt.Errorf("-l4-steer-port %d: want at most %d (the next port is the PROXY listener's)", steerPort, math.MaxUint16-1)
+	}
+	c.L4SteerPort = uint16(steerPort)
 	c.VRRPPriority, c.VRRPDegraded, c.VRRPVersion = uint8(priority), uint8(degraded), uint8(version)
 	return c, nil
 }

@@ -23,7 +23,9 @@ function fnv1a(str) {
 }
 
 // pick is the js_set of $portico_l4_peer. $portico_l4 names the port's
-// endpoint file, then " hash" for client-address affinity: the endpoint with
+// endpoint file, then " route" when the file is a steered route's (whose
+// first word is its balancing, "hash" or "any"), or " hash" for
+// client-address affinity: the endpoint with
 // the highest hash of the client's address and its own (rendezvous hashing),
 // so that an endpoint that leaves moves only its own clients. Otherwise one at
 // random. "" (the session ends) when the file is missing or empty.
@@ -36,10 +38,15 @@ function pick(s) {
         s.error('portico: read endpoints: ' + e.message);
         return '';
     }
+    var mode = spec[1];
+    if (mode == 'route') {
+        // A steered route's file: its balancing, then its endpoints.
+        mode = eps.shift();
+    }
     if (eps.length == 0 || eps[0] == '') {
         return '';
     }
-    if (spec[1] != 'hash') {
+    if (mode != 'hash') {
         return eps[Math.floor(Math.random() * eps.length)];
     }
     var best = 0, bestHash = -1;

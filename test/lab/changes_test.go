@@ -355,9 +355,10 @@ func (l *Lab) holdPast(held heldConns, since time.Time) {
 // Ingresses created and rotated; backend Services and EndpointSlices of other
 // Ingresses created and changed; new L4 Services on new VIPs) are each served
 // through the VIP within 10 s, and every held connection still works: the active
-// ones at every check on the way, the idle ones at the end. The new L4 Services
-// reload nginx: the held connections stay in workers a reload replaced, more
-// than oldShutdownTimeout past the first reload.
+// ones at every check on the way, the idle ones at the end. The new UDP L4
+// Services reload nginx (the TCP ones are routes to its steered listeners): the
+// held connections stay in workers a reload replaced, more than
+// oldShutdownTimeout past the first reload.
 func TestConfigChangesKeepConnections(t *testing.T) {
 	l := startLab(t)
 	ctx := context.Background()
@@ -426,7 +427,7 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 	l.holdPast(held, firstReload)
 	for i, n := range diff(reloads1, reloads0) {
 		if n == 0 {
-			t.Errorf("edge %s did not reload nginx for the new L4 Services: the test shows nothing about reloads", l.Edges[i].Name)
+			t.Errorf("edge %s did not reload nginx for the new UDP L4 Services: the test shows nothing about reloads", l.Edges[i].Name)
 		}
 	}
 	// A new L4 Service adds a VIP to the group: the VRRP routers take it in
@@ -486,7 +487,8 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 // A to Service B: new upgraded connections reach B's pod through every edge,
 // and the upgraded connections held before keep working with their A pods. Held
 // L4 connections keep their pods likewise while an endpoint none of them uses
-// joins their Service and leaves it again. None of it reloads nginx.
+// joins their Service and leaves it again, and a new TCP L4 Service is served
+// by every edge. None of it reloads nginx.
 func TestRouteChangeKeepsHeldWebSocket(t *testing.T) {
 	testenv.RequireRoot(t, "network namespaces, XDP, VRRP")
 	l := startLabWith(t, Options{Portico: porticoBin, Pods: 3})
@@ -584,10 +586,22 @@ func TestRouteChangeKeepsHeldWebSocket(t *testing.T) {
 	}
 	t.Logf("%s left ws-l4: 30 new connections in a row avoided it %v later", podsB[0].Name, time.Since(removed).Round(time.Millisecond))
 
+	// A new TCP L4 Service on a VIP of its own: a route to nginx's steered
+	// listeners, served by every edge without a reload.
+	newL4 := netip.AddrPortFrom(netip.MustParseAddr("192.0.2.96"), 7001)
+	created := time.Now()
+	if err := l.l4Service(ctx, "ws-l4-new", newL4.Addr(), corev1.ProtocolTCP, int32(newL4.Port()), l4TCPPort); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.waitL4(ctx, 15*time.Second, newL4.String(), l4To(l.Pods)); err != nil {
+		t.Fatalf("new L4 Service ws-l4-new: %v", err)
+	}
+	t.Logf("new TCP L4 Service ws-l4-new on %s: new connections reached every pod through every edge %v after it was created", newL4, time.Since(created).Round(time.Millisecond))
+
 	stopWatch()
 	held.check(true)
 	if reloads1, _ := l.reloads(t); !slices.Equal(reloads0, reloads1) {
-		t.Errorf("nginx reloads per edge went from %v to %v: a route or endpoint change reloaded nginx", reloads0, reloads1)
+		t.Errorf("nginx reloads per edge went from %v to %v: a route, endpoint or TCP L4 Service change reloaded nginx", reloads0, reloads1)
 	}
 	kws, nws := held.kept(heldWS)
 	kl4, nl4 := held.kept(heldL4)
@@ -766,7 +780,19 @@ func (cs *changeSet) next(i int) change {
 		cs.l4++
 		addr := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + cs.l4)}), uint16(7100+cs.l4))
 		name := fmt.Sprintf("l4-%d", i)
-		return change{kind, fmt.Sprintf("L4 Service %s on %s", name, addr),
+		if cs.l4%2 == 1 {
+			// A UDP port is a listening socket of its own: a reload.
+			return change{kind, fmt.Sprintf("UDP L4 Service %s on %s", name, addr),
+				func(ctx context.Context) error {
+					return l.l4Service(ctx, name, addr.Addr(), corev1.ProtocolUDP, int32(addr.Port()), l4UDPPort)
+				},
+				func(ctx context.Context) error {
+					_, err := l.udpQuery(addr.String())
+					return err
+				}}
+		}
+		// A TCP port is a route to nginx's steered listeners: no reload.
+		return change{kind, fmt.Sprintf("TCP L4 Service %s on %s", name, addr),
 			func(ctx context.Context) error {
 				return l.l4Service(ctx, name, addr.Addr(), corev1.ProtocolTCP, int32(addr.Port()), l4TCPPort)
 			},
