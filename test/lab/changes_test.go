@@ -419,7 +419,7 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 		first.Format("15:04:05.000"), lastWrite.Format("15:04:05.000"), diff(reloads1, reloads0))
 	firstReload := lastWrite
 	for _, r := range results {
-		if r.kind == "l4" {
+		if r.kind == "l4-udp" {
 			firstReload = r.written
 			break
 		}
@@ -781,10 +781,13 @@ func (cs *changeSet) next(i int) change {
 		addr := netip.AddrPortFrom(netip.AddrFrom4([4]byte{192, 0, 2, byte(100 + cs.l4)}), uint16(7100+cs.l4))
 		name := fmt.Sprintf("l4-%d", i)
 		if cs.l4%2 == 1 {
-			// A UDP port is a listening socket of its own: a reload.
-			return change{kind, fmt.Sprintf("UDP L4 Service %s on %s", name, addr),
+			// A UDP port is a listening socket of its own: a reload. Its
+			// sessions idle out in 1 s, so that the lab's agents, whose
+			// graceful stop waits for them, stop in time at the end.
+			return change{"l4-udp", fmt.Sprintf("UDP L4 Service %s on %s", name, addr),
 				func(ctx context.Context) error {
-					return l.l4Service(ctx, name, addr.Addr(), corev1.ProtocolUDP, int32(addr.Port()), l4UDPPort)
+					return l.l4Service(ctx, name, addr.Addr(), corev1.ProtocolUDP, int32(addr.Port()), l4UDPPort,
+						"portico.io/udp-idle-timeout", "1s")
 				},
 				func(ctx context.Context) error {
 					_, err := l.udpQuery(addr.String())
@@ -792,7 +795,7 @@ func (cs *changeSet) next(i int) change {
 				}}
 		}
 		// A TCP port is a route to nginx's steered listeners: no reload.
-		return change{kind, fmt.Sprintf("TCP L4 Service %s on %s", name, addr),
+		return change{"l4-tcp", fmt.Sprintf("TCP L4 Service %s on %s", name, addr),
 			func(ctx context.Context) error {
 				return l.l4Service(ctx, name, addr.Addr(), corev1.ProtocolTCP, int32(addr.Port()), l4TCPPort)
 			},
