@@ -40,7 +40,7 @@ func TestParseAgentFlags(t *testing.T) {
 			check: func(t *testing.T, c agentFlags) {
 				want := agent.Config{Group: "edge/web", Iface: "eth0", Node: "n1", PodNamespace: "portico-system",
 					Seed: 7, PinPath: dataplane.DefaultPinPath, RingSize: dataplane.DefaultRingSize, NginxDir: "/var/lib/portico/nginx",
-					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247,
+					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247, L4SteerPort: 10242,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
 					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0"}
@@ -49,6 +49,12 @@ func TestParseAgentFlags(t *testing.T) {
 				}
 				if c.logLevel != "info" || c.kubeconfig != "" {
 					t.Errorf("log level %q, kubeconfig %q", c.logLevel, c.kubeconfig)
+				}
+			}},
+		{name: "L4 TCP ports with listeners of their own", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-l4-steer-port", "0"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.L4SteerPort != 0 {
+					t.Errorf("L4SteerPort %d, want 0", c.L4SteerPort)
 				}
 			}},
 		{name: "downward API environment", args: []string{"-group", "edge/web"},
@@ -81,6 +87,7 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
+		{name: "L4 steer port leaves no room for the PROXY listener", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-l4-steer-port", "65535"}, wantErr: "-l4-steer-port"},
 		{name: "seed too big", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed", "4294967296"}, wantErr: "-hash-seed"},
 		{name: "seed file not a number", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed-file", seedFile(t, "0xnope")}, wantErr: "-hash-seed-file"},
 		{name: "seed file", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-hash-seed", "7", "-hash-seed-file", seedFile(t, " 3141592653\n")},
