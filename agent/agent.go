@@ -23,6 +23,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
@@ -191,7 +192,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		bs         *bgpSink
 		speaker    *bgp.Speaker
 		vrrpStates = func() map[string]vrrp.State { return nil }
-		bgpStatus  = func() *BGPState { return nil }
+		bgpStatus  = func() *agentstatus.BGPState { return nil }
 	)
 	switch cfg.Announce {
 	case "bgp":

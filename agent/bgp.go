@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -404,18 +405,31 @@ func (b *bgpSink) run(ctx context.Context) error {
 }
 
 // status is this node's BGP state for the published State.
-func (b *bgpSink) status() *BGPState {
+func (b *bgpSink) status() *agentstatus.BGPState {
 	st := b.speaker.Status()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return &BGPState{Preference: b.pref.String(), Status: st}
+	return bgpState(b.pref, st)
 }
 
-// BGPState is what a node in --announce=bgp mode publishes: its sessions, their
-// BFD state, and what it announces.
-type BGPState struct {
-	Preference string `json:"preference"`
-	bgp.Status
+// bgpState is what a node in --announce=bgp mode publishes: how it announces,
+// its sessions, their BFD state, and what it announces.
+func bgpState(pref bgp.Preference, st bgp.Status) *agentstatus.BGPState {
+	out := &agentstatus.BGPState{Preference: pref.String()}
+	if st.Peers != nil {
+		out.Peers = make([]agentstatus.BGPPeerStatus, 0, len(st.Peers))
+	}
+	for _, p := range st.Peers {
+		out.Peers = append(out.Peers, agentstatus.BGPPeerStatus{Addr: p.Addr, ASN: p.ASN, State: p.State,
+			EstablishedAt: p.EstablishedAt, UptimeSeconds: p.UptimeSeconds, BFD: p.BFD, Received: p.Received, Accepted: p.Accepted})
+	}
+	if st.Announced != nil {
+		out.Announced = make([]agentstatus.BGPAnnouncement, 0, len(st.Announced))
+	}
+	for _, a := range st.Announced {
+		out.Announced = append(out.Announced, agentstatus.BGPAnnouncement{Prefix: a.Prefix, Preference: a.Preference.String()})
+	}
+	return out
 }
 
 // firstAddr is the interface's first IPv4 (v4) or global IPv6 address, the zero

@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
@@ -871,7 +872,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 		}
 		now, secs := metav1.NewMicroTime(time.Now()), int32(60)
 		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "portico-agent-" + node, Namespace: ns,
-			Labels: map[string]string{agentLeaseLabel: "true"}, Annotations: map[string]string{agentStateAnnotation: string(b)}},
+			Labels: map[string]string{agentstatus.LabelAgent: "true"}, Annotations: map[string]string{agentstatus.AnnotationState: string(b)}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, RenewTime: &now, LeaseDurationSeconds: &secs}}
 		old, err := cs.CoordinationV1().Leases(ns).Get(e.ctx, l.Name, metav1.GetOptions{})
 		if err == nil {

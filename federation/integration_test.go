@@ -33,7 +33,8 @@ import (
 	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent"
-	"github.com/portico-edge/portico/bgp"
+	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -348,14 +349,14 @@ func TestPropagation(t *testing.T) {
 	// one stopped renewing (stale: it counts for nothing).
 	gen := memberIngress(ctx, a, "shop").Generation
 	edge := func(node string, served int64, pref string, ttl time.Duration) {
-		st := agent.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
+		st := agentstatus.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
 			Addrs: []string{"10.1.0." + node[len(node)-1:], "fd00::1"},
-			BGP:   &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}}
+			BGP:   &agentstatus.BGPState{Preference: pref, Announced: []agentstatus.BGPAnnouncement{{}}}}
 		b, err := json.Marshal(st)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := agent.WriteLease(ctx, a.client, "portico-system", node, b, ttl); err != nil {
+		if err := lease.Write(ctx, a.client, "portico-system", node, b, ttl); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -440,13 +441,13 @@ func TestPropagation(t *testing.T) {
 
 	// Peers: every member is told the other sites' edges (a's two fresh ones,
 	// b's, which reports a tunnel address of its own), and who drains.
-	bst, err := json.Marshal(agent.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1",
+	bst, err := json.Marshal(agentstatus.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1",
 		Served: map[string]int64{"web/shop": memberIngress(ctx, b, "shop").Generation}, Spill: 0.3,
-		BGP: &agent.BGPState{Preference: "depreferenced", Status: bgp.Status{Announced: []bgp.Announcement{{}}}}})
+		BGP: &agentstatus.BGPState{Preference: "depreferenced", Announced: []agentstatus.BGPAnnouncement{{}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := agent.WriteLease(ctx, b.client, "portico-system", "b-edge-1", bst, time.Minute); err != nil {
+	if err := lease.Write(ctx, b.client, "portico-system", "b-edge-1", bst, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	aEdges, bEdges := []string{"10.1.0.1", "10.1.0.2"}, []string{"10.2.0.1"}

@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/dataplane"
 )
 
@@ -251,11 +252,11 @@ func tunnelEdges(m *member) []string {
 	if err != nil {
 		return nil
 	}
-	ls := make([]agent.Lease, 0, len(list))
+	ls := make([]agentstatus.Lease, 0, len(list))
 	for _, l := range list {
-		ls = append(ls, agent.LeaseOf(l))
+		ls = append(ls, agentstatus.LeaseOf(l))
 	}
-	states, stale := agent.DecodeStates(ls)
+	states, stale := agentstatus.DecodeStates(ls)
 	var out []string
 	for _, st := range states {
 		if stale[st.Node] {
@@ -271,7 +272,7 @@ func tunnelEdges(m *member) []string {
 
 // tunnelOf is an edge's tunnel address: the one it reports, else its edge
 // interface's first IPv4 address (the agent's default).
-func tunnelOf(st agent.State) string {
+func tunnelOf(st agentstatus.State) string {
 	if st.Tunnel != "" {
 		return st.Tunnel
 	}
