@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/bgpfile"
 	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
@@ -76,8 +77,8 @@ type Config struct {
 	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
 	Announce string
-	BGP      BGPFile    // --announce=bgp: the peers and timers (--bgp-config)
-	NextHop6 netip.Addr // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
+	BGP      bgpfile.File // --announce=bgp: the peers and timers (--bgp-config)
+	NextHop6 netip.Addr   // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
 
 	VRRPPriority uint8 // VRRP priority while healthy
 	VRRPDegraded uint8 // VRRP priority while unhealthy
@@ -100,7 +101,7 @@ type Config struct {
 	// are told the same.
 	APIServer string
 
-	// Sites is the federation peers file (--federation-peers, SitesFile);
+	// Sites is the federation peers file (--federation-peers, api/sites);
 	// empty: no site hand-over. Tunnel is this node's tunnel address for it.
 	Sites  string
 	Tunnel netip.Addr
@@ -165,7 +166,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		if !l4.tunnel.IsValid() {
 			l4.tunnel = firstAddr(ifc, true)
 		}
-		l4.sites = &sites{path: cfg.Sites, ifc: ifc, neigh: l4.neigh, log: log.Named("sites")}
+		l4.sites = &peerSites{path: cfg.Sites, ifc: ifc, neigh: l4.neigh, log: log.Named("sites")}
 		l4.sites.reload()
 		l4.spillGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "portico_site_spill_ratio",
 			Help: "The share of this edge's new connections it spills to another site above its capacity (federation overflow)."})
@@ -197,7 +198,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	switch cfg.Announce {
 	case "bgp":
 		routerID := firstAddr(ifc, true)
-		scfg, err := cfg.BGP.SpeakerConfig(cfg.Node, routerID, cfg.NextHop6)
+		scfg, err := SpeakerConfig(cfg.BGP, cfg.Node, routerID, cfg.NextHop6)
 		if err != nil {
 			return err
 		}
@@ -210,7 +211,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return err
 		}
 		bs = &bgpSink{group: cfg.Group, log: blog, speaker: speaker, setLoVIPs: host.setLoVIPs, localAddrs: localAddrs,
-			withdrawAfter: cfg.BGP.withdrawAfter(), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: host.managedVIPs()}
+			withdrawAfter: withdrawAfter(cfg.BGP), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: host.managedVIPs()}
 		if l4.sites != nil {
 			bs.handover, bs.siteDrain = l4.handover, l4.sites.drainingNow
 		}

@@ -144,7 +144,7 @@ type l4Sink struct {
 	log   *zap.Logger
 	// sites, in a federation (--federation-peers), gives the other sites' edges
 	// for a site hand-over, reached from tunnel, this node's tunnel address.
-	sites    *sites
+	sites    *peerSites
 	tunnel   netip.Addr
 	handing  bool      // the last Handover found VIPs to hand over
 	allSince time.Time // when handover (towards every site) was last called

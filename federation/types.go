@@ -73,7 +73,7 @@ type Policy struct {
 	// Ingress status lists another is reported in its status.
 	AnycastVIP string `json:"anycastVIP,omitempty"`
 	// Sites are per-site capacities: above its capacity a site spills new
-	// connections to the site OverflowTo names (SitesFile.Overflow). They are
+	// connections to the site OverflowTo names (api/sites File.Overflow). They are
 	// the site's (its edges serve every federated Ingress of the group): when
 	// several FederatedIngresses set one site's, the first by namespace/name
 	// counts; a member Secret's portico.io/capacity annotations count only where
