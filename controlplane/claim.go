@@ -26,6 +26,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
 )
@@ -171,7 +172,7 @@ func ownedBy(o metav1.Object, c *IngressClaim) bool {
 func claimService(c *IngressClaim) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name,
-			Labels:          map[string]string{LabelGroup: "true", LabelClaim: c.Name},
+			Labels:          map[string]string{v1alpha1.LabelGroup: "true", LabelClaim: c.Name},
 			OwnerReferences: []metav1.OwnerReference{c.ownerRef()}},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
@@ -415,10 +416,10 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 		if ing == nil {
 			continue
 		}
-		cur, bound := ing.Annotations[AnnotationGroup]
+		cur, bound := ing.Annotations[v1alpha1.AnnotationGroup]
 		switch {
 		case !bound:
-			applied, err := c.annotate(ctx, "Ingress", key(ing), AnnotationGroup, group, "Bound",
+			applied, err := c.annotate(ctx, "Ingress", key(ing), v1alpha1.AnnotationGroup, group, "Bound",
 				fmt.Sprintf("bound to group %s by IngressClaim %s", group, claim.Name))
 			if err != nil {
 				return err

@@ -216,7 +216,7 @@ func New(cfg Config) (*Controller, error) {
 	tlsSecrets := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, nsOpt,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "type=" + string(corev1.SecretTypeTLS) }))
 	podRoutes := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, nsOpt,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelMicroservice + "=true" }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelMicroservice + "=true" }))
 	c.factories = []informers.SharedInformerFactory{main, tlsSecrets, podRoutes}
 
 	for _, inf := range []struct {

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 )
 
@@ -283,8 +284,8 @@ func TestManifestsAgree(t *testing.T) {
 		}
 	}
 	class := find[networkingv1.IngressClass](t, objs, "IngressClass", "portico")
-	if class.Spec.Controller != controlplane.ControllerName {
-		t.Errorf("IngressClass controller %q, want %q", class.Spec.Controller, controlplane.ControllerName)
+	if class.Spec.Controller != v1alpha1.ControllerName {
+		t.Errorf("IngressClass controller %q, want %q", class.Spec.Controller, v1alpha1.ControllerName)
 	}
 	if p := class.Spec.Parameters; p == nil || p.Kind != "Service" || p.Name != gname || p.Namespace == nil || *p.Namespace != gns {
 		t.Errorf("IngressClass parameters %+v do not name the group %s", class.Spec.Parameters, flags["group"])

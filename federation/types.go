@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // Resource is the FederatedIngress CRD (deploy/federation/federatedingresses.portico.io.yaml).
@@ -22,7 +22,7 @@ const (
 	// FederatedIngress's name (the namespace is the Ingress's own). The member's
 	// control plane reads it: in BGP mode its edges announce by the health of such
 	// Ingresses (model.Group.Federated).
-	LabelSource = controlplane.LabelFederatedIngress
+	LabelSource = v1alpha1.LabelFederatedIngress
 	// AnnotationGeneration is the FederatedIngress generation a member's Ingress was
 	// rendered from.
 	AnnotationGeneration = "portico.io/federation-generation"

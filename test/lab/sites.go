@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/api/sites"
-	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
@@ -550,7 +550,7 @@ func (l *Lab) FederatedIngress(ctx context.Context, name, host, service string) 
 	if err != nil {
 		return err
 	}
-	ing.Labels = map[string]string{controlplane.LabelFederatedIngress: name}
+	ing.Labels = map[string]string{v1alpha1.LabelFederatedIngress: name}
 	_, err = c.Update(ctx, ing, metav1.UpdateOptions{})
 	return err
 }
