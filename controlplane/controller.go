@@ -247,11 +247,11 @@ func New(cfg Config) (*Controller, error) {
 // watchClaims adds the IngressClaim informer when the CRD is served (an informer on a
 // missing resource would never sync). A CRD installed later needs a restart.
 func (c *Controller) watchClaims() error {
-	if ok, err := c.served(ClaimResource, "IngressClaim CRD not installed: claims are not served"); !ok {
+	if ok, err := c.served(v1alpha1.IngressClaimResource, "IngressClaim CRD not installed: claims are not served"); !ok {
 		return err
 	}
 	c.dynFactory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod, c.cfg.Namespace, nil)
-	c.claimInformer = c.dynFactory.ForResource(ClaimResource).Informer()
+	c.claimInformer = c.dynFactory.ForResource(v1alpha1.IngressClaimResource).Informer()
 	return c.watch(c.claimInformer)
 }
 

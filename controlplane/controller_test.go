@@ -205,15 +205,15 @@ func TestAllocationProblems(t *testing.T) {
 }
 
 // fakeClaim is the IngressClaim ns/edge of Ingress shop, in c's dynamic client.
-func fakeClaim(t *testing.T, c *Controller, ns string) *IngressClaim {
+func fakeClaim(t *testing.T, c *Controller, ns string) *v1alpha1.IngressClaim {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"apiVersion": v1alpha1.IngressClaimResource.GroupVersion().String(), "kind": "IngressClaim",
 		"metadata": map[string]any{"name": "edge", "namespace": ns, "uid": "claim-uid"},
 		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
 	}}
 	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+		map[schema.GroupVersionResource]string{v1alpha1.IngressClaimResource: "IngressClaimList"}, u)
 	claim, err := claimFromUnstructured(u)
 	if err != nil {
 		t.Fatal(err)
@@ -272,11 +272,11 @@ func TestClaimOutsideGroupNamespaces(t *testing.T) {
 	if len(svcs.Items) != 0 || len(dss.Items) != 0 {
 		t.Errorf("provisioned %d Services and %d DaemonSets, want none", len(svcs.Items), len(dss.Items))
 	}
-	got, err := c.cfg.Dynamic.Resource(ClaimResource).Namespace("tenant").Get(ctx, "edge", metav1.GetOptions{})
+	got, err := c.cfg.Dynamic.Resource(v1alpha1.IngressClaimResource).Namespace("tenant").Get(ctx, "edge", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if phase, _, _ := unstructured.NestedString(got.Object, "status", "phase"); phase != ClaimPending {
+	if phase, _, _ := unstructured.NestedString(got.Object, "status", "phase"); phase != v1alpha1.ClaimPending {
 		t.Errorf("claim status %v, want Pending", got.Object["status"])
 	}
 }
@@ -286,12 +286,12 @@ func TestClaimOutsideGroupNamespaces(t *testing.T) {
 func TestClaimDaemonSetLookups(t *testing.T) {
 	c, _ := fakeController(t)
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"apiVersion": v1alpha1.IngressClaimResource.GroupVersion().String(), "kind": "IngressClaim",
 		"metadata": map[string]any{"name": "edge", "namespace": "ns", "uid": "claim-uid"},
 		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
 	}}
 	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+		map[schema.GroupVersionResource]string{v1alpha1.IngressClaimResource: "IngressClaimList"}, u)
 	claim, err := claimFromUnstructured(u)
 	if err != nil {
 		t.Fatal(err)

@@ -533,25 +533,25 @@ func TestIntegrationScheduling(t *testing.T) {
 	})
 }
 
-func (e *env) createClaim(name string, policy ReclaimPolicy, ingresses ...string) {
+func (e *env) createClaim(name string, policy v1alpha1.ReclaimPolicy, ingresses ...string) {
 	e.t.Helper()
 	refs := []any{}
 	for _, i := range ingresses {
 		refs = append(refs, map[string]any{"name": i})
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"apiVersion": v1alpha1.IngressClaimResource.GroupVersion().String(), "kind": "IngressClaim",
 		"metadata": map[string]any{"name": name, "namespace": e.ns},
 		"spec": map[string]any{"ingresses": refs, "reclaimPolicy": string(policy),
 			"template": map[string]any{"nodeSelector": map[string]any{"portico.io/edge": "true"}, "replicas": int64(3)}},
 	}}
-	if _, err := e.dyn.Resource(ClaimResource).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+	if _, err := e.dyn.Resource(v1alpha1.IngressClaimResource).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create IngressClaim: %v", err)
 	}
 }
 
-func (e *env) claim(name string) (*IngressClaim, error) {
-	u, err := e.dyn.Resource(ClaimResource).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+func (e *env) claim(name string) (*v1alpha1.IngressClaim, error) {
+	u, err := e.dyn.Resource(v1alpha1.IngressClaimResource).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -571,8 +571,8 @@ func TestIntegrationIngressClaim(t *testing.T) {
 	mk("shop")
 	mk("blog")
 	mk("kept")
-	e.createClaim("edge", ReclaimDelete, "shop", "blog", "not-yet")
-	e.createClaim("keep", ReclaimRetain, "kept")
+	e.createClaim("edge", v1alpha1.ReclaimDelete, "shop", "blog", "not-yet")
+	e.createClaim("keep", v1alpha1.ReclaimRetain, "kept")
 	pool, _ := ParsePool("203.0.113.0/30")
 	e.start(func(c *Config) { c.Pools = []Pool{pool}; c.AgentImage = "example/portico:test" })
 
@@ -582,7 +582,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			want := IngressClaimStatus{Phase: ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"},
+			want := v1alpha1.IngressClaimStatus{Phase: v1alpha1.ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"},
 				Replicas: 3, Message: "0/3 replicas ready"}
 			if d := cmp.Diff(want, c.Status); d != "" {
 				return "claim status (-want +got):\n" + d
@@ -608,7 +608,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			pod, agentPod := ds.Spec.Template.Spec, manifest.Spec.Template.Spec
 			flags := agentFlags(pod.Containers[0].Args)
 			switch {
-			case !ownedBy(ds, c) || ds.Spec.Template.Labels[LabelClaim] != "edge" || ds.Spec.Template.Labels["app.kubernetes.io/name"] != "":
+			case !ownedBy(ds, c) || ds.Spec.Template.Labels[v1alpha1.LabelClaim] != "edge" || ds.Spec.Template.Labels["app.kubernetes.io/name"] != "":
 				return fmt.Sprintf("DaemonSet not the claim's: owners %v, pod labels %v", ds.OwnerReferences, ds.Spec.Template.Labels)
 			case pod.NodeSelector["portico.io/edge"] != "true" || pod.Containers[0].Image != "example/portico:test":
 				return fmt.Sprintf("DaemonSet not as asked: node selector %v, image %q", pod.NodeSelector, pod.Containers[0].Image)
@@ -647,7 +647,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 				if err != nil {
 					return err.Error()
 				}
-				if c.Status.ReadyReplicas != ready || c.Status.Replicas != 3 || c.Status.Message != message || c.Status.Phase != ClaimBound {
+				if c.Status.ReadyReplicas != ready || c.Status.Replicas != 3 || c.Status.Message != message || c.Status.Phase != v1alpha1.ClaimBound {
 					return fmt.Sprintf("status %+v, want Bound, %d/3 ready, message %q", c.Status, ready, message)
 				}
 				return ""
@@ -686,7 +686,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 	})
 	t.Run("reclaim Retain", func(t *testing.T) {
 		eventually(t, converge, func() string {
-			if c, err := e.claim("keep"); err != nil || c.Status.Phase != ClaimBound {
+			if c, err := e.claim("keep"); err != nil || c.Status.Phase != v1alpha1.ClaimBound {
 				return fmt.Sprintf("keep not bound yet: %v", err)
 			}
 			return ""
@@ -699,7 +699,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			if c.Status.Phase != ClaimReleased || len(c.Status.BoundIngresses) != 0 {
+			if c.Status.Phase != v1alpha1.ClaimReleased || len(c.Status.BoundIngresses) != 0 {
 				return fmt.Sprintf("status %+v, want Released with no Ingresses", c.Status)
 			}
 			if _, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "keep", metav1.GetOptions{}); err != nil {
@@ -790,7 +790,7 @@ func (e *env) applyExample(file string) {
 		"Service":      {Version: "v1", Resource: "services"},
 		"Ingress":      {Group: "networking.k8s.io", Version: "v1", Resource: "ingresses"},
 		"IngressClass": {Group: "networking.k8s.io", Version: "v1", Resource: "ingressclasses"},
-		"IngressClaim": ClaimResource,
+		"IngressClaim": v1alpha1.IngressClaimResource,
 	}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {

@@ -32,6 +32,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/internal/testenv"
@@ -709,7 +710,7 @@ func testController(t *testing.T, ctx context.Context, admin *rest.Config, cs ku
 	defer stop()
 
 	dyn := dynamic.NewForConfigOrDie(admin)
-	claims := dyn.Resource(controlplane.ClaimResource).Namespace(namespace)
+	claims := dyn.Resource(v1alpha1.IngressClaimResource).Namespace(namespace)
 	annotation := func(obj metav1.Object, k string) string { return obj.GetAnnotations()[k] }
 	testenv.Eventually(t, 30*time.Second, func() string {
 		if bad := reqs.list(); len(bad) > 0 {
@@ -739,7 +740,7 @@ func testController(t *testing.T, ctx context.Context, admin *rest.Config, cs ku
 		if err != nil {
 			return err.Error()
 		}
-		if phase, _, _ := unstructured.NestedString(claim.Object, "status", "phase"); phase != controlplane.ClaimBound {
+		if phase, _, _ := unstructured.NestedString(claim.Object, "status", "phase"); phase != v1alpha1.ClaimBound {
 			return "claim shop phase " + phase
 		}
 		if _, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "shop", metav1.GetOptions{}); err != nil {

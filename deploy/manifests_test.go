@@ -369,11 +369,11 @@ func TestManifestsAgree(t *testing.T) {
 		}
 	}
 	// The CRD is the resource the code watches.
-	crdName := controlplane.ClaimResource.Resource + "." + controlplane.ClaimResource.Group
+	crdName := v1alpha1.IngressClaimResource.Resource + "." + v1alpha1.IngressClaimResource.Group
 	if !slices.ContainsFunc(objs, func(u *unstructured.Unstructured) bool {
 		return u.GetKind() == "CustomResourceDefinition" && u.GetName() == crdName
 	}) {
-		t.Errorf("no CustomResourceDefinition %s (controlplane.ClaimResource) in the kustomization", crdName)
+		t.Errorf("no CustomResourceDefinition %s (v1alpha1.IngressClaimResource) in the kustomization", crdName)
 	}
 }
 
