@@ -5,84 +5,19 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"os"
 	"slices"
 	"sync"
 	"time"
 
 	"go.uber.org/zap"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"sigs.k8s.io/yaml"
 
+	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/bgpfile"
 	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-// BGPFile is the agent's BGP configuration in --announce=bgp mode: the file the
-// chart renders from its bgp values into a ConfigMap (one for every edge node;
-// peers can be limited to some nodes). Durations are Go durations ("50ms", "9s").
-type BGPFile struct {
-	// ASN is the edges' autonomous system number (every edge the same).
-	ASN uint32 `json:"asn"`
-	// RouterID defaults to the node's IPv4 address on the edge interface.
-	RouterID string `json:"routerID,omitempty"`
-	// GracefulRestart (default false, as MetalLB's): the routers keep this edge's
-	// routes for RestartTime when its session drops. That spares the ECMP rehash of
-	// an agent restart, which Portico does not need (every edge steers a flow to
-	// the same replica), and keeps a dead edge's routes as long: a router in
-	// graceful-restart helper mode does not drop them when BFD or the hold timer
-	// finds the session down. Without it a restarting agent's routes go at once
-	// (its session ends with a Cease), the other edges take its flows, and it
-	// announces again within seconds of starting.
-	GracefulRestart *bool            `json:"gracefulRestart,omitempty"`
-	RestartTime     *metav1.Duration `json:"restartTime,omitempty"`
-	// NextHop6 is this node's IPv6 next hop, needed to announce IPv6 VIPs over
-	// IPv4 sessions. Per node, so usually given by flag instead (--bgp-nexthop6).
-	NextHop6 string `json:"nextHop6,omitempty"`
-	// WithdrawAfter is how long an unhealthy node stays announced, de-preferenced,
-	// before it withdraws (default 10s): a short hiccup moves only new flows away.
-	WithdrawAfter *metav1.Duration `json:"withdrawAfter,omitempty"`
-	BFDProfiles   []BFDProfile     `json:"bfdProfiles,omitempty"`
-	Peers         []BGPPeer        `json:"peers"`
-}
-
-// BFDProfile is a named set of BFD timers, as MetalLB's BFDProfile.
-type BFDProfile struct {
-	Name             string          `json:"name"`
-	TransmitInterval metav1.Duration `json:"transmitInterval"`
-	ReceiveInterval  metav1.Duration `json:"receiveInterval"`
-	DetectMultiplier uint8           `json:"detectMultiplier"`
-}
-
-// BGPPeer is one router the edges peer with, as MetalLB's BGPPeer.
-type BGPPeer struct {
-	Address           string           `json:"address"`
-	ASN               uint32           `json:"asn"`
-	Port              uint16           `json:"port,omitempty"`
-	Password          string           `json:"password,omitempty"`
-	HoldTime          *metav1.Duration `json:"holdTime,omitempty"`
-	KeepaliveInterval *metav1.Duration `json:"keepaliveInterval,omitempty"`
-	BFDProfile        string           `json:"bfdProfile,omitempty"`
-	Communities       []string         `json:"communities,omitempty"`
-	LocalPref         uint32           `json:"localPref,omitempty"`
-	// Nodes limits the peer to these nodes (by name); empty: every edge node.
-	Nodes []string `json:"nodes,omitempty"`
-}
-
-// LoadBGPFile reads a BGPFile (YAML or JSON), rejecting unknown fields.
-func LoadBGPFile(path string) (BGPFile, error) {
-	var f BGPFile
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return f, fmt.Errorf("read bgp config: %w", err)
-	}
-	if err := yaml.UnmarshalStrict(b, &f); err != nil {
-		return f, fmt.Errorf("bgp config %s: %w", path, err)
-	}
-	return f, nil
-}
-
-// defaultWithdrawAfter is BGPFile.WithdrawAfter's default.
+// defaultWithdrawAfter is bgpfile.File.WithdrawAfter's default.
 const defaultWithdrawAfter = 10 * time.Second
 
 // defaultSiteUpAfter is how long a federated site's Ingresses must have a ready
@@ -91,7 +26,7 @@ const defaultSiteUpAfter = 3 * time.Second
 
 // SpeakerConfig turns the file into node's speaker configuration. routerID is
 // used when the file names none (the node's address).
-func (f BGPFile) SpeakerConfig(node string, routerID, nextHop6 netip.Addr) (bgp.Config, error) {
+func SpeakerConfig(f bgpfile.File, node string, routerID, nextHop6 netip.Addr) (bgp.Config, error) {
 	c := bgp.Config{ASN: f.ASN, RouterID: routerID, ListenPort: -1, NextHop6: nextHop6}
 	if f.RouterID != "" {
 		a, err := netip.ParseAddr(f.RouterID)
@@ -113,7 +48,7 @@ func (f BGPFile) SpeakerConfig(node string, routerID, nextHop6 netip.Addr) (bgp.
 		}
 		c.NextHop6 = a
 	}
-	profiles := map[string]BFDProfile{}
+	profiles := map[string]bgpfile.BFDProfile{}
 	for _, p := range f.BFDProfiles {
 		if _, dup := profiles[p.Name]; dup || p.Name == "" {
 			return c, fmt.Errorf("bgp bfdProfiles: name %q empty or listed twice", p.Name)
@@ -155,7 +90,7 @@ func (f BGPFile) SpeakerConfig(node string, routerID, nextHop6 netip.Addr) (bgp.
 }
 
 // withdrawAfter is the file's WithdrawAfter or its default.
-func (f BGPFile) withdrawAfter() time.Duration {
+func withdrawAfter(f bgpfile.File) time.Duration {
 	if f.WithdrawAfter != nil && f.WithdrawAfter.Duration > 0 {
 		return f.WithdrawAfter.Duration
 	}
@@ -220,7 +155,7 @@ type bgpSink struct {
 	handover func()
 	siteAway bool
 	// siteDrain reports whether the site drains now (a planned drain in a
-	// federation, SitesFile.Draining): de-preferenced, and away; withdrawn once
+	// federation, sites.File.Draining): de-preferenced, and away; withdrawn once
 	// its drain grace is over.
 	siteDrain func(time.Time) (draining, withdraw bool)
 }
@@ -404,18 +339,31 @@ func (b *bgpSink) run(ctx context.Context) error {
 }
 
 // status is this node's BGP state for the published State.
-func (b *bgpSink) status() *BGPState {
+func (b *bgpSink) status() *agentstatus.BGPState {
 	st := b.speaker.Status()
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return &BGPState{Preference: b.pref.String(), Status: st}
+	return bgpState(b.pref, st)
 }
 
-// BGPState is what a node in --announce=bgp mode publishes: its sessions, their
-// BFD state, and what it announces.
-type BGPState struct {
-	Preference string `json:"preference"`
-	bgp.Status
+// bgpState is what a node in --announce=bgp mode publishes: how it announces,
+// its sessions, their BFD state, and what it announces.
+func bgpState(pref bgp.Preference, st bgp.Status) *agentstatus.BGPState {
+	out := &agentstatus.BGPState{Preference: pref.String()}
+	if st.Peers != nil {
+		out.Peers = make([]agentstatus.BGPPeerStatus, 0, len(st.Peers))
+	}
+	for _, p := range st.Peers {
+		out.Peers = append(out.Peers, agentstatus.BGPPeerStatus{Addr: p.Addr, ASN: p.ASN, State: p.State,
+			EstablishedAt: p.EstablishedAt, UptimeSeconds: p.UptimeSeconds, BFD: p.BFD, Received: p.Received, Accepted: p.Accepted})
+	}
+	if st.Announced != nil {
+		out.Announced = make([]agentstatus.BGPAnnouncement, 0, len(st.Announced))
+	}
+	for _, a := range st.Announced {
+		out.Announced = append(out.Announced, agentstatus.BGPAnnouncement{Prefix: a.Prefix, Preference: a.Preference.String()})
+	}
+	return out
 }
 
 // firstAddr is the interface's first IPv4 (v4) or global IPv6 address, the zero

@@ -2,12 +2,14 @@ package agent
 
 import (
 	"context"
+	"encoding/json"
 	"net/netip"
 	"testing"
 	"time"
 
 	"go.uber.org/zap"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/bgp"
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -251,5 +253,60 @@ func TestBGPSinkSiteDrain(t *testing.T) {
 	b.tick(time.Second)
 	if r.pref != bgp.Normal || calls != n+1 {
 		t.Errorf("drain over: announced %v, hand-over renewed %d times; want normal, once", r.pref, calls-n)
+	}
+}
+
+// TestBGPStateWire: the BGP state a node publishes (api/agentstatus) reads as the
+// speaker's own status with the node's preference beside it, field for field, so
+// readers of the status Lease see what the speaker reports.
+func TestBGPStateWire(t *testing.T) {
+	up := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		pref bgp.Preference
+		st   bgp.Status
+	}{
+		{"none", bgp.Withdrawn, bgp.Status{}},
+		{"sessions and announcements", bgp.Depreferenced, bgp.Status{
+			Peers: []bgp.PeerStatus{
+				{Addr: netip.MustParseAddr("10.0.0.1"), ASN: 64512, State: "established", EstablishedAt: up, UptimeSeconds: 42, BFD: "up", Received: 3, Accepted: 2},
+				{Addr: netip.MustParseAddr("fd00::1"), ASN: 64513, State: "idle"},
+			},
+			Announced: []bgp.Announcement{
+				{Prefix: netip.MustParsePrefix("192.0.2.10/32"), Preference: bgp.Normal},
+				{Prefix: netip.MustParsePrefix("2001:db8::10/128"), Preference: bgp.Depreferenced},
+			}}},
+		{"empty lists", bgp.Normal, bgp.Status{Peers: []bgp.PeerStatus{}, Announced: []bgp.Announcement{}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, err := json.Marshal(struct {
+				Preference string `json:"preference"`
+				bgp.Status
+			}{tc.pref.String(), tc.st})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := json.Marshal(bgpState(tc.pref, tc.st))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if string(got) != string(want) {
+				t.Errorf("published\n%s\nwant\n%s", got, want)
+			}
+		})
+	}
+}
+
+// TestBGPPreferenceNames: the speaker's preferences are published by the names
+// readers of the status Lease compare with (api/agentstatus).
+func TestBGPPreferenceNames(t *testing.T) {
+	for p, want := range map[bgp.Preference]string{
+		bgp.Withdrawn:     agentstatus.PreferenceWithdrawn,
+		bgp.Normal:        agentstatus.PreferenceNormal,
+		bgp.Depreferenced: agentstatus.PreferenceDepreferenced,
+	} {
+		if p.String() != want {
+			t.Errorf("preference %d is published as %q, readers look for %q", int(p), p.String(), want)
+		}
 	}
 }

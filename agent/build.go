@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"github.com/portico-edge/portico/api/agentstatus"
 	"net"
 	"net/netip"
 	"sync"
@@ -143,7 +144,7 @@ func (a *agent) buildSites() {
 	if !l4.tunnel.IsValid() {
 		l4.tunnel = firstAddr(a.ifc, true)
 	}
-	l4.sites = &sites{path: a.cfg.Sites, ifc: a.ifc, neigh: l4.neigh, log: a.log.Named("sites")}
+	l4.sites = &peerSites{path: a.cfg.Sites, ifc: a.ifc, neigh: l4.neigh, log: a.log.Named("sites")}
 	l4.sites.reload()
 	l4.spillGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "portico_site_spill_ratio",
 		Help: "The share of this edge's new connections it spills to another site above its capacity (federation overflow)."})
@@ -179,14 +180,14 @@ type announcement struct {
 
 	vrrpStates  func() map[string]vrrp.State
 	vrrpSources func() []netip.Addr // nil: none published
-	bgpStatus   func() *BGPState
+	bgpStatus   func() *agentstatus.BGPState
 }
 
 // buildBGP announces the VIPs with BGP from every edge (Config.BGP).
 func (a *agent) buildBGP() error {
 	cfg := a.cfg
 	routerID := firstAddr(a.ifc, true)
-	scfg, err := cfg.BGP.SpeakerConfig(cfg.Node, routerID, cfg.NextHop6)
+	scfg, err := SpeakerConfig(cfg.BGP, cfg.Node, routerID, cfg.NextHop6)
 	if err != nil {
 		return err
 	}
@@ -200,7 +201,7 @@ func (a *agent) buildBGP() error {
 		return err
 	}
 	bs := &bgpSink{group: cfg.Group, log: blog, speaker: speaker, setLoVIPs: a.host.setLoVIPs, localAddrs: localAddrs,
-		withdrawAfter: cfg.BGP.withdrawAfter(), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: a.host.managedVIPs()}
+		withdrawAfter: withdrawAfter(cfg.BGP), siteUpAfter: defaultSiteUpAfter, now: time.Now, managed: a.host.managedVIPs()}
 	if a.l4.sites != nil {
 		bs.handover, bs.siteDrain = a.l4.handover, a.l4.sites.drainingNow
 	}
@@ -225,7 +226,7 @@ func (a *agent) buildVRRP(ctx context.Context) error {
 		newAnnouncer: newAnnouncer(vlog, vmet), setLoVIPs: a.host.setLoVIPs, managed: a.host.managedVIPs(),
 		unicast: cfg.VRRPUnicast}
 	a.ann = announcement{sink: vs, setHealthy: vs.setHealthy, release: vs.stop,
-		vrrpStates: vs.states, bgpStatus: func() *BGPState { return nil }}
+		vrrpStates: vs.states, bgpStatus: func() *agentstatus.BGPState { return nil }}
 	if vs.unicast {
 		a.ann.parts = []part{{"vrrp-peers", func(ctx context.Context) error {
 			return followPeers(ctx, a.client, cfg.PodNamespace, vs, cfg.Node, a.log.Named("vrrp"))

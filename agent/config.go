@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"github.com/portico-edge/portico/api/bgpfile"
 	"maps"
 	"net"
 	"net/netip"
@@ -68,8 +69,8 @@ type Config struct {
 	// Announce is how the group's VIPs reach clients: "vrrp" (the default: one
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
 	Announce string
-	BGP      BGPFile    // --announce=bgp: the peers and timers (--bgp-config)
-	NextHop6 netip.Addr // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
+	BGP      bgpfile.File // --announce=bgp: the peers and timers (--bgp-config)
+	NextHop6 netip.Addr   // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
 
 	VRRPPriority uint8 // VRRP priority while healthy
 	VRRPDegraded uint8 // VRRP priority while unhealthy
@@ -92,7 +93,7 @@ type Config struct {
 	// are told the same.
 	APIServer string
 
-	// Sites is the federation peers file (--federation-peers, SitesFile);
+	// Sites is the federation peers file (--federation-peers, api/sites);
 	// empty: no site hand-over. Tunnel is this node's tunnel address for it.
 	Sites  string
 	Tunnel netip.Addr

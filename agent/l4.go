@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/liveness"
@@ -143,7 +144,7 @@ type l4Sink struct {
 	log   *zap.Logger
 	// sites, in a federation (--federation-peers), gives the other sites' edges
 	// for a site hand-over, reached from tunnel, this node's tunnel address.
-	sites    *sites
+	sites    *peerSites
 	tunnel   netip.Addr
 	handing  bool      // the last Handover found VIPs to hand over
 	allSince time.Time // when handover (towards every site) was last called
@@ -391,9 +392,9 @@ func (s *l4Sink) expireTransitions(ctx context.Context) error {
 
 // replicas is the group's replicas as Kubernetes lists them, each with this
 // node's liveness verdict, for the published status.
-func (s *l4Sink) replicas() []ReplicaLiveness {
+func (s *l4Sink) replicas() []agentstatus.ReplicaLiveness {
 	s.mu.Lock()
-	var out []ReplicaLiveness
+	var out []agentstatus.ReplicaLiveness
 	for _, g := range s.last.Groups {
 		if g.Name != s.group {
 			continue
@@ -403,7 +404,7 @@ func (s *l4Sink) replicas() []ReplicaLiveness {
 			if r.State == model.Draining {
 				k = "draining"
 			}
-			out = append(out, ReplicaLiveness{Addr: r.Addr.String(), Kubernetes: k, Live: "unchecked"})
+			out = append(out, agentstatus.ReplicaLiveness{Addr: r.Addr.String(), Kubernetes: k, Live: "unchecked"})
 		}
 	}
 	s.mu.Unlock()

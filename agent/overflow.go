@@ -8,23 +8,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/api/sites"
 )
-
-// Overflow is a site's capacity and where it spills above it (SitesFile.Overflow).
-type Overflow struct {
-	// CapacityPerEdge is how many new connections a second each edge of this
-	// site takes: the site's capacity divided by its edges (the routers spread
-	// new connections evenly over them). Above it, an edge sends the excess to
-	// To's edges through tunnels (dataplane.Group.Spill), in whole steps of
-	// spillStep, for the new connections only.
-	CapacityPerEdge float64 `json:"capacityPerEdge"`
-	// To is the peer site that takes the excess (the next closest).
-	To string `json:"to"`
-	// Limit is the most of an edge's new connections that spill (default 0.5,
-	// at most dataplane.MaxSpill).
-	Limit float64 `json:"limit,omitempty"`
-}
 
 const (
 	// spillStep is the unit of a spill ratio: each change is a ring change.
@@ -35,30 +20,17 @@ const (
 	spillEvery  = 200 * time.Millisecond
 	spillWindow = time.Second
 	spillDown   = 2 * time.Second
-	// defaultSpillLimit is Overflow.Limit's default.
-	defaultSpillLimit = 0.5
 )
 
-// limit is the overflow's limit, defaulted and capped.
-func (o Overflow) limit() float64 {
-	switch {
-	case o.Limit <= 0:
-		return defaultSpillLimit
-	case o.Limit > dataplane.MaxSpill:
-		return dataplane.MaxSpill
-	}
-	return o.Limit
-}
-
 // spillFor is the spill ratio an offered rate of new connections a second needs
-// to bring what stays at capacity: 0 at or below it, in whole spillSteps
-// (rounded up) above, at most the limit.
-func (o Overflow) spillFor(rate float64) float64 {
+// to bring what stays at o's capacity: 0 at or below it, in whole spillSteps
+// (rounded up) above, at most o's limit.
+func spillFor(o sites.Overflow, rate float64) float64 {
 	if o.CapacityPerEdge <= 0 || rate <= o.CapacityPerEdge {
 		return 0
 	}
 	r := math.Ceil((1-o.CapacityPerEdge/rate)/spillStep-1e-9) * spillStep
-	return math.Min(math.Round(r*100)/100, o.limit())
+	return math.Min(math.Round(r*100)/100, o.EffectiveLimit())
 }
 
 // spiller follows an edge's load and sets its spill ratio: up at once, down once
@@ -76,14 +48,14 @@ type sample struct {
 
 // observe takes a reading of the edge's new-connection counter and returns the
 // ratio to use, and whether it changed.
-func (s *spiller) observe(now time.Time, flows uint64, o *Overflow) (float64, bool) {
+func (s *spiller) observe(now time.Time, flows uint64, o *sites.Overflow) (float64, bool) {
 	s.samples = append(s.samples, sample{now, flows})
 	for len(s.samples) > 2 && now.Sub(s.samples[1].at) >= spillWindow {
 		s.samples = s.samples[1:]
 	}
 	want := 0.0
 	if first := s.samples[0]; o != nil && now.Sub(first.at) > 0 && flows >= first.flows {
-		want = o.spillFor(float64(flows-first.flows) / now.Sub(first.at).Seconds())
+		want = spillFor(*o, float64(flows-first.flows)/now.Sub(first.at).Seconds())
 	}
 	switch {
 	case want > s.ratio:

@@ -3,21 +3,24 @@ package agent
 import (
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/dataplane"
 )
 
 // TestSpillFor: nothing at or below capacity; above it, what brings the rest to
 // capacity, rounded up to a step, at most the limit.
 func TestSpillFor(t *testing.T) {
-	o := Overflow{CapacityPerEdge: 100, To: "a"}
+	o := sites.Overflow{CapacityPerEdge: 100, To: "a"}
 	for _, tc := range []struct{ rate, want float64 }{
 		{0, 0}, {100, 0}, {101, 0.05}, {125, 0.2}, {150, 0.35}, {200, 0.5}, {1000, 0.5},
 	} {
-		if got := o.spillFor(tc.rate); got != tc.want {
+		if got := spillFor(o, tc.rate); got != tc.want {
 			t.Errorf("rate %v: spill %v, want %v", tc.rate, got, tc.want)
 		}
 	}
 	o.Limit = 2
-	if got := o.spillFor(1e6); got != 0.9 {
+	if got := spillFor(o, 1e6); got != 0.9 {
 		t.Errorf("limit above the most: spill %v, want 0.9", got)
 	}
 }
@@ -25,7 +28,7 @@ func TestSpillFor(t *testing.T) {
 // TestSpiller: the ratio follows the rate measured over a second: up at once,
 // down only after it has been lower for spillDown.
 func TestSpiller(t *testing.T) {
-	o := &Overflow{CapacityPerEdge: 50, To: "a"}
+	o := &sites.Overflow{CapacityPerEdge: 50, To: "a"}
 	var s spiller
 	now := time.Unix(0, 0)
 	flows := uint64(0)
@@ -70,5 +73,13 @@ func TestSpiller(t *testing.T) {
 	}
 	if r, _ := s.observe(now.Add(spillEvery), flows, nil); r != 0 {
 		t.Errorf("no overflow: ratio %v", r)
+	}
+}
+
+// TestMaxSpill: an overflow's limit is capped where the data plane caps a
+// group's spill ratio.
+func TestMaxSpill(t *testing.T) {
+	if sites.MaxSpill != dataplane.MaxSpill {
+		t.Errorf("sites.MaxSpill %v, dataplane.MaxSpill %v: want the same", sites.MaxSpill, dataplane.MaxSpill)
 	}
 }

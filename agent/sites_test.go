@@ -10,44 +10,9 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-)
 
-// TestLoadSitesFile: the peers' edges, sorted and without duplicates; a bad file
-// is an error naming what is wrong.
-func TestLoadSitesFile(t *testing.T) {
-	dir := t.TempDir()
-	for name, tc := range map[string]struct {
-		body  string
-		edges []string
-		err   string
-	}{
-		"two sites":            {"site: b\npeers:\n- {name: a, edges: [10.0.0.2, 10.0.0.1, 10.0.0.2]}\n- {name: c, edges: [10.1.0.1]}\n", []string{"a/10.0.0.1", "a/10.0.0.2", "c/10.1.0.1"}, ""},
-		"an edge in two sites": {"site: b\npeers:\n- {name: a, edges: [10.0.0.1]}\n- {name: c, edges: [10.0.0.1]}\n", nil, "in sites a and c"},
-		"no peers":             {"site: b\n", nil, ""},
-		"IPv6 edge":            {"site: b\npeers:\n- {name: a, edges: ['2001:db8::1']}\n", nil, "not an IPv4 address"},
-		"this site":            {"site: b\npeers:\n- {name: b, edges: [10.0.0.1]}\n", nil, "not this site's"},
-		"unknown field":        {"site: b\npeer: []\n", nil, "unknown field"},
-	} {
-		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
-		if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		_, edges, err := LoadSitesFile(p)
-		if tc.err != "" {
-			if err == nil || !strings.Contains(err.Error(), tc.err) {
-				t.Errorf("%s: error %v, want one saying %q", name, err, tc.err)
-			}
-			continue
-		}
-		var got []string
-		for _, e := range edges {
-			got = append(got, e.site+"/"+e.addr.String())
-		}
-		if err != nil || !slices.Equal(got, tc.edges) {
-			t.Errorf("%s: %v, %v; want %v", name, got, err, tc.edges)
-		}
-	}
-}
+	"github.com/portico-edge/portico/api/sites"
+)
 
 // TestSitesReload: a changed file is followed; an invalid one is reported and
 // the last good peers kept.
@@ -62,10 +27,10 @@ func TestSitesReload(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	s := &sites{path: p, log: zap.NewNop()}
+	s := &peerSites{path: p, log: zap.NewNop()}
 	now := time.Now()
 	write("site: b\npeers:\n- {name: a, edges: [10.0.0.1]}\n", now)
-	if !s.reload() || !slices.Equal(s.edges, []siteEdge{{"a", netip.MustParseAddr("10.0.0.1")}}) {
+	if !s.reload() || !slices.Equal(s.edges, []sites.Edge{{Site: "a", Addr: netip.MustParseAddr("10.0.0.1")}}) {
 		t.Fatalf("first read: %v", s.edges)
 	}
 	if s.reload() {
@@ -90,7 +55,7 @@ func TestSitesDrain(t *testing.T) {
 	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	s := &sites{path: p, log: zap.NewNop()}
+	s := &peerSites{path: p, log: zap.NewNop()}
 	s.reload()
 	if d, _ := s.drainingNow(from.Add(-time.Second)); d {
 		t.Error("draining a second before drainFrom")
@@ -114,26 +79,5 @@ func TestSitesDrain(t *testing.T) {
 	}
 	if got := s.draining(); !slices.Equal(got, []string{"a"}) {
 		t.Errorf("peers draining: %v, want [a]", got)
-	}
-}
-
-// TestSitesOverflow: an overflow must name a peer, a positive capacity and a
-// limit in range.
-func TestSitesOverflow(t *testing.T) {
-	dir := t.TempDir()
-	for name, tc := range map[string]struct{ body, err string }{
-		"good":        {"site: b\noverflow: {capacityPerEdge: 100, to: a, limit: 0.4}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", ""},
-		"not a peer":  {"site: b\noverflow: {capacityPerEdge: 100, to: c}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", "not a peer"},
-		"no capacity": {"site: b\noverflow: {to: a}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", "positive rate"},
-		"limit":       {"site: b\noverflow: {capacityPerEdge: 1, to: a, limit: 0.95}\npeers:\n- {name: a, edges: [10.0.0.1]}\n", "want 0 to"},
-	} {
-		p := filepath.Join(dir, strings.ReplaceAll(name, " ", "-"))
-		if err := os.WriteFile(p, []byte(tc.body), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		_, _, err := LoadSitesFile(p)
-		if tc.err == "" && err != nil || tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) {
-			t.Errorf("%s: %v, want %q", name, err, tc.err)
-		}
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 // VRRP by unicast (as keepalived's unicast_peer): a group's agents send their
@@ -62,7 +64,7 @@ func groupPeers(leases []*coordinationv1.Lease, group, self string, now time.Tim
 	mode, selfSeen := peersUnicast, false
 	for _, l := range leases {
 		var r peerReport
-		if s, ok := l.Annotations[annotationState]; !ok || json.Unmarshal([]byte(s), &r) != nil || r.Group != group {
+		if s, ok := l.Annotations[agentstatus.AnnotationState]; !ok || json.Unmarshal([]byte(s), &r) != nil || r.Group != group {
 			continue
 		}
 		var srcs []netip.Addr
@@ -103,7 +105,7 @@ func leaseRenewed(l *coordinationv1.Lease, now time.Time) bool {
 // shown up within peerWait, v starts on multicast meanwhile.
 func followPeers(ctx context.Context, client kubernetes.Interface, ns string, v *vrrpSink, self string, log *zap.Logger) error {
 	f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelAgent + "=true" }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agentstatus.Selector }))
 	inf := f.Coordination().V1().Leases()
 	changed := make(chan struct{}, 1)
 	kick := func(any) {

@@ -12,11 +12,12 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // statusLease is an agent's status Lease publishing st, renewed at renewed.
-func statusLease(t *testing.T, st State, renewed time.Time) *coordinationv1.Lease {
+func statusLease(t *testing.T, st agentstatus.State, renewed time.Time) *coordinationv1.Lease {
 	t.Helper()
 	b, err := json.Marshal(st)
 	if err != nil {
@@ -24,7 +25,7 @@ func statusLease(t *testing.T, st State, renewed time.Time) *coordinationv1.Leas
 	}
 	secs := int32(7)
 	rt := metav1.NewMicroTime(renewed)
-	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: leaseName(st.Node), Annotations: map[string]string{annotationState: string(b)}},
+	return &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: agentstatus.LeaseName(st.Node), Annotations: map[string]string{agentstatus.AnnotationState: string(b)}},
 		Spec: coordinationv1.LeaseSpec{HolderIdentity: &st.Node, LeaseDurationSeconds: &secs, RenewTime: &rt}}
 }
 
@@ -39,8 +40,8 @@ func addrs(ss ...string) []netip.Addr {
 func TestGroupPeers(t *testing.T) {
 	now := time.Now()
 	old := now.Add(-time.Minute) // past the Lease's 7 s
-	agentOf := func(node, group string, srcs ...string) State {
-		return State{Node: node, Group: group, VRRPSources: srcs}
+	agentOf := func(node, group string, srcs ...string) agentstatus.State {
+		return agentstatus.State{Node: node, Group: group, VRRPSources: srcs}
 	}
 	for _, tc := range []struct {
 		name   string
@@ -77,7 +78,7 @@ func TestGroupPeers(t *testing.T) {
 		}, want: addrs("10.0.0.1", "10.0.0.2"), mode: peersUnicast},
 		{name: "unreadable states and addresses are skipped", leases: []*coordinationv1.Lease{
 			statusLease(t, agentOf("n1", "edge/web", "10.0.0.1", "not-an-address"), now),
-			{ObjectMeta: metav1.ObjectMeta{Name: "x", Annotations: map[string]string{annotationState: "{"}}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "x", Annotations: map[string]string{agentstatus.AnnotationState: "{"}}},
 		}, want: addrs("10.0.0.1"), mode: peersUnicast},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -159,7 +160,7 @@ func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools Pools)
 		}
 		if len(mine) == 0 && len(pools.List) > 0 {
 			problems = append(problems, model.Problem{
-				Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVIP + "]",
+				Object: "Service " + key(s), Field: "metadata.annotations[" + v1alpha1.AnnotationVIP + "]",
 				Reason: model.ReasonVIPNotInPool, Detail: "no VIP pool that assigns addresses allows this Service",
 			})
 			continue
@@ -183,7 +184,7 @@ func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools Pools)
 					fam = "IPv4"
 				}
 				problems = append(problems, model.Problem{
-					Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVIP + "]",
+					Object: "Service " + key(s), Field: "metadata.annotations[" + v1alpha1.AnnotationVIP + "]",
 					Reason: model.ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools that allow it", fam),
 				})
 			}
@@ -199,7 +200,7 @@ func AllocateVRIDs(services []*corev1.Service) (map[string]uint8, []model.Proble
 	groups := sortedGroups(services)
 	used := map[uint8]bool{}
 	for _, s := range groups {
-		if v, ok := s.Annotations[AnnotationVRID]; ok {
+		if v, ok := s.Annotations[v1alpha1.AnnotationVRID]; ok {
 			if id, err := parseVRID(v); err == nil {
 				used[id] = true
 			}
@@ -208,7 +209,7 @@ func AllocateVRIDs(services []*corev1.Service) (map[string]uint8, []model.Proble
 	out := map[string]uint8{}
 	var problems []model.Problem
 	for _, s := range groups {
-		if _, ok := s.Annotations[AnnotationVRID]; ok {
+		if _, ok := s.Annotations[v1alpha1.AnnotationVRID]; ok {
 			continue
 		}
 		id := 0
@@ -219,7 +220,7 @@ func AllocateVRIDs(services []*corev1.Service) (map[string]uint8, []model.Proble
 			}
 		}
 		if id == 0 {
-			problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.annotations[" + AnnotationVRID + "]",
+			problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.annotations[" + v1alpha1.AnnotationVRID + "]",
 				Reason: model.ReasonVRIDExhausted, Detail: "all 255 VRRP ids are taken"})
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp/cmpopts"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -69,7 +70,7 @@ func TestAllocateVIPs(t *testing.T) {
 	}{
 		{
 			name:     "lowest free, oldest first, skipping network, broadcast, exclusions and manual VIPs",
-			services: []*corev1.Service{groupSvc("e", "c", 3), groupSvc("e", "b", 2), groupSvc("e", "manual", 1, AnnotationVIP, "192.0.2.2"), groupSvc("e", "d", 4)},
+			services: []*corev1.Service{groupSvc("e", "c", 3), groupSvc("e", "b", 2), groupSvc("e", "manual", 1, v1alpha1.AnnotationVIP, "192.0.2.2"), groupSvc("e", "d", 4)},
 			pools:    []string{"192.0.2.0/29!192.0.2.1"},
 			want:     map[string][]netip.Addr{"e/b": addrs("192.0.2.3"), "e/c": addrs("192.0.2.4"), "e/d": addrs("192.0.2.5")},
 		},
@@ -93,7 +94,7 @@ func TestAllocateVIPs(t *testing.T) {
 		},
 		{
 			name: "groups with any VIP annotation (even invalid, or the ingress-vip alias) and non-groups are left alone",
-			services: []*corev1.Service{groupSvc("e", "bad", 1, AnnotationVIP, "nope"), groupSvc("e", "alias", 2, AnnotationVIPAlias, "192.0.2.1"),
+			services: []*corev1.Service{groupSvc("e", "bad", 1, v1alpha1.AnnotationVIP, "nope"), groupSvc("e", "alias", 2, v1alpha1.AnnotationVIPAlias, "192.0.2.1"),
 				backendSvc("e", "plain", sport("http", 80)), groupSvc("e", "new", 3)},
 			pools: []string{"192.0.2.0/29"},
 			want:  map[string][]netip.Addr{"e/new": addrs("192.0.2.2")},
@@ -108,7 +109,7 @@ func TestAllocateVIPs(t *testing.T) {
 					s.Spec.LoadBalancerClass = ptr(class)
 					return s
 				}
-				return []*corev1.Service{lb("dns", 2, LoadBalancerClass), groupSvc("e", "g", 1), lb("other", 3, "example.com/lb")}
+				return []*corev1.Service{lb("dns", 2, v1alpha1.LoadBalancerClass), groupSvc("e", "g", 1), lb("other", 3, "example.com/lb")}
 			}(),
 			pools: []string{"192.0.2.0/29"},
 			want:  map[string][]netip.Addr{"e/g": addrs("192.0.2.1"), "app/dns": addrs("192.0.2.2")},
@@ -153,7 +154,7 @@ func TestAllocateVIPs(t *testing.T) {
 func TestAllocateVRIDs(t *testing.T) {
 	full := make([]*corev1.Service, 0, 256)
 	for i := 1; i <= 255; i++ {
-		full = append(full, groupSvc("e", "g"+string(rune('a'+i%26))+strconv.Itoa(i), i, AnnotationVRID, strconv.Itoa(i)))
+		full = append(full, groupSvc("e", "g"+string(rune('a'+i%26))+strconv.Itoa(i), i, v1alpha1.AnnotationVRID, strconv.Itoa(i)))
 	}
 	full = append(full, groupSvc("e", "late", 300))
 	tests := []struct {
@@ -164,7 +165,7 @@ func TestAllocateVRIDs(t *testing.T) {
 	}{
 		{
 			name:     "lowest free, oldest first, manual ids kept, invalid ones not replaced",
-			services: []*corev1.Service{groupSvc("e", "b", 2), groupSvc("e", "a", 1), groupSvc("e", "m", 0, AnnotationVRID, "1"), groupSvc("e", "bad", 0, AnnotationVRID, "300")},
+			services: []*corev1.Service{groupSvc("e", "b", 2), groupSvc("e", "a", 1), groupSvc("e", "m", 0, v1alpha1.AnnotationVRID, "1"), groupSvc("e", "bad", 0, v1alpha1.AnnotationVRID, "300")},
 			want:     map[string]uint8{"e/a": 2, "e/b": 3},
 		},
 		{

@@ -14,6 +14,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // annotate sets one annotation on a Service or Ingress ("namespace/name") and, only
@@ -88,7 +90,7 @@ func (c *Controller) withWritten(st State) State {
 	overlay := func(kind string, o metav1.Object) map[string]string {
 		var add map[string]string
 		object := key(o)
-		for _, ann := range []string{AnnotationVIP, AnnotationVRID, AnnotationGroup} {
+		for _, ann := range []string{v1alpha1.AnnotationVIP, v1alpha1.AnnotationVRID, v1alpha1.AnnotationGroup} {
 			k := writtenKey{kind, object, ann}
 			w, ok := c.written[k]
 			if !ok {

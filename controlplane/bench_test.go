@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -43,7 +44,7 @@ func bigState(n int) State {
 			{"/", networkingv1.PathTypePrefix, name, "a"},
 			{"/api", networkingv1.PathTypePrefix, name, "b"},
 			{"/health", networkingv1.PathTypeExact, name, 82},
-		}, AnnotationGroup, "edge/g1"))
+		}, v1alpha1.AnnotationGroup, "edge/g1"))
 	}
 	return st
 }
@@ -91,10 +92,10 @@ func BenchmarkValidate5000(b *testing.B) {
 // Run with -benchtime 1x.
 func BenchmarkEndpointSliceToSink(b *testing.B) {
 	e := newEnv(b)
-	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "1"))
+	e.svc(groupSvc("", "g1", 0, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationVRID, "1"))
 	e.svc(backendSvc("", "web", sport("http", 80)))
 	es := e.slice(slice("", "web", "web-1", "http", 8080, ep{addr: "10.2.0.1", ready: true}))
-	ing := ingress(e.ns, "site", 0, "example.com", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing := ingress(e.ns, "site", 0, "example.com", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, v1alpha1.AnnotationGroup, "g1")
 	ing.CreationTimestamp = metav1.Time{}
 	e.must(e.cs.NetworkingV1().Ingresses(e.ns).Create(e.ctx, ing, metav1.CreateOptions{}))
 

@@ -8,6 +8,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -40,7 +41,7 @@ type Bindings map[string]Binding
 
 // isPorticoClass reports whether an IngressClass is served by Portico.
 func isPorticoClass(c *networkingv1.IngressClass) bool {
-	return c != nil && c.Spec.Controller == ControllerName
+	return c != nil && c.Spec.Controller == v1alpha1.ControllerName
 }
 
 // defaultClass returns the default Portico IngressClass, if any.
@@ -73,19 +74,19 @@ func bindingOf(ing *networkingv1.Ingress, classes map[string]*networkingv1.Ingre
 	} else {
 		class = defaultClass(classes)
 	}
-	if g, ok := ing.Annotations[AnnotationGroup]; ok {
+	if g, ok := ing.Annotations[v1alpha1.AnnotationGroup]; ok {
 		// An explicit or recorded binding wins, unless the Ingress names another
 		// controller's class.
 		if class != nil && !isPorticoClass(class) {
 			return Binding{}
 		}
 		if strings.TrimSpace(g) == "" {
-			return Binding{Ours: true, Field: "metadata.annotations[" + AnnotationGroup + "]", Err: fmt.Errorf("empty group")}
+			return Binding{Ours: true, Field: "metadata.annotations[" + v1alpha1.AnnotationGroup + "]", Err: fmt.Errorf("empty group")}
 		}
 		return Binding{Ours: true, Group: groupRef(g, ing.Namespace)}
 	}
-	if sel, ok := ing.Annotations[AnnotationGroupSelector]; ok && (class == nil || isPorticoClass(class)) {
-		return selectorBinding(sel, "metadata.annotations["+AnnotationGroupSelector+"]")
+	if sel, ok := ing.Annotations[v1alpha1.AnnotationGroupSelector]; ok && (class == nil || isPorticoClass(class)) {
+		return selectorBinding(sel, "metadata.annotations["+v1alpha1.AnnotationGroupSelector+"]")
 	}
 	if !isPorticoClass(class) {
 		return Binding{}
@@ -100,16 +101,16 @@ func bindingOf(ing *networkingv1.Ingress, classes map[string]*networkingv1.Ingre
 		}
 		return Binding{Ours: true, Group: ns + "/" + p.Name}
 	}
-	if g := class.Annotations[AnnotationGroup]; g != "" {
+	if g := class.Annotations[v1alpha1.AnnotationGroup]; g != "" {
 		if !strings.Contains(g, "/") {
-			return Binding{Ours: true, Field: "IngressClass " + class.Name + " metadata.annotations[" + AnnotationGroup + "]", Err: fmt.Errorf("%q is not namespace/name", g)}
+			return Binding{Ours: true, Field: "IngressClass " + class.Name + " metadata.annotations[" + v1alpha1.AnnotationGroup + "]", Err: fmt.Errorf("%q is not namespace/name", g)}
 		}
 		return Binding{Ours: true, Group: g}
 	}
-	if sel, ok := class.Annotations[AnnotationGroupSelector]; ok {
-		return selectorBinding(sel, "IngressClass "+class.Name+" metadata.annotations["+AnnotationGroupSelector+"]")
+	if sel, ok := class.Annotations[v1alpha1.AnnotationGroupSelector]; ok {
+		return selectorBinding(sel, "IngressClass "+class.Name+" metadata.annotations["+v1alpha1.AnnotationGroupSelector+"]")
 	}
-	return Binding{Ours: true, Field: "IngressClass " + class.Name, Err: fmt.Errorf("the class names no group: set spec.parameters (kind Service) or the %s annotation", AnnotationGroup)}
+	return Binding{Ours: true, Field: "IngressClass " + class.Name, Err: fmt.Errorf("the class names no group: set spec.parameters (kind Service) or the %s annotation", v1alpha1.AnnotationGroup)}
 }
 
 func selectorBinding(sel, field string) Binding {
@@ -137,11 +138,11 @@ func (b *builder) boundIngresses() []*networkingv1.Ingress {
 		case bd.Group == "":
 			// Waiting for the scheduler, which needs a matching group.
 			if len(matchingGroups(b.groupList, bd.Selector)) == 0 {
-				b.problem("Ingress", ing, "metadata.annotations["+AnnotationGroupSelector+"]", model.ReasonNoMatchingGroup,
+				b.problem("Ingress", ing, "metadata.annotations["+v1alpha1.AnnotationGroupSelector+"]", model.ReasonNoMatchingGroup,
 					"no group matches selector %q", bd.Selector.String())
 			}
 		case b.groupsOut[bd.Group] == nil:
-			b.problem("Ingress", ing, "metadata.annotations["+AnnotationGroup+"]", model.ReasonGroupNotFound,
+			b.problem("Ingress", ing, "metadata.annotations["+v1alpha1.AnnotationGroup+"]", model.ReasonGroupNotFound,
 				"group %s does not exist (bindings are sticky: recreate it or rebind by hand)", bd.Group)
 		default:
 			out = append(out, ing)

@@ -64,7 +64,7 @@ func aps(s ...string) []netip.AddrPort {
 // g1 is the group most cases use: VIP 192.0.2.10, VRID 7, one ready and one
 // terminating agent.
 func g1Objects() ([]*corev1.Service, []*discoveryv1.EndpointSlice) {
-	return []*corev1.Service{groupSvc("edge", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7")},
+	return []*corev1.Service{groupSvc("edge", "g1", 0, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationVRID, "7")},
 		[]*discoveryv1.EndpointSlice{slice("edge", "g1", "g1-a", "http", 80,
 			ep{addr: "10.1.0.2", node: "n2", ready: true},
 			ep{addr: "10.1.0.1", node: "n1", ready: false, terminating: true},
@@ -138,7 +138,7 @@ func loc(path string, typ model.PathType, up, src string) model.Location {
 func TestBuild(t *testing.T) {
 	gs, gsl := g1Objects()
 	ws, wsl := webObjects()
-	bind := []string{AnnotationGroup, "edge/g1"}
+	bind := []string{v1alpha1.AnnotationGroup, "edge/g1"}
 	pfx, exact, impl := networkingv1.PathTypePrefix, networkingv1.PathTypeExact, networkingv1.PathTypeImplementationSpecific
 
 	tests := []struct {
@@ -180,9 +180,9 @@ func TestBuild(t *testing.T) {
 		{
 			name: "group: LoadBalancer class, ingress-vip alias annotation, dual stack, node from Node addresses",
 			st: state(func() *corev1.Service {
-				s := groupSvc("edge", "lb", 0, AnnotationVIPAlias, "2001:db8::10, 192.0.2.20")
+				s := groupSvc("edge", "lb", 0, v1alpha1.AnnotationVIPAlias, "2001:db8::10, 192.0.2.20")
 				s.Spec.Type = corev1.ServiceTypeLoadBalancer
-				s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+				s.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
 				s.Spec.Ports = []corev1.ServicePort{{Port: 53, Protocol: corev1.ProtocolUDP}, {Port: 443}}
 				return s
 			}(), slice("edge", "lb", "lb-v6", "", 0, ep{addr: "2001:db8:1::2", ready: true}),
@@ -205,10 +205,10 @@ func TestBuild(t *testing.T) {
 						corev1.ServicePort{Name: "sctp", Port: 9, Protocol: corev1.ProtocolSCTP})
 					s.ObjectMeta = meta("shop", name, age, kv...)
 					s.Spec.Type = corev1.ServiceTypeLoadBalancer
-					s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+					s.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
 					return s
 				}
-				dns := l4("dns", 1, AnnotationVIP, "192.0.2.53", AnnotationProxyProtocol, "true", AnnotationUDPIdleTimeout, "10s")
+				dns := l4("dns", 1, v1alpha1.AnnotationVIP, "192.0.2.53", v1alpha1.AnnotationProxyProtocol, "true", v1alpha1.AnnotationUDPIdleTimeout, "10s")
 				dns.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 				udp := slice("shop", "dns", "dns-u", "dns", 5353, ep{addr: "10.2.0.1", ready: true}, ep{addr: "10.2.0.2", ready: false})
 				udp.Ports[0].Protocol = ptr(corev1.ProtocolUDP)
@@ -216,9 +216,9 @@ func TestBuild(t *testing.T) {
 				other.Spec.Type = corev1.ServiceTypeLoadBalancer
 				other.Spec.LoadBalancerClass = ptr("example.com/lb")
 				return state(gs, gsl, dns, udp, slice("shop", "dns", "dns-t", "dns-tcp", 5353, ep{addr: "10.2.0.1", ready: true}),
-					l4("defaulted", 2, AnnotationVIP, "192.0.2.54"),
-					l4("taken", 3, AnnotationVIP, "192.0.2.10", AnnotationGroup, "edge/g1", AnnotationProxyProtocol, "maybe", AnnotationUDPIdleTimeout, "500ms"),
-					l4("nogroup", 4, AnnotationGroup, "missing"),
+					l4("defaulted", 2, v1alpha1.AnnotationVIP, "192.0.2.54"),
+					l4("taken", 3, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationGroup, "edge/g1", v1alpha1.AnnotationProxyProtocol, "maybe", v1alpha1.AnnotationUDPIdleTimeout, "500ms"),
+					l4("nogroup", 4, v1alpha1.AnnotationGroup, "missing"),
 					other)
 			}(),
 			opts: Options{PodRouteGroup: "edge/g1"},
@@ -268,12 +268,12 @@ func TestBuild(t *testing.T) {
 		{
 			name: "group: conflicting VIP and VRID go to the older group; several VIPs of a family; bad annotations reported",
 			st: state(
-				groupSvc("edge", "old", 1, AnnotationVIP, "192.0.2.10", AnnotationVRID, "5"),
-				groupSvc("edge", "new", 2, AnnotationVIP, "192.0.2.10,2001:db8::1", AnnotationVRID, "5"),
-				groupSvc("edge", "bad", 3, AnnotationVIP, "192.0.2.300", AnnotationVRID, "0"),
-				groupSvc("edge", "twice", 4, AnnotationVIP, "192.0.2.1,192.0.2.1"),
-				groupSvc("edge", "alias", 5, AnnotationVIP, "192.0.2.30", AnnotationVIPAlias, "192.0.2.31"),
-				groupSvc("edge", "several", 6, AnnotationVIP, "192.0.2.41, 2001:db8::41, 192.0.2.40"),
+				groupSvc("edge", "old", 1, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationVRID, "5"),
+				groupSvc("edge", "new", 2, v1alpha1.AnnotationVIP, "192.0.2.10,2001:db8::1", v1alpha1.AnnotationVRID, "5"),
+				groupSvc("edge", "bad", 3, v1alpha1.AnnotationVIP, "192.0.2.300", v1alpha1.AnnotationVRID, "0"),
+				groupSvc("edge", "twice", 4, v1alpha1.AnnotationVIP, "192.0.2.1,192.0.2.1"),
+				groupSvc("edge", "alias", 5, v1alpha1.AnnotationVIP, "192.0.2.30", v1alpha1.AnnotationVIPAlias, "192.0.2.31"),
+				groupSvc("edge", "several", 6, v1alpha1.AnnotationVIP, "192.0.2.41, 2001:db8::41, 192.0.2.40"),
 			),
 			want: model.Snapshot{Groups: []model.Group{
 				{Name: "edge/alias", VIPs: addrs("192.0.2.30"), Ports: g1Group.Ports, HTTPPort: 80, HTTPSPort: 443},
@@ -320,9 +320,9 @@ func TestBuild(t *testing.T) {
 		{
 			name: "group: unmatched-host annotation; a bad value is reported and the default kept",
 			st: state(
-				groupSvc("edge", "close", 1, AnnotationUnmatchedHost, "close"),
-				groupSvc("edge", "not-found", 2, AnnotationUnmatchedHost, " not-found "),
-				groupSvc("edge", "bad", 3, AnnotationUnmatchedHost, "404"),
+				groupSvc("edge", "close", 1, v1alpha1.AnnotationUnmatchedHost, "close"),
+				groupSvc("edge", "not-found", 2, v1alpha1.AnnotationUnmatchedHost, " not-found "),
+				groupSvc("edge", "bad", 3, v1alpha1.AnnotationUnmatchedHost, "404"),
 				groupSvc("edge", "unset", 4),
 			),
 			want: model.Snapshot{Groups: []model.Group{
@@ -358,7 +358,7 @@ func TestBuild(t *testing.T) {
 			name: "same host in several Ingresses: merged, the older wins overlapping paths, TLS and default backend",
 			st: state(gs, gsl, ws, wsl, backendSvc("app", "api", sport("", 8080)), tlsSecret("app", "a-cert"), tlsSecret("app", "b-cert"),
 				func() *networkingv1.Ingress {
-					i := ingress("app", "b-newer", 2, "example.com", []path{{"/", pfx, "api", 8080}, {"/api", pfx, "api", 8080}}, append(bind, AnnotationSSLRedirect, "true")...)
+					i := ingress("app", "b-newer", 2, "example.com", []path{{"/", pfx, "api", 8080}, {"/api", pfx, "api", 8080}}, append(bind, v1alpha1.AnnotationSSLRedirect, "true")...)
 					i.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"example.com"}, SecretName: "b-cert"}}
 					i.Spec.DefaultBackend = ptr(backend("api", 8080))
 					return i
@@ -415,10 +415,10 @@ func TestBuild(t *testing.T) {
 		{
 			name: "bad annotations and bindings: the rest still translates",
 			st: state(gs, gsl, ws, wsl,
-				ingress("app", "bad-redirect", 1, "a.example", []path{{"/", pfx, "web", 80}}, append(bind, AnnotationSSLRedirect, "yes please")...),
-				ingress("app", "no-group", 2, "b.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/missing"),
-				ingress("app", "bad-selector", 3, "c.example", []path{{"/", pfx, "web", 80}}, AnnotationGroupSelector, "a in (b"),
-				ingress("app", "no-match", 4, "d.example", []path{{"/", pfx, "web", 80}}, AnnotationGroupSelector, "tier=gold"),
+				ingress("app", "bad-redirect", 1, "a.example", []path{{"/", pfx, "web", 80}}, append(bind, v1alpha1.AnnotationSSLRedirect, "yes please")...),
+				ingress("app", "no-group", 2, "b.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "edge/missing"),
+				ingress("app", "bad-selector", 3, "c.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroupSelector, "a in (b"),
+				ingress("app", "no-match", 4, "d.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroupSelector, "tier=gold"),
 				ingress("app", "other-controller", 5, "e.example", []path{{"/", pfx, "web", 80}}),
 				ingress("app", "relative-path", 6, "f.example", []path{{"rel", pfx, "web", 80}}, bind...),
 			),
@@ -438,25 +438,25 @@ func TestBuild(t *testing.T) {
 		{
 			name: "cookie affinity: default and named cookies, max-age; bad values reported, the rest served",
 			st: state(gs, gsl, ws, wsl,
-				ingress("app", "plain", 1, "a.example", []path{{"/", pfx, "web", 80}}, append(bind, AnnotationAffinity, "cookie")...),
+				ingress("app", "plain", 1, "a.example", []path{{"/", pfx, "web", 80}}, append(bind, v1alpha1.AnnotationAffinity, "cookie")...),
 				ingress("app", "named", 2, "b.example", []path{{"/cart", pfx, "web", 80}, {"/pay", exact, "web", 80}},
-					append(bind, AnnotationAffinity, "cookie", AnnotationSessionCookieName, "SHOP_id-1", AnnotationSessionCookieMaxAge, "3600")...),
-				ingress("app", "bad-kind", 3, "c.example", []path{{"/", pfx, "web", 80}}, append(bind, AnnotationAffinity, "ip")...),
+					append(bind, v1alpha1.AnnotationAffinity, "cookie", v1alpha1.AnnotationSessionCookieName, "SHOP_id-1", v1alpha1.AnnotationSessionCookieMaxAge, "3600")...),
+				ingress("app", "bad-kind", 3, "c.example", []path{{"/", pfx, "web", 80}}, append(bind, v1alpha1.AnnotationAffinity, "ip")...),
 				ingress("app", "bad-name", 4, "d.example", []path{{"/", pfx, "web", 80}},
-					append(bind, AnnotationAffinity, "cookie", AnnotationSessionCookieName, "a;b=c")...),
+					append(bind, v1alpha1.AnnotationAffinity, "cookie", v1alpha1.AnnotationSessionCookieName, "a;b=c")...),
 				ingress("app", "bad-age", 5, "e.example", []path{{"/", pfx, "web", 80}},
-					append(bind, AnnotationAffinity, "cookie", AnnotationSessionCookieMaxAge, "-1")...),
+					append(bind, v1alpha1.AnnotationAffinity, "cookie", v1alpha1.AnnotationSessionCookieMaxAge, "-1")...),
 			),
 			want: model.Snapshot{
 				Groups: []model.Group{g1Group},
 				Servers: []model.Server{
-					{Group: "edge/g1", Host: "a.example", Locations: []model.Location{affine(loc("/", model.PathPrefix, "app-web-80", "app/plain"), DefaultSessionCookie, 0)}},
+					{Group: "edge/g1", Host: "a.example", Locations: []model.Location{affine(loc("/", model.PathPrefix, "app-web-80", "app/plain"), v1alpha1.DefaultSessionCookie, 0)}},
 					{Group: "edge/g1", Host: "b.example", Locations: []model.Location{
 						affine(loc("/cart", model.PathPrefix, "app-web-80", "app/named"), "SHOP_id-1", 3600),
 						affine(loc("/pay", model.PathExact, "app-web-80", "app/named"), "SHOP_id-1", 3600)}},
 					{Group: "edge/g1", Host: "c.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/bad-kind")}},
 					{Group: "edge/g1", Host: "d.example", Locations: []model.Location{loc("/", model.PathPrefix, "app-web-80", "app/bad-name")}},
-					{Group: "edge/g1", Host: "e.example", Locations: []model.Location{affine(loc("/", model.PathPrefix, "app-web-80", "app/bad-age"), DefaultSessionCookie, 0)}},
+					{Group: "edge/g1", Host: "e.example", Locations: []model.Location{affine(loc("/", model.PathPrefix, "app-web-80", "app/bad-age"), v1alpha1.DefaultSessionCookie, 0)}},
 				},
 				Upstreams: []model.Upstream{webHTTP},
 			},
@@ -469,9 +469,9 @@ func TestBuild(t *testing.T) {
 		{
 			name: "IngressClass binding: parameters, annotation, default class, other controllers ignored",
 			st: state(gs, gsl, ws, wsl,
-				&networkingv1.IngressClass{ObjectMeta: meta("", "by-param", 0), Spec: networkingv1.IngressClassSpec{Controller: ControllerName,
+				&networkingv1.IngressClass{ObjectMeta: meta("", "by-param", 0), Spec: networkingv1.IngressClassSpec{Controller: v1alpha1.ControllerName,
 					Parameters: &networkingv1.IngressClassParametersReference{Kind: "Service", Name: "g1", Namespace: ptr("edge"), Scope: ptr("Namespace")}}},
-				&networkingv1.IngressClass{ObjectMeta: meta("", "by-annotation", 0, AnnotationGroup, "edge/g1", annotationDefaultClass, "true"), Spec: networkingv1.IngressClassSpec{Controller: ControllerName}},
+				&networkingv1.IngressClass{ObjectMeta: meta("", "by-annotation", 0, v1alpha1.AnnotationGroup, "edge/g1", annotationDefaultClass, "true"), Spec: networkingv1.IngressClassSpec{Controller: v1alpha1.ControllerName}},
 				&networkingv1.IngressClass{ObjectMeta: meta("", "nginx", 0), Spec: networkingv1.IngressClassSpec{Controller: "k8s.io/ingress-nginx"}},
 				func() *networkingv1.Ingress {
 					i := ingress("app", "p", 0, "p.example", []path{{"/", pfx, "web", 80}})
@@ -526,14 +526,14 @@ func TestBuild(t *testing.T) {
 		{
 			name: "pod routes: every path on every host, replicas share an upstream, conflicts and bad annotations",
 			st: state(gs, gsl,
-				microservice("shop", "node-1", 1, "10.3.0.1", "test.k8s.local shop.example", "3000:/nodejs,80:/", AnnotationGroup, "edge/g1"),
-				microservice("shop", "node-2", 2, "10.3.0.2", "test.k8s.local,shop.example", "3000:/nodejs 80:/", AnnotationGroup, "edge/g1"),
+				microservice("shop", "node-1", 1, "10.3.0.1", "test.k8s.local shop.example", "3000:/nodejs,80:/", v1alpha1.AnnotationGroup, "edge/g1"),
+				microservice("shop", "node-2", 2, "10.3.0.2", "test.k8s.local,shop.example", "3000:/nodejs 80:/", v1alpha1.AnnotationGroup, "edge/g1"),
 				microservice("other", "thief", 3, "10.4.0.1", "shop.example", "80:/"),
 				microservice("shop", "pending", 4, "", "shop.example", "80:/"),
 				microservice("shop", "bad", 5, "10.3.0.9", "shop.example", "http:/x,8080/y"),
 				func() *corev1.Pod {
 					p := microservice("shop", "no-paths", 6, "10.3.0.8", "shop.example", "")
-					delete(p.Annotations, AnnotationPublicPaths)
+					delete(p.Annotations, v1alpha1.AnnotationPublicPaths)
 					return p
 				}(),
 			),
@@ -660,11 +660,11 @@ func deepCopies[T interface{ DeepCopy() T }](s []T) []T {
 func TestBuildDoesNotMutate(t *testing.T) {
 	gs, gsl := g1Objects()
 	ws, wsl := webObjects()
-	ing := ingress("app", "site", 0, "Example.COM", []path{{"", "", "web", "http"}}, AnnotationGroup, "edge/g1")
+	ing := ingress("app", "site", 0, "Example.COM", []path{{"", "", "web", "http"}}, v1alpha1.AnnotationGroup, "edge/g1")
 	ing.Spec.IngressClassName = ptr("portico")
 	ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"Example.COM"}, SecretName: "c"}}
-	class := &networkingv1.IngressClass{ObjectMeta: meta("", "portico", 0), Spec: networkingv1.IngressClassSpec{Controller: ControllerName}}
-	pod := microservice("app", "ms", 0, "10.3.0.1", "pods.example", "3000:/api", AnnotationGroup, "edge/g1")
+	class := &networkingv1.IngressClass{ObjectMeta: meta("", "portico", 0), Spec: networkingv1.IngressClassSpec{Controller: v1alpha1.ControllerName}}
+	pod := microservice("app", "ms", 0, "10.3.0.1", "pods.example", "3000:/api", v1alpha1.AnnotationGroup, "edge/g1")
 	node := &corev1.Node{ObjectMeta: meta("", "n2", 0), Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.1.0.2"}}}}
 	st := state(gs, gsl, ws, wsl, ing, class, tlsSecret("app", "c"), pod, node)
 	before := deepCopyState(st)
@@ -690,8 +690,8 @@ func TestBuildDoesNotMutate(t *testing.T) {
 // not, as the scheduler and the Ingress status use it.
 func TestBuildBindings(t *testing.T) {
 	gs, gsl := g1Objects()
-	ours := &networkingv1.IngressClass{ObjectMeta: meta("", "portico", 0, AnnotationGroup, "edge/g1"),
-		Spec: networkingv1.IngressClassSpec{Controller: ControllerName}}
+	ours := &networkingv1.IngressClass{ObjectMeta: meta("", "portico", 0, v1alpha1.AnnotationGroup, "edge/g1"),
+		Spec: networkingv1.IngressClassSpec{Controller: v1alpha1.ControllerName}}
 	theirs := &networkingv1.IngressClass{ObjectMeta: meta("", "other", 0), Spec: networkingv1.IngressClassSpec{Controller: "example.com/other"}}
 	byClass := func(name, class string) *networkingv1.Ingress {
 		i := ingress("app", name, 0, "", nil)
@@ -699,9 +699,9 @@ func TestBuildBindings(t *testing.T) {
 		return i
 	}
 	st := state(gs, gsl, ours, theirs,
-		ingress("app", "annotated", 0, "", nil, AnnotationGroup, "g1"),
-		ingress("app", "selector", 0, "", nil, AnnotationGroupSelector, "tier=edge"),
-		ingress("app", "empty", 0, "", nil, AnnotationGroup, " "),
+		ingress("app", "annotated", 0, "", nil, v1alpha1.AnnotationGroup, "g1"),
+		ingress("app", "selector", 0, "", nil, v1alpha1.AnnotationGroupSelector, "tier=edge"),
+		ingress("app", "empty", 0, "", nil, v1alpha1.AnnotationGroup, " "),
 		byClass("by-class", "portico"), byClass("foreign", "other"))
 
 	_, got, _ := Build(st, Options{})
@@ -721,7 +721,7 @@ func TestBuildBindings(t *testing.T) {
 	want := map[string]view{
 		"app/annotated": {Ours: true, Group: "app/g1"},
 		"app/selector":  {Ours: true, Selector: "tier=edge"},
-		"app/empty":     {Ours: true, Err: true, Field: "metadata.annotations[" + AnnotationGroup + "]"},
+		"app/empty":     {Ours: true, Err: true, Field: "metadata.annotations[" + v1alpha1.AnnotationGroup + "]"},
 		"app/by-class":  {Ours: true, Group: "edge/g1"},
 		"app/foreign":   {},
 	}
@@ -736,9 +736,9 @@ func TestBuildIngressGenerations(t *testing.T) {
 	gs, gsl := g1Objects()
 	ws, wsl := webObjects()
 	pfx := networkingv1.PathTypePrefix
-	a := ingress("app", "a", 1, "a.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
+	a := ingress("app", "a", 1, "a.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "edge/g1")
 	a.Generation = 7
-	b := ingress("app", "b", 2, "b.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
+	b := ingress("app", "b", 2, "b.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "edge/g1")
 	b.Generation = 2
 	other := ingress("app", "other", 3, "c.example", []path{{"/", pfx, "web", 80}})
 	other.Generation = 4
@@ -764,20 +764,20 @@ func TestBuildFederated(t *testing.T) {
 	emptySlice := slice("app", "empty", "empty-1", "http", 8080, ep{addr: "10.3.0.1", ready: false})
 	pfx := networkingv1.PathTypePrefix
 	fed := func(ing *networkingv1.Ingress) *networkingv1.Ingress {
-		ing.Labels = map[string]string{LabelFederatedIngress: ing.Name}
+		ing.Labels = map[string]string{v1alpha1.LabelFederatedIngress: ing.Name}
 		return ing
 	}
-	shop := fed(ingress("app", "shop", 1, "shop.example", []path{{"/", pfx, "empty", 80}, {"/api", pfx, "web", 80}}, AnnotationGroup, "edge/g1"))
-	blog := fed(ingress("app", "blog", 2, "blog.example", []path{{"/", pfx, "empty", 80}}, AnnotationGroup, "edge/g1"))
-	wiki := fed(ingress("app", "wiki", 3, "", nil, AnnotationGroup, "edge/g1"))
+	shop := fed(ingress("app", "shop", 1, "shop.example", []path{{"/", pfx, "empty", 80}, {"/api", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "edge/g1"))
+	blog := fed(ingress("app", "blog", 2, "blog.example", []path{{"/", pfx, "empty", 80}}, v1alpha1.AnnotationGroup, "edge/g1"))
+	wiki := fed(ingress("app", "wiki", 3, "", nil, v1alpha1.AnnotationGroup, "edge/g1"))
 	wiki.Spec.DefaultBackend = ptr(backend("web", 80))
-	plain := ingress("app", "plain", 4, "plain.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1")
+	plain := ingress("app", "plain", 4, "plain.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "edge/g1")
 	// With the All policy every backend Service named must have a ready endpoint.
 	shopAll := fed(ingress("app", "shop-all", 5, "shop-all.example", []path{{"/", pfx, "empty", 80}, {"/api", pfx, "web", 80}},
-		AnnotationGroup, "edge/g1", AnnotationFederationHealth, "All"))
+		v1alpha1.AnnotationGroup, "edge/g1", v1alpha1.AnnotationFederationHealth, "All"))
 	webAll := fed(ingress("app", "web-all", 6, "web-all.example", []path{{"/", pfx, "web", 80}, {"/x", pfx, "web", 80}},
-		AnnotationGroup, "edge/g1", AnnotationFederationHealth, "All"))
-	bad := fed(ingress("app", "bad", 7, "bad.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "edge/g1", AnnotationFederationHealth, "Most"))
+		v1alpha1.AnnotationGroup, "edge/g1", v1alpha1.AnnotationFederationHealth, "All"))
+	bad := fed(ingress("app", "bad", 7, "bad.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "edge/g1", v1alpha1.AnnotationFederationHealth, "Most"))
 	snap, _, problems := Build(state(gs, gsl, ws, wsl, empty, emptySlice, shop, blog, wiki, plain, shopAll, webAll, bad), Options{})
 	if len(snap.Groups) != 1 {
 		t.Fatalf("groups %+v (problems %v), want one", snap.Groups, problems)

@@ -20,68 +20,19 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
 )
 
-// ClaimResource is the IngressClaim CRD (deploy/crds/ingressclaims.portico.io.yaml).
-var ClaimResource = schema.GroupVersionResource{Group: "portico.io", Version: "v1alpha1", Resource: "ingressclaims"}
-
-// LabelClaim names the IngressClaim a group Service or DaemonSet was made for.
-const LabelClaim = "portico.io/claim"
-
-// ReclaimPolicy says what happens to a claim once every Ingress it lists is gone.
-type ReclaimPolicy string
-
-const (
-	ReclaimRetain ReclaimPolicy = "Retain"
-	ReclaimDelete ReclaimPolicy = "Delete"
-)
-
-// Claim phases.
-const (
-	ClaimPending  = "Pending"
-	ClaimBound    = "Bound"
-	ClaimReleased = "Released"
-)
-
-// IngressClaim asks for a group on demand.
-type IngressClaim struct {
-	metav1.TypeMeta   `json:",inline"`
-	metav1.ObjectMeta `json:"metadata,omitempty"`
-	Spec              IngressClaimSpec   `json:"spec"`
-	Status            IngressClaimStatus `json:"status,omitempty"`
-}
-
-// IngressClaimSpec lists the Ingresses and how the group's agents are placed.
-type IngressClaimSpec struct {
-	Ingresses     []corev1.LocalObjectReference `json:"ingresses"`
-	Template      ReplicaTemplate               `json:"template,omitempty"`
-	ReclaimPolicy ReclaimPolicy                 `json:"reclaimPolicy,omitempty"`
-}
-
-// ReplicaTemplate places the group's agents. Its agents are privileged
-// hostNetwork pods, so what they run as and where is the operator's: the
-// node selector narrows the operator's (--claim-node-selector, whose labels
-// win), and Interface and ServiceAccountName are kept for old claims but never
-// used: the operator's interface (--claim-iface) and the manifest's ServiceAccount
-// portico-agent run them (ReasonClaimTemplateOverridden when they differ).
-type ReplicaTemplate struct {
-	NodeSelector       map[string]string `json:"nodeSelector,omitempty"`
-	Replicas           int32             `json:"replicas,omitempty"`
-	Interface          string            `json:"interface,omitempty"`
-	ServiceAccountName string            `json:"serviceAccountName,omitempty"`
-}
-
-// overridden lists what of the template the operator's settings (cfg) and
+// overridden lists what of the template t the operator's settings (cfg) and
 // the manifest's ServiceAccount (sa) override: each field and why.
-func (t ReplicaTemplate) overridden(cfg Config, sa string) [][2]string {
+func overridden(t v1alpha1.ReplicaTemplate, cfg Config, sa string) [][2]string {
 	var out [][2]string
 	if t.ServiceAccountName != "" && t.ServiceAccountName != sa {
 		out = append(out, [2]string{"spec.template.serviceAccountName",
@@ -102,7 +53,7 @@ func (t ReplicaTemplate) overridden(cfg Config, sa string) [][2]string {
 
 // claimNodeSelector is the nodes a claim's agents run on: the operator's
 // selector with the template's other labels added (the operator's win).
-func claimNodeSelector(t ReplicaTemplate, cfg Config) map[string]string {
+func claimNodeSelector(t v1alpha1.ReplicaTemplate, cfg Config) map[string]string {
 	if len(t.NodeSelector) == 0 && len(cfg.ClaimNodeSelector) == 0 {
 		return nil
 	}
@@ -114,51 +65,37 @@ func claimNodeSelector(t ReplicaTemplate, cfg Config) map[string]string {
 	return out
 }
 
-// IngressClaimStatus is what the leader reports back.
-type IngressClaimStatus struct {
-	Phase          string   `json:"phase,omitempty"`
-	Group          string   `json:"group,omitempty"`
-	VIPs           []string `json:"vips,omitempty"`
-	BoundIngresses []string `json:"boundIngresses,omitempty"`
-	// Replicas is the template's replicas (default 2): the agents the group should
-	// have. ReadyReplicas counts the ready ones in the group's EndpointSlices; while
-	// it is below Replicas, Message says so ("1/3 replicas ready").
-	Replicas      int32  `json:"replicas,omitempty"`
-	ReadyReplicas int32  `json:"readyReplicas,omitempty"`
-	Message       string `json:"message,omitempty"`
-}
-
 // claimFromUnstructured decodes an informer object.
-func claimFromUnstructured(u *unstructured.Unstructured) (*IngressClaim, error) {
-	var c IngressClaim
+func claimFromUnstructured(u *unstructured.Unstructured) (*v1alpha1.IngressClaim, error) {
+	var c v1alpha1.IngressClaim
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &c); err != nil {
 		return nil, fmt.Errorf("decode IngressClaim %s/%s: %w", u.GetNamespace(), u.GetName(), err)
 	}
 	return &c, nil
 }
 
-// replicas is the agents the claim's group should have (the CRD's default 2 when
+// claimReplicas is the agents the claim's group should have (the CRD's default 2 when
 // the template does not say).
-func (c *IngressClaim) replicas() int32 {
+func claimReplicas(c *v1alpha1.IngressClaim) int32 {
 	if c.Spec.Template.Replicas > 0 {
 		return c.Spec.Template.Replicas
 	}
 	return 2
 }
 
-func (c *IngressClaim) ownerRef() metav1.OwnerReference {
-	return metav1.OwnerReference{APIVersion: ClaimResource.GroupVersion().String(), Kind: "IngressClaim",
+func claimOwnerRef(c *v1alpha1.IngressClaim) metav1.OwnerReference {
+	return metav1.OwnerReference{APIVersion: v1alpha1.IngressClaimResource.GroupVersion().String(), Kind: "IngressClaim",
 		Name: c.Name, UID: c.UID, Controller: ptrTo(true), BlockOwnerDeletion: ptrTo(true)}
 }
 
-func (c *IngressClaim) ref() *corev1.ObjectReference {
-	return &corev1.ObjectReference{APIVersion: ClaimResource.GroupVersion().String(), Kind: "IngressClaim",
+func claimRef(c *v1alpha1.IngressClaim) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: v1alpha1.IngressClaimResource.GroupVersion().String(), Kind: "IngressClaim",
 		Namespace: c.Namespace, Name: c.Name, UID: c.UID}
 }
 
 func ptrTo[T any](v T) *T { return &v }
 
-func ownedBy(o metav1.Object, c *IngressClaim) bool {
+func ownedBy(o metav1.Object, c *v1alpha1.IngressClaim) bool {
 	for _, r := range o.GetOwnerReferences() {
 		if r.UID == c.UID {
 			return true
@@ -168,14 +105,14 @@ func ownedBy(o metav1.Object, c *IngressClaim) bool {
 }
 
 // claimService is the group Service a claim provisions.
-func claimService(c *IngressClaim) *corev1.Service {
+func claimService(c *v1alpha1.IngressClaim) *corev1.Service {
 	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name,
-			Labels:          map[string]string{LabelGroup: "true", LabelClaim: c.Name},
-			OwnerReferences: []metav1.OwnerReference{c.ownerRef()}},
+			Labels:          map[string]string{v1alpha1.LabelGroup: "true", v1alpha1.LabelClaim: c.Name},
+			OwnerReferences: []metav1.OwnerReference{claimOwnerRef(c)}},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeClusterIP,
-			Selector: map[string]string{LabelClaim: c.Name},
+			Selector: map[string]string{v1alpha1.LabelClaim: c.Name},
 			Ports: []corev1.ServicePort{
 				{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(80)},
 				{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(443)},
@@ -192,7 +129,7 @@ func claimService(c *IngressClaim) *corev1.Service {
 // the Lease namespace leaseNS; the image and API server address, unless empty; and
 // the VIP pools, the provisioning leader's own, so an agent of the claim that becomes
 // leader allocates as it did.
-func claimDaemonSet(c *IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
+func claimDaemonSet(c *v1alpha1.IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
 	image, apiServer, leaseNS, pools := cfg.AgentImage, cfg.AgentAPIServer, cfg.LeaseNamespace, cfg.Pools
 	ds, err := deploy.AgentDaemonSet()
 	if err != nil {
@@ -204,9 +141,9 @@ func claimDaemonSet(c *IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
 		return nil, errors.New("deploy/agent.yaml: no container named agent")
 	}
 	agent := &pod.Containers[i]
-	labels := map[string]string{LabelClaim: c.Name}
+	labels := map[string]string{v1alpha1.LabelClaim: c.Name}
 	ds.ObjectMeta = metav1.ObjectMeta{Namespace: c.Namespace, Name: c.Name, Labels: labels,
-		OwnerReferences: []metav1.OwnerReference{c.ownerRef()}}
+		OwnerReferences: []metav1.OwnerReference{claimOwnerRef(c)}}
 	ds.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
 	ds.Spec.Template.Labels = maps.Clone(labels)
 	pod.NodeSelector = claimNodeSelector(c.Spec.Template, cfg)
@@ -324,7 +261,7 @@ func newClaimIndex(st State, snap model.Snapshot) *claimIndex {
 	return ix
 }
 
-func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix *claimIndex, problems *[]model.Problem) error {
+func (c *Controller) reconcileClaim(ctx context.Context, claim *v1alpha1.IngressClaim, ix *claimIndex, problems *[]model.Problem) error {
 	warn := func(field string, reason model.Reason, detail string) {
 		*problems = append(*problems, model.Problem{Object: "IngressClaim " + claim.Namespace + "/" + claim.Name,
 			Field: field, Reason: reason, Detail: detail})
@@ -334,12 +271,12 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 		// namespaces provision them.
 		msg := fmt.Sprintf("IngressClaims are served only in namespaces %s", strings.Join(ns, ", "))
 		warn("metadata.namespace", model.ReasonClaimNotAllowed, msg)
-		return c.writeClaimStatus(ctx, claim, IngressClaimStatus{Phase: ClaimPending, Message: msg})
+		return c.writeClaimStatus(ctx, claim, v1alpha1.IngressClaimStatus{Phase: v1alpha1.ClaimPending, Message: msg})
 	}
 	group := claim.Namespace + "/" + claim.Name
-	status := IngressClaimStatus{Group: group}
+	status := v1alpha1.IngressClaimStatus{Group: group}
 	if ds, err := deploy.AgentDaemonSet(); err == nil {
-		for _, o := range claim.Spec.Template.overridden(c.cfg, ds.Spec.Template.Spec.ServiceAccountName) {
+		for _, o := range overridden(claim.Spec.Template, c.cfg, ds.Spec.Template.Spec.ServiceAccountName) {
 			warn(o[0], model.ReasonClaimTemplateOverridden, o[1])
 		}
 	}
@@ -354,10 +291,10 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 	slices.Sort(existing)
 
 	if len(existing) == 0 {
-		if claim.Status.Phase == ClaimBound || claim.Status.Phase == ClaimReleased {
+		if claim.Status.Phase == v1alpha1.ClaimBound || claim.Status.Phase == v1alpha1.ClaimReleased {
 			return c.reclaim(ctx, claim)
 		}
-		status.Phase = ClaimPending
+		status.Phase = v1alpha1.ClaimPending
 		status.Message = "none of the listed Ingresses exists yet"
 		return c.writeClaimStatus(ctx, claim, status)
 	}
@@ -370,12 +307,12 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 		c.countWrite("claim-service", err)
 		switch {
 		case err == nil:
-			c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created group Service %s", group)
+			c.recorder.Eventf(claimRef(claim), corev1.EventTypeNormal, "Provisioned", "created group Service %s", group)
 		case !apierrors.IsAlreadyExists(err): // already: made by the previous sync, not cached yet
 			return fmt.Errorf("create group Service: %w", err)
 		}
 	case !ownedBy(svc, claim):
-		status.Phase = ClaimPending
+		status.Phase = v1alpha1.ClaimPending
 		status.Message = fmt.Sprintf("Service %s exists and is not owned by this claim", group)
 		warn("metadata.name", model.ReasonNameTaken, status.Message)
 		return c.writeClaimStatus(ctx, claim, status)
@@ -397,7 +334,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 			c.countWrite("claim-daemonset", err)
 			switch {
 			case err == nil:
-				c.recorder.Eventf(claim.ref(), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
+				c.recorder.Eventf(claimRef(claim), corev1.EventTypeNormal, "Provisioned", "created agent DaemonSet %s", group)
 			case !apierrors.IsAlreadyExists(err):
 				return fmt.Errorf("create DaemonSet: %w", err)
 			}
@@ -415,10 +352,10 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 		if ing == nil {
 			continue
 		}
-		cur, bound := ing.Annotations[AnnotationGroup]
+		cur, bound := ing.Annotations[v1alpha1.AnnotationGroup]
 		switch {
 		case !bound:
-			applied, err := c.annotate(ctx, "Ingress", key(ing), AnnotationGroup, group, "Bound",
+			applied, err := c.annotate(ctx, "Ingress", key(ing), v1alpha1.AnnotationGroup, group, "Bound",
 				fmt.Sprintf("bound to group %s by IngressClaim %s", group, claim.Name))
 			if err != nil {
 				return err
@@ -432,8 +369,8 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 			warn("spec.ingresses", model.ReasonAlreadyBound, fmt.Sprintf("Ingress %s is bound to group %s; not moved", name, cur))
 		}
 	}
-	status.Phase = ClaimBound
-	status.Replicas = claim.replicas()
+	status.Phase = v1alpha1.ClaimBound
+	status.Replicas = claimReplicas(claim)
 	if g := ix.groups[group]; g != nil {
 		for _, a := range g.VIPs {
 			status.VIPs = append(status.VIPs, a.String())
@@ -458,17 +395,17 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *IngressClaim, ix
 // reclaim applies the reclaim policy once every listed Ingress is gone. With no
 // garbage collector guaranteed (and none in the test API server), Delete removes what
 // the claim created explicitly, then the claim.
-func (c *Controller) reclaim(ctx context.Context, claim *IngressClaim) error {
+func (c *Controller) reclaim(ctx context.Context, claim *v1alpha1.IngressClaim) error {
 	policy := claim.Spec.ReclaimPolicy
 	if policy == "" {
-		policy = ReclaimRetain
+		policy = v1alpha1.ReclaimRetain
 	}
-	if policy == ReclaimRetain {
-		if claim.Status.Phase != ClaimReleased {
-			c.recorder.Event(claim.ref(), corev1.EventTypeNormal, "Released", "every listed Ingress is gone; group retained")
+	if policy == v1alpha1.ReclaimRetain {
+		if claim.Status.Phase != v1alpha1.ClaimReleased {
+			c.recorder.Event(claimRef(claim), corev1.EventTypeNormal, "Released", "every listed Ingress is gone; group retained")
 		}
 		st := claim.Status
-		st.Phase = ClaimReleased
+		st.Phase = v1alpha1.ClaimReleased
 		st.BoundIngresses = nil
 		st.Message = "every listed Ingress is gone; reclaim policy Retain"
 		return c.writeClaimStatus(ctx, claim, st)
@@ -493,7 +430,7 @@ func (c *Controller) reclaim(ctx context.Context, claim *IngressClaim) error {
 		return fmt.Errorf("delete group Service: %w", err)
 	}
 	del.Preconditions.UID = &claim.UID
-	err = c.cfg.Dynamic.Resource(ClaimResource).Namespace(claim.Namespace).Delete(ctx, claim.Name, del)
+	err = c.cfg.Dynamic.Resource(v1alpha1.IngressClaimResource).Namespace(claim.Namespace).Delete(ctx, claim.Name, del)
 	c.countWrite("claim-reclaim", err)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("delete IngressClaim: %w", err)
@@ -502,7 +439,7 @@ func (c *Controller) reclaim(ctx context.Context, claim *IngressClaim) error {
 	return nil
 }
 
-func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, st IngressClaimStatus) error {
+func (c *Controller) writeClaimStatus(ctx context.Context, claim *v1alpha1.IngressClaim, st v1alpha1.IngressClaimStatus) error {
 	if equality.Semantic.DeepEqual(claim.Status, st) {
 		return nil
 	}
@@ -519,7 +456,7 @@ func (c *Controller) writeClaimStatus(ctx context.Context, claim *IngressClaim, 
 	if err != nil {
 		return fmt.Errorf("encode claim status: %w", err)
 	}
-	_, err = c.cfg.Dynamic.Resource(ClaimResource).Namespace(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
+	_, err = c.cfg.Dynamic.Resource(v1alpha1.IngressClaimResource).Namespace(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
 	c.countWrite("claim-status", err)
 	if err != nil {
 		return fmt.Errorf("write claim status: %w", err)

@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
 )
@@ -39,7 +40,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name     string
-		template ReplicaTemplate
+		template v1alpha1.ReplicaTemplate
 		pools    []Pool
 		groupNS  []string
 		reserved map[model.Port]string
@@ -55,7 +56,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			name: "template, operator's placement and pools",
 			// The template asks for another interface, ServiceAccount and
 			// edge label: the operator's are used; its zone narrows.
-			template: ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "false", "zone": "a"}, Interface: "bond0", ServiceAccountName: "shop-admin"},
+			template: v1alpha1.ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "false", "zone": "a"}, Interface: "bond0", ServiceAccountName: "shop-admin"},
 			pools:    []Pool{pool4, pool6},
 			groupNS:  []string{"portico-system", "shop"},
 			reserved: map[model.Port]string{{Protocol: model.UDP, Port: 53}: "dns", {Protocol: model.TCP, Port: 10247}: "liveness"},
@@ -76,8 +77,8 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			claim := &IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
-				Spec: IngressClaimSpec{Template: tc.template}}
+			claim := &v1alpha1.IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
+				Spec: v1alpha1.IngressClaimSpec{Template: tc.template}}
 			got, err := claimDaemonSet(claim, Config{AgentImage: tc.image, AgentAPIServer: tc.api, LeaseNamespace: "portico-system", Pools: tc.pools,
 				GroupNamespaces: tc.groupNS, ReservedPorts: tc.reserved, ClaimIface: tc.iface, ClaimNodeSelector: tc.nodes})
 			if err != nil {
@@ -87,9 +88,9 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			labels := map[string]string{LabelClaim: "edge"}
+			labels := map[string]string{v1alpha1.LabelClaim: "edge"}
 			want.ObjectMeta = metav1.ObjectMeta{Namespace: "shop", Name: "edge", Labels: labels,
-				OwnerReferences: []metav1.OwnerReference{claim.ownerRef()}}
+				OwnerReferences: []metav1.OwnerReference{claimOwnerRef(claim)}}
 			want.Spec.Selector = &metav1.LabelSelector{MatchLabels: labels}
 			want.Spec.Template.Labels = labels
 			pod := &want.Spec.Template.Spec
@@ -130,8 +131,8 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 // placement is reported, field by field; what agrees, or only narrows, is not.
 func TestClaimTemplateOverridden(t *testing.T) {
 	cfg := Config{ClaimIface: "bond1", ClaimNodeSelector: map[string]string{"portico.io/edge": "true"}}
-	got := ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "false", "zone": "a"}, Interface: "bond0",
-		ServiceAccountName: "shop-admin"}.overridden(cfg, "portico-agent")
+	got := overridden(v1alpha1.ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "false", "zone": "a"}, Interface: "bond0",
+		ServiceAccountName: "shop-admin"}, cfg, "portico-agent")
 	var fields []string
 	for _, o := range got {
 		fields = append(fields, o[0])
@@ -140,8 +141,8 @@ func TestClaimTemplateOverridden(t *testing.T) {
 	if d := cmp.Diff(want, fields); d != "" {
 		t.Errorf("overridden fields (-want +got):\n%s\n%v", d, got)
 	}
-	if got := (ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true", "zone": "a"}, Interface: "bond1",
-		ServiceAccountName: "portico-agent"}).overridden(cfg, "portico-agent"); len(got) != 0 {
+	if got := overridden(v1alpha1.ReplicaTemplate{NodeSelector: map[string]string{"portico.io/edge": "true", "zone": "a"}, Interface: "bond1",
+		ServiceAccountName: "portico-agent"}, cfg, "portico-agent"); len(got) != 0 {
 		t.Errorf("a template that agrees or narrows: %v", got)
 	}
 }

@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/record"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -60,7 +61,7 @@ func TestAnnotateGone(t *testing.T) {
 	c, rec := fakeController(t, corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "here"}})
 	ctx := context.Background()
 
-	applied, err := c.annotate(ctx, "Service", "ns/gone", AnnotationVIP, "192.0.2.1", "VIPAllocated", "VIP 192.0.2.1 from the pools")
+	applied, err := c.annotate(ctx, "Service", "ns/gone", v1alpha1.AnnotationVIP, "192.0.2.1", "VIPAllocated", "VIP 192.0.2.1 from the pools")
 	if err != nil || applied {
 		t.Fatalf("annotate a deleted Service: applied %v, err %v; want false, nil", applied, err)
 	}
@@ -71,7 +72,7 @@ func TestAnnotateGone(t *testing.T) {
 		t.Fatalf("a write that did not apply is remembered: %v", c.written)
 	}
 
-	applied, err = c.annotate(ctx, "Service", "ns/here", AnnotationVIP, "192.0.2.1", "VIPAllocated", "VIP 192.0.2.1 from the pools")
+	applied, err = c.annotate(ctx, "Service", "ns/here", v1alpha1.AnnotationVIP, "192.0.2.1", "VIPAllocated", "VIP 192.0.2.1 from the pools")
 	if err != nil || !applied {
 		t.Fatalf("annotate an existing Service: applied %v, err %v; want true, nil", applied, err)
 	}
@@ -79,7 +80,7 @@ func TestAnnotateGone(t *testing.T) {
 		t.Fatalf("Events: %q, want one VIPAllocated", ev)
 	}
 	svc, err := c.cfg.Client.CoreV1().Services("ns").Get(ctx, "here", metav1.GetOptions{})
-	if err != nil || svc.Annotations[AnnotationVIP] != "192.0.2.1" {
+	if err != nil || svc.Annotations[v1alpha1.AnnotationVIP] != "192.0.2.1" {
 		t.Fatalf("annotation not written: %v %v", svc, err)
 	}
 }
@@ -92,17 +93,17 @@ func TestWithWrittenCopies(t *testing.T) {
 	other := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "h"}}
 	ing := &networkingv1.Ingress{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "i", Annotations: map[string]string{"x": "y"}}}
 	st := State{Services: []*corev1.Service{svc, other}, Ingresses: []*networkingv1.Ingress{ing}}
-	c.written[writtenKey{"Service", "ns/g", AnnotationVIP}] = written{"192.0.2.1", time.Now()}
-	c.written[writtenKey{"Ingress", "ns/i", AnnotationGroup}] = written{"ns/g", time.Now()}
+	c.written[writtenKey{"Service", "ns/g", v1alpha1.AnnotationVIP}] = written{"192.0.2.1", time.Now()}
+	c.written[writtenKey{"Ingress", "ns/i", v1alpha1.AnnotationGroup}] = written{"ns/g", time.Now()}
 
 	out := c.withWritten(st)
-	if got := out.Services[0].Annotations[AnnotationVIP]; got != "192.0.2.1" {
+	if got := out.Services[0].Annotations[v1alpha1.AnnotationVIP]; got != "192.0.2.1" {
 		t.Errorf("Service overlay: %q", got)
 	}
 	if out.Services[1] != other {
 		t.Errorf("untouched Service copied")
 	}
-	if got := out.Ingresses[0].Annotations; got[AnnotationGroup] != "ns/g" || got["x"] != "y" {
+	if got := out.Ingresses[0].Annotations; got[v1alpha1.AnnotationGroup] != "ns/g" || got["x"] != "y" {
 		t.Errorf("Ingress overlay: %v", got)
 	}
 	if svc.Annotations != nil || len(ing.Annotations) != 1 || st.Services[0] != svc || st.Ingresses[0] != ing {
@@ -115,8 +116,8 @@ func TestWithWrittenCopies(t *testing.T) {
 func TestWithWrittenEndsOnceCached(t *testing.T) {
 	c, _ := fakeController(t)
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g",
-		Annotations: map[string]string{AnnotationVIP: "192.0.2.9"}}}
-	c.written[writtenKey{"Service", "ns/g", AnnotationVIP}] = written{"192.0.2.1", time.Now()}
+		Annotations: map[string]string{v1alpha1.AnnotationVIP: "192.0.2.9"}}}
+	c.written[writtenKey{"Service", "ns/g", v1alpha1.AnnotationVIP}] = written{"192.0.2.1", time.Now()}
 
 	out := c.withWritten(State{Services: []*corev1.Service{svc}})
 	if out.Services[0] != svc {
@@ -132,7 +133,7 @@ func TestWithWrittenEndsOnceCached(t *testing.T) {
 // every object on each sync.
 func TestWithWrittenExpires(t *testing.T) {
 	c, _ := fakeController(t)
-	c.written[writtenKey{"Service", "ns/gone", AnnotationVIP}] = written{"192.0.2.1", time.Now().Add(-writtenTTL - time.Second)}
+	c.written[writtenKey{"Service", "ns/gone", v1alpha1.AnnotationVIP}] = written{"192.0.2.1", time.Now().Add(-writtenTTL - time.Second)}
 	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "g"}}
 	st := State{Services: []*corev1.Service{svc}}
 	out := c.withWritten(st)
@@ -155,11 +156,11 @@ func TestAllocationProblems(t *testing.T) {
 	c.cfg.Pools = []Pool{pool}
 	// a holds the pool's only address; b asks for one.
 	for name, anns := range map[string]map[string]string{
-		"a": {AnnotationVIP: "192.0.2.1", AnnotationVRID: "7"},
-		"b": {AnnotationVRID: "8"},
+		"a": {v1alpha1.AnnotationVIP: "192.0.2.1", v1alpha1.AnnotationVRID: "7"},
+		"b": {v1alpha1.AnnotationVRID: "8"},
 	} {
 		s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: name,
-			Labels: map[string]string{LabelGroup: "true"}, Annotations: anns}}
+			Labels: map[string]string{v1alpha1.LabelGroup: "true"}, Annotations: anns}}
 		if err := c.services.Add(s); err != nil {
 			t.Fatal(err)
 		}
@@ -204,15 +205,15 @@ func TestAllocationProblems(t *testing.T) {
 }
 
 // fakeClaim is the IngressClaim ns/edge of Ingress shop, in c's dynamic client.
-func fakeClaim(t *testing.T, c *Controller, ns string) *IngressClaim {
+func fakeClaim(t *testing.T, c *Controller, ns string) *v1alpha1.IngressClaim {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"apiVersion": v1alpha1.IngressClaimResource.GroupVersion().String(), "kind": "IngressClaim",
 		"metadata": map[string]any{"name": "edge", "namespace": ns, "uid": "claim-uid"},
 		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
 	}}
 	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+		map[schema.GroupVersionResource]string{v1alpha1.IngressClaimResource: "IngressClaimList"}, u)
 	claim, err := claimFromUnstructured(u)
 	if err != nil {
 		t.Fatal(err)
@@ -271,11 +272,11 @@ func TestClaimOutsideGroupNamespaces(t *testing.T) {
 	if len(svcs.Items) != 0 || len(dss.Items) != 0 {
 		t.Errorf("provisioned %d Services and %d DaemonSets, want none", len(svcs.Items), len(dss.Items))
 	}
-	got, err := c.cfg.Dynamic.Resource(ClaimResource).Namespace("tenant").Get(ctx, "edge", metav1.GetOptions{})
+	got, err := c.cfg.Dynamic.Resource(v1alpha1.IngressClaimResource).Namespace("tenant").Get(ctx, "edge", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if phase, _, _ := unstructured.NestedString(got.Object, "status", "phase"); phase != ClaimPending {
+	if phase, _, _ := unstructured.NestedString(got.Object, "status", "phase"); phase != v1alpha1.ClaimPending {
 		t.Errorf("claim status %v, want Pending", got.Object["status"])
 	}
 }
@@ -285,19 +286,19 @@ func TestClaimOutsideGroupNamespaces(t *testing.T) {
 func TestClaimDaemonSetLookups(t *testing.T) {
 	c, _ := fakeController(t)
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"apiVersion": v1alpha1.IngressClaimResource.GroupVersion().String(), "kind": "IngressClaim",
 		"metadata": map[string]any{"name": "edge", "namespace": "ns", "uid": "claim-uid"},
 		"spec":     map[string]any{"ingresses": []any{map[string]any{"name": "shop"}}},
 	}}
 	c.cfg.Dynamic = dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
-		map[schema.GroupVersionResource]string{ClaimResource: "IngressClaimList"}, u)
+		map[schema.GroupVersionResource]string{v1alpha1.IngressClaimResource: "IngressClaimList"}, u)
 	claim, err := claimFromUnstructured(u)
 	if err != nil {
 		t.Fatal(err)
 	}
 	st := State{Services: []*corev1.Service{claimService(claim)},
 		Ingresses: []*networkingv1.Ingress{{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "shop",
-			Annotations: map[string]string{AnnotationGroup: "ns/edge"}}}}}
+			Annotations: map[string]string{v1alpha1.AnnotationGroup: "ns/edge"}}}}}
 	cs := c.cfg.Client.(*fake.Clientset)
 	dsCalls := func() []string {
 		var out []string

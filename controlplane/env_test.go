@@ -216,7 +216,7 @@ func (e *env) installCRD() {
 			}
 		}
 		served := func() bool {
-			_, err := e.dyn.Resource(ClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
+			_, err := e.dyn.Resource(v1alpha1.IngressClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
 			_, perr := e.dyn.Resource(v1alpha1.VIPPoolResource).List(e.ctx, metav1.ListOptions{})
 			return err == nil && perr == nil
 		}

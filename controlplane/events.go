@@ -48,7 +48,7 @@ func problemRef(p model.Problem) *corev1.ObjectReference {
 func objRef(kind, ns, name string) *corev1.ObjectReference {
 	api := map[string]string{"Ingress": "networking.k8s.io/v1", "IngressClass": "networking.k8s.io/v1",
 		"Service": "v1", "Pod": "v1", "Secret": "v1", "Node": "v1",
-		"IngressClaim": ClaimResource.GroupVersion().String(), "VIPPool": v1alpha1.GroupVersion.String()}[kind]
+		"IngressClaim": v1alpha1.IngressClaimResource.GroupVersion().String(), "VIPPool": v1alpha1.GroupVersion.String()}[kind]
 	if api == "" {
 		return nil
 	}

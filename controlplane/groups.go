@@ -12,20 +12,21 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // IsGroup reports whether a Service is a Portico group: labelled
 // portico.io/group=true (of any type; a LoadBalancer group's status shows its VIPs).
 func IsGroup(s *corev1.Service) bool {
-	return s.Labels[LabelGroup] == "true"
+	return s.Labels[v1alpha1.LabelGroup] == "true"
 }
 
 // IsL4Service reports whether a Service is an L4 Service Portico serves: a
 // LoadBalancer Service of class portico.io/vip that is not a group.
 func IsL4Service(s *corev1.Service) bool {
 	return !IsGroup(s) && s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerClass != nil &&
-		*s.Spec.LoadBalancerClass == LoadBalancerClass
+		*s.Spec.LoadBalancerClass == v1alpha1.LoadBalancerClass
 }
 
 // allowedGroups is st with every group Service outside namespaces (empty: none
@@ -46,9 +47,9 @@ func allowedGroups(st State, namespaces []string) (State, []model.Problem) {
 		}
 		c := *s
 		c.Labels = maps.Clone(s.Labels)
-		delete(c.Labels, LabelGroup)
+		delete(c.Labels, v1alpha1.LabelGroup)
 		st.Services[i] = &c
-		problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.labels[" + LabelGroup + "]",
+		problems = append(problems, model.Problem{Object: "Service " + key(s), Field: "metadata.labels[" + v1alpha1.LabelGroup + "]",
 			Reason: model.ReasonGroupNotAllowed,
 			Detail: fmt.Sprintf("groups are served only in namespaces %s; a plain Service here", strings.Join(namespaces, ", "))})
 	}
@@ -83,11 +84,11 @@ func sortedServices(services []*corev1.Service, keep func(*corev1.Service) bool)
 // what many manifests set). Any of them is honoured only where an address
 // from it may be used (poolsFor, the nodes' addresses).
 func vipAnnotation(s *corev1.Service) (value, field string, ok bool) {
-	if v, ok := s.Annotations[AnnotationVIP]; ok {
-		return v, "metadata.annotations[" + AnnotationVIP + "]", true
+	if v, ok := s.Annotations[v1alpha1.AnnotationVIP]; ok {
+		return v, "metadata.annotations[" + v1alpha1.AnnotationVIP + "]", true
 	}
-	if v, ok := s.Annotations[AnnotationVIPAlias]; ok {
-		return v, "metadata.annotations[" + AnnotationVIPAlias + "]", true
+	if v, ok := s.Annotations[v1alpha1.AnnotationVIPAlias]; ok {
+		return v, "metadata.annotations[" + v1alpha1.AnnotationVIPAlias + "]", true
 	}
 	if s.Spec.Type == corev1.ServiceTypeLoadBalancer && s.Spec.LoadBalancerIP != "" {
 		return s.Spec.LoadBalancerIP, "spec.loadBalancerIP", true
@@ -148,10 +149,10 @@ func (b *builder) groupVIPs(s *corev1.Service) ([]netip.Addr, string) {
 	if !ok {
 		return nil, ""
 	}
-	aliasField := "metadata.annotations[" + AnnotationVIPAlias + "]"
-	if alias, aok := s.Annotations[AnnotationVIPAlias]; aok && field != aliasField && alias != v {
+	aliasField := "metadata.annotations[" + v1alpha1.AnnotationVIPAlias + "]"
+	if alias, aok := s.Annotations[v1alpha1.AnnotationVIPAlias]; aok && field != aliasField && alias != v {
 		b.problem("Service", s, aliasField, model.ReasonInvalidVIP,
-			"differs from %s (%q); %s is used", AnnotationVIP, v, AnnotationVIP)
+			"differs from %s (%q); %s is used", v1alpha1.AnnotationVIP, v, v1alpha1.AnnotationVIP)
 	}
 	if lb := s.Spec.LoadBalancerIP; lb != "" && field != "spec.loadBalancerIP" && s.Spec.Type == corev1.ServiceTypeLoadBalancer {
 		if lbv, err := parseVIPs(lb); err != nil || !slices.Contains(mustParseVIPs(v), lbv[0]) {
@@ -191,7 +192,7 @@ func parseVRID(v string) (uint8, error) {
 	return uint8(n), nil
 }
 
-// parseUnmatchedHost parses the value of AnnotationUnmatchedHost.
+// parseUnmatchedHost parses the value of v1alpha1.AnnotationUnmatchedHost.
 func parseUnmatchedHost(v string) (model.UnmatchedHost, error) {
 	switch strings.TrimSpace(v) {
 	case "close":
@@ -233,23 +234,23 @@ func (b *builder) groups() {
 			vipOwner[a] = g.Name
 			g.VIPs = append(g.VIPs, a)
 		}
-		if v, ok := s.Annotations[AnnotationVRID]; ok {
+		if v, ok := s.Annotations[v1alpha1.AnnotationVRID]; ok {
 			id, err := parseVRID(v)
 			switch {
 			case err != nil:
-				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", model.ReasonInvalidAnnotation, "%v", err)
+				b.problem("Service", s, "metadata.annotations["+v1alpha1.AnnotationVRID+"]", model.ReasonInvalidAnnotation, "%v", err)
 			case vridOwner[id] != "":
-				b.problem("Service", s, "metadata.annotations["+AnnotationVRID+"]", model.ReasonVRIDConflict,
+				b.problem("Service", s, "metadata.annotations["+v1alpha1.AnnotationVRID+"]", model.ReasonVRIDConflict,
 					"VRID %d already belongs to group %s; not applied", id, vridOwner[id])
 			default:
 				vridOwner[id] = g.Name
 				g.VRID = id
 			}
 		}
-		if v, ok := s.Annotations[AnnotationUnmatchedHost]; ok {
+		if v, ok := s.Annotations[v1alpha1.AnnotationUnmatchedHost]; ok {
 			u, err := parseUnmatchedHost(v)
 			if err != nil {
-				b.problem("Service", s, "metadata.annotations["+AnnotationUnmatchedHost+"]", model.ReasonInvalidAnnotation, "%v", err)
+				b.problem("Service", s, "metadata.annotations["+v1alpha1.AnnotationUnmatchedHost+"]", model.ReasonInvalidAnnotation, "%v", err)
 			}
 			g.UnmatchedHost = u
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -46,9 +47,9 @@ func TestParseUnmatchedHost(t *testing.T) {
 func TestUnmatchedHostAnnotation(t *testing.T) {
 	c, rec := fakeController(t)
 	for name, v := range map[string]string{"nf": "not-found", "bad": "not found"} {
-		s := groupSvc("ns", name, 0, AnnotationUnmatchedHost, v, AnnotationVIP, "192.0.2.1", AnnotationVRID, "7")
+		s := groupSvc("ns", name, 0, v1alpha1.AnnotationUnmatchedHost, v, v1alpha1.AnnotationVIP, "192.0.2.1", v1alpha1.AnnotationVRID, "7")
 		if name == "bad" {
-			s.Annotations[AnnotationVIP], s.Annotations[AnnotationVRID] = "192.0.2.2", "8"
+			s.Annotations[v1alpha1.AnnotationVIP], s.Annotations[v1alpha1.AnnotationVRID] = "192.0.2.2", "8"
 		}
 		if err := c.services.Add(s); err != nil {
 			t.Fatal(err)
@@ -70,7 +71,7 @@ func TestUnmatchedHostAnnotation(t *testing.T) {
 	}
 	bad := func(p model.Problem) bool {
 		return p.Object == "Service ns/bad" && p.Reason == model.ReasonInvalidAnnotation &&
-			p.Field == "metadata.annotations["+AnnotationUnmatchedHost+"]"
+			p.Field == "metadata.annotations["+v1alpha1.AnnotationUnmatchedHost+"]"
 	}
 	if !slices.ContainsFunc(c.Problems(), bad) {
 		t.Errorf("Problems() %v do not report ns/bad's annotation", c.Problems())
@@ -94,7 +95,7 @@ func TestUnmatchedHostAnnotation(t *testing.T) {
 			warnings = append(warnings, e)
 		}
 	}
-	if len(warnings) != 1 || !strings.Contains(warnings[0], AnnotationUnmatchedHost) {
-		t.Errorf("leader, two syncs: InvalidAnnotation Events %q, want one naming %s", warnings, AnnotationUnmatchedHost)
+	if len(warnings) != 1 || !strings.Contains(warnings[0], v1alpha1.AnnotationUnmatchedHost) {
+		t.Errorf("leader, two syncs: InvalidAnnotation Events %q, want one naming %s", warnings, v1alpha1.AnnotationUnmatchedHost)
 	}
 }

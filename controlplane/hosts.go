@@ -8,6 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // hostOwner is the namespace a host belongs to, which of its objects claimed it
@@ -38,7 +40,7 @@ func (b *builder) hostOwners(ings []*networkingv1.Ingress, pods []*corev1.Pod) m
 		claims = append(claims, c)
 	}
 	for _, pod := range pods {
-		claims = append(claims, claim{obj: pod, kind: "Pod", hosts: splitList(strings.ToLower(pod.Annotations[AnnotationTrafficHosts]))})
+		claims = append(claims, claim{obj: pod, kind: "Pod", hosts: splitList(strings.ToLower(pod.Annotations[v1alpha1.AnnotationTrafficHosts]))})
 	}
 	slices.SortStableFunc(claims, func(x, y claim) int { return cmp.Or(older(x.obj, y.obj), cmp.Compare(x.kind, y.kind)) })
 	owners := map[string]*hostOwner{}
@@ -53,7 +55,7 @@ func (b *builder) hostOwners(ings []*networkingv1.Ingress, pods []*corev1.Pod) m
 				owners[h] = o
 			}
 			if o.namespace == c.obj.GetNamespace() {
-				for _, ns := range splitList(c.obj.GetAnnotations()[AnnotationHostDelegates]) {
+				for _, ns := range splitList(c.obj.GetAnnotations()[v1alpha1.AnnotationHostDelegates]) {
 					o.delegates[ns] = true
 				}
 			}

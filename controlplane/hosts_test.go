@@ -6,6 +6,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -15,10 +16,10 @@ import (
 // whoever names it first, whatever namespace.
 func TestBuildHostOwnership(t *testing.T) {
 	gs, gsl := g1Objects()
-	bind := []string{AnnotationGroup, "edge/g1"}
+	bind := []string{v1alpha1.AnnotationGroup, "edge/g1"}
 	pfx := networkingv1.PathTypePrefix
 	shop := ingress("team-a", "shop", 1, "shop.example", []path{{"/", pfx, "web", 80}},
-		append(bind, AnnotationHostDelegates, "team-b")...)
+		append(bind, v1alpha1.AnnotationHostDelegates, "team-b")...)
 	steal := ingress("evil", "login", 2, "shop.example", []path{{"/login", pfx, "web", 80}}, bind...)
 	steal.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"shop.example"}, SecretName: "fake"}}
 	api := ingress("team-b", "api", 3, "shop.example", []path{{"/api", pfx, "web", 80}}, bind...)
@@ -72,12 +73,12 @@ func TestBuildHostOwnership(t *testing.T) {
 // annotation, and it is reported; the operator's group keeps its Ingresses.
 func TestGroupsOnlyInTheOperatorsNamespaces(t *testing.T) {
 	gs, gsl := g1Objects() // edge/g1
-	fake := groupSvc("tenant", "g2", 0, AnnotationVIP, "198.51.100.9")
+	fake := groupSvc("tenant", "g2", 0, v1alpha1.AnnotationVIP, "198.51.100.9")
 	fake.Labels["tier"] = "public"
 	gs[0].Labels["tier"] = "public"
 	pfx := networkingv1.PathTypePrefix
-	victim := ingress("team-a", "shop", 1, "shop.example", []path{{"/", pfx, "web", 80}}, AnnotationGroupSelector, "tier=public")
-	bound := ingress("team-a", "bound", 2, "bound.example", []path{{"/", pfx, "web", 80}}, AnnotationGroup, "tenant/g2")
+	victim := ingress("team-a", "shop", 1, "shop.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroupSelector, "tier=public")
+	bound := ingress("team-a", "bound", 2, "bound.example", []path{{"/", pfx, "web", 80}}, v1alpha1.AnnotationGroup, "tenant/g2")
 	st, notAllowed := allowedGroups(state(gs, gsl, fake, victim, bound, backendSvc("team-a", "web", sport("", 80))), []string{"edge"})
 	if len(notAllowed) != 1 || notAllowed[0].Reason != model.ReasonGroupNotAllowed || notAllowed[0].Object != "Service tenant/g2" {
 		t.Errorf("problems %v, want one GroupNotAllowed on tenant/g2", notAllowed)

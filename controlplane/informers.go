@@ -33,7 +33,7 @@ func (c *Controller) watchCluster() error {
 	tlsSecrets := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, nsOpt,
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = "type=" + string(corev1.SecretTypeTLS) }))
 	podRoutes := informers.NewSharedInformerFactoryWithOptions(cfg.Client, cfg.ResyncPeriod, nsOpt,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelMicroservice + "=true" }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelMicroservice + "=true" }))
 	c.factories = []informers.SharedInformerFactory{main, tlsSecrets, podRoutes}
 
 	for _, inf := range []struct {
@@ -59,11 +59,11 @@ func (c *Controller) watchCluster() error {
 // watchClaims adds the IngressClaim informer when the CRD is served (an informer on a
 // missing resource would never sync). A CRD installed later needs a restart.
 func (c *Controller) watchClaims() error {
-	if ok, err := c.served(ClaimResource, "IngressClaim CRD not installed: claims are not served"); !ok {
+	if ok, err := c.served(v1alpha1.IngressClaimResource, "IngressClaim CRD not installed: claims are not served"); !ok {
 		return err
 	}
 	c.dynFactory = dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod, c.cfg.Namespace, nil)
-	c.claimInformer = c.dynFactory.ForResource(ClaimResource).Informer()
+	c.claimInformer = c.dynFactory.ForResource(v1alpha1.IngressClaimResource).Informer()
 	return c.watch(c.claimInformer)
 }
 

@@ -11,6 +11,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -27,10 +28,10 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 		}
 		var ups []string // the upstreams this Ingress names
 		redirect := false
-		if v, ok := ing.Annotations[AnnotationSSLRedirect]; ok {
+		if v, ok := ing.Annotations[v1alpha1.AnnotationSSLRedirect]; ok {
 			r, err := strconv.ParseBool(v)
 			if err != nil {
-				b.problem("Ingress", ing, "metadata.annotations["+AnnotationSSLRedirect+"]", model.ReasonInvalidAnnotation,
+				b.problem("Ingress", ing, "metadata.annotations["+v1alpha1.AnnotationSSLRedirect+"]", model.ReasonInvalidAnnotation,
 					"%q is not true or false", v)
 			}
 			redirect = r
@@ -102,7 +103,7 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 			if ok, o := b.mayRoute(host, ing.Namespace); !ok {
 				b.problem("Ingress", ing, fmt.Sprintf("spec.rules[%d].host", ri), model.ReasonHostTaken,
 					"host %q belongs to namespace %s (%s claimed it first, and does not delegate it in %s); not served",
-					host, o.namespace, o.by, AnnotationHostDelegates)
+					host, o.namespace, o.by, v1alpha1.AnnotationHostDelegates)
 				continue
 			}
 			if rule.HTTP == nil {
@@ -145,7 +146,7 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 				s.locations = append(s.locations, model.Location{Path: path, Type: typ, Upstream: up, Source: src, Affinity: aff})
 			}
 		}
-		if g != nil && ing.Labels[LabelFederatedIngress] != "" {
+		if g != nil && ing.Labels[v1alpha1.LabelFederatedIngress] != "" {
 			b.federated(g, ing, src, ups)
 		}
 	}
@@ -156,27 +157,27 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 // affinity, a bad max-age leaves a session cookie.
 func (b *builder) affinity(ing *networkingv1.Ingress) model.CookieAffinity {
 	field := func(a string) string { return "metadata.annotations[" + a + "]" }
-	v, ok := ing.Annotations[AnnotationAffinity]
+	v, ok := ing.Annotations[v1alpha1.AnnotationAffinity]
 	if !ok {
 		return model.CookieAffinity{}
 	}
 	if strings.TrimSpace(v) != "cookie" {
-		b.problem("Ingress", ing, field(AnnotationAffinity), model.ReasonInvalidAnnotation, "%q is not cookie; no affinity", v)
+		b.problem("Ingress", ing, field(v1alpha1.AnnotationAffinity), model.ReasonInvalidAnnotation, "%q is not cookie; no affinity", v)
 		return model.CookieAffinity{}
 	}
-	a := model.CookieAffinity{Cookie: DefaultSessionCookie}
-	if n, ok := ing.Annotations[AnnotationSessionCookieName]; ok {
+	a := model.CookieAffinity{Cookie: v1alpha1.DefaultSessionCookie}
+	if n, ok := ing.Annotations[v1alpha1.AnnotationSessionCookieName]; ok {
 		if !model.CookieNameRE.MatchString(n) {
-			b.problem("Ingress", ing, field(AnnotationSessionCookieName), model.ReasonInvalidAnnotation,
+			b.problem("Ingress", ing, field(v1alpha1.AnnotationSessionCookieName), model.ReasonInvalidAnnotation,
 				"%q is not a cookie name of 1 to 64 letters, digits, _ and -; no affinity", n)
 			return model.CookieAffinity{}
 		}
 		a.Cookie = n
 	}
-	if s, ok := ing.Annotations[AnnotationSessionCookieMaxAge]; ok {
+	if s, ok := ing.Annotations[v1alpha1.AnnotationSessionCookieMaxAge]; ok {
 		n, err := strconv.ParseUint(strings.TrimSpace(s), 10, 32)
 		if err != nil || n == 0 || n > model.MaxCookieAge {
-			b.problem("Ingress", ing, field(AnnotationSessionCookieMaxAge), model.ReasonInvalidAnnotation,
+			b.problem("Ingress", ing, field(v1alpha1.AnnotationSessionCookieMaxAge), model.ReasonInvalidAnnotation,
 				"%q is not a number of seconds from 1 to %d; a session cookie is used", s, model.MaxCookieAge)
 		} else {
 			a.MaxAge = uint32(n)
@@ -219,12 +220,12 @@ func (b *builder) federated(g *model.Group, ing *networkingv1.Ingress, src strin
 		g.Federated = map[string]bool{}
 	}
 	all := false
-	switch v := ing.Annotations[AnnotationFederationHealth]; v {
+	switch v := ing.Annotations[v1alpha1.AnnotationFederationHealth]; v {
 	case "", "Any":
 	case "All":
 		all = true
 	default:
-		b.problem("Ingress", ing, "metadata.annotations["+AnnotationFederationHealth+"]", model.ReasonInvalidAnnotation,
+		b.problem("Ingress", ing, "metadata.annotations["+v1alpha1.AnnotationFederationHealth+"]", model.ReasonInvalidAnnotation,
 			"%q is not Any or All; Any is used", v)
 	}
 	ready := all && len(ups) > 0

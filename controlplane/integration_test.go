@@ -25,6 +25,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
@@ -53,7 +54,7 @@ func TestIntegrationConverges(t *testing.T) {
 	node := ns + "-n9"
 	class := ns + "-class"
 
-	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7"))
+	e.svc(groupSvc("", "g1", 0, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationVRID, "7"))
 	e.slice(slice("", "g1", "g1-a", "http", 80, ep{addr: "10.1.0.1", node: "n1", ready: true}, ep{addr: "10.1.0.9", ready: true}))
 	e.must(cs.CoreV1().Nodes().Create(e.ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node},
 		Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.1.0.9"}}}}, metav1.CreateOptions{}))
@@ -63,11 +64,11 @@ func TestIntegrationConverges(t *testing.T) {
 	sec := tlsSecret(ns, "cert")
 	e.must(cs.CoreV1().Secrets(ns).Create(e.ctx, sec, metav1.CreateOptions{}))
 	e.must(cs.CoreV1().Secrets(ns).Create(e.ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "noise"}, StringData: map[string]string{"a": "b"}}, metav1.CreateOptions{}))
-	ing := ingress(ns, "site", 0, "example.com", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing := ingress(ns, "site", 0, "example.com", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, v1alpha1.AnnotationGroup, "g1")
 	ing.CreationTimestamp = metav1.Time{}
 	ing.Spec.TLS = []networkingv1.IngressTLS{{Hosts: []string{"example.com"}, SecretName: "cert"}}
 	e.must(cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{}))
-	pod := microservice(ns, "ms", 0, "", "test.k8s.local", "3000:/nodejs", AnnotationGroup, "g1")
+	pod := microservice(ns, "ms", 0, "", "test.k8s.local", "3000:/nodejs", v1alpha1.AnnotationGroup, "g1")
 	pod.CreationTimestamp = metav1.Time{}
 	pod.Spec.Containers = []corev1.Container{{Name: "app", Image: "example/app"}}
 	created, err := cs.CoreV1().Pods(ns).Create(e.ctx, pod, metav1.CreateOptions{})
@@ -166,7 +167,7 @@ func TestIntegrationConverges(t *testing.T) {
 		}
 		// An IngressClass naming the group through its parameters, and an Ingress of it.
 		e.must(cs.NetworkingV1().IngressClasses().Create(e.ctx, &networkingv1.IngressClass{ObjectMeta: metav1.ObjectMeta{Name: class},
-			Spec: networkingv1.IngressClassSpec{Controller: ControllerName, Parameters: &networkingv1.IngressClassParametersReference{
+			Spec: networkingv1.IngressClassSpec{Controller: v1alpha1.ControllerName, Parameters: &networkingv1.IngressClassParametersReference{
 				Kind: "Service", Name: "g1", Namespace: ptr(ns), Scope: ptr("Namespace")}}}, metav1.CreateOptions{}))
 		e.t.Cleanup(func() { _ = cs.NetworkingV1().IngressClasses().Delete(e.ctx, class, metav1.DeleteOptions{}) })
 		classy := ingress(ns, "classy", 0, "classy.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}})
@@ -277,7 +278,7 @@ func TestIntegrationEmptyStart(t *testing.T) {
 // TestIntegrationSinkRetries checks that a failing sink gets the snapshot again.
 func TestIntegrationSinkRetries(t *testing.T) {
 	e := newEnv(t)
-	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "1"))
+	e.svc(groupSvc("", "g1", 0, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationVRID, "1"))
 	sink := newRecordSink()
 	sink.fail = 3
 	r := e.start(func(c *Config) { c.Sinks = []Sink{sink} })
@@ -342,10 +343,10 @@ func hasEvent(e *env, name, reason string) bool {
 func TestIntegrationVIPAllocation(t *testing.T) {
 	e := newEnv(t)
 	// Created in name order; ties in creation time are decided by name.
-	e.svc(groupSvc("", "a-manual", 0, AnnotationVIP, "198.51.100.3"))
+	e.svc(groupSvc("", "a-manual", 0, v1alpha1.AnnotationVIP, "198.51.100.3"))
 	lb := groupSvc("", "b-lb", 0)
 	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
-	lb.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+	lb.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
 	e.svc(lb)
 	e.svc(groupSvc("", "c-auto", 0))
 	e.svc(groupSvc("", "d-auto", 0))
@@ -360,7 +361,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 	eventually(t, converge, func() string {
 		got := map[string]string{}
 		for _, n := range []string{"a-manual", "b-lb", "c-auto", "d-auto", "e-exhausted"} {
-			if v, ok := annotations(t, e, "Service", n)[AnnotationVIP]; ok {
+			if v, ok := annotations(t, e, "Service", n)[v1alpha1.AnnotationVIP]; ok {
 				got[n] = v
 			}
 		}
@@ -395,7 +396,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 		})
 	})
 	t.Run("conflicting manual VIP is reported, not applied", func(t *testing.T) {
-		e.svc(groupSvc("", "f-conflict", 0, AnnotationVIP, "198.51.100.4"))
+		e.svc(groupSvc("", "f-conflict", 0, v1alpha1.AnnotationVIP, "198.51.100.4"))
 		eventually(t, converge, func() string {
 			snap, _ := r.sink.latest()
 			for _, g := range snap.Groups {
@@ -425,11 +426,11 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 func TestIntegrationScheduling(t *testing.T) {
 	e := newEnv(t)
 	for i, n := range []string{"g-a", "g-b", "g-c"} {
-		s := groupSvc("", n, 0, AnnotationVIP, fmt.Sprintf("192.0.2.%d", 10+i))
+		s := groupSvc("", n, 0, v1alpha1.AnnotationVIP, fmt.Sprintf("192.0.2.%d", 10+i))
 		s.Labels["tier"] = "edge"
 		e.svc(s)
 	}
-	other := groupSvc("", "g-other", 0, AnnotationVIP, "192.0.2.99")
+	other := groupSvc("", "g-other", 0, v1alpha1.AnnotationVIP, "192.0.2.99")
 	other.Labels["tier"] = "internal"
 	e.svc(other)
 	e.svc(backendSvc("", "web", sport("http", 80)))
@@ -438,9 +439,9 @@ func TestIntegrationScheduling(t *testing.T) {
 		ing.CreationTimestamp = metav1.Time{}
 		e.must(e.cs.NetworkingV1().Ingresses(e.ns).Create(e.ctx, ing, metav1.CreateOptions{}))
 	}
-	mk("i0", AnnotationGroup, "g-b")
+	mk("i0", v1alpha1.AnnotationGroup, "g-b")
 	for i := 1; i <= 5; i++ {
-		mk(fmt.Sprintf("i%d", i), AnnotationGroupSelector, "tier=edge")
+		mk(fmt.Sprintf("i%d", i), v1alpha1.AnnotationGroupSelector, "tier=edge")
 		time.Sleep(10 * time.Millisecond)
 	}
 	// An Ingress of another controller is left alone.
@@ -452,7 +453,7 @@ func TestIntegrationScheduling(t *testing.T) {
 	eventually(t, converge, func() string {
 		got := map[string]string{}
 		for n := range want {
-			got[n] = strings.TrimPrefix(annotations(t, e, "Ingress", n)[AnnotationGroup], e.ns+"/")
+			got[n] = strings.TrimPrefix(annotations(t, e, "Ingress", n)[v1alpha1.AnnotationGroup], e.ns+"/")
 		}
 		return cmp.Diff(want, got)
 	})
@@ -472,7 +473,7 @@ func TestIntegrationScheduling(t *testing.T) {
 		}
 		return ""
 	})
-	if a := annotations(t, e, "Ingress", "foreign"); a[AnnotationGroup] != "" {
+	if a := annotations(t, e, "Ingress", "foreign"); a[v1alpha1.AnnotationGroup] != "" {
 		t.Errorf("foreign Ingress was bound: %v", a)
 	}
 
@@ -496,15 +497,15 @@ func TestIntegrationScheduling(t *testing.T) {
 			}
 			return ""
 		})
-		mk("i6", AnnotationGroupSelector, "tier=edge")
+		mk("i6", v1alpha1.AnnotationGroupSelector, "tier=edge")
 		eventually(t, converge, func() string {
-			if g := annotations(t, e, "Ingress", "i6")[AnnotationGroup]; g != e.ns+"/g-b" {
+			if g := annotations(t, e, "Ingress", "i6")[v1alpha1.AnnotationGroup]; g != e.ns+"/g-b" {
 				return fmt.Sprintf("i6 bound to %q, want g-b (b2 c2 tie by name)", g)
 			}
 			return ""
 		})
 		for _, n := range []string{"i1", "i3"} {
-			if g := annotations(t, e, "Ingress", n)[AnnotationGroup]; g != e.ns+"/g-a" {
+			if g := annotations(t, e, "Ingress", n)[v1alpha1.AnnotationGroup]; g != e.ns+"/g-a" {
 				t.Errorf("%s moved to %q", n, g)
 			}
 		}
@@ -521,7 +522,7 @@ func TestIntegrationScheduling(t *testing.T) {
 			if len(ing.Status.LoadBalancer.Ingress) != 0 {
 				return fmt.Sprintf("i2 status still %v", ing.Status.LoadBalancer.Ingress)
 			}
-			if ing.Annotations[AnnotationGroup] != e.ns+"/g-c" {
+			if ing.Annotations[v1alpha1.AnnotationGroup] != e.ns+"/g-c" {
 				return "i2 was rebound silently"
 			}
 			if !hasEvent(e, "i2", string(model.ReasonGroupNotFound)) {
@@ -532,25 +533,25 @@ func TestIntegrationScheduling(t *testing.T) {
 	})
 }
 
-func (e *env) createClaim(name string, policy ReclaimPolicy, ingresses ...string) {
+func (e *env) createClaim(name string, policy v1alpha1.ReclaimPolicy, ingresses ...string) {
 	e.t.Helper()
 	refs := []any{}
 	for _, i := range ingresses {
 		refs = append(refs, map[string]any{"name": i})
 	}
 	u := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": ClaimResource.GroupVersion().String(), "kind": "IngressClaim",
+		"apiVersion": v1alpha1.IngressClaimResource.GroupVersion().String(), "kind": "IngressClaim",
 		"metadata": map[string]any{"name": name, "namespace": e.ns},
 		"spec": map[string]any{"ingresses": refs, "reclaimPolicy": string(policy),
 			"template": map[string]any{"nodeSelector": map[string]any{"portico.io/edge": "true"}, "replicas": int64(3)}},
 	}}
-	if _, err := e.dyn.Resource(ClaimResource).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
+	if _, err := e.dyn.Resource(v1alpha1.IngressClaimResource).Namespace(e.ns).Create(e.ctx, u, metav1.CreateOptions{}); err != nil {
 		e.t.Fatalf("create IngressClaim: %v", err)
 	}
 }
 
-func (e *env) claim(name string) (*IngressClaim, error) {
-	u, err := e.dyn.Resource(ClaimResource).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
+func (e *env) claim(name string) (*v1alpha1.IngressClaim, error) {
+	u, err := e.dyn.Resource(v1alpha1.IngressClaimResource).Namespace(e.ns).Get(e.ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
@@ -570,8 +571,8 @@ func TestIntegrationIngressClaim(t *testing.T) {
 	mk("shop")
 	mk("blog")
 	mk("kept")
-	e.createClaim("edge", ReclaimDelete, "shop", "blog", "not-yet")
-	e.createClaim("keep", ReclaimRetain, "kept")
+	e.createClaim("edge", v1alpha1.ReclaimDelete, "shop", "blog", "not-yet")
+	e.createClaim("keep", v1alpha1.ReclaimRetain, "kept")
 	pool, _ := ParsePool("203.0.113.0/30")
 	e.start(func(c *Config) { c.Pools = []Pool{pool}; c.AgentImage = "example/portico:test" })
 
@@ -581,7 +582,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			want := IngressClaimStatus{Phase: ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"},
+			want := v1alpha1.IngressClaimStatus{Phase: v1alpha1.ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"},
 				Replicas: 3, Message: "0/3 replicas ready"}
 			if d := cmp.Diff(want, c.Status); d != "" {
 				return "claim status (-want +got):\n" + d
@@ -590,7 +591,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			if !ownedBy(svc, c) || svc.Labels[LabelGroup] != "true" {
+			if !ownedBy(svc, c) || svc.Labels[v1alpha1.LabelGroup] != "true" {
 				return fmt.Sprintf("group Service not owned by the claim or not a group: %v %v", svc.OwnerReferences, svc.Labels)
 			}
 			ds, err := e.cs.AppsV1().DaemonSets(e.ns).Get(e.ctx, "edge", metav1.GetOptions{})
@@ -607,7 +608,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			pod, agentPod := ds.Spec.Template.Spec, manifest.Spec.Template.Spec
 			flags := agentFlags(pod.Containers[0].Args)
 			switch {
-			case !ownedBy(ds, c) || ds.Spec.Template.Labels[LabelClaim] != "edge" || ds.Spec.Template.Labels["app.kubernetes.io/name"] != "":
+			case !ownedBy(ds, c) || ds.Spec.Template.Labels[v1alpha1.LabelClaim] != "edge" || ds.Spec.Template.Labels["app.kubernetes.io/name"] != "":
 				return fmt.Sprintf("DaemonSet not the claim's: owners %v, pod labels %v", ds.OwnerReferences, ds.Spec.Template.Labels)
 			case pod.NodeSelector["portico.io/edge"] != "true" || pod.Containers[0].Image != "example/portico:test":
 				return fmt.Sprintf("DaemonSet not as asked: node selector %v, image %q", pod.NodeSelector, pod.Containers[0].Image)
@@ -629,7 +630,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 				if err != nil {
 					return err.Error()
 				}
-				if ing.Annotations[AnnotationGroup] != e.ns+"/edge" {
+				if ing.Annotations[v1alpha1.AnnotationGroup] != e.ns+"/edge" {
 					return n + " not bound"
 				}
 				if d := cmp.Diff([]networkingv1.IngressLoadBalancerIngress{{IP: "203.0.113.1"}}, ing.Status.LoadBalancer.Ingress); d != "" {
@@ -646,7 +647,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 				if err != nil {
 					return err.Error()
 				}
-				if c.Status.ReadyReplicas != ready || c.Status.Replicas != 3 || c.Status.Message != message || c.Status.Phase != ClaimBound {
+				if c.Status.ReadyReplicas != ready || c.Status.Replicas != 3 || c.Status.Message != message || c.Status.Phase != v1alpha1.ClaimBound {
 					return fmt.Sprintf("status %+v, want Bound, %d/3 ready, message %q", c.Status, ready, message)
 				}
 				return ""
@@ -685,7 +686,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 	})
 	t.Run("reclaim Retain", func(t *testing.T) {
 		eventually(t, converge, func() string {
-			if c, err := e.claim("keep"); err != nil || c.Status.Phase != ClaimBound {
+			if c, err := e.claim("keep"); err != nil || c.Status.Phase != v1alpha1.ClaimBound {
 				return fmt.Sprintf("keep not bound yet: %v", err)
 			}
 			return ""
@@ -698,7 +699,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			if c.Status.Phase != ClaimReleased || len(c.Status.BoundIngresses) != 0 {
+			if c.Status.Phase != v1alpha1.ClaimReleased || len(c.Status.BoundIngresses) != 0 {
 				return fmt.Sprintf("status %+v, want Released with no Ingresses", c.Status)
 			}
 			if _, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "keep", metav1.GetOptions{}); err != nil {
@@ -736,7 +737,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 	})
 	e.svc(groupSvc("", "g1", 0))
 	eventually(t, converge, func() string {
-		if v := annotations(t, e, "Service", "g1")[AnnotationVIP]; v != "192.0.2.1" {
+		if v := annotations(t, e, "Service", "g1")[v1alpha1.AnnotationVIP]; v != "192.0.2.1" {
 			return "g1 VIP " + v
 		}
 		return ""
@@ -765,7 +766,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 		if !follower.ctl.IsLeader() {
 			return "follower has not taken over"
 		}
-		if v := annotations(t, e, "Service", "g2")[AnnotationVIP]; v != "192.0.2.2" {
+		if v := annotations(t, e, "Service", "g2")[v1alpha1.AnnotationVIP]; v != "192.0.2.2" {
 			return "g2 VIP " + v
 		}
 		return ""
@@ -789,7 +790,7 @@ func (e *env) applyExample(file string) {
 		"Service":      {Version: "v1", Resource: "services"},
 		"Ingress":      {Group: "networking.k8s.io", Version: "v1", Resource: "ingresses"},
 		"IngressClass": {Group: "networking.k8s.io", Version: "v1", Resource: "ingressclasses"},
-		"IngressClaim": ClaimResource,
+		"IngressClaim": v1alpha1.IngressClaimResource,
 	}
 	dec := yaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
 	for {
@@ -858,7 +859,7 @@ func TestIntegrationExamples(t *testing.T) {
 func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 	e := newEnv(t)
 	ns, cs := e.ns, e.cs
-	e.svc(groupSvc("", "g1", 0, AnnotationVIP, "192.0.2.10", AnnotationVRID, "7"))
+	e.svc(groupSvc("", "g1", 0, v1alpha1.AnnotationVIP, "192.0.2.10", v1alpha1.AnnotationVRID, "7"))
 	e.slice(slice("", "g1", "g1-a", "http", 80, ep{addr: "10.1.0.1", node: "n1", ready: true}, ep{addr: "10.1.0.2", node: "n2", ready: true},
 		ep{addr: "10.1.0.3", node: "n3"}))
 	e.svc(backendSvc("", "web", sport("http", 80)))
@@ -871,7 +872,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 		}
 		now, secs := metav1.NewMicroTime(time.Now()), int32(60)
 		l := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "portico-agent-" + node, Namespace: ns,
-			Labels: map[string]string{agentLeaseLabel: "true"}, Annotations: map[string]string{agentStateAnnotation: string(b)}},
+			Labels: map[string]string{agentstatus.LabelAgent: "true"}, Annotations: map[string]string{agentstatus.AnnotationState: string(b)}},
 			Spec: coordinationv1.LeaseSpec{HolderIdentity: &node, RenewTime: &now, LeaseDurationSeconds: &secs}}
 		old, err := cs.CoordinationV1().Leases(ns).Get(e.ctx, l.Name, metav1.GetOptions{})
 		if err == nil {
@@ -897,7 +898,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 	e.start(func(c *Config) { c.ServeTimeout = 4 * time.Second })
 
 	created := time.Now()
-	ing := ingress(ns, "a", 0, "a.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing := ingress(ns, "a", 0, "a.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, v1alpha1.AnnotationGroup, "g1")
 	ing.CreationTimestamp = metav1.Time{}
 	got, err := cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{})
 	if err != nil {
@@ -928,7 +929,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 	}
 
 	// An edge that never serves it: the bound, then the address and an Event.
-	ing = ingress(ns, "b", 0, "b.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, AnnotationGroup, "g1")
+	ing = ingress(ns, "b", 0, "b.example", []path{{"/", networkingv1.PathTypePrefix, "web", 80}}, v1alpha1.AnnotationGroup, "g1")
 	ing.CreationTimestamp = metav1.Time{}
 	created = time.Now()
 	e.must(cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{}))
@@ -965,7 +966,7 @@ func TestIntegrationVIPPools(t *testing.T) {
 	lb := func(name string) *corev1.Service {
 		s := backendSvc("", name, sport("dns", 53))
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
-		s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+		s.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
 		return s
 	}
 	selected := &v1alpha1.ServiceAllocation{NamespaceSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"vip-pool": e.ns}}}}
@@ -980,7 +981,7 @@ func TestIntegrationVIPPools(t *testing.T) {
 		}
 		return ""
 	})
-	if v, ok := annotations(t, e, "Service", "dns")[AnnotationVIP]; ok {
+	if v, ok := annotations(t, e, "Service", "dns")[v1alpha1.AnnotationVIP]; ok {
 		t.Fatalf("dns got VIP %q with no pool that allows it", v)
 	}
 
@@ -994,7 +995,7 @@ func TestIntegrationVIPPools(t *testing.T) {
 	ns.Labels["vip-pool"] = e.ns
 	e.must(e.cs.CoreV1().Namespaces().Update(e.ctx, ns, metav1.UpdateOptions{}))
 	eventually(t, converge, func() string {
-		if v := annotations(t, e, "Service", "dns")[AnnotationVIP]; v != "203.0.113.9" {
+		if v := annotations(t, e, "Service", "dns")[v1alpha1.AnnotationVIP]; v != "203.0.113.9" {
 			return fmt.Sprintf("dns has VIP %q, want 203.0.113.9 (the auto pool's first)", v)
 		}
 		return ""

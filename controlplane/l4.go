@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -36,13 +37,13 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 	for _, s := range sortedServices(b.st.Services, IsL4Service) {
 		svc := model.Service{Name: key(s), ClientIPAffinity: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP}
 		group := defaultGroup
-		field := "metadata.annotations[" + AnnotationGroup + "]"
-		if g, ok := s.Annotations[AnnotationGroup]; ok {
+		field := "metadata.annotations[" + v1alpha1.AnnotationGroup + "]"
+		if g, ok := s.Annotations[v1alpha1.AnnotationGroup]; ok {
 			group = groupRef(g, s.Namespace)
 		}
 		switch {
 		case group == "":
-			b.problem("Service", s, field, model.ReasonGroupNotFound, "no %s annotation and no default group; not served", AnnotationGroup)
+			b.problem("Service", s, field, model.ReasonGroupNotFound, "no %s annotation and no default group; not served", v1alpha1.AnnotationGroup)
 			continue
 		case b.groupsOut[group] == nil:
 			b.problem("Service", s, field, model.ReasonGroupNotFound, "group %s does not exist; not served", group)
@@ -66,18 +67,18 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 			}
 			svc.VIPs = append(svc.VIPs, a)
 		}
-		if v, ok := s.Annotations[AnnotationProxyProtocol]; ok {
+		if v, ok := s.Annotations[v1alpha1.AnnotationProxyProtocol]; ok {
 			on, err := strconv.ParseBool(strings.TrimSpace(v))
 			if err != nil {
-				b.problem("Service", s, "metadata.annotations["+AnnotationProxyProtocol+"]", model.ReasonInvalidAnnotation,
+				b.problem("Service", s, "metadata.annotations["+v1alpha1.AnnotationProxyProtocol+"]", model.ReasonInvalidAnnotation,
 					"%q is not true or false; no PROXY protocol", v)
 			}
 			svc.ProxyProtocol = on
 		}
-		if v, ok := s.Annotations[AnnotationUDPIdleTimeout]; ok {
+		if v, ok := s.Annotations[v1alpha1.AnnotationUDPIdleTimeout]; ok {
 			d, err := time.ParseDuration(strings.TrimSpace(v))
 			if err != nil || d < time.Second || d > time.Hour {
-				b.problem("Service", s, "metadata.annotations["+AnnotationUDPIdleTimeout+"]", model.ReasonInvalidAnnotation,
+				b.problem("Service", s, "metadata.annotations["+v1alpha1.AnnotationUDPIdleTimeout+"]", model.ReasonInvalidAnnotation,
 					"%q is not a duration from 1s to 1h; %ds is used", v, model.DefaultUDPIdleTimeout)
 			} else {
 				svc.UDPIdleTimeout = uint32(d / time.Second)

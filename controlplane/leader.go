@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/util/retry"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -98,7 +99,7 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, b
 	var errs []error
 	// VRIDs.
 	for g, id := range alloc.vrids {
-		_, err := c.annotate(ctx, "Service", g, AnnotationVRID, strconv.Itoa(int(id)), "VRIDAssigned", fmt.Sprintf("VRRP id %d", id))
+		_, err := c.annotate(ctx, "Service", g, v1alpha1.AnnotationVRID, strconv.Itoa(int(id)), "VRIDAssigned", fmt.Sprintf("VRRP id %d", id))
 		errs = append(errs, err)
 	}
 	// VIPs.
@@ -108,13 +109,13 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, b
 			v = append(v, a.String())
 		}
 		vip := strings.Join(v, ",")
-		_, err := c.annotate(ctx, "Service", g, AnnotationVIP, vip, "VIPAllocated", "VIP "+vip+" from the pools")
+		_, err := c.annotate(ctx, "Service", g, v1alpha1.AnnotationVIP, vip, "VIPAllocated", "VIP "+vip+" from the pools")
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.writeServiceStatus(ctx, st.Services, snap))
 	// Scheduling.
 	for ing, g := range Schedule(st.Ingresses, bindings, st.Services) {
-		_, err := c.annotate(ctx, "Ingress", ing, AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
+		_, err := c.annotate(ctx, "Ingress", ing, v1alpha1.AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.writeIngressStatus(ctx, st.Ingresses, bindings, snap))

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -23,9 +24,9 @@ func tenantL4(name string, age int, vips []netip.Addr, ports ...int32) *corev1.S
 		list += a.String()
 	}
 	s := backendSvc("tenant", name)
-	s.ObjectMeta = meta("tenant", name, age, AnnotationVIP, list, AnnotationGroup, "edge/g1")
+	s.ObjectMeta = meta("tenant", name, age, v1alpha1.AnnotationVIP, list, v1alpha1.AnnotationGroup, "edge/g1")
 	s.Spec.Type = corev1.ServiceTypeLoadBalancer
-	s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+	s.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
 	for _, p := range ports {
 		s.Spec.Ports = append(s.Spec.Ports, corev1.ServicePort{Port: p, Protocol: corev1.ProtocolTCP})
 	}
@@ -198,7 +199,7 @@ func TestBuildRefusesWhatAGroupCannotHold(t *testing.T) {
 func tenantVIPs(svcs []*corev1.Service, name string) []netip.Addr {
 	for _, s := range svcs {
 		if key(s) == name {
-			vips, _ := parseVIPs(s.Annotations[AnnotationVIP])
+			vips, _ := parseVIPs(s.Annotations[v1alpha1.AnnotationVIP])
 			return vips
 		}
 	}

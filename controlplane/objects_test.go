@@ -8,6 +8,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // Object constructors shared by the Build table tests, the integration tests and the
@@ -31,7 +33,7 @@ func ptr[T any](v T) *T { return &v }
 // groupSvc is a group Service with ports 80 and 443 and the given annotations.
 func groupSvc(ns, name string, age int, kv ...string) *corev1.Service {
 	s := &corev1.Service{ObjectMeta: meta(ns, name, age, kv...)}
-	s.Labels = map[string]string{LabelGroup: "true"}
+	s.Labels = map[string]string{v1alpha1.LabelGroup: "true"}
 	s.Spec.Type = corev1.ServiceTypeClusterIP
 	s.Spec.Ports = []corev1.ServicePort{{Name: "http", Port: 80, Protocol: corev1.ProtocolTCP}, {Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}
 	return s
@@ -116,8 +118,8 @@ func tlsSecret(ns, name string) *corev1.Secret {
 }
 
 func microservice(ns, name string, age int, ip, hosts, paths string, kv ...string) *corev1.Pod {
-	p := &corev1.Pod{ObjectMeta: meta(ns, name, age, append([]string{AnnotationTrafficHosts, hosts, AnnotationPublicPaths, paths}, kv...)...)}
-	p.Labels = map[string]string{LabelMicroservice: "true"}
+	p := &corev1.Pod{ObjectMeta: meta(ns, name, age, append([]string{v1alpha1.AnnotationTrafficHosts, hosts, v1alpha1.AnnotationPublicPaths, paths}, kv...)...)}
+	p.Labels = map[string]string{v1alpha1.LabelMicroservice: "true"}
 	p.Status.PodIP = ip
 	p.Status.Phase = corev1.PodRunning
 	return p

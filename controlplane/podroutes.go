@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -20,14 +21,14 @@ func splitList(v string) []string {
 
 // isPodRoute reports whether pod is a live pod route (labelled microservice).
 func isPodRoute(pod *corev1.Pod) bool {
-	return pod.Labels[LabelMicroservice] == "true" && pod.DeletionTimestamp == nil &&
+	return pod.Labels[v1alpha1.LabelMicroservice] == "true" && pod.DeletionTimestamp == nil &&
 		pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed
 }
 
 // podRouteGroup is the group a pod route asks for: its portico.io/group, else
 // defaultGroup.
 func podRouteGroup(pod *corev1.Pod, defaultGroup string) string {
-	if g, ok := pod.Annotations[AnnotationGroup]; ok {
+	if g, ok := pod.Annotations[v1alpha1.AnnotationGroup]; ok {
 		return groupRef(g, pod.Namespace)
 	}
 	return defaultGroup
@@ -52,24 +53,24 @@ func (b *builder) podRoutes(defaultGroup string) {
 		if !isPodRoute(pod) {
 			continue
 		}
-		hostsV, okH := pod.Annotations[AnnotationTrafficHosts]
-		pathsV, okP := pod.Annotations[AnnotationPublicPaths]
+		hostsV, okH := pod.Annotations[v1alpha1.AnnotationTrafficHosts]
+		pathsV, okP := pod.Annotations[v1alpha1.AnnotationPublicPaths]
 		if !okH || !okP {
-			missing := AnnotationTrafficHosts
+			missing := v1alpha1.AnnotationTrafficHosts
 			if okH {
-				missing = AnnotationPublicPaths
+				missing = v1alpha1.AnnotationPublicPaths
 			}
-			b.problem("Pod", pod, "metadata.annotations["+missing+"]", model.ReasonInvalidAnnotation, "a microservice pod needs %s and %s", AnnotationTrafficHosts, AnnotationPublicPaths)
+			b.problem("Pod", pod, "metadata.annotations["+missing+"]", model.ReasonInvalidAnnotation, "a microservice pod needs %s and %s", v1alpha1.AnnotationTrafficHosts, v1alpha1.AnnotationPublicPaths)
 			continue
 		}
 		group := podRouteGroup(pod, defaultGroup)
 		if group == "" || b.groupsOut[group] == nil {
-			b.problem("Pod", pod, "metadata.annotations["+AnnotationGroup+"]", model.ReasonGroupNotFound, "pod route has no group (group %q)", group)
+			b.problem("Pod", pod, "metadata.annotations["+v1alpha1.AnnotationGroup+"]", model.ReasonGroupNotFound, "pod route has no group (group %q)", group)
 			continue
 		}
 		hosts := splitList(hostsV)
 		if len(hosts) == 0 {
-			b.problem("Pod", pod, "metadata.annotations["+AnnotationTrafficHosts+"]", model.ReasonInvalidAnnotation, "no host in %q", hostsV)
+			b.problem("Pod", pod, "metadata.annotations["+v1alpha1.AnnotationTrafficHosts+"]", model.ReasonInvalidAnnotation, "no host in %q", hostsV)
 			continue
 		}
 		type pp struct {
@@ -82,14 +83,14 @@ func (b *builder) podRoutes(defaultGroup string) {
 			ps, path, ok := strings.Cut(e, ":")
 			port, err := strconv.ParseUint(ps, 10, 16)
 			if !ok || err != nil || port == 0 || !strings.HasPrefix(path, "/") {
-				b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", model.ReasonInvalidAnnotation, "entry %q is not PORT:PATH", e)
+				b.problem("Pod", pod, "metadata.annotations["+v1alpha1.AnnotationPublicPaths+"]", model.ReasonInvalidAnnotation, "entry %q is not PORT:PATH", e)
 				bad = true
 				continue
 			}
 			paths = append(paths, pp{uint16(port), path})
 		}
 		if len(paths) == 0 && !bad {
-			b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", model.ReasonInvalidAnnotation, "no path in %q", pathsV)
+			b.problem("Pod", pod, "metadata.annotations["+v1alpha1.AnnotationPublicPaths+"]", model.ReasonInvalidAnnotation, "no path in %q", pathsV)
 		}
 		ip, err := netip.ParseAddr(pod.Status.PodIP)
 		if err != nil {
@@ -100,7 +101,7 @@ func (b *builder) podRoutes(defaultGroup string) {
 		for _, h := range hosts {
 			h = strings.ToLower(h)
 			if ok, o := b.mayRoute(h, pod.Namespace); !ok {
-				b.problem("Pod", pod, "metadata.annotations["+AnnotationTrafficHosts+"]", model.ReasonHostTaken,
+				b.problem("Pod", pod, "metadata.annotations["+v1alpha1.AnnotationTrafficHosts+"]", model.ReasonHostTaken,
 					"host %q belongs to namespace %s (%s claimed it first); not routed", h, o.namespace, o.by)
 				continue
 			}
@@ -115,7 +116,7 @@ func (b *builder) podRoutes(defaultGroup string) {
 					if owner == "pods:"+up {
 						continue
 					}
-					b.problem("Pod", pod, "metadata.annotations["+AnnotationPublicPaths+"]", model.ReasonPathConflict,
+					b.problem("Pod", pod, "metadata.annotations["+v1alpha1.AnnotationPublicPaths+"]", model.ReasonPathConflict,
 						"path %q of host %q is already routed by %s", p.path, h, strings.TrimPrefix(owner, "pods:"))
 					continue
 				}

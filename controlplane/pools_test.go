@@ -43,7 +43,7 @@ func TestBuildRefusesAVIPOutsideThePools(t *testing.T) {
 	gs, gsl := g1Objects()
 	tenant := func(ns, name string, age int, vip string, labels ...string) *corev1.Service {
 		s := tenantL4(name, age, addrs(vip), 7000)
-		s.ObjectMeta = meta(ns, name, age, AnnotationVIP, vip, AnnotationGroup, "edge/g1")
+		s.ObjectMeta = meta(ns, name, age, v1alpha1.AnnotationVIP, vip, v1alpha1.AnnotationGroup, "edge/g1")
 		for i := 0; i+1 < len(labels); i += 2 {
 			if s.Labels == nil {
 				s.Labels = map[string]string{}
@@ -123,7 +123,7 @@ func TestAllocateVIPsFromPoolsThatAllowTheService(t *testing.T) {
 		s := backendSvc(ns, name, sport("x", 53))
 		s.ObjectMeta = meta(ns, name, age)
 		s.Spec.Type = corev1.ServiceTypeLoadBalancer
-		s.Spec.LoadBalancerClass = ptr(LoadBalancerClass)
+		s.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
 		return s
 	}
 	objs := []*v1alpha1.VIPPool{
@@ -186,7 +186,7 @@ func TestBuildHonoursLoadBalancerIPInsideAPool(t *testing.T) {
 	gs, gsl := g1Objects()
 	lb := func(name string, age int, ip string, ann ...string) *corev1.Service {
 		s := tenantL4(name, age, nil, 7000)
-		s.ObjectMeta = meta("team-a", name, age, append([]string{AnnotationGroup, "edge/g1"}, ann...)...)
+		s.ObjectMeta = meta("team-a", name, age, append([]string{v1alpha1.AnnotationGroup, "edge/g1"}, ann...)...)
 		s.Spec.LoadBalancerIP = ip
 		return s
 	}
@@ -197,7 +197,7 @@ func TestBuildHonoursLoadBalancerIPInsideAPool(t *testing.T) {
 		lb("in-pool", 1, "198.51.100.5"),
 		lb("outside", 2, "10.9.9.9"),
 		lb("node", 3, "198.51.100.9"),
-		lb("both", 4, "198.51.100.7", AnnotationVIP, "198.51.100.6"),
+		lb("both", 4, "198.51.100.7", v1alpha1.AnnotationVIP, "198.51.100.6"),
 		lb("bad", 5, "not-an-ip"),
 	}
 	st := state(objs...)

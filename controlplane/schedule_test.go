@@ -6,6 +6,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 func TestSchedule(t *testing.T) {
@@ -15,7 +17,7 @@ func TestSchedule(t *testing.T) {
 		return s
 	}
 	sel := func(name string, age int, s string) *networkingv1.Ingress {
-		return ingress("app", name, age, "", nil, AnnotationGroupSelector, s)
+		return ingress("app", name, age, "", nil, v1alpha1.AnnotationGroupSelector, s)
 	}
 	groups := []*corev1.Service{edge("g-c", 1, "edge"), edge("g-a", 2, "edge"), edge("g-b", 3, "edge"), edge("g-x", 4, "internal")}
 	tests := []struct {
@@ -27,7 +29,7 @@ func TestSchedule(t *testing.T) {
 		{
 			name: "fewest bound, ties by name, counting this pass",
 			ingresses: []*networkingv1.Ingress{
-				ingress("app", "bound", 0, "", nil, AnnotationGroup, "e/g-a"),
+				ingress("app", "bound", 0, "", nil, v1alpha1.AnnotationGroup, "e/g-a"),
 				sel("s1", 1, "tier=edge"), sel("s2", 2, "tier=edge"), sel("s3", 3, "tier=edge"), sel("s4", 4, "tier=edge"),
 			},
 			want: map[string]string{"app/s1": "e/g-b", "app/s2": "e/g-c", "app/s3": "e/g-a", "app/s4": "e/g-b"},
@@ -39,8 +41,8 @@ func TestSchedule(t *testing.T) {
 		},
 		{
 			name: "selector from the IngressClass",
-			classes: []*networkingv1.IngressClass{{ObjectMeta: meta("", "sched", 0, AnnotationGroupSelector, "tier=internal"),
-				Spec: networkingv1.IngressClassSpec{Controller: ControllerName}}},
+			classes: []*networkingv1.IngressClass{{ObjectMeta: meta("", "sched", 0, v1alpha1.AnnotationGroupSelector, "tier=internal"),
+				Spec: networkingv1.IngressClassSpec{Controller: v1alpha1.ControllerName}}},
 			ingresses: []*networkingv1.Ingress{func() *networkingv1.Ingress {
 				i := ingress("app", "c", 1, "", nil)
 				i.Spec.IngressClassName = ptr("sched")
@@ -51,8 +53,8 @@ func TestSchedule(t *testing.T) {
 		{
 			name: "already bound (sticky), even to a group that no longer matches or exists",
 			ingresses: []*networkingv1.Ingress{
-				ingress("app", "a", 1, "", nil, AnnotationGroup, "e/g-x", AnnotationGroupSelector, "tier=edge"),
-				ingress("app", "b", 2, "", nil, AnnotationGroup, "e/gone", AnnotationGroupSelector, "tier=edge"),
+				ingress("app", "a", 1, "", nil, v1alpha1.AnnotationGroup, "e/g-x", v1alpha1.AnnotationGroupSelector, "tier=edge"),
+				ingress("app", "b", 2, "", nil, v1alpha1.AnnotationGroup, "e/gone", v1alpha1.AnnotationGroupSelector, "tier=edge"),
 			},
 			want: map[string]string{},
 		},

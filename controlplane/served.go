@@ -10,20 +10,22 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/portico-edge/portico/controlplane/model"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/controlplane/model"
 )
 
 // An Ingress gets its address in status only once its routes are served: tools
 // that take "has an address" for "ready" (CD pipelines, conformance runners,
 // kubectl wait) would otherwise send requests before nginx has the routes. Every
 // agent publishes, in its status Lease, the generation of each of its group's
-// Ingresses its nginx serves (agent.State.Served); the leader writes an
+// Ingresses its nginx serves (agentstatus.State.Served); the leader writes an
 // Ingress's first address once every edge of its group with a ready replica
 // serves that generation, or, if one lags, after Config.ServeTimeout with a Warning Event
 // naming the lagging edges. A group no agent reports on (none runs yet, or the
@@ -31,10 +33,6 @@ import (
 // stays while the Ingress changes: a change of routes is not an outage.
 
 const (
-	// agentLeaseLabel and agentStateAnnotation are where agents publish their
-	// state (agent.WriteLease).
-	agentLeaseLabel      = "portico.io/agent"
-	agentStateAnnotation = "portico.io/agent-state"
 	// DefaultServeTimeout bounds the wait for every edge to serve an Ingress.
 	DefaultServeTimeout = 30 * time.Second
 )
@@ -56,7 +54,7 @@ func reportOf(l *coordinationv1.Lease, now time.Time) (agentReport, bool) {
 // decodeReport reads the report in an agent's status Lease.
 func decodeReport(l *coordinationv1.Lease) (agentReport, bool) {
 	var r agentReport
-	s, has := l.Annotations[agentStateAnnotation]
+	s, has := l.Annotations[agentstatus.AnnotationState]
 	return r, has && json.Unmarshal([]byte(s), &r) == nil && r.Node != ""
 }
 
@@ -93,7 +91,7 @@ type decodedReport struct {
 func (c *Controller) watchAgents() error {
 	f := informers.NewSharedInformerFactoryWithOptions(c.cfg.Client, c.cfg.ResyncPeriod,
 		informers.WithNamespace(c.cfg.LeaseNamespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agentLeaseLabel + "=true" }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agentstatus.Selector }))
 	i := f.Coordination().V1().Leases().Informer()
 	enqueue := func(any) { c.queue.Add(syncKey) }
 	if _, err := i.AddEventHandler(cache.ResourceEventHandlerFuncs{

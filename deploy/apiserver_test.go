@@ -31,7 +31,8 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/internal/testenv"
@@ -218,9 +219,9 @@ var controllerNeeds = append(slices.Clone(informerNeeds), []need{
 // election, no served-status informer), its own status Lease, and the others'
 // (read, for its VRRP peers).
 var agentNeeds = append(slices.Clone(informerNeeds), []need{
-	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease.go WriteLease"},
-	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease.go WriteLease"},
-	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease.go WriteLease"},
+	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease Write"},
+	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease Write"},
+	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease Write"},
 	{grant{namespace, "coordination.k8s.io", "leases", "list", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
 	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
 }...)
@@ -644,18 +645,18 @@ func as(admin *rest.Config, s subject, reqs *requestLog) *rest.Config {
 	return cfg
 }
 
-// testStatusLease runs the agent's status-Lease writer (agent.WriteLease:
+// testStatusLease runs the agent's status-Lease writer (lease.Write:
 // create, then renew) as the agent's ServiceAccount, and reads the result as an
 // operator would (portico status); the agent itself never lists Leases.
 func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
 	var reqs requestLog
 	cs := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs))
 	for _, state := range []string{`{"node":"node-1"}`, `{"node":"node-1","healthy":true}`} {
-		if err := agent.WriteLease(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
+		if err := lease.Write(ctx, cs, namespace, "node-1", []byte(state), 10*time.Second); err != nil {
 			t.Fatalf("write the status Lease: %v", err)
 		}
 	}
-	leases, err := agent.ListLeases(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
+	leases, err := lease.List(ctx, kubernetes.NewForConfigOrDie(admin), namespace)
 	if err != nil {
 		t.Fatalf("list status Leases: %v", err)
 	}
@@ -709,7 +710,7 @@ func testController(t *testing.T, ctx context.Context, admin *rest.Config, cs ku
 	defer stop()
 
 	dyn := dynamic.NewForConfigOrDie(admin)
-	claims := dyn.Resource(controlplane.ClaimResource).Namespace(namespace)
+	claims := dyn.Resource(v1alpha1.IngressClaimResource).Namespace(namespace)
 	annotation := func(obj metav1.Object, k string) string { return obj.GetAnnotations()[k] }
 	testenv.Eventually(t, 30*time.Second, func() string {
 		if bad := reqs.list(); len(bad) > 0 {
@@ -739,7 +740,7 @@ func testController(t *testing.T, ctx context.Context, admin *rest.Config, cs ku
 		if err != nil {
 			return err.Error()
 		}
-		if phase, _, _ := unstructured.NestedString(claim.Object, "status", "phase"); phase != controlplane.ClaimBound {
+		if phase, _, _ := unstructured.NestedString(claim.Object, "status", "phase"); phase != v1alpha1.ClaimBound {
 			return "claim shop phase " + phase
 		}
 		if _, err := cs.AppsV1().DaemonSets(namespace).Get(ctx, "shop", metav1.GetOptions{}); err != nil {

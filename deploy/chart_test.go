@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/bgpfile"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -257,11 +258,11 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	if err := os.WriteFile(p, []byte(sec.StringData["bgp.yaml"]), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f, err := agent.LoadBGPFile(p)
+	f, err := bgpfile.Load(p)
 	if err != nil {
 		t.Fatalf("the agent cannot read the rendered Secret: %v\n%s", err, sec.StringData["bgp.yaml"])
 	}
-	sc, err := f.SpeakerConfig("n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
+	sc, err := agent.SpeakerConfig(f, "n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
 	if err != nil || sc.ASN != 64600 || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].HoldTime != 3*time.Second {
 		t.Errorf("speaker config from the Secret: %+v, %v", sc, err)
 	}

@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigsyaml "sigs.k8s.io/yaml"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 )
 
@@ -283,8 +284,8 @@ func TestManifestsAgree(t *testing.T) {
 		}
 	}
 	class := find[networkingv1.IngressClass](t, objs, "IngressClass", "portico")
-	if class.Spec.Controller != controlplane.ControllerName {
-		t.Errorf("IngressClass controller %q, want %q", class.Spec.Controller, controlplane.ControllerName)
+	if class.Spec.Controller != v1alpha1.ControllerName {
+		t.Errorf("IngressClass controller %q, want %q", class.Spec.Controller, v1alpha1.ControllerName)
 	}
 	if p := class.Spec.Parameters; p == nil || p.Kind != "Service" || p.Name != gname || p.Namespace == nil || *p.Namespace != gns {
 		t.Errorf("IngressClass parameters %+v do not name the group %s", class.Spec.Parameters, flags["group"])
@@ -368,11 +369,11 @@ func TestManifestsAgree(t *testing.T) {
 		}
 	}
 	// The CRD is the resource the code watches.
-	crdName := controlplane.ClaimResource.Resource + "." + controlplane.ClaimResource.Group
+	crdName := v1alpha1.IngressClaimResource.Resource + "." + v1alpha1.IngressClaimResource.Group
 	if !slices.ContainsFunc(objs, func(u *unstructured.Unstructured) bool {
 		return u.GetKind() == "CustomResourceDefinition" && u.GetName() == crdName
 	}) {
-		t.Errorf("no CustomResourceDefinition %s (controlplane.ClaimResource) in the kustomization", crdName)
+		t.Errorf("no CustomResourceDefinition %s (v1alpha1.IngressClaimResource) in the kustomization", crdName)
 	}
 }
 

@@ -7,7 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 // Announce states of a site, from its edges' own reports.
@@ -35,7 +35,7 @@ type edgeCount struct {
 }
 
 // edges sums up, for the Ingress ingKey ("namespace/name") at generation gen, the
-// status Leases the site's agents publish (agent.WriteLease), as the member's Lease
+// status Leases the site's agents publish (agent/lease), as the member's Lease
 // informer holds them. A stale report (an agent that stopped renewing) counts for
 // nothing: that edge is neither serving nor announcing.
 func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen int64) (edgeCount, error) {
@@ -43,11 +43,11 @@ func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen i
 	if err != nil {
 		return edgeCount{}, err
 	}
-	ls := make([]agent.Lease, 0, len(list))
+	ls := make([]agentstatus.Lease, 0, len(list))
 	for _, l := range list {
-		ls = append(ls, agent.LeaseOf(l))
+		ls = append(ls, agentstatus.LeaseOf(l))
 	}
-	states, stale := agent.DecodeStates(ls)
+	states, stale := agentstatus.DecodeStates(ls)
 	v := edgeCount{announce: Withdrawn}
 	depref := false
 	for _, st := range states {
@@ -61,11 +61,11 @@ func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen i
 			v.serving++
 		}
 		switch {
-		case st.BGP != nil && st.BGP.Preference == "normal" && len(st.BGP.Announced) > 0:
+		case st.BGP != nil && st.BGP.Preference == agentstatus.PreferenceNormal && len(st.BGP.Announced) > 0:
 			v.announce = Announced
-		case st.BGP != nil && st.BGP.Preference == "depreferenced" && len(st.BGP.Announced) > 0:
+		case st.BGP != nil && st.BGP.Preference == agentstatus.PreferenceDepreferenced && len(st.BGP.Announced) > 0:
 			depref = true
-		case st.BGP == nil && slices.Contains(slices.Collect(maps.Values(st.VRRP)), "master"):
+		case st.BGP == nil && slices.Contains(slices.Collect(maps.Values(st.VRRP)), agentstatus.VRRPMaster):
 			v.announce = Announced
 		}
 	}

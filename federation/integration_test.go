@@ -32,8 +32,9 @@ import (
 	"k8s.io/client-go/util/retry"
 	sigsyaml "sigs.k8s.io/yaml"
 
-	"github.com/portico-edge/portico/agent"
-	"github.com/portico-edge/portico/bgp"
+	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/sites"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -348,14 +349,14 @@ func TestPropagation(t *testing.T) {
 	// one stopped renewing (stale: it counts for nothing).
 	gen := memberIngress(ctx, a, "shop").Generation
 	edge := func(node string, served int64, pref string, ttl time.Duration) {
-		st := agent.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
+		st := agentstatus.State{Node: node, Group: "portico-system/edge", Healthy: true, Served: map[string]int64{"web/shop": served},
 			Addrs: []string{"10.1.0." + node[len(node)-1:], "fd00::1"},
-			BGP:   &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}}
+			BGP:   &agentstatus.BGPState{Preference: pref, Announced: []agentstatus.BGPAnnouncement{{}}}}
 		b, err := json.Marshal(st)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := agent.WriteLease(ctx, a.client, "portico-system", node, b, ttl); err != nil {
+		if err := lease.Write(ctx, a.client, "portico-system", node, b, ttl); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -440,20 +441,20 @@ func TestPropagation(t *testing.T) {
 
 	// Peers: every member is told the other sites' edges (a's two fresh ones,
 	// b's, which reports a tunnel address of its own), and who drains.
-	bst, err := json.Marshal(agent.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1",
+	bst, err := json.Marshal(agentstatus.State{Node: "b-edge-1", Group: "portico-system/edge", Healthy: true, Addrs: []string{"10.2.0.9"}, Tunnel: "10.2.0.1",
 		Served: map[string]int64{"web/shop": memberIngress(ctx, b, "shop").Generation}, Spill: 0.3,
-		BGP: &agent.BGPState{Preference: "depreferenced", Status: bgp.Status{Announced: []bgp.Announcement{{}}}}})
+		BGP: &agentstatus.BGPState{Preference: "depreferenced", Announced: []agentstatus.BGPAnnouncement{{}}}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := agent.WriteLease(ctx, b.client, "portico-system", "b-edge-1", bst, time.Minute); err != nil {
+	if err := lease.Write(ctx, b.client, "portico-system", "b-edge-1", bst, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	aEdges, bEdges := []string{"10.1.0.1", "10.1.0.2"}, []string{"10.2.0.1"}
-	waitPeers(t, ctx, cs["a"], "a told b's edges", func(f agent.SitesFile) bool {
+	waitPeers(t, ctx, cs["a"], "a told b's edges", func(f sites.File) bool {
 		return f.Site == "a" && len(f.Peers) == 1 && f.Peers[0].Name == "b" && slices.Equal(f.Peers[0].Edges, bEdges) && !f.Draining
 	})
-	waitPeers(t, ctx, cs["c"], "c told a's and b's edges", func(f agent.SitesFile) bool {
+	waitPeers(t, ctx, cs["c"], "c told a's and b's edges", func(f sites.File) bool {
 		return len(f.Peers) == 2 && slices.Equal(f.Peers[0].Edges, aEdges) && slices.Equal(f.Peers[1].Edges, bEdges)
 	})
 	drain := func(v string) {
@@ -465,11 +466,11 @@ func TestPropagation(t *testing.T) {
 	}
 	asked := time.Now()
 	drain("true")
-	bf := waitPeers(t, ctx, b, "b drains", func(f agent.SitesFile) bool { return f.Draining && f.DrainFrom != nil })
+	bf := waitPeers(t, ctx, b, "b drains", func(f sites.File) bool { return f.Draining && f.DrainFrom != nil })
 	if lead := bf.DrainFrom.Sub(asked); lead < DrainLead-2*time.Second || lead > DrainLead+10*time.Second {
 		t.Errorf("b drains from %v, %v after it was asked, want about %v", bf.DrainFrom, lead, DrainLead)
 	}
-	waitPeers(t, ctx, cs["a"], "a told b drains", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && f.Peers[0].Draining })
+	waitPeers(t, ctx, cs["a"], "a told b drains", func(f sites.File) bool { return len(f.Peers) == 1 && f.Peers[0].Draining })
 	// b's status: de-preferenced, not yet draining (its drain begins DrainLead
 	// later), spilling 30 %.
 	waitStatus(t, ctx, host, "shop", "b de-preferenced, overflowing 30%", func(fi *FederatedIngress) bool {
@@ -487,16 +488,16 @@ func TestPropagation(t *testing.T) {
 		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[AnnotationDrainFrom], err, bf.DrainFrom)
 	}
 	drain("false")
-	waitPeers(t, ctx, b, "b's drain over", func(f agent.SitesFile) bool { return !f.Draining })
+	waitPeers(t, ctx, b, "b's drain over", func(f sites.File) bool { return !f.Draining })
 	// b's capacity, and where it overflows: its one edge takes all of it.
 	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"300",%q:"a",%q:"0.4"}}}`, AnnotationCapacity, AnnotationOverflowTo, AnnotationOverflowLimit)
 	if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitPeers(t, ctx, b, "b overflows to a", func(f agent.SitesFile) bool {
-		return f.Overflow != nil && *f.Overflow == agent.Overflow{CapacityPerEdge: 300, To: "a", Limit: 0.4}
+	waitPeers(t, ctx, b, "b overflows to a", func(f sites.File) bool {
+		return f.Overflow != nil && *f.Overflow == sites.Overflow{CapacityPerEdge: 300, To: "a", Limit: 0.4}
 	})
-	waitPeers(t, ctx, cs["a"], "a told b's drain is over", func(f agent.SitesFile) bool { return len(f.Peers) == 1 && !f.Peers[0].Draining })
+	waitPeers(t, ctx, cs["a"], "a told b's drain is over", func(f sites.File) bool { return len(f.Peers) == 1 && !f.Peers[0].Draining })
 
 	// The FederatedIngress's site policies: a's capacity (for its two edges)
 	// and overflow, its drain grace; the anycast VIP, which b does not serve.
@@ -506,8 +507,8 @@ func TestPropagation(t *testing.T) {
 		fi.Spec.Policy.DrainGrace = &metav1.Duration{Duration: 5 * time.Minute}
 		fi.Spec.Policy.AnycastVIP = "192.0.2.80"
 	})
-	waitPeers(t, ctx, cs["a"], "a overflows to b by the FederatedIngress's policy", func(f agent.SitesFile) bool {
-		return f.Overflow != nil && *f.Overflow == agent.Overflow{CapacityPerEdge: 100, To: "b", Limit: 0.4} &&
+	waitPeers(t, ctx, cs["a"], "a overflows to b by the FederatedIngress's policy", func(f sites.File) bool {
+		return f.Overflow != nil && *f.Overflow == sites.Overflow{CapacityPerEdge: 100, To: "b", Limit: 0.4} &&
 			f.DrainGrace != nil && f.DrainGrace.Duration == 5*time.Minute
 	})
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
@@ -580,7 +581,7 @@ func TestPropagation(t *testing.T) {
 	// cache (waited for by its sync count, not by time), and a's Ingress stays as
 	// it was, and so does what a was told of its peers.
 	before := memberIngress(ctx, a, "shop")
-	waitPeers(t, ctx, a, "a's overflow gone with the policy", func(f agent.SitesFile) bool { return f.Overflow == nil })
+	waitPeers(t, ctx, a, "a's overflow gone with the policy", func(f sites.File) bool { return f.Overflow == nil })
 	peersBefore, err := a.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -626,9 +627,9 @@ func waitEvent(t *testing.T, ctx context.Context, host *cluster, ns, name, reaso
 }
 
 // waitPeers waits until the member's PeersConfigMap satisfies ok, and returns it.
-func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok func(agent.SitesFile) bool) agent.SitesFile {
+func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok func(sites.File) bool) sites.File {
 	t.Helper()
-	var f agent.SitesFile
+	var f sites.File
 	var last string
 	if _, done := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
 		cm, err := c.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
@@ -637,7 +638,7 @@ func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok fu
 			return false
 		}
 		last = cm.Data[PeersKey]
-		f = agent.SitesFile{}
+		f = sites.File{}
 		return sigsyaml.UnmarshalStrict([]byte(last), &f) == nil && ok(f)
 	}); !done {
 		t.Fatalf("%s: peers never did; last: %s", what, last)

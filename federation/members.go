@@ -24,7 +24,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 // member is one member cluster: clients built from its Secret's kubeconfig and an
@@ -133,7 +133,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 	// The site's agents' status Leases: renewed every few seconds, so a change
 	// counts only when what the site status shows of them changes.
 	lf := informers.NewSharedInformerFactoryWithOptions(client, resync, informers.WithNamespace(agents),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agent.LabelAgent + "=true" }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agentstatus.Selector }))
 	leases := lf.Coordination().V1().Leases()
 	onLease := func(old, cur any) {
 		if edgeView(old) != edgeView(cur) {
@@ -168,7 +168,7 @@ func edgeView(obj any) string {
 	if !ok {
 		return ""
 	}
-	states, stale := agent.DecodeStates([]agent.Lease{agent.LeaseOf(l)})
+	states, stale := agentstatus.DecodeStates([]agentstatus.Lease{agentstatus.LeaseOf(l)})
 	if len(states) == 0 {
 		return ""
 	}

@@ -19,13 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
-	"github.com/portico-edge/portico/agent"
-	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/sites"
 )
 
 const (
 	// PeersConfigMap is the ConfigMap the controller writes into every member's
-	// agents namespace: key PeersKey holds the agent.SitesFile of that site (the
+	// agents namespace: key PeersKey holds the api/sites File of that site (the
 	// other sites' edges, and who drains), which the chart mounts for the
 	// agents' --federation-peers.
 	PeersConfigMap = "portico-federation-peers"
@@ -57,14 +57,14 @@ type siteInfo struct {
 	draining   bool
 	drainFrom  *metav1.Time
 	drainGrace *metav1.Duration
-	overflow   *agent.Overflow
+	overflow   *sites.Overflow
 }
 
 // policies applies the FederatedIngresses' site policies (spec.policy.sites,
 // overflowLimitPercent, drainGrace) to the sites they place: the first
 // FederatedIngress by namespace/name that sets a site's counts, over its member
 // Secret's annotations.
-func (c *Controller) policies(sites map[string]siteInfo) {
+func (c *Controller) policies(infos map[string]siteInfo) {
 	var fis []*FederatedIngress
 	for _, obj := range c.fisAll() {
 		u, ok := obj.(*unstructured.Unstructured)
@@ -84,23 +84,23 @@ func (c *Controller) policies(sites map[string]siteInfo) {
 	for _, fi := range fis {
 		pol := fi.Spec.Policy
 		for _, sp := range pol.Sites {
-			info, ok := sites[sp.Cluster]
+			info, ok := infos[sp.Cluster]
 			if !ok || set[sp.Cluster] {
 				continue
 			}
 			set[sp.Cluster] = true
-			info.overflow = &agent.Overflow{To: sp.OverflowTo, CapacityPerEdge: float64(sp.Capacity) / float64(max(len(info.edges), 1)),
+			info.overflow = &sites.Overflow{To: sp.OverflowTo, CapacityPerEdge: float64(sp.Capacity) / float64(max(len(info.edges), 1)),
 				Limit: float64(pol.OverflowLimitPercent) / 100}
-			sites[sp.Cluster] = info
+			infos[sp.Cluster] = info
 		}
 		if pol.DrainGrace == nil {
 			continue
 		}
 		for _, cl := range fi.Spec.Placement.Clusters {
-			if info, ok := sites[cl]; ok && !graced[cl] {
+			if info, ok := infos[cl]; ok && !graced[cl] {
 				graced[cl] = true
 				info.drainGrace = pol.DrainGrace
-				sites[cl] = info
+				infos[cl] = info
 			}
 		}
 	}
@@ -121,7 +121,7 @@ func (c *Controller) syncPeers(ctx context.Context) {
 	for _, s := range list {
 		secrets[memberName(s)] = s
 	}
-	sites := map[string]siteInfo{}
+	infos := map[string]siteInfo{}
 	for _, name := range c.memberNames() {
 		s := secrets[name]
 		if s == nil {
@@ -140,10 +140,10 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		c.mu.Unlock()
 		info.draining, info.drainFrom = c.drain(ctx, s)
 		info.overflow = c.overflow(s, len(info.edges))
-		sites[name] = info
+		infos[name] = info
 	}
-	c.policies(sites)
-	for name := range sites {
+	c.policies(infos)
+	for name := range infos {
 		m := c.member(name)
 		if m == nil {
 			continue
@@ -151,18 +151,18 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		if _, down := m.unreachable(time.Now()); down {
 			continue
 		}
-		f := agent.SitesFile{Site: name, Draining: sites[name].draining, DrainFrom: sites[name].drainFrom, Overflow: sites[name].overflow,
-			DrainGrace: sites[name].drainGrace}
-		if o := f.Overflow; o != nil && len(sites[o.To].edges) == 0 {
+		f := sites.File{Site: name, Draining: infos[name].draining, DrainFrom: infos[name].drainFrom, Overflow: infos[name].overflow,
+			DrainGrace: infos[name].drainGrace}
+		if o := f.Overflow; o != nil && len(infos[o.To].edges) == 0 {
 			c.warnOnce(secrets[name], secrets[name].Namespace+"/"+secrets[name].Name+"/overflow", "InvalidOverflow",
 				fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", AnnotationOverflowTo, o.To))
 			f.Overflow = nil
 		}
-		for _, other := range sortedKeys(sites) {
-			if other == name || len(sites[other].edges) == 0 {
+		for _, other := range sortedKeys(infos) {
+			if other == name || len(infos[other].edges) == 0 {
 				continue
 			}
-			f.Peers = append(f.Peers, agent.PeerSite{Name: other, Edges: sites[other].edges, Draining: sites[other].draining})
+			f.Peers = append(f.Peers, sites.Peer{Name: other, Edges: infos[other].edges, Draining: infos[other].draining})
 		}
 		err := writePeers(ctx, m, f)
 		m.noteCall(err, time.Now(), c.cfg.Resync)
@@ -204,13 +204,13 @@ func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1
 
 // overflow reads a member Secret's capacity annotations: nil without a capacity;
 // a bad value is reported and the site does not overflow.
-func (c *Controller) overflow(s *corev1.Secret, edges int) *agent.Overflow {
+func (c *Controller) overflow(s *corev1.Secret, edges int) *sites.Overflow {
 	capv, ok := s.Annotations[AnnotationCapacity]
 	if !ok {
 		return nil
 	}
 	key := s.Namespace + "/" + s.Name + "/overflow"
-	bad := func(what string) *agent.Overflow {
+	bad := func(what string) *sites.Overflow {
 		c.warnOnce(s, key, "InvalidOverflow", what+"; the site does not overflow")
 		return nil
 	}
@@ -218,13 +218,13 @@ func (c *Controller) overflow(s *corev1.Secret, edges int) *agent.Overflow {
 	if err != nil || capacity <= 0 {
 		return bad(fmt.Sprintf("annotation %s=%q: want a positive number of new connections a second", AnnotationCapacity, capv))
 	}
-	o := &agent.Overflow{To: s.Annotations[AnnotationOverflowTo], CapacityPerEdge: capacity / float64(max(edges, 1))}
+	o := &sites.Overflow{To: s.Annotations[AnnotationOverflowTo], CapacityPerEdge: capacity / float64(max(edges, 1))}
 	if o.To == "" || o.To == memberName(s) {
 		return bad(fmt.Sprintf("annotation %s=%q: want another member cluster", AnnotationOverflowTo, o.To))
 	}
 	if v, ok := s.Annotations[AnnotationOverflowLimit]; ok {
-		if o.Limit, err = strconv.ParseFloat(v, 64); err != nil || o.Limit <= 0 || o.Limit > dataplane.MaxSpill {
-			return bad(fmt.Sprintf("annotation %s=%q: want more than 0, at most %v", AnnotationOverflowLimit, v, dataplane.MaxSpill))
+		if o.Limit, err = strconv.ParseFloat(v, 64); err != nil || o.Limit <= 0 || o.Limit > sites.MaxSpill {
+			return bad(fmt.Sprintf("annotation %s=%q: want more than 0, at most %v", AnnotationOverflowLimit, v, sites.MaxSpill))
 		}
 	}
 	return o
@@ -251,11 +251,11 @@ func tunnelEdges(m *member) []string {
 	if err != nil {
 		return nil
 	}
-	ls := make([]agent.Lease, 0, len(list))
+	ls := make([]agentstatus.Lease, 0, len(list))
 	for _, l := range list {
-		ls = append(ls, agent.LeaseOf(l))
+		ls = append(ls, agentstatus.LeaseOf(l))
 	}
-	states, stale := agent.DecodeStates(ls)
+	states, stale := agentstatus.DecodeStates(ls)
 	var out []string
 	for _, st := range states {
 		if stale[st.Node] {
@@ -271,7 +271,7 @@ func tunnelEdges(m *member) []string {
 
 // tunnelOf is an edge's tunnel address: the one it reports, else its edge
 // interface's first IPv4 address (the agent's default).
-func tunnelOf(st agent.State) string {
+func tunnelOf(st agentstatus.State) string {
 	if st.Tunnel != "" {
 		return st.Tunnel
 	}
@@ -284,7 +284,7 @@ func tunnelOf(st agent.State) string {
 }
 
 // writePeers creates or updates the member's PeersConfigMap when it differs.
-func writePeers(ctx context.Context, m *member, f agent.SitesFile) error {
+func writePeers(ctx context.Context, m *member, f sites.File) error {
 	b, err := yaml.Marshal(f)
 	if err != nil {
 		return err

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 
-	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // Validate reports what makes a FederatedIngress unusable as a whole; a problem of one
@@ -118,9 +118,9 @@ func MemberIngress(fi *FederatedIngress, cluster string) (*networkingv1.Ingress,
 		out.Annotations = map[string]string{}
 	}
 	out.Annotations[AnnotationGeneration] = strconv.FormatInt(fi.Generation, 10)
-	delete(out.Annotations, controlplane.AnnotationFederationHealth)
+	delete(out.Annotations, v1alpha1.AnnotationFederationHealth)
 	if fi.Spec.Policy.Health == HealthAll {
-		out.Annotations[controlplane.AnnotationFederationHealth] = string(HealthAll)
+		out.Annotations[v1alpha1.AnnotationFederationHealth] = string(HealthAll)
 	}
 	return &out, nil
 }

@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
-	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // Resource is the FederatedIngress CRD (deploy/federation/federatedingresses.portico.io.yaml).
@@ -22,7 +22,7 @@ const (
 	// FederatedIngress's name (the namespace is the Ingress's own). The member's
 	// control plane reads it: in BGP mode its edges announce by the health of such
 	// Ingresses (model.Group.Federated).
-	LabelSource = controlplane.LabelFederatedIngress
+	LabelSource = v1alpha1.LabelFederatedIngress
 	// AnnotationGeneration is the FederatedIngress generation a member's Ingress was
 	// rendered from.
 	AnnotationGeneration = "portico.io/federation-generation"
@@ -73,7 +73,7 @@ type Policy struct {
 	// Ingress status lists another is reported in its status.
 	AnycastVIP string `json:"anycastVIP,omitempty"`
 	// Sites are per-site capacities: above its capacity a site spills new
-	// connections to the site OverflowTo names (SitesFile.Overflow). They are
+	// connections to the site OverflowTo names (api/sites File.Overflow). They are
 	// the site's (its edges serve every federated Ingress of the group): when
 	// several FederatedIngresses set one site's, the first by namespace/name
 	// counts; a member Secret's portico.io/capacity annotations count only where

@@ -24,6 +24,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/bgpfile"
+	"github.com/portico-edge/portico/api/sites"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
@@ -196,7 +198,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		if bgpConfig == "" {
 			return c, fmt.Errorf("-announce=bgp needs -bgp-config")
 		}
-		f, err := agent.LoadBGPFile(bgpConfig)
+		f, err := bgpfile.Load(bgpConfig)
 		if err != nil {
 			return c, err
 		}
@@ -206,7 +208,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 			}
 		}
 		// Checked now, with a placeholder router id: the agent fills in the node's.
-		if _, err := f.SpeakerConfig(c.Node, netip.MustParseAddr("192.0.2.1"), c.NextHop6); err != nil {
+		if _, err := agent.SpeakerConfig(f, c.Node, netip.MustParseAddr("192.0.2.1"), c.NextHop6); err != nil {
 			return c, fmt.Errorf("-bgp-config %s: %w", bgpConfig, err)
 		}
 		c.BGP = f
@@ -220,7 +222,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		// The file may come later (a ConfigMap the federation controller has not
 		// written yet, mounted optional): the agent waits for it.
 		if _, err := os.Stat(c.Sites); err == nil {
-			if _, _, err := agent.LoadSitesFile(c.Sites); err != nil {
+			if _, _, err := sites.Load(c.Sites); err != nil {
 				return c, err
 			}
 		}

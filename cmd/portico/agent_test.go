@@ -135,11 +135,11 @@ func TestParseAgentFlags(t *testing.T) {
 				if c.Announce != "bgp" || c.BGP.ASN != 64512 || len(c.BGP.Peers) != 2 || c.BGP.BFDProfiles[0].TransmitInterval.Duration != 50*time.Millisecond {
 					t.Errorf("bgp config %+v", c.BGP)
 				}
-				sc, err := c.BGP.SpeakerConfig("n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
+				sc, err := agent.SpeakerConfig(c.BGP, "n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
 				if err != nil || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].BFD.Multiplier != 3 || sc.GracefulRestart {
 					t.Errorf("n1's speaker config %+v (%v): want the one peer for every node, with BFD, no graceful restart", sc, err)
 				}
-				sc, err = c.BGP.SpeakerConfig("n2", netip.MustParseAddr("10.0.0.12"), netip.Addr{})
+				sc, err = agent.SpeakerConfig(c.BGP, "n2", netip.MustParseAddr("10.0.0.12"), netip.Addr{})
 				if err != nil || len(sc.Peers) != 2 {
 					t.Errorf("n2's speaker config %+v (%v): want both peers", sc, err)
 				}

@@ -14,7 +14,8 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 func runStatus(args []string) error {
@@ -35,7 +36,7 @@ func runStatus(args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	states, stale, err := agent.ReadStates(ctx, client, *ns)
+	states, stale, err := lease.ReadStates(ctx, client, *ns)
 	if err != nil {
 		return err
 	}
@@ -45,7 +46,7 @@ func runStatus(args []string) error {
 // printStatus renders every agent's published state: nodes, then each VIP with
 // its owner, its replicas' health and ring shares, and the table digest on every
 // node, which must agree.
-func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now time.Time) error {
+func printStatus(out io.Writer, states []agentstatus.State, stale map[string]bool, now time.Time) error {
 	if len(states) == 0 {
 		fmt.Fprintln(out, "no agents have reported")
 		return nil
@@ -78,7 +79,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 	// A stale report is what a node said before it stopped reporting (it died, or
 	// cannot reach the API server): it is shown above, and counted nowhere below,
 	// where it would claim ownership, disagree on digests and vouch for replicas.
-	fresh := slices.DeleteFunc(slices.Clone(states), func(st agent.State) bool { return stale[st.Node] })
+	fresh := slices.DeleteFunc(slices.Clone(states), func(st agentstatus.State) bool { return stale[st.Node] })
 	if len(fresh) == 0 {
 		fresh = states
 	}
@@ -97,7 +98,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 	sort.Slice(keys, func(i, j int) bool { return keys[i].group+keys[i].vip < keys[j].group+keys[j].vip })
 	for _, k := range keys {
 		addr, _ := netip.ParseAddr(k.vip)
-		owners := agent.Owners(fresh, k.group, addr)
+		owners := agentstatus.Owners(fresh, k.group, addr)
 		owner := strings.Join(owners, ",")
 		switch len(owners) {
 		case 0:
@@ -109,7 +110,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 		fmt.Fprintf(out, "\nVIP %s  group %s  owner %s\n", k.vip, k.group, owner)
 
 		digests := map[string][]string{}
-		var view *agent.VIPState
+		var view *agentstatus.VIPState
 		for _, st := range fresh {
 			for i, v := range st.VIPs {
 				if st.Group == k.group && v.VIP == k.vip {
@@ -133,7 +134,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 
 		// Every replica Kubernetes lists for the group, and every one in the
 		// owner's maps: a replica the liveness checks took out is in no ring.
-		inRing := map[string]agent.ReplicaState{}
+		inRing := map[string]agentstatus.ReplicaState{}
 		var addrs []string
 		for _, r := range view.Replicas {
 			inRing[r.Addr] = r
@@ -183,7 +184,7 @@ func printStatus(out io.Writer, states []agent.State, stale map[string]bool, now
 
 // livenessOf sums up every node's liveness verdict on one replica, e.g.
 // "live on edge-1,edge-2; dead for 12s on edge-3".
-func livenessOf(states []agent.State, group, addr string, now time.Time) string {
+func livenessOf(states []agentstatus.State, group, addr string, now time.Time) string {
 	by := map[string][]string{}
 	for _, st := range states {
 		if st.Group != group {

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 // A replica that the liveness checks took out is in no ring but still listed,
@@ -14,22 +14,22 @@ import (
 func TestPrintStatusLiveness(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	since := now.Add(-12 * time.Second)
-	replicas := func(cLive string) []agent.ReplicaLiveness {
-		return []agent.ReplicaLiveness{
+	replicas := func(cLive string) []agentstatus.ReplicaLiveness {
+		return []agentstatus.ReplicaLiveness{
 			{Addr: "10.0.0.1", Kubernetes: "ready", Live: "live", Since: now.Add(-time.Hour)},
 			{Addr: "10.0.0.2", Kubernetes: "ready", Live: "live", Since: now.Add(-time.Hour)},
 			{Addr: "10.0.0.3", Kubernetes: "ready", Live: cLive, Since: since},
 		}
 	}
-	vip := agent.VIPState{VIP: "192.0.2.80", Digest: "abc", Replicas: []agent.ReplicaState{
+	vip := agentstatus.VIPState{VIP: "192.0.2.80", Digest: "abc", Replicas: []agentstatus.ReplicaState{
 		{Addr: "10.0.0.1", State: "ready", Share: 0.5, MACKnown: true, Local: true},
 		{Addr: "10.0.0.2", State: "ready", Share: 0.5, MACKnown: true},
 	}}
-	states := []agent.State{
+	states := []agentstatus.State{
 		{Node: "edge-1", Addrs: []string{"10.0.0.1", "192.0.2.80"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"},
-			VIPs: []agent.VIPState{vip}, Replicas: replicas("dead"), Updated: now},
+			VIPs: []agentstatus.VIPState{vip}, Replicas: replicas("dead"), Updated: now},
 		{Node: "edge-2", Addrs: []string{"10.0.0.2"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "backup"},
-			VIPs: []agent.VIPState{vip}, Replicas: replicas("dead"), Updated: now},
+			VIPs: []agentstatus.VIPState{vip}, Replicas: replicas("dead"), Updated: now},
 		{Node: "edge-3", Addrs: []string{"10.0.0.3"}, Group: "g/e", Healthy: false, Reason: "stale report", Updated: now.Add(-time.Minute)},
 	}
 	var out bytes.Buffer
@@ -61,18 +61,18 @@ func TestPrintStatusLiveness(t *testing.T) {
 // none of it counts. The live owner's view, digest and counters are shown.
 func TestPrintStatusIgnoresStaleReports(t *testing.T) {
 	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	old := agent.VIPState{VIP: "192.0.2.80", Digest: "old", Replicas: []agent.ReplicaState{
+	old := agentstatus.VIPState{VIP: "192.0.2.80", Digest: "old", Replicas: []agentstatus.ReplicaState{
 		{Addr: "10.0.0.1", State: "ready", Share: 0.5, MACKnown: true, Local: true},
 		{Addr: "10.0.0.2", State: "ready", Share: 0.5, MACKnown: true},
 	}}
-	cur := agent.VIPState{VIP: "192.0.2.80", Digest: "new", Replicas: []agent.ReplicaState{
+	cur := agentstatus.VIPState{VIP: "192.0.2.80", Digest: "new", Replicas: []agentstatus.ReplicaState{
 		{Addr: "10.0.0.2", State: "ready", Share: 1, MACKnown: true, Local: true, Packets: 4242},
 	}}
-	states := []agent.State{
+	states := []agentstatus.State{
 		{Node: "edge-1", Addrs: []string{"10.0.0.1"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"},
-			VIPs: []agent.VIPState{old}, Updated: now.Add(-time.Minute)},
+			VIPs: []agentstatus.VIPState{old}, Updated: now.Add(-time.Minute)},
 		{Node: "edge-2", Addrs: []string{"10.0.0.2", "192.0.2.80"}, Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"},
-			VIPs: []agent.VIPState{cur}, Updated: now},
+			VIPs: []agentstatus.VIPState{cur}, Updated: now},
 	}
 	var out bytes.Buffer
 	if err := printStatus(&out, states, map[string]bool{"edge-1": true}, now); err != nil {

@@ -11,7 +11,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/yaml"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 // File is a site's DNS configuration as written (YAML or JSON; durations as "5s").
@@ -56,7 +57,7 @@ func LoadFile(path string) (Config, error) {
 // verdict routers see.
 func AgentsHealth(client kubernetes.Interface, ns string) func(context.Context) Report {
 	return func(ctx context.Context) Report {
-		states, stale, err := agent.ReadStates(ctx, client, ns)
+		states, stale, err := lease.ReadStates(ctx, client, ns)
 		if err != nil {
 			return Report{Reason: fmt.Sprintf("read the agents' reports: %v", err)}
 		}
@@ -66,12 +67,12 @@ func AgentsHealth(client kubernetes.Interface, ns string) func(context.Context) 
 				continue
 			}
 			seen = append(seen, st.Node)
-			if st.BGP != nil && st.BGP.Preference == "normal" && len(st.BGP.Announced) > 0 {
+			if st.BGP != nil && st.BGP.Preference == agentstatus.PreferenceNormal && len(st.BGP.Announced) > 0 {
 				return Report{Healthy: true}
 			}
 			if st.BGP == nil {
 				for _, v := range st.VRRP {
-					if v == "master" {
+					if v == agentstatus.VRRPMaster {
 						return Report{Healthy: true}
 					}
 				}

@@ -12,8 +12,8 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	"sigs.k8s.io/yaml"
 
-	"github.com/portico-edge/portico/agent"
-	"github.com/portico-edge/portico/bgp"
+	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 func TestLoadFile(t *testing.T) {
@@ -57,39 +57,39 @@ sites:
 func TestAgentsHealth(t *testing.T) {
 	ctx := context.Background()
 	client := fake.NewClientset()
-	write := func(node string, st agent.State, ttl time.Duration) {
+	write := func(node string, st agentstatus.State, ttl time.Duration) {
 		t.Helper()
 		st.Node = node
 		b, err := json.Marshal(st)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := agent.WriteLease(ctx, client, "portico-system", node, b, ttl); err != nil {
+		if err := lease.Write(ctx, client, "portico-system", node, b, ttl); err != nil {
 			t.Fatal(err)
 		}
 	}
-	bgpState := func(pref string) *agent.BGPState {
-		return &agent.BGPState{Preference: pref, Status: bgp.Status{Announced: []bgp.Announcement{{}}}}
+	bgpState := func(pref string) *agentstatus.BGPState {
+		return &agentstatus.BGPState{Preference: pref, Announced: []agentstatus.BGPAnnouncement{{}}}
 	}
 	health := AgentsHealth(client, "portico-system")
 	if r := health(ctx); r.Healthy {
 		t.Errorf("no agents: %+v", r)
 	}
-	write("edge-1", agent.State{BGP: bgpState("depreferenced")}, time.Minute)
-	write("edge-2", agent.State{BGP: bgpState("withdrawn")}, time.Minute)
+	write("edge-1", agentstatus.State{BGP: bgpState("depreferenced")}, time.Minute)
+	write("edge-2", agentstatus.State{BGP: bgpState("withdrawn")}, time.Minute)
 	if r := health(ctx); r.Healthy || !strings.Contains(r.Reason, "edge-1, edge-2") {
 		t.Errorf("de-preferenced and withdrawn: %+v", r)
 	}
-	write("edge-2", agent.State{BGP: bgpState("normal")}, time.Minute)
+	write("edge-2", agentstatus.State{BGP: bgpState("normal")}, time.Minute)
 	if r := health(ctx); !r.Healthy {
 		t.Errorf("one edge announcing: %+v", r)
 	}
-	write("edge-2", agent.State{BGP: bgpState("normal")}, time.Nanosecond) // stale at once
+	write("edge-2", agentstatus.State{BGP: bgpState("normal")}, time.Nanosecond) // stale at once
 	time.Sleep(1100 * time.Millisecond)
 	if r := health(ctx); r.Healthy {
 		t.Errorf("the announcing edge's report is stale: %+v", r)
 	}
-	write("edge-3", agent.State{VRRP: map[string]string{"v4": "master"}}, time.Minute)
+	write("edge-3", agentstatus.State{VRRP: map[string]string{"v4": "master"}}, time.Minute)
 	if r := health(ctx); !r.Healthy {
 		t.Errorf("a VRRP master: %+v", r)
 	}

@@ -13,7 +13,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -160,7 +160,7 @@ func (p *Portico) AgentCommand(ctx context.Context, name string, args ...string)
 func (p *Portico) WaitDraining(ctx context.Context, n *Node, timeout time.Duration) (time.Time, error) {
 	var seen time.Time
 	err := until(ctx, time.Now().Add(timeout), func() error {
-		states, stale, err := agent.ReadStates(ctx, p.C.Kube, PorticoNamespace)
+		states, stale, err := lease.ReadStates(ctx, p.C.Kube, PorticoNamespace)
 		if err != nil {
 			return err
 		}
@@ -194,7 +194,7 @@ func (p *Portico) WaitDraining(ctx context.Context, n *Node, timeout time.Durati
 // InTransition returns the edges that report a ring transition of the group's
 // VIP under way, with how long it lasts still.
 func (p *Portico) InTransition(ctx context.Context) ([]string, error) {
-	states, stale, err := agent.ReadStates(ctx, p.C.Kube, PorticoNamespace)
+	states, stale, err := lease.ReadStates(ctx, p.C.Kube, PorticoNamespace)
 	if err != nil {
 		return nil, err
 	}

@@ -14,8 +14,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/portico-edge/portico/agent"
-	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
@@ -260,7 +260,7 @@ func (s *Sites) SetPeers(l *Lab, peers bool) error {
 	return s.WriteSites(l, SiteFile{Peers: peers})
 }
 
-// SiteFile is what the test tells a site's agents (agent.SitesFile).
+// SiteFile is what the test tells a site's agents (sites.File).
 type SiteFile struct {
 	Peers bool // the other site's edges are listed
 	// Draining: this site drains from DrainFrom on; PeerDraining: the other
@@ -269,19 +269,19 @@ type SiteFile struct {
 	DrainFrom    time.Time
 	PeerDraining bool
 	// Overflow: this site's capacity and where it spills above it.
-	Overflow *agent.Overflow
+	Overflow *sites.Overflow
 }
 
 // WriteSites writes a site's --federation-peers file (atomically, as the
 // kubelet updates a mounted ConfigMap).
 func (s *Sites) WriteSites(l *Lab, sf SiteFile) error {
-	f := agent.SitesFile{Site: l.name, Draining: sf.Draining, Overflow: sf.Overflow}
+	f := sites.File{Site: l.name, Draining: sf.Draining, Overflow: sf.Overflow}
 	if !sf.DrainFrom.IsZero() {
 		f.DrainFrom = &metav1.Time{Time: sf.DrainFrom}
 	}
 	if sf.Peers {
 		for _, o := range s.others(l) {
-			p := agent.PeerSite{Name: o.name, Draining: sf.PeerDraining}
+			p := sites.Peer{Name: o.name, Draining: sf.PeerDraining}
 			for i := range o.Edges {
 				p.Edges = append(p.Edges, o.edgeAddr(i).String())
 			}
@@ -550,7 +550,7 @@ func (l *Lab) FederatedIngress(ctx context.Context, name, host, service string) 
 	if err != nil {
 		return err
 	}
-	ing.Labels = map[string]string{controlplane.LabelFederatedIngress: name}
+	ing.Labels = map[string]string{v1alpha1.LabelFederatedIngress: name}
 	_, err = c.Update(ctx, ing, metav1.UpdateOptions{})
 	return err
 }

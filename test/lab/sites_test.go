@@ -15,7 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/agent"
+	"github.com/portico-edge/portico/api/sites"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/internal/testenv"
@@ -417,7 +417,7 @@ func TestSiteOverflow(t *testing.T) {
 	if err := s.SetPeers(s.A, true); err != nil {
 		t.Fatal(err)
 	}
-	overflow := &agent.Overflow{CapacityPerEdge: 10, To: "a", Limit: 0.5}
+	overflow := &sites.Overflow{CapacityPerEdge: 10, To: "a", Limit: 0.5}
 	// The tunnels' frames (IPIP, IPv6 in IPv6) and every TCP frame on the
 	// shared network: a packet b spills when it should not is shown.
 	capture, err := s.shared.Net.StartCaptureOf(t.TempDir(), "tcp or ip proto 4 or ip6 proto 41")
