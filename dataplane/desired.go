@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -106,4 +107,76 @@ func (r Remote) check(kind string, tunnel netip.Addr) string {
 		return kind + " edges need a tunnel address"
 	}
 	return ""
+}
+
+// serves reports whether a replica gets new flows: neither draining nor down.
+func (b Backend) serves() bool { return !b.Draining && !b.Down }
+
+// validate says what is wrong with want, every problem in one error, and
+// otherwise which group each VIP address (unmapped) belongs to.
+func validate(want Desired) (map[netip.Addr]string, error) {
+	var problems []string
+	if want.Tunnel.IsValid() && !want.Tunnel.Unmap().Is4() {
+		problems = append(problems, fmt.Sprintf("tunnel address %s is not IPv4", want.Tunnel))
+	}
+	groupOf := map[netip.Addr]string{}
+	for _, g := range want.Groups {
+		problems = append(problems, g.problems(groupOf, want.Tunnel)...)
+	}
+	if len(problems) > 0 {
+		return nil, fmt.Errorf("invalid data plane input: %s", strings.Join(problems, "; "))
+	}
+	return groupOf, nil
+}
+
+// problems lists what is wrong with a group, given the groups of VIP
+// addresses seen so far (groupOf, to which it adds its own) and this node's
+// tunnel address.
+func (g Group) problems(groupOf map[netip.Addr]string, tunnel netip.Addr) []string {
+	var problems []string
+	for _, v := range g.VIPs {
+		if !v.IsValid() {
+			problems = append(problems, fmt.Sprintf("group %s: invalid VIP", g.Name))
+			continue
+		}
+		v = v.Unmap()
+		if other, dup := groupOf[v]; dup {
+			problems = append(problems, fmt.Sprintf("VIP %s in groups %s and %s", v, other, g.Name))
+		}
+		groupOf[v] = g.Name
+	}
+	seen := map[netip.Addr]bool{}
+	for _, b := range g.Backends {
+		switch {
+		case !b.Addr.IsValid():
+			problems = append(problems, fmt.Sprintf("group %s: backend without address", g.Name))
+		case seen[b.Addr.Unmap()]:
+			problems = append(problems, fmt.Sprintf("group %s: backend %s listed twice", g.Name, b.Addr))
+		case !b.Local && !b.Down && len(b.MAC) != 6:
+			problems = append(problems, fmt.Sprintf("group %s: remote backend %s has no MAC", g.Name, b.Addr))
+		}
+		seen[b.Addr.Unmap()] = true
+	}
+	for _, r := range g.Remotes {
+		if problem := r.check("remote", tunnel); problem != "" {
+			problems = append(problems, fmt.Sprintf("group %s: %s", g.Name, problem))
+		} else if seen[r.Addr.Unmap()] {
+			problems = append(problems, fmt.Sprintf("group %s: %s is a replica and a remote edge", g.Name, r.Addr))
+		}
+		seen[r.Addr.Unmap()] = true
+	}
+	for _, r := range g.Spill {
+		if problem := r.check("spill", tunnel); problem != "" {
+			problems = append(problems, fmt.Sprintf("group %s: %s", g.Name, problem))
+		}
+	}
+	if g.SpillRatio < 0 || g.SpillRatio > MaxSpill || (g.SpillRatio > 0 && len(g.Spill) == 0) {
+		problems = append(problems, fmt.Sprintf("group %s: spill ratio %v: want 0 to %v, and spill edges", g.Name, g.SpillRatio, MaxSpill))
+	}
+	for _, port := range g.Ports {
+		if port.Protocol != model.TCP && port.Protocol != model.UDP {
+			problems = append(problems, fmt.Sprintf("group %s: protocol %q", g.Name, port.Protocol))
+		}
+	}
+	return problems
 }

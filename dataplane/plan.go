@@ -4,13 +4,14 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
+// plan is every entry the maps should hold for one Desired, with its ids
+// assigned: what Apply writes.
 type plan struct {
 	peers map[lbPeerKey]bool // every remote backend's MAC
 	// sitePeers: every other site's edge's tunnel address (Remotes, Spill).
@@ -30,9 +31,6 @@ type plan struct {
 // only reserves new ids in d.st once the whole of want is valid.
 func (d *Dataplane) plan(want Desired) (plan, error) {
 	p := plan{
-		peers:     map[lbPeerKey]bool{},
-		sitePeers: map[lbSitePeerKey]bool{},
-		vipIDs:    map[netip.Addr]uint32{},
 		vipKeys:   map[lbVipKey]lbVipVal{},
 		backends:  map[uint32]lbBackend{},
 		rings:     map[uint32][]uint32{},
@@ -41,303 +39,224 @@ func (d *Dataplane) plan(want Desired) (plan, error) {
 		remotes:   map[uint32][]remoteID{},
 		handGroup: map[uint32]string{},
 	}
-	var problems []string
-	if want.Tunnel.IsValid() && !want.Tunnel.Unmap().Is4() {
-		problems = append(problems, fmt.Sprintf("tunnel address %s is not IPv4", want.Tunnel))
+	groupOf, err := validate(want)
+	if err != nil {
+		return p, err
 	}
-	groupOf := map[netip.Addr]string{}
+	p.peers, p.sitePeers = peersOf(want)
+	if p.vipIDs, err = d.assignVIPIDs(groupOf); err != nil {
+		return p, err
+	}
+	ids := d.newBackendIDs(want, p.vipIDs)
 	for _, g := range want.Groups {
-		for _, v := range g.VIPs {
-			if !v.IsValid() {
-				problems = append(problems, fmt.Sprintf("group %s: invalid VIP", g.Name))
-				continue
-			}
-			v = v.Unmap()
-			if other, dup := groupOf[v]; dup {
-				problems = append(problems, fmt.Sprintf("VIP %s in groups %s and %s", v, other, g.Name))
-			}
-			groupOf[v] = g.Name
+		if err := d.planGroup(&p, g, ids); err != nil {
+			return p, err
 		}
-		seen := map[netip.Addr]bool{}
+	}
+	ids.reserve()
+	return p, nil
+}
+
+// peersOf is what peers and site_peers should hold for want: the MAC of every
+// replica on another node that has one, and the IPv4 tunnel address of every
+// other site's edge (Remotes, Spill).
+func peersOf(want Desired) (map[lbPeerKey]bool, map[lbSitePeerKey]bool) {
+	peers, sitePeers := map[lbPeerKey]bool{}, map[lbSitePeerKey]bool{}
+	for _, g := range want.Groups {
 		for _, b := range g.Backends {
-			switch {
-			case !b.Addr.IsValid():
-				problems = append(problems, fmt.Sprintf("group %s: backend without address", g.Name))
-			case seen[b.Addr.Unmap()]:
-				problems = append(problems, fmt.Sprintf("group %s: backend %s listed twice", g.Name, b.Addr))
-			case !b.Local && !b.Down && len(b.MAC) != 6:
-				problems = append(problems, fmt.Sprintf("group %s: remote backend %s has no MAC", g.Name, b.Addr))
-			case !b.Local && len(b.MAC) == 6:
+			if !b.Local && len(b.MAC) == 6 {
 				var k lbPeerKey
 				copy(k.Mac[:], b.MAC)
-				p.peers[k] = true
+				peers[k] = true
 			}
-			seen[b.Addr.Unmap()] = true
 		}
 		for _, r := range slices.Concat(g.Remotes, g.Spill) {
 			if r.Addr.Unmap().Is4() {
-				p.sitePeers[lbSitePeerKey{Addr: r.Addr.Unmap().As4()}] = true
-			}
-		}
-		for _, r := range g.Remotes {
-			if problem := r.check("remote", want.Tunnel); problem != "" {
-				problems = append(problems, fmt.Sprintf("group %s: %s", g.Name, problem))
-			} else if seen[r.Addr.Unmap()] {
-				problems = append(problems, fmt.Sprintf("group %s: %s is a replica and a remote edge", g.Name, r.Addr))
-			}
-			seen[r.Addr.Unmap()] = true
-		}
-		for _, r := range g.Spill {
-			if problem := r.check("spill", want.Tunnel); problem != "" {
-				problems = append(problems, fmt.Sprintf("group %s: %s", g.Name, problem))
-			}
-		}
-		if g.SpillRatio < 0 || g.SpillRatio > MaxSpill || (g.SpillRatio > 0 && len(g.Spill) == 0) {
-			problems = append(problems, fmt.Sprintf("group %s: spill ratio %v: want 0 to %v, and spill edges", g.Name, g.SpillRatio, MaxSpill))
-		}
-		for _, port := range g.Ports {
-			if port.Protocol != model.TCP && port.Protocol != model.UDP {
-				problems = append(problems, fmt.Sprintf("group %s: protocol %q", g.Name, port.Protocol))
+				sitePeers[lbSitePeerKey{Addr: r.Addr.Unmap().As4()}] = true
 			}
 		}
 	}
-	if len(problems) > 0 {
-		return p, fmt.Errorf("invalid data plane input: %s", strings.Join(problems, "; "))
-	}
+	return peers, sitePeers
+}
 
-	// VIP ids: keep the ones in use, give new VIPs the lowest free id.
-	used := map[uint32]bool{}
-	for a := range groupOf {
-		if id, ok := d.st.vipIDs[a]; ok {
-			p.vipIDs[a] = id
-			used[id] = true
+// planGroup adds to p the entries of one group's VIPs: their keys, the
+// backends of their replicas and remote edges, and their rings.
+func (d *Dataplane) planGroup(p *plan, g Group, ids *backendIDs) error {
+	tabs, err := d.tables(g)
+	if err != nil {
+		return fmt.Errorf("group %s: %w", g.Name, err)
+	}
+	serves := slices.ContainsFunc(g.Backends, Backend.serves)
+	for _, v := range g.VIPs {
+		v = v.Unmap()
+		vipID := p.vipIDs[v]
+		p.addVIPKeys(v, vipID, g.Ports)
+		idOf, err := p.addBackends(g, vipID, ids)
+		if err != nil {
+			return err
+		}
+		if serves && len(g.Remotes) > 0 {
+			if err := p.addRemotes(g, vipID, ids); err != nil {
+				return err
+			}
+		}
+		if serves {
+			if err := p.addRing(g, vipID, tabs, idOf, ids); err != nil {
+				return err
+			}
 		}
 	}
-	newVIPs := []netip.Addr{}
-	for a := range groupOf {
-		if _, ok := p.vipIDs[a]; !ok {
-			newVIPs = append(newVIPs, a)
-		}
-	}
-	slices.SortFunc(newVIPs, netip.Addr.Compare)
-	next := uint32(0)
-	for _, a := range newVIPs {
-		for used[next] {
-			next++
-		}
-		if next >= uint32(lbLbLimitsLB_MAX_VIPS) {
-			return p, fmt.Errorf("more than %d VIP addresses", lbLbLimitsLB_MAX_VIPS)
-		}
-		p.vipIDs[a] = next
-		used[next] = true
-	}
+	return nil
+}
 
-	// Backend ids: one per (VIP, replica); kept while the pair exists, new ones
-	// taken round-robin so a freed id is not reused soon (flows may still name it).
-	ids := map[backendKey]uint32{}
-	usedB := map[uint32]bool{}
-	for _, g := range want.Groups {
-		for _, v := range g.VIPs {
-			for _, k := range g.keys(p.vipIDs[v.Unmap()]) {
-				if id, ok := d.st.backendIDs[k]; ok {
-					ids[k] = id
-					usedB[id] = true
-				}
-			}
+// tables is what every VIP of a group shares: its table, and with d.arriving
+// the table the other directors held before this node's replica joined
+// (arrivalTable); both empty when no replica serves. One table per group: every
+// VIP of the group spreads over the same replicas, so only the backend ids
+// differ between their rings. The table is built from every replica; the slots
+// of draining and down ones go to a table of the serving ones, so that a
+// replica turning draining or down moves no other replica's flows.
+func (d *Dataplane) tables(g Group) (groupTables, error) {
+	var members, ring []MaglevBackend
+	serving := map[netip.Addr]bool{}
+	for _, b := range g.Backends {
+		mb := MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight}
+		members = append(members, mb)
+		if b.serves() {
+			ring = append(ring, mb)
+			serving[mb.Addr] = true
 		}
 	}
-	retiredID := map[uint32]bool{}
-	for _, id := range d.st.retired {
-		retiredID[id] = true
+	var t groupTables
+	if len(ring) == 0 {
+		return t, nil
 	}
-	nextB := d.st.nextID
-	alloc := func() (uint32, error) {
-		// An id no removed backend may want back first; one that may, if
-		// none is left.
-		for _, spare := range []bool{false, true} {
-			for range lbLbLimitsLB_MAX_BACKENDS {
-				id := nextB
-				nextB++
-				if nextB >= uint32(lbLbLimitsLB_MAX_BACKENDS) {
-					nextB = 1
-				}
-				if !usedB[id] && d.st.backends[id] == (lbBackend{}) && (spare || !retiredID[id]) {
-					usedB[id] = true
-					return id, nil
-				}
-			}
+	var err error
+	if d.arriving {
+		if t.arrival, err = arrivalTable(g.Backends, members, d.opts.RingSize); err != nil {
+			return t, err
 		}
-		return 0, fmt.Errorf("more than %d backends", lbLbLimitsLB_MAX_BACKENDS-1)
 	}
-	// idFor is a key's backend id: the one it has, or a new one.
-	idFor := func(k backendKey) (uint32, error) {
-		if id, ok := ids[k]; ok {
-			return id, nil
-		}
-		if id, ok := d.st.retired[k]; ok && !usedB[id] && d.st.backends[id] == (lbBackend{}) {
-			usedB[id] = true
-			ids[k] = id
-			return id, nil
-		}
-		id, err := alloc()
-		if err == nil {
-			ids[k] = id
-		}
-		return id, err
+	if t.tab, err = BuildTable(ring, d.opts.RingSize); err != nil {
+		return t, err
 	}
+	if len(members) > len(ring) {
+		all, err := BuildTable(members, d.opts.RingSize)
+		if err != nil {
+			return t, err
+		}
+		t.tab = all.Fill(func(a netip.Addr) bool { return serving[a] }, t.tab)
+	}
+	t.digest = t.tab.Digest()
+	return t, nil
+}
 
-	for _, g := range want.Groups {
-		var ports []model.Port
-		if len(g.Ports) == 0 {
-			ports = []model.Port{{Protocol: model.TCP}, {Protocol: model.UDP}}
-		} else {
-			ports = g.Ports
+// groupTables are the tables of a group's rings.
+type groupTables struct {
+	tab, arrival Table
+	digest       string // tab's
+}
+
+// addVIPKeys adds the keys of a VIP address: one per port (every TCP and UDP
+// port when ports is empty). With ports named, the address's other TCP and UDP
+// ports are closed: xdp_lb drops what reaches them, so no listener of the node
+// (the agent's metrics, the liveness checks, the kubelet, ssh) ever answers on
+// a VIP.
+func (p *plan) addVIPKeys(v netip.Addr, vipID uint32, ports []model.Port) {
+	open := ports
+	if len(ports) == 0 {
+		open = []model.Port{{Protocol: model.TCP}, {Protocol: model.UDP}}
+	}
+	for _, port := range open {
+		proto := uint8(unix.IPPROTO_TCP)
+		if port.Protocol == model.UDP {
+			proto = unix.IPPROTO_UDP
 		}
-		// One table per group: every VIP of the group spreads over the same
-		// replicas, so only the backend ids differ between their rings. The
-		// table is built from every replica; the slots of draining and down ones
-		// go to a table of the serving ones, so that a replica turning draining
-		// or down moves no other replica's flows.
-		var members, ring []MaglevBackend
-		serving := map[netip.Addr]bool{}
-		for _, b := range g.Backends {
-			mb := MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight}
-			members = append(members, mb)
-			if !b.Draining && !b.Down {
-				ring = append(ring, mb)
-				serving[mb.Addr] = true
-			}
-		}
-		var tab, arrival Table
-		var digest string
-		if len(ring) > 0 && d.arriving {
-			var err error
-			if arrival, err = arrivalTable(g.Backends, members, d.opts.RingSize); err != nil {
-				return p, fmt.Errorf("group %s: %w", g.Name, err)
-			}
-		}
-		if len(ring) > 0 {
-			var err error
-			if tab, err = BuildTable(ring, d.opts.RingSize); err != nil {
-				return p, fmt.Errorf("group %s: %w", g.Name, err)
-			}
-			if len(members) > len(ring) {
-				all, err := BuildTable(members, d.opts.RingSize)
-				if err != nil {
-					return p, fmt.Errorf("group %s: %w", g.Name, err)
-				}
-				tab = all.Fill(func(a netip.Addr) bool { return serving[a] }, tab)
-			}
-			digest = tab.Digest()
-		}
-		for _, v := range g.VIPs {
-			v = v.Unmap()
-			vipID := p.vipIDs[v]
-			for _, port := range ports {
-				proto := uint8(unix.IPPROTO_TCP)
-				if port.Protocol == model.UDP {
-					proto = unix.IPPROTO_UDP
-				}
-				p.vipKeys[lbVipKey{Addr: addr16(v), Port: portToMap(port.Port), Proto: proto}] = lbVipVal{VipId: vipID}
-			}
-			// With ports named, the address's other TCP and UDP ports are
-			// closed: xdp_lb drops what reaches them, so no listener of the
-			// node (the agent's metrics, the liveness checks, the kubelet,
-			// ssh) ever answers on a VIP.
-			if len(g.Ports) > 0 {
-				for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
-					k := lbVipKey{Addr: addr16(v), Port: 0, Proto: proto}
-					if _, every := p.vipKeys[k]; !every {
-						p.vipKeys[k] = lbVipVal{VipId: vipID, Flags: uint32(lbVipFlagsVIP_F_CLOSED)}
-					}
-				}
-			}
-			idOf := map[netip.Addr]uint32{}
-			for _, b := range g.Backends {
-				if b.Down && !b.Local && len(b.MAC) != 6 {
-					continue // no entry: flows that name it are picked again
-				}
-				a := b.Addr.Unmap()
-				id, err := idFor(backendKey{vip: vipID, addr: a})
-				if err != nil {
-					return p, err
-				}
-				flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE)
-				if b.Local {
-					flags |= uint16(lbBackendFlagsBACKEND_F_LOCAL)
-				}
-				if b.Draining || b.Down {
-					flags |= uint16(lbBackendFlagsBACKEND_F_DRAINING)
-				}
-				if b.Down {
-					flags |= uint16(lbBackendFlagsBACKEND_F_DOWN)
-				}
-				p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
-				idOf[a] = id
-			}
-			if len(ring) > 0 && len(g.Remotes) > 0 {
-				for _, r := range g.Remotes {
-					a := r.Addr.Unmap()
-					id, err := idFor(backendKey{vip: vipID, addr: a})
-					if err != nil {
-						return p, err
-					}
-					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE)
-					p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
-					p.remotes[vipID] = append(p.remotes[vipID], remoteID{site: r.Site, addr: a, id: id})
-				}
-				p.handGroup[vipID] = g.Name
-			}
-			if len(ring) == 0 {
-				continue
-			}
-			idByIndex := make([]uint32, len(tab.Backends))
-			for i, a := range tab.Backends {
-				idByIndex[i] = idOf[a]
-			}
-			slots := make([]uint32, len(tab.Slots))
-			for i, s := range tab.Slots {
-				slots[i] = idByIndex[s]
-			}
-			p.digests[vipID] = digest
-			if n := spillSlots(g.SpillRatio, len(slots)); n > 0 {
-				spill := make([]uint32, len(g.Spill))
-				for i, r := range sortedRemotes(g.Spill) {
-					k := backendKey{vip: vipID, addr: r.Addr.Unmap(), spill: true}
-					id, err := idFor(k)
-					if err != nil {
-						return p, err
-					}
-					flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE | lbBackendFlagsBACKEND_F_SPILL)
-					p.backends[id] = lbBackend{Addr: addr16(k.addr), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
-					spill[i] = id
-				}
-				for j, slot := range spillOrder(len(slots))[:n] {
-					slots[slot] = spill[j%len(spill)]
-				}
-				p.digests[vipID] = fmt.Sprintf("%s+spill%d", digest, n)
-			}
-			p.rings[vipID] = slots
-			if len(arrival.Slots) > 0 {
-				a := make([]uint32, len(arrival.Slots))
-				for i, s := range arrival.Slots {
-					a[i] = idOf[arrival.Backends[s]]
-				}
-				p.arrival[vipID] = a
+		p.vipKeys[lbVipKey{Addr: addr16(v), Port: portToMap(port.Port), Proto: proto}] = lbVipVal{VipId: vipID}
+	}
+	if len(ports) > 0 {
+		for _, proto := range []uint8{unix.IPPROTO_TCP, unix.IPPROTO_UDP} {
+			k := lbVipKey{Addr: addr16(v), Port: 0, Proto: proto}
+			if _, every := p.vipKeys[k]; !every {
+				p.vipKeys[k] = lbVipVal{VipId: vipID, Flags: uint32(lbVipFlagsVIP_F_CLOSED)}
 			}
 		}
 	}
-	d.st.nextID = nextB
-	for k, id := range ids {
-		d.st.backendIDs[k] = id
-		delete(d.st.retired, k)
-	}
-	for k, id := range d.st.retired {
-		if usedB[id] {
-			delete(d.st.retired, k) // another backend has it now
+}
+
+// addBackends adds the backends of a group's replicas for one VIP and says
+// each one's id by address. A replica down and without a MAC gets none: the
+// flows that name it are picked again.
+func (p *plan) addBackends(g Group, vipID uint32, ids *backendIDs) (map[netip.Addr]uint32, error) {
+	idOf := map[netip.Addr]uint32{}
+	for _, b := range g.Backends {
+		if b.Down && !b.Local && len(b.MAC) != 6 {
+			continue
 		}
+		a := b.Addr.Unmap()
+		id, err := ids.idFor(backendKey{vip: vipID, addr: a})
+		if err != nil {
+			return nil, err
+		}
+		flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE)
+		if b.Local {
+			flags |= uint16(lbBackendFlagsBACKEND_F_LOCAL)
+		}
+		if b.Draining || b.Down {
+			flags |= uint16(lbBackendFlagsBACKEND_F_DRAINING)
+		}
+		if b.Down {
+			flags |= uint16(lbBackendFlagsBACKEND_F_DOWN)
+		}
+		p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(b.MAC), Flags: flags, VipId: vipID, Weight: max(b.Weight, 1)}
+		idOf[a] = id
 	}
-	return p, nil
+	return idOf, nil
+}
+
+// addRemotes adds the backends of a group's remote edges for one VIP, and
+// records them for Handover.
+func (p *plan) addRemotes(g Group, vipID uint32, ids *backendIDs) error {
+	for _, r := range g.Remotes {
+		a := r.Addr.Unmap()
+		id, err := ids.idFor(backendKey{vip: vipID, addr: a})
+		if err != nil {
+			return err
+		}
+		flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE)
+		p.backends[id] = lbBackend{Addr: addr16(a), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
+		p.remotes[vipID] = append(p.remotes[vipID], remoteID{site: r.Site, addr: a, id: id})
+	}
+	p.handGroup[vipID] = g.Name
+	return nil
+}
+
+// addRing adds a VIP's ring (the group's table in the VIP's backend ids, with
+// its spill slots), its digest, and the arrival ring when there is one.
+func (p *plan) addRing(g Group, vipID uint32, tabs groupTables, idOf map[netip.Addr]uint32, ids *backendIDs) error {
+	slots := tableIDs(tabs.tab, idOf)
+	digest := tabs.digest
+	if n := spillSlots(g.SpillRatio, len(slots)); n > 0 {
+		if err := p.addSpill(g, vipID, slots, n, ids); err != nil {
+			return err
+		}
+		digest = fmt.Sprintf("%s+spill%d", digest, n)
+	}
+	p.digests[vipID] = digest
+	p.rings[vipID] = slots
+	if len(tabs.arrival.Slots) > 0 {
+		p.arrival[vipID] = tableIDs(tabs.arrival, idOf)
+	}
+	return nil
+}
+
+// tableIDs is a table's slots, each the backend id idOf gives its replica.
+func tableIDs(tab Table, idOf map[netip.Addr]uint32) []uint32 {
+	slots := make([]uint32, len(tab.Slots))
+	for i, s := range tab.Slots {
+		slots[i] = idOf[tab.Backends[s]]
+	}
+	return slots
 }
 
 // arrivalTable is the table the other directors most likely held before this

@@ -47,3 +47,23 @@ func sortedRemotes(rs []Remote) []Remote {
 	slices.SortFunc(out, func(a, b Remote) int { return a.Addr.Compare(b.Addr) })
 	return out
 }
+
+// addSpill gives n of a VIP's ring slots, the first n in spillOrder, to the
+// group's spill edges (by address, in turn), with a backend for each.
+func (p *plan) addSpill(g Group, vipID uint32, slots []uint32, n int, ids *backendIDs) error {
+	spill := make([]uint32, len(g.Spill))
+	for i, r := range sortedRemotes(g.Spill) {
+		k := backendKey{vip: vipID, addr: r.Addr.Unmap(), spill: true}
+		id, err := ids.idFor(k)
+		if err != nil {
+			return err
+		}
+		flags := uint16(lbBackendFlagsBACKEND_F_ACTIVE | lbBackendFlagsBACKEND_F_REMOTE | lbBackendFlagsBACKEND_F_SPILL)
+		p.backends[id] = lbBackend{Addr: addr16(k.addr), Mac: mac6(r.MAC), Flags: flags, VipId: vipID, Weight: 1}
+		spill[i] = id
+	}
+	for j, slot := range spillOrder(len(slots))[:n] {
+		slots[slot] = spill[j%len(spill)]
+	}
+	return nil
+}
