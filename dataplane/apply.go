@@ -64,14 +64,8 @@ type ApplyStats struct {
 // table. On a validation error nothing is written.
 func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	var stats ApplyStats
-	if d.rejoining && wantsRings(want) {
-		d.rejoining = false
-		if down, ok := localDown(want); ok {
-			if _, err := d.Apply(down); err != nil {
-				return stats, fmt.Errorf("replay this node's down after a restart: %w", err)
-			}
-			d.log.Info("agent restarted: its replica's down, which the other edges saw, is in the rings' history")
-		}
+	if err := d.rejoin(want); err != nil {
+		return stats, err
 	}
 	plan, err := d.plan(want)
 	if err != nil {
@@ -87,81 +81,26 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	// router's (it would steer its SYN back: a restarted agent did, and the
 	// connection opened at a replica no ring named, TestBGPReplicaChange).
 	// A backend whose tag is another's turns tags off before any ring names it.
-	self := d.st.self
-	for _, g := range want.Groups {
-		if i := slices.IndexFunc(g.Backends, func(b Backend) bool { return b.Local }); i >= 0 {
-			self = g.Backends[i].Addr.Unmap()
-			break
-		}
-	}
+	self := selfOf(want, d.st.self)
 	if self.IsValid() {
 		if err := d.setSelf(&d.st, self, d.st.tags && tagsExact(self, d.st.backends, plan.backends)); err != nil {
 			return stats, err
 		}
 	}
-	// Other sites' edges are taken from before anything sends them traffic
-	// that they answer through a tunnel, and forgotten last.
-	added, err := putNew(d.objs.SitePeers, lbMapSitePeers, d.st.sitePeers, plan.sitePeers)
-	stats.Peers += added
-	if err != nil {
+	if err := d.addPeers(plan, &stats); err != nil {
 		return stats, err
 	}
-	if added, err := putNew(d.objs.Peers, lbMapPeers, d.st.peers, plan.peers); err != nil {
+	if err := d.writeBackends(plan, &stats); err != nil {
 		return stats, err
-	} else if added > 0 {
-		stats.Peers += added
-		// Peers are memoized per CPU for one generation (src_macs).
-		d.cfg.Generation++
-		if err := d.writeConfig(); err != nil {
-			return stats, err
-		}
 	}
-	for id, be := range plan.backends {
-		if old, ok := d.st.backends[id]; ok && old == be {
-			continue
-		}
-		if err := d.objs.Backends.Put(id, &be); err != nil {
-			return stats, fmt.Errorf("update map backends: %w", err)
-		}
-		d.st.backends[id] = be
-		stats.Backends++
+	if err := d.writeRings(plan, &stats); err != nil {
+		return stats, err
 	}
-	for vip, ids := range plan.rings {
-		d.st.digests[vip] = plan.digests[vip]
-		if slices.Equal(d.st.rings[vip], ids) {
-			continue
-		}
-		if err := d.swapRing(vip, ids); err != nil {
-			return stats, err
-		}
-		d.st.rings[vip] = ids
-		d.st.digests[vip] = plan.digests[vip]
-		stats.Rings++
+	if err := d.startArrivals(plan); err != nil {
+		return stats, err
 	}
-	if d.arriving && len(plan.rings) > 0 {
-		d.arriving = false
-		started := 0
-		for vip, slots := range plan.arrival {
-			if slices.Equal(slots, plan.rings[vip]) {
-				continue
-			}
-			if err := d.startArrival(vip, slots); err != nil {
-				return stats, err
-			}
-			started++
-		}
-		d.log.Info("new director: flows older than this node's replica go where the others sent them",
-			zap.Int("vips_in_transition", started), zap.Duration("for", d.opts.Transition))
-	}
-	for k, v := range plan.vipKeys {
-		if old, ok := d.st.vipKeys[k]; ok && old == v {
-			continue
-		}
-		if err := d.objs.Vips.Put(&k, &v); err != nil {
-			return stats, fmt.Errorf("update map vips: %w", err)
-		}
-		d.st.vipKeys[k] = v
-		stats.VIPKeys++
+	if err := d.writeVIPKeys(plan, &stats); err != nil {
+		return stats, err
 	}
 	if self.IsValid() {
 		if err := d.setSelf(&d.st, self, tagsExact(self, plan.backends)); err != nil {
@@ -171,69 +110,24 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	if err := d.setTagMACs(plan.backends); err != nil {
 		return stats, err
 	}
-	// Peers that go are forgotten last (a frame their director sent is
-	// still in flight).
-	gone, err := deleteGone(d.objs.Peers, lbMapPeers, d.st.peers, plan.peers)
-	stats.Peers += gone
-	if err != nil {
-		return stats, err
-	}
-	gone, err = deleteGone(d.objs.SitePeers, lbMapSitePeers, d.st.sitePeers, plan.sitePeers)
-	stats.Peers += gone
-	if err != nil {
+	if err := d.forgetPeers(plan, &stats); err != nil {
 		return stats, err
 	}
 	seedChanged := d.cfg.Seed != want.Seed
 	d.cfg.Seed = want.Seed
-	if want.Tunnel != d.st.tunnel {
-		var tc lbTunnelCfg
-		if want.Tunnel.IsValid() {
-			tc.Src4 = want.Tunnel.Unmap().As4()
-		}
-		if err := d.objs.Tunnel.Put(uint32(0), &tc); err != nil {
-			return stats, fmt.Errorf("update map tunnel: %w", err)
-		}
-		d.st.tunnel = want.Tunnel
+	if err := d.setTunnel(want.Tunnel); err != nil {
+		return stats, err
 	}
 	d.st.remotes, d.st.handGroup = plan.remotes, plan.handGroup
 
-	for k := range d.st.vipKeys {
-		if _, ok := plan.vipKeys[k]; ok {
-			continue
-		}
-		if err := d.objs.Vips.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return stats, fmt.Errorf("delete from map vips: %w", err)
-		}
-		delete(d.st.vipKeys, k)
-		stats.VIPKeys++
+	if err := d.deleteVIPKeys(plan, &stats); err != nil {
+		return stats, err
 	}
-	for vip := range d.st.rings {
-		if _, ok := plan.rings[vip]; ok {
-			continue
-		}
-		if err := d.objs.Rings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
-			return stats, fmt.Errorf("delete from map rings: %w", err)
-		}
-		if err := d.endTransition(vip); err != nil {
-			return stats, err
-		}
-		delete(d.st.rings, vip)
-		delete(d.st.digests, vip)
-		stats.Rings++
+	if err := d.deleteRings(plan, &stats); err != nil {
+		return stats, err
 	}
-	for id, be := range d.st.backends {
-		if _, ok := plan.backends[id]; ok {
-			continue
-		}
-		// Cleared (not active), with its address kept: a restarted agent
-		// gives the replica the same id if it returns (Load).
-		if err := d.objs.Backends.Put(id, &lbBackend{Addr: be.Addr, VipId: be.VipId, Flags: be.Flags & uint16(lbBackendFlagsBACKEND_F_SPILL)}); err != nil {
-			return stats, fmt.Errorf("clear entry of map backends: %w", err)
-		}
-		delete(d.st.backends, id)
-		delete(d.st.backendIDs, keyOf(be))
-		d.st.retired[keyOf(be)] = id
-		stats.Backends++
+	if err := d.retireBackends(plan, &stats); err != nil {
+		return stats, err
 	}
 	d.st.vipIDs = plan.vipIDs
 	if stats.VIPKeys+stats.Backends+stats.Rings+stats.Peers > 0 || seedChanged {
@@ -248,6 +142,193 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		d.log.Info("data plane applied", zap.Int("vip_keys", stats.VIPKeys), zap.Int("backends", stats.Backends), zap.Int("rings", stats.Rings), zap.Int("peers", stats.Peers))
 	}
 	return stats, nil
+}
+
+// rejoin, on the first Apply with rings after a restart (Options.Rejoin),
+// applies want with this node's own replicas down first (localDown), so that
+// the rings' history holds the down the other edges saw.
+func (d *Dataplane) rejoin(want Desired) error {
+	if !d.rejoining || !wantsRings(want) {
+		return nil
+	}
+	d.rejoining = false
+	if down, ok := localDown(want); ok {
+		if _, err := d.Apply(down); err != nil {
+			return fmt.Errorf("replay this node's down after a restart: %w", err)
+		}
+		d.log.Info("agent restarted: its replica's down, which the other edges saw, is in the rings' history")
+	}
+	return nil
+}
+
+// selfOf is this node's own replica address in want (its first local
+// backend), or was if want has none.
+func selfOf(want Desired, was netip.Addr) netip.Addr {
+	for _, g := range want.Groups {
+		if i := slices.IndexFunc(g.Backends, func(b Backend) bool { return b.Local }); i >= 0 {
+			return g.Backends[i].Addr.Unmap()
+		}
+	}
+	return was
+}
+
+// addPeers writes the plan's new peers. Other sites' edges are taken from
+// before anything sends them traffic that they answer through a tunnel; a new
+// peer of this site retires the CPUs' memo of peers (src_macs), which holds
+// for one generation.
+func (d *Dataplane) addPeers(plan plan, stats *ApplyStats) error {
+	added, err := putNew(d.objs.SitePeers, lbMapSitePeers, d.st.sitePeers, plan.sitePeers)
+	stats.Peers += added
+	if err != nil {
+		return err
+	}
+	if added, err := putNew(d.objs.Peers, lbMapPeers, d.st.peers, plan.peers); err != nil {
+		return err
+	} else if added > 0 {
+		stats.Peers += added
+		d.cfg.Generation++
+		if err := d.writeConfig(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// writeBackends writes the plan's backends that are new or changed.
+func (d *Dataplane) writeBackends(plan plan, stats *ApplyStats) error {
+	for id, be := range plan.backends {
+		if old, ok := d.st.backends[id]; ok && old == be {
+			continue
+		}
+		if err := d.objs.Backends.Put(id, &be); err != nil {
+			return fmt.Errorf("update map backends: %w", err)
+		}
+		d.st.backends[id] = be
+		stats.Backends++
+	}
+	return nil
+}
+
+// writeRings swaps in the plan's rings that are new or changed (swapRing).
+func (d *Dataplane) writeRings(plan plan, stats *ApplyStats) error {
+	for vip, ids := range plan.rings {
+		d.st.digests[vip] = plan.digests[vip]
+		if slices.Equal(d.st.rings[vip], ids) {
+			continue
+		}
+		if err := d.swapRing(vip, ids); err != nil {
+			return err
+		}
+		d.st.rings[vip] = ids
+		d.st.digests[vip] = plan.digests[vip]
+		stats.Rings++
+	}
+	return nil
+}
+
+// startArrivals, on a new director's first Apply with rings (Options.Arrival),
+// makes each VIP's arrival ring its previous ring where it differs from the
+// current one.
+func (d *Dataplane) startArrivals(plan plan) error {
+	if !d.arriving || len(plan.rings) == 0 {
+		return nil
+	}
+	d.arriving = false
+	started := 0
+	for vip, slots := range plan.arrival {
+		if slices.Equal(slots, plan.rings[vip]) {
+			continue
+		}
+		if err := d.startArrival(vip, slots); err != nil {
+			return err
+		}
+		started++
+	}
+	d.log.Info("new director: flows older than this node's replica go where the others sent them",
+		zap.Int("vips_in_transition", started), zap.Duration("for", d.opts.Transition))
+	return nil
+}
+
+// writeVIPKeys writes the plan's VIP keys that are new or changed.
+func (d *Dataplane) writeVIPKeys(plan plan, stats *ApplyStats) error {
+	for k, v := range plan.vipKeys {
+		if old, ok := d.st.vipKeys[k]; ok && old == v {
+			continue
+		}
+		if err := d.objs.Vips.Put(&k, &v); err != nil {
+			return fmt.Errorf("update map vips: %w", err)
+		}
+		d.st.vipKeys[k] = v
+		stats.VIPKeys++
+	}
+	return nil
+}
+
+// forgetPeers deletes the peers the plan no longer has. Peers that go are
+// forgotten last (a frame their director sent is still in flight).
+func (d *Dataplane) forgetPeers(plan plan, stats *ApplyStats) error {
+	gone, err := deleteGone(d.objs.Peers, lbMapPeers, d.st.peers, plan.peers)
+	stats.Peers += gone
+	if err != nil {
+		return err
+	}
+	gone, err = deleteGone(d.objs.SitePeers, lbMapSitePeers, d.st.sitePeers, plan.sitePeers)
+	stats.Peers += gone
+	return err
+}
+
+// deleteVIPKeys deletes the VIP keys the plan no longer has.
+func (d *Dataplane) deleteVIPKeys(plan plan, stats *ApplyStats) error {
+	for k := range d.st.vipKeys {
+		if _, ok := plan.vipKeys[k]; ok {
+			continue
+		}
+		if err := d.objs.Vips.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from map vips: %w", err)
+		}
+		delete(d.st.vipKeys, k)
+		stats.VIPKeys++
+	}
+	return nil
+}
+
+// deleteRings deletes the rings of the VIPs the plan no longer has, and ends
+// their transitions.
+func (d *Dataplane) deleteRings(plan plan, stats *ApplyStats) error {
+	for vip := range d.st.rings {
+		if _, ok := plan.rings[vip]; ok {
+			continue
+		}
+		if err := d.objs.Rings.Delete(vip); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("delete from map rings: %w", err)
+		}
+		if err := d.endTransition(vip); err != nil {
+			return err
+		}
+		delete(d.st.rings, vip)
+		delete(d.st.digests, vip)
+		stats.Rings++
+	}
+	return nil
+}
+
+// retireBackends clears the backends the plan no longer has, each with its
+// address kept: a restarted agent gives the replica the same id if it returns
+// (recover), as this process does (retired).
+func (d *Dataplane) retireBackends(plan plan, stats *ApplyStats) error {
+	for id, be := range d.st.backends {
+		if _, ok := plan.backends[id]; ok {
+			continue
+		}
+		if err := d.objs.Backends.Put(id, &lbBackend{Addr: be.Addr, VipId: be.VipId, Flags: be.Flags & uint16(lbBackendFlagsBACKEND_F_SPILL)}); err != nil {
+			return fmt.Errorf("clear entry of map backends: %w", err)
+		}
+		delete(d.st.backends, id)
+		delete(d.st.backendIDs, keyOf(be))
+		d.st.retired[keyOf(be)] = id
+		stats.Backends++
+	}
+	return nil
 }
 
 // Digests returns the Maglev table digest of each VIP address, as applied.

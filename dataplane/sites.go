@@ -1,6 +1,7 @@
 package dataplane
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 
@@ -79,4 +80,21 @@ func (d *Dataplane) Handover(group string, sites ...string) (int, error) {
 		n++
 	}
 	return n, nil
+}
+
+// setTunnel writes this node's tunnel address (Desired.Tunnel) to tunnel if it
+// changed.
+func (d *Dataplane) setTunnel(addr netip.Addr) error {
+	if addr == d.st.tunnel {
+		return nil
+	}
+	var tc lbTunnelCfg
+	if addr.IsValid() {
+		tc.Src4 = addr.Unmap().As4()
+	}
+	if err := d.objs.Tunnel.Put(uint32(0), &tc); err != nil {
+		return fmt.Errorf("update map tunnel: %w", err)
+	}
+	d.st.tunnel = addr
+	return nil
 }
