@@ -125,16 +125,16 @@ struct backend {
 	__u32 weight;
 };
 
-/* tunnel[0]: this node's end of the tunnels between sites (federation). A VIP
- * packet for another site's edge leaves in IPv4 (IPIP for IPv4, proto 41 for
- * IPv6) from src4; an IPIP or proto-41 packet to src4 whose inner packet is VIP
- * traffic is taken out and steered here. src4 zero: no tunnel. */
 /* site_peers: the tunnel address of every edge of the other sites (a
  * federation's Remotes), the only sources from_site takes VIP traffic from. */
 struct site_peer_key {
 	__u8 addr[4];
 };
 
+/* tunnel[0]: this node's end of the tunnels between sites (federation). A VIP
+ * packet for another site's edge leaves in IPv4 (IPIP for IPv4, proto 41 for
+ * IPv6) from src4; an IPIP or proto-41 packet to src4 whose inner packet is VIP
+ * traffic is taken out and steered here. src4 zero: no tunnel. */
 struct tunnel_cfg {
 	__u8 src4[4];
 	__u32 pad;

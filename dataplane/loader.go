@@ -154,7 +154,7 @@ func Load(opts Options) (*Dataplane, error) {
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("load xdp_lb: %+v", ve)
+			return nil, fmt.Errorf("load xdp_lb: %w", verifierError{ve})
 		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("load xdp_lb: pinned maps at %s were made by an incompatible version (run 'portico uninstall' first): %w", opts.PinPath, err)
@@ -398,3 +398,11 @@ func monotonicNow() time.Duration {
 	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 	return time.Duration(ts.Nano())
 }
+
+// verifierError is a verifier's rejection that prints the verifier's whole log
+// (%+v), not its last line, and still unwraps to the *ebpf.VerifierError.
+type verifierError struct{ *ebpf.VerifierError }
+
+func (e verifierError) Error() string { return fmt.Sprintf("%+v", e.VerifierError) }
+
+func (e verifierError) Unwrap() error { return e.VerifierError }
