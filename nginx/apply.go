@@ -411,23 +411,10 @@ func (r *Reloader) steer(cfg *Config) error {
 
 // pruneSteered removes the files of steered routes that L4 no longer has.
 func (r *Reloader) pruneSteered(files map[string][]byte) error {
-	dir := filepath.Join(resolve(r.cfg.Dir, r.cfg.Render.L4Dir), steeredDir)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for _, e := range entries {
-		if _, ok := files[steeredDir+"/"+e.Name()]; !ok {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-				errs = append(errs, err)
-			}
-		}
-	}
-	return errors.Join(errs...)
+	return pruneDir(filepath.Join(resolve(r.cfg.Dir, r.cfg.Render.L4Dir), steeredDir), func(name string) bool {
+		_, ok := files[steeredDir+"/"+name]
+		return ok
+	})
 }
 
 // writeL4 writes the L4 Service ports' endpoint files that changed. A file is
@@ -454,7 +441,14 @@ func (r *Reloader) writeL4(files map[string][]byte) error {
 // pruneL4 removes the endpoint files of ports the running configuration no
 // longer has.
 func (r *Reloader) pruneL4(files map[string][]byte) error {
-	dir := resolve(r.cfg.Dir, r.cfg.Render.L4Dir)
+	return pruneDir(resolve(r.cfg.Dir, r.cfg.Render.L4Dir), func(name string) bool {
+		_, ok := files[name]
+		return ok
+	})
+}
+
+// pruneDir removes the files of dir (not its directories) that keep refuses.
+func pruneDir(dir string, keep func(name string) bool) error {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -464,7 +458,7 @@ func (r *Reloader) pruneL4(files map[string][]byte) error {
 	}
 	var errs []error
 	for _, e := range entries {
-		if _, ok := files[e.Name()]; !ok && !e.IsDir() {
+		if !e.IsDir() && !keep(e.Name()) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 				errs = append(errs, err)
 			}

@@ -45,6 +45,24 @@ func testCert(t testing.TB, name string) model.Certificate {
 func goldenCases(t testing.TB) map[string]model.Snapshot {
 	web := model.Upstream{Name: "shop-web-80", Endpoints: []netip.AddrPort{ap("10.0.1.10:8080"), ap("10.0.1.11:8080")}}
 	api := model.Upstream{Name: "shop-api-http", Endpoints: []netip.AddrPort{ap("10.0.2.10:9000")}}
+	l4 := model.Snapshot{
+		Groups: []model.Group{{Name: "edge/a"}, {Name: "edge/b"}},
+		Services: []model.Service{
+			{Name: "shop/dns", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("127.0.0.153")},
+				ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
+					{Protocol: model.TCP, Port: 15353, Upstream: "shop-dns-15353-tcp"}, {Protocol: model.UDP, Port: 15353, Upstream: "shop-dns-15353-udp"}}},
+			{Name: "shop/empty", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.54")}, Ports: []model.ServicePort{
+				{Protocol: model.TCP, Port: 15432, Upstream: "shop-empty-15432-tcp"}}},
+			{Name: "shop/other", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.55")}, Ports: []model.ServicePort{
+				{Protocol: model.TCP, Port: 15022, Upstream: "shop-other-15022-tcp"}}},
+		},
+		Upstreams: []model.Upstream{
+			{Name: "shop-dns-15353-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("10.0.5.2:5353")}},
+			{Name: "shop-dns-15353-udp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("[2001:db8:5::2]:5353")}},
+			{Name: "shop-empty-15432-tcp"},
+			{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
+		},
+	}
 	return map[string]model.Snapshot{
 		"one-host": {
 			Servers: []model.Server{{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
@@ -98,45 +116,11 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 		// client-address affinity; a port without endpoints gets no server;
 		// another group's Service is not rendered. nginx -t binds the listen
 		// addresses, so the VIPs here are loopback ones.
-		"l4-services": {
-			Groups: []model.Group{{Name: "edge/a"}, {Name: "edge/b"}},
-			Services: []model.Service{
-				{Name: "shop/dns", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("127.0.0.153")},
-					ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
-						{Protocol: model.TCP, Port: 15353, Upstream: "shop-dns-15353-tcp"}, {Protocol: model.UDP, Port: 15353, Upstream: "shop-dns-15353-udp"}}},
-				{Name: "shop/empty", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.54")}, Ports: []model.ServicePort{
-					{Protocol: model.TCP, Port: 15432, Upstream: "shop-empty-15432-tcp"}}},
-				{Name: "shop/other", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.55")}, Ports: []model.ServicePort{
-					{Protocol: model.TCP, Port: 15022, Upstream: "shop-other-15022-tcp"}}},
-			},
-			Upstreams: []model.Upstream{
-				{Name: "shop-dns-15353-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("10.0.5.2:5353")}},
-				{Name: "shop-dns-15353-udp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("[2001:db8:5::2]:5353")}},
-				{Name: "shop-empty-15432-tcp"},
-				{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
-			},
-		},
+		"l4-services": l4,
 		// The same L4 Services with steered listeners (Options.L4Steered): the
 		// TCP ports become routes and files, served by two fixed listeners; the
 		// UDP port keeps its own.
-		"l4-steered": {
-			Groups: []model.Group{{Name: "edge/a"}, {Name: "edge/b"}},
-			Services: []model.Service{
-				{Name: "shop/dns", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.53"), netip.MustParseAddr("127.0.0.153")},
-					ProxyProtocol: true, ClientIPAffinity: true, Ports: []model.ServicePort{
-						{Protocol: model.TCP, Port: 15353, Upstream: "shop-dns-15353-tcp"}, {Protocol: model.UDP, Port: 15353, Upstream: "shop-dns-15353-udp"}}},
-				{Name: "shop/empty", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.54")}, Ports: []model.ServicePort{
-					{Protocol: model.TCP, Port: 15432, Upstream: "shop-empty-15432-tcp"}}},
-				{Name: "shop/other", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.55")}, Ports: []model.ServicePort{
-					{Protocol: model.TCP, Port: 15022, Upstream: "shop-other-15022-tcp"}}},
-			},
-			Upstreams: []model.Upstream{
-				{Name: "shop-dns-15353-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("10.0.5.2:5353")}},
-				{Name: "shop-dns-15353-udp", Endpoints: []netip.AddrPort{ap("10.0.5.1:5353"), ap("[2001:db8:5::2]:5353")}},
-				{Name: "shop-empty-15432-tcp"},
-				{Name: "shop-other-15022-tcp", Endpoints: []netip.AddrPort{ap("10.0.5.9:22")}},
-			},
-		},
+		"l4-steered": l4,
 		// Cookie affinity on two paths (one with a max-age), none on a third.
 		"cookie-affinity": {
 			Servers: []model.Server{{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{
