@@ -29,9 +29,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const envHelper = "PORTICO_BGP_HELPER" // path of a JSON Config: run a speaker

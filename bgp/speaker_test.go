@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // startSpeaker runs a speaker until the test ends.

@@ -24,8 +24,8 @@ import (
 
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // apiserver is one real kube-apiserver shared by this package's integration tests;

@@ -13,7 +13,7 @@ import (
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane/xdptest"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // The fixtures' world: a client, an edge node running xdp_lb (nicMAC), and three

@@ -34,8 +34,8 @@ import (
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // startAPIServer launches a real kube-apiserver configured like a cluster's:

@@ -25,8 +25,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/portico-edge/portico/agent"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // chart is the Helm chart the manifests under deploy/ are generated from.

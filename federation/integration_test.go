@@ -34,8 +34,8 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/bgp"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // cluster is one real API server of the test: the host or a member.

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // nginxBinary finds nginx and checks that the modules rendered configurations load

@@ -25,7 +25,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 type fakeRunner struct {

@@ -24,8 +24,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testcert"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testcert"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // backend is a loopback HTTP server that names itself and echoes what nginx sent.

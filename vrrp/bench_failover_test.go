@@ -18,7 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // TestFailoverBench measures the client-visible outage when the Master dies:

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // keepalived is a keepalived daemon the test started: the parent process and the

@@ -28,7 +28,7 @@ import (
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const (

@@ -15,7 +15,7 @@ import (
 	"github.com/miekg/dns"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // testSites are three sites: a (10.1.0.0/16's clients), b (10.2.0.0/16's), c.

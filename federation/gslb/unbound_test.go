@@ -13,7 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // startUnbound runs Debian's unbound on a loopback port as a caching resolver

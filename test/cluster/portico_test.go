@@ -15,7 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // Router is one FRR instance (zebra, bfdd, bgpd) in a network namespace.

@@ -35,7 +35,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // The versions build.sh builds; TestVersionsMatchWrappers keeps them equal to the

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 

@@ -24,10 +24,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/internal/testcert"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testcert"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 

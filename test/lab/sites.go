@@ -17,8 +17,8 @@ import (
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 

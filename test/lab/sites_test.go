@@ -18,9 +18,9 @@ import (
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/federation"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
