@@ -124,7 +124,7 @@ func startNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) *live
 
 func tryStartNginx(t testing.TB, snap model.Snapshot, opts ...func(*Options)) (*liveNginx, error) {
 	bin := nginxBinary(t)
-	ports := freePorts(t, 4)
+	ports := testenv.Ports(t, 4)
 	opt := DefaultOptions("")
 	opt.ListenAddrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	opt.HTTPPort, opt.HTTPSPort, opt.StatusPort, opt.LivenessPort = ports[0], ports[1], ports[2], ports[3]
@@ -544,10 +544,10 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	pid := first.r.MasterPID()
 	// Both workers up (the second may still be starting when nginx first serves).
 	var workersBefore []int
-	if _, ok := testenv.Until(10*time.Second, 10*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(context.Background(), 10*time.Second, 10*time.Millisecond, func() bool {
 		workersBefore = workerPIDs(t, first)
 		return len(workersBefore) == first.opt.WorkerProcesses
-	}); !ok {
+	}); err != nil {
 		t.Fatalf("workers %v, want %d", workersBefore, first.opt.WorkerProcesses)
 	}
 	// The first agent "crashes": it forgets its master without stopping it.

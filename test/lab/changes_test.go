@@ -227,7 +227,7 @@ func (hs heldConns) failures(since time.Time, event string, max int) string {
 // waitL4 waits up to d until 30 new connections in a row to addr are answered
 // and their answers pass check.
 func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check func([]l4Reply) error) error {
-	return waitFor(d, func() error {
+	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
 		var reps []l4Reply
 		for range 30 {
 			c, _, rep, err := l.tcpLine(ctx, addr)
@@ -239,12 +239,13 @@ func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check fu
 		}
 		return check(reps)
 	})
+	return err
 }
 
 // waitUpgrades waits up to d until 30 new upgraded connections in a row to
 // host+path are answered and their first answers pass check.
 func (l *Lab) waitUpgrades(ctx context.Context, d time.Duration, host, path string, check func([]traffic.Reply) error) error {
-	return waitFor(d, func() error {
+	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
 		var reps []traffic.Reply
 		for range 30 {
 			u, err := l.OpenUpgraded(ctx, host, path, 2*time.Second)
@@ -256,6 +257,7 @@ func (l *Lab) waitUpgrades(ctx context.Context, d time.Duration, host, path stri
 		}
 		return check(reps)
 	})
+	return err
 }
 
 // reached checks that answers came through every edge and only from pods.
@@ -662,7 +664,7 @@ func (cs *changeSet) run(ctx context.Context, t *testing.T, n int, every time.Du
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.err = waitFor(10*time.Second, func() error { return c.probe(ctx) })
+			_, r.err = testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error { return c.probe(ctx) })
 			r.served = time.Since(r.written)
 		}()
 	}

@@ -19,6 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const (
@@ -234,7 +235,7 @@ func TestL4Services(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, vip := range map[string]netip.Addr{"tcp-echo": tcpVIP, "udp-echo": udpVIP} {
-		if err := waitFor(30*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 			s, err := l.Kube.CoreV1().Services(AppNamespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -248,7 +249,7 @@ func TestL4Services(t *testing.T) {
 		}
 	}
 	for name, reason := range map[string]string{"liveness-thief": "PortReserved", "ip-thief": "VIPNotInPool"} {
-		if err := waitFor(10*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 			evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 			if err != nil {
 				return err
@@ -294,7 +295,7 @@ func TestL4Services(t *testing.T) {
 
 	// Every replica's nginx loads its stream servers on its own: wait until 30
 	// new connections in a row are answered.
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		for range 30 {
 			c, _, _, err := l.tcpLine(ctx, tcpAddr)
 			if err != nil {
@@ -338,7 +339,7 @@ func TestL4Services(t *testing.T) {
 	// UDP: each query from a socket of its own (a new flow, so any replica);
 	// ClientIP affinity keeps this client on one pod whichever replica's nginx
 	// forwards it.
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		_, err := l.udpQuery(udpAddr)
 		return err
 	}); err != nil {

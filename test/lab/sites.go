@@ -355,7 +355,7 @@ func (s *Sites) NewFlows(l *Lab) (uint64, error) {
 // WaitRemotes waits until every edge of every site holds the other sites' edges
 // for the VIP (peers), or none (!peers): the agents followed SetPeers.
 func (s *Sites) WaitRemotes(timeout time.Duration, peers bool) error {
-	return waitFor(timeout, func() error {
+	_, err := testenv.Poll(context.Background(), timeout, 100*time.Millisecond, func() error {
 		for _, l := range s.all() {
 			want := 0
 			if peers {
@@ -375,6 +375,7 @@ func (s *Sites) WaitRemotes(timeout time.Duration, peers bool) error {
 		}
 		return nil
 	})
+	return err
 }
 
 // Reasons sums a site's edges' xdp_lb counters of one reason.
@@ -416,7 +417,7 @@ func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 		}
 	}
 	c := s.HTTPClient(false, 2*time.Second)
-	return waitFor(timeout, func() error {
+	_, err := testenv.Poll(ctx, timeout, 100*time.Millisecond, func() error {
 		for _, l := range s.all() {
 			for i := range l.Edges {
 				if a := l.Agent(i); a.Exited() {
@@ -441,6 +442,7 @@ func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 		_, err := s.Get(ctx, c, "echo.lab", "/")
 		return err
 	})
+	return err
 }
 
 // Hops is the set of sites whose edges are in the router's route to the VIP,
@@ -457,7 +459,7 @@ func (s *Sites) Hops() (map[string]int, error) {
 	return out, nil
 }
 
-// HopsAre is a condition for waitFor: the router's route to the VIP has a next
+// HopsAre is a condition for testenv.Poll: the router's route to the VIP has a next
 // hops through site a's edges and b through site b's.
 func (s *Sites) HopsAre(a, b int) func() error {
 	return func() error {
@@ -570,12 +572,4 @@ func (s *Sites) logs() string {
 		}
 	}
 	return b.String()
-}
-
-// waitFor polls cond every 100 ms until it returns nil or d passes, and returns
-// its last error.
-func waitFor(d time.Duration, cond func() error) error {
-	var err error
-	testenv.Until(d, 100*time.Millisecond, func() bool { err = cond(); return err == nil })
-	return err
 }
