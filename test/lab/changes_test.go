@@ -226,9 +226,9 @@ func (hs heldConns) failures(since time.Time, event string, max int) string {
 
 // waitL4 waits up to d until 30 new connections in a row to addr are answered
 // and their answers pass check.
-func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check func([]l4Reply) error) error {
+func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check func([]traffic.Reply) error) error {
 	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
-		var reps []l4Reply
+		var reps []traffic.Reply
 		for range 30 {
 			c, _, rep, err := l.tcpLine(ctx, addr)
 			if err != nil {
@@ -371,7 +371,7 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 	if err := l.Ingress(ctx, "hold", "hold.lab", "echo"); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.waitL4(ctx, 30*time.Second, holdAddr.String(), func(reps []l4Reply) error {
+	if err := l.waitL4(ctx, 30*time.Second, holdAddr.String(), func(reps []traffic.Reply) error {
 		var edges, pods []string
 		for _, r := range reps {
 			edges, pods = append(edges, r.Peer), append(pods, r.Pod)
@@ -519,8 +519,8 @@ func TestRouteChangeKeepsHeldWebSocket(t *testing.T) {
 			return l.reached(edges, pods, want...)
 		}
 	}
-	l4To := func(want []*Node) func([]l4Reply) error {
-		return func(reps []l4Reply) error {
+	l4To := func(want []*Node) func([]traffic.Reply) error {
+		return func(reps []traffic.Reply) error {
 			var edges, pods []string
 			for _, r := range reps {
 				edges, pods = append(edges, r.Peer), append(pods, r.Pod)
@@ -568,8 +568,8 @@ func TestRouteChangeKeepsHeldWebSocket(t *testing.T) {
 	if err := l.setSlice(ctx, AppNamespace, "ws-l4", l.Pods...); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.waitL4(ctx, 15*time.Second, l4Addr.String(), func(reps []l4Reply) error {
-		if !slices.ContainsFunc(reps, func(r l4Reply) bool { return r.Pod == podsB[0].Name }) {
+	if err := l.waitL4(ctx, 15*time.Second, l4Addr.String(), func(reps []traffic.Reply) error {
+		if !slices.ContainsFunc(reps, func(r traffic.Reply) bool { return r.Pod == podsB[0].Name }) {
 			return fmt.Errorf("30 new connections, none to %s", podsB[0].Name)
 		}
 		return nil

@@ -20,6 +20,7 @@ import (
 
 	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/testenv"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 const (
@@ -92,27 +93,6 @@ func (l *Lab) serveL4(t *testing.T) {
 	}
 }
 
-type l4Reply struct{ Pod, Peer, Client string }
-
-func parseL4Reply(s string) (l4Reply, error) {
-	var r l4Reply
-	for _, f := range strings.Fields(s) {
-		k, v, _ := strings.Cut(f, "=")
-		switch k {
-		case "pod":
-			r.Pod = v
-		case "peer":
-			r.Peer = v
-		case "client":
-			r.Client = v
-		}
-	}
-	if r.Pod == "" {
-		return r, fmt.Errorf("reply %q", s)
-	}
-	return r, nil
-}
-
 // l4Service creates a LoadBalancer Service of class portico.io/vip served by
 // the lab's group, with one port to the pods' port target, and its EndpointSlice.
 func (l *Lab) l4Service(ctx context.Context, name string, vip netip.Addr, proto corev1.Protocol, port, target int32, kv ...string) error {
@@ -149,12 +129,12 @@ func (l *Lab) l4Service(ctx context.Context, name string, vip netip.Addr, proto 
 
 // tcpLine opens a connection from the client namespace to addr and exchanges one
 // line; the connection is returned open.
-func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader, l4Reply, error) {
+func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader, traffic.Reply, error) {
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	c, err := l.Dial(dctx, "tcp", addr)
 	if err != nil {
-		return nil, nil, l4Reply{}, err
+		return nil, nil, traffic.Reply{}, err
 	}
 	r := bufio.NewReader(c)
 	rep, err := lineOn(c, r)
@@ -165,40 +145,40 @@ func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader
 	return c, r, rep, nil
 }
 
-func lineOn(c net.Conn, r *bufio.Reader) (l4Reply, error) {
+func lineOn(c net.Conn, r *bufio.Reader) (traffic.Reply, error) {
 	c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := fmt.Fprintln(c, "hello"); err != nil {
-		return l4Reply{}, err
+		return traffic.Reply{}, err
 	}
 	s, err := r.ReadString('\n')
 	if err != nil {
-		return l4Reply{}, err
+		return traffic.Reply{}, err
 	}
-	return parseL4Reply(s)
+	return traffic.ParseL4Reply(s)
 }
 
 // udpQuery sends one datagram from a new socket in the client namespace.
-func (l *Lab) udpQuery(addr string) (l4Reply, error) {
+func (l *Lab) udpQuery(addr string) (traffic.Reply, error) {
 	var c net.Conn
 	if err := netlab.Do(l.Client.NS, func() (err error) {
 		c, err = net.Dial("udp4", addr)
 		return err
 	}); err != nil {
-		return l4Reply{}, err
+		return traffic.Reply{}, err
 	}
 	defer c.Close()
 	buf := make([]byte, 512)
 	for try := 0; try < 3; try++ {
 		c.SetDeadline(time.Now().Add(time.Second))
 		if _, err := c.Write([]byte("query\n")); err != nil {
-			return l4Reply{}, err
+			return traffic.Reply{}, err
 		}
 		n, err := c.Read(buf)
 		if err == nil {
-			return parseL4Reply(string(buf[:n]))
+			return traffic.ParseL4Reply(string(buf[:n]))
 		}
 	}
-	return l4Reply{}, fmt.Errorf("no answer from %s", addr)
+	return traffic.Reply{}, fmt.Errorf("no answer from %s", addr)
 }
 
 // TestL4Services: a TCP Service and a UDP Service (ClientIP affinity), both with
@@ -311,7 +291,7 @@ func TestL4Services(t *testing.T) {
 	type held struct {
 		c   net.Conn
 		r   *bufio.Reader
-		rep l4Reply
+		rep traffic.Reply
 	}
 	var conns []held
 	t.Cleanup(func() {
