@@ -249,8 +249,8 @@ var informerNeeds = []need{
 }
 
 // agentMustDeny are what the controller may do and an agent may not: every
-// cluster-wide write (issue 24: one compromised edge must not be the whole
-// cluster), and every read the agent never makes.
+// cluster-wide write (so one compromised edge is not the whole cluster), and
+// every read the agent never makes.
 var agentMustDeny = []grant{
 	{"tenant-a", "apps", "daemonsets", "create", ""},
 	{"tenant-a", "apps", "daemonsets", "delete", ""},

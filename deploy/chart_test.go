@@ -380,8 +380,8 @@ func TestHelmInstall(t *testing.T) {
 		}
 	}
 
-	// A fresh install draws its own flow hash seed (issue 24: the seed was a
-	// public constant), which the agents read from the Secret's file.
+	// A fresh install draws its own flow hash seed (not a public constant),
+	// which the agents read from the Secret's file.
 	seed := hashSeed(ctx, t, cs)
 	if seed == "" {
 		t.Fatal("no flow hash seed after helm install")

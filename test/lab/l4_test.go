@@ -194,14 +194,13 @@ func TestL4Services(t *testing.T) {
 	l.serveL4(t)
 	// First a tenant's Service on a port every edge's nginx already listens on
 	// (the liveness checks'): it used to fail every edge's reload, and no later
-	// change was served (issue 24, attack 5). It is refused with an Event, and
+	// change was served. It is refused with an Event, and
 	// the two Services below, created after it, are served.
 	if err := l.l4Service(ctx, "liveness-thief", netip.MustParseAddr("192.0.2.92"), corev1.ProtocolTCP, 10247, l4TCPPort); err != nil {
 		t.Fatal(err)
 	}
-	// And a tenant's Service that names the client's own address (issue 24,
-	// attack 1: every edge put it on lo, and the VRRP owner answered ARP for
-	// it): no VIPPool lets its namespace have that address, so it gets none.
+	// And a tenant's Service that names the client's own address (it used to be
+	// put on every edge's lo, and the VRRP owner answered ARP for it): no VIPPool lets its namespace have that address, so it gets none.
 	if err := l.l4Service(ctx, "ip-thief", l.Client.Addr.Addr(), corev1.ProtocolTCP, 7001, l4TCPPort); err != nil {
 		t.Fatal(err)
 	}
@@ -258,8 +257,8 @@ func TestL4Services(t *testing.T) {
 			t.Errorf("edge %s put the client's address on lo:\n%s", e.Name, out)
 		}
 	}
-	// Nor does anything of the node answer on a VIP's other ports (issue 24,
-	// attack 6: the liveness port accepted connections on the group's VIP): the
+	// Nor does anything of the node answer on a VIP's other ports (the liveness
+	// port used to accept connections on the group's VIP): the
 	// SYN is dropped at the director (reason vip_closed), so the dial times out.
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	if conn, err := l.Dial(dctx, "tcp", netip.AddrPortFrom(VIP, 10247).String()); err == nil {

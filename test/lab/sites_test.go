@@ -60,7 +60,7 @@ func startSitesWith(t *testing.T, o SitesOptions) *Sites {
 	return s
 }
 
-// TestSiteReturn (issue 13, test 4): site b, withdrawn (its federated Ingress had
+// TestSiteReturn: site b, withdrawn (its federated Ingress had
 // no ready backend), announces the anycast VIP again while clients hold
 // connections to site a. The router rehashes, and sends some of those
 // connections to b's edges, which have never seen them. Run twice: first each
@@ -175,7 +175,7 @@ func TestSiteReturn(t *testing.T) {
 	}
 }
 
-// TestSiteDrain (issue 13, test 5): a planned drain of site b while clients hold
+// TestSiteDrain: a planned drain of site b while clients hold
 // connections to both sites and new ones keep coming. b's file says it drains
 // from a moment on; b's edges then de-prefer the VIP and the router takes every
 // flow to a. Run twice: first a is not told (the baseline: b's connections reach
@@ -278,7 +278,7 @@ func TestSiteDrain(t *testing.T) {
 	}
 }
 
-// TestSiteFailures (issue 13, tests 2, 3 and 8) with new connections coming all
+// TestSiteFailures, with new connections coming all
 // along:
 //   - site b's federated Ingress has no ready backend: b's edges de-prefer the
 //     VIP at once and withdraw it withdrawAfter (3 s in the lab) later; no new
@@ -398,7 +398,7 @@ func TestSiteFailures(t *testing.T) {
 	}
 }
 
-// TestSiteOverflow (issue 13, test 6): site b declares a capacity (10 new
+// TestSiteOverflow: site b declares a capacity (10 new
 // connections a second per edge) and overflows to a, at most half of its new
 // connections. About 80 new connections a second come in, a quarter through each
 // of the four edges, so each of b's edges gets about twice its capacity: it
@@ -566,7 +566,7 @@ func TestSiteOverflow(t *testing.T) {
 	}
 }
 
-// TestSiteLocality (issue 13, tests 7 and 10): two regions, each with its router
+// TestSiteLocality: two regions, each with its router
 // and clients: a and b behind one, c behind the other, the routers peering. Each
 // region's client reaches its own region's sites (the routers prefer the shorter
 // AS path). The link between the regions goes down for 5 s: nothing fails over.
@@ -695,7 +695,7 @@ func TestSiteLocality(t *testing.T) {
 // the other's edges (the peers ConfigMap, as the kubelet mounts it) and
 // aggregates what the agents report; a drain asked on the host (portico.io/drain
 // on b's member Secret) drains b without a reset, and its status says Draining;
-// then (issue 13, test 8) the host's API server stops, and after it b's: nothing
+// then the host's API server stops, and after it b's: nothing
 // in the routing changes and no connection fails.
 func TestSiteFederated(t *testing.T) {
 	s := startSites(t)
@@ -891,8 +891,8 @@ func (s *Sites) sentTo(t *testing.T, held traffic.KeepConns, site string) int {
 	return n
 }
 
-// TestSiteReturnDuringDrain (issue 21, test 3): the overlap the issue saw break
-// connections. Site b is withdrawn and 64 connections are held at site a; one
+// TestSiteReturnDuringDrain: a return and a drain that overlap, across sites.
+// Site b is withdrawn and 64 connections are held at site a; one
 // of a's edges starts draining (its replica terminating) and, 300 ms later, b
 // returns to the route, with the sites' hand-over on: the router moves some of
 // the held flows to b, whose edges send them back to a through the tunnel, where
@@ -976,7 +976,7 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	}
 }
 
-// TestSiteReturnDuringDeath (issue 21, test 3): across sites, events of one site
+// TestSiteReturnDuringDeath: across sites, events of one site
 // overlap those of the other. Site b is withdrawn and a holds the connections;
 // one of a's edges dies and, 300 ms later, b returns to the route (the router
 // rehashes twice: a's survivors' flows move to b too). Then, while the dead edge
