@@ -401,31 +401,18 @@ func (s *Sites) Reasons(l *Lab, r dataplane.Reason) (uint64, error) {
 // ready and in the router's route and echo.lab is served.
 func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 	for _, l := range s.all() {
-		if err := l.ServePods(); err != nil {
+		if err := l.startEcho(ctx, l.FederatedIngress); err != nil {
 			return err
-		}
-		if err := l.Backend(ctx, "echo", l.Pods...); err != nil {
-			return err
-		}
-		if err := l.FederatedIngress(ctx, "echo", "echo.lab", "echo"); err != nil {
-			return err
-		}
-		for i := range l.Edges {
-			if _, err := l.StartAgent(i); err != nil {
-				return err
-			}
 		}
 	}
 	c := s.HTTPClient(false, 2*time.Second)
 	_, err := testenv.Poll(ctx, timeout, 100*time.Millisecond, func() error {
 		for _, l := range s.all() {
-			for i := range l.Edges {
-				if a := l.Agent(i); a.Exited() {
-					return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
-				}
-				if err := l.Ready(i); err != nil {
-					return err
-				}
+			if err := l.agentExited(); err != nil {
+				return err
+			}
+			if err := l.agentsReady(); err != nil {
+				return err
 			}
 		}
 		if err := s.Router.announced(len(s.A.Edges) + len(s.B.Edges)); err != nil {
