@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // startSpeaker runs a speaker until the test ends.
@@ -116,7 +116,7 @@ func rib(t *testing.T, s *Speaker, family bgp.Family) map[netip.Prefix]ribPath {
 // edge dials the "router", which listens; each transition of Announce must show
 // in the router's RIB.
 func TestAnnounceLoopback(t *testing.T) {
-	port := int32(testenv.FreePort(t))
+	port := int32(testenv.Ports(t, 1)[0])
 	nh6 := netip.MustParseAddr("fd00:99::11")
 	router, _ := startSpeaker(t, "router", Config{
 		ASN: 65000, RouterID: netip.MustParseAddr("10.0.0.2"), ListenPort: port, NextHop6: nh6,
@@ -164,10 +164,10 @@ func TestAnnounceLoopback(t *testing.T) {
 			t.Fatalf("%s: Announce: %v", st.name, err)
 		}
 		var got map[netip.Prefix]ribPath
-		if _, ok := testenv.Until(5*time.Second, 20*time.Millisecond, func() bool {
+		if _, err := testenv.Poll(context.Background(), 5*time.Second, 20*time.Millisecond, func() bool {
 			got = rib(t, router, bgp.RF_IPv4_UC)
 			return cmp.Equal(st.want, got)
-		}); !ok {
+		}); err != nil {
 			t.Fatalf("%s: router's RIB (-want +got):\n%s", st.name, cmp.Diff(st.want, got))
 		}
 		if d := cmp.Diff(st.ann, edge.Status().Announced, cmpPrefix); d != "" {

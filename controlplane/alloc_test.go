@@ -115,7 +115,7 @@ func TestAllocateVIPs(t *testing.T) {
 			want:  map[string][]netip.Addr{"e/g": addrs("192.0.2.1"), "app/dns": addrs("192.0.2.2")},
 		},
 		{
-			name:     "a node's address is never handed out (issue 24, attack 1)",
+			name:     "a node's address is never handed out",
 			services: []*corev1.Service{groupSvc("e", "a", 1)},
 			nodes: []*corev1.Node{{ObjectMeta: meta("", "n1", 0), Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{
 				{Type: corev1.NodeInternalIP, Address: "192.0.2.1"}, {Type: corev1.NodeHostName, Address: "n1"}}}}},

@@ -250,7 +250,7 @@ func TestClaimWarningsReported(t *testing.T) {
 	}
 }
 
-// TestClaimOutsideGroupNamespaces (issue 24, attack 4): a claim in a namespace
+// TestClaimOutsideGroupNamespaces: a claim in a namespace
 // the operator did not list provisions nothing (no group Service, no privileged
 // DaemonSet), is Pending with the reason, and is reported.
 func TestClaimOutsideGroupNamespaces(t *testing.T) {

@@ -24,8 +24,8 @@ import (
 
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // apiserver is one real kube-apiserver shared by this package's integration tests;
@@ -152,12 +152,6 @@ func (e *env) start(mod func(*Config)) *running {
 	return r
 }
 
-// eventually is testenv.Eventually: check polled until it returns "".
-func eventually(t testing.TB, timeout time.Duration, check func() string) {
-	t.Helper()
-	testenv.Eventually(t, timeout, check)
-}
-
 func (e *env) must(_ any, err error) {
 	e.t.Helper()
 	if err != nil {
@@ -220,7 +214,7 @@ func (e *env) installCRD() {
 			_, perr := e.dyn.Resource(v1alpha1.VIPPoolResource).List(e.ctx, metav1.ListOptions{})
 			return err == nil && perr == nil
 		}
-		if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, served); !ok {
+		if _, err := testenv.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, served); err != nil {
 			crdErr = fmt.Errorf("CRDs not served after 30s")
 		}
 	})

@@ -10,10 +10,10 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
-// A host belongs to the namespace that claimed it first (issue 24, attack 3):
-// another namespace cannot add a path (or a certificate) to it, by Ingress or
-// pod route, unless the owner delegates it; a host nobody owns yet goes to
-// whoever names it first, whatever namespace.
+// A host belongs to the namespace that claimed it first: another namespace
+// cannot add a path (or a certificate) to it, by Ingress or pod route, unless
+// the owner delegates it; a host nobody owns yet goes to whoever names it
+// first, whatever namespace.
 func TestBuildHostOwnership(t *testing.T) {
 	gs, gsl := g1Objects()
 	bind := []string{v1alpha1.AnnotationGroup, "edge/g1"}
@@ -69,8 +69,8 @@ func TestBuildHostOwnership(t *testing.T) {
 }
 
 // A Service labelled portico.io/group=true outside the operator's namespaces
-// is not a group (issue 24, attack 2): no Ingress binds to it, by selector or
-// annotation, and it is reported; the operator's group keeps its Ingresses.
+// is not a group: no Ingress binds to it, by selector or annotation, and it is
+// reported; the operator's group keeps its Ingresses.
 func TestGroupsOnlyInTheOperatorsNamespaces(t *testing.T) {
 	gs, gsl := g1Objects() // edge/g1
 	fake := groupSvc("tenant", "g2", 0, v1alpha1.AnnotationVIP, "198.51.100.9")

@@ -29,6 +29,7 @@ import (
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/deploy"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const converge = 20 * time.Second
@@ -36,7 +37,7 @@ const converge = 20 * time.Second
 // waitSnapshot waits until the sink's latest snapshot equals want.
 func waitSnapshot(t *testing.T, r *running, want func() model.Snapshot) {
 	t.Helper()
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		got, _ := r.sink.latest()
 		if d := cmp.Diff(want(), got, cmpAddrs); d != "" {
 			return "snapshot (-want +got):\n" + d
@@ -105,7 +106,7 @@ func TestIntegrationConverges(t *testing.T) {
 		})
 	})
 	t.Run("ingress status shows the VIP", func(t *testing.T) {
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "site", metav1.GetOptions{})
 			if err != nil {
 				return err.Error()
@@ -118,7 +119,7 @@ func TestIntegrationConverges(t *testing.T) {
 	// The sync that published the snapshot sets its metrics after the sinks have
 	// it, and after its writes: they are waited for, not read at once.
 	t.Run("metrics", func(t *testing.T) {
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			for kind, want := range map[string]float64{"Ingress": 1, "Service": 2, "EndpointSlice": 2, "Secret": 1, "Pod": 1} {
 				if got := r.metric(t, "portico_controlplane_objects", map[string]string{"kind": kind}); got != want {
 					return fmt.Sprintf("objects{kind=%q} = %v, want %v (the informers watch only what they need)", kind, got, want)
@@ -197,7 +198,7 @@ func TestIntegrationConverges(t *testing.T) {
 		if err := cs.CoreV1().Secrets(ns).Delete(e.ctx, "cert", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "classy", metav1.GetOptions{})
 			if err != nil {
 				return err.Error()
@@ -207,7 +208,7 @@ func TestIntegrationConverges(t *testing.T) {
 		if err := cs.NetworkingV1().IngressClasses().Delete(e.ctx, class, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			got, err := cs.NetworkingV1().Ingresses(ns).Get(e.ctx, "classy", metav1.GetOptions{})
 			if err != nil {
 				return err.Error()
@@ -230,7 +231,7 @@ func TestIntegrationConverges(t *testing.T) {
 			}
 		})
 		// Problems and their metric are set once the sync has published.
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			problems := r.ctl.Problems()
 			for _, want := range []model.Reason{model.ReasonServiceNotFound, model.ReasonSecretNotFound} {
 				if !slices.ContainsFunc(problems, func(p model.Problem) bool { return p.Reason == want }) {
@@ -242,7 +243,7 @@ func TestIntegrationConverges(t *testing.T) {
 			}
 			return ""
 		})
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			if !hasEvent(e, "site", string(model.ReasonServiceNotFound)) {
 				return "no ServiceNotFound event on the Ingress"
 			}
@@ -267,7 +268,7 @@ func TestIntegrationConverges(t *testing.T) {
 func TestIntegrationEmptyStart(t *testing.T) {
 	e := newEnv(t)
 	r := e.start(nil)
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if _, n := r.sink.latest(); n != 1 {
 			return fmt.Sprintf("sink got %d snapshots, want 1", n)
 		}
@@ -298,7 +299,7 @@ func TestIntegrationSinkRetries(t *testing.T) {
 	}
 	s.Annotations["example.com/unrelated"] = "x"
 	e.must(e.cs.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{}))
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if n := r.metric(t, "portico_controlplane_syncs_total", map[string]string{"result": "unchanged"}); n <= unchanged {
 			return "no sync after the update"
 		}
@@ -358,7 +359,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 	r := e.start(func(c *Config) { c.Pools = []Pool{pool} })
 
 	want := map[string]string{"a-manual": "198.51.100.3", "b-lb": "198.51.100.4", "c-auto": "198.51.100.5", "d-auto": "198.51.100.6"}
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		got := map[string]string{}
 		for _, n := range []string{"a-manual", "b-lb", "c-auto", "d-auto", "e-exhausted"} {
 			if v, ok := annotations(t, e, "Service", n)[v1alpha1.AnnotationVIP]; ok {
@@ -367,7 +368,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 		}
 		return cmp.Diff(want, got)
 	})
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if !hasEvent(e, "e-exhausted", string(model.ReasonVIPPoolExhausted)) {
 			return "no VIPPoolExhausted event on e-exhausted"
 		}
@@ -377,7 +378,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 		return ""
 	})
 	t.Run("LoadBalancer status", func(t *testing.T) {
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			s, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "b-lb", metav1.GetOptions{})
 			if err != nil {
 				return err.Error()
@@ -386,7 +387,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 		})
 	})
 	t.Run("VRIDs allocated, unique", func(t *testing.T) {
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			snap, _ := r.sink.latest()
 			var ids []uint8
 			for _, g := range snap.Groups {
@@ -397,7 +398,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 	})
 	t.Run("conflicting manual VIP is reported, not applied", func(t *testing.T) {
 		e.svc(groupSvc("", "f-conflict", 0, v1alpha1.AnnotationVIP, "198.51.100.4"))
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			snap, _ := r.sink.latest()
 			for _, g := range snap.Groups {
 				if g.Name == e.ns+"/f-conflict" {
@@ -450,7 +451,7 @@ func TestIntegrationScheduling(t *testing.T) {
 
 	// Counts start a0 b1 c0: i1->a, i2->c, i3->a (all 1, by name), i4->b, i5->c.
 	want := map[string]string{"i0": "g-b", "i1": "g-a", "i2": "g-c", "i3": "g-a", "i4": "g-b", "i5": "g-c"}
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		got := map[string]string{}
 		for n := range want {
 			got[n] = strings.TrimPrefix(annotations(t, e, "Ingress", n)[v1alpha1.AnnotationGroup], e.ns+"/")
@@ -458,7 +459,7 @@ func TestIntegrationScheduling(t *testing.T) {
 		return cmp.Diff(want, got)
 	})
 	vip := map[string]string{"g-a": "192.0.2.10", "g-b": "192.0.2.11", "g-c": "192.0.2.12"}
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		for n, g := range want {
 			ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, n, metav1.GetOptions{})
 			if err != nil {
@@ -487,7 +488,7 @@ func TestIntegrationScheduling(t *testing.T) {
 		e.must(e.cs.CoreV1().Services(e.ns).Update(e.ctx, s, metav1.UpdateOptions{}))
 		// The Service and Ingress informers are separate watches: without this wait
 		// the controller may see i6 before the relabel and bind it to g-a, rightly.
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			obj, ok, err := r.ctl.services.GetByKey(e.ns + "/g-a")
 			if err != nil || !ok {
 				return fmt.Sprintf("g-a not cached: %v", err)
@@ -498,7 +499,7 @@ func TestIntegrationScheduling(t *testing.T) {
 			return ""
 		})
 		mk("i6", v1alpha1.AnnotationGroupSelector, "tier=edge")
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			if g := annotations(t, e, "Ingress", "i6")[v1alpha1.AnnotationGroup]; g != e.ns+"/g-b" {
 				return fmt.Sprintf("i6 bound to %q, want g-b (b2 c2 tie by name)", g)
 			}
@@ -514,7 +515,7 @@ func TestIntegrationScheduling(t *testing.T) {
 		if err := e.cs.CoreV1().Services(e.ns).Delete(e.ctx, "g-c", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			ing, err := e.cs.NetworkingV1().Ingresses(e.ns).Get(e.ctx, "i2", metav1.GetOptions{})
 			if err != nil {
 				return err.Error()
@@ -577,7 +578,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 	e.start(func(c *Config) { c.Pools = []Pool{pool}; c.AgentImage = "example/portico:test" })
 
 	t.Run("provisioned and bound", func(t *testing.T) {
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			c, err := e.claim("edge")
 			if err != nil {
 				return err.Error()
@@ -654,8 +655,8 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			}
 		}
 		e.slice(slice("", "edge", "edge-1", "http", 80, ep{addr: "10.9.0.1", ready: true}, ep{addr: "10.9.0.2", ready: false}))
-		eventually(t, converge, readiness(1, "1/3 replicas ready"))
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, readiness(1, "1/3 replicas ready"))
+		testenv.Eventually(t, converge, func() string {
 			if !hasEvent(e, "edge", "Provisioned") {
 				return "no Provisioned event on the claim"
 			}
@@ -663,7 +664,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 		})
 		// As many ready agents as the template asks for: nothing left to wait for.
 		e.slice(slice("", "edge", "edge-2", "http", 80, ep{addr: "10.9.0.3", ready: true}, ep{addr: "10.9.0.4", ready: true}))
-		eventually(t, converge, readiness(3, ""))
+		testenv.Eventually(t, converge, readiness(3, ""))
 	})
 	t.Run("reclaim Delete", func(t *testing.T) {
 		for _, n := range []string{"shop", "blog"} {
@@ -671,7 +672,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			if _, err := e.claim("edge"); err == nil {
 				return "claim still exists"
 			}
@@ -685,7 +686,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 		})
 	})
 	t.Run("reclaim Retain", func(t *testing.T) {
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			if c, err := e.claim("keep"); err != nil || c.Status.Phase != v1alpha1.ClaimBound {
 				return fmt.Sprintf("keep not bound yet: %v", err)
 			}
@@ -694,7 +695,7 @@ func TestIntegrationIngressClaim(t *testing.T) {
 		if err := e.cs.NetworkingV1().Ingresses(e.ns).Delete(e.ctx, "kept", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, converge, func() string {
+		testenv.Eventually(t, converge, func() string {
 			c, err := e.claim("keep")
 			if err != nil {
 				return err.Error()
@@ -724,7 +725,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 	a := e.start(cfg("a"))
 	b := e.start(cfg("b"))
 	var leader, follower *running
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		switch {
 		case a.ctl.IsLeader() && !b.ctl.IsLeader():
 			leader, follower = a, b
@@ -736,7 +737,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 		return ""
 	})
 	e.svc(groupSvc("", "g1", 0))
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if v := annotations(t, e, "Service", "g1")[v1alpha1.AnnotationVIP]; v != "192.0.2.1" {
 			return "g1 VIP " + v
 		}
@@ -750,7 +751,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 
 	// A write is counted once its request returns, which can be after the informers
 	// have shown the annotation: the leader's count is waited for.
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if n := leader.metric(t, "portico_controlplane_writes_total", map[string]string{"write": "annotate-service", "result": "ok"}); n < 2 {
 			return fmt.Sprintf("the leader made %v annotation writes, want VRID and VIP", n)
 		}
@@ -762,7 +763,7 @@ func TestIntegrationLeaderFailover(t *testing.T) {
 	leader.stop()
 	killed := time.Now()
 	e.svc(groupSvc("", "g2", 0))
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if !follower.ctl.IsLeader() {
 			return "follower has not taken over"
 		}
@@ -916,7 +917,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 	}
 	served := time.Now()
 	report("n2", map[string]int64{ns + "/a": gen})
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if a := address("a"); a != "192.0.2.10" {
 			return fmt.Sprintf("address %q, want 192.0.2.10", a)
 		}
@@ -933,7 +934,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 	ing.CreationTimestamp = metav1.Time{}
 	created = time.Now()
 	e.must(cs.NetworkingV1().Ingresses(ns).Create(e.ctx, ing, metav1.CreateOptions{}))
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if a := address("b"); a != "192.0.2.10" {
 			return fmt.Sprintf("address %q, want 192.0.2.10", a)
 		}
@@ -944,7 +945,7 @@ func TestIntegrationIngressAddressWaitsForEdges(t *testing.T) {
 	if took < 3500*time.Millisecond {
 		t.Errorf("address written after %v, before the 4s bound", took)
 	}
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		evs, err := cs.CoreV1().Events(ns).List(e.ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=b,reason=EdgesNotServing"})
 		if err != nil {
 			return err.Error()
@@ -975,7 +976,7 @@ func TestIntegrationVIPPools(t *testing.T) {
 	e.svc(lb("dns"))
 	e.start(func(c *Config) { c.GroupNamespaces = []string{"portico-system"} })
 
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if !hasEvent(e, "dns", string(model.ReasonVIPNotInPool)) {
 			return "no VIPNotInPool event on dns"
 		}
@@ -994,7 +995,7 @@ func TestIntegrationVIPPools(t *testing.T) {
 	}
 	ns.Labels["vip-pool"] = e.ns
 	e.must(e.cs.CoreV1().Namespaces().Update(e.ctx, ns, metav1.UpdateOptions{}))
-	eventually(t, converge, func() string {
+	testenv.Eventually(t, converge, func() string {
 		if v := annotations(t, e, "Service", "dns")[v1alpha1.AnnotationVIP]; v != "203.0.113.9" {
 			return fmt.Sprintf("dns has VIP %q, want 203.0.113.9 (the auto pool's first)", v)
 		}

@@ -56,8 +56,8 @@ func problemsOf(problems []model.Problem, object string) []model.Problem {
 	return out
 }
 
-// An L4 Service port an edge already listens on (attack 5 of issue 24: every
-// edge's reload failed on it) is refused with an Event, and the Service's other
+// An L4 Service port an edge already listens on (unchecked, every edge's
+// reload failed on it) is refused with an Event, and the Service's other
 // ports and every other Service are served.
 func TestBuildRefusesReservedPorts(t *testing.T) {
 	gs, gsl := g1Objects()
@@ -100,8 +100,8 @@ func TestBuildRefusesReservedPorts(t *testing.T) {
 	}
 }
 
-// A group's L4 Services beyond what its edges hold (attack 5 of issue 24: Apply
-// failed on every edge, or VRRP stopped) are refused, newest first, with an
+// A group's L4 Services beyond what its edges hold (unchecked, Apply failed on
+// every edge, or VRRP stopped) are refused, newest first, with an
 // Event; every older one is still served.
 func TestBuildRefusesWhatAGroupCannotHold(t *testing.T) {
 	gs, gsl := g1Objects() // one VIP (192.0.2.10), ports 80 and 443, two replicas
@@ -228,8 +228,8 @@ func TestBuildRefusesWhatAGroupCannotHoldForItsReplicas(t *testing.T) {
 	}
 }
 
-// A tenant's L4 Service that names a node's address as its VIP (issue 24, attack
-// 1: every edge put it on lo, and the VRRP owner answered ARP for it) gets
+// A tenant's L4 Service that names a node's address as its VIP (unchecked,
+// every edge put it on lo, and the VRRP owner answered ARP for it) gets
 // nothing of it; its other VIPs are served. A link-local address is no VIP.
 func TestBuildRefusesANodesAddressAsVIP(t *testing.T) {
 	gs, gsl := g1Objects()

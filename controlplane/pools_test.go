@@ -34,8 +34,8 @@ func servedVIPs(snap model.Snapshot) map[string][]string {
 	return out
 }
 
-// A tenant's L4 Service that names any address it likes as its VIP (issue 24,
-// attack 1: the client's own address got onto every edge's lo and into ARP and
+// A tenant's L4 Service that names any address it likes as its VIP (without
+// pools, the client's own address got onto every edge's lo and into ARP and
 // BGP) gets none of it unless a VIPPool that allows the Service holds it; an
 // operator's namespace may still name any address that is no node's; a pool
 // restricted to other namespaces, or to other Services, lets nobody else in.

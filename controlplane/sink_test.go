@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // scriptedSink blocks on gate (when set) and fails while failing is true.
@@ -69,7 +70,7 @@ func TestFanout(t *testing.T) {
 
 	f.publish(snapNamed("v1"))
 	// The fast sink is not held up by the blocked one.
-	eventually(t, 5*time.Second, func() string {
+	testenv.Eventually(t, 5*time.Second, func() string {
 		if got := fast.applied(); len(got) != 1 || got[0] != "v1" {
 			return "fast sink has " + strings.Join(got, ",")
 		}
@@ -79,14 +80,14 @@ func TestFanout(t *testing.T) {
 	f.publish(snapNamed("v2"))
 	f.publish(snapNamed("v3"))
 	close(slow.gate)
-	eventually(t, 5*time.Second, func() string {
+	testenv.Eventually(t, 5*time.Second, func() string {
 		if got := slow.applied(); strings.Join(got, ",") != "v1,v3" {
 			return "slow sink has " + strings.Join(got, ",")
 		}
 		return ""
 	})
 	// The failing sink is retried, then succeeds with the latest snapshot.
-	eventually(t, 5*time.Second, func() string {
+	testenv.Eventually(t, 5*time.Second, func() string {
 		flaky.mu.Lock()
 		defer flaky.mu.Unlock()
 		if flaky.calls < 3 {
@@ -95,7 +96,7 @@ func TestFanout(t *testing.T) {
 		flaky.failing = false
 		return ""
 	})
-	eventually(t, 5*time.Second, func() string {
+	testenv.Eventually(t, 5*time.Second, func() string {
 		if got := flaky.applied(); len(got) != 1 || got[0] != "v3" {
 			return "flaky sink has " + strings.Join(got, ",")
 		}

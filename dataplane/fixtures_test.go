@@ -7,13 +7,11 @@ import (
 	"net/netip"
 	"slices"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane/xdptest"
-	"github.com/portico-edge/portico/internal/testenv"
 )
 
 // The fixtures' world: a client, an edge node running xdp_lb (nicMAC), and three
@@ -53,12 +51,6 @@ func mustMAC(s string) net.HardwareAddr {
 func draining(b Backend) Backend { b.Draining = true; return b }
 
 func down(b Backend) Backend { b.Down = true; return b }
-
-// waitFor polls cond every 20 ms until it holds or d has passed.
-func waitFor(d time.Duration, cond func() bool) bool {
-	_, ok := testenv.Until(d, 20*time.Millisecond, cond)
-	return ok
-}
 
 // desired is one group serving vip4 and vip6 on TCP 80 and UDP 53.
 func desired(bs ...Backend) Desired {

@@ -18,6 +18,7 @@ import (
 	"github.com/portico-edge/portico/dataplane/bpftest"
 	"github.com/portico-edge/portico/dataplane/xdpaux"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // nsLab is a client, an edge node running xdp_lb and two replicas on one bridge.
@@ -213,9 +214,9 @@ func TestNamespaceForwarding(t *testing.T) {
 			must(t, send(c, seq))
 		}
 	}
-	ok := waitFor(5*time.Second, func() bool { n, _ := sink.total(); return n == flows*perFlow })
+	_, err := testenv.Poll(t.Context(), 5*time.Second, 20*time.Millisecond, func() bool { n, _ := sink.total(); return n == flows*perFlow })
 	n, per := sink.total()
-	if !ok {
+	if err != nil {
 		c, _ := d.Counters()
 		t.Fatalf("replicas received %d of %d datagrams (%v); xdp_lb counters: %s", n, flows*perFlow, per, c.reasonSummary())
 	}
@@ -270,9 +271,9 @@ func TestNamespaceRestartLosesNothing(t *testing.T) {
 		t.Fatalf("the pinned link still runs program %d: the restart did not replace it", oldProg)
 	}
 	want := total * len(conns)
-	ok := waitFor(5*time.Second, func() bool { n, _ := sink.total(); return n == want })
+	_, err := testenv.Poll(t.Context(), 5*time.Second, 20*time.Millisecond, func() bool { n, _ := sink.total(); return n == want })
 	n, per := sink.total()
-	if !ok {
+	if err != nil {
 		t.Fatalf("lost %d of %d datagrams across the restart (%v)", want-n, want, per)
 	}
 	t.Logf("%d datagrams over %v across a loader restart, none lost (%v)", want, time.Since(start).Round(time.Millisecond), per)

@@ -35,8 +35,8 @@ import (
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // startAPIServer launches a real kube-apiserver configured like a cluster's:
@@ -250,8 +250,8 @@ var informerNeeds = []need{
 }
 
 // agentMustDeny are what the controller may do and an agent may not: every
-// cluster-wide write (issue 24: one compromised edge must not be the whole
-// cluster), and every read the agent never makes.
+// cluster-wide write (so one compromised edge is not the whole cluster), and
+// every read the agent never makes.
 var agentMustDeny = []grant{
 	{"tenant-a", "apps", "daemonsets", "create", ""},
 	{"tenant-a", "apps", "daemonsets", "delete", ""},

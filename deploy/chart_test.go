@@ -26,8 +26,8 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/api/bgpfile"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // chart is the Helm chart the manifests under deploy/ are generated from.
@@ -381,8 +381,8 @@ func TestHelmInstall(t *testing.T) {
 		}
 	}
 
-	// A fresh install draws its own flow hash seed (issue 24: the seed was a
-	// public constant), which the agents read from the Secret's file.
+	// A fresh install draws its own flow hash seed (not a public constant),
+	// which the agents read from the Secret's file.
 	seed := hashSeed(ctx, t, cs)
 	if seed == "" {
 		t.Fatal("no flow hash seed after helm install")

@@ -35,8 +35,8 @@ import (
 	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/sites"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // cluster is one real API server of the test: the host or a member.
@@ -119,10 +119,10 @@ func apply(t *testing.T, ctx context.Context, c *cluster, files ...string) {
 				t.Fatalf("%s: apply %s %s: %v", f, u.GetKind(), u.GetName(), err)
 			}
 			if u.GetKind() == "CustomResourceDefinition" {
-				if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, func() bool {
+				if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
 					_, err := c.dyn.Resource(Resource).Namespace("default").List(ctx, metav1.ListOptions{})
 					return err == nil
-				}); !ok {
+				}); err != nil {
 					t.Fatal("FederatedIngress CRD not served after 30 s")
 				}
 				mapper.Reset()
@@ -182,14 +182,14 @@ func memberIngress(ctx context.Context, c *cluster, name string) *networkingv1.I
 func waitMembers(t *testing.T, ctx context.Context, cs map[string]*cluster, what, name string, ok func(*networkingv1.Ingress) bool, members ...string) {
 	t.Helper()
 	start := time.Now()
-	if _, done := testenv.Until(30*time.Second, 20*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 20*time.Millisecond, func() bool {
 		for _, m := range members {
 			if !ok(memberIngress(ctx, cs[m], name)) {
 				return false
 			}
 		}
 		return true
-	}); !done {
+	}); err != nil {
 		for _, m := range members {
 			t.Logf("%s: %+v", m, memberIngress(ctx, cs[m], name))
 		}
@@ -221,10 +221,10 @@ func waitStatus(t *testing.T, ctx context.Context, host *cluster, name, what str
 	t.Helper()
 	var fi *FederatedIngress
 	start := time.Now()
-	if _, done := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 		fi = getFI(t, ctx, host, name)
 		return ok(fi)
-	}); !done {
+	}); err != nil {
 		js, _ := json.MarshalIndent(fi.Status, "", "  ")
 		t.Fatalf("status: %s not reached after 30 s; status:\n%s", what, js)
 	}
@@ -570,10 +570,10 @@ func TestPropagation(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitMembers(t, ctx, cs, "delete blog", "blog", func(ing *networkingv1.Ingress) bool { return ing == nil }, "a", "b")
-	if _, ok := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 		_, err := host.dyn.Resource(Resource).Namespace("web").Get(ctx, "blog", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
-	}); !ok {
+	}); err != nil {
 		t.Fatal("blog still on the host: finalizer not removed")
 	}
 
@@ -593,7 +593,7 @@ func TestPropagation(t *testing.T) {
 		return testutil.ToFloat64(ctrl.metrics.syncs.WithLabelValues("ok")) + testutil.ToFloat64(ctrl.metrics.syncs.WithLabelValues("error"))
 	}
 	stopped, start := syncs(), time.Now()
-	if _, ok := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool { return syncs() >= stopped+4 }); !ok {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool { return syncs() >= stopped+4 }); err != nil {
 		t.Fatalf("the controller synced %v times in 30 s after the host stopped, want 4", syncs()-stopped)
 	}
 	after := memberIngress(ctx, a, "shop")
@@ -610,7 +610,7 @@ func TestPropagation(t *testing.T) {
 // waitEvent waits for a Warning Event with reason on ns/name in the host.
 func waitEvent(t *testing.T, ctx context.Context, host *cluster, ns, name, reason string) {
 	t.Helper()
-	if _, ok := testenv.Until(30*time.Second, 100*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
 		list, err := host.client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false
@@ -621,7 +621,7 @@ func waitEvent(t *testing.T, ctx context.Context, host *cluster, ns, name, reaso
 			}
 		}
 		return false
-	}); !ok {
+	}); err != nil {
 		t.Fatalf("no Warning Event %s on %s/%s", reason, ns, name)
 	}
 }
@@ -631,7 +631,7 @@ func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok fu
 	t.Helper()
 	var f sites.File
 	var last string
-	if _, done := testenv.Until(30*time.Second, 50*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 		cm, err := c.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
 		if err != nil {
 			last = err.Error()
@@ -640,7 +640,7 @@ func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok fu
 		last = cm.Data[PeersKey]
 		f = sites.File{}
 		return sigsyaml.UnmarshalStrict([]byte(last), &f) == nil && ok(f)
-	}); !done {
+	}); err != nil {
 		t.Fatalf("%s: peers never did; last: %s", what, last)
 	}
 	return f

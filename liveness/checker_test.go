@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // replicaServer stands in for one replica's nginx: an HTTP server on its own
@@ -125,7 +125,7 @@ func waitDead(t *testing.T, c *Checker, want []netip.Addr, limit time.Duration) 
 func noneLocal(netip.Addr) bool { return false }
 
 func TestCheckerFollowsReplicas(t *testing.T) {
-	port := uint16(testenv.FreePort(t))
+	port := testenv.Ports(t, 1)[0]
 	a := newReplicaServer(t, "127.0.0.2", port)
 	b := newReplicaServer(t, "127.0.0.3", port)
 	c, reg := startChecker(t, Config{Port: port})
@@ -170,7 +170,7 @@ func TestCheckerFollowsReplicas(t *testing.T) {
 // A checker that cannot open sockets says nothing of the replicas: they stay
 // live (Kubernetes' view), loudly.
 func TestCheckerFaultFallsBack(t *testing.T) {
-	port := uint16(testenv.FreePort(t))
+	port := testenv.Ports(t, 1)[0]
 	a := newReplicaServer(t, "127.0.0.2", port)
 	var mu sync.Mutex
 	broken := false
@@ -319,7 +319,7 @@ func TestCheckerExcusesItsOwnStall(t *testing.T) {
 // checks find serving, is dead for its rings while most other edges' answers
 // say they call it down; an edge this node cannot hear has no say.
 func TestCheckerLearnsOthersVerdict(t *testing.T) {
-	port := uint16(testenv.FreePort(t))
+	port := testenv.Ports(t, 1)[0]
 	self := newReplicaServer(t, "127.0.0.4", port)
 	a := newReplicaServer(t, "127.0.0.2", port)
 	b := newReplicaServer(t, "127.0.0.3", port)

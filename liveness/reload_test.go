@@ -14,7 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // slowNginx runs a real nginx whose workers take startDelay to start (as on a
@@ -99,12 +99,12 @@ func TestCheckerHoldsThroughReload(t *testing.T) {
 		grace time.Duration
 	}{{"grace", DefaultTiming.ReloadGrace}, {"no-grace", 0}} {
 		t.Run(tc.name, func(t *testing.T) {
-			port := testenv.FreePort(t)
+			port := testenv.Ports(t, 1)[0]
 			a := netip.MustParseAddr("127.0.0.2")
-			pidFile := slowNginx(t, a, port, delay)
+			pidFile := slowNginx(t, a, int(port), delay)
 			timing := DefaultTiming
 			timing.ReloadGrace = tc.grace
-			c, _ := startChecker(t, Config{Port: uint16(port), Timing: timing})
+			c, _ := startChecker(t, Config{Port: port, Timing: timing})
 			c.SetTargets([]netip.Addr{a}, noneLocal)
 			// The first start is slow too: wait until it serves and is live.
 			deadline := time.Now().Add(10 * time.Second)

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // ingressSnapshot is what n Ingresses look like to the renderer: one host each with
@@ -106,7 +107,7 @@ func BenchmarkReload(b *testing.B) {
 		}
 		b.Run(name, func(b *testing.B) {
 			snap := ingressSnapshotTLS(b, hosts, tc.tlsEvery)
-			ports := freePorts(b, 2)
+			ports := testenv.Ports(b, 2)
 			n := startNginx(b, withL4(snap, "t/l4", ports[0]))
 			ctx := context.Background()
 			var serve, sw, render float64

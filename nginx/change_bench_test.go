@@ -19,7 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const (
@@ -214,7 +214,7 @@ func BenchmarkWorkerMemory(b *testing.B) {
 	hosts := len(snap.Servers)
 	n := startNginx(b, snap)
 	var workers []int
-	if _, ok := testenv.Until(10*time.Second, 10*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(context.Background(), 10*time.Second, 10*time.Millisecond, func() bool {
 		ws, err := n.master(b).Workers()
 		workers = workers[:0]
 		for _, w := range ws {
@@ -223,7 +223,7 @@ func BenchmarkWorkerMemory(b *testing.B) {
 			}
 		}
 		return len(workers) == n.opt.WorkerProcesses
-	}); !ok {
+	}); err != nil {
 		b.Fatalf("workers %v, want %d", workers, n.opt.WorkerProcesses)
 	}
 
@@ -276,14 +276,14 @@ func BenchmarkWorkerMemory(b *testing.B) {
 		for k := range clients {
 			want[k] = cycles[k].Load() + 2 // the pass under way may have started before now
 		}
-		if _, ok := testenv.Until(5*time.Minute, 10*time.Millisecond, func() bool {
+		if _, err := testenv.Poll(ctx, 5*time.Minute, 10*time.Millisecond, func() bool {
 			for k := range clients {
 				if cycles[k].Load() < want[k] {
 					return false
 				}
 			}
 			return true
-		}); !ok {
+		}); err != nil {
 			b.Fatal("the clients did not go through every route within 5 minutes")
 		}
 		if f := failure.Load(); f != nil {

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // nginxBinary finds nginx and checks that the modules rendered configurations load
@@ -67,18 +67,4 @@ func nginxTest(t testing.TB, dir string, cfg *Config, opt Options) {
 	if strings.Contains(string(out), "[warn]") {
 		t.Errorf("nginx -t warns:\n%s", out)
 	}
-}
-
-// freePorts returns n distinct ports nothing listened on a moment ago.
-func freePorts(t testing.TB, n int) []uint16 {
-	t.Helper()
-	ps, err := testenv.FreePorts(n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ports := make([]uint16, n)
-	for i, p := range ps {
-		ports[i] = uint16(p)
-	}
-	return ports
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // loadSnapshot is generation gen of a configuration that changes on every call:
@@ -59,7 +60,7 @@ func TestReloadUnderLoadDropsNothing(t *testing.T) {
 	)
 	_, epA := backend(t, "A")
 	_, epB := backend(t, "B")
-	ports := [2]uint16(freePorts(t, 2))
+	ports := [2]uint16(testenv.Ports(t, 2))
 	n := startNginx(t, loadSnapshot(0, epA, epB, ports))
 
 	var (
@@ -193,7 +194,7 @@ func TestDrainingWorkersAreBounded(t *testing.T) {
 		}
 	}))
 	t.Cleanup(func() { hold.CloseClientConnections(); hold.Close() })
-	ports := freePorts(t, 4)
+	ports := testenv.Ports(t, 4)
 	snap := func(i int) model.Snapshot {
 		s := hostSnapshot("a.test")
 		s.Upstreams[0].Endpoints = []netip.AddrPort{netip.MustParseAddrPort(hold.Listener.Addr().String())}
@@ -229,7 +230,9 @@ func TestDrainingWorkersAreBounded(t *testing.T) {
 			t.Fatalf("reload %d: %s, %v", i, res.Result, err)
 		}
 		// The replaced workers that hold nothing exit; the one that holds a request stays.
-		waitFor(t, "idle replaced workers to exit", func() bool { d, _ := n.r.draining(); return d == min(i, 2) })
+		if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { d, _ := n.r.draining(); return d == min(i, 2) }); err != nil {
+			t.Fatalf("waiting for idle replaced workers to exit: %v", err)
+		}
 	}
 	if d, b := n.r.draining(); d != 2 || b <= 0 {
 		t.Errorf("%d draining workers with %d bytes of private memory, want 2 with some", d, b)

@@ -21,7 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const (
@@ -76,7 +76,7 @@ func BenchmarkMatching(b *testing.B) {
 	if runtime.NumCPU() >= 2 {
 		proxyCPU, restCPU = runtime.NumCPU()-1, 0
 	}
-	ports := freePorts(b, 4)
+	ports := testenv.Ports(b, 4)
 	backendPorts, statusPort := ports[:3], ports[3]
 	startReturnBackend(b, bin, backendPorts, statusPort, restCPU)
 	for _, layout := range []string{"shared", "distinct"} {
@@ -367,7 +367,7 @@ func renderNative(tb testing.TB, snap model.Snapshot, opt Options, workerConnect
 // ports, and waits until it answers.
 func startNative(tb testing.TB, bin string, snap model.Snapshot, workerConnections int) *nativeNginx {
 	tb.Helper()
-	ports := freePorts(tb, 2)
+	ports := testenv.Ports(tb, 2)
 	opt := DefaultOptions("")
 	opt.ListenAddrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	opt.HTTPPort, opt.HTTPSPort = ports[0], ports[1]

@@ -25,7 +25,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 type fakeRunner struct {
@@ -265,21 +265,15 @@ func runUntilCleanup(t *testing.T, r *Reloader) {
 	})
 }
 
-// waitFor polls cond every 5ms for at most 10s.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	if _, ok := testenv.Until(10*time.Second, 5*time.Millisecond, cond); !ok {
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
-
 func TestRunCoalescesRestartsAndStops(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Second, RestartBackoff: 10 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { _, ms := runner.snapshot(); return len(ms) == 1 }); err != nil {
+		t.Fatalf("waiting for the first master: %v", err)
+	}
 	_, ms := runner.snapshot()
 	first := ms[0]
 
@@ -294,7 +288,9 @@ func TestRunCoalescesRestartsAndStops(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the burst's reload", func() bool { n, _ := first.state(); return n >= 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { n, _ := first.state(); return n >= 1 }); err != nil {
+		t.Fatalf("waiting for the burst's reload: %v", err)
+	}
 	if r.Checksum() != want.Checksum {
 		t.Errorf("running checksum %.12s, want the last update's %.12s", r.Checksum(), want.Checksum)
 	}
@@ -305,7 +301,9 @@ func TestRunCoalescesRestartsAndStops(t *testing.T) {
 
 	// The master dies: Run starts another.
 	first.die()
-	waitFor(t, "a restarted master", func() bool { _, ms := runner.snapshot(); return len(ms) == 2 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { _, ms := runner.snapshot(); return len(ms) == 2 }); err != nil {
+		t.Fatalf("waiting for a restarted master: %v", err)
+	}
 	if got := testutil.ToFloat64(r.m.restarts); got != 1 {
 		t.Errorf("master_restarts_total = %v, want 1", got)
 	}
@@ -395,7 +393,9 @@ func TestRunStartsWithNoRoutesWhenTheFirstConfigIsRefused(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
-	waitFor(t, "a master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { _, ms := runner.snapshot(); return len(ms) == 1 }); err != nil {
+		t.Fatalf("waiting for a master: %v", err)
+	}
 	conf, err := os.ReadFile(r.confPath())
 	if err != nil {
 		t.Fatal(err)
@@ -425,7 +425,9 @@ func TestRunPushesTableChangesAndRetries(t *testing.T) {
 	first := hostSnapshot("a.example.com")
 	r.Update(first)
 	runUntilCleanup(t, r)
-	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { _, ms := runner.snapshot(); return len(ms) == 1 }); err != nil {
+		t.Fatalf("waiting for the first master: %v", err)
+	}
 
 	// The control socket, after the start (which removes a stale one): the first
 	// push fails, the next ones are taken.
@@ -434,7 +436,9 @@ func TestRunPushesTableChangesAndRetries(t *testing.T) {
 	moved := hostSnapshot("a.example.com", "b.example.com")
 	moved.Upstreams[0].Endpoints = []netip.AddrPort{ap("10.0.0.2:80")}
 	r.Update(moved)
-	waitFor(t, "a pushed table", func() bool { return testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultSuccess)) == 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { return testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultSuccess)) == 1 }); err != nil {
+		t.Fatalf("waiting for a pushed table: %v", err)
+	}
 	if got := testutil.ToFloat64(r.m.tableUpdates.WithLabelValues(ResultError)); got != 1 {
 		t.Errorf("table_updates_total{result=error} = %v, want 1", got)
 	}
@@ -615,7 +619,9 @@ func TestRunReloadsAtOnceAfterAQuietWindow(t *testing.T) {
 	runner := &fakeRunner{}
 	r, _ := newTestReloader(t, runner, ReloaderConfig{Debounce: time.Hour, RestartBackoff: 10 * time.Millisecond})
 	runUntilCleanup(t, r)
-	waitFor(t, "the first master", func() bool { _, ms := runner.snapshot(); return len(ms) == 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { _, ms := runner.snapshot(); return len(ms) == 1 }); err != nil {
+		t.Fatalf("waiting for the first master: %v", err)
+	}
 	_, ms := runner.snapshot()
 	master := ms[0]
 	fakeControl(t, r, 0)
@@ -627,7 +633,9 @@ func TestRunReloadsAtOnceAfterAQuietWindow(t *testing.T) {
 	r.mu.Unlock()
 	last := withL4(hostSnapshot("a.example.com"), "app/l4", 15000)
 	r.Update(last)
-	waitFor(t, "a reload at once", func() bool { n, _ := master.state(); return n == 1 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { n, _ := master.state(); return n == 1 }); err != nil {
+		t.Fatalf("waiting for a reload at once: %v", err)
+	}
 	want, err := Render(last, r.cfg.Render)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files under testdata/")
@@ -351,7 +352,7 @@ func checkGolden(t *testing.T, path string, got []byte) {
 // them); real nginx accepts it.
 func TestRenderLivenessAddr(t *testing.T) {
 	opt := goldenOptions()
-	opt.LivenessPort = freePorts(t, 1)[0]
+	opt.LivenessPort = testenv.Ports(t, 1)[0]
 	opt.LivenessAddr = netip.MustParseAddr("127.0.0.1")
 	cfg, err := Render(model.Snapshot{}, opt)
 	if err != nil {

@@ -24,8 +24,8 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/portico-edge/portico/controlplane/model"
-	"github.com/portico-edge/portico/internal/testcert"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testcert"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // backend is a loopback HTTP server that names itself and echoes what nginx sent.
@@ -131,7 +131,7 @@ func startNginxWith(t testing.TB, snap model.Snapshot, rc func(*ReloaderConfig),
 
 func tryStartNginx(t testing.TB, snap model.Snapshot, rc func(*ReloaderConfig), opts ...func(*Options)) (*liveNginx, error) {
 	bin := nginxBinary(t)
-	ports := freePorts(t, 4)
+	ports := testenv.Ports(t, 4)
 	opt := DefaultOptions("")
 	opt.ListenAddrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
 	opt.HTTPPort, opt.HTTPSPort, opt.StatusPort, opt.LivenessPort = ports[0], ports[1], ports[2], ports[3]
@@ -555,10 +555,10 @@ func TestRunAdoptsALeftoverMaster(t *testing.T) {
 	pid := first.r.MasterPID()
 	// Both workers up (the second may still be starting when nginx first serves).
 	var workersBefore []int
-	if _, ok := testenv.Until(10*time.Second, 10*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(context.Background(), 10*time.Second, 10*time.Millisecond, func() bool {
 		workersBefore = workerPIDs(t, first)
 		return len(workersBefore) == first.opt.WorkerProcesses
-	}); !ok {
+	}); err != nil {
 		t.Fatalf("workers %v, want %d", workersBefore, first.opt.WorkerProcesses)
 	}
 	// The first agent "crashes": it forgets its master without stopping it.

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // lineBackend is a TCP endpoint that answers each line it reads with its name
@@ -81,7 +82,7 @@ func (l *lineClient) ask(q string) (string, error) {
 // ones take the new endpoints; a removed route's file goes.
 func TestSteeredL4ServicesNeedNoReload(t *testing.T) {
 	e1, e2 := lineBackend(t, "e1"), lineBackend(t, "e2")
-	steered := freePorts(t, 2)
+	steered := testenv.Ports(t, 2)
 	vip := netip.MustParseAddr("127.0.0.1")
 	plain, proxy := netip.AddrPortFrom(vip, steered[0]), netip.AddrPortFrom(vip, steered[1])
 	svc := func(name string, port uint16, pp bool, eps ...netip.AddrPort) (model.Service, model.Upstream) {

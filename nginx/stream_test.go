@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 var proxyV2Signature = []byte{0x0d, 0x0a, 0x0d, 0x0a, 0x00, 0x0d, 0x0a, 0x51, 0x55, 0x49, 0x54, 0x0a}
@@ -61,7 +62,7 @@ func udpProxyV2Backend(t *testing.T, network, addr string) netip.AddrPort {
 func TestServeUDPProxyProtocol(t *testing.T) {
 	ep4 := udpProxyV2Backend(t, "udp4", "127.0.0.1:0")
 	ep6 := udpProxyV2Backend(t, "udp6", "[::1]:0")
-	port := freePorts(t, 1)[0]
+	port := testenv.Ports(t, 1)[0]
 	snap := model.Snapshot{
 		Services: []model.Service{
 			{Name: "t/dns4", VIPs: []netip.Addr{netip.MustParseAddr("127.0.0.1")}, ProxyProtocol: true, UDPIdleTimeout: 1,

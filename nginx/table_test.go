@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // epSnapshot routes e.test to the upstream t-e-80 with the given endpoints, and
@@ -94,7 +95,9 @@ func TestEndpointOnlyChangesNeedNoReload(t *testing.T) {
 		t.Fatalf("before any change e.test reached %v, want only A", seen)
 	}
 	master := n.r.MasterPID()
-	waitFor(t, "two workers", func() bool { return len(workerPIDs(t, n)) == 2 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { return len(workerPIDs(t, n)) == 2 }); err != nil {
+		t.Fatalf("waiting for two workers: %v", err)
+	}
 	workers := workerPIDs(t, n)
 	confBefore, err := os.ReadFile(n.r.confPath())
 	if err != nil {
@@ -178,7 +181,9 @@ func TestTableSurvivesReloadAndMasterRestart(t *testing.T) {
 	}
 	onlyB("after the endpoint update")
 
-	waitFor(t, "two workers", func() bool { return len(workerPIDs(t, n)) == 2 })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { return len(workerPIDs(t, n)) == 2 }); err != nil {
+		t.Fatalf("waiting for two workers: %v", err)
+	}
 	workers := workerPIDs(t, n)
 	res, err = n.r.ApplyNow(context.Background(), epSnapshot(epC, []netip.AddrPort{epB}, "g.test"))
 	if err != nil || res.Result != ResultTable {
@@ -190,7 +195,9 @@ func TestTableSurvivesReloadAndMasterRestart(t *testing.T) {
 	if err := m.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "new workers", func() bool { got := workerPIDs(t, n); return len(got) == 2 && !slices.Contains(got, workers[0]) })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { got := workerPIDs(t, n); return len(got) == 2 && !slices.Contains(got, workers[0]) }); err != nil {
+		t.Fatalf("waiting for new workers: %v", err)
+	}
 	onlyB("after a reload")
 	if seen := backendsSeen(t, c, "http://g.test/", 2, 200); seen["C"] != 2 {
 		t.Errorf("the new host reached %v, want C", seen)
@@ -200,7 +207,9 @@ func TestTableSurvivesReloadAndMasterRestart(t *testing.T) {
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a new master", func() bool { p := n.r.MasterPID(); return p != 0 && p != pid })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { p := n.r.MasterPID(); return p != 0 && p != pid }); err != nil {
+		t.Fatalf("waiting for a new master: %v", err)
+	}
 	n.waitChecksum(t, res.Checksum)
 	n.waitTable(t, res.Digest)
 	onlyB("after the master was killed and restarted")
@@ -417,7 +426,9 @@ func TestTableStampKeepsNewerTable(t *testing.T) {
 	if err := m.Reload(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "new workers", func() bool { got := workerPIDs(t, n); return len(got) == 2 && !slices.Contains(got, workers[0]) })
+	if _, err := testenv.Poll(t.Context(), 10*time.Second, 5*time.Millisecond, func() bool { got := workerPIDs(t, n); return len(got) == 2 && !slices.Contains(got, workers[0]) }); err != nil {
+		t.Fatalf("waiting for new workers: %v", err)
+	}
 	if got, _ := tableDigest(context.Background(), n.r.ctl); got != res.Digest {
 		t.Errorf("after a reload with an older file nginx has table %q, want %q", got, res.Digest)
 	}

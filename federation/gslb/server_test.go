@@ -15,7 +15,7 @@ import (
 	"github.com/miekg/dns"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // testSites are three sites: a (10.1.0.0/16's clients), b (10.2.0.0/16's), c.
@@ -315,10 +315,10 @@ func waitAnswer(t *testing.T, server, ecs string, want string, within time.Durat
 	t.Helper()
 	start := time.Now()
 	var got []string
-	if _, ok := testenv.Until(within, 20*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(context.Background(), within, 20*time.Millisecond, func() bool {
 		got = ask(t, server, ecs)
 		return len(got) == 1 && got[0] == want
-	}); !ok {
+	}); err != nil {
 		t.Fatalf("%s for %s: answers %v after %v, want %s", server, ecs, got, within, want)
 	}
 	return time.Since(start)
@@ -344,14 +344,14 @@ func TestFailover(t *testing.T) {
 	for n, st := range f.sites {
 		cutAt[n] = st.server.probe.roundsDone()
 	}
-	if _, ok := testenv.Until(30*time.Second, 20*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(context.Background(), 30*time.Second, 20*time.Millisecond, func() bool {
 		for n, st := range f.sites {
 			if st.server.probe.roundsDone() < cutAt[n]+2*3 {
 				return false
 			}
 		}
 		return true
-	}); !ok {
+	}); err != nil {
 		t.Fatal("the servers did not probe 6 rounds within 30 s")
 	}
 	if reaches := a.server.probe.report().Reaches; reaches["b"] {
@@ -380,7 +380,7 @@ func TestFailover(t *testing.T) {
 
 	// c unhealthy too, b dead: no site is up; answers name every site.
 	c.ok.Store(false)
-	if _, ok := testenv.Until(10*time.Second, 20*time.Millisecond, func() bool { return len(ask(t, c.dns, bClients)) == 3 }); !ok {
+	if _, err := testenv.Poll(context.Background(), 10*time.Second, 20*time.Millisecond, func() bool { return len(ask(t, c.dns, bClients)) == 3 }); err != nil {
 		t.Fatalf("no site healthy: c answers %v, want every site", ask(t, c.dns, bClients))
 	}
 	// a recovers: after RiseAfter rounds it is named again.

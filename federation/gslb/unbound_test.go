@@ -1,6 +1,7 @@
 package gslb
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -13,7 +14,7 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // startUnbound runs Debian's unbound on a loopback port as a caching resolver
@@ -32,7 +33,7 @@ func startUnbound(t *testing.T, server string) string {
 	for try := 1; ; try++ {
 		addr, exited := runUnbound(t, bin, server)
 		c := &dns.Client{Timeout: 500 * time.Millisecond}
-		if _, ok := testenv.Until(10*time.Second, 100*time.Millisecond, func() bool {
+		if _, err := testenv.Poll(context.Background(), 10*time.Second, 100*time.Millisecond, func() bool {
 			select {
 			case <-exited:
 				return true
@@ -42,7 +43,7 @@ func startUnbound(t *testing.T, server string) string {
 			m.SetQuestion("shop.example.test.", dns.TypeA)
 			r, _, err := c.Exchange(m, addr)
 			return err == nil && r.Rcode == dns.RcodeSuccess
-		}); ok {
+		}); err == nil {
 			select {
 			case <-exited:
 				if try < 3 {
@@ -152,10 +153,10 @@ func TestThroughUnbound(t *testing.T) {
 	// FailAfter rounds (each an interval, or longer while a probe takes up to
 	// probeTimeout), a round's skew, the TTL, slack.
 	bound := 3*(interval+probeTimeout) + interval + ttl + time.Second
-	if _, ok := testenv.Until(bound+5*time.Second, 50*time.Millisecond, func() bool {
+	if _, err := testenv.Poll(context.Background(), bound+5*time.Second, 50*time.Millisecond, func() bool {
 		got = resolve(t, resolver)
 		return len(got) == 1 && got[0] == "192.0.2.2"
-	}); !ok {
+	}); err != nil {
 		t.Fatalf("through unbound: %v after %v, want site b", got, time.Since(start))
 	}
 	took := time.Since(start)

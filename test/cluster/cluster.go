@@ -38,9 +38,9 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/portico-edge/portico/dataplane/xdpaux"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // KubeVersion is the version of kubelet, kube-controller-manager and kube-scheduler

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/portico-edge/portico/internal/testcert"
+	"github.com/portico-edge/portico/test/testcert"
 )
 
 // The example workload the tests and make demo run behind Portico.

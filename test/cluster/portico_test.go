@@ -15,7 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -438,7 +438,7 @@ func testRollingUpdate(t *testing.T, ctx context.Context, p *Portico, drainedBef
 		case <-time.After(time.Second):
 		}
 		// HTTP only: nginx's graceful stop waits up to 60 s for a stream
-		// connection, and the rollout for the old pod (issue 22).
+		// connection, and the rollout for the old pod with it.
 		h, err := p.OpenHeld(ctx, 4, 0)
 		if err != nil {
 			t.Errorf("open held connections during the rollout: %v", err)

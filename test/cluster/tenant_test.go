@@ -10,14 +10,14 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
-// tenantYAML is what a namespace admin tries against the others (issue 24): an
-// L4 Service on the client's own address (attack 1), a group of its own that
-// would attract other teams' Ingresses (2), a path on another team's host (3), and
-// an L4 Service on the port the liveness checks use (5).
+// tenantYAML is what a namespace admin tries against the others: an L4 Service
+// on the client's own address, a group of its own that would attract other
+// teams' Ingresses, a path on another team's host, and an L4 Service on the port
+// the liveness checks use.
 var tenantYAML = fmt.Sprintf(`
 apiVersion: v1
 kind: Service
@@ -63,8 +63,8 @@ spec:
   ports: [{name: x, port: %[3]d, protocol: TCP}]
 `, PorticoNamespace, ClientAddr, LivenessPort)
 
-// testTenant: a tenant with namespace-admin rights only (kubectl --as) tries
-// attacks 1 to 5 of issue 24 while other teams' connections are held and new
+// testTenant: a tenant with namespace-admin rights only (kubectl --as) applies
+// tenantYAML and an IngressClaim while other teams' connections are held and new
 // ones keep coming: each object is refused with its Warning Event, an
 // IngressClaim is refused by RBAC, no edge takes the client's address, and not
 // one held or new connection of the others fails.
@@ -141,7 +141,7 @@ for d in /proc/[0-9]*; do
   if [ "$(head -c 13 "$d/cmdline" 2>/dev/null)" = "nginx: worker" ]; then sed -n 's/^Uid:[[:space:]]*\([0-9]*\).*/worker \1/p' "$d/status"; fi
 done`
 
-// testAgentTokenRootOnly (issue 24, least privilege): on every edge, the agent's
+// testAgentTokenRootOnly: on every edge, the agent's
 // API token is its (root's) alone, and nginx's workers, in the same container,
 // run as another user, so a worker taken over cannot read it.
 func testAgentTokenRootOnly(t *testing.T, ctx context.Context, p *Portico) {

@@ -3,6 +3,7 @@
 package frr
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -13,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // Router is one FRR instance (zebra, bfdd, bgpd) in a network namespace.
@@ -87,7 +88,7 @@ func Start(t testing.TB, ns, dir string, confs map[string]string) *Router {
 		if d == "zebra" {
 			// bfdd and bgpd reach zebra through its socket: wait for it.
 			sock := filepath.Join(run, "zserv.api")
-			if _, ok := testenv.Until(10*time.Second, 20*time.Millisecond, func() bool { _, err := os.Stat(sock); return err == nil }); !ok {
+			if _, err := testenv.Poll(context.Background(), 10*time.Second, 20*time.Millisecond, func() bool { _, err := os.Stat(sock); return err == nil }); err != nil {
 				t.Fatalf("zebra in %s made no %s", ns, sock)
 			}
 		}

@@ -35,7 +35,7 @@ import (
 
 	"k8s.io/client-go/rest"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // The versions build.sh builds; TestVersionsMatchWrappers keeps them equal to the
@@ -150,9 +150,9 @@ func launch(ctx context.Context, opts Options) (s *Server, err error) {
 	if err != nil {
 		return nil, err
 	}
-	etcdURL := "http://127.0.0.1:" + strconv.Itoa(ports[0])
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	apiPort := ports[2]
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(int(ports[0]))
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(int(ports[1]))
+	apiPort := int(ports[2])
 
 	s.etcd, err = s.spawn("etcd",
 		"--name", "kapi", "--data-dir", filepath.Join(dir, "etcd"),

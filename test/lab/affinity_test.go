@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -76,7 +77,7 @@ func TestCookieAffinityAcrossEdges(t *testing.T) {
 	}
 	// Every edge has the affinity once a cookie comes back from 30 first
 	// requests in a row.
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		for range 30 {
 			if _, set, err := get(""); err != nil || set == "" {
 				return fmt.Errorf("no cookie (%v)", err)
@@ -129,7 +130,7 @@ func TestCookieAffinityAcrossEdges(t *testing.T) {
 	// only the pods of set, and all of them: the change reached every edge.
 	landed := func(set []*Node) {
 		t.Helper()
-		if err := waitFor(15*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 15*time.Second, 100*time.Millisecond, func() error {
 			seen := map[string]int{}
 			for range 30 {
 				r, _, err := get("")
@@ -170,7 +171,7 @@ func TestCookieAffinityAcrossEdges(t *testing.T) {
 	}
 	landed(others)
 	var moved traffic.Reply
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		r, s, err := get(cookie)
 		if err != nil {
 			return err

@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/restmapper"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // deployDir is the repository's deploy/ folder (the lab runs from source).
@@ -66,14 +66,14 @@ func (l *Lab) ApplyYAML(ctx context.Context, rel string, b []byte) error {
 		}
 		gvk := obj.GroupVersionKind()
 		var m *meta.RESTMapping
-		if _, ok := testenv.Until(30*time.Second, 200*time.Millisecond, func() bool {
+		if _, waitErr := testenv.Poll(ctx, 30*time.Second, 200*time.Millisecond, func() bool {
 			m, err = mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
 			if meta.IsNoMatchError(err) {
 				mapper.Reset()
 				return false
 			}
 			return true
-		}); !ok || err != nil {
+		}); waitErr != nil || err != nil {
 			return fmt.Errorf("%s: %s: %w", rel, gvk, err)
 		}
 		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)

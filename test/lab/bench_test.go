@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 
 	"github.com/portico-edge/portico/test/traffic"
 )

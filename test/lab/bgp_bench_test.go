@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -83,7 +83,7 @@ func TestBGPOutageBench(t *testing.T) {
 				if err := l.reviveEdge(victim); err != nil {
 					t.Fatal(err)
 				}
-				if err := waitFor(60*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+				if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
 					t.Fatal(err)
 				}
 				back := choices()

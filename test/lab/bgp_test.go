@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -108,7 +108,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	time.Sleep(time.Second)
 	// What is measured is BFD's detection: every session must be up now (on a
 	// loaded machine a 50 ms session flaps now and then, and comes back).
-	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
 		t.Fatal(err)
 	}
 	victim := l.Edges[len(l.Edges)-1]
@@ -161,7 +161,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	if err := l.reviveEdge(victim); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s back: announced again %v after its link came up", victim.Name, time.Since(back).Round(time.Millisecond))
@@ -203,7 +203,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	if _, err := l.StartAgent(0); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		if err := l.Ready(0); err != nil {
 			return err
 		}
@@ -262,7 +262,7 @@ func TestBGPResilient(t *testing.T) {
 			return nil
 		}
 	}
-	if err := waitFor(30*time.Second, following(len(l.Edges))); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, following(len(l.Edges))); err != nil {
 		t.Fatal(err)
 	}
 	choices := func() map[uint16]netip.Addr {
@@ -289,7 +289,7 @@ func TestBGPResilient(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(5*time.Second, following(len(l.Edges)-1)); err != nil {
+	if _, err := testenv.Poll(ctx, 5*time.Second, 100*time.Millisecond, following(len(l.Edges)-1)); err != nil {
 		t.Fatal(err)
 	}
 	after := choices()
@@ -318,7 +318,7 @@ func TestBGPResilient(t *testing.T) {
 	if err := l.reviveEdge(victim); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, following(len(l.Edges))); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, following(len(l.Edges))); err != nil {
 		t.Fatal(err)
 	}
 	returned := choices()
@@ -370,7 +370,7 @@ func TestBGPReplicaChange(t *testing.T) {
 	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e3: "gone"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		for _, n := range l.Edges {
 			if b, err := slots(n, e3); err != nil || b.Slots != 0 {
 				return fmt.Errorf("%s: %s's replica still has ring slots (%+v, %v)", n.Name, e3.Name, b, err)
@@ -405,7 +405,7 @@ func TestBGPReplicaChange(t *testing.T) {
 	if _, err := l.StartAgent(0); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(60*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error {
 		for _, n := range l.Edges {
 			b2, err := slots(n, e2)
 			if err != nil {
@@ -478,7 +478,7 @@ func TestBGPOverlaps(t *testing.T) {
 	l := startBGPLab(t, 50*time.Millisecond)
 	ctx := context.Background()
 	e1, e2, e3 := l.Edges[0], l.Edges[1], l.Edges[2]
-	if err := waitFor(30*time.Second, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
 		t.Fatal(err)
 	}
 	held, err := l.OpenKeepConns(ctx, "echo.lab", 90)
@@ -510,7 +510,7 @@ func TestBGPOverlaps(t *testing.T) {
 	if err := l.stopNginx(filepath.Join(a1.Dir, "nginx")); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		for _, n := range []*Node{e2, e3} {
 			if in, err := l.InRing(n, e1); err != nil || in {
 				return fmt.Errorf("%s: %s still in the ring (%v)", n.Name, e1.Name, err)
@@ -533,13 +533,13 @@ func TestBGPOverlaps(t *testing.T) {
 	}
 	// The new pod's endpoint is ready once the pod is (Kubernetes asks its
 	// readiness probe: maps applied, nginx serving).
-	if err := waitFor(60*time.Second, func() error { return l.Ready(0) }); err != nil {
+	if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error { return l.Ready(0) }); err != nil {
 		t.Fatal(err)
 	}
 	if err := l.SetGroupEndpoints(ctx, map[*Node]string{e2: "terminating"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(60*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error {
 		for _, n := range []*Node{e2, e3} {
 			if in, err := l.InRing(n, e1); err != nil || !in {
 				return fmt.Errorf("%s: %s not back in the ring (%v)", n.Name, e1.Name, err)

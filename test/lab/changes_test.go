@@ -21,8 +21,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/internal/testcert"
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testcert"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -226,9 +226,9 @@ func (hs heldConns) failures(since time.Time, event string, max int) string {
 
 // waitL4 waits up to d until 30 new connections in a row to addr are answered
 // and their answers pass check.
-func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check func([]l4Reply) error) error {
-	return waitFor(d, func() error {
-		var reps []l4Reply
+func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check func([]traffic.Reply) error) error {
+	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
+		var reps []traffic.Reply
 		for range 30 {
 			c, _, rep, err := l.tcpLine(ctx, addr)
 			if err != nil {
@@ -239,12 +239,13 @@ func (l *Lab) waitL4(ctx context.Context, d time.Duration, addr string, check fu
 		}
 		return check(reps)
 	})
+	return err
 }
 
 // waitUpgrades waits up to d until 30 new upgraded connections in a row to
 // host+path are answered and their first answers pass check.
 func (l *Lab) waitUpgrades(ctx context.Context, d time.Duration, host, path string, check func([]traffic.Reply) error) error {
-	return waitFor(d, func() error {
+	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
 		var reps []traffic.Reply
 		for range 30 {
 			u, err := l.OpenUpgraded(ctx, host, path, 2*time.Second)
@@ -256,6 +257,7 @@ func (l *Lab) waitUpgrades(ctx context.Context, d time.Duration, host, path stri
 		}
 		return check(reps)
 	})
+	return err
 }
 
 // reached checks that answers came through every edge and only from pods.
@@ -370,7 +372,7 @@ func TestConfigChangesKeepConnections(t *testing.T) {
 	if err := l.Ingress(ctx, "hold", "hold.lab", "echo"); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.waitL4(ctx, 30*time.Second, holdAddr.String(), func(reps []l4Reply) error {
+	if err := l.waitL4(ctx, 30*time.Second, holdAddr.String(), func(reps []traffic.Reply) error {
 		var edges, pods []string
 		for _, r := range reps {
 			edges, pods = append(edges, r.Peer), append(pods, r.Pod)
@@ -519,8 +521,8 @@ func TestRouteChangeKeepsHeldWebSocket(t *testing.T) {
 			return l.reached(edges, pods, want...)
 		}
 	}
-	l4To := func(want []*Node) func([]l4Reply) error {
-		return func(reps []l4Reply) error {
+	l4To := func(want []*Node) func([]traffic.Reply) error {
+		return func(reps []traffic.Reply) error {
 			var edges, pods []string
 			for _, r := range reps {
 				edges, pods = append(edges, r.Peer), append(pods, r.Pod)
@@ -568,8 +570,8 @@ func TestRouteChangeKeepsHeldWebSocket(t *testing.T) {
 	if err := l.setSlice(ctx, AppNamespace, "ws-l4", l.Pods...); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.waitL4(ctx, 15*time.Second, l4Addr.String(), func(reps []l4Reply) error {
-		if !slices.ContainsFunc(reps, func(r l4Reply) bool { return r.Pod == podsB[0].Name }) {
+	if err := l.waitL4(ctx, 15*time.Second, l4Addr.String(), func(reps []traffic.Reply) error {
+		if !slices.ContainsFunc(reps, func(r traffic.Reply) bool { return r.Pod == podsB[0].Name }) {
 			return fmt.Errorf("30 new connections, none to %s", podsB[0].Name)
 		}
 		return nil
@@ -676,7 +678,7 @@ func (cs *changeSet) run(ctx context.Context, t *testing.T, n int, every time.Du
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			r.err = waitFor(10*time.Second, func() error { return c.probe(ctx) })
+			_, r.err = testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error { return c.probe(ctx) })
 			r.served = time.Since(r.written)
 		}()
 	}

@@ -24,10 +24,10 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/internal/testcert"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testcert"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -148,7 +148,7 @@ func vipOwner(t *testing.T, l *Lab) *Node {
 func waitNewOwner(t *testing.T, l *Lab, old *Node, d time.Duration) *Node {
 	t.Helper()
 	var n *Node
-	if err := waitFor(d, func() (err error) { n, err = l.newOwner(old); return err }); err != nil {
+	if _, err := testenv.Poll(context.Background(), d, 100*time.Millisecond, func() (err error) { n, err = l.newOwner(old); return err }); err != nil {
 		t.Fatalf("no new owner within %v: %v", d, err)
 	}
 	return n
@@ -169,7 +169,7 @@ func ownerUnderLoad(t *testing.T) (*Lab, *traffic.Load, *Node) {
 // consecutive new connections succeed, pass check, and reach all edges.
 func (l *Lab) waitServed(ctx context.Context, d time.Duration, host, path string, check func(traffic.Reply) error) error {
 	c := l.HTTPClient(false, 2*time.Second)
-	return waitFor(d, func() error {
+	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
 		edges := map[string]bool{}
 		for range 30 {
 			r, err := l.Get(ctx, c, host, path)
@@ -186,6 +186,7 @@ func (l *Lab) waitServed(ctx context.Context, d time.Duration, host, path string
 		}
 		return nil
 	})
+	return err
 }
 
 // TestRoutingTLSAndSpread: HTTP by host and path and HTTPS with SNI reach the
@@ -246,7 +247,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	pool.AppendCertsFromPEM(cert)
 	tc := &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DialContext: l.Dial, DisableKeepAlives: true,
 		TLSClientConfig: &tls.Config{ServerName: "secure.lab", RootCAs: pool}}}
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		req, _ := http.NewRequest(http.MethodGet, "https://"+VIP.String()+"/tls", nil)
 		req.Host = "secure.lab"
 		resp, err := tc.Do(req)
@@ -272,7 +273,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	if _, err := l.Get(ctx, c, ExampleHost, "/"); err != nil {
 		t.Fatalf("example host: %v", err)
 	}
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		ing, err := l.Kube.NetworkingV1().Ingresses(GroupNamespace).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -325,7 +326,7 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 	// portico status: every node reports, one owner, equal table digests.
 	owner := vipOwner(t, l)
 	var out string
-	if err := waitFor(15*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 15*time.Second, 100*time.Millisecond, func() error {
 		b, err := exec.Command(porticoBin, "status", "-kubeconfig", l.API.Kubeconfig).CombinedOutput()
 		out = string(b)
 		if err != nil {
@@ -461,7 +462,7 @@ func TestReplicaDrain(t *testing.T) {
 	if err := l.SetGroupEndpoints(ctx, map[*Node]string{drained: "terminating"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		bs, err := l.ownerBackends(owner)
 		if err != nil {
 			return err
@@ -501,7 +502,7 @@ func TestReplicaDrain(t *testing.T) {
 	if err := l.SetGroupEndpoints(ctx, map[*Node]string{drained: "gone"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		bs, err := l.ownerBackends(owner)
 		if err != nil {
 			return err
@@ -554,7 +555,7 @@ func TestIngressPropagation(t *testing.T) {
 	if _, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Create(ctx, bad, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=bad"})
 		if err != nil {
 			return err
@@ -603,7 +604,7 @@ func TestIngressAddressAfterServing(t *testing.T) {
 		}
 	}()
 	var status time.Duration
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, "fresh", metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -647,7 +648,7 @@ func TestIngressAddressAfterServing(t *testing.T) {
 
 // waitIngressAddrs waits until Ingress name's status lists want, in order.
 func (l *Lab) waitIngressAddrs(ctx context.Context, d time.Duration, name string, want ...netip.Addr) error {
-	return waitFor(d, func() error {
+	_, err := testenv.Poll(ctx, d, 100*time.Millisecond, func() error {
 		ing, err := l.Kube.NetworkingV1().Ingresses(AppNamespace).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
@@ -662,6 +663,7 @@ func (l *Lab) waitIngressAddrs(ctx context.Context, d time.Duration, name string
 		}
 		return nil
 	})
+	return err
 }
 
 // annotateIngress sets an annotation on Ingress name.
@@ -701,7 +703,7 @@ func TestSeveralVIPs(t *testing.T) {
 		target := traffic.Target{NS: l.Client.NS, VIP: vip}
 		c := target.HTTPClient(false, 2*time.Second)
 		replicas := map[string]int{}
-		if err := waitFor(30*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 			_, err := target.Get(ctx, c, "echo.lab", "/first")
 			return err
 		}); err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // backendPackets reads node n's pinned maps: packets steered to each replica of
@@ -70,7 +71,7 @@ func TestSYNFloodAcrossRingChanges(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 		in, err := l.InRing(owner, e3)
 		if err == nil && in {
 			err = fmt.Errorf("%s still in the owner's ring", e3.Name)

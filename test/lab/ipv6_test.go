@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -56,7 +57,7 @@ func TestIPv6EndToEnd(t *testing.T) {
 	v6 := traffic.Target{NS: l.Client.NS, VIP: VIP6}
 	client := netip.AddrFrom16([16]byte{0xfd, 0, 0x02, 0x16, 15: 2}).String()
 	c := v6.HTTPClient(false, 2*time.Second)
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		for range 30 {
 			if _, err := v6.Get(ctx, c, "echo.lab", "/wait"); err != nil {
 				return err
@@ -117,7 +118,7 @@ func TestIPv6EndToEnd(t *testing.T) {
 	start := time.Now()
 	l.killAndCut(t, owner)
 	var newOwner *Node
-	if err := waitFor(5*time.Second, func() (err error) {
+	if _, err := testenv.Poll(ctx, 5*time.Second, 100*time.Millisecond, func() (err error) {
 		newOwner, err = owner6(owner)
 		return err
 	}); err != nil {

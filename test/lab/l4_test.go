@@ -19,6 +19,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
+	"github.com/portico-edge/portico/test/traffic"
 )
 
 const (
@@ -91,27 +93,6 @@ func (l *Lab) serveL4(t *testing.T) {
 	}
 }
 
-type l4Reply struct{ Pod, Peer, Client string }
-
-func parseL4Reply(s string) (l4Reply, error) {
-	var r l4Reply
-	for _, f := range strings.Fields(s) {
-		k, v, _ := strings.Cut(f, "=")
-		switch k {
-		case "pod":
-			r.Pod = v
-		case "peer":
-			r.Peer = v
-		case "client":
-			r.Client = v
-		}
-	}
-	if r.Pod == "" {
-		return r, fmt.Errorf("reply %q", s)
-	}
-	return r, nil
-}
-
 // l4Service creates a LoadBalancer Service of class portico.io/vip served by
 // the lab's group, with one port to the pods' port target, and its EndpointSlice.
 func (l *Lab) l4Service(ctx context.Context, name string, vip netip.Addr, proto corev1.Protocol, port, target int32, kv ...string) error {
@@ -148,12 +129,12 @@ func (l *Lab) l4Service(ctx context.Context, name string, vip netip.Addr, proto 
 
 // tcpLine opens a connection from the client namespace to addr and exchanges one
 // line; the connection is returned open.
-func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader, l4Reply, error) {
+func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader, traffic.Reply, error) {
 	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	c, err := l.Dial(dctx, "tcp", addr)
 	if err != nil {
-		return nil, nil, l4Reply{}, err
+		return nil, nil, traffic.Reply{}, err
 	}
 	r := bufio.NewReader(c)
 	rep, err := lineOn(c, r)
@@ -164,40 +145,40 @@ func (l *Lab) tcpLine(ctx context.Context, addr string) (net.Conn, *bufio.Reader
 	return c, r, rep, nil
 }
 
-func lineOn(c net.Conn, r *bufio.Reader) (l4Reply, error) {
+func lineOn(c net.Conn, r *bufio.Reader) (traffic.Reply, error) {
 	c.SetDeadline(time.Now().Add(3 * time.Second))
 	if _, err := fmt.Fprintln(c, "hello"); err != nil {
-		return l4Reply{}, err
+		return traffic.Reply{}, err
 	}
 	s, err := r.ReadString('\n')
 	if err != nil {
-		return l4Reply{}, err
+		return traffic.Reply{}, err
 	}
-	return parseL4Reply(s)
+	return traffic.ParseL4Reply(s)
 }
 
 // udpQuery sends one datagram from a new socket in the client namespace.
-func (l *Lab) udpQuery(addr string) (l4Reply, error) {
+func (l *Lab) udpQuery(addr string) (traffic.Reply, error) {
 	var c net.Conn
 	if err := netlab.Do(l.Client.NS, func() (err error) {
 		c, err = net.Dial("udp4", addr)
 		return err
 	}); err != nil {
-		return l4Reply{}, err
+		return traffic.Reply{}, err
 	}
 	defer c.Close()
 	buf := make([]byte, 512)
 	for try := 0; try < 3; try++ {
 		c.SetDeadline(time.Now().Add(time.Second))
 		if _, err := c.Write([]byte("query\n")); err != nil {
-			return l4Reply{}, err
+			return traffic.Reply{}, err
 		}
 		n, err := c.Read(buf)
 		if err == nil {
-			return parseL4Reply(string(buf[:n]))
+			return traffic.ParseL4Reply(string(buf[:n]))
 		}
 	}
-	return l4Reply{}, fmt.Errorf("no answer from %s", addr)
+	return traffic.Reply{}, fmt.Errorf("no answer from %s", addr)
 }
 
 // TestL4Services: a TCP Service and a UDP Service (ClientIP affinity), both with
@@ -213,14 +194,13 @@ func TestL4Services(t *testing.T) {
 	l.serveL4(t)
 	// First a tenant's Service on a port every edge's nginx already listens on
 	// (the liveness checks'): it used to fail every edge's reload, and no later
-	// change was served (issue 24, attack 5). It is refused with an Event, and
+	// change was served. It is refused with an Event, and
 	// the two Services below, created after it, are served.
 	if err := l.l4Service(ctx, "liveness-thief", netip.MustParseAddr("192.0.2.92"), corev1.ProtocolTCP, 10247, l4TCPPort); err != nil {
 		t.Fatal(err)
 	}
-	// And a tenant's Service that names the client's own address (issue 24,
-	// attack 1: every edge put it on lo, and the VRRP owner answered ARP for
-	// it): no VIPPool lets its namespace have that address, so it gets none.
+	// And a tenant's Service that names the client's own address (it used to be
+	// put on every edge's lo, and the VRRP owner answered ARP for it): no VIPPool lets its namespace have that address, so it gets none.
 	if err := l.l4Service(ctx, "ip-thief", l.Client.Addr.Addr(), corev1.ProtocolTCP, 7001, l4TCPPort); err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +214,7 @@ func TestL4Services(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, vip := range map[string]netip.Addr{"tcp-echo": tcpVIP, "udp-echo": udpVIP} {
-		if err := waitFor(30*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 			s, err := l.Kube.CoreV1().Services(AppNamespace).Get(ctx, name, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -248,7 +228,7 @@ func TestL4Services(t *testing.T) {
 		}
 	}
 	for name, reason := range map[string]string{"liveness-thief": "PortReserved", "ip-thief": "VIPNotInPool"} {
-		if err := waitFor(10*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, func() error {
 			evs, err := l.Kube.CoreV1().Events(AppNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
 			if err != nil {
 				return err
@@ -277,8 +257,8 @@ func TestL4Services(t *testing.T) {
 			t.Errorf("edge %s put the client's address on lo:\n%s", e.Name, out)
 		}
 	}
-	// Nor does anything of the node answer on a VIP's other ports (issue 24,
-	// attack 6: the liveness port accepted connections on the group's VIP): the
+	// Nor does anything of the node answer on a VIP's other ports (the liveness
+	// port used to accept connections on the group's VIP): the
 	// SYN is dropped at the director (reason vip_closed), so the dial times out.
 	dctx, cancel := context.WithTimeout(ctx, time.Second)
 	if conn, err := l.Dial(dctx, "tcp", netip.AddrPortFrom(VIP, 10247).String()); err == nil {
@@ -294,7 +274,7 @@ func TestL4Services(t *testing.T) {
 
 	// Every replica's nginx loads its stream servers on its own: wait until 30
 	// new connections in a row are answered.
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		for range 30 {
 			c, _, _, err := l.tcpLine(ctx, tcpAddr)
 			if err != nil {
@@ -310,7 +290,7 @@ func TestL4Services(t *testing.T) {
 	type held struct {
 		c   net.Conn
 		r   *bufio.Reader
-		rep l4Reply
+		rep traffic.Reply
 	}
 	var conns []held
 	t.Cleanup(func() {
@@ -338,7 +318,7 @@ func TestL4Services(t *testing.T) {
 	// UDP: each query from a socket of its own (a new flow, so any replica);
 	// ClientIP affinity keeps this client on one pod whichever replica's nginx
 	// forwards it.
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		_, err := l.udpQuery(udpAddr)
 		return err
 	}); err != nil {

@@ -284,17 +284,17 @@ func (l *Lab) Close() error {
 	return errors.Join(errs...)
 }
 
-// Up serves the backend pods, creates the "echo" Service over them and an Ingress
-// for echo.lab, starts every agent and waits until every agent is ready, one edge
-// owns the VIP, and both the example's host and echo.lab are served through it.
-func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
+// startEcho is the bring-up Up and Sites.Up share: it serves the backend pods,
+// creates the "echo" Service over them, routes echo.lab to it with route (an
+// Ingress or a FederatedIngress) and starts every edge's agent.
+func (l *Lab) startEcho(ctx context.Context, route func(ctx context.Context, name, host, service string) error) error {
 	if err := l.ServePods(); err != nil {
 		return err
 	}
 	if err := l.Backend(ctx, "echo", l.Pods...); err != nil {
 		return err
 	}
-	if err := l.Ingress(ctx, "echo", "echo.lab", "echo"); err != nil {
+	if err := route(ctx, "echo", "echo.lab", "echo"); err != nil {
 		return err
 	}
 	for i := range l.Edges {
@@ -302,19 +302,47 @@ func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
 			return err
 		}
 	}
+	return nil
+}
+
+// agentExited names the first edge whose agent has exited, with its last log
+// line; nil while every started agent runs.
+func (l *Lab) agentExited() error {
+	for i := range l.Edges {
+		if a := l.Agent(i); a != nil && a.Exited() {
+			return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
+		}
+	}
+	return nil
+}
+
+// agentsReady returns Ready's error for the first edge that is not ready, or
+// nil when every edge is.
+func (l *Lab) agentsReady() error {
+	for i := range l.Edges {
+		if err := l.Ready(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Up serves the backend pods, creates the "echo" Service over them and an Ingress
+// for echo.lab, starts every agent and waits until every agent is ready, one edge
+// owns the VIP, and both the example's host and echo.lab are served through it.
+func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
+	if err := l.startEcho(ctx, l.Ingress); err != nil {
+		return err
+	}
 	c := l.HTTPClient(false, 2*time.Second)
 	deadline := time.Now().Add(timeout)
 	for {
-		for i := range l.Edges {
-			if a := l.Agent(i); a != nil && a.Exited() {
-				return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
-			}
+		if err := l.agentExited(); err != nil {
+			return err
 		}
 		err := func() error {
-			for i := range l.Edges {
-				if err := l.Ready(i); err != nil {
-					return err
-				}
+			if err := l.agentsReady(); err != nil {
+				return err
 			}
 			if l.Router != nil {
 				if err := l.Router.announced(len(l.Edges)); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -88,7 +89,7 @@ func (tr *liveTraffic) checkHeld(t *testing.T, excluded ...*Node) {
 func waitRing(t *testing.T, l *Lab, directors []*Node, victim *Node, in bool, fault time.Time, limit time.Duration) time.Duration {
 	t.Helper()
 	var last time.Duration
-	if err := waitFor(limit, func() error {
+	if _, err := testenv.Poll(context.Background(), limit, 100*time.Millisecond, func() error {
 		for _, d := range directors {
 			got, err := l.InRing(d, victim)
 			if err != nil {
@@ -157,7 +158,7 @@ func TestLivenessEdgeDeathAndReturn(t *testing.T) {
 // change.
 func requireAgreement(t *testing.T, l *Lab, nodes []*Node, changed time.Time) {
 	t.Helper()
-	if err := waitFor(5*time.Second, func() error { return l.DigestsAgree(nodes) }); err != nil {
+	if _, err := testenv.Poll(context.Background(), 5*time.Second, 100*time.Millisecond, func() error { return l.DigestsAgree(nodes) }); err != nil {
 		t.Fatal(err)
 	}
 	agreed := time.Since(changed)
@@ -173,7 +174,7 @@ func TestLivenessOwnerDeath(t *testing.T) {
 	l, owner, tr := liveStart(t, (*Lab).Owner)
 	fault := injectFault(t, func() error { return l.KillEdge(owner) })
 	var takeover time.Duration
-	if err := waitFor(5*time.Second, func() error {
+	if _, err := testenv.Poll(context.Background(), 5*time.Second, 100*time.Millisecond, func() error {
 		_, err := l.newOwner(owner)
 		takeover = time.Since(fault)
 		return err
@@ -237,7 +238,7 @@ func TestLivenessAgentKilledNginxServes(t *testing.T) {
 	if _, err := l.StartAgent(l.EdgeNo(victim)); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(60*time.Second, func() error { sample(); return l.Ready(l.EdgeNo(victim)) }); err != nil {
+	if _, err := testenv.Poll(context.Background(), 60*time.Second, 100*time.Millisecond, func() error { sample(); return l.Ready(l.EdgeNo(victim)) }); err != nil {
 		t.Fatal(err)
 	}
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {

@@ -13,7 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/portico-edge/portico/internal/testcert"
+	"github.com/portico-edge/portico/test/testcert"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -71,7 +72,7 @@ func TestCustomPorts(t *testing.T) {
 	// Every edge reloads on its own: wait until 30 requests in a row (new
 	// connections, so spread over the edges) are answered on 8080.
 	t0 := time.Now()
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		for range 30 {
 			if _, _, err := get("echo.lab", "/wait"); err != nil {
 				return err

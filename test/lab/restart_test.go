@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // TestAgentRestartUnderLoad: the owner's agent dies (kill -9) and starts again
@@ -22,7 +24,7 @@ func TestAgentRestartUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Wait until the restarted agent is ready again.
-	if err := waitFor(30*time.Second, func() error { return l.Ready(idx) }); err != nil {
+	if _, err := testenv.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, func() error { return l.Ready(idx) }); err != nil {
 		t.Fatalf("restarted agent not ready: %v\n%s", err, a.Log())
 	}
 	time.Sleep(time.Second)

@@ -17,8 +17,8 @@ import (
 	"github.com/portico-edge/portico/api/sites"
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -355,7 +355,7 @@ func (s *Sites) NewFlows(l *Lab) (uint64, error) {
 // WaitRemotes waits until every edge of every site holds the other sites' edges
 // for the VIP (peers), or none (!peers): the agents followed SetPeers.
 func (s *Sites) WaitRemotes(timeout time.Duration, peers bool) error {
-	return waitFor(timeout, func() error {
+	_, err := testenv.Poll(context.Background(), timeout, 100*time.Millisecond, func() error {
 		for _, l := range s.all() {
 			want := 0
 			if peers {
@@ -375,6 +375,7 @@ func (s *Sites) WaitRemotes(timeout time.Duration, peers bool) error {
 		}
 		return nil
 	})
+	return err
 }
 
 // Reasons sums a site's edges' xdp_lb counters of one reason.
@@ -400,31 +401,18 @@ func (s *Sites) Reasons(l *Lab, r dataplane.Reason) (uint64, error) {
 // ready and in the router's route and echo.lab is served.
 func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 	for _, l := range s.all() {
-		if err := l.ServePods(); err != nil {
+		if err := l.startEcho(ctx, l.FederatedIngress); err != nil {
 			return err
-		}
-		if err := l.Backend(ctx, "echo", l.Pods...); err != nil {
-			return err
-		}
-		if err := l.FederatedIngress(ctx, "echo", "echo.lab", "echo"); err != nil {
-			return err
-		}
-		for i := range l.Edges {
-			if _, err := l.StartAgent(i); err != nil {
-				return err
-			}
 		}
 	}
 	c := s.HTTPClient(false, 2*time.Second)
-	return waitFor(timeout, func() error {
+	_, err := testenv.Poll(ctx, timeout, 100*time.Millisecond, func() error {
 		for _, l := range s.all() {
-			for i := range l.Edges {
-				if a := l.Agent(i); a.Exited() {
-					return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
-				}
-				if err := l.Ready(i); err != nil {
-					return err
-				}
+			if err := l.agentExited(); err != nil {
+				return err
+			}
+			if err := l.agentsReady(); err != nil {
+				return err
 			}
 		}
 		if err := s.Router.announced(len(s.A.Edges) + len(s.B.Edges)); err != nil {
@@ -441,6 +429,7 @@ func (s *Sites) Up(ctx context.Context, timeout time.Duration) error {
 		_, err := s.Get(ctx, c, "echo.lab", "/")
 		return err
 	})
+	return err
 }
 
 // Hops is the set of sites whose edges are in the router's route to the VIP,
@@ -457,7 +446,7 @@ func (s *Sites) Hops() (map[string]int, error) {
 	return out, nil
 }
 
-// HopsAre is a condition for waitFor: the router's route to the VIP has a next
+// HopsAre is a condition for testenv.Poll: the router's route to the VIP has a next
 // hops through site a's edges and b through site b's.
 func (s *Sites) HopsAre(a, b int) func() error {
 	return func() error {
@@ -570,12 +559,4 @@ func (s *Sites) logs() string {
 		}
 	}
 	return b.String()
-}
-
-// waitFor polls cond every 100 ms until it returns nil or d passes, and returns
-// its last error.
-func waitFor(d time.Duration, cond func() error) error {
-	var err error
-	testenv.Until(d, 100*time.Millisecond, func() bool { err = cond(); return err == nil })
-	return err
 }

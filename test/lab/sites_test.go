@@ -18,9 +18,9 @@ import (
 	"github.com/portico-edge/portico/api/sites"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/federation"
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -60,7 +60,7 @@ func startSitesWith(t *testing.T, o SitesOptions) *Sites {
 	return s
 }
 
-// TestSiteReturn (issue 13, test 4): site b, withdrawn (its federated Ingress had
+// TestSiteReturn: site b, withdrawn (its federated Ingress had
 // no ready backend), announces the anycast VIP again while clients hold
 // connections to site a. The router rehashes, and sends some of those
 // connections to b's edges, which have never seen them. Run twice: first each
@@ -90,7 +90,7 @@ func TestSiteReturn(t *testing.T) {
 		if err := s.B.SetBackendReady(ctx, false); err != nil {
 			t.Fatal(err)
 		}
-		if err := waitFor(30*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 			p, err := s.Paths()
 			if err != nil {
 				return err
@@ -128,7 +128,7 @@ func TestSiteReturn(t *testing.T) {
 			stream.Stop()
 			t.Fatal(err)
 		}
-		err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), len(s.B.Edges)))
+		_, err = testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(len(s.A.Edges), len(s.B.Edges)))
 		announced := time.Since(back)
 		if err != nil {
 			stream.Stop()
@@ -175,7 +175,7 @@ func TestSiteReturn(t *testing.T) {
 	}
 }
 
-// TestSiteDrain (issue 13, test 5): a planned drain of site b while clients hold
+// TestSiteDrain: a planned drain of site b while clients hold
 // connections to both sites and new ones keep coming. b's file says it drains
 // from a moment on; b's edges then de-prefer the VIP and the router takes every
 // flow to a. Run twice: first a is not told (the baseline: b's connections reach
@@ -191,7 +191,7 @@ func TestSiteDrain(t *testing.T) {
 		if told {
 			name = "planned drain"
 		}
-		if err := waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), len(s.B.Edges))); err != nil {
+		if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(len(s.A.Edges), len(s.B.Edges))); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
@@ -218,7 +218,7 @@ func TestSiteDrain(t *testing.T) {
 		if err := s.WriteSites(s.B, SiteFile{Peers: true, Draining: true, DrainFrom: from}); err != nil {
 			t.Fatal(err)
 		}
-		err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), 0))
+		_, err = testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(len(s.A.Edges), 0))
 		gone := time.Since(from)
 		if err != nil {
 			stream.Stop()
@@ -259,7 +259,7 @@ func TestSiteDrain(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), len(s.B.Edges)))
+		_, err = testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(len(s.A.Edges), len(s.B.Edges)))
 		returned := time.Since(back)
 		if err != nil {
 			stream.Stop()
@@ -278,7 +278,7 @@ func TestSiteDrain(t *testing.T) {
 	}
 }
 
-// TestSiteFailures (issue 13, tests 2, 3 and 8) with new connections coming all
+// TestSiteFailures, with new connections coming all
 // along:
 //   - site b's federated Ingress has no ready backend: b's edges de-prefer the
 //     VIP at once and withdraw it withdrawAfter (3 s in the lab) later; no new
@@ -307,11 +307,11 @@ func TestSiteFailures(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(10*time.Second, s.HopsAre(na, 0)); err != nil {
+	if _, err := testenv.Poll(ctx, 10*time.Second, 100*time.Millisecond, s.HopsAre(na, 0)); err != nil {
 		t.Fatal(err)
 	}
 	deprefered := time.Since(fault)
-	if err := waitFor(20*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 20*time.Second, 100*time.Millisecond, func() error {
 		p, err := s.Paths()
 		if err != nil {
 			return err
@@ -336,7 +336,7 @@ func TestSiteFailures(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(20*time.Second, s.HopsAre(na, nb)); err != nil {
+	if _, err := testenv.Poll(ctx, 20*time.Second, 100*time.Millisecond, s.HopsAre(na, nb)); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("b's backends ready again: b back in the route after %v", time.Since(back).Round(time.Millisecond))
@@ -363,7 +363,7 @@ func TestSiteFailures(t *testing.T) {
 	}
 
 	// a's edges die.
-	if err := waitFor(30*time.Second, func() error { return s.Router.announced(na + nb) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return s.Router.announced(na + nb) }); err != nil {
 		t.Fatal(err)
 	}
 	stream = s.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
@@ -398,7 +398,7 @@ func TestSiteFailures(t *testing.T) {
 	}
 }
 
-// TestSiteOverflow (issue 13, test 6): site b declares a capacity (10 new
+// TestSiteOverflow: site b declares a capacity (10 new
 // connections a second per edge) and overflows to a, at most half of its new
 // connections. About 80 new connections a second come in, a quarter through each
 // of the four edges, so each of b's edges gets about twice its capacity: it
@@ -535,7 +535,7 @@ func TestSiteOverflow(t *testing.T) {
 	// agents measured it (at least spillDownLab; longer on a loaded machine).
 	fell := time.Now()
 	time.Sleep(spillDownLab)
-	if err := waitFor(20*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 20*time.Second, 100*time.Millisecond, func() error {
 		for i, e := range s.B.Edges {
 			r, err := s.B.Metric(i, "portico_site_spill_ratio")
 			if err != nil {
@@ -566,7 +566,7 @@ func TestSiteOverflow(t *testing.T) {
 	}
 }
 
-// TestSiteLocality (issue 13, tests 7 and 10): two regions, each with its router
+// TestSiteLocality: two regions, each with its router
 // and clients: a and b behind one, c behind the other, the routers peering. Each
 // region's client reaches its own region's sites (the routers prefer the shorter
 // AS path). The link between the regions goes down for 5 s: nothing fails over.
@@ -624,7 +624,7 @@ func TestSiteLocality(t *testing.T) {
 		t.Errorf("partition: %d route changes, %d and %d new connections failed", changes, p1.Failed, p2.Failed)
 	}
 	// The routers peer again before c fails (its region then needs the other).
-	if err := waitFor(30*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		var peers map[string]struct {
 			State string `json:"bgpState"`
 		}
@@ -649,7 +649,7 @@ func TestSiteLocality(t *testing.T) {
 	}
 	var moved time.Duration
 	c2 := s.Client2.HTTPClient(false, time.Second)
-	if err := waitFor(20*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 20*time.Second, 100*time.Millisecond, func() error {
 		r, err := s.Client2.Get(ctx, c2, "echo.lab", "/moved")
 		if err != nil {
 			return err
@@ -678,7 +678,7 @@ func TestSiteLocality(t *testing.T) {
 	if err := s.C.SetBackendReady(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(20*time.Second, func() error {
+	if _, err := testenv.Poll(ctx, 20*time.Second, 100*time.Millisecond, func() error {
 		by, _ := served(s.Client2, 20)
 		if by["c"] != 20 {
 			return fmt.Errorf("region 2 served by %v", by)
@@ -695,7 +695,7 @@ func TestSiteLocality(t *testing.T) {
 // the other's edges (the peers ConfigMap, as the kubelet mounts it) and
 // aggregates what the agents report; a drain asked on the host (portico.io/drain
 // on b's member Secret) drains b without a reset, and its status says Draining;
-// then (issue 13, test 8) the host's API server stops, and after it b's: nothing
+// then the host's API server stops, and after it b's: nothing
 // in the routing changes and no connection fails.
 func TestSiteFederated(t *testing.T) {
 	s := startSites(t)
@@ -726,7 +726,7 @@ func TestSiteFederated(t *testing.T) {
 	status := func(what string, ok func(a, b federation.SiteStatus) bool) {
 		t.Helper()
 		var last string
-		if err := waitFor(60*time.Second, func() error {
+		if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error {
 			fi, err := f.Get(ctx, AppNamespace, "echo")
 			if err != nil {
 				return err
@@ -771,7 +771,7 @@ func TestSiteFederated(t *testing.T) {
 		stream.Stop()
 		t.Fatal(err)
 	}
-	err = waitFor(30*time.Second, func() error {
+	_, err = testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
 		h, err := s.Hops()
 		if err != nil {
 			return err
@@ -801,7 +801,7 @@ func TestSiteFederated(t *testing.T) {
 	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "false"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, s.HopsAre(2, 2)); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(2, 2)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(time.Second)
@@ -891,8 +891,8 @@ func (s *Sites) sentTo(t *testing.T, held traffic.KeepConns, site string) int {
 	return n
 }
 
-// TestSiteReturnDuringDrain (issue 21, test 3): the overlap the issue saw break
-// connections. Site b is withdrawn and 64 connections are held at site a; one
+// TestSiteReturnDuringDrain: a return and a drain that overlap, across sites.
+// Site b is withdrawn and 64 connections are held at site a; one
 // of a's edges starts draining (its replica terminating) and, 300 ms later, b
 // returns to the route, with the sites' hand-over on: the router moves some of
 // the held flows to b, whose edges send them back to a through the tunnel, where
@@ -905,7 +905,7 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, s.HopsAre(len(s.A.Edges), 0)); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(len(s.A.Edges), 0)); err != nil {
 		t.Fatalf("site b not withdrawn: %v", err)
 	}
 	held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
@@ -929,7 +929,7 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The draining edge de-preferences its routes: the router keeps a's others.
-	err = waitFor(30*time.Second, s.HopsAre(len(s.A.Edges)-1, len(s.B.Edges)))
+	_, err = testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(len(s.A.Edges)-1, len(s.B.Edges)))
 	announced := time.Since(back)
 	if err != nil {
 		t.Fatalf("site b not back in the route: %v", err)
@@ -976,7 +976,7 @@ func TestSiteReturnDuringDrain(t *testing.T) {
 	}
 }
 
-// TestSiteReturnDuringDeath (issue 21, test 3): across sites, events of one site
+// TestSiteReturnDuringDeath: across sites, events of one site
 // overlap those of the other. Site b is withdrawn and a holds the connections;
 // one of a's edges dies and, 300 ms later, b returns to the route (the router
 // rehashes twice: a's survivors' flows move to b too). Then, while the dead edge
@@ -993,7 +993,7 @@ func TestSiteReturnDuringDeath(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, false); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, s.HopsAre(na, 0)); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(na, 0)); err != nil {
 		t.Fatalf("site b not withdrawn: %v", err)
 	}
 	held, err := s.OpenKeepConns(ctx, "echo.lab", 64)
@@ -1015,7 +1015,7 @@ func TestSiteReturnDuringDeath(t *testing.T) {
 	if err := s.B.SetBackendReady(ctx, true); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(30*time.Second, s.HopsAre(na-1, nb)); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(na-1, nb)); err != nil {
 		t.Fatalf("after %s's death and b's return: %v", victim.Name, err)
 	}
 	settled := time.Now()
@@ -1049,7 +1049,7 @@ func TestSiteReturnDuringDeath(t *testing.T) {
 	if err := s.WriteSites(s.B, SiteFile{Peers: true, Draining: true, DrainFrom: from}); err != nil {
 		t.Fatal(err)
 	}
-	if err := waitFor(60*time.Second, s.HopsAre(na, 0)); err != nil {
+	if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, s.HopsAre(na, 0)); err != nil {
 		t.Fatalf("after %s's return and b's drain: %v", victim.Name, err)
 	}
 	settled2 := time.Now()

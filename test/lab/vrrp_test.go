@@ -17,8 +17,7 @@ import (
 	"github.com/portico-edge/portico/vrrp"
 )
 
-// TestForgedVRRPAdvert is issue 24's "VRRP accepts adverts from anyone on the
-// segment": a host on the edges' segment that is no edge sends adverts for the
+// TestForgedVRRPAdvert: a host on the edges' segment that is no edge sends adverts for the
 // group's virtual router with priority 255 (an address owner's) and the longest
 // interval VRRP v3 allows, 40.95 s, to the VRRP group and to every edge. With
 // multicast VRRP the owner steps down for it and every edge waits 3 × 40.95 s

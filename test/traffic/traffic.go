@@ -58,11 +58,32 @@ func (l Target) HTTPClient(keepAlive bool, timeout time.Duration) *http.Client {
 	}}
 }
 
-// Reply is a parsed backend answer.
-type Reply struct{ Pod, Edge, Client, Host, Path string }
+// Reply is a parsed backend answer: an HTTP one names the pod, the edge nginx
+// connected from, the client, the host and the path; a TCP or UDP one names
+// the pod, the peer it saw and the client.
+type Reply struct{ Pod, Edge, Peer, Client, Host, Path string }
 
-// ParseReply parses a backend pod's answer.
+// ParseReply parses a backend pod's HTTP answer, "pod=<name> edge=<address> ...".
 func ParseReply(body string) (Reply, error) {
+	r := parseFields(body)
+	if r.Pod == "" || r.Edge == "" {
+		return r, fmt.Errorf("not a backend reply: %q", body)
+	}
+	return r, nil
+}
+
+// ParseL4Reply parses a backend pod's TCP or UDP answer, "pod=<name>
+// peer=<address> client=<address>".
+func ParseL4Reply(body string) (Reply, error) {
+	r := parseFields(body)
+	if r.Pod == "" {
+		return r, fmt.Errorf("not a backend reply: %q", body)
+	}
+	return r, nil
+}
+
+// parseFields reads the key=value fields of a backend's answer.
+func parseFields(body string) Reply {
 	var r Reply
 	for _, f := range strings.Fields(body) {
 		k, v, _ := strings.Cut(f, "=")
@@ -71,6 +92,8 @@ func ParseReply(body string) (Reply, error) {
 			r.Pod = v
 		case "edge":
 			r.Edge = v
+		case "peer":
+			r.Peer = v
 		case "client":
 			r.Client = v
 		case "host":
@@ -79,10 +102,7 @@ func ParseReply(body string) (Reply, error) {
 			r.Path = v
 		}
 	}
-	if r.Pod == "" || r.Edge == "" {
-		return r, fmt.Errorf("not a backend reply: %q", body)
-	}
-	return r, nil
+	return r
 }
 
 // Get requests http://VIP<path> with the given Host and parses the reply.

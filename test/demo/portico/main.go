@@ -24,8 +24,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testcert"
 	"github.com/portico-edge/portico/test/lab"
+	"github.com/portico-edge/portico/test/testcert"
 	"github.com/portico-edge/portico/test/traffic"
 )
 

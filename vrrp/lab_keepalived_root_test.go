@@ -1,6 +1,7 @@
 package vrrp
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"os"
@@ -11,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // keepalived is a keepalived daemon the test started: the parent process and the
@@ -137,8 +138,8 @@ func TestLabKeepalivedInterop(t *testing.T) {
 				startHigh()
 				l.electAndHold(high, limit, 3*interval)
 				killHigh()
-				took, ok := waitFor(limit, func() bool { return l.hasVIP(low) })
-				if !ok {
+				took, err := testenv.Poll(context.Background(), limit, 2*time.Millisecond, func() bool { return l.hasVIP(low) })
+				if err != nil {
 					t.Fatalf("%s did not take over within %v of the kill", low.name, took)
 				}
 				t.Logf("%s took over %v after the kill", low.name, took)

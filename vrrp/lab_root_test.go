@@ -28,7 +28,7 @@ import (
 	"github.com/vishvananda/netns"
 	"go.uber.org/zap"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const (
@@ -37,19 +37,13 @@ const (
 )
 
 func TestMain(m *testing.M) {
-	if path := os.Getenv(envHelper); path != "" {
-		os.Exit(helperMain(path))
-	}
-	if spec := os.Getenv(envProbe); spec != "" {
-		os.Exit(probeMain(spec))
-	}
-	os.Exit(m.Run())
+	testenv.HelperMain(m, map[string]func(string) int{envHelper: announcerMain, envProbe: probeMain})
 }
 
-// helperMain runs one announcer from a config file until SIGTERM (graceful) or
+// announcerMain runs one announcer from a config file until SIGTERM (graceful) or
 // SIGKILL. SIGUSR1 lowers every instance's priority to 1, SIGUSR2 restores it;
 // SIGHUP reads the file again and gives each instance its VIPs (SetVIPs).
-func helperMain(path string) int {
+func announcerMain(path string) int {
 	cfg, err := LoadConfig(path)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -197,10 +191,10 @@ func (l *lab) addNode(name, port string, host byte) *labNode {
 	n.mac = link.Attrs().HardwareAddr
 	// The kernel adds the IPv6 link-local address shortly after the link comes
 	// up; IPv6 adverts are sent from it, so wait for it.
-	if _, ok := waitFor(5*time.Second, func() bool {
+	if _, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool {
 		_, err := primaryAddr(n.nl, link, false, nil)
 		return err == nil
-	}); !ok {
+	}); err != nil {
 		l.t.Fatalf("no IPv6 link-local address on eth0 in %s", n.ns)
 	}
 	return n
@@ -245,12 +239,6 @@ func (l *lab) owners(among ...*labNode) []string {
 		}
 	}
 	return out
-}
-
-// waitFor polls cond every 2ms (the resolution of the failover times the tests
-// report) until it holds or limit passes; it returns how long that took.
-func waitFor(limit time.Duration, cond func() bool) (time.Duration, bool) {
-	return testenv.Until(limit, 2*time.Millisecond, cond)
 }
 
 // proc is a process the test started; it is killed by PID at cleanup.
@@ -315,11 +303,11 @@ func (p *proc) wait(limit time.Duration) bool {
 func (l *lab) startPortico(n *labNode, ics ...InstanceConfig) *proc {
 	l.t.Helper()
 	path := l.writeConfig(n, ics...)
-	exe, err := os.Executable()
+	argv, err := testenv.HelperArgs()
 	if err != nil {
 		l.t.Fatal(err)
 	}
-	return l.start(n.name+"-portico", n, []string{envHelper + "=" + path}, exe, "-test.run=^$")
+	return l.start(n.name+"-portico", n, []string{envHelper + "=" + path}, argv...)
 }
 
 // writeConfig writes n's announcer configuration (instances without VIPs get
@@ -366,7 +354,7 @@ func (l *lab) addrsOf(n *labNode) string {
 // one) and that the VIP answers the client's ping.
 func (l *lab) clientReachesVia(n *labNode, wait time.Duration) {
 	l.t.Helper()
-	if _, ok := waitFor(wait, func() bool { return bytes.Equal(l.clientMAC(), n.mac) }); !ok {
+	if _, err := testenv.Poll(context.Background(), wait, 2*time.Millisecond, func() bool { return bytes.Equal(l.clientMAC(), n.mac) }); err != nil {
 		l.t.Fatalf("client's entry for the VIP = %v, want %s's %v", l.clientMAC(), n.name, n.mac)
 	}
 	if err := l.ping(); err != nil {
@@ -403,7 +391,7 @@ func fmtOwners(o []string) string { return "[" + strings.Join(o, " ") + "]" }
 // hold.
 func (l *lab) electAndHold(want *labNode, limit, hold time.Duration) {
 	l.t.Helper()
-	if took, ok := waitFor(limit, func() bool { o := l.owners(); return len(o) == 1 && o[0] == want.name }); !ok {
+	if took, err := testenv.Poll(context.Background(), limit, 2*time.Millisecond, func() bool { o := l.owners(); return len(o) == 1 && o[0] == want.name }); err != nil {
 		l.t.Fatalf("after %v owners = %s, want only %s", took, fmtOwners(l.owners()), want.name)
 	} else {
 		l.t.Logf("%s became the only owner after %v", want.name, took)

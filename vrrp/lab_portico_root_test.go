@@ -1,6 +1,7 @@
 package vrrp
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"slices"
@@ -8,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 func labInstance(prio uint8, interval time.Duration) InstanceConfig {
@@ -37,8 +40,8 @@ func TestLabFailover(t *testing.T) {
 	procs[1].signal(syscall.SIGKILL)
 	procs[1].wait(5 * time.Second)
 	survivors := []*labNode{l.nodes[0], l.nodes[2]}
-	took, ok := waitFor(5*time.Second, func() bool { o := l.owners(survivors...); return len(o) == 1 && o[0] == "n2" })
-	if !ok {
+	took, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool { o := l.owners(survivors...); return len(o) == 1 && o[0] == "n2" })
+	if err != nil {
 		t.Fatalf("after %v survivors holding the VIP = %s, want [n2]", took, fmtOwners(l.owners(survivors...)))
 	}
 	t.Logf("n2 took over %v after the kill", took)
@@ -57,8 +60,8 @@ func TestLabGracefulStop(t *testing.T) {
 	l.electAndHold(l.nodes[0], 10*time.Second, 200*time.Millisecond)
 	master.signal(syscall.SIGTERM)
 	survivors := []*labNode{l.nodes[1], l.nodes[2]}
-	took, ok := waitFor(5*time.Second, func() bool { return len(l.owners(survivors...)) > 0 })
-	if o := l.owners(survivors...); !ok || len(o) != 1 || o[0] != "n1" {
+	took, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool { return len(l.owners(survivors...)) > 0 })
+	if o := l.owners(survivors...); err != nil || len(o) != 1 || o[0] != "n1" {
 		t.Fatalf("after %v the survivors holding the VIP = %s, want [n1]", took, fmtOwners(o))
 	}
 	skew := time.Duration(256-150) * interval / 256
@@ -84,7 +87,7 @@ func TestLabPartitionHeal(t *testing.T) {
 	// Cut n0 off: it stays Master alone, and n1 becomes Master on the rest.
 	l.ip("-n", l.sw, "link", "set", l.nodes[0].port, "down")
 	two := func() bool { o := l.owners(); return len(o) == 2 && o[0] == "n0" && o[1] == "n1" }
-	if took, ok := waitFor(5*time.Second, two); !ok {
+	if took, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, two); err != nil {
 		t.Fatalf("owners during the partition = %s after %v, want [n0 n1]", fmtOwners(l.owners()), took)
 	}
 	time.Sleep(2 * interval)
@@ -92,8 +95,8 @@ func TestLabPartitionHeal(t *testing.T) {
 		t.Fatalf("owners during the partition = %s, want [n0 n1]", fmtOwners(l.owners()))
 	}
 	l.ip("-n", l.sw, "link", "set", l.nodes[0].port, "up")
-	took, ok := waitFor(5*time.Second, func() bool { o := l.owners(); return len(o) == 1 && o[0] == "n0" })
-	if !ok {
+	took, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool { o := l.owners(); return len(o) == 1 && o[0] == "n0" })
+	if err != nil {
 		t.Fatalf("owners after the heal = %s after %v, want [n0]", fmtOwners(l.owners()), took)
 	}
 	t.Logf("one master %v after the heal (advert interval %v)", took, interval)
@@ -149,7 +152,7 @@ func TestLabSetVIPs(t *testing.T) {
 		}
 		l.writeConfig(l.nodes[0], at(200, vips...))
 		p0.signal(syscall.SIGHUP)
-		if took, ok := waitFor(2*time.Second, func() bool { return holds(l.nodes[0], vips) && holds(l.nodes[1], nil) }); !ok {
+		if took, err := testenv.Poll(context.Background(), 2*time.Second, 2*time.Millisecond, func() bool { return holds(l.nodes[0], vips) && holds(l.nodes[1], nil) }); err != nil {
 			t.Fatalf("both have %v: n0 holds %v, n1 holds %v", vips, l.addrsOf(l.nodes[0]), l.addrsOf(l.nodes[1]))
 		} else {
 			t.Logf("the Master holds %v %v after its SIGHUP", vips, took)

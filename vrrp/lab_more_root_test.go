@@ -2,6 +2,7 @@ package vrrp
 
 import (
 	"bytes"
+	"context"
 	"net"
 	"net/netip"
 	"os"
@@ -13,6 +14,8 @@ import (
 	"github.com/mdlayher/arp"
 	"github.com/mdlayher/ethernet"
 	"github.com/mdlayher/ndp"
+
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 func TestLabIPv6Failover(t *testing.T) {
@@ -26,7 +29,7 @@ func TestLabIPv6Failover(t *testing.T) {
 	}
 	l.clientReachesVia(l.nodes[0], 0)
 	master.signal(syscall.SIGKILL)
-	if took, ok := waitFor(5*time.Second, func() bool { return l.hasVIP(l.nodes[1]) }); !ok {
+	if took, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool { return l.hasVIP(l.nodes[1]) }); err != nil {
 		t.Fatalf("n1 did not take over within %v", took)
 	}
 	// The unsolicited neighbour advertisement overrides the client's entry.
@@ -49,7 +52,7 @@ func TestLabUnicastPeersRejectStrays(t *testing.T) {
 	icS := labInstance(250, 100*time.Millisecond)
 	icS.Peers = []netip.Addr{n0.addr, n1.addr}
 	l.startPortico(stray, icS)
-	if _, ok := waitFor(5*time.Second, func() bool { return l.hasVIP(stray) }); !ok {
+	if _, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool { return l.hasVIP(stray) }); err != nil {
 		t.Fatal("the stray never came up as Master")
 	}
 	deadline := time.Now().Add(time.Second)
@@ -64,7 +67,7 @@ func TestLabUnicastPeersRejectStrays(t *testing.T) {
 	}
 	// Failover between the peers still works.
 	p0.signal(syscall.SIGKILL)
-	if took, ok := waitFor(5*time.Second, func() bool { return l.hasVIP(n1) }); !ok {
+	if took, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, func() bool { return l.hasVIP(n1) }); err != nil {
 		t.Fatalf("n1 did not take over within %v", took)
 	}
 }
@@ -114,10 +117,10 @@ func TestLabConflictReannounce(t *testing.T) {
 		t.Errorf("re-announcement after a foreign claim: request seen %v, reply seen %v; want both",
 			seen[arp.OperationRequest], seen[arp.OperationReply])
 	}
-	if _, ok := waitFor(2*time.Second, func() bool {
+	if _, err := testenv.Poll(context.Background(), 2*time.Second, 2*time.Millisecond, func() bool {
 		b, _ := os.ReadFile(p.log)
 		return strings.Contains(string(b), "vip claimed by another station")
-	}); !ok {
+	}); err != nil {
 		t.Error("the conflict was not logged")
 	}
 	if !l.hasVIP(l.nodes[0]) {
@@ -152,12 +155,12 @@ func TestLabManyInstances(t *testing.T) {
 				l.hasAddr(l.nodes[1], vipA) == n1a && l.hasAddr(l.nodes[1], vipB) == n1b
 		}
 	}
-	if _, ok := waitFor(5*time.Second, want(true, false, false, true)); !ok {
+	if _, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, want(true, false, false, true)); err != nil {
 		t.Fatalf("n0 has a=%v b=%v, n1 has a=%v b=%v; want a on n0 only, b on n1 only",
 			l.hasAddr(l.nodes[0], vipA), l.hasAddr(l.nodes[0], vipB), l.hasAddr(l.nodes[1], vipA), l.hasAddr(l.nodes[1], vipB))
 	}
 	p0.signal(syscall.SIGTERM)
-	if _, ok := waitFor(5*time.Second, want(false, false, true, true)); !ok {
+	if _, err := testenv.Poll(context.Background(), 5*time.Second, 2*time.Millisecond, want(false, false, true, true)); err != nil {
 		t.Fatalf("after n0 stopped: n0 has a=%v b=%v, n1 has a=%v b=%v; want both on n1 only",
 			l.hasAddr(l.nodes[0], vipA), l.hasAddr(l.nodes[0], vipB), l.hasAddr(l.nodes[1], vipA), l.hasAddr(l.nodes[1], vipB))
 	}
@@ -237,10 +240,10 @@ func TestLabConflictReannounceIPv6(t *testing.T) {
 	if !seen {
 		t.Error("no unsolicited neighbour advertisement from the Master after a foreign claim")
 	}
-	if _, ok := waitFor(2*time.Second, func() bool {
+	if _, err := testenv.Poll(context.Background(), 2*time.Second, 2*time.Millisecond, func() bool {
 		b, _ := os.ReadFile(p.log)
 		return strings.Contains(string(b), "vip claimed by another station")
-	}); !ok {
+	}); err != nil {
 		t.Error("the conflict was not logged")
 	}
 }

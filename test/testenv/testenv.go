@@ -1,11 +1,14 @@
 // Package testenv is what Portico's tests share about where they run: a test that
 // needs root, a program or a server the machine lacks skips, except in CI, where
 // test/setup/deps.sh has installed everything and the tests run as root, so a
-// missing requirement fails it instead; and tests wait for what happens
-// asynchronously by polling for it, never by reading it once.
+// missing requirement fails it instead; tests wait for what happens
+// asynchronously by polling for it (Poll), never by reading it once; they pick
+// their servers' ports with FreePorts; and a test binary runs as its own tests'
+// child processes with HelperMain.
 package testenv
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -54,27 +57,51 @@ func RequireProgram(t testing.TB, program string) string {
 	return p
 }
 
-// Until calls cond every interval until it holds or timeout has passed. It
-// returns how long that took and whether cond held.
-func Until(timeout, interval time.Duration, cond func() bool) (time.Duration, bool) {
+// A Condition is what Poll waits for: a func() bool holds when it returns true; a
+// func() error holds when it returns nil, and its error says why it does not yet.
+type Condition interface {
+	func() bool | func() error
+}
+
+// Poll checks cond at once and then every interval until it holds, timeout has
+// passed or ctx is done. It returns how long that took and nil once cond holds;
+// otherwise cond's last error (for a func() error), or that it did not hold in
+// time, or ctx's error.
+func Poll[C Condition](ctx context.Context, timeout, interval time.Duration, cond C) (time.Duration, error) {
+	check := func() error {
+		switch c := any(cond).(type) {
+		case func() error:
+			return c()
+		case func() bool:
+			if c() {
+				return nil
+			}
+		}
+		return fmt.Errorf("not within %s", timeout)
+	}
 	start := time.Now()
 	for {
-		if cond() {
-			return time.Since(start), true
+		err := check()
+		if err == nil {
+			return time.Since(start), nil
 		}
 		if time.Since(start) >= timeout {
-			return time.Since(start), false
+			return time.Since(start), err
 		}
-		time.Sleep(interval)
+		select {
+		case <-ctx.Done():
+			return time.Since(start), fmt.Errorf("%w (last: %w)", ctx.Err(), err)
+		case <-time.After(interval):
+		}
 	}
 }
 
-// Eventually calls check every 25 ms until it returns "", and fails t with check's
+// Eventually polls check every 25 ms until it returns "", and fails t with check's
 // last message once timeout has passed.
 func Eventually(t testing.TB, timeout time.Duration, check func() string) {
 	t.Helper()
 	var msg string
-	if _, ok := Until(timeout, 25*time.Millisecond, func() bool { msg = check(); return msg == "" }); !ok {
+	if _, err := Poll(context.Background(), timeout, 25*time.Millisecond, func() bool { msg = check(); return msg == "" }); err != nil {
 		t.Fatalf("not reached after %s: %s", timeout, msg)
 	}
 }
@@ -105,7 +132,7 @@ func BenchTrials(t testing.TB, gate, target string) int {
 // process, so a server started on it a moment later can find it taken (a BGP
 // test's listener did, in CI beside the other packages' tests). Below that range
 // only another test's explicit listener can take it, and those pick at random too.
-func FreePorts(n int) ([]int, error) {
+func FreePorts(n int) ([]uint16, error) {
 	low := 32768
 	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
 		var lo, hi int
@@ -119,7 +146,7 @@ func FreePorts(n int) ([]int, error) {
 			c.Close()
 		}
 	}()
-	ports := make([]int, 0, n)
+	ports := make([]uint16, 0, n)
 	for tries := 0; len(ports) < n; tries++ {
 		if tries == 1000 {
 			return nil, fmt.Errorf("no free port in %d to %d after %d tries", firstFreePort, low-1, tries)
@@ -135,7 +162,7 @@ func FreePorts(n int) ([]int, error) {
 			continue
 		}
 		held = append(held, u)
-		ports = append(ports, p)
+		ports = append(ports, uint16(p))
 	}
 	return ports, nil
 }
@@ -144,12 +171,35 @@ func FreePorts(n int) ([]int, error) {
 // most registered services' ports.
 const firstFreePort = 10000
 
-// FreePort is FreePorts(1) for a test: it fails t when there is none.
-func FreePort(t testing.TB) int {
+// Ports is FreePorts for a test: it fails t when there are not n.
+func Ports(t testing.TB, n int) []uint16 {
 	t.Helper()
-	ps, err := FreePorts(1)
+	ps, err := FreePorts(n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return ps[0]
+	return ps
+}
+
+// HelperMain is the TestMain of a test binary that is also its tests' child
+// processes. A test starts one with HelperArgs and one of helpers' environment
+// variables set; HelperMain then runs that helper with the variable's value and
+// exits with its code. Without any of them set, it runs the tests.
+func HelperMain(m *testing.M, helpers map[string]func(value string) int) {
+	for env, main := range helpers {
+		if v := os.Getenv(env); v != "" {
+			os.Exit(main(v))
+		}
+	}
+	os.Exit(m.Run())
+}
+
+// HelperArgs is the command line that starts this test binary as a child process
+// that runs no test: a helper, when the variable HelperMain knows it by is set.
+func HelperArgs() ([]string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("find the test binary: %w", err)
+	}
+	return []string{exe, "-test.run=^$"}, nil
 }

@@ -29,18 +29,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const envHelper = "PORTICO_BGP_HELPER" // path of a JSON Config: run a speaker
 
 func TestMain(m *testing.M) {
-	if path := os.Getenv(envHelper); path != "" {
-		os.Exit(helperMain(path))
-	}
-	os.Exit(m.Run())
+	testenv.HelperMain(m, map[string]func(string) int{envHelper: speakerMain})
 }
 
 // helperReply is one answer of the helper, a JSON line on its stdout.
@@ -49,11 +46,11 @@ type helperReply struct {
 	Status *Status `json:"status,omitempty"`
 }
 
-// helperMain runs one speaker from a JSON Config until SIGTERM or the end of its
+// speakerMain runs one speaker from a JSON Config until SIGTERM or the end of its
 // stdin (its context ends: the speaker stops as the agent's would) or SIGKILL.
 // Each stdin line is a command answered by one stdout line: a preference name
 // announces the VIP in PORTICO_BGP_VIP at that preference; "status" reports.
-func helperMain(path string) int {
+func speakerMain(path string) int {
 	var cfg Config
 	b, err := os.ReadFile(path)
 	if err == nil {
@@ -133,7 +130,7 @@ func startSpeakerProc(t *testing.T, ns, dir string, cfg Config, vip netip.Prefix
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	exe, err := os.Executable()
+	argv, err := testenv.HelperArgs()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,7 +138,7 @@ func startSpeakerProc(t *testing.T, ns, dir string, cfg Config, vip netip.Prefix
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("ip", "netns", "exec", ns, exe, "-test.run=^$")
+	cmd := exec.Command("ip", append([]string{"netns", "exec", ns}, argv...)...)
 	cmd.Env = append(os.Environ(), envHelper+"="+path, "PORTICO_BGP_VIP="+vip.String())
 	cmd.Stderr = logf
 	in, err := cmd.StdinPipe()
@@ -429,9 +426,9 @@ func (l *frrLab) bfdDowns() string {
 
 // timeToDrop measures how long after kill the router's kernel table loses the
 // VIP (polled every 5 ms, for at most limit).
-func (l *frrLab) timeToDrop(kill func(), limit time.Duration) (time.Duration, bool) {
+func (l *frrLab) timeToDrop(kill func(), limit time.Duration) (time.Duration, error) {
 	kill()
-	return testenv.Until(limit, 5*time.Millisecond, func() bool { return !kernelRoute(l.routerNS, l.vip) })
+	return testenv.Poll(context.Background(), limit, 5*time.Millisecond, func() bool { return !kernelRoute(l.routerNS, l.vip) })
 }
 
 func TestFRRInterop(t *testing.T) {
@@ -488,9 +485,9 @@ func TestFRRInterop(t *testing.T) {
 
 	// The speaker's context ends (SIGTERM) without graceful restart: FRR drops
 	// the route at once (a Cease NOTIFICATION).
-	took, ok := l.timeToDrop(func() { sp.signal(syscall.SIGTERM) }, 5*time.Second)
-	if !ok {
-		t.Fatalf("route to %v still in the router's table %v after the speaker's context ended", l.vip, took)
+	took, err := l.timeToDrop(func() { sp.signal(syscall.SIGTERM) }, 5*time.Second)
+	if err != nil {
+		t.Fatalf("route to %v still in the router's table %v after the speaker's context ended: %v", l.vip, took, err)
 	}
 	t.Logf("speaker stopped (context ended, no graceful restart): FRR dropped the route after %v", took.Round(time.Millisecond))
 	if took > 2*time.Second {
@@ -510,9 +507,9 @@ func TestFRRInterop(t *testing.T) {
 	// (A dead node, which closes nothing, is BFD's alone: not measured here.)
 	sp = l.startSpeaker(l.cfg)
 	l.waitUp(sp)
-	took, ok = l.timeToDrop(func() { sp.signal(syscall.SIGKILL) }, 5*time.Second)
-	if !ok {
-		t.Fatalf("route to %v still in the router's table %v after the speaker was killed", l.vip, took)
+	took, err = l.timeToDrop(func() { sp.signal(syscall.SIGKILL) }, 5*time.Second)
+	if err != nil {
+		t.Fatalf("route to %v still in the router's table %v after the speaker was killed: %v", l.vip, took, err)
 	}
 	t.Logf("speaker killed (SIGKILL): FRR dropped the route after %v", took.Round(time.Millisecond))
 }

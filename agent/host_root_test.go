@@ -9,8 +9,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/portico-edge/portico/internal/testenv"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // twoNodes builds a lab of two node namespaces on one segment, a (10.215.0.1)

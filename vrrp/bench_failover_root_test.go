@@ -1,6 +1,7 @@
 package vrrp
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
-	"github.com/portico-edge/portico/internal/testenv"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // TestFailoverBench measures the client-visible outage when the Master dies:
@@ -147,13 +148,12 @@ func failoverTrial(t *testing.T, impl string, interval time.Duration, phase floa
 
 	// The prober runs until SIGTERM, at most for a generous bound.
 	out := filepath.Join(l.dir, "probe.json")
-	exe, err := os.Executable()
+	argv, err := testenv.HelperArgs()
 	if err != nil {
 		return 0, err
 	}
 	// The prober is the instrument: it runs SCHED_FIFO so machine load cannot
 	// stall its 1 ms train. The announcers under test keep normal priority.
-	argv := []string{exe, "-test.run=^$"}
 	if chrt, err := exec.LookPath("chrt"); err == nil {
 		argv = append([]string{chrt, "-f", "10"}, argv...)
 	}
@@ -189,7 +189,7 @@ func failoverTrial(t *testing.T, impl string, interval time.Duration, phase floa
 	}
 	deadAt := time.Now()
 	kill()
-	if _, ok := waitFor(limit, func() bool { return l.hasVIP(l.nodes[1]) }); !ok {
+	if _, err := testenv.Poll(context.Background(), limit, 2*time.Millisecond, func() bool { return l.hasVIP(l.nodes[1]) }); err != nil {
 		return 0, fmt.Errorf("n1 never took over")
 	}
 	time.Sleep(300 * time.Millisecond) // replies after the takeover

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 const sweepHelper = "PORTICO_NETLAB_SWEEP_HELPER"
@@ -14,15 +16,17 @@ const sweepHelper = "PORTICO_NETLAB_SWEEP_HELPER"
 // TestMain lets the sweep test run this binary as a process that makes a lab
 // and is killed before it can close it.
 func TestMain(m *testing.M) {
-	if os.Getenv(sweepHelper) != "" {
-		l, err := New("pz")
-		if err != nil {
-			os.Exit(3)
-		}
-		os.Stdout.WriteString(l.Switch + "\n")
-		select {} // killed by the test
+	testenv.HelperMain(m, map[string]func(string) int{sweepHelper: sweepMain})
+}
+
+// sweepMain makes a lab, prints its switch namespace and waits to be killed.
+func sweepMain(string) int {
+	l, err := New("pz")
+	if err != nil {
+		return 3
 	}
-	os.Exit(m.Run())
+	os.Stdout.WriteString(l.Switch + "\n")
+	select {} // killed by the test
 }
 
 // TestSweepKilledLab: a run killed before its cleanup (a test binary's
@@ -32,11 +36,11 @@ func TestSweepKilledLab(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root (network namespaces)")
 	}
-	exe, err := os.Executable()
+	argv, err := testenv.HelperArgs()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(exe, "-test.run=^$")
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), sweepHelper+"=1")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
