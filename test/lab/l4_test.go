@@ -314,6 +314,20 @@ func TestL4Services(t *testing.T) {
 	if len(edges) != len(l.Edges) || len(pods) != len(l.Pods) {
 		t.Errorf("TCP connections reached replicas %v and pods %v, want all %d and %d", edges, pods, len(l.Edges), len(l.Pods))
 	}
+	// They reached nginx through the agents' sk_lookup program, on every
+	// replica: no listener of the Service's own.
+	var steered []float64
+	for i := range l.Edges {
+		n, err := l.Metric(i, `portico_l4_steer_connections_total{verdict="steered"}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		steered = append(steered, n)
+		if n == 0 {
+			t.Errorf("edge %s steered no connection to nginx's listeners", l.Edges[i].Name)
+		}
+	}
+	t.Logf("listener lookups steered to nginx per edge: %v", steered)
 
 	// UDP: each query from a socket of its own (a new flow, so any replica);
 	// ClientIP affinity keeps this client on one pod whichever replica's nginx
