@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -234,4 +236,83 @@ func memberConfig(kc []byte) (*rest.Config, error) {
 		return nil, fmt.Errorf("%s: a member's kubeconfig must carry its credentials inline", strings.Join(bad, ", "))
 	}
 	return clientcmd.NewDefaultClientConfig(*c, &clientcmd.ConfigOverrides{}).ClientConfig()
+}
+
+// syncMembers brings the member set in line with the Secrets: a new or changed Secret
+// (re)builds its member, a removed one stops it. A bad Secret is reported as a Warning
+// Event on it and skipped; the other members keep working.
+func (c *Controller) syncMembers(ctx context.Context) {
+	list, err := c.secrets.List(labels.Everything())
+	if err != nil {
+		c.log.Warn("list member secrets", zap.Error(err))
+		return
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := map[string]bool{}
+	for _, s := range list {
+		name := memberName(s)
+		key := s.Namespace + "/" + s.Name
+		if want[name] {
+			c.warnLocked(s, key, "InvalidMemberCluster", fmt.Sprintf("cluster %q is already named by another Secret", name))
+			continue
+		}
+		want[name] = true
+		if m := c.members[name]; m != nil && m.source == memberSource(s) {
+			continue
+		}
+		m, err := startMember(ctx, s, c.cfg.Resync, func(ns, fi string) {
+			if fi != "" {
+				c.queue.Add(ns + "/" + fi)
+			}
+		}, func() { c.enqueueAll(); c.queue.Add(peersKey) })
+		if err != nil {
+			c.warnLocked(s, key, "InvalidMemberCluster", err.Error())
+			continue
+		}
+		if old := c.members[name]; old != nil {
+			old.stop()
+		}
+		c.members[name] = m
+		delete(c.reported, key)
+		c.log.Info("member cluster", zap.String("cluster", name), zap.String("secret", key))
+	}
+	for name, m := range c.members {
+		if !want[name] {
+			m.stop()
+			delete(c.members, name)
+			c.log.Info("member cluster removed", zap.String("cluster", name))
+		}
+	}
+}
+
+func (c *Controller) stopMembers() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.members {
+		m.stop()
+	}
+}
+
+// member returns a cluster's member once its informer has synced, else nil.
+func (c *Controller) member(name string) *member {
+	c.mu.Lock()
+	m := c.members[name]
+	c.mu.Unlock()
+	if m == nil || !m.synced() {
+		return nil
+	}
+	return m
+}
+
+func (c *Controller) memberNames() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := make([]string, 0, len(c.members))
+	for n := range c.members {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }
