@@ -25,6 +25,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // FieldManager owns what the controller writes on members.
@@ -165,7 +167,7 @@ func (c *Controller) watch(ctx context.Context) error {
 		return fmt.Errorf("add event handler: %w", err)
 	}
 	secF := informers.NewSharedInformerFactoryWithOptions(c.host, c.cfg.Resync, informers.WithNamespace(c.cfg.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelMember }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelMemberCluster }))
 	secInf := secF.Core().V1().Secrets()
 	c.secrets = secInf.Lister()
 	// A member added, changed or removed: rebuild the members, then sync everything.

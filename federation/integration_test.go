@@ -35,6 +35,7 @@ import (
 	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/testenv"
 )
@@ -200,7 +201,7 @@ func waitMembers(t *testing.T, ctx context.Context, cs map[string]*cluster, what
 
 func atGeneration(gen int64) func(*networkingv1.Ingress) bool {
 	return func(ing *networkingv1.Ingress) bool {
-		return ing != nil && ing.Annotations[AnnotationGeneration] == fmt.Sprint(gen)
+		return ing != nil && ing.Annotations[v1alpha1.AnnotationFederationGeneration] == fmt.Sprint(gen)
 	}
 }
 
@@ -277,15 +278,15 @@ func TestPropagation(t *testing.T) {
 	for _, m := range []string{"a", "b", "c"} {
 		apply(t, ctx, cs[m], "member-rbac.yaml")
 		kc := memberKubeconfig(t, cs[m])
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + m, Namespace: "portico-federation", Labels: map[string]string{LabelMember: m}},
-			Data: map[string][]byte{KeyKubeconfig: kc}}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + m, Namespace: "portico-federation", Labels: map[string]string{v1alpha1.LabelMemberCluster: m}},
+			Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: kc}}
 		if _, err := host.client.CoreV1().Secrets("portico-federation").Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A broken member Secret is reported and skipped.
-	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-broken", Namespace: "portico-federation", Labels: map[string]string{LabelMember: "true"}},
-		Data: map[string][]byte{KeyKubeconfig: []byte("not: [a kubeconfig")}}
+	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-broken", Namespace: "portico-federation", Labels: map[string]string{v1alpha1.LabelMemberCluster: "true"}},
+		Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: []byte("not: [a kubeconfig")}}
 	if _, err := host.client.CoreV1().Secrets("portico-federation").Create(ctx, broken, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -459,7 +460,7 @@ func TestPropagation(t *testing.T) {
 	})
 	drain := func(v string) {
 		t.Helper()
-		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, AnnotationDrain, v)
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, v1alpha1.AnnotationDrain, v)
 		if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -484,13 +485,13 @@ func TestPropagation(t *testing.T) {
 		return s != nil && s.Announce == Draining
 	})
 	sec, err := host.client.CoreV1().Secrets("portico-federation").Get(ctx, "site-b", metav1.GetOptions{})
-	if err != nil || sec.Annotations[AnnotationDrainFrom] != bf.DrainFrom.UTC().Format(time.RFC3339) {
-		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[AnnotationDrainFrom], err, bf.DrainFrom)
+	if err != nil || sec.Annotations[v1alpha1.AnnotationDrainFrom] != bf.DrainFrom.UTC().Format(time.RFC3339) {
+		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[v1alpha1.AnnotationDrainFrom], err, bf.DrainFrom)
 	}
 	drain("false")
 	waitPeers(t, ctx, b, "b's drain over", func(f sites.File) bool { return !f.Draining })
 	// b's capacity, and where it overflows: its one edge takes all of it.
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"300",%q:"a",%q:"0.4"}}}`, AnnotationCapacity, AnnotationOverflowTo, AnnotationOverflowLimit)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"300",%q:"a",%q:"0.4"}}}`, v1alpha1.AnnotationCapacity, v1alpha1.AnnotationOverflowTo, v1alpha1.AnnotationOverflowLimit)
 	if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // member is one member cluster: clients built from its Secret's kubeconfig and an
@@ -74,12 +75,12 @@ func (m *member) noteCall(err error, now time.Time, hold time.Duration) {
 // memberSource is what of a member Secret its member is built from: a change
 // of anything else (the drain annotations) does not rebuild it.
 func memberSource(s *corev1.Secret) string {
-	return s.Annotations[AnnotationAgents] + "\x00" + string(s.Data[KeyKubeconfig])
+	return s.Annotations[v1alpha1.AnnotationAgentsNamespace] + "\x00" + string(s.Data[v1alpha1.KeyMemberKubeconfig])
 }
 
 // memberName is the cluster a member Secret names.
 func memberName(s *corev1.Secret) string {
-	if v := s.Labels[LabelMember]; v != "" && v != "true" {
+	if v := s.Labels[v1alpha1.LabelMemberCluster]; v != "" && v != "true" {
 		return v
 	}
 	return s.Name
@@ -89,9 +90,9 @@ func memberName(s *corev1.Secret) string {
 // called with the namespace and FederatedIngress name of every propagated Ingress
 // that changes there, onAgents when what an agent of the site reports changes.
 func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, onChange func(ns, name string), onAgents func()) (*member, error) {
-	kc := s.Data[KeyKubeconfig]
+	kc := s.Data[v1alpha1.KeyMemberKubeconfig]
 	if len(kc) == 0 {
-		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, KeyKubeconfig)
+		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, v1alpha1.KeyMemberKubeconfig)
 	}
 	cfg, err := memberConfig(kc)
 	if err != nil {
@@ -108,7 +109,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 		return nil, fmt.Errorf("secret %s/%s: client: %w", s.Namespace, s.Name, err)
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSource }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelFederatedIngress }))
 	inf := f.Networking().V1().Ingresses()
 	notify := func(obj any) {
 		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -118,7 +119,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 			GetNamespace() string
 			GetLabels() map[string]string
 		}); ok {
-			onChange(m.GetNamespace(), m.GetLabels()[LabelSource])
+			onChange(m.GetNamespace(), m.GetLabels()[v1alpha1.LabelFederatedIngress])
 		}
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -128,7 +129,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 	}); err != nil {
 		return nil, fmt.Errorf("add event handler: %w", err)
 	}
-	agents := s.Annotations[AnnotationAgents]
+	agents := s.Annotations[v1alpha1.AnnotationAgentsNamespace]
 	if agents == "" {
 		agents = "portico-system"
 	}
@@ -192,7 +193,7 @@ func edgeView(obj any) string {
 
 // propagated lists the Ingresses in ns that this controller propagated for name.
 func (m *member) propagated(ns, name string) ([]string, error) {
-	sel := labels.SelectorFromSet(labels.Set{LabelSource: name})
+	sel := labels.SelectorFromSet(labels.Set{v1alpha1.LabelFederatedIngress: name})
 	list, err := m.lister.Ingresses(ns).List(sel)
 	if err != nil {
 		return nil, err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 const (
@@ -105,7 +106,7 @@ func (c *Controller) peersFile(name string, infos map[string]siteInfo, s *corev1
 		DrainGrace: infos[name].drainGrace}
 	if o := f.Overflow; o != nil && len(infos[o.To].edges) == 0 {
 		c.warnOnce(s, s.Namespace+"/"+s.Name+"/overflow", "InvalidOverflow",
-			fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", AnnotationOverflowTo, o.To))
+			fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", v1alpha1.AnnotationOverflowTo, o.To))
 		f.Overflow = nil
 	}
 	for _, other := range sortedKeys(infos) {

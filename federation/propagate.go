@@ -19,6 +19,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // propagate applies the cluster's Ingress (unless it already holds this generation
@@ -29,7 +31,7 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 	site := SiteStatus{Cluster: cluster}
 	m := c.member(cluster)
 	if m == nil {
-		site.Error = fmt.Sprintf("no member cluster %q (a Secret in %s labelled %s, or its first list, is missing)", cluster, c.cfg.Namespace, LabelMember)
+		site.Error = fmt.Sprintf("no member cluster %q (a Secret in %s labelled %s, or its first list, is missing)", cluster, c.cfg.Namespace, v1alpha1.LabelMemberCluster)
 		return site
 	}
 	if why, down := m.unreachable(time.Now()); down {
@@ -92,7 +94,7 @@ func (c *Controller) ensureIngress(ctx context.Context, u *unstructured.Unstruct
 // holds, its addresses, its backends, and what the site's edges serve and announce.
 // An Ingress served off the anycast VIP is reported under problemKey.
 func (c *Controller) observe(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, m *member, cur *networkingv1.Ingress, problemKey string, site SiteStatus) SiteStatus {
-	site.PropagatedGeneration, _ = strconv.ParseInt(cur.Annotations[AnnotationGeneration], 10, 64)
+	site.PropagatedGeneration, _ = strconv.ParseInt(cur.Annotations[v1alpha1.AnnotationFederationGeneration], 10, 64)
 	site.Addresses = lbAddresses(cur)
 	ready, all, err := backends(ctx, m.client, cur)
 	m.noteCall(err, time.Now(), c.cfg.Resync)

@@ -113,11 +113,11 @@ func MemberIngress(fi *FederatedIngress, cluster string) (*networkingv1.Ingress,
 	if out.Labels == nil {
 		out.Labels = map[string]string{}
 	}
-	out.Labels[LabelSource] = fi.Name
+	out.Labels[v1alpha1.LabelFederatedIngress] = fi.Name
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	out.Annotations[AnnotationGeneration] = strconv.FormatInt(fi.Generation, 10)
+	out.Annotations[v1alpha1.AnnotationFederationGeneration] = strconv.FormatInt(fi.Generation, 10)
 	delete(out.Annotations, v1alpha1.AnnotationFederationHealth)
 	if fi.Spec.Policy.Health == HealthAll {
 		out.Annotations[v1alpha1.AnnotationFederationHealth] = string(HealthAll)

@@ -8,6 +8,8 @@ import (
 	"github.com/google/go-cmp/cmp"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 func fixture() *FederatedIngress {
@@ -42,11 +44,11 @@ func TestMemberIngress(t *testing.T) {
 		{
 			name: "template only", cluster: "a",
 			check: func(t *testing.T, ing *networkingv1.Ingress) {
-				want := map[string]string{"portico.io/affinity": "cookie", "team": "a", AnnotationGeneration: "3"}
+				want := map[string]string{"portico.io/affinity": "cookie", "team": "a", v1alpha1.AnnotationFederationGeneration: "3"}
 				if diff := cmp.Diff(want, ing.Annotations); diff != "" {
 					t.Errorf("annotations (-want +got):\n%s", diff)
 				}
-				if diff := cmp.Diff(map[string]string{LabelSource: "shop"}, ing.Labels); diff != "" {
+				if diff := cmp.Diff(map[string]string{v1alpha1.LabelFederatedIngress: "shop"}, ing.Labels); diff != "" {
 					t.Errorf("labels (-want +got):\n%s", diff)
 				}
 				if ing.Name != "shop" || ing.Namespace != "web" || ing.Spec.Rules[0].Host != "shop.example.com" {
@@ -65,7 +67,7 @@ func TestMemberIngress(t *testing.T) {
 				if _, ok := ing.Annotations["team"]; ok {
 					t.Errorf("annotation team not deleted: %v", ing.Annotations)
 				}
-				if ing.Labels["site"] != "c" || ing.Labels[LabelSource] != "shop" {
+				if ing.Labels["site"] != "c" || ing.Labels[v1alpha1.LabelFederatedIngress] != "shop" {
 					t.Errorf("labels %v", ing.Labels)
 				}
 				if ing.Spec.IngressClassName != nil {
@@ -81,8 +83,8 @@ func TestMemberIngress(t *testing.T) {
 			name: "the generation annotation cannot be overridden", cluster: "a",
 			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-generation":"99"}}}`)}},
 			check: func(t *testing.T, ing *networkingv1.Ingress) {
-				if ing.Annotations[AnnotationGeneration] != "3" {
-					t.Errorf("generation annotation %q", ing.Annotations[AnnotationGeneration])
+				if ing.Annotations[v1alpha1.AnnotationFederationGeneration] != "3" {
+					t.Errorf("generation annotation %q", ing.Annotations[v1alpha1.AnnotationFederationGeneration])
 				}
 			},
 		},

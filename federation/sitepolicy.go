@@ -17,37 +17,21 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
-const (
-	// AnnotationDrain on a member Secret drains the site (a planned drain):
-	// "true", or the RFC 3339 time the drain begins. With "true" the controller
-	// fixes the time, DrainLead from when it first sees it, in
-	// AnnotationDrainFrom, so every site's agents (which read their mounted
-	// ConfigMap at their own pace) agree on it and the others are ready first.
-	AnnotationDrain     = "portico.io/drain"
-	AnnotationDrainFrom = "portico.io/drain-from"
-	// AnnotationCapacity on a member Secret is the site's capacity in new
-	// connections a second; above it the site spills new connections to the
-	// site AnnotationOverflowTo names, at most the share
-	// AnnotationOverflowLimit says (default 0.5). Each edge is told its share of
-	// the capacity (the routers spread new connections evenly over the edges).
-	AnnotationCapacity      = "portico.io/capacity"
-	AnnotationOverflowTo    = "portico.io/overflow-to"
-	AnnotationOverflowLimit = "portico.io/overflow-limit"
-	// DrainLead is how long after a drain is asked for it begins, by default
-	// (Config.DrainLead): a mounted ConfigMap reaches the agents within the
-	// kubelet's sync period, a minute by default.
-	DrainLead = 90 * time.Second
-)
+// DrainLead is how long after a drain is asked for it begins, by default
+// (Config.DrainLead): a mounted ConfigMap reaches the agents within the
+// kubelet's sync period, a minute by default.
+const DrainLead = 90 * time.Second
 
 // drain reads a member Secret's drain annotations, fixing the drain's start in
-// AnnotationDrainFrom when the annotation says only "true" (and dropping it
+// portico.io/drain-from when portico.io/drain says only "true" (and dropping it
 // when the drain is over).
 func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1.Time) {
-	v, ok := s.Annotations[AnnotationDrain]
+	v, ok := s.Annotations[v1alpha1.AnnotationDrain]
 	if !ok || v == "false" {
-		if _, set := s.Annotations[AnnotationDrainFrom]; set {
+		if _, set := s.Annotations[v1alpha1.AnnotationDrainFrom]; set {
 			c.annotate(ctx, s, nil)
 		}
 		return false, nil
@@ -57,10 +41,10 @@ func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1
 	}
 	if v != "true" {
 		c.warnOnce(s, s.Namespace+"/"+s.Name+"/drain", "InvalidDrain",
-			fmt.Sprintf("annotation %s=%q: want true, false or an RFC 3339 time; the site is not drained", AnnotationDrain, v))
+			fmt.Sprintf("annotation %s=%q: want true, false or an RFC 3339 time; the site is not drained", v1alpha1.AnnotationDrain, v))
 		return false, nil
 	}
-	if t, err := time.Parse(time.RFC3339, s.Annotations[AnnotationDrainFrom]); err == nil {
+	if t, err := time.Parse(time.RFC3339, s.Annotations[v1alpha1.AnnotationDrainFrom]); err == nil {
 		return true, &metav1.Time{Time: t}
 	}
 	from := time.Now().Add(c.cfg.DrainLead).Truncate(time.Second)
@@ -74,7 +58,7 @@ func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1
 // overflow reads a member Secret's capacity annotations: nil without a capacity;
 // a bad value is reported and the site does not overflow.
 func (c *Controller) overflow(s *corev1.Secret, edges int) *sites.Overflow {
-	capv, ok := s.Annotations[AnnotationCapacity]
+	capv, ok := s.Annotations[v1alpha1.AnnotationCapacity]
 	if !ok {
 		return nil
 	}
@@ -85,27 +69,27 @@ func (c *Controller) overflow(s *corev1.Secret, edges int) *sites.Overflow {
 	}
 	capacity, err := strconv.ParseFloat(capv, 64)
 	if err != nil || capacity <= 0 {
-		return bad(fmt.Sprintf("annotation %s=%q: want a positive number of new connections a second", AnnotationCapacity, capv))
+		return bad(fmt.Sprintf("annotation %s=%q: want a positive number of new connections a second", v1alpha1.AnnotationCapacity, capv))
 	}
-	o := &sites.Overflow{To: s.Annotations[AnnotationOverflowTo], CapacityPerEdge: capacity / float64(max(edges, 1))}
+	o := &sites.Overflow{To: s.Annotations[v1alpha1.AnnotationOverflowTo], CapacityPerEdge: capacity / float64(max(edges, 1))}
 	if o.To == "" || o.To == memberName(s) {
-		return bad(fmt.Sprintf("annotation %s=%q: want another member cluster", AnnotationOverflowTo, o.To))
+		return bad(fmt.Sprintf("annotation %s=%q: want another member cluster", v1alpha1.AnnotationOverflowTo, o.To))
 	}
-	if v, ok := s.Annotations[AnnotationOverflowLimit]; ok {
+	if v, ok := s.Annotations[v1alpha1.AnnotationOverflowLimit]; ok {
 		if o.Limit, err = strconv.ParseFloat(v, 64); err != nil || o.Limit <= 0 || o.Limit > sites.MaxSpill {
-			return bad(fmt.Sprintf("annotation %s=%q: want more than 0, at most %v", AnnotationOverflowLimit, v, sites.MaxSpill))
+			return bad(fmt.Sprintf("annotation %s=%q: want more than 0, at most %v", v1alpha1.AnnotationOverflowLimit, v, sites.MaxSpill))
 		}
 	}
 	return o
 }
 
-// annotate sets (or, with nil, removes) a member Secret's AnnotationDrainFrom.
+// annotate sets (or, with nil, removes) a member Secret's portico.io/drain-from.
 func (c *Controller) annotate(ctx context.Context, s *corev1.Secret, from *time.Time) bool {
 	val := "null"
 	if from != nil {
 		val = `"` + from.UTC().Format(time.RFC3339) + `"`
 	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, AnnotationDrainFrom, val)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, v1alpha1.AnnotationDrainFrom, val)
 	if _, err := c.host.CoreV1().Secrets(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
 		c.log.Warn("annotate member secret", zap.String("secret", s.Namespace+"/"+s.Name), zap.Error(err))
 		return false
@@ -123,10 +107,10 @@ func (c *Controller) siteDraining(cluster string, now time.Time) bool {
 		if memberName(s) != cluster {
 			continue
 		}
-		v := s.Annotations[AnnotationDrain]
+		v := s.Annotations[v1alpha1.AnnotationDrain]
 		from, err := time.Parse(time.RFC3339, v)
 		if err != nil {
-			from, err = time.Parse(time.RFC3339, s.Annotations[AnnotationDrainFrom])
+			from, err = time.Parse(time.RFC3339, s.Annotations[v1alpha1.AnnotationDrainFrom])
 		}
 		return err == nil && !now.Before(from)
 	}

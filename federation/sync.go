@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // sync brings the members in line with one FederatedIngress (key is its
@@ -29,7 +31,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if fi.DeletionTimestamp != nil {
 		return c.finalize(ctx, u, fi)
 	}
-	if !slices.Contains(fi.Finalizers, Finalizer) {
+	if !slices.Contains(fi.Finalizers, v1alpha1.FederationFinalizer) {
 		return c.addFinalizer(ctx, u)
 	}
 	status := Status{ObservedGeneration: fi.Generation, Sites: c.sites(ctx, u, fi, key)}
@@ -67,11 +69,11 @@ func (c *Controller) get(key string) (*unstructured.Unstructured, *FederatedIngr
 	return u, fi, nil
 }
 
-// addFinalizer puts Finalizer on u; the update comes back as an event, which
-// syncs it again.
+// addFinalizer puts the federation's finalizer on u; the update comes back as an
+// event, which syncs it again.
 func (c *Controller) addFinalizer(ctx context.Context, u *unstructured.Unstructured) error {
 	cp := u.DeepCopy()
-	cp.SetFinalizers(append(cp.GetFinalizers(), Finalizer))
+	cp.SetFinalizers(append(cp.GetFinalizers(), v1alpha1.FederationFinalizer))
 	if _, err := c.dyn.Resource(Resource).Namespace(u.GetNamespace()).Update(ctx, cp, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("add finalizer: %w", err)
 	}
@@ -180,7 +182,7 @@ func (c *Controller) remove(ctx context.Context, cluster, ns, name string) error
 // cannot be reached keeps the finalizer on (retried); one whose Secret is gone cannot
 // be cleaned and is not waited for.
 func (c *Controller) finalize(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress) error {
-	if !slices.Contains(fi.Finalizers, Finalizer) {
+	if !slices.Contains(fi.Finalizers, v1alpha1.FederationFinalizer) {
 		return nil
 	}
 	var errs error
@@ -193,7 +195,7 @@ func (c *Controller) finalize(ctx context.Context, u *unstructured.Unstructured,
 		return errs
 	}
 	cp := u.DeepCopy()
-	cp.SetFinalizers(slices.DeleteFunc(cp.GetFinalizers(), func(f string) bool { return f == Finalizer }))
+	cp.SetFinalizers(slices.DeleteFunc(cp.GetFinalizers(), func(f string) bool { return f == v1alpha1.FederationFinalizer }))
 	if _, err := c.dyn.Resource(Resource).Namespace(fi.Namespace).Update(ctx, cp, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}

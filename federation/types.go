@@ -6,34 +6,10 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-
-	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // Resource is the FederatedIngress CRD (deploy/federation/federatedingresses.portico.io.yaml).
 var Resource = schema.GroupVersionResource{Group: "portico.io", Version: "v1alpha1", Resource: "federatedingresses"}
-
-// Labels and annotations the controller puts on what it writes.
-const (
-	// LabelMember marks a Secret in the controller's namespace as a member cluster's
-	// kubeconfig; a non-empty value names the cluster (else the Secret's name).
-	LabelMember = "portico.io/member-cluster"
-	// LabelSource marks a member's Ingress as propagated; its value is the
-	// FederatedIngress's name (the namespace is the Ingress's own). The member's
-	// control plane reads it: in BGP mode its edges announce by the health of such
-	// Ingresses (model.Group.Federated).
-	LabelSource = v1alpha1.LabelFederatedIngress
-	// AnnotationGeneration is the FederatedIngress generation a member's Ingress was
-	// rendered from.
-	AnnotationGeneration = "portico.io/federation-generation"
-	// Finalizer holds a FederatedIngress until its Ingresses are gone from every member.
-	Finalizer = "portico.io/federation"
-	// KeyKubeconfig is the member Secret's key holding the kubeconfig.
-	KeyKubeconfig = "kubeconfig"
-	// AnnotationAgents on a member Secret names the namespace of the member's Portico
-	// agents (their status Leases); default portico-system.
-	AnnotationAgents = "portico.io/agents-namespace"
-)
 
 // FederatedIngress is one Ingress for many clusters.
 type FederatedIngress struct {

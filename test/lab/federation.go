@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -63,7 +64,7 @@ func (s *Sites) Federate(ctx context.Context, t testing.TB, drainLead time.Durat
 			return nil, err
 		}
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + site.name, Namespace: "portico-federation",
-			Labels: map[string]string{federation.LabelMember: site.name}}, Data: map[string][]byte{federation.KeyKubeconfig: kc}}
+			Labels: map[string]string{v1alpha1.LabelMemberCluster: site.name}}, Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: kc}}
 		if _, err := hostKube.CoreV1().Secrets("portico-federation").Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 			return nil, err
 		}

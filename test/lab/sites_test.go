@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/test/frr"
@@ -767,7 +768,7 @@ func TestSiteFederated(t *testing.T) {
 	}
 	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 10 * time.Millisecond, For: time.Minute})
 	asked := time.Now()
-	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "true"}); err != nil {
+	if err := f.Annotate(ctx, "b", map[string]string{v1alpha1.AnnotationDrain: "true"}); err != nil {
 		stream.Stop()
 		t.Fatal(err)
 	}
@@ -798,7 +799,7 @@ func TestSiteFederated(t *testing.T) {
 	if kept != total || news.Failed > 0 {
 		t.Errorf("drain: %d of %d held connections broke (%v), %d new connections failed", total-kept, total, failed, news.Failed)
 	}
-	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "false"}); err != nil {
+	if err := f.Annotate(ctx, "b", map[string]string{v1alpha1.AnnotationDrain: "false"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(2, 2)); err != nil {
