@@ -117,7 +117,7 @@ func New(cfg Config) (*Controller, error) {
 		peerEdges: map[string][]string{},
 	}
 	c.dynF = dynamicinformer.NewDynamicSharedInformerFactory(dyn, cfg.Resync)
-	c.fiInf = c.dynF.ForResource(Resource)
+	c.fiInf = c.dynF.ForResource(v1alpha1.FederatedIngressResource)
 	c.fis = c.fiInf.Lister()
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(c); err != nil {

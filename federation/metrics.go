@@ -4,6 +4,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 type metrics struct {
@@ -22,7 +24,7 @@ func (c *Controller) Describe(ch chan<- *prometheus.Desc) { ch <- sitesDesc }
 func (c *Controller) Collect(ch chan<- prometheus.Metric) {
 	counts := map[string]float64{"propagated": 0, "pending": 0, "error": 0}
 	for _, obj := range c.fisAll() {
-		fi := &FederatedIngress{}
+		fi := &v1alpha1.FederatedIngress{}
 		if runtime.DefaultUnstructuredConverter.FromUnstructured(obj.(*unstructured.Unstructured).Object, fi) != nil {
 			continue
 		}

@@ -27,8 +27,8 @@ import (
 // as written) and reads back its state. A member's failure is the site's error in the
 // status, not a retry of the whole FederatedIngress: the resync tries it again, and
 // an unreachable member is skipped until then.
-func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, cluster string) SiteStatus {
-	site := SiteStatus{Cluster: cluster}
+func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, cluster string) v1alpha1.SiteStatus {
+	site := v1alpha1.SiteStatus{Cluster: cluster}
 	m := c.member(cluster)
 	if m == nil {
 		site.Error = fmt.Sprintf("no member cluster %q (a Secret in %s labelled %s, or its first list, is missing)", cluster, c.cfg.Namespace, v1alpha1.LabelMemberCluster)
@@ -56,7 +56,7 @@ func (c *Controller) propagate(ctx context.Context, u *unstructured.Unstructured
 // ensureIngress applies desired to the member unless its Ingress already holds it,
 // and returns the member's Ingress as it then stands. A failed apply is reported as a
 // Warning Event under problemKey until one succeeds.
-func (c *Controller) ensureIngress(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, m *member, desired *networkingv1.Ingress, problemKey string) (*networkingv1.Ingress, error) {
+func (c *Controller) ensureIngress(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, m *member, desired *networkingv1.Ingress, problemKey string) (*networkingv1.Ingress, error) {
 	cur, err := m.lister.Ingresses(fi.Namespace).Get(fi.Name)
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, err
@@ -93,7 +93,7 @@ func (c *Controller) ensureIngress(ctx context.Context, u *unstructured.Unstruct
 // observe fills in site what the member reports of its Ingress cur: the generation it
 // holds, its addresses, its backends, and what the site's edges serve and announce.
 // An Ingress served off the anycast VIP is reported under problemKey.
-func (c *Controller) observe(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, m *member, cur *networkingv1.Ingress, problemKey string, site SiteStatus) SiteStatus {
+func (c *Controller) observe(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, m *member, cur *networkingv1.Ingress, problemKey string, site v1alpha1.SiteStatus) v1alpha1.SiteStatus {
 	site.PropagatedGeneration, _ = strconv.ParseInt(cur.Annotations[v1alpha1.AnnotationFederationGeneration], 10, 64)
 	site.Addresses = lbAddresses(cur)
 	ready, all, err := backends(ctx, m.client, cur)
@@ -116,8 +116,8 @@ func (c *Controller) observe(ctx context.Context, u *unstructured.Unstructured, 
 	}
 	site.Edges, site.EdgesServing, site.Announce = ev.edges, ev.serving, ev.announce
 	site.Overflow = int32(math.Round(100 * ev.spill))
-	if site.Announce == Depreferenced && c.siteDraining(site.Cluster, time.Now()) {
-		site.Announce = Draining
+	if site.Announce == v1alpha1.SiteDepreferenced && c.siteDraining(site.Cluster, time.Now()) {
+		site.Announce = v1alpha1.SiteDraining
 	}
 	return site
 }

@@ -122,19 +122,19 @@ func (c *Controller) siteDraining(cluster string, now time.Time) bool {
 // FederatedIngress by namespace/name that sets a site's counts, over its member
 // Secret's annotations.
 func (c *Controller) policies(infos map[string]siteInfo) {
-	var fis []*FederatedIngress
+	var fis []*v1alpha1.FederatedIngress
 	for _, obj := range c.fisAll() {
 		u, ok := obj.(*unstructured.Unstructured)
 		if !ok {
 			continue
 		}
-		fi := &FederatedIngress{}
+		fi := &v1alpha1.FederatedIngress{}
 		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi) != nil || Validate(fi) != nil || fi.DeletionTimestamp != nil {
 			continue
 		}
 		fis = append(fis, fi)
 	}
-	slices.SortFunc(fis, func(a, b *FederatedIngress) int {
+	slices.SortFunc(fis, func(a, b *v1alpha1.FederatedIngress) int {
 		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	set, graced := map[string]bool{}, map[string]bool{}

@@ -34,7 +34,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if !slices.Contains(fi.Finalizers, v1alpha1.FederationFinalizer) {
 		return c.addFinalizer(ctx, u)
 	}
-	status := Status{ObservedGeneration: fi.Generation, Sites: c.sites(ctx, u, fi, key)}
+	status := v1alpha1.FederatedIngressStatus{ObservedGeneration: fi.Generation, Sites: c.sites(ctx, u, fi, key)}
 	sort.Slice(status.Sites, func(i, j int) bool { return status.Sites[i].Cluster < status.Sites[j].Cluster })
 	keepAnnounceChanged(status.Sites, fi.Status.Sites)
 	status.Propagated, status.Ready = countSites(status.Sites, fi.Generation)
@@ -44,7 +44,7 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 // get reads the FederatedIngress key names from the cache, as stored and decoded;
 // nil when there is nothing to sync: a bad key, an object gone, or one that does
 // not decode (reported as a Warning Event on it).
-func (c *Controller) get(key string) (*unstructured.Unstructured, *FederatedIngress, error) {
+func (c *Controller) get(key string) (*unstructured.Unstructured, *v1alpha1.FederatedIngress, error) {
 	ns, name, err := cache.SplitMetaNamespaceKey(key)
 	if err != nil {
 		return nil, nil, nil
@@ -61,7 +61,7 @@ func (c *Controller) get(key string) (*unstructured.Unstructured, *FederatedIngr
 		return nil, nil, err
 	}
 	u := obj.(*unstructured.Unstructured)
-	fi := &FederatedIngress{}
+	fi := &v1alpha1.FederatedIngress{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi); err != nil {
 		c.recorder.Event(u, corev1.EventTypeWarning, "InvalidFederatedIngress", err.Error())
 		return nil, nil, nil
@@ -74,7 +74,7 @@ func (c *Controller) get(key string) (*unstructured.Unstructured, *FederatedIngr
 func (c *Controller) addFinalizer(ctx context.Context, u *unstructured.Unstructured) error {
 	cp := u.DeepCopy()
 	cp.SetFinalizers(append(cp.GetFinalizers(), v1alpha1.FederationFinalizer))
-	if _, err := c.dyn.Resource(Resource).Namespace(u.GetNamespace()).Update(ctx, cp, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace(u.GetNamespace()).Update(ctx, cp, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("add finalizer: %w", err)
 	}
 	return nil
@@ -84,12 +84,12 @@ func (c *Controller) addFinalizer(ctx context.Context, u *unstructured.Unstructu
 // members it no longer names, returning each placed site's status (in placement
 // order). An invalid fi changes nothing on the members: each placed site reports
 // the problem.
-func (c *Controller) sites(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, key string) []SiteStatus {
-	var sites []SiteStatus
+func (c *Controller) sites(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, key string) []v1alpha1.SiteStatus {
+	var sites []v1alpha1.SiteStatus
 	if err := Validate(fi); err != nil {
 		c.warnOnce(u, key, "InvalidFederatedIngress", err.Error())
 		for _, cl := range fi.Spec.Placement.Clusters {
-			sites = append(sites, SiteStatus{Cluster: cl, Error: err.Error()})
+			sites = append(sites, v1alpha1.SiteStatus{Cluster: cl, Error: err.Error()})
 		}
 		return sites
 	}
@@ -104,7 +104,7 @@ func (c *Controller) sites(ctx context.Context, u *unstructured.Unstructured, fi
 // removeUnplaced removes fi's Ingress from every member its placement does not
 // name. A cluster that left the placement but does not answer keeps the Ingress
 // until a resync reaches it (a Warning Event says so meanwhile).
-func (c *Controller) removeUnplaced(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, key string) {
+func (c *Controller) removeUnplaced(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, key string) {
 	placed := map[string]bool{}
 	for _, cl := range fi.Spec.Placement.Clusters {
 		placed[cl] = true
@@ -123,7 +123,7 @@ func (c *Controller) removeUnplaced(ctx context.Context, u *unstructured.Unstruc
 
 // keepAnnounceChanged carries each site's AnnounceChanged over from the status
 // written before (old), and sets it to now where the site's announcement changed.
-func keepAnnounceChanged(sites, old []SiteStatus) {
+func keepAnnounceChanged(sites, old []v1alpha1.SiteStatus) {
 	for i, s := range sites {
 		for _, o := range old {
 			if o.Cluster != s.Cluster {
@@ -139,7 +139,7 @@ func keepAnnounceChanged(sites, old []SiteStatus) {
 
 // countSites counts the sites that hold generation gen's Ingress (propagated), and
 // of them those with a ready backend and an edge that serves it (ready).
-func countSites(sites []SiteStatus, gen int64) (propagated, ready int32) {
+func countSites(sites []v1alpha1.SiteStatus, gen int64) (propagated, ready int32) {
 	for _, s := range sites {
 		if s.Error == "" && s.PropagatedGeneration == gen {
 			propagated++
@@ -181,7 +181,7 @@ func (c *Controller) remove(ctx context.Context, cluster, ns, name string) error
 // finalize removes the Ingresses from every member, then the finalizer. A member that
 // cannot be reached keeps the finalizer on (retried); one whose Secret is gone cannot
 // be cleaned and is not waited for.
-func (c *Controller) finalize(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress) error {
+func (c *Controller) finalize(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress) error {
 	if !slices.Contains(fi.Finalizers, v1alpha1.FederationFinalizer) {
 		return nil
 	}
@@ -196,14 +196,14 @@ func (c *Controller) finalize(ctx context.Context, u *unstructured.Unstructured,
 	}
 	cp := u.DeepCopy()
 	cp.SetFinalizers(slices.DeleteFunc(cp.GetFinalizers(), func(f string) bool { return f == v1alpha1.FederationFinalizer }))
-	if _, err := c.dyn.Resource(Resource).Namespace(fi.Namespace).Update(ctx, cp, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+	if _, err := c.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace(fi.Namespace).Update(ctx, cp, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("remove finalizer: %w", err)
 	}
 	return nil
 }
 
 // writeStatus writes st as fi's status unless it already is.
-func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructured, fi *FederatedIngress, st Status) error {
+func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, st v1alpha1.FederatedIngressStatus) error {
 	if equality.Semantic.DeepEqual(fi.Status, st) {
 		return nil
 	}
@@ -213,7 +213,7 @@ func (c *Controller) writeStatus(ctx context.Context, u *unstructured.Unstructur
 	}
 	cp := u.DeepCopy()
 	cp.Object["status"] = m
-	if _, err := c.dyn.Resource(Resource).Namespace(fi.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace(fi.Namespace).UpdateStatus(ctx, cp, metav1.UpdateOptions{}); err != nil {
 		return fmt.Errorf("update status: %w", err)
 	}
 	return nil
