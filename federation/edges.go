@@ -11,7 +11,7 @@ import (
 	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
-// edgeView is what a site's edges say of one Ingress: how many edges serve its
+// edgeCount is what a site's edges say of one Ingress: how many edges serve its
 // group (their nginx lists it), how many serve the member's current generation, and
 // what they announce.
 type edgeCount struct {
