@@ -1,7 +1,8 @@
 // Package federation sits above the clusters: a host cluster's FederatedIngress is
 // rendered, per member cluster, into an ordinary Ingress that the member's own Portico
 // serves, and what the members report comes back as the FederatedIngress's status
-// (seed 001, issue 13).
+// (seed 001, issue 13). The FederatedIngress type, its CRD and the names on member
+// Secrets are api/v1alpha1's; this package is its controller.
 //
 // The host only propagates and aggregates (fail-static): every member keeps serving the
 // Ingresses it was given when the host cluster, its controller or the link to it is

@@ -8,24 +8,10 @@ import (
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 
 	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
-// Announce states of a site, from its edges' own reports.
-const (
-	// Announced: an edge of the site announces the group's VIPs as is (BGP) or
-	// owns them (VRRP master).
-	Announced = "Announced"
-	// Depreferenced: the site's edges still announce, but de-preferenced (drained,
-	// unhealthy or stopping), so routers prefer other sites' routes.
-	Depreferenced = "Depreferenced"
-	// Withdrawn: no edge of the site announces.
-	Withdrawn = "Withdrawn"
-	// Draining: the site drains (portico.io/drain on its member Secret) and its
-	// edges are de-preferenced.
-	Draining = "Draining"
-)
-
-// edgeView is what a site's edges say of one Ingress: how many edges serve its
+// edgeCount is what a site's edges say of one Ingress: how many edges serve its
 // group (their nginx lists it), how many serve the member's current generation, and
 // what they announce.
 type edgeCount struct {
@@ -48,7 +34,7 @@ func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen i
 		ls = append(ls, agentstatus.LeaseOf(l))
 	}
 	states, stale := agentstatus.DecodeStates(ls)
-	v := edgeCount{announce: Withdrawn}
+	v := edgeCount{announce: v1alpha1.SiteWithdrawn}
 	depref := false
 	for _, st := range states {
 		served, ok := st.Served[ingKey]
@@ -62,15 +48,15 @@ func edges(leases coordinationlisters.LeaseNamespaceLister, ingKey string, gen i
 		}
 		switch {
 		case st.BGP != nil && st.BGP.Preference == agentstatus.PreferenceNormal && len(st.BGP.Announced) > 0:
-			v.announce = Announced
+			v.announce = v1alpha1.SiteAnnounced
 		case st.BGP != nil && st.BGP.Preference == agentstatus.PreferenceDepreferenced && len(st.BGP.Announced) > 0:
 			depref = true
 		case st.BGP == nil && slices.Contains(slices.Collect(maps.Values(st.VRRP)), agentstatus.VRRPMaster):
-			v.announce = Announced
+			v.announce = v1alpha1.SiteAnnounced
 		}
 	}
-	if v.announce != Announced && depref {
-		v.announce = Depreferenced
+	if v.announce != v1alpha1.SiteAnnounced && depref {
+		v.announce = v1alpha1.SiteDepreferenced
 	}
 	if v.edges > 0 {
 		v.spill /= float64(v.edges)

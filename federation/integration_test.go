@@ -35,6 +35,7 @@ import (
 	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/testenv"
 )
@@ -120,7 +121,7 @@ func apply(t *testing.T, ctx context.Context, c *cluster, files ...string) {
 			}
 			if u.GetKind() == "CustomResourceDefinition" {
 				if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
-					_, err := c.dyn.Resource(Resource).Namespace("default").List(ctx, metav1.ListOptions{})
+					_, err := c.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("default").List(ctx, metav1.ListOptions{})
 					return err == nil
 				}); err != nil {
 					t.Fatal("FederatedIngress CRD not served after 30 s")
@@ -157,9 +158,9 @@ func memberKubeconfig(t *testing.T, c *cluster) []byte {
 	return out
 }
 
-func toUnstructured(t *testing.T, fi *FederatedIngress) *unstructured.Unstructured {
+func toUnstructured(t *testing.T, fi *v1alpha1.FederatedIngress) *unstructured.Unstructured {
 	t.Helper()
-	fi.APIVersion, fi.Kind = Resource.GroupVersion().String(), "FederatedIngress"
+	fi.APIVersion, fi.Kind = v1alpha1.FederatedIngressResource.GroupVersion().String(), "FederatedIngress"
 	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(fi)
 	if err != nil {
 		t.Fatal(err)
@@ -200,26 +201,26 @@ func waitMembers(t *testing.T, ctx context.Context, cs map[string]*cluster, what
 
 func atGeneration(gen int64) func(*networkingv1.Ingress) bool {
 	return func(ing *networkingv1.Ingress) bool {
-		return ing != nil && ing.Annotations[AnnotationGeneration] == fmt.Sprint(gen)
+		return ing != nil && ing.Annotations[v1alpha1.AnnotationFederationGeneration] == fmt.Sprint(gen)
 	}
 }
 
-func getFI(t *testing.T, ctx context.Context, host *cluster, name string) *FederatedIngress {
+func getFI(t *testing.T, ctx context.Context, host *cluster, name string) *v1alpha1.FederatedIngress {
 	t.Helper()
-	u, err := host.dyn.Resource(Resource).Namespace("web").Get(ctx, name, metav1.GetOptions{})
+	u, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi := &FederatedIngress{}
+	fi := &v1alpha1.FederatedIngress{}
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi); err != nil {
 		t.Fatal(err)
 	}
 	return fi
 }
 
-func waitStatus(t *testing.T, ctx context.Context, host *cluster, name, what string, ok func(*FederatedIngress) bool) *FederatedIngress {
+func waitStatus(t *testing.T, ctx context.Context, host *cluster, name, what string, ok func(*v1alpha1.FederatedIngress) bool) *v1alpha1.FederatedIngress {
 	t.Helper()
-	var fi *FederatedIngress
+	var fi *v1alpha1.FederatedIngress
 	start := time.Now()
 	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
 		fi = getFI(t, ctx, host, name)
@@ -232,7 +233,7 @@ func waitStatus(t *testing.T, ctx context.Context, host *cluster, name, what str
 	return fi
 }
 
-func site(fi *FederatedIngress, cluster string) *SiteStatus {
+func site(fi *v1alpha1.FederatedIngress, cluster string) *v1alpha1.SiteStatus {
 	for i := range fi.Status.Sites {
 		if fi.Status.Sites[i].Cluster == cluster {
 			return &fi.Status.Sites[i]
@@ -243,13 +244,13 @@ func site(fi *FederatedIngress, cluster string) *SiteStatus {
 
 // updateFI changes the FederatedIngress as a user would, again on a conflict with
 // the controller's status writes.
-func updateFI(t *testing.T, ctx context.Context, host *cluster, name string, change func(*FederatedIngress)) int64 {
+func updateFI(t *testing.T, ctx context.Context, host *cluster, name string, change func(*v1alpha1.FederatedIngress)) int64 {
 	t.Helper()
 	var gen int64
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		fi := getFI(t, ctx, host, name)
 		change(fi)
-		out, err := host.dyn.Resource(Resource).Namespace("web").Update(ctx, toUnstructured(t, fi), metav1.UpdateOptions{})
+		out, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Update(ctx, toUnstructured(t, fi), metav1.UpdateOptions{})
 		if err == nil {
 			gen = out.GetGeneration()
 		}
@@ -277,15 +278,15 @@ func TestPropagation(t *testing.T) {
 	for _, m := range []string{"a", "b", "c"} {
 		apply(t, ctx, cs[m], "member-rbac.yaml")
 		kc := memberKubeconfig(t, cs[m])
-		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + m, Namespace: "portico-federation", Labels: map[string]string{LabelMember: m}},
-			Data: map[string][]byte{KeyKubeconfig: kc}}
+		s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + m, Namespace: "portico-federation", Labels: map[string]string{v1alpha1.LabelMemberCluster: m}},
+			Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: kc}}
 		if _, err := host.client.CoreV1().Secrets("portico-federation").Create(ctx, s, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// A broken member Secret is reported and skipped.
-	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-broken", Namespace: "portico-federation", Labels: map[string]string{LabelMember: "true"}},
-		Data: map[string][]byte{KeyKubeconfig: []byte("not: [a kubeconfig")}}
+	broken := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-broken", Namespace: "portico-federation", Labels: map[string]string{v1alpha1.LabelMemberCluster: "true"}},
+		Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: []byte("not: [a kubeconfig")}}
 	if _, err := host.client.CoreV1().Secrets("portico-federation").Create(ctx, broken, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -328,8 +329,8 @@ func TestPropagation(t *testing.T) {
 	// Create: every member serves it, c with its own host.
 	fi := fixture()
 	fi.Generation = 0
-	fi.Spec.Overrides = []Override{{Cluster: "c", Patch: json.RawMessage(`{"spec":{"rules":[{"host":"c.shop.example.com","http":{"paths":[{"path":"/","pathType":"Prefix","backend":{"service":{"name":"shop","port":{"number":80}}}}]}}]}}`)}}
-	if _, err := host.dyn.Resource(Resource).Namespace("web").Create(ctx, toUnstructured(t, fi), metav1.CreateOptions{}); err != nil {
+	fi.Spec.Overrides = []v1alpha1.ClusterOverride{{Cluster: "c", Patch: json.RawMessage(`{"spec":{"rules":[{"host":"c.shop.example.com","http":{"paths":[{"path":"/","pathType":"Prefix","backend":{"service":{"name":"shop","port":{"number":80}}}}]}}]}}`)}}
+	if _, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Create(ctx, toUnstructured(t, fi), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitMembers(t, ctx, cs, "create", "shop", atGeneration(1), "a", "b", "c")
@@ -339,10 +340,10 @@ func TestPropagation(t *testing.T) {
 		}
 	}
 	// Status: a's backends; then the address a's own Portico writes comes back.
-	waitStatus(t, ctx, host, "shop", "3 propagated, a: 1 of 2 backends ready, no edge", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "3 propagated, a: 1 of 2 backends ready, no edge", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
 		return fi.Status.Propagated == 3 && fi.Status.Ready == 0 && s != nil && s.ReadyBackends == 1 && s.Backends == 2 &&
-			s.Edges == 0 && s.Announce == Withdrawn
+			s.Edges == 0 && s.Announce == v1alpha1.SiteWithdrawn
 	})
 	// Site a's edges report through their status Leases, as agents write them: one
 	// serves the current generation and announces, one lags and is de-preferenced,
@@ -364,20 +365,20 @@ func TestPropagation(t *testing.T) {
 	edge("edge-1", gen, "normal", time.Minute)
 	edge("edge-2", gen-1, "depreferenced", time.Minute)
 	time.Sleep(2 * time.Second) // edge-3's report goes stale
-	waitStatus(t, ctx, host, "shop", "a: 2 edges, 1 serving, announced; ready", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "a: 2 edges, 1 serving, announced; ready", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
-		return s != nil && s.Edges == 2 && s.EdgesServing == 1 && s.Announce == Announced && fi.Status.Ready == 1
+		return s != nil && s.Edges == 2 && s.EdgesServing == 1 && s.Announce == v1alpha1.SiteAnnounced && fi.Status.Ready == 1
 	})
 	edge("edge-1", gen, "depreferenced", time.Minute)
-	waitStatus(t, ctx, host, "shop", "a: de-preferenced", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "a: de-preferenced", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
-		return s != nil && s.Announce == Depreferenced
+		return s != nil && s.Announce == v1alpha1.SiteDepreferenced
 	})
 	edge("edge-1", gen, "withdrawn", time.Minute)
 	edge("edge-2", gen, "withdrawn", time.Minute)
-	waitStatus(t, ctx, host, "shop", "a: withdrawn, 2 serving", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "a: withdrawn, 2 serving", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
-		return s != nil && s.Announce == Withdrawn && s.EdgesServing == 2
+		return s != nil && s.Announce == v1alpha1.SiteWithdrawn && s.EdgesServing == 2
 	})
 	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		ing := memberIngress(ctx, a, "shop")
@@ -387,15 +388,15 @@ func TestPropagation(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, ctx, host, "shop", "a's address", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "a's address", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
 		return s != nil && len(s.Addresses) == 1 && s.Addresses[0] == "192.0.2.80"
 	})
 
 	// Update: every member follows, and a's status (another manager's) stays.
-	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+	gen = updateFI(t, ctx, host, "shop", func(fi *v1alpha1.FederatedIngress) {
 		fi.Spec.Template.Metadata.Annotations["team"] = "b"
-		fi.Spec.Policy.Health = HealthAll
+		fi.Spec.Policy.Health = v1alpha1.HealthAll
 	})
 	waitMembers(t, ctx, cs, "update", "shop", atGeneration(gen), "a", "b", "c")
 	if got := memberIngress(ctx, a, "shop"); got.Annotations["team"] != "b" || len(got.Status.LoadBalancer.Ingress) != 1 ||
@@ -422,12 +423,12 @@ func TestPropagation(t *testing.T) {
 	}
 
 	// A bad override for b: b keeps what it had and reports it; a and c move on.
-	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+	gen = updateFI(t, ctx, host, "shop", func(fi *v1alpha1.FederatedIngress) {
 		fi.Spec.Template.Metadata.Annotations["team"] = "c"
-		fi.Spec.Overrides = append(fi.Spec.Overrides, Override{Cluster: "b", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)})
+		fi.Spec.Overrides = append(fi.Spec.Overrides, v1alpha1.ClusterOverride{Cluster: "b", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)})
 	})
 	waitMembers(t, ctx, cs, "update beside a bad override", "shop", atGeneration(gen), "a", "c")
-	waitStatus(t, ctx, host, "shop", "b reports its bad override", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "b reports its bad override", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "b")
 		return s != nil && strings.Contains(s.Error, "not an Ingress") && fi.Status.Propagated == 2
 	})
@@ -436,7 +437,7 @@ func TestPropagation(t *testing.T) {
 	}
 	waitEvent(t, ctx, host, "web", "shop", "InvalidOverride")
 	waitEvent(t, ctx, host, "portico-federation", "site-broken", "InvalidMemberCluster")
-	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Overrides = fi.Spec.Overrides[:1] })
+	gen = updateFI(t, ctx, host, "shop", func(fi *v1alpha1.FederatedIngress) { fi.Spec.Overrides = fi.Spec.Overrides[:1] })
 	waitMembers(t, ctx, cs, "bad override removed", "shop", atGeneration(gen), "a", "b", "c")
 
 	// Peers: every member is told the other sites' edges (a's two fresh ones,
@@ -459,7 +460,7 @@ func TestPropagation(t *testing.T) {
 	})
 	drain := func(v string) {
 		t.Helper()
-		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, AnnotationDrain, v)
+		patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%q}}}`, v1alpha1.AnnotationDrain, v)
 		if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 			t.Fatal(err)
 		}
@@ -473,24 +474,24 @@ func TestPropagation(t *testing.T) {
 	waitPeers(t, ctx, cs["a"], "a told b drains", func(f sites.File) bool { return len(f.Peers) == 1 && f.Peers[0].Draining })
 	// b's status: de-preferenced, not yet draining (its drain begins DrainLead
 	// later), spilling 30 %.
-	waitStatus(t, ctx, host, "shop", "b de-preferenced, overflowing 30%", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "b de-preferenced, overflowing 30%", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "b")
-		return s != nil && s.Announce == Depreferenced && s.Overflow == 30 && s.AnnounceChanged != nil
+		return s != nil && s.Announce == v1alpha1.SiteDepreferenced && s.Overflow == 30 && s.AnnounceChanged != nil
 	})
 	// A drain from a time already passed: b is Draining.
 	drain(time.Now().Add(-time.Second).UTC().Format(time.RFC3339))
-	waitStatus(t, ctx, host, "shop", "b draining", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "b draining", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "b")
-		return s != nil && s.Announce == Draining
+		return s != nil && s.Announce == v1alpha1.SiteDraining
 	})
 	sec, err := host.client.CoreV1().Secrets("portico-federation").Get(ctx, "site-b", metav1.GetOptions{})
-	if err != nil || sec.Annotations[AnnotationDrainFrom] != bf.DrainFrom.UTC().Format(time.RFC3339) {
-		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[AnnotationDrainFrom], err, bf.DrainFrom)
+	if err != nil || sec.Annotations[v1alpha1.AnnotationDrainFrom] != bf.DrainFrom.UTC().Format(time.RFC3339) {
+		t.Errorf("site-b's drain-from annotation: %q (%v), want %v", sec.Annotations[v1alpha1.AnnotationDrainFrom], err, bf.DrainFrom)
 	}
 	drain("false")
 	waitPeers(t, ctx, b, "b's drain over", func(f sites.File) bool { return !f.Draining })
 	// b's capacity, and where it overflows: its one edge takes all of it.
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"300",%q:"a",%q:"0.4"}}}`, AnnotationCapacity, AnnotationOverflowTo, AnnotationOverflowLimit)
+	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:"300",%q:"a",%q:"0.4"}}}`, v1alpha1.AnnotationCapacity, v1alpha1.AnnotationOverflowTo, v1alpha1.AnnotationOverflowLimit)
 	if _, err := host.client.CoreV1().Secrets("portico-federation").Patch(ctx, "site-b", types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -501,8 +502,8 @@ func TestPropagation(t *testing.T) {
 
 	// The FederatedIngress's site policies: a's capacity (for its two edges)
 	// and overflow, its drain grace; the anycast VIP, which b does not serve.
-	updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
-		fi.Spec.Policy.Sites = []SitePolicy{{Cluster: "a", Capacity: 200, OverflowTo: "b"}}
+	updateFI(t, ctx, host, "shop", func(fi *v1alpha1.FederatedIngress) {
+		fi.Spec.Policy.Sites = []v1alpha1.SitePolicy{{Cluster: "a", Capacity: 200, OverflowTo: "b"}}
 		fi.Spec.Policy.OverflowLimitPercent = 40
 		fi.Spec.Policy.DrainGrace = &metav1.Duration{Duration: 5 * time.Minute}
 		fi.Spec.Policy.AnycastVIP = "192.0.2.80"
@@ -519,7 +520,7 @@ func TestPropagation(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, ctx, host, "shop", "b not on the anycast VIP", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "b not on the anycast VIP", func(fi *v1alpha1.FederatedIngress) bool {
 		s, a := site(fi, "b"), site(fi, "a")
 		return s != nil && strings.Contains(s.Error, "anycast VIP") && a != nil && a.Error == ""
 	})
@@ -532,7 +533,7 @@ func TestPropagation(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	waitStatus(t, ctx, host, "shop", "b on the anycast VIP", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "b on the anycast VIP", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "b")
 		return s != nil && s.Error == ""
 	})
@@ -541,15 +542,15 @@ func TestPropagation(t *testing.T) {
 	if err := cs["c"].srv.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	gen = updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "d" })
+	gen = updateFI(t, ctx, host, "shop", func(fi *v1alpha1.FederatedIngress) { fi.Spec.Template.Metadata.Annotations["team"] = "d" })
 	waitMembers(t, ctx, cs, "update with c down", "shop", atGeneration(gen), "a", "b")
-	waitStatus(t, ctx, host, "shop", "c down reported", func(fi *FederatedIngress) bool {
+	waitStatus(t, ctx, host, "shop", "c down reported", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "c")
 		return s != nil && s.Error != "" && fi.Status.Propagated == 2
 	})
 
 	// Placement: b leaves and loses the Ingress; a keeps it.
-	updateFI(t, ctx, host, "shop", func(fi *FederatedIngress) {
+	updateFI(t, ctx, host, "shop", func(fi *v1alpha1.FederatedIngress) {
 		fi.Spec.Placement.Clusters = []string{"a", "c"}
 		fi.Spec.Policy.Sites = nil // a overflowed to b
 	})
@@ -562,16 +563,16 @@ func TestPropagation(t *testing.T) {
 	blog := fixture()
 	blog.Name, blog.Generation = "blog", 0
 	blog.Spec.Placement.Clusters = []string{"a", "b"}
-	if _, err := host.dyn.Resource(Resource).Namespace("web").Create(ctx, toUnstructured(t, blog), metav1.CreateOptions{}); err != nil {
+	if _, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Create(ctx, toUnstructured(t, blog), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitMembers(t, ctx, cs, "create blog", "blog", atGeneration(1), "a", "b")
-	if err := host.dyn.Resource(Resource).Namespace("web").Delete(ctx, "blog", metav1.DeleteOptions{}); err != nil {
+	if err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Delete(ctx, "blog", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitMembers(t, ctx, cs, "delete blog", "blog", func(ing *networkingv1.Ingress) bool { return ing == nil }, "a", "b")
 	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
-		_, err := host.dyn.Resource(Resource).Namespace("web").Get(ctx, "blog", metav1.GetOptions{})
+		_, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Get(ctx, "blog", metav1.GetOptions{})
 		return apierrors.IsNotFound(err)
 	}); err != nil {
 		t.Fatal("blog still on the host: finalizer not removed")

@@ -6,10 +6,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -25,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 // member is one member cluster: clients built from its Secret's kubeconfig and an
@@ -72,12 +75,12 @@ func (m *member) noteCall(err error, now time.Time, hold time.Duration) {
 // memberSource is what of a member Secret its member is built from: a change
 // of anything else (the drain annotations) does not rebuild it.
 func memberSource(s *corev1.Secret) string {
-	return s.Annotations[AnnotationAgents] + "\x00" + string(s.Data[KeyKubeconfig])
+	return s.Annotations[v1alpha1.AnnotationAgentsNamespace] + "\x00" + string(s.Data[v1alpha1.KeyMemberKubeconfig])
 }
 
 // memberName is the cluster a member Secret names.
 func memberName(s *corev1.Secret) string {
-	if v := s.Labels[LabelMember]; v != "" && v != "true" {
+	if v := s.Labels[v1alpha1.LabelMemberCluster]; v != "" && v != "true" {
 		return v
 	}
 	return s.Name
@@ -87,9 +90,9 @@ func memberName(s *corev1.Secret) string {
 // called with the namespace and FederatedIngress name of every propagated Ingress
 // that changes there, onAgents when what an agent of the site reports changes.
 func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, onChange func(ns, name string), onAgents func()) (*member, error) {
-	kc := s.Data[KeyKubeconfig]
+	kc := s.Data[v1alpha1.KeyMemberKubeconfig]
 	if len(kc) == 0 {
-		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, KeyKubeconfig)
+		return nil, fmt.Errorf("secret %s/%s: no key %q", s.Namespace, s.Name, v1alpha1.KeyMemberKubeconfig)
 	}
 	cfg, err := memberConfig(kc)
 	if err != nil {
@@ -106,7 +109,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 		return nil, fmt.Errorf("secret %s/%s: client: %w", s.Namespace, s.Name, err)
 	}
 	f := informers.NewSharedInformerFactoryWithOptions(client, resync,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = LabelSource }))
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = v1alpha1.LabelFederatedIngress }))
 	inf := f.Networking().V1().Ingresses()
 	notify := func(obj any) {
 		if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -116,7 +119,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 			GetNamespace() string
 			GetLabels() map[string]string
 		}); ok {
-			onChange(m.GetNamespace(), m.GetLabels()[LabelSource])
+			onChange(m.GetNamespace(), m.GetLabels()[v1alpha1.LabelFederatedIngress])
 		}
 	}
 	if _, err := inf.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -126,7 +129,7 @@ func startMember(ctx context.Context, s *corev1.Secret, resync time.Duration, on
 	}); err != nil {
 		return nil, fmt.Errorf("add event handler: %w", err)
 	}
-	agents := s.Annotations[AnnotationAgents]
+	agents := s.Annotations[v1alpha1.AnnotationAgentsNamespace]
 	if agents == "" {
 		agents = "portico-system"
 	}
@@ -190,7 +193,7 @@ func edgeView(obj any) string {
 
 // propagated lists the Ingresses in ns that this controller propagated for name.
 func (m *member) propagated(ns, name string) ([]string, error) {
-	sel := labels.SelectorFromSet(labels.Set{LabelSource: name})
+	sel := labels.SelectorFromSet(labels.Set{v1alpha1.LabelFederatedIngress: name})
 	list, err := m.lister.Ingresses(ns).List(sel)
 	if err != nil {
 		return nil, err
@@ -234,4 +237,83 @@ func memberConfig(kc []byte) (*rest.Config, error) {
 		return nil, fmt.Errorf("%s: a member's kubeconfig must carry its credentials inline", strings.Join(bad, ", "))
 	}
 	return clientcmd.NewDefaultClientConfig(*c, &clientcmd.ConfigOverrides{}).ClientConfig()
+}
+
+// syncMembers brings the member set in line with the Secrets: a new or changed Secret
+// (re)builds its member, a removed one stops it. A bad Secret is reported as a Warning
+// Event on it and skipped; the other members keep working.
+func (c *Controller) syncMembers(ctx context.Context) {
+	list, err := c.secrets.List(labels.Everything())
+	if err != nil {
+		c.log.Warn("list member secrets", zap.Error(err))
+		return
+	}
+	sort.Slice(list, func(i, j int) bool { return list[i].Name < list[j].Name })
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	want := map[string]bool{}
+	for _, s := range list {
+		name := memberName(s)
+		key := s.Namespace + "/" + s.Name
+		if want[name] {
+			c.warnLocked(s, key, "InvalidMemberCluster", fmt.Sprintf("cluster %q is already named by another Secret", name))
+			continue
+		}
+		want[name] = true
+		if m := c.members[name]; m != nil && m.source == memberSource(s) {
+			continue
+		}
+		m, err := startMember(ctx, s, c.cfg.Resync, func(ns, fi string) {
+			if fi != "" {
+				c.queue.Add(ns + "/" + fi)
+			}
+		}, func() { c.enqueueAll(); c.queue.Add(peersKey) })
+		if err != nil {
+			c.warnLocked(s, key, "InvalidMemberCluster", err.Error())
+			continue
+		}
+		if old := c.members[name]; old != nil {
+			old.stop()
+		}
+		c.members[name] = m
+		delete(c.reported, key)
+		c.log.Info("member cluster", zap.String("cluster", name), zap.String("secret", key))
+	}
+	for name, m := range c.members {
+		if !want[name] {
+			m.stop()
+			delete(c.members, name)
+			c.log.Info("member cluster removed", zap.String("cluster", name))
+		}
+	}
+}
+
+func (c *Controller) stopMembers() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, m := range c.members {
+		m.stop()
+	}
+}
+
+// member returns a cluster's member once its informer has synced, else nil.
+func (c *Controller) member(name string) *member {
+	c.mu.Lock()
+	m := c.members[name]
+	c.mu.Unlock()
+	if m == nil || !m.synced() {
+		return nil
+	}
+	return m
+}
+
+func (c *Controller) memberNames() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	names := make([]string, 0, len(c.members))
+	for n := range c.members {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
 }

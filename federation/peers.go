@@ -1,26 +1,22 @@
 package federation
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 const (
@@ -30,25 +26,6 @@ const (
 	// agents' --federation-peers.
 	PeersConfigMap = "portico-federation-peers"
 	PeersKey       = "peers.yaml"
-	// AnnotationDrain on a member Secret drains the site (a planned drain):
-	// "true", or the RFC 3339 time the drain begins. With "true" the controller
-	// fixes the time, DrainLead from when it first sees it, in
-	// AnnotationDrainFrom, so every site's agents (which read their mounted
-	// ConfigMap at their own pace) agree on it and the others are ready first.
-	AnnotationDrain     = "portico.io/drain"
-	AnnotationDrainFrom = "portico.io/drain-from"
-	// AnnotationCapacity on a member Secret is the site's capacity in new
-	// connections a second; above it the site spills new connections to the
-	// site AnnotationOverflowTo names, at most the share
-	// AnnotationOverflowLimit says (default 0.5). Each edge is told its share of
-	// the capacity (the routers spread new connections evenly over the edges).
-	AnnotationCapacity      = "portico.io/capacity"
-	AnnotationOverflowTo    = "portico.io/overflow-to"
-	AnnotationOverflowLimit = "portico.io/overflow-limit"
-	// DrainLead is how long after a drain is asked for it begins, by default
-	// (Config.DrainLead): a mounted ConfigMap reaches the agents within the
-	// kubelet's sync period, a minute by default.
-	DrainLead = 90 * time.Second
 )
 
 // siteInfo is what the controller tells the other sites of one.
@@ -58,52 +35,6 @@ type siteInfo struct {
 	drainFrom  *metav1.Time
 	drainGrace *metav1.Duration
 	overflow   *sites.Overflow
-}
-
-// policies applies the FederatedIngresses' site policies (spec.policy.sites,
-// overflowLimitPercent, drainGrace) to the sites they place: the first
-// FederatedIngress by namespace/name that sets a site's counts, over its member
-// Secret's annotations.
-func (c *Controller) policies(infos map[string]siteInfo) {
-	var fis []*FederatedIngress
-	for _, obj := range c.fisAll() {
-		u, ok := obj.(*unstructured.Unstructured)
-		if !ok {
-			continue
-		}
-		fi := &FederatedIngress{}
-		if runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi) != nil || Validate(fi) != nil || fi.DeletionTimestamp != nil {
-			continue
-		}
-		fis = append(fis, fi)
-	}
-	slices.SortFunc(fis, func(a, b *FederatedIngress) int {
-		return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
-	})
-	set, graced := map[string]bool{}, map[string]bool{}
-	for _, fi := range fis {
-		pol := fi.Spec.Policy
-		for _, sp := range pol.Sites {
-			info, ok := infos[sp.Cluster]
-			if !ok || set[sp.Cluster] {
-				continue
-			}
-			set[sp.Cluster] = true
-			info.overflow = &sites.Overflow{To: sp.OverflowTo, CapacityPerEdge: float64(sp.Capacity) / float64(max(len(info.edges), 1)),
-				Limit: float64(pol.OverflowLimitPercent) / 100}
-			infos[sp.Cluster] = info
-		}
-		if pol.DrainGrace == nil {
-			continue
-		}
-		for _, cl := range fi.Spec.Placement.Clusters {
-			if info, ok := infos[cl]; ok && !graced[cl] {
-				graced[cl] = true
-				info.drainGrace = pol.DrainGrace
-				infos[cl] = info
-			}
-		}
-	}
 }
 
 // syncPeers writes every reachable member's PeersConfigMap. A site's edges are
@@ -121,6 +52,28 @@ func (c *Controller) syncPeers(ctx context.Context) {
 	for _, s := range list {
 		secrets[memberName(s)] = s
 	}
+	infos := c.siteInfos(ctx, secrets)
+	c.policies(infos)
+	for name := range infos {
+		m := c.member(name)
+		if m == nil {
+			continue
+		}
+		if _, down := m.unreachable(time.Now()); down {
+			continue
+		}
+		err := writePeers(ctx, m, c.peersFile(name, infos, secrets[name]))
+		m.noteCall(err, time.Now(), c.cfg.Resync)
+		if err != nil {
+			c.log.Warn("write federation peers", zap.String("cluster", name), zap.Error(err))
+		}
+	}
+}
+
+// siteInfos is what the member Secrets (by cluster) and the sites' agents say of
+// every member: its edges (the last seen while it reports none), its drain and
+// its overflow.
+func (c *Controller) siteInfos(ctx context.Context, secrets map[string]*corev1.Secret) map[string]siteInfo {
 	infos := map[string]siteInfo{}
 	for _, name := range c.memberNames() {
 		s := secrets[name]
@@ -142,106 +95,27 @@ func (c *Controller) syncPeers(ctx context.Context) {
 		info.overflow = c.overflow(s, len(info.edges))
 		infos[name] = info
 	}
-	c.policies(infos)
-	for name := range infos {
-		m := c.member(name)
-		if m == nil {
+	return infos
+}
+
+// peersFile is the api/sites File the site name is told: its own drain and
+// overflow, and every other site with edges. An overflow to a site without edges
+// is reported on the member's Secret s and dropped.
+func (c *Controller) peersFile(name string, infos map[string]siteInfo, s *corev1.Secret) sites.File {
+	f := sites.File{Site: name, Draining: infos[name].draining, DrainFrom: infos[name].drainFrom, Overflow: infos[name].overflow,
+		DrainGrace: infos[name].drainGrace}
+	if o := f.Overflow; o != nil && len(infos[o.To].edges) == 0 {
+		c.warnOnce(s, s.Namespace+"/"+s.Name+"/overflow", "InvalidOverflow",
+			fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", v1alpha1.AnnotationOverflowTo, o.To))
+		f.Overflow = nil
+	}
+	for _, other := range sortedKeys(infos) {
+		if other == name || len(infos[other].edges) == 0 {
 			continue
 		}
-		if _, down := m.unreachable(time.Now()); down {
-			continue
-		}
-		f := sites.File{Site: name, Draining: infos[name].draining, DrainFrom: infos[name].drainFrom, Overflow: infos[name].overflow,
-			DrainGrace: infos[name].drainGrace}
-		if o := f.Overflow; o != nil && len(infos[o.To].edges) == 0 {
-			c.warnOnce(secrets[name], secrets[name].Namespace+"/"+secrets[name].Name+"/overflow", "InvalidOverflow",
-				fmt.Sprintf("annotation %s=%q: no member cluster of that name with edges; the site does not overflow", AnnotationOverflowTo, o.To))
-			f.Overflow = nil
-		}
-		for _, other := range sortedKeys(infos) {
-			if other == name || len(infos[other].edges) == 0 {
-				continue
-			}
-			f.Peers = append(f.Peers, sites.Peer{Name: other, Edges: infos[other].edges, Draining: infos[other].draining})
-		}
-		err := writePeers(ctx, m, f)
-		m.noteCall(err, time.Now(), c.cfg.Resync)
-		if err != nil {
-			c.log.Warn("write federation peers", zap.String("cluster", name), zap.Error(err))
-		}
+		f.Peers = append(f.Peers, sites.Peer{Name: other, Edges: infos[other].edges, Draining: infos[other].draining})
 	}
-}
-
-// drain reads a member Secret's drain annotations, fixing the drain's start in
-// AnnotationDrainFrom when the annotation says only "true" (and dropping it
-// when the drain is over).
-func (c *Controller) drain(ctx context.Context, s *corev1.Secret) (bool, *metav1.Time) {
-	v, ok := s.Annotations[AnnotationDrain]
-	if !ok || v == "false" {
-		if _, set := s.Annotations[AnnotationDrainFrom]; set {
-			c.annotate(ctx, s, nil)
-		}
-		return false, nil
-	}
-	if t, err := time.Parse(time.RFC3339, v); err == nil {
-		return true, &metav1.Time{Time: t}
-	}
-	if v != "true" {
-		c.warnOnce(s, s.Namespace+"/"+s.Name+"/drain", "InvalidDrain",
-			fmt.Sprintf("annotation %s=%q: want true, false or an RFC 3339 time; the site is not drained", AnnotationDrain, v))
-		return false, nil
-	}
-	if t, err := time.Parse(time.RFC3339, s.Annotations[AnnotationDrainFrom]); err == nil {
-		return true, &metav1.Time{Time: t}
-	}
-	from := time.Now().Add(c.cfg.DrainLead).Truncate(time.Second)
-	if !c.annotate(ctx, s, &from) {
-		return false, nil // not recorded: not told to anyone yet
-	}
-	c.log.Info("site drain asked for", zap.String("cluster", memberName(s)), zap.Time("from", from))
-	return true, &metav1.Time{Time: from}
-}
-
-// overflow reads a member Secret's capacity annotations: nil without a capacity;
-// a bad value is reported and the site does not overflow.
-func (c *Controller) overflow(s *corev1.Secret, edges int) *sites.Overflow {
-	capv, ok := s.Annotations[AnnotationCapacity]
-	if !ok {
-		return nil
-	}
-	key := s.Namespace + "/" + s.Name + "/overflow"
-	bad := func(what string) *sites.Overflow {
-		c.warnOnce(s, key, "InvalidOverflow", what+"; the site does not overflow")
-		return nil
-	}
-	capacity, err := strconv.ParseFloat(capv, 64)
-	if err != nil || capacity <= 0 {
-		return bad(fmt.Sprintf("annotation %s=%q: want a positive number of new connections a second", AnnotationCapacity, capv))
-	}
-	o := &sites.Overflow{To: s.Annotations[AnnotationOverflowTo], CapacityPerEdge: capacity / float64(max(edges, 1))}
-	if o.To == "" || o.To == memberName(s) {
-		return bad(fmt.Sprintf("annotation %s=%q: want another member cluster", AnnotationOverflowTo, o.To))
-	}
-	if v, ok := s.Annotations[AnnotationOverflowLimit]; ok {
-		if o.Limit, err = strconv.ParseFloat(v, 64); err != nil || o.Limit <= 0 || o.Limit > sites.MaxSpill {
-			return bad(fmt.Sprintf("annotation %s=%q: want more than 0, at most %v", AnnotationOverflowLimit, v, sites.MaxSpill))
-		}
-	}
-	return o
-}
-
-// annotate sets (or, with nil, removes) a member Secret's AnnotationDrainFrom.
-func (c *Controller) annotate(ctx context.Context, s *corev1.Secret, from *time.Time) bool {
-	val := "null"
-	if from != nil {
-		val = `"` + from.UTC().Format(time.RFC3339) + `"`
-	}
-	patch := fmt.Sprintf(`{"metadata":{"annotations":{%q:%s}}}`, AnnotationDrainFrom, val)
-	if _, err := c.host.CoreV1().Secrets(s.Namespace).Patch(ctx, s.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{FieldManager: FieldManager}); err != nil {
-		c.log.Warn("annotate member secret", zap.String("secret", s.Namespace+"/"+s.Name), zap.Error(err))
-		return false
-	}
-	return true
+	return f
 }
 
 // tunnelEdges lists a member's edges' tunnel addresses from its agents' fresh

@@ -19,7 +19,7 @@ import (
 
 // Validate reports what makes a FederatedIngress unusable as a whole; a problem of one
 // cluster's override is reported by MemberIngress for that cluster only.
-func Validate(fi *FederatedIngress) error {
+func Validate(fi *v1alpha1.FederatedIngress) error {
 	if len(fi.Spec.Placement.Clusters) == 0 {
 		return fmt.Errorf("spec.placement.clusters: empty")
 	}
@@ -39,7 +39,7 @@ func Validate(fi *FederatedIngress) error {
 		}
 	}
 	switch fi.Spec.Policy.Health {
-	case "", HealthAny, HealthAll:
+	case "", v1alpha1.HealthAny, v1alpha1.HealthAll:
 	default:
 		return fmt.Errorf("spec.policy.health: %q is not Any or All", fi.Spec.Policy.Health)
 	}
@@ -76,7 +76,7 @@ func Validate(fi *FederatedIngress) error {
 // override for cluster in order, then the controller's label and generation
 // annotation. It is a pure function of its inputs, so every sync of the same
 // generation writes the same object.
-func MemberIngress(fi *FederatedIngress, cluster string) (*networkingv1.Ingress, error) {
+func MemberIngress(fi *v1alpha1.FederatedIngress, cluster string) (*networkingv1.Ingress, error) {
 	ing := networkingv1.Ingress{
 		TypeMeta: metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "Ingress"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -113,14 +113,14 @@ func MemberIngress(fi *FederatedIngress, cluster string) (*networkingv1.Ingress,
 	if out.Labels == nil {
 		out.Labels = map[string]string{}
 	}
-	out.Labels[LabelSource] = fi.Name
+	out.Labels[v1alpha1.LabelFederatedIngress] = fi.Name
 	if out.Annotations == nil {
 		out.Annotations = map[string]string{}
 	}
-	out.Annotations[AnnotationGeneration] = strconv.FormatInt(fi.Generation, 10)
+	out.Annotations[v1alpha1.AnnotationFederationGeneration] = strconv.FormatInt(fi.Generation, 10)
 	delete(out.Annotations, v1alpha1.AnnotationFederationHealth)
-	if fi.Spec.Policy.Health == HealthAll {
-		out.Annotations[v1alpha1.AnnotationFederationHealth] = string(HealthAll)
+	if fi.Spec.Policy.Health == v1alpha1.HealthAll {
+		out.Annotations[v1alpha1.AnnotationFederationHealth] = string(v1alpha1.HealthAll)
 	}
 	return &out, nil
 }

@@ -8,15 +8,17 @@ import (
 	"github.com/google/go-cmp/cmp"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
-func fixture() *FederatedIngress {
+func fixture() *v1alpha1.FederatedIngress {
 	prefix := networkingv1.PathTypePrefix
-	return &FederatedIngress{
+	return &v1alpha1.FederatedIngress{
 		ObjectMeta: metav1.ObjectMeta{Name: "shop", Namespace: "web", Generation: 3},
-		Spec: Spec{
-			Template: Template{
-				Metadata: TemplateMeta{Annotations: map[string]string{"portico.io/affinity": "cookie", "team": "a"}},
+		Spec: v1alpha1.FederatedIngressSpec{
+			Template: v1alpha1.IngressTemplate{
+				Metadata: v1alpha1.IngressTemplateMeta{Annotations: map[string]string{"portico.io/affinity": "cookie", "team": "a"}},
 				Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{
 					Host: "shop.example.com",
 					IngressRuleValue: networkingv1.IngressRuleValue{HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{
@@ -25,7 +27,7 @@ func fixture() *FederatedIngress {
 					}}}},
 				}}},
 			},
-			Placement: Placement{Clusters: []string{"a", "b", "c"}},
+			Placement: v1alpha1.Placement{Clusters: []string{"a", "b", "c"}},
 		},
 	}
 }
@@ -33,8 +35,8 @@ func fixture() *FederatedIngress {
 func TestMemberIngress(t *testing.T) {
 	tests := []struct {
 		name      string
-		overrides []Override
-		policy    HealthPolicy
+		overrides []v1alpha1.ClusterOverride
+		policy    v1alpha1.HealthPolicy
 		cluster   string
 		check     func(t *testing.T, ing *networkingv1.Ingress)
 		wantErr   string
@@ -42,11 +44,11 @@ func TestMemberIngress(t *testing.T) {
 		{
 			name: "template only", cluster: "a",
 			check: func(t *testing.T, ing *networkingv1.Ingress) {
-				want := map[string]string{"portico.io/affinity": "cookie", "team": "a", AnnotationGeneration: "3"}
+				want := map[string]string{"portico.io/affinity": "cookie", "team": "a", v1alpha1.AnnotationFederationGeneration: "3"}
 				if diff := cmp.Diff(want, ing.Annotations); diff != "" {
 					t.Errorf("annotations (-want +got):\n%s", diff)
 				}
-				if diff := cmp.Diff(map[string]string{LabelSource: "shop"}, ing.Labels); diff != "" {
+				if diff := cmp.Diff(map[string]string{v1alpha1.LabelFederatedIngress: "shop"}, ing.Labels); diff != "" {
 					t.Errorf("labels (-want +got):\n%s", diff)
 				}
 				if ing.Name != "shop" || ing.Namespace != "web" || ing.Spec.Rules[0].Host != "shop.example.com" {
@@ -56,7 +58,7 @@ func TestMemberIngress(t *testing.T) {
 		},
 		{
 			name: "override for this cluster: a host changed, an annotation deleted, a label added", cluster: "c",
-			overrides: []Override{
+			overrides: []v1alpha1.ClusterOverride{
 				{Cluster: "b", Patch: json.RawMessage(`{"spec":{"ingressClassName":"other"}}`)},
 				{Cluster: "c", Patch: json.RawMessage(`{"metadata":{"annotations":{"team":null},"labels":{"site":"c"}}}`)},
 				{Cluster: "c", Patch: json.RawMessage(`{"spec":{"rules":[{"host":"c.shop.example.com","http":{"paths":[{"path":"/","pathType":"Prefix","backend":{"service":{"name":"shop-c","port":{"number":8080}}}}]}}]}}`)},
@@ -65,7 +67,7 @@ func TestMemberIngress(t *testing.T) {
 				if _, ok := ing.Annotations["team"]; ok {
 					t.Errorf("annotation team not deleted: %v", ing.Annotations)
 				}
-				if ing.Labels["site"] != "c" || ing.Labels[LabelSource] != "shop" {
+				if ing.Labels["site"] != "c" || ing.Labels[v1alpha1.LabelFederatedIngress] != "shop" {
 					t.Errorf("labels %v", ing.Labels)
 				}
 				if ing.Spec.IngressClassName != nil {
@@ -79,15 +81,15 @@ func TestMemberIngress(t *testing.T) {
 		},
 		{
 			name: "the generation annotation cannot be overridden", cluster: "a",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-generation":"99"}}}`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-generation":"99"}}}`)}},
 			check: func(t *testing.T, ing *networkingv1.Ingress) {
-				if ing.Annotations[AnnotationGeneration] != "3" {
-					t.Errorf("generation annotation %q", ing.Annotations[AnnotationGeneration])
+				if ing.Annotations[v1alpha1.AnnotationFederationGeneration] != "3" {
+					t.Errorf("generation annotation %q", ing.Annotations[v1alpha1.AnnotationFederationGeneration])
 				}
 			},
 		},
 		{
-			name: "health policy All travels as an annotation", cluster: "a", policy: HealthAll,
+			name: "health policy All travels as an annotation", cluster: "a", policy: v1alpha1.HealthAll,
 			check: func(t *testing.T, ing *networkingv1.Ingress) {
 				if ing.Annotations["portico.io/federation-health"] != "All" {
 					t.Errorf("annotations %v", ing.Annotations)
@@ -96,7 +98,7 @@ func TestMemberIngress(t *testing.T) {
 		},
 		{
 			name: "the policy wins over a template's annotation", cluster: "a",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-health":"All"}}}`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"annotations":{"portico.io/federation-health":"All"}}}`)}},
 			check: func(t *testing.T, ing *networkingv1.Ingress) {
 				if v, ok := ing.Annotations["portico.io/federation-health"]; ok {
 					t.Errorf("policy Any, annotation %q", v)
@@ -105,27 +107,27 @@ func TestMemberIngress(t *testing.T) {
 		},
 		{
 			name: "misspelled field", cluster: "a",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"ingresClassName":"x"}}`)}},
 			wantErr:   "not an Ingress",
 		},
 		{
 			name: "wrong type", cluster: "a",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"rules":"all"}}`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"spec":{"rules":"all"}}`)}},
 			wantErr:   "not an Ingress",
 		},
 		{
 			name: "renames the Ingress", cluster: "a",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"name":"other"}}`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"name":"other"}}`)}},
 			wantErr:   "may not change",
 		},
 		{
 			name: "not JSON", cluster: "a",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"spec":`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"spec":`)}},
 			wantErr:   "merge patch",
 		},
 		{
 			name: "a bad override of another cluster does not matter", cluster: "b",
-			overrides: []Override{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"name":"other"}}`)}},
+			overrides: []v1alpha1.ClusterOverride{{Cluster: "a", Patch: json.RawMessage(`{"metadata":{"name":"other"}}`)}},
 			check:     func(t *testing.T, ing *networkingv1.Ingress) {},
 		},
 	}
@@ -171,8 +173,8 @@ func TestValidate(t *testing.T) {
 		name     string
 		clusters []string
 		override string
-		health   HealthPolicy
-		policy   func(*Policy)
+		health   v1alpha1.HealthPolicy
+		policy   func(*v1alpha1.FederationPolicy)
 		wantErr  string
 	}{
 		{name: "fine", clusters: []string{"a", "b"}},
@@ -181,20 +183,20 @@ func TestValidate(t *testing.T) {
 		{name: "bad name", clusters: []string{"Site_A"}, wantErr: "Site_A"},
 		{name: "override without cluster", clusters: []string{"a"}, override: "-", wantErr: "overrides[0].cluster"},
 		{name: "unknown health policy", clusters: []string{"a"}, health: "Most", wantErr: "spec.policy.health"},
-		{name: "site policies", clusters: []string{"a", "b"}, policy: func(p *Policy) {
+		{name: "site policies", clusters: []string{"a", "b"}, policy: func(p *v1alpha1.FederationPolicy) {
 			p.AnycastVIP, p.OverflowLimitPercent = "192.0.2.80", 40
-			p.Sites = []SitePolicy{{Cluster: "a", Capacity: 100, OverflowTo: "b"}, {Cluster: "b", Capacity: 100, OverflowTo: "a"}}
+			p.Sites = []v1alpha1.SitePolicy{{Cluster: "a", Capacity: 100, OverflowTo: "b"}, {Cluster: "b", Capacity: 100, OverflowTo: "a"}}
 		}},
-		{name: "bad anycast VIP", clusters: []string{"a"}, policy: func(p *Policy) { p.AnycastVIP = "192.0.2" }, wantErr: "anycastVIP"},
-		{name: "limit too high", clusters: []string{"a"}, policy: func(p *Policy) { p.OverflowLimitPercent = 95 }, wantErr: "overflowLimitPercent"},
-		{name: "site not placed", clusters: []string{"a", "b"}, policy: func(p *Policy) {
-			p.Sites = []SitePolicy{{Cluster: "c", Capacity: 100, OverflowTo: "b"}}
+		{name: "bad anycast VIP", clusters: []string{"a"}, policy: func(p *v1alpha1.FederationPolicy) { p.AnycastVIP = "192.0.2" }, wantErr: "anycastVIP"},
+		{name: "limit too high", clusters: []string{"a"}, policy: func(p *v1alpha1.FederationPolicy) { p.OverflowLimitPercent = 95 }, wantErr: "overflowLimitPercent"},
+		{name: "site not placed", clusters: []string{"a", "b"}, policy: func(p *v1alpha1.FederationPolicy) {
+			p.Sites = []v1alpha1.SitePolicy{{Cluster: "c", Capacity: 100, OverflowTo: "b"}}
 		}, wantErr: "not placed"},
-		{name: "overflow to itself", clusters: []string{"a", "b"}, policy: func(p *Policy) {
-			p.Sites = []SitePolicy{{Cluster: "a", Capacity: 100, OverflowTo: "a"}}
+		{name: "overflow to itself", clusters: []string{"a", "b"}, policy: func(p *v1alpha1.FederationPolicy) {
+			p.Sites = []v1alpha1.SitePolicy{{Cluster: "a", Capacity: 100, OverflowTo: "a"}}
 		}, wantErr: "overflowTo"},
-		{name: "no capacity", clusters: []string{"a", "b"}, policy: func(p *Policy) {
-			p.Sites = []SitePolicy{{Cluster: "a", OverflowTo: "b"}}
+		{name: "no capacity", clusters: []string{"a", "b"}, policy: func(p *v1alpha1.FederationPolicy) {
+			p.Sites = []v1alpha1.SitePolicy{{Cluster: "a", OverflowTo: "b"}}
 		}, wantErr: "capacity"},
 	}
 	for _, tc := range tests {
@@ -202,7 +204,7 @@ func TestValidate(t *testing.T) {
 			fi := fixture()
 			fi.Spec.Placement.Clusters = tc.clusters
 			if tc.override != "" {
-				fi.Spec.Overrides = []Override{{Patch: json.RawMessage(`{}`)}}
+				fi.Spec.Overrides = []v1alpha1.ClusterOverride{{Patch: json.RawMessage(`{}`)}}
 			}
 			fi.Spec.Policy.Health = tc.health
 			if tc.policy != nil {

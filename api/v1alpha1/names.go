@@ -47,12 +47,44 @@ const (
 	// LabelMicroservice ("true") marks a pod route.
 	LabelMicroservice = "microservice"
 	// LabelFederatedIngress marks an Ingress a federation controller propagated
-	// (its value names the FederatedIngress in the host cluster).
+	// (its value names the FederatedIngress in the host cluster; the namespace is
+	// the Ingress's own). The member's control plane reads it: in BGP mode its
+	// edges announce by the health of such Ingresses (model.Group.Federated).
 	LabelFederatedIngress = "portico.io/federated-ingress"
 	// AnnotationFederationHealth ("All") on a federated Ingress: the site counts as
 	// serving it only while every backend Service it names has a ready endpoint
 	// (default: any of them).
 	AnnotationFederationHealth = "portico.io/federation-health"
+	// AnnotationFederationGeneration on a federated Ingress is the
+	// FederatedIngress generation it was rendered from.
+	AnnotationFederationGeneration = "portico.io/federation-generation"
+	// FederationFinalizer holds a FederatedIngress until its Ingresses are gone
+	// from every member cluster.
+	FederationFinalizer = "portico.io/federation"
+	// LabelMemberCluster marks a Secret in the federation controller's namespace
+	// as a member cluster's kubeconfig; a non-empty value names the cluster (else
+	// the Secret's name).
+	LabelMemberCluster = "portico.io/member-cluster"
+	// KeyMemberKubeconfig is the member Secret's key holding the kubeconfig.
+	KeyMemberKubeconfig = "kubeconfig"
+	// AnnotationAgentsNamespace on a member Secret names the namespace of the
+	// member's Portico agents (their status Leases); default portico-system.
+	AnnotationAgentsNamespace = "portico.io/agents-namespace"
+	// AnnotationDrain on a member Secret drains the site (a planned drain):
+	// "true", or the RFC 3339 time the drain begins. With "true" the federation
+	// controller fixes the time, a lead from when it first sees it, in
+	// AnnotationDrainFrom, so every site's agents (which read their mounted
+	// ConfigMap at their own pace) agree on it and the others are ready first.
+	AnnotationDrain     = "portico.io/drain"
+	AnnotationDrainFrom = "portico.io/drain-from"
+	// AnnotationCapacity on a member Secret is the site's capacity in new
+	// connections a second; above it the site spills new connections to the
+	// site AnnotationOverflowTo names, at most the share
+	// AnnotationOverflowLimit says (default 0.5). Each edge is told its share of
+	// the capacity (the routers spread new connections evenly over the edges).
+	AnnotationCapacity      = "portico.io/capacity"
+	AnnotationOverflowTo    = "portico.io/overflow-to"
+	AnnotationOverflowLimit = "portico.io/overflow-limit"
 	// AnnotationHostDelegates on an Ingress (or pod route) of the namespace that
 	// owns a host (controlplane's hostOwners) lists the other namespaces that may route paths of
 	// it too, separated by commas or spaces ("*": every namespace).

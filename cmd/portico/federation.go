@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/federation/gslb"
 )
@@ -27,7 +28,7 @@ func runFederation(args []string) error {
 	}
 	fs := flag.NewFlagSet("federation", flag.ContinueOnError)
 	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "the host cluster's kubeconfig; empty: in-cluster config")
-	namespace := fs.String("namespace", "portico-federation", "namespace of the member cluster Secrets (labelled "+federation.LabelMember+")")
+	namespace := fs.String("namespace", "portico-federation", "namespace of the member cluster Secrets (labelled "+v1alpha1.LabelMemberCluster+")")
 	resync := fs.Duration("resync", 10*time.Second, "how often every site's status is read again")
 	drainLead := fs.Duration("drain-lead", federation.DrainLead, "a site's drain (portico.io/drain=true on its member Secret) begins this long after it is asked for, so every site's agents have read it first")
 	metricsAddr := fs.String("metrics-addr", ":9102", "address of /metrics (empty: none)")

@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/test/kapi"
 )
@@ -63,7 +64,7 @@ func (s *Sites) Federate(ctx context.Context, t testing.TB, drainLead time.Durat
 			return nil, err
 		}
 		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + site.name, Namespace: "portico-federation",
-			Labels: map[string]string{federation.LabelMember: site.name}}, Data: map[string][]byte{federation.KeyKubeconfig: kc}}
+			Labels: map[string]string{v1alpha1.LabelMemberCluster: site.name}}, Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: kc}}
 		if _, err := hostKube.CoreV1().Secrets("portico-federation").Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 			return nil, err
 		}
@@ -110,22 +111,22 @@ func (l *Lab) mountPeers(ctx context.Context) {
 }
 
 // Create creates a FederatedIngress on the host.
-func (f *Federation) Create(ctx context.Context, fi *federation.FederatedIngress) error {
+func (f *Federation) Create(ctx context.Context, fi *v1alpha1.FederatedIngress) error {
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(fi)
 	if err != nil {
 		return err
 	}
-	_, err = f.Dyn.Resource(federation.Resource).Namespace(fi.Namespace).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
+	_, err = f.Dyn.Resource(v1alpha1.FederatedIngressResource).Namespace(fi.Namespace).Create(ctx, &unstructured.Unstructured{Object: obj}, metav1.CreateOptions{})
 	return err
 }
 
 // Get reads a FederatedIngress from the host.
-func (f *Federation) Get(ctx context.Context, ns, name string) (*federation.FederatedIngress, error) {
-	u, err := f.Dyn.Resource(federation.Resource).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
+func (f *Federation) Get(ctx context.Context, ns, name string) (*v1alpha1.FederatedIngress, error) {
+	u, err := f.Dyn.Resource(v1alpha1.FederatedIngressResource).Namespace(ns).Get(ctx, name, metav1.GetOptions{})
 	if err != nil {
 		return nil, err
 	}
-	var fi federation.FederatedIngress
+	var fi v1alpha1.FederatedIngress
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, &fi); err != nil {
 		return nil, err
 	}
@@ -158,11 +159,11 @@ func (f *Federation) Annotate(ctx context.Context, site string, kv map[string]st
 }
 
 // site returns a site's status in a FederatedIngress.
-func site(fi *federation.FederatedIngress, name string) (federation.SiteStatus, error) {
+func site(fi *v1alpha1.FederatedIngress, name string) (v1alpha1.SiteStatus, error) {
 	for _, s := range fi.Status.Sites {
 		if s.Cluster == name {
 			return s, nil
 		}
 	}
-	return federation.SiteStatus{}, fmt.Errorf("no status for site %s", name)
+	return v1alpha1.SiteStatus{}, fmt.Errorf("no status for site %s", name)
 }

@@ -16,8 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/dataplane"
-	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/test/frr"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/testenv"
@@ -706,13 +706,13 @@ func TestSiteFederated(t *testing.T) {
 		t.Fatal(err)
 	}
 	pt := networkingv1.PathTypePrefix
-	fi := &federation.FederatedIngress{
+	fi := &v1alpha1.FederatedIngress{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "portico.io/v1alpha1", Kind: "FederatedIngress"},
 		ObjectMeta: metav1.ObjectMeta{Name: "echo", Namespace: AppNamespace},
-		Spec: federation.Spec{
-			Placement: federation.Placement{Clusters: []string{"a", "b"}},
-			Template: federation.Template{
-				Metadata: federation.TemplateMeta{Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName}},
+		Spec: v1alpha1.FederatedIngressSpec{
+			Placement: v1alpha1.Placement{Clusters: []string{"a", "b"}},
+			Template: v1alpha1.IngressTemplate{
+				Metadata: v1alpha1.IngressTemplateMeta{Annotations: map[string]string{"portico.io/group": GroupNamespace + "/" + GroupName}},
 				Spec: networkingv1.IngressSpec{Rules: []networkingv1.IngressRule{{Host: "echo.lab", IngressRuleValue: networkingv1.IngressRuleValue{
 					HTTP: &networkingv1.HTTPIngressRuleValue{Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &pt,
 						Backend: networkingv1.IngressBackend{Service: &networkingv1.IngressServiceBackend{Name: "echo", Port: networkingv1.ServiceBackendPort{Name: "http"}}}}}}}}}},
@@ -723,7 +723,7 @@ func TestSiteFederated(t *testing.T) {
 	if err := f.Create(ctx, fi); err != nil {
 		t.Fatal(err)
 	}
-	status := func(what string, ok func(a, b federation.SiteStatus) bool) {
+	status := func(what string, ok func(a, b v1alpha1.SiteStatus) bool) {
 		t.Helper()
 		var last string
 		if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error {
@@ -745,8 +745,8 @@ func TestSiteFederated(t *testing.T) {
 			t.Fatalf("%s: %v", what, err)
 		}
 	}
-	status("both sites serve and announce", func(a, b federation.SiteStatus) bool {
-		return a.Announce == federation.Announced && b.Announce == federation.Announced && a.EdgesServing == 2 && b.EdgesServing == 2 && a.ReadyBackends == 1
+	status("both sites serve and announce", func(a, b v1alpha1.SiteStatus) bool {
+		return a.Announce == v1alpha1.SiteAnnounced && b.Announce == v1alpha1.SiteAnnounced && a.EdgesServing == 2 && b.EdgesServing == 2 && a.ReadyBackends == 1
 	})
 	if err := s.WaitRemotes(60*time.Second, true); err != nil {
 		t.Fatal(err)
@@ -767,7 +767,7 @@ func TestSiteFederated(t *testing.T) {
 	}
 	stream := s.StartStream(ctx, "echo.lab", traffic.StreamOptions{Every: 10 * time.Millisecond, For: time.Minute})
 	asked := time.Now()
-	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "true"}); err != nil {
+	if err := f.Annotate(ctx, "b", map[string]string{v1alpha1.AnnotationDrain: "true"}); err != nil {
 		stream.Stop()
 		t.Fatal(err)
 	}
@@ -786,8 +786,8 @@ func TestSiteFederated(t *testing.T) {
 		stream.Stop()
 		t.Fatal(err)
 	}
-	status("b draining", func(a, b federation.SiteStatus) bool {
-		return b.Announce == federation.Draining && b.AnnounceChanged != nil
+	status("b draining", func(a, b v1alpha1.SiteStatus) bool {
+		return b.Announce == v1alpha1.SiteDraining && b.AnnounceChanged != nil
 	})
 	time.Sleep(time.Second)
 	kept, total, failed := checkKeepConns(held, "/drained")
@@ -798,7 +798,7 @@ func TestSiteFederated(t *testing.T) {
 	if kept != total || news.Failed > 0 {
 		t.Errorf("drain: %d of %d held connections broke (%v), %d new connections failed", total-kept, total, failed, news.Failed)
 	}
-	if err := f.Annotate(ctx, "b", map[string]string{federation.AnnotationDrain: "false"}); err != nil {
+	if err := f.Annotate(ctx, "b", map[string]string{v1alpha1.AnnotationDrain: "false"}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, s.HopsAre(2, 2)); err != nil {
