@@ -1,6 +1,7 @@
 package nginx
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -22,11 +23,20 @@ func (r *Reloader) steer(cfg *Config) error {
 		pid = r.master.PID()
 	}
 	r.mu.Unlock()
+	// The listeners change only with the master or its configuration: a
+	// change of routes alone does not look for them again.
+	register := 0
+	if pid != 0 && (pid != r.listenersOf || !bytes.Equal(r.applied, r.listenersText)) {
+		register = pid
+	}
 	r.steered = cfg.L4Routes
-	if err := r.cfg.SteerL4(pid, cfg.L4Routes); err != nil {
+	if err := r.cfg.SteerL4(register, cfg.L4Routes); err != nil {
 		r.m.reloads.WithLabelValues(ResultError).Inc()
 		r.log.Error("L4 routes not steered", zap.Error(err))
 		return fmt.Errorf("steer L4 routes: %w", err)
+	}
+	if register != 0 {
+		r.listenersOf, r.listenersText = register, r.applied
 	}
 	if err := r.pruneSteered(cfg.L4); err != nil {
 		r.log.Warn("remove stale L4 route files", zap.Error(err))

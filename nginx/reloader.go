@@ -45,11 +45,12 @@ type ReloaderConfig struct {
 	// OnServed, if set, is called by Run with each snapshot nginx has started
 	// serving (its configuration confirmed live, or only its endpoints changed).
 	OnServed func(model.Snapshot)
-	// SteerL4, when set, is called once nginx serves a configuration, with its
-	// master's process id (0 without one) and the TCP routes of its steered
-	// listeners (Config.L4Routes; none without Render.L4Steered): it points
-	// them at nginx's listeners (dataplane/steer). An error makes the apply
-	// fail, so that it is tried again.
+	// SteerL4, when set, is called once nginx serves a configuration, with the
+	// TCP routes of its steered listeners (Config.L4Routes; none without
+	// Render.L4Steered), and the master's process id when its listeners must
+	// be registered (a new master, or a new configuration), else 0: it points
+	// the routes at nginx's listeners (dataplane/steer). An error makes the
+	// apply fail, so that it is tried again.
 	SteerL4 func(pid int, routes []L4Route) error
 	// MaxDraining bounds the workers that reloads replaced and that still serve
 	// the connections they hold: before a reload, the oldest beyond it are ended
@@ -109,6 +110,10 @@ type Reloader struct {
 	// steered are the L4 routes last given to SteerL4, for a master that
 	// starts later.
 	steered []L4Route
+	// listenersOf is the master whose listeners SteerL4 last registered, and
+	// listenersText the configuration it ran then.
+	listenersOf   int
+	listenersText []byte
 	// fileDigest is the digest of the table in Options.TableFile, which is
 	// written before every start and reload, and after changes once they stop
 	// coming (Run), so that an agent that restarts finds what nginx has.

@@ -77,8 +77,8 @@ func (l *lineClient) ask(q string) (string, error) {
 // port, so Services on those VIP:ports exercise routes, files and portico.js
 // without BPF. Asserted: after the first TCP Service, another Service, new
 // endpoints, the PROXY protocol turned off and a Service removed each change
-// routes and files only (no reload); SteerL4 gets every route with nginx's
-// master; a held connection keeps its endpoint across all of it while new
+// routes and files only (no reload); SteerL4 gets every route, and nginx's
+// master once, when it starts (its listeners stay the same without a reload); a held connection keeps its endpoint across all of it while new
 // ones take the new endpoints; a removed route's file goes.
 func TestSteeredL4ServicesNeedNoReload(t *testing.T) {
 	e1, e2 := lineBackend(t, "e1"), lineBackend(t, "e2")
@@ -165,8 +165,10 @@ func TestSteeredL4ServicesNeedNoReload(t *testing.T) {
 		// random.
 		slices.SortFunc(step.routes, func(a, b L4Route) int { return a.VIP.Compare(b.VIP) })
 		slices.Sort(step.files)
-		if r, _ := routes(); !slices.Equal(r, step.routes) {
+		if r, pid := routes(); !slices.Equal(r, step.routes) {
 			t.Errorf("%s: routes %v, want %v", step.name, r, step.routes)
+		} else if pid != 0 {
+			t.Errorf("%s: SteerL4 was asked to register master %d's listeners again; nothing reloaded", step.name, pid)
 		}
 		ents, err := os.ReadDir(filepath.Join(dir, steeredDir))
 		if err != nil {

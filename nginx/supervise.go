@@ -257,10 +257,12 @@ func (r *Reloader) start(ctx context.Context) error {
 		// them (the last apply's, or none before the first).
 		r.applyMu.Lock()
 		routes := r.steered
-		r.applyMu.Unlock()
 		if err := r.cfg.SteerL4(m.PID(), routes); err != nil {
 			r.log.Error("L4 routes not steered to the new nginx master; the next change tries again", zap.Error(err))
+		} else {
+			r.listenersOf, r.listenersText = m.PID(), r.applied
 		}
+		r.applyMu.Unlock()
 	}
 	return nil
 }
