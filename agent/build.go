@@ -100,7 +100,11 @@ func (a *agent) buildNginx() error {
 	ropts.DrainTimeout = cfg.NginxDrainTimeout
 	a.served = &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
 	rcfg := nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: a.served.set}
-	if cfg.L4SteerPort != 0 {
+	if cfg.L4SteerPort == 0 {
+		if err := steer.Remove(cfg.PinPath); err != nil {
+			return err
+		}
+	} else {
 		st, err := loadSteering(cfg, a.log.Named("steer"), a.reg)
 		if err != nil {
 			return err

@@ -334,3 +334,17 @@ func routeKey(vip netip.AddrPort) steerSteerKey {
 func keyString(k steerSteerKey) string {
 	return netip.AddrPortFrom(netip.AddrFrom16(k.Addr).Unmap(), k.Port).String()
 }
+
+// Remove takes the program out of the network namespace and removes its pins
+// from pinPath, for an agent that runs without steering after one that
+// steered (a pinned link would keep old routes, and keep refusing the
+// listeners' ports). Nothing pinned is not an error.
+func Remove(pinPath string) error {
+	var errs []error
+	for _, name := range []string{linkPin, steerMapSteerRoutes, steerMapSteerSocks, steerMapSteerConfig, steerMapSteerStats} {
+		if err := os.Remove(filepath.Join(pinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("remove pin %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -180,6 +180,21 @@ func TestSteering(t *testing.T) {
 
 	// A listener that closes leaves the socket map by itself: its routes are
 	// refused, not sent to a dead socket.
+	defer func() {
+		// An agent without steering removes the program: the listeners'
+		// ports are plain ports again.
+		s.Close()
+		if err := Remove(pin); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range lns {
+			if l.class == Proxy && l.ln.Addr().(*net.TCPAddr).IP.To4() != nil {
+				if _, err := dial(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), proxy)); err != nil {
+					t.Errorf("a listener's own port after Remove: %v, want a connection", err)
+				}
+			}
+		}
+	}()
 	for _, l := range lns {
 		if l.class == Proxy {
 			continue
