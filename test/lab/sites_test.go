@@ -270,8 +270,18 @@ func TestSiteDrain(t *testing.T) {
 		k2, t2, f2 := checkKeepConns(during, "/after-drain")
 		news = traffic.FailuresAround(atts, back)
 		t.Logf("%s: drain over, b back in the route after %v; %d/%d connections opened during the drain kept; new connections: %v", name, returned.Round(time.Millisecond), k2, t2, news)
-		if k2 != t2 || news.Failed > 0 {
-			t.Errorf("%s: b's return broke %d of %d connections opened during the drain (%v); %d new connections failed", name, t2-k2, t2, f2, news.Failed)
+		if k2 != t2 {
+			t.Errorf("%s: b's return broke %d of %d connections opened during the drain (%v)", name, t2-k2, t2, f2)
+		}
+		// As in TestSiteReturn: b's edges join the route one by one, and
+		// the kernel's hash-threshold multipath moves flows among all next
+		// hops at each join, so a handshake can be split over two route
+		// changes (its SYN at b's first edge, its ACK back at a), which
+		// nothing can save (CI's stop run: one of 569, started 835 ms after
+		// the return began, 14 ms before b's last edge was in). Only
+		// failures outside that window count.
+		if late := traffic.FailuresAround(traffic.Hard(atts), back.Add(returned+time.Second)); late.Failed > 0 || news.Failed > news.Total/100 {
+			t.Errorf("%s: %d new connections failed as b came back (%d more than a second after it was in the route)", name, news.Failed, late.Failed)
 		}
 		held.Close()
 		during.Close()
