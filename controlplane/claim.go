@@ -3,7 +3,6 @@ package controlplane
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -15,7 +14,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -271,7 +269,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *v1alpha1.Ingress
 		// namespaces provision them.
 		msg := fmt.Sprintf("IngressClaims are served only in namespaces %s", strings.Join(ns, ", "))
 		warn("metadata.namespace", model.ReasonClaimNotAllowed, msg)
-		return c.writeClaimStatus(ctx, claim, v1alpha1.IngressClaimStatus{Phase: v1alpha1.ClaimPending, Message: msg})
+		return c.writeClaimStatus(ctx, claim, v1alpha1.IngressClaimStatus{Phase: v1alpha1.ClaimPending, Message: msg}, v1alpha1.ClaimReasonNotAllowed)
 	}
 	group := claim.Namespace + "/" + claim.Name
 	status := v1alpha1.IngressClaimStatus{Group: group}
@@ -296,7 +294,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *v1alpha1.Ingress
 		}
 		status.Phase = v1alpha1.ClaimPending
 		status.Message = "none of the listed Ingresses exists yet"
-		return c.writeClaimStatus(ctx, claim, status)
+		return c.writeClaimStatus(ctx, claim, status, v1alpha1.ClaimReasonPending)
 	}
 
 	// The group Service.
@@ -315,7 +313,7 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *v1alpha1.Ingress
 		status.Phase = v1alpha1.ClaimPending
 		status.Message = fmt.Sprintf("Service %s exists and is not owned by this claim", group)
 		warn("metadata.name", model.ReasonNameTaken, status.Message)
-		return c.writeClaimStatus(ctx, claim, status)
+		return c.writeClaimStatus(ctx, claim, status, v1alpha1.ClaimReasonNameTaken)
 	}
 	// The agents' DaemonSet: the API server is asked (no DaemonSet informer) when
 	// this leader has not seen it for the claim yet, and again once per resync
@@ -382,14 +380,17 @@ func (c *Controller) reconcileClaim(ctx context.Context, claim *v1alpha1.Ingress
 		}
 	}
 	var waiting []string
-	if len(status.VIPs) == 0 {
-		waiting = append(waiting, "waiting for a VIP")
-	}
+	reason := v1alpha1.ClaimReasonBound
 	if status.ReadyReplicas < status.Replicas {
 		waiting = append(waiting, fmt.Sprintf("%d/%d replicas ready", status.ReadyReplicas, status.Replicas))
+		reason = v1alpha1.ClaimReasonWaitingForReplicas
+	}
+	if len(status.VIPs) == 0 {
+		waiting = append([]string{"waiting for a VIP"}, waiting...)
+		reason = v1alpha1.ClaimReasonWaitingForVIP
 	}
 	status.Message = strings.Join(waiting, "; ")
-	return c.writeClaimStatus(ctx, claim, status)
+	return c.writeClaimStatus(ctx, claim, status, reason)
 }
 
 // reclaim applies the reclaim policy once every listed Ingress is gone. With no
@@ -408,7 +409,7 @@ func (c *Controller) reclaim(ctx context.Context, claim *v1alpha1.IngressClaim) 
 		st.Phase = v1alpha1.ClaimReleased
 		st.BoundIngresses = nil
 		st.Message = "every listed Ingress is gone; reclaim policy Retain"
-		return c.writeClaimStatus(ctx, claim, st)
+		return c.writeClaimStatus(ctx, claim, st, v1alpha1.ClaimReasonReleased)
 	}
 	del := metav1.DeleteOptions{Preconditions: &metav1.Preconditions{}}
 	ds, err := c.cfg.Client.AppsV1().DaemonSets(claim.Namespace).Get(ctx, claim.Name, metav1.GetOptions{})
@@ -436,31 +437,6 @@ func (c *Controller) reclaim(ctx context.Context, claim *v1alpha1.IngressClaim) 
 		return fmt.Errorf("delete IngressClaim: %w", err)
 	}
 	c.log.Info("claim reclaimed", zap.String("group", claim.Namespace+"/"+claim.Name))
-	return nil
-}
-
-func (c *Controller) writeClaimStatus(ctx context.Context, claim *v1alpha1.IngressClaim, st v1alpha1.IngressClaimStatus) error {
-	if equality.Semantic.DeepEqual(claim.Status, st) {
-		return nil
-	}
-	// A merge patch only removes fields it sets to null: spell every field out.
-	fields := map[string]any{"phase": nil, "group": nil, "vips": nil, "boundIngresses": nil, "replicas": nil, "readyReplicas": nil, "message": nil}
-	raw, err := json.Marshal(st)
-	if err != nil {
-		return fmt.Errorf("encode claim status: %w", err)
-	}
-	if err := json.Unmarshal(raw, &fields); err != nil {
-		return fmt.Errorf("encode claim status: %w", err)
-	}
-	patch, err := json.Marshal(map[string]any{"status": fields})
-	if err != nil {
-		return fmt.Errorf("encode claim status: %w", err)
-	}
-	_, err = c.cfg.Dynamic.Resource(v1alpha1.IngressClaimResource).Namespace(claim.Namespace).Patch(ctx, claim.Name, types.MergePatchType, patch, metav1.PatchOptions{}, "status")
-	c.countWrite("claim-status", err)
-	if err != nil {
-		return fmt.Errorf("write claim status: %w", err)
-	}
 	return nil
 }
 

@@ -14,10 +14,12 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -584,8 +586,22 @@ func TestIntegrationIngressClaim(t *testing.T) {
 				return err.Error()
 			}
 			want := v1alpha1.IngressClaimStatus{Phase: v1alpha1.ClaimBound, Group: e.ns + "/edge", VIPs: []string{"203.0.113.1"}, BoundIngresses: []string{"blog", "shop"},
-				Replicas: 3, Message: "0/3 replicas ready"}
-			if d := cmp.Diff(want, c.Status); d != "" {
+				Replicas: 3, Message: "0/3 replicas ready", ObservedGeneration: c.Generation,
+				Conditions: []metav1.Condition{
+					{Type: v1alpha1.ClaimConditionBound, Status: metav1.ConditionTrue, Reason: v1alpha1.ClaimReasonBound,
+						Message: "2 Ingresses bound to group " + e.ns + "/edge", ObservedGeneration: c.Generation},
+					{Type: v1alpha1.ClaimConditionReady, Status: metav1.ConditionFalse, Reason: v1alpha1.ClaimReasonWaitingForReplicas,
+						Message: "0/3 replicas ready", ObservedGeneration: c.Generation},
+				}}
+			if c.Generation == 0 {
+				return "claim has no generation"
+			}
+			for _, cond := range c.Status.Conditions {
+				if cond.LastTransitionTime.IsZero() {
+					return fmt.Sprintf("condition %s has no lastTransitionTime", cond.Type)
+				}
+			}
+			if d := cmp.Diff(want, c.Status, cmpopts.IgnoreFields(metav1.Condition{}, "LastTransitionTime")); d != "" {
 				return "claim status (-want +got):\n" + d
 			}
 			svc, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "edge", metav1.GetOptions{})
@@ -662,9 +678,28 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			}
 			return ""
 		})
+		before, err := e.claim("edge")
+		if err != nil {
+			t.Fatal(err)
+		}
 		// As many ready agents as the template asks for: nothing left to wait for.
 		e.slice(slice("", "edge", "edge-2", "http", 80, ep{addr: "10.9.0.3", ready: true}, ep{addr: "10.9.0.4", ready: true}))
 		testenv.Eventually(t, converge, readiness(3, ""))
+		// kubectl wait --for=condition=Ready now returns; Bound did not change,
+		// so its transition time stays.
+		after, err := e.claim("edge")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ready := apimeta.FindStatusCondition(after.Status.Conditions, v1alpha1.ClaimConditionReady)
+		bound0 := apimeta.FindStatusCondition(before.Status.Conditions, v1alpha1.ClaimConditionBound)
+		bound1 := apimeta.FindStatusCondition(after.Status.Conditions, v1alpha1.ClaimConditionBound)
+		if ready == nil || ready.Status != metav1.ConditionTrue || ready.Reason != v1alpha1.ClaimReasonBound {
+			t.Errorf("Ready condition with every replica ready: %+v", ready)
+		}
+		if bound0 == nil || bound1 == nil || !bound0.LastTransitionTime.Equal(&bound1.LastTransitionTime) {
+			t.Errorf("Bound's lastTransitionTime moved though Bound stayed True: %+v then %+v", bound0, bound1)
+		}
 	})
 	t.Run("reclaim Delete", func(t *testing.T) {
 		for _, n := range []string{"shop", "blog"} {
@@ -702,6 +737,9 @@ func TestIntegrationIngressClaim(t *testing.T) {
 			}
 			if c.Status.Phase != v1alpha1.ClaimReleased || len(c.Status.BoundIngresses) != 0 {
 				return fmt.Sprintf("status %+v, want Released with no Ingresses", c.Status)
+			}
+			if b := apimeta.FindStatusCondition(c.Status.Conditions, v1alpha1.ClaimConditionBound); b == nil || b.Status != metav1.ConditionFalse || b.Reason != v1alpha1.ClaimReasonReleased {
+				return fmt.Sprintf("Bound condition %+v, want False, reason Released", b)
 			}
 			if _, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "keep", metav1.GetOptions{}); err != nil {
 				return "retained Service: " + err.Error()

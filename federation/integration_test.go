@@ -18,6 +18,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -343,7 +344,9 @@ func TestPropagation(t *testing.T) {
 	waitStatus(t, ctx, host, "shop", "3 propagated, a: 1 of 2 backends ready, no edge", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
 		return fi.Status.Propagated == 3 && fi.Status.Ready == 0 && s != nil && s.ReadyBackends == 1 && s.Backends == 2 &&
-			s.Edges == 0 && s.Announce == v1alpha1.SiteWithdrawn
+			s.Edges == 0 && s.Announce == v1alpha1.SiteWithdrawn &&
+			condition(fi, v1alpha1.FederatedConditionPropagated) == "True AllSites 3/3 placed sites hold the current generation" &&
+			condition(fi, v1alpha1.FederatedConditionReady) == "False SitesBehind 0/3 placed sites serve it; not: a, b, c"
 	})
 	// Site a's edges report through their status Leases, as agents write them: one
 	// serves the current generation and announces, one lags and is de-preferenced,
@@ -367,7 +370,8 @@ func TestPropagation(t *testing.T) {
 	time.Sleep(2 * time.Second) // edge-3's report goes stale
 	waitStatus(t, ctx, host, "shop", "a: 2 edges, 1 serving, announced; ready", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "a")
-		return s != nil && s.Edges == 2 && s.EdgesServing == 1 && s.Announce == v1alpha1.SiteAnnounced && fi.Status.Ready == 1
+		return s != nil && s.Edges == 2 && s.EdgesServing == 1 && s.Announce == v1alpha1.SiteAnnounced && fi.Status.Ready == 1 &&
+			condition(fi, v1alpha1.FederatedConditionReady) == "False SitesBehind 1/3 placed sites serve it; not: b, c"
 	})
 	edge("edge-1", gen, "depreferenced", time.Minute)
 	waitStatus(t, ctx, host, "shop", "a: de-preferenced", func(fi *v1alpha1.FederatedIngress) bool {
@@ -430,7 +434,8 @@ func TestPropagation(t *testing.T) {
 	waitMembers(t, ctx, cs, "update beside a bad override", "shop", atGeneration(gen), "a", "c")
 	waitStatus(t, ctx, host, "shop", "b reports its bad override", func(fi *v1alpha1.FederatedIngress) bool {
 		s := site(fi, "b")
-		return s != nil && strings.Contains(s.Error, "not an Ingress") && fi.Status.Propagated == 2
+		return s != nil && strings.Contains(s.Error, "not an Ingress") && fi.Status.Propagated == 2 &&
+			condition(fi, v1alpha1.FederatedConditionPropagated) == "False SitesBehind 2/3 placed sites hold the current generation; not: b"
 	})
 	if got := memberIngress(ctx, b, "shop"); got == nil || got.Annotations["team"] != "b" {
 		t.Errorf("b lost its Ingress over a bad override: %+v", got)
@@ -645,4 +650,14 @@ func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok fu
 		t.Fatalf("%s: peers never did; last: %s", what, last)
 	}
 	return f
+}
+
+// condition is fi's condition typ as "status reason message", "" when it has
+// none or it is for another generation than fi's.
+func condition(fi *v1alpha1.FederatedIngress, typ string) string {
+	c := apimeta.FindStatusCondition(fi.Status.Conditions, typ)
+	if c == nil || c.ObservedGeneration != fi.Generation || c.LastTransitionTime.IsZero() {
+		return ""
+	}
+	return fmt.Sprintf("%s %s %s", c.Status, c.Reason, c.Message)
 }

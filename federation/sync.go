@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -38,7 +40,44 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	sort.Slice(status.Sites, func(i, j int) bool { return status.Sites[i].Cluster < status.Sites[j].Cluster })
 	keepAnnounceChanged(status.Sites, fi.Status.Sites)
 	status.Propagated, status.Ready = countSites(status.Sites, fi.Generation)
+	status.Conditions = conditions(fi, status)
 	return c.writeStatus(ctx, u, fi, status)
+}
+
+// conditions returns fi's conditions with Propagated and Ready set for st, at
+// fi's generation: True when every placed site holds (Propagated) or also
+// serves (Ready) it; otherwise the message names the sites that do not. A
+// condition whose status does not change keeps its lastTransitionTime.
+func conditions(fi *v1alpha1.FederatedIngress, st v1alpha1.FederatedIngressStatus) []metav1.Condition {
+	conds := slices.Clone(fi.Status.Conditions)
+	placed := int32(len(st.Sites))
+	var behind, notReady []string
+	for _, s := range st.Sites {
+		switch {
+		case s.Error != "" || s.PropagatedGeneration != fi.Generation:
+			behind = append(behind, s.Cluster)
+			notReady = append(notReady, s.Cluster)
+		case s.ReadyBackends == 0 || s.EdgesServing == 0:
+			notReady = append(notReady, s.Cluster)
+		}
+	}
+	set := func(typ string, n int32, missing []string, what string) {
+		c := metav1.Condition{Type: typ, Status: metav1.ConditionTrue, Reason: v1alpha1.FederatedReasonAllSites,
+			Message: fmt.Sprintf("%d/%d placed sites %s", n, placed, what), ObservedGeneration: fi.Generation}
+		switch {
+		case placed == 0:
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1alpha1.FederatedReasonNoPlacement, "the placement names no cluster"
+		case Validate(fi) != nil:
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1alpha1.FederatedReasonInvalid, Validate(fi).Error()
+		case len(missing) > 0:
+			c.Status, c.Reason = metav1.ConditionFalse, v1alpha1.FederatedReasonSitesBehind
+			c.Message += "; not: " + strings.Join(missing, ", ")
+		}
+		apimeta.SetStatusCondition(&conds, c)
+	}
+	set(v1alpha1.FederatedConditionPropagated, st.Propagated, behind, "hold the current generation")
+	set(v1alpha1.FederatedConditionReady, st.Ready, notReady, "serve it")
+	return conds
 }
 
 // get reads the FederatedIngress key names from the cache, as stored and decoded;

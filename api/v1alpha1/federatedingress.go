@@ -166,7 +166,33 @@ type FederatedIngressStatus struct {
 	Propagated int32 `json:"propagated"`
 	// +optional
 	Ready int32 `json:"ready"`
+	// Conditions are Propagated (every placed site holds the current
+	// generation's Ingress) and Ready (every placed site also has a ready
+	// backend and an edge whose nginx serves it), each with the current
+	// generation as observedGeneration.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// The FederatedIngress's condition types and reasons.
+const (
+	FederatedConditionPropagated = "Propagated"
+	FederatedConditionReady      = "Ready"
+
+	// FederatedReasonAllSites: every placed site (for Propagated: holds the
+	// Ingress; for Ready: also serves it).
+	FederatedReasonAllSites = "AllSites"
+	// FederatedReasonSitesBehind: some placed sites do not (the message says
+	// how many and which).
+	FederatedReasonSitesBehind = "SitesBehind"
+	// FederatedReasonInvalid: the FederatedIngress does not validate; nothing
+	// was changed on the members.
+	FederatedReasonInvalid = "Invalid"
+	// FederatedReasonNoPlacement: the placement names no cluster.
+	FederatedReasonNoPlacement = "NoPlacement"
+)
 
 // What a site's edges do with its group's VIPs (SiteStatus.Announce), from their
 // own reports.

@@ -127,7 +127,42 @@ type IngressClaimStatus struct {
 	// Message is what the claim waits for (a VIP, agents), empty when nothing.
 	// +optional
 	Message string `json:"message,omitempty"`
+	// ObservedGeneration is the claim's metadata.generation this status is for.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Conditions are Bound (the listed Ingresses are bound to the claim's
+	// group) and Ready (bound, with a VIP and every replica ready), for
+	// `kubectl wait --for=condition=Ready`.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
 }
+
+// The IngressClaim's condition types and reasons.
+const (
+	ClaimConditionBound = "Bound"
+	ClaimConditionReady = "Ready"
+
+	// ClaimReasonBound: Bound is True; Ready is True with it when nothing is
+	// waited for.
+	ClaimReasonBound = "Bound"
+	// ClaimReasonPending: no listed Ingress exists yet.
+	ClaimReasonPending = "Pending"
+	// ClaimReasonReleased: every listed Ingress is gone and the group is kept
+	// (reclaim policy Retain).
+	ClaimReasonReleased = "Released"
+	// ClaimReasonNotAllowed: claims are not served in the claim's namespace.
+	ClaimReasonNotAllowed = "NotAllowed"
+	// ClaimReasonNameTaken: a Service of the claim's name exists and is not
+	// the claim's.
+	ClaimReasonNameTaken = "NameTaken"
+	// ClaimReasonWaitingForVIP: bound, and the group has no VIP yet.
+	ClaimReasonWaitingForVIP = "WaitingForVIP"
+	// ClaimReasonWaitingForReplicas: bound, and fewer agents are ready than
+	// the template asks for.
+	ClaimReasonWaitingForReplicas = "WaitingForReplicas"
+)
 
 // IngressClaimList is a list of IngressClaims.
 //
