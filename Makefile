@@ -63,14 +63,15 @@ image-name: ## print IMAGE, the image's name and tag
 vet: ## go vet every package
 	$(GO) vet ./...
 
-# The two labs of whole systems, test/lab (agents as processes) and test/cluster
+# The labs of whole systems, test/lab (agents as processes), test/lab/sites (the
+# multi-site lab: two or three such labs behind FRR routers) and test/cluster
 # (kubelet nodes), each keep a dozen processes busy and measure failover bounds in
 # milliseconds; side by side on a small machine they starve each other. They run one
 # after the other, after everything else.
-LABS := ./test/lab ./test/cluster
+LABS := ./test/lab ./test/lab/sites ./test/cluster
 
 unit: deps kapi kube ## run every Go test (BPF, namespace, API-server and cluster tests need root and run in CI)
-	$(GO) test $(TESTFLAGS) $$($(GO) list ./... | grep -v -e '/test/lab$$' -e '/test/cluster$$')
+	$(GO) test $(TESTFLAGS) $$($(GO) list ./... | grep -v -e '/test/lab$$' -e '/test/lab/sites$$' -e '/test/cluster$$')
 	$(GO) test $(TESTFLAGS) -p 1 $(LABS)
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions each)

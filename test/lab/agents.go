@@ -55,8 +55,8 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 			return nil, err
 		}
 		args = append(args, "-announce", "bgp", "-bgp-config", conf)
-		if l.sitesFile != "" {
-			args = append(args, "-federation-peers", l.sitesFile)
+		if l.SitesFile != "" {
+			args = append(args, "-federation-peers", l.SitesFile)
 		}
 	}
 	a.cmd = exec.Command("nsenter", args...)

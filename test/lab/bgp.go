@@ -25,13 +25,13 @@ import (
 //
 //	client 10.217.0.2 --- rt 10.217.0.1 | 10.216.0.1 --- bridge --- edges, pods
 const (
-	routerASN = 65000
+	RouterASN = 65000
 	edgeASN   = 64512
 )
 
 var (
-	clientSubnet = netip.MustParsePrefix("10.217.0.0/24")
-	bgpClient    = netip.MustParsePrefix("10.217.0.2/24")
+	ClientSubnet = netip.MustParsePrefix("10.217.0.0/24")
+	BGPClient    = netip.MustParsePrefix("10.217.0.2/24")
 	bgpRouterOut = netip.MustParsePrefix("10.217.0.1/24")
 )
 
@@ -60,14 +60,14 @@ type Router struct {
 	res *resilientGroup
 }
 
-// routerAddr is the router's address in the lab's (or site's) subnet.
-func (l *Lab) routerAddr() netip.Addr { return netip.AddrFrom4([4]byte{10, l.subnet, 0, 1}) }
+// RouterAddr is the router's address in the lab's (or site's) subnet.
+func (l *Lab) RouterAddr() netip.Addr { return netip.AddrFrom4([4]byte{10, l.subnet, 0, 1}) }
 
 // startRouter builds the router, with an address in each of the subnets (the
 // first one's on its node), and the client behind it, and starts FRR peering
 // with the edges.
 func (l *Lab) startRouter(o *BGPOptions, subnets []byte, edges []netip.Addr) error {
-	r, c, err := l.newRouter(o, routerSpec{name: "rt", asn: routerASN, subnets: subnets, client: bgpClient, edges: edges})
+	r, c, err := l.NewRouter(o, RouterSpec{Name: "rt", ASN: RouterASN, Subnets: subnets, Client: BGPClient, Edges: edges})
 	if err != nil {
 		return err
 	}
@@ -83,51 +83,52 @@ func (l *Lab) startRouter(o *BGPOptions, subnets []byte, edges []netip.Addr) err
 	return nil
 }
 
-// routerSpec is one router of a lab: its node's name and AS, its addresses on
+// RouterSpec is one router of a lab: its node's name and AS, its addresses on
 // the bridge (10.s.0.1 for each subnet s), its client's address behind it (the
 // router is .1 of that /24), the edges that peer with it, and other routers it
 // peers with (eBGP, by their address and AS).
-type routerSpec struct {
-	name    string
-	asn     uint32
-	subnets []byte
-	client  netip.Prefix
-	edges   []netip.Addr
-	routers []routerPeer
+type RouterSpec struct {
+	Name    string
+	ASN     uint32
+	Subnets []byte
+	Client  netip.Prefix
+	Edges   []netip.Addr
+	Routers []RouterPeer
 }
 
-type routerPeer struct {
-	addr netip.Addr
-	asn  uint32
+// RouterPeer is another router a router peers with.
+type RouterPeer struct {
+	Addr netip.Addr
+	ASN  uint32
 }
 
-// newRouter builds a router and its client (a namespace behind it) and starts
+// NewRouter builds a router and its client (a namespace behind it) and starts
 // FRR: zebra, bgpd (ECMP over the edges, multipath-relax) and, with BFD, bfdd.
-func (l *Lab) newRouter(o *BGPOptions, sp routerSpec) (*Router, *Node, error) {
-	rt, err := l.Net.AddNode(sp.name, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, sp.subnets[0], 0, 1}), 24), net.HardwareAddr{0x02, 0, 10, sp.subnets[0], 0, 1})
+func (l *Lab) NewRouter(o *BGPOptions, sp RouterSpec) (*Router, *Node, error) {
+	rt, err := l.Net.AddNode(sp.Name, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, sp.Subnets[0], 0, 1}), 24), net.HardwareAddr{0x02, 0, 10, sp.Subnets[0], 0, 1})
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, sn := range sp.subnets[1:] {
+	for _, sn := range sp.Subnets[1:] {
 		if err := netlab.IP("-n", rt.NS, "addr", "add", fmt.Sprintf("10.%d.0.1/24", sn), "dev", "eth0"); err != nil {
 			return nil, nil, err
 		}
 	}
 	routerAddr := rt.Addr.Addr()
-	r := &Router{Node: &Node{Node: rt}, asn: sp.asn}
-	clName := "cl" + strings.TrimPrefix(sp.name, "rt")
+	r := &Router{Node: &Node{Node: rt}, asn: sp.ASN}
+	clName := "cl" + strings.TrimPrefix(sp.Name, "rt")
 	ns := l.Net.Prefix + clName
 	if err := netlab.IP("netns", "add", ns); err != nil {
 		return nil, nil, err
 	}
 	l.Net.OnClose(func() error { return netlab.IP("netns", "del", ns) })
-	out := netip.PrefixFrom(netip.AddrFrom4([4]byte{sp.client.Addr().As4()[0], sp.client.Addr().As4()[1], sp.client.Addr().As4()[2], 1}), 24)
+	out := netip.PrefixFrom(netip.AddrFrom4([4]byte{sp.Client.Addr().As4()[0], sp.Client.Addr().As4()[1], sp.Client.Addr().As4()[2], 1}), 24)
 	for _, args := range [][]string{
 		{"-n", rt.NS, "link", "add", "eth1", "type", "veth", "peer", "name", "eth0", "netns", ns},
 		{"-n", rt.NS, "addr", "add", out.String(), "dev", "eth1"},
 		{"-n", rt.NS, "link", "set", "eth1", "up"},
 		{"-n", ns, "link", "set", "lo", "up"},
-		{"-n", ns, "addr", "add", sp.client.String(), "dev", "eth0"},
+		{"-n", ns, "addr", "add", sp.Client.String(), "dev", "eth0"},
 		{"-n", ns, "link", "set", "eth0", "up"},
 		{"-n", ns, "route", "add", "default", "via", out.Addr().String()},
 	} {
@@ -140,7 +141,7 @@ func (l *Lab) newRouter(o *BGPOptions, sp routerSpec) (*Router, *Node, error) {
 			return nil, nil, err
 		}
 	}
-	client := &Node{Node: &netlab.Node{Name: clName, NS: ns, Addr: sp.client}}
+	client := &Node{Node: &netlab.Node{Name: clName, NS: ns, Addr: sp.Client}}
 
 	dir, err := os.MkdirTemp("", "portico-lab-frr-")
 	if err != nil {
@@ -151,25 +152,25 @@ func (l *Lab) newRouter(o *BGPOptions, sp routerSpec) (*Router, *Node, error) {
 		return nil, nil, err
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "hostname %s\nrouter bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n", sp.name, sp.asn, routerAddr)
+	fmt.Fprintf(&b, "hostname %s\nrouter bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n", sp.Name, sp.ASN, routerAddr)
 	b.WriteString(" bgp bestpath as-path multipath-relax\n neighbor EDGES peer-group\n")
 	fmt.Fprintf(&b, " neighbor EDGES remote-as %d\n neighbor EDGES timers 1 3\n neighbor EDGES timers connect 1\n", edgeASN)
 	b.WriteString(" neighbor EDGES advertisement-interval 0\n")
-	bfdd := "hostname " + sp.name + "\n"
+	bfdd := "hostname " + sp.Name + "\n"
 	if o.BFD > 0 {
 		ms := o.BFD.Milliseconds()
 		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", ms, ms)
 		b.WriteString(" neighbor EDGES bfd\n neighbor EDGES bfd profile edges\n")
 	}
-	for _, e := range sp.edges {
+	for _, e := range sp.Edges {
 		fmt.Fprintf(&b, " neighbor %s peer-group EDGES\n", e)
 	}
-	for _, p := range sp.routers {
+	for _, p := range sp.Routers {
 		fmt.Fprintf(&b, " neighbor %s remote-as %d\n neighbor %s timers 1 3\n neighbor %s timers connect 1\n neighbor %s advertisement-interval 0\n",
-			p.addr, p.asn, p.addr, p.addr, p.addr)
+			p.Addr, p.ASN, p.Addr, p.Addr, p.Addr)
 	}
 	b.WriteString(" address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n")
-	zebra := "hostname " + sp.name + "\n"
+	zebra := "hostname " + sp.Name + "\n"
 	t := o.T
 	if t == nil {
 		return nil, nil, fmt.Errorf("BGPOptions.T is required")
@@ -179,8 +180,8 @@ func (l *Lab) newRouter(o *BGPOptions, sp routerSpec) (*Router, *Node, error) {
 	return r, client, nil
 }
 
-// edgeAddr is edge i's address on the bridge (buildSite gives it).
-func (l *Lab) edgeAddr(i int) netip.Addr {
+// EdgeAddr is edge i's address on the bridge (buildSite gives it).
+func (l *Lab) EdgeAddr(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, l.subnet, 0, byte(11 + i)})
 }
 
@@ -192,11 +193,11 @@ func (l *Lab) bgpConfig() (string, error) {
 	if l.bgp.BFD > 0 {
 		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: 3}\n", l.bgp.BFD, l.bgp.BFD)
 	}
-	asn := uint32(routerASN)
+	asn := uint32(RouterASN)
 	if l.Router != nil && l.Router.asn != 0 {
 		asn = l.Router.asn
 	}
-	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.routerAddr(), asn)
+	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.RouterAddr(), asn)
 	if l.bgp.BFD > 0 {
 		b.WriteString("  bfdProfile: lab\n")
 	}
@@ -222,10 +223,10 @@ func (r *Router) Nexthops() ([]netip.Addr, error) {
 	return hops, nil
 }
 
-// announced reports an error until the router's route to the VIP has want next
+// Announced reports an error until the router's route to the VIP has want next
 // hops and, with BFD, the router's BFD sessions with want edges are up (a
 // session whose BFD never came up is reset a few seconds later).
-func (r *Router) announced(want int) error {
+func (r *Router) Announced(want int) error {
 	hops, err := r.Nexthops()
 	if err != nil {
 		return err
@@ -258,7 +259,7 @@ func (r *Router) announced(want int) error {
 // Choose asks the router's kernel which edge it sends a TCP flow from the client
 // (source port sport) to the VIP's port 80 to: its L4 ECMP choice.
 func (r *Router) Choose(sport uint16) (netip.Addr, error) {
-	out, err := exec.Command("ip", "-n", r.NS, "route", "get", VIP.String(), "from", bgpClient.Addr().String(),
+	out, err := exec.Command("ip", "-n", r.NS, "route", "get", VIP.String(), "from", BGPClient.Addr().String(),
 		"iif", "eth1", "ipproto", "tcp", "sport", fmt.Sprint(sport), "dport", "80").Output()
 	if err != nil {
 		return netip.Addr{}, fmt.Errorf("ip route get in %s: %w", r.NS, err)
@@ -280,7 +281,7 @@ func (r *Router) Choose(sport uint16) (netip.Addr, error) {
 func (r *Router) Choices(from uint16, n int) (map[uint16]netip.Addr, error) {
 	var in strings.Builder
 	for i := range n {
-		fmt.Fprintf(&in, "route get %s from %s iif eth1 ipproto tcp sport %d dport 80\n", VIP, bgpClient.Addr(), from+uint16(i))
+		fmt.Fprintf(&in, "route get %s from %s iif eth1 ipproto tcp sport %d dport 80\n", VIP, BGPClient.Addr(), from+uint16(i))
 	}
 	cmd := exec.Command("ip", "-n", r.NS, "-batch", "-")
 	cmd.Stdin = strings.NewReader(in.String())
@@ -327,11 +328,11 @@ func (r *Router) waitGone(victim *Node, edges int, since time.Time, timeout time
 	}
 }
 
-// reviveEdge brings back an edge KillEdge took down, as a node back from a
+// ReviveEdge brings back an edge KillEdge took down, as a node back from a
 // reboot: its data plane is gone (program detached, pins removed), its link comes
 // up with the routes that taking the link down removed (to the client, to other
 // sites), and its agent starts, with an nginx of its own.
-func (l *Lab) reviveEdge(n *Node) error {
+func (l *Lab) ReviveEdge(n *Node) error {
 	a := l.Agent(l.EdgeNo(n))
 	if err := dataplane.Uninstall(a.PinPath); err != nil {
 		return err

@@ -78,12 +78,12 @@ func TestBGPOutageBench(t *testing.T) {
 				}
 				time.Sleep(1500 * time.Millisecond)
 				f := traffic.FailuresAround(stream.Stop(), fault)
-				k, n, _ := checkKeepConns(onSurvivors(conns, victim), "/bench")
+				k, n, _ := CheckKeepConns(OnSurvivors(conns, victim), "/bench")
 				conns.Close()
-				if err := l.reviveEdge(victim); err != nil {
+				if err := l.ReviveEdge(victim); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+				if _, err := testenv.Poll(ctx, 60*time.Second, 100*time.Millisecond, func() error { return l.Router.Announced(len(l.Edges)) }); err != nil {
 					t.Fatal(err)
 				}
 				back := choices()
@@ -112,15 +112,4 @@ func TestBGPOutageBench(t *testing.T) {
 				movedOut[0], movedOut[len(movedOut)-1], movedBack[0], movedBack[len(movedBack)-1], broken, held, failed, total)
 		})
 	}
-}
-
-// onSurvivors is the held connections whose replica is not n.
-func onSurvivors(held traffic.KeepConns, n *Node) traffic.KeepConns {
-	var out traffic.KeepConns
-	for _, k := range held {
-		if k.Edge != n.Addr.Addr().String() {
-			out = append(out, k)
-		}
-	}
-	return out
 }

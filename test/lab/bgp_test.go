@@ -108,7 +108,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	time.Sleep(time.Second)
 	// What is measured is BFD's detection: every session must be up now (on a
 	// loaded machine a 50 ms session flaps now and then, and comes back).
-	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.Announced(len(l.Edges)) }); err != nil {
 		t.Fatal(err)
 	}
 	victim := l.Edges[len(l.Edges)-1]
@@ -158,10 +158,10 @@ func TestBGPEveryEdge(t *testing.T) {
 	defer held2.Close()
 	stream = l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
 	back := time.Now()
-	if err := l.reviveEdge(victim); err != nil {
+	if err := l.ReviveEdge(victim); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.Announced(len(l.Edges)) }); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s back: announced again %v after its link came up", victim.Name, time.Since(back).Round(time.Millisecond))
@@ -173,7 +173,7 @@ func TestBGPEveryEdge(t *testing.T) {
 			older = append(older, k)
 		}
 	}
-	kept, total, failed = checkKeepConns(older, "/after-return")
+	kept, total, failed = CheckKeepConns(older, "/after-return")
 	t.Logf("%d/%d long-lived connections opened before the edge died kept while the router rehashed flows onto %s; new connections: %v",
 		kept, total, victim.Name, traffic.FailuresAround(atts, back))
 	if kept != total {
@@ -183,7 +183,7 @@ func TestBGPEveryEdge(t *testing.T) {
 	// the returning edge, a director for a third of the flows at once, starts
 	// from the ring without its replica (dataplane.Options.Arrival) and sends
 	// them where they are.
-	k2, t2, f2 := checkKeepConns(held2, "/after-return")
+	k2, t2, f2 := CheckKeepConns(held2, "/after-return")
 	t.Logf("%d/%d long-lived connections opened while %s was away kept", k2, t2, victim.Name)
 	if k2 != t2 {
 		t.Errorf("%d long-lived connections opened while %s was away broke when it came back: %v", t2-k2, victim.Name, f2)
@@ -207,33 +207,19 @@ func TestBGPEveryEdge(t *testing.T) {
 		if err := l.Ready(0); err != nil {
 			return err
 		}
-		return l.Router.announced(len(l.Edges))
+		return l.Router.Announced(len(l.Edges))
 	}); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("%s's agent restarted and announced again %v after the kill", l.Edges[0].Name, time.Since(restart).Round(time.Millisecond))
 	time.Sleep(time.Second)
 	atts = stream.Stop()
-	kept, total, failed = checkKeepConns(older, "/after-restart")
+	kept, total, failed = CheckKeepConns(older, "/after-restart")
 	f := traffic.FailuresAround(atts, restart)
 	t.Logf("agent restart: %v; %d/%d long-lived connections kept", f, kept, total)
 	if f.Failed > 0 || kept != total {
 		t.Errorf("agent restart: %d new connections failed, %d long-lived connections broke (%v)", f.Failed, total-kept, failed)
 	}
-}
-
-// checkKeepConns sends a request on every held connection: how many answered, of
-// how many, and the failures.
-func checkKeepConns(held traffic.KeepConns, path string) (kept, total int, failed []string) {
-	for _, k := range held {
-		total++
-		if _, err := k.Do("echo.lab", path, 3*time.Second); err == nil {
-			kept++
-		} else {
-			failed = append(failed, k.Edge+": "+err.Error())
-		}
-	}
-	return kept, total, failed
 }
 
 // TestBGPResilient: behind a router that forwards by a resilient nexthop group
@@ -245,7 +231,7 @@ func TestBGPResilient(t *testing.T) {
 	ctx := context.Background()
 	following := func(want int) func() error {
 		return func() error {
-			if err := l.Router.announced(want); err != nil {
+			if err := l.Router.Announced(want); err != nil {
 				return err
 			}
 			hops, err := l.Router.Nexthops()
@@ -308,14 +294,14 @@ func TestBGPResilient(t *testing.T) {
 		t.Errorf("the resilient group moved %d of %d flows of the surviving edges, want 0", moved, survivors)
 	}
 	time.Sleep(time.Second)
-	kept, total, failed := checkKeepConns(onSurvivors(held, victim), "/after-death")
+	kept, total, failed := CheckKeepConns(OnSurvivors(held, victim), "/after-death")
 	t.Logf("%d/%d long-lived connections on surviving replicas kept", kept, total)
 	if kept != total {
 		t.Errorf("%d long-lived connections on surviving replicas broke: %v", total-kept, failed)
 	}
 
 	back := time.Now()
-	if err := l.reviveEdge(victim); err != nil {
+	if err := l.ReviveEdge(victim); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, following(len(l.Edges))); err != nil {
@@ -339,7 +325,7 @@ func TestBGPResilient(t *testing.T) {
 	if between != 0 {
 		t.Errorf("the re-add moved %d flows between edges that stayed, want 0", between)
 	}
-	kept, total, failed = checkKeepConns(onSurvivors(held, victim), "/after-return")
+	kept, total, failed = CheckKeepConns(OnSurvivors(held, victim), "/after-return")
 	news := traffic.FailuresAround(atts, fault)
 	late := traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
 	t.Logf("%d/%d long-lived connections on surviving replicas kept; new connections from the fault on: %v; after the next hop left (+300 ms): %v", kept, total, news, late)
@@ -376,7 +362,7 @@ func TestBGPReplicaChange(t *testing.T) {
 				return fmt.Errorf("%s: %s's replica still has ring slots (%+v, %v)", n.Name, e3.Name, b, err)
 			}
 		}
-		return l.Router.announced(len(l.Edges))
+		return l.Router.Announced(len(l.Edges))
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -386,7 +372,7 @@ func TestBGPReplicaChange(t *testing.T) {
 	}
 	defer held.Close()
 	capture := l.capture(t)
-	onDrained := len(held) - len(onSurvivors(held, e2))
+	onDrained := len(held) - len(OnSurvivors(held, e2))
 	stream := l.StartStream(ctx, "echo.lab", traffic.StreamOptions{For: time.Minute})
 	defer func() { stream.Stop() }() // the stream then running, also on failure
 	time.Sleep(500 * time.Millisecond)
@@ -438,7 +424,7 @@ func TestBGPReplicaChange(t *testing.T) {
 	t.Logf("%s drained (its edge de-preferenced) and %s added while %s's agent restarted: settled after %v", e2.Name, e3.Name, e1.Name, time.Since(change).Round(time.Millisecond))
 	time.Sleep(time.Second)
 	atts := stream.Stop()
-	kept, total, failed := checkKeepConns(held, "/after-change")
+	kept, total, failed := CheckKeepConns(held, "/after-change")
 	f := traffic.FailuresAround(atts, change)
 	t.Logf("%d/%d long-lived connections kept (%d on the draining replica); new connections: %v", kept, total, onDrained, f)
 	if onDrained == 0 {
@@ -478,7 +464,7 @@ func TestBGPOverlaps(t *testing.T) {
 	l := startBGPLab(t, 50*time.Millisecond)
 	ctx := context.Background()
 	e1, e2, e3 := l.Edges[0], l.Edges[1], l.Edges[2]
-	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.announced(len(l.Edges)) }); err != nil {
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error { return l.Router.Announced(len(l.Edges)) }); err != nil {
 		t.Fatal(err)
 	}
 	held, err := l.OpenKeepConns(ctx, "echo.lab", 90)
@@ -545,7 +531,7 @@ func TestBGPOverlaps(t *testing.T) {
 				return fmt.Errorf("%s: %s not back in the ring (%v)", n.Name, e1.Name, err)
 			}
 		}
-		return l.Router.announced(len(l.Edges) - 1) // e2 de-preferenced
+		return l.Router.Announced(len(l.Edges) - 1) // e2 de-preferenced
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -578,11 +564,11 @@ func TestBGPOverlaps(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	survivors := onSurvivors(append(slices.Clone(held), during...), e1)
-	kept, failed := answerWithin(survivors, "/after-overlaps", time.Second)
+	survivors := OnSurvivors(append(slices.Clone(held), during...), e1)
+	kept, failed := AnswerWithin(survivors, "/after-overlaps", time.Second)
 	time.Sleep(2 * time.Second)
 	atts := stream.Stop()
-	onE2, onE3 := len(survivors)-len(onSurvivors(survivors, e2)), len(survivors)-len(onSurvivors(survivors, e3))
+	onE2, onE3 := len(survivors)-len(OnSurvivors(survivors, e2)), len(survivors)-len(OnSurvivors(survivors, e3))
 	late := traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
 	var beforeDeath []traffic.Attempt
 	for _, a := range atts {

@@ -33,26 +33,7 @@ import (
 
 var porticoBin string
 
-func TestMain(m *testing.M) {
-	os.Exit(func() int {
-		if os.Geteuid() != 0 {
-			return m.Run() // every test skips
-		}
-		dir, err := os.MkdirTemp("", "portico-e2e-bin-")
-		if err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			return 1
-		}
-		defer os.RemoveAll(dir)
-		porticoBin = filepath.Join(dir, "portico")
-		out, err := exec.Command("go", "build", "-o", porticoBin, "github.com/portico-edge/portico/cmd/portico").CombinedOutput()
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "build portico: %v\n%s", err, out)
-			return 1
-		}
-		return m.Run()
-	}())
-}
+func TestMain(m *testing.M) { os.Exit(Main(m, &porticoBin)) }
 
 // startLab brings the lab up with backends, an Ingress and every agent, and
 // waits until HTTP through the VIP works.
@@ -375,24 +356,24 @@ func TestDirectorFailover(t *testing.T) {
 		t.Errorf("takeover took %v", takeover)
 	}
 
-	survived, onSurvivors := 0, 0
+	survived, OnSurvivors := 0, 0
 	for _, k := range conns {
 		if k.Edge == ownerIP {
 			continue
 		}
-		onSurvivors++
+		OnSurvivors++
 		if _, err := k.Do("echo.lab", "/after", 3*time.Second); err == nil {
 			survived++
 		} else {
 			t.Logf("connection via %s: %v", k.Edge, err)
 		}
 	}
-	t.Logf("new owner %s after %v; %d of %d connections on surviving replicas kept working", newOwner.Name, takeover.Round(time.Millisecond), survived, onSurvivors)
-	if onSurvivors < 100 {
-		t.Fatalf("only %d connections on surviving replicas", onSurvivors)
+	t.Logf("new owner %s after %v; %d of %d connections on surviving replicas kept working", newOwner.Name, takeover.Round(time.Millisecond), survived, OnSurvivors)
+	if OnSurvivors < 100 {
+		t.Fatalf("only %d connections on surviving replicas", OnSurvivors)
 	}
-	if float64(survived) < 0.99*float64(onSurvivors) {
-		t.Errorf("%d of %d connections survived, want >= 99%%", survived, onSurvivors)
+	if float64(survived) < 0.99*float64(OnSurvivors) {
+		t.Errorf("%d of %d connections survived, want >= 99%%", survived, OnSurvivors)
 	}
 }
 

@@ -127,12 +127,12 @@ func TestIPv6EndToEnd(t *testing.T) {
 	takeover := time.Since(start)
 	time.Sleep(2 * time.Second)
 	attempts := stream.Stop()
-	kept, onSurvivors := 0, 0
+	kept, OnSurvivors := 0, 0
 	for _, k := range held {
 		if k.Edge == owner.Addr.Addr().String() {
 			continue
 		}
-		onSurvivors++
+		OnSurvivors++
 		if _, err := k.Do("echo.lab", "/after", 3*time.Second); err == nil {
 			kept++
 		} else {
@@ -146,9 +146,9 @@ func TestIPv6EndToEnd(t *testing.T) {
 		}
 	}
 	t.Logf("owner %s died; %s took over the IPv6 VIP in %v; %d of %d held connections on surviving replicas kept working; new connections through the failover: %d of %d failed",
-		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, onSurvivors, failed, len(attempts))
-	if onSurvivors == 0 || kept != onSurvivors {
-		t.Errorf("%d of %d held IPv6 connections on surviving replicas kept working, want all", kept, onSurvivors)
+		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, OnSurvivors, failed, len(attempts))
+	if OnSurvivors == 0 || kept != OnSurvivors {
+		t.Errorf("%d of %d held IPv6 connections on surviving replicas kept working, want all", kept, OnSurvivors)
 	}
 	for i := range 30 {
 		if _, err := v6.Get(ctx, c, "echo.lab", "/after-takeover"); err != nil {

@@ -388,12 +388,12 @@ func TestL4Services(t *testing.T) {
 		stream <- as
 	}()
 	newOwner, takeover := l.killOwner(t, owner)
-	kept, onSurvivors := 0, 0
+	kept, OnSurvivors := 0, 0
 	for _, h := range conns {
 		if h.rep.Peer == owner.Addr.Addr().String() {
 			continue
 		}
-		onSurvivors++
+		OnSurvivors++
 		rep, err := lineOn(h.c, h.r)
 		switch {
 		case err != nil:
@@ -431,9 +431,9 @@ func TestL4Services(t *testing.T) {
 		}
 	}
 	t.Logf("owner %s died; %s took over in %v; %d of %d held TCP connections on surviving replicas kept working; after takeover %d of 30 new TCP connections and %d of 30 UDP queries failed",
-		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, onSurvivors, newFailed, udpFailed)
-	if onSurvivors == 0 || kept != onSurvivors {
-		t.Errorf("%d of %d held connections on surviving replicas kept working, want all", kept, onSurvivors)
+		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, OnSurvivors, newFailed, udpFailed)
+	if OnSurvivors == 0 || kept != OnSurvivors {
+		t.Errorf("%d of %d held connections on surviving replicas kept working, want all", kept, OnSurvivors)
 	}
 	if newFailed > 0 || udpFailed > 0 {
 		t.Errorf("after the takeover %d new TCP connections and %d UDP queries failed, want none", newFailed, udpFailed)

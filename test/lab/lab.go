@@ -74,11 +74,11 @@ type Lab struct {
 	apiPort string
 	bgp     *BGPOptions
 	// subnet is the second octet of the nodes' 10.x.0.0/24 (216 unless the
-	// lab is one site of several, StartSites); name prefixes the site's nodes.
+	// lab is one site of several, test/lab/sites); name prefixes the site's nodes.
 	subnet byte
 	name   string
-	// sitesFile, for a site of StartSites, is the agents' --federation-peers.
-	sitesFile string
+	// SitesFile, for a site of several (test/lab/sites), is the agents' --federation-peers.
+	SitesFile string
 	mu        sync.Mutex
 	agents    map[int]*Agent
 	closers   []func() error
@@ -138,7 +138,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if o.BGP != nil {
 		var edges []netip.Addr
 		for i := range o.Edges {
-			edges = append(edges, l.edgeAddr(i))
+			edges = append(edges, l.EdgeAddr(i))
 		}
 		if err := l.startRouter(o.BGP, []byte{l.subnet}, edges); err != nil {
 			return l, err
@@ -154,7 +154,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 			return l, err
 		}
 	}
-	return l, l.buildSite(ctx, o)
+	return l, l.BuildSite(ctx, o)
 }
 
 // add creates the node 10.<subnet>.0.<host>/24 on the lab's bridge.
@@ -168,10 +168,10 @@ func (l *Lab) add(name string, host int) (*Node, error) {
 	return &Node{Node: n}, nil
 }
 
-// buildSite builds one cluster on the lab's network: its API server, its edges
+// BuildSite builds one cluster on the lab's network: its API server, its edges
 // and pods, and the objects it starts from. The network (and, for BGP, the router
 // and the client) is there already.
-func (l *Lab) buildSite(ctx context.Context, o Options) (err error) {
+func (l *Lab) BuildSite(ctx context.Context, o Options) (err error) {
 	if l.API, err = kapi.Launch(ctx, kapi.Options{}); err != nil {
 		return err
 	}
@@ -192,7 +192,7 @@ func (l *Lab) buildSite(ctx context.Context, o Options) (err error) {
 		l.Edges = append(l.Edges, e)
 		if o.BGP != nil {
 			// Replies (direct server return) go to the client through the router.
-			if err := netlab.IP("-n", e.NS, "route", "add", clientSubnet.String(), "via", l.routerAddr().String()); err != nil {
+			if err := netlab.IP("-n", e.NS, "route", "add", ClientSubnet.String(), "via", l.RouterAddr().String()); err != nil {
 				return err
 			}
 		}
@@ -284,10 +284,10 @@ func (l *Lab) Close() error {
 	return errors.Join(errs...)
 }
 
-// startEcho is the bring-up Up and Sites.Up share: it serves the backend pods,
+// StartEcho is the bring-up Up and test/lab/sites' Sites.Up share: it serves the backend pods,
 // creates the "echo" Service over them, routes echo.lab to it with route (an
 // Ingress or a FederatedIngress) and starts every edge's agent.
-func (l *Lab) startEcho(ctx context.Context, route func(ctx context.Context, name, host, service string) error) error {
+func (l *Lab) StartEcho(ctx context.Context, route func(ctx context.Context, name, host, service string) error) error {
 	if err := l.ServePods(); err != nil {
 		return err
 	}
@@ -305,9 +305,9 @@ func (l *Lab) startEcho(ctx context.Context, route func(ctx context.Context, nam
 	return nil
 }
 
-// agentExited names the first edge whose agent has exited, with its last log
+// AgentExited names the first edge whose agent has exited, with its last log
 // line; nil while every started agent runs.
-func (l *Lab) agentExited() error {
+func (l *Lab) AgentExited() error {
 	for i := range l.Edges {
 		if a := l.Agent(i); a != nil && a.Exited() {
 			return fmt.Errorf("agent on %s exited: %s", a.Edge.Name, a.LastLogLine())
@@ -316,9 +316,9 @@ func (l *Lab) agentExited() error {
 	return nil
 }
 
-// agentsReady returns Ready's error for the first edge that is not ready, or
+// AgentsReady returns Ready's error for the first edge that is not ready, or
 // nil when every edge is.
-func (l *Lab) agentsReady() error {
+func (l *Lab) AgentsReady() error {
 	for i := range l.Edges {
 		if err := l.Ready(i); err != nil {
 			return err
@@ -331,21 +331,21 @@ func (l *Lab) agentsReady() error {
 // for echo.lab, starts every agent and waits until every agent is ready, one edge
 // owns the VIP, and both the example's host and echo.lab are served through it.
 func (l *Lab) Up(ctx context.Context, timeout time.Duration) error {
-	if err := l.startEcho(ctx, l.Ingress); err != nil {
+	if err := l.StartEcho(ctx, l.Ingress); err != nil {
 		return err
 	}
 	c := l.HTTPClient(false, 2*time.Second)
 	deadline := time.Now().Add(timeout)
 	for {
-		if err := l.agentExited(); err != nil {
+		if err := l.AgentExited(); err != nil {
 			return err
 		}
 		err := func() error {
-			if err := l.agentsReady(); err != nil {
+			if err := l.AgentsReady(); err != nil {
 				return err
 			}
 			if l.Router != nil {
-				if err := l.Router.announced(len(l.Edges)); err != nil {
+				if err := l.Router.Announced(len(l.Edges)); err != nil {
 					return err
 				}
 			} else if _, err := l.Owner(); err != nil {

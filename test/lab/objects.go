@@ -9,6 +9,8 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -192,4 +194,35 @@ func (l *Lab) TLSSecret(ctx context.Context, name string, certPEM, keyPEM []byte
 		return fmt.Errorf("create secret %s: %w", name, err)
 	}
 	return nil
+}
+
+// SetBackendReady marks a site's echo pods ready or not (the site's federated
+// Ingress then has a ready backend there, or none).
+func (l *Lab) SetBackendReady(ctx context.Context, ready bool) error {
+	c := l.Kube.DiscoveryV1().EndpointSlices(AppNamespace)
+	es, err := c.Get(ctx, "echo-lab", metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	for i := range es.Endpoints {
+		es.Endpoints[i].Conditions.Ready = ptr(ready)
+	}
+	_, err = c.Update(ctx, es, metav1.UpdateOptions{})
+	return err
+}
+
+// FederatedIngress is Ingress with the label `portico federation` gives the
+// Ingresses it propagates.
+func (l *Lab) FederatedIngress(ctx context.Context, name, host, service string) error {
+	if err := l.Ingress(ctx, name, host, service); err != nil {
+		return err
+	}
+	c := l.Kube.NetworkingV1().Ingresses(AppNamespace)
+	ing, err := c.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return err
+	}
+	ing.Labels = map[string]string{v1alpha1.LabelFederatedIngress: name}
+	_, err = c.Update(ctx, ing, metav1.UpdateOptions{})
+	return err
 }

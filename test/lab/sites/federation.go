@@ -1,4 +1,4 @@
-package lab
+package sites
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/federation"
 	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/lab"
 )
 
 // Federation is a host cluster for a Sites lab: its own API server with the
@@ -30,7 +31,7 @@ import (
 type Federation struct {
 	Host *kapi.Server
 	Dyn  dynamic.Interface
-	lab  *Lab // the host's objects (ApplyFile)
+	objs *lab.Lab // the host's objects (ApplyFile)
 	done chan error
 }
 
@@ -41,21 +42,21 @@ func (s *Sites) Federate(ctx context.Context, t testing.TB, drainLead time.Durat
 	if err != nil {
 		return nil, err
 	}
-	f := &Federation{Host: host, lab: &Lab{API: host}, done: make(chan error, 1)}
-	s.shared.closers = append(s.shared.closers, host.Stop)
-	if f.lab.Kube, err = kubernetes.NewForConfig(host.Config); err != nil {
+	f := &Federation{Host: host, objs: &lab.Lab{API: host}, done: make(chan error, 1)}
+	s.shared.OnClose(host.Stop)
+	if f.objs.Kube, err = kubernetes.NewForConfig(host.Config); err != nil {
 		return nil, err
 	}
 	for _, file := range []string{"federation/federatedingresses.portico.io.yaml", "federation/controller.yaml"} {
-		if err := f.lab.ApplyFile(ctx, file); err != nil {
+		if err := f.objs.ApplyFile(ctx, file); err != nil {
 			return nil, err
 		}
 	}
 	if f.Dyn, err = dynamic.NewForConfig(host.Config); err != nil {
 		return nil, err
 	}
-	hostKube := f.lab.Kube
-	if _, err := hostKube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: AppNamespace}}, metav1.CreateOptions{}); err != nil {
+	hostKube := f.objs.Kube
+	if _, err := hostKube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: lab.AppNamespace}}, metav1.CreateOptions{}); err != nil {
 		return nil, err
 	}
 	for _, site := range s.all() {
@@ -63,8 +64,8 @@ func (s *Sites) Federate(ctx context.Context, t testing.TB, drainLead time.Durat
 		if err != nil {
 			return nil, err
 		}
-		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + site.name, Namespace: "portico-federation",
-			Labels: map[string]string{v1alpha1.LabelMemberCluster: site.name}}, Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: kc}}
+		sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "site-" + site.SiteName(), Namespace: "portico-federation",
+			Labels: map[string]string{v1alpha1.LabelMemberCluster: site.SiteName()}}, Data: map[string][]byte{v1alpha1.KeyMemberKubeconfig: kc}}
 		if _, err := hostKube.CoreV1().Secrets("portico-federation").Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 			return nil, err
 		}
@@ -76,20 +77,20 @@ func (s *Sites) Federate(ctx context.Context, t testing.TB, drainLead time.Durat
 	}
 	cctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	go func() { f.done <- ctrl.Run(cctx) }()
-	s.shared.closers = append(s.shared.closers, func() error {
+	s.shared.OnClose(func() error {
 		cancel()
 		return <-f.done
 	})
 	for _, site := range s.all() {
-		go site.mountPeers(cctx)
+		go mountPeers(cctx, site)
 	}
 	return f, nil
 }
 
-// mountPeers does for the site's agents what the kubelet does for the mounted
+// mountPeers does for a site's agents what the kubelet does for the mounted
 // ConfigMap portico-federation-peers: every half second, its content, when it
 // changed, replaces the --federation-peers file (atomically).
-func (l *Lab) mountPeers(ctx context.Context) {
+func mountPeers(ctx context.Context, l *lab.Lab) {
 	var last string
 	for {
 		select {
@@ -97,13 +98,13 @@ func (l *Lab) mountPeers(ctx context.Context) {
 			return
 		case <-time.After(500 * time.Millisecond):
 		}
-		cm, err := l.Kube.CoreV1().ConfigMaps(GroupNamespace).Get(ctx, federation.PeersConfigMap, metav1.GetOptions{})
+		cm, err := l.Kube.CoreV1().ConfigMaps(lab.GroupNamespace).Get(ctx, federation.PeersConfigMap, metav1.GetOptions{})
 		if err != nil {
 			continue // not written yet, or the member's API server is down: the file stays
 		}
 		if data := cm.Data[federation.PeersKey]; data != last {
-			tmp := l.sitesFile + ".tmp"
-			if os.WriteFile(tmp, []byte(data), 0o644) == nil && os.Rename(tmp, l.sitesFile) == nil {
+			tmp := l.SitesFile + ".tmp"
+			if os.WriteFile(tmp, []byte(data), 0o644) == nil && os.Rename(tmp, l.SitesFile) == nil {
 				last = data
 			}
 		}
@@ -135,7 +136,7 @@ func (f *Federation) Get(ctx context.Context, ns, name string) (*v1alpha1.Federa
 
 // Annotate sets annotations on a site's member Secret ("" removes one).
 func (f *Federation) Annotate(ctx context.Context, site string, kv map[string]string) error {
-	c := f.lab.Kube.CoreV1().Secrets("portico-federation")
+	c := f.objs.Kube.CoreV1().Secrets("portico-federation")
 	for range 5 {
 		sec, err := c.Get(ctx, "site-"+site, metav1.GetOptions{})
 		if err != nil {

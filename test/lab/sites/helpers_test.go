@@ -1,0 +1,87 @@
+package sites
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/test/frr"
+	"github.com/portico-edge/portico/test/kapi"
+	"github.com/portico-edge/portico/test/lab"
+	"github.com/portico-edge/portico/test/testenv"
+	"github.com/portico-edge/portico/test/traffic"
+)
+
+var porticoBin string
+
+func TestMain(m *testing.M) { os.Exit(lab.Main(m, &porticoBin)) }
+
+// startSites starts the two-site lab and brings it up; the agents' logs are
+// printed if the test fails, and the lab is closed when it ends.
+func startSites(t *testing.T) *Sites {
+	t.Helper()
+	return startSitesWith(t, SitesOptions{})
+}
+
+// startSitesWith is startSites with more options (the rest are set here).
+func startSitesWith(t *testing.T, o SitesOptions) *Sites {
+	t.Helper()
+	testenv.RequireRoot(t, "network namespaces, XDP, FRR")
+	kapi.Require(t)
+	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
+		testenv.Unavailable(t, "FRR is not installed (%v); test/setup/deps.sh installs it", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	o.Portico, o.BFD, o.T = porticoBin, 50*time.Millisecond, t
+	s, err := StartSites(ctx, o)
+	if err != nil {
+		t.Fatalf("start sites: %v", err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Log(s.logs())
+		}
+		if err := s.Close(); err != nil {
+			t.Errorf("close sites: %v", err)
+		}
+	})
+	if err := s.Up(ctx, 2*time.Minute); err != nil {
+		t.Fatalf("sites up: %v", err)
+	}
+	return s
+}
+
+// startPeeredSites starts the two sites, each knowing the other's edges (the
+// site hand-over on), and waits until every edge has them.
+func startPeeredSites(t *testing.T) *Sites {
+	t.Helper()
+	s := startSites(t)
+	for _, l := range []*lab.Lab{s.A, s.B} {
+		if err := s.SetPeers(l, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := s.WaitRemotes(30*time.Second, true); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// sentTo counts the held connections the router now sends to site.
+func (s *Sites) sentTo(t *testing.T, held traffic.KeepConns, site string) int {
+	t.Helper()
+	n := 0
+	for _, k := range held {
+		a, err := s.Router.Choose(k.LocalPort())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.SiteOf(a.String()) == site {
+			n++
+		}
+	}
+	return n
+}
