@@ -21,14 +21,14 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 deps: ## install the Debian packages the build and tests use (idempotent)
-	@test/setup/deps.sh
+	@hack/deps.sh
 
 generate: deps ## rebuild the BPF objects and their Go bindings with clang-14 + bpf2go
 	$(GO) generate ./dataplane/...
 
 .PHONY: api
-api: ## regenerate api/'s deep copies and CRDs (deploy/helm/portico/crds; FederatedIngress's, host cluster only, in deploy/federation) with controller-gen, built from tools/go.mod
-	cd tools && $(GO) build -o ../bin/controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
+api: ## regenerate api/'s deep copies and CRDs (deploy/helm/portico/crds; FederatedIngress's, host cluster only, in deploy/federation) with controller-gen, built from hack/tools/go.mod
+	cd hack/tools && $(GO) build -o ../../bin/controller-gen sigs.k8s.io/controller-tools/cmd/controller-gen
 	rm -rf bin/crds && bin/controller-gen object paths=./api/... crd:crdVersions=v1 output:crd:dir=bin/crds
 	for f in bin/crds/portico.io_*.yaml; do n=$${f#bin/crds/portico.io_}; n=$${n%.yaml}; \
 	  case $$n in federatedingresses) d=deploy/federation;; *) d=deploy/helm/portico/crds;; esac; \
@@ -37,7 +37,7 @@ api: ## regenerate api/'s deep copies and CRDs (deploy/helm/portico/crds; Federa
 
 .PHONY: helm
 helm: ## build helm from the Go module proxy (cached by version; make manifests and go test ./deploy use it)
-	@test/tools/helm.sh >/dev/null
+	@hack/helm.sh >/dev/null
 
 # go test ./deploy lints, renders, dry-runs and installs the chart with it.
 unit: helm
@@ -49,7 +49,7 @@ IMAGE_TAG ?= latest
 
 .PHONY: manifests
 manifests: helm ## render the Helm chart deploy/helm/portico into the plain manifests under deploy/ (IMAGE_REPO, IMAGE_TAG)
-	$(GO) run ./deploy/manifests -helm "$$(test/tools/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
+	$(GO) run ./deploy/manifests -helm "$$(hack/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
 
 build: ## build the portico binary into bin/
 	$(GO) build -o bin/portico ./cmd/portico
@@ -83,7 +83,7 @@ verify: generate api manifests ## regenerate the BPF objects, the API's code and
 	@git diff --exit-code --stat -- api/ deploy/helm/ deploy/federation/ || { echo "verify: api/'s generated code or CRDs are stale: run make api and commit" >&2; exit 1; }
 	@git diff --exit-code --stat -- deploy/ || { echo "verify: deploy/ differs from the chart: run make manifests and commit (edit deploy/helm/portico, not the generated files)" >&2; exit 1; }
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
-	@cd tools && $(GO) mod tidy -diff || { echo "verify: tools/go.mod is not tidy: run go mod tidy in tools/ and commit" >&2; exit 1; }
+	@cd hack/tools && $(GO) mod tidy -diff || { echo "verify: hack/tools/go.mod is not tidy: run go mod tidy in hack/tools/ and commit" >&2; exit 1; }
 
 test: deps vet unit fuzz verify ## everything CI runs
 
@@ -101,10 +101,10 @@ demo-cluster: deps kapi kube helm build ## the same cluster with Portico install
 	$(GO) run ./test/demo/cluster -hold -portico bin/portico
 
 demo-quick: deps kapi build ## the whole system in namespaces without kubelets (agents as processes): VIP, HTTP/HTTPS spread, failover, portico status (root; warm ~30 s, cold ~5 min)
-	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
+	$(GO) run ./test/demo/portico -portico bin/portico -kubectl "$$(hack/kapi.sh dir)/kubectl"
 
 lab: deps kapi build ## bring the lab up (kube-apiserver, 3 edge agents, client, pods) and keep it until Ctrl-C (root)
-	$(GO) run ./test/demo/portico -lab -portico bin/portico -kubectl "$$(test/kapi/build.sh dir)/kubectl"
+	$(GO) run ./test/demo/portico -lab -portico bin/portico -kubectl "$$(hack/kapi.sh dir)/kubectl"
 
 demo-dataplane: deps build ## the XDP data plane alone: client, edge node and two replicas in namespaces (root)
 	$(GO) run ./test/demo/dataplane -portico bin/portico
@@ -113,10 +113,10 @@ clean: ## remove build output
 	rm -rf bin
 
 kapi: ## build the real kube-apiserver + etcd for integration tests (cached by version)
-	@test/kapi/build.sh >/dev/null
+	@hack/kapi.sh >/dev/null
 
 kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~7.5 min cold)
-	@test/cluster/build.sh >/dev/null
+	@hack/kube.sh >/dev/null
 
 cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
 	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3) $(foreach i,$(IMAGES),-image $(i))

@@ -251,7 +251,7 @@ func newFRRLab(t *testing.T, extra ...string) *frrLab {
 	testenv.RequireProgram(t, "ip")
 	testenv.RequireProgram(t, "ethtool")
 	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
-		testenv.Unavailable(t, "FRR is not installed (%s/bgpd: %v); test/setup/deps.sh installs it", frr.Dir, err)
+		testenv.Unavailable(t, "FRR is not installed (%s/bgpd: %v); hack/deps.sh installs it", frr.Dir, err)
 	}
 	testenv.RequireProgram(t, "vtysh")
 

@@ -1,7 +1,7 @@
 package dataplane
 
 // The committed objects are what clang 14 (Debian's clang-14, which
-// test/setup/deps.sh installs) makes of bpf/: another clang emits other bytes, and
+// hack/deps.sh installs) makes of bpf/: another clang emits other bytes, and
 // make verify would fail, so the compiler is named with its version. linux/types.h
 // includes asm/types.h from the host's multiarch include directory, which that
 // clang names (x86_64-linux-gnu, aarch64-linux-gnu, ...).

@@ -33,13 +33,13 @@ import (
 // chart is the Helm chart the manifests under deploy/ are generated from.
 const chart = "helm/portico"
 
-// helmBinary returns the helm test/tools/helm.sh builds (make helm), or skips the test
+// helmBinary returns the helm hack/helm.sh builds (make helm), or skips the test
 // (fails it in CI) when it is not built.
 func helmBinary(t testing.TB) string {
 	t.Helper()
-	out, err := exec.Command("../test/tools/helm.sh", "path").Output()
+	out, err := exec.Command("../hack/helm.sh", "path").Output()
 	if err != nil {
-		t.Fatalf("test/tools/helm.sh path: %v", err)
+		t.Fatalf("hack/helm.sh path: %v", err)
 	}
 	p := strings.TrimSpace(string(out))
 	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {

@@ -8,7 +8,7 @@
 # The key is a hash of this file (suite, package list, options), the mirror and the
 # epoch, so a change to any of them builds a new rootfs; anything else finds the cached
 # one (~0.1 s). A cold build takes 1-3 min on 2 shared cores and needs root and mmdebstrap
-# (test/setup/deps.sh installs it).
+# (hack/deps.sh installs it).
 #
 #   rootfs.sh        build the rootfs unless it is cached, print its path
 #   rootfs.sh path   print the path only (the file exists when it is cached)
@@ -46,7 +46,7 @@ if [ "$(id -u)" -ne 0 ]; then
   echo "rootfs: $out is not cached, and building it needs root (mmdebstrap --mode=root)" >&2
   exit 1
 fi
-command -v mmdebstrap >/dev/null || { echo "rootfs: mmdebstrap is missing: run test/setup/deps.sh" >&2; exit 1; }
+command -v mmdebstrap >/dev/null || { echo "rootfs: mmdebstrap is missing: run hack/deps.sh" >&2; exit 1; }
 
 mkdir -p "$cache"
 tmp=$(mktemp "$cache/.rootfs-XXXXXX.tar")

@@ -7,7 +7,7 @@
 // a header that says the file is generated. make verify regenerates them and fails on
 // a difference; go test ./deploy does the same comparison.
 //
-//	go run ./deploy/manifests -helm "$(test/tools/helm.sh)" [-set key=value ...]
+//	go run ./deploy/manifests -helm "$(hack/helm.sh)" [-set key=value ...]
 package main
 
 import (
@@ -43,7 +43,7 @@ func (s *setFlags) String() string     { return strings.Join(*s, ",") }
 func (s *setFlags) Set(v string) error { *s = append(*s, v); return nil }
 
 func main() {
-	helm := flag.String("helm", "", "the helm binary (test/tools/helm.sh prints its path)")
+	helm := flag.String("helm", "", "the helm binary (hack/helm.sh prints its path)")
 	chart := flag.String("chart", "deploy/helm/portico", "the chart")
 	out := flag.String("out", "deploy", "the folder the manifests are written under")
 	namespace := flag.String("namespace", "portico-system", "the release namespace")

@@ -24,7 +24,7 @@ func startUnbound(t *testing.T, server string) string {
 	bin, err := exec.LookPath("unbound")
 	if err != nil {
 		if _, statErr := os.Stat("/usr/sbin/unbound"); statErr != nil {
-			testenv.Unavailable(t, "unbound is not installed (test/setup/deps.sh installs it)")
+			testenv.Unavailable(t, "unbound is not installed (hack/deps.sh installs it)")
 		}
 		bin = "/usr/sbin/unbound"
 	}

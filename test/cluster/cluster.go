@@ -44,10 +44,10 @@ import (
 )
 
 // KubeVersion is the version of kubelet, kube-controller-manager and kube-scheduler
-// that build.sh builds (kube/go.mod); the API server's is kapi.KubeVersion.
+// that hack/kube.sh builds (hack/kube/go.mod); the API server's is kapi.KubeVersion.
 const KubeVersion = "v1.36.3"
 
-// BinDir is where build.sh caches kubelet, kube-controller-manager and kube-scheduler:
+// BinDir is where hack/kube.sh caches kubelet, kube-controller-manager and kube-scheduler:
 // $PORTICO_CLUSTER_DIR if set, else
 // ${PORTICO_CLUSTER_CACHE:-${XDG_CACHE_HOME:-~/.cache}/portico/cluster}/k8s-<v>.
 func BinDir() string {
@@ -57,7 +57,7 @@ func BinDir() string {
 	return filepath.Join(kapi.CacheDir("PORTICO_CLUSTER_CACHE", "cluster"), "k8s-"+KubeVersion)
 }
 
-// programs are what a cluster needs from the machine (test/setup/deps.sh installs them).
+// programs are what a cluster needs from the machine (hack/deps.sh installs them).
 var programs = []string{"containerd", "containerd-shim-runc-v2", "runc", "ctr", "nsenter", "unshare", "ip", "go"}
 
 // Available reports whether a cluster can start here, and if not, why.

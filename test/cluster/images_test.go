@@ -78,10 +78,10 @@ func member(t *testing.T, data []byte, name string) []byte {
 	}
 }
 
-// TestVersionMatchesWrapper keeps KubeVersion equal to what build.sh builds (the
+// TestVersionMatchesWrapper keeps KubeVersion equal to what hack/kube.sh builds (the
 // wrapper module's k8s.io/kubernetes) and to the API server's version.
 func TestVersionMatchesWrapper(t *testing.T) {
-	data, err := os.ReadFile("kube/go.mod")
+	data, err := os.ReadFile("../../hack/kube/go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestVersionMatchesWrapper(t *testing.T) {
 		got = string(m[1])
 	}
 	if got != KubeVersion {
-		t.Errorf("kube/go.mod requires k8s.io/kubernetes %q, KubeVersion is %q", got, KubeVersion)
+		t.Errorf("hack/kube/go.mod requires k8s.io/kubernetes %q, KubeVersion is %q", got, KubeVersion)
 	}
 	if KubeVersion != kapi.KubeVersion {
 		t.Errorf("kubelet and controllers %s, API server %s: keep them equal", KubeVersion, kapi.KubeVersion)

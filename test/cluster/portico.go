@@ -55,12 +55,12 @@ func BuildPorticoImage(ctx context.Context, root, dir, tag string) (string, erro
 	return filepath.Join(dir, "portico.tar"), nil
 }
 
-// HelmBinary returns the helm that test/tools/helm.sh under root builds (make helm),
+// HelmBinary returns the helm that hack/helm.sh under root builds (make helm),
 // or an error when it is not built.
 func HelmBinary(root string) (string, error) {
-	out, err := exec.Command(filepath.Join(root, "test/tools/helm.sh"), "path").Output()
+	out, err := exec.Command(filepath.Join(root, "hack/helm.sh"), "path").Output()
 	if err != nil {
-		return "", fmt.Errorf("test/tools/helm.sh path: %w", err)
+		return "", fmt.Errorf("hack/helm.sh path: %w", err)
 	}
 	p := strings.TrimSpace(string(out))
 	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
@@ -71,7 +71,7 @@ func HelmBinary(root string) (string, error) {
 
 // PorticoOptions say how to install Portico.
 type PorticoOptions struct {
-	Root  string  // the repository: its chart and test/tools/helm.sh
+	Root  string  // the repository: its chart and hack/helm.sh
 	Tag   string  // the image tag (PorticoRepository:Tag), imported on every node
 	Edges []*Node // the edge nodes: labelled and tainted EdgeLabel
 	Set   []string

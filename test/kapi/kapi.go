@@ -1,7 +1,7 @@
 // Package kapi runs a real etcd and kube-apiserver on 127.0.0.1 for Portico's
 // integration tests: it sits under the control plane's tests, in place of a cluster.
 //
-// The binaries are built from the Go module proxy by build.sh (make kapi) and cached by
+// The binaries are built from the Go module proxy by hack/kapi.sh (make kapi) and cached by
 // version; this package only finds, starts and stops them. Each server gets its own
 // temporary folder (etcd data, serving certificate, tokens, logs, kubeconfig) and free
 // loopback ports, and is torn down by PID. Only the API server runs: no controllers, no
@@ -38,7 +38,7 @@ import (
 	"github.com/portico-edge/portico/test/testenv"
 )
 
-// The versions build.sh builds; TestVersionsMatchWrappers keeps them equal to the
+// The versions hack/kapi.sh builds; TestVersionsMatchWrappers keeps them equal to the
 // wrapper modules' go.mod files.
 const (
 	KubeVersion = "v1.36.3"
@@ -48,7 +48,7 @@ const (
 // token is the static bearer token of the test administrator (group system:masters).
 const token = "portico-kapi-admin"
 
-// BinDir is the folder build.sh caches the binaries of this version in:
+// BinDir is the folder hack/kapi.sh caches the binaries of this version in:
 // $PORTICO_KAPI_DIR if set, else ${PORTICO_KAPI_CACHE:-${XDG_CACHE_HOME:-~/.cache}/portico/kapi}/k8s-<v>-etcd-<v>.
 func BinDir() string {
 	if d := os.Getenv("PORTICO_KAPI_DIR"); d != "" {
@@ -58,7 +58,7 @@ func BinDir() string {
 }
 
 // CacheDir is the folder a build script of the tests caches its binaries in, as
-// build.sh computes it: $env if set, else ${XDG_CACHE_HOME:-~/.cache}/portico/name.
+// hack/kapi.sh computes it: $env if set, else ${XDG_CACHE_HOME:-~/.cache}/portico/name.
 func CacheDir(env, name string) string {
 	if d := os.Getenv(env); d != "" {
 		return d

@@ -17,13 +17,13 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 )
 
-// TestVersionsMatchWrappers keeps the constants equal to what build.sh builds.
+// TestVersionsMatchWrappers keeps the constants equal to what hack/kapi.sh builds.
 func TestVersionsMatchWrappers(t *testing.T) {
 	for _, tc := range []struct {
 		name, gomod, module, want string
 	}{
-		{"kube-apiserver", "kube-apiserver/go.mod", "k8s.io/kubernetes", KubeVersion},
-		{"etcd", "etcd/go.mod", "go.etcd.io/etcd/server/v3", EtcdVersion},
+		{"kube-apiserver", "../../hack/kapi/kube-apiserver/go.mod", "k8s.io/kubernetes", KubeVersion},
+		{"etcd", "../../hack/kapi/etcd/go.mod", "go.etcd.io/etcd/server/v3", EtcdVersion},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			data, err := os.ReadFile(tc.gomod)

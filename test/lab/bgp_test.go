@@ -31,7 +31,7 @@ func startBGPLabWith(t *testing.T, o BGPOptions) *Lab {
 	t.Helper()
 	testenv.RequireRoot(t, "network namespaces, XDP, FRR")
 	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
-		testenv.Unavailable(t, "FRR is not installed (%v); test/setup/deps.sh installs it", err)
+		testenv.Unavailable(t, "FRR is not installed (%v); hack/deps.sh installs it", err)
 	}
 	o.T = t
 	return startLabWith(t, Options{Portico: porticoBin, BGP: &o})

@@ -1,6 +1,6 @@
 // Package testenv is what Portico's tests share about where they run: a test that
 // needs root, a program or a server the machine lacks skips, except in CI, where
-// test/setup/deps.sh has installed everything and the tests run as root, so a
+// hack/deps.sh has installed everything and the tests run as root, so a
 // missing requirement fails it instead; tests wait for what happens
 // asynchronously by polling for it (Poll), never by reading it once; they pick
 // their servers' ports with FreePorts; and a test binary runs as its own tests'
@@ -32,7 +32,7 @@ func Unavailable(t testing.TB, format string, args ...any) {
 	t.Helper()
 	msg := fmt.Sprintf(format, args...)
 	if CI() {
-		t.Fatalf("%s (CI is set: test/setup/deps.sh installs everything, and CI runs as root)", msg)
+		t.Fatalf("%s (CI is set: hack/deps.sh installs everything, and CI runs as root)", msg)
 	}
 	t.Skip(msg)
 }

@@ -31,7 +31,7 @@ import (
 
 func main() {
 	portico := flag.String("portico", "bin/portico", "the portico binary")
-	kubectl := flag.String("kubectl", "", "a kubectl binary (test/kapi/build.sh builds one)")
+	kubectl := flag.String("kubectl", "", "a kubectl binary (hack/kapi.sh builds one)")
 	hold := flag.Bool("lab", false, "bring the lab up, print how to use it and keep it until interrupted (make lab)")
 	flag.Parse()
 	mode := run

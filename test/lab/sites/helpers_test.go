@@ -31,7 +31,7 @@ func startSitesWith(t *testing.T, o SitesOptions) *Sites {
 	testenv.RequireRoot(t, "network namespaces, XDP, FRR")
 	kapi.Require(t)
 	if _, err := os.Stat(filepath.Join(frr.Dir, "bgpd")); err != nil {
-		testenv.Unavailable(t, "FRR is not installed (%v); test/setup/deps.sh installs it", err)
+		testenv.Unavailable(t, "FRR is not installed (%v); hack/deps.sh installs it", err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

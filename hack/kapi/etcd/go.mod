@@ -1,5 +1,5 @@
 // Module etcd wraps go.etcd.io/etcd/server/v3 (whose go.mod has replace directives, so
-// `go install` of it fails) for test/kapi/build.sh.
+// `go install` of it fails) for hack/kapi.sh.
 module github.com/portico-edge/portico/test/kapi/etcd
 
 go 1.26.0

@@ -4,14 +4,14 @@
 #
 #   ${PORTICO_KAPI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/kapi}/k8s-<ver>-etcd-<ver>/{kube-apiserver,etcd,kubectl}
 #
-# The versions are the ones the wrapper modules beside this script require
+# The versions are the ones the wrapper modules in kapi/ beside this script require
 # (kube-apiserver/go.mod: k8s.io/kubernetes, etcd/go.mod: go.etcd.io/etcd/server/v3);
 # test/kapi (the Go package) looks in the same folder. Idempotent: when both binaries are
 # cached, it only checks a stamp (~0.1 s). A cold build takes ~4 min on 2 cores and
 # ~1.9 GB of RAM for kube-apiserver, ~25 s for etcd.
 #
-#   build.sh          build what is missing, print the folder
-#   build.sh dir      print the folder only
+#   kapi.sh          build what is missing, print the folder
+#   kapi.sh dir      print the folder only
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,8 +24,8 @@ modver() { # go.mod module -> version
   awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit} $1 == "require" && $2 == m {print $3; exit}' "$1"
 }
 
-kv=$(modver "$here/kube-apiserver/go.mod" k8s.io/kubernetes)
-ev=$(modver "$here/etcd/go.mod" go.etcd.io/etcd/server/v3)
+kv=$(modver "$here/kapi/kube-apiserver/go.mod" k8s.io/kubernetes)
+ev=$(modver "$here/kapi/etcd/go.mod" go.etcd.io/etcd/server/v3)
 [ -n "$kv" ] && [ -n "$ev" ] || { log "cannot read the versions from the wrapper go.mod files"; exit 1; }
 cache=${PORTICO_KAPI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/kapi}
 dir=$cache/k8s-$kv-etcd-$ev
@@ -53,15 +53,15 @@ for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   ld="$ld -X $p.gitVersion=$kv -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
 done
 if ! stamp kube-apiserver "$kv"; then
-  build kube-apiserver "$here/kube-apiserver" "$ld" "$kv"
+  build kube-apiserver "$here/kapi/kube-apiserver" "$ld" "$kv"
 fi
 if ! stamp etcd "$ev"; then
-  build etcd "$here/etcd" "-s -w" "$ev"
+  build etcd "$here/kapi/etcd" "-s -w" "$ev"
 fi
 # kubectl (k8s.io/kubectl at the staging version matching kube-apiserver): the lab
 # and `make demo` show `kubectl get ingress` with it (~25 s cold).
-cv=$(modver "$here/kubectl/go.mod" k8s.io/kubectl)
+cv=$(modver "$here/kapi/kubectl/go.mod" k8s.io/kubectl)
 if ! stamp kubectl "$cv"; then
-  build kubectl "$here/kubectl" "$ld" "$cv"
+  build kubectl "$here/kapi/kubectl" "$ld" "$cv"
 fi
 echo "$dir"

@@ -6,21 +6,21 @@
 #
 #   ${PORTICO_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/cluster}/k8s-<ver>/{kubelet,kube-controller-manager,kube-scheduler}
 #
-# The version is the one kube/go.mod requires (k8s.io/kubernetes); test/cluster (the Go
+# The version is the one kube/go.mod beside this script requires (k8s.io/kubernetes); test/cluster (the Go
 # package) looks in the same folder. kube-apiserver, etcd and kubectl come from
-# test/kapi/build.sh (make kapi). Idempotent: when the binaries are cached it only checks
+# hack/kapi.sh (make kapi). Idempotent: when the binaries are cached it only checks
 # their stamps. Cold on 2 cores shared with other builds, after make kapi (whose packages
 # come from the Go build cache), in this order: kube-scheduler ~2 min,
 # kube-controller-manager ~4 min, kubelet ~1.5 min; ~7.5 min in all, ~0.05 s cached.
 #
-#   build.sh          build what is missing, print the folder
-#   build.sh dir      print the folder only
+#   kube.sh          build what is missing, print the folder
+#   kube.sh dir      print the folder only
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export GOTOOLCHAIN=${GOTOOLCHAIN:-local}
 export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
-# Same settings as test/kapi/build.sh (cgo as the machine has it, -trimpath): the
+# Same settings as hack/kapi.sh (cgo as the machine has it, -trimpath): the
 # packages kube-apiserver shares with these are taken from the Go build cache.
 
 log() { echo "cluster: $*" >&2; }

@@ -2,7 +2,7 @@
 // kube-scheduler so they build from the Go module proxy, as test/kapi/kube-apiserver
 // does for the API server: k8s.io/kubernetes replaces its staging modules with
 // ./staging paths, which a dependency's go.mod cannot use, so each is pinned to its
-// published tag here. Built by test/cluster/build.sh.
+// published tag here. Built by hack/kube.sh.
 module github.com/portico-edge/portico/test/cluster/kube
 
 go 1.26.0
