@@ -31,6 +31,7 @@ type (
 		Listen        []string
 		Route         string // the route file's path, from nginx's $server_addr and $server_port
 		ProxyProtocol bool
+		Timeout       string // proxy_timeout: L4TCPIdleTimeout
 	}
 	tmplStreamServer struct {
 		Comment        string // Service and port
@@ -43,6 +44,16 @@ type (
 		ProxyDatagrams bool   // UDP: the njs filter's PROXY v2 header on every datagram
 	}
 )
+
+// L4TCPIdleTimeout is how long an L4 Service's TCP connection may be idle
+// (nginx's proxy_timeout) before nginx ends it: a week, longer than the
+// kernel's conntrack keeps an idle established flow (5 days) and kube-proxy's
+// (24 h), so an idle connection lives at least as long through Portico as
+// through kernel forwarding. A connection whose peer vanished without a FIN or
+// RST is found sooner by TCP keepalive, on both legs (the listeners'
+// so_keepalive, proxy_socket_keepalive: the kernel's tcp_keepalive_* settings,
+// 2 h 11 min by default).
+const L4TCPIdleTimeout = "7d"
 
 // stream renders the rendered group's L4 Services: one server per Service port,
 // listening on each of the Service's VIPs (which the agent keeps on lo), and one
@@ -95,7 +106,7 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 			}
 			srv := tmplStreamServer{Comment: fmt.Sprintf("%s %s/%d", svc.Name, p.Protocol, p.Port), UDP: udp,
 				Upstream: path.Join(r.opt.L4Dir, p.Upstream), Hash: svc.ClientIPAffinity,
-				ProxyProtocol: svc.ProxyProtocol && !udp, ProxyDatagrams: svc.ProxyProtocol && udp, Timeout: "1h"}
+				ProxyProtocol: svc.ProxyProtocol && !udp, ProxyDatagrams: svc.ProxyProtocol && udp, Timeout: L4TCPIdleTimeout}
 			if udp {
 				srv.Timeout = strconv.Itoa(int(cmp.Or(svc.UDPIdleTimeout, model.DefaultUDPIdleTimeout))) + "s"
 			}
@@ -111,7 +122,8 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 		// turns the PROXY protocol on must not reload nginx either.
 		for i, port := range r.opt.L4Steered {
 			l := tmplSteered{Listen: []string{"0.0.0.0:" + strconv.Itoa(int(port))},
-				Route: path.Join(r.opt.L4Dir, steeredDir) + "/${server_addr}_${server_port}", ProxyProtocol: i == int(ProxyRoute)}
+				Route: path.Join(r.opt.L4Dir, steeredDir) + "/${server_addr}_${server_port}", ProxyProtocol: i == int(ProxyRoute),
+				Timeout: L4TCPIdleTimeout}
 			if r.opt.ListenIPv6 {
 				l.Listen = append(l.Listen, "[::]:"+strconv.Itoa(int(port)))
 			}
