@@ -10,7 +10,9 @@ FUZZTIME ?= 200000x
 # The container image: its version (the tag) and name, the one setting `make image`
 # builds and the manifests use (`make -s image-name` prints it). Every time inside
 # the image is SOURCE_DATE_EPOCH, by default the last commit's.
-VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+# portico version and portico_build_info say VERSION (internal/version).
+LDFLAGS := -X github.com/portico-edge/portico/internal/version.Version=$(VERSION)
 IMAGE_REPO ?= ghcr.io/portico-edge/portico
 IMAGE ?= $(IMAGE_REPO):$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
@@ -52,7 +54,7 @@ manifests: helm ## render the Helm chart deploy/helm/portico into the plain mani
 	$(GO) run ./deploy/manifests -helm "$$(hack/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
 
 build: ## build the portico binary into bin/
-	$(GO) build -o bin/portico ./cmd/portico
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/portico ./cmd/portico
 
 image: deps ## the container image IMAGE: bin/image/oci (OCI layout), bin/image/portico.tar (docker load, ctr import, skopeo) (root; cold 3-8 min, warm ~8 s)
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) nice $(GO) run ./build/image -name $(IMAGE) -out bin/image

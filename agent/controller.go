@@ -15,13 +15,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/portico-edge/portico/controlplane"
+	"github.com/portico-edge/portico/internal/version"
 )
 
 // start makes what the agent and the controller both begin with: a registry with
-// the Go and process collectors, and the API server's clients.
+// the Go, process and build-info collectors, and the API server's clients.
 func start(cfg Config) (*prometheus.Registry, kubernetes.Interface, dynamic.Interface, error) {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}), version.Collector())
 	client, err := kubernetes.NewForConfig(cfg.Kube)
 	if err != nil {
 		return nil, nil, nil, fmt.Errorf("kubernetes client: %w", err)

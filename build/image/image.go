@@ -25,6 +25,9 @@ import (
 	"github.com/portico-edge/portico/internal/ocitar"
 )
 
+// versionVar is the variable -ldflags -X sets to the binary's version.
+const versionVar = "github.com/portico-edge/portico/internal/version.Version"
+
 // The image's layout and the names of what build writes into its output folder.
 const (
 	binaryPath  = "usr/local/bin/portico"
@@ -35,10 +38,11 @@ const (
 
 // buildBinary builds cmd/portico as a static, reproducible binary at out: no cgo (the
 // image has no libc the binary could rely on), no build paths, no build ID, no VCS
-// stamp (a dirty tree would change it).
-func buildBinary(ctx context.Context, root, out string) error {
+// stamp (a dirty tree would change it); its version (`portico version`,
+// portico_build_info) is the image's tag.
+func buildBinary(ctx context.Context, root, out, version string) error {
 	cmd := exec.CommandContext(ctx, "go", "build", "-trimpath", "-buildvcs=false",
-		"-ldflags", "-s -w -buildid=", "-o", out, "./cmd/portico")
+		"-ldflags", "-s -w -buildid= -X "+versionVar+"="+version, "-o", out, "./cmd/portico")
 	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr

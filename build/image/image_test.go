@@ -67,7 +67,7 @@ func TestImage(t *testing.T) {
 	}
 
 	binPath := filepath.Join(t.TempDir(), "portico")
-	if err := buildBinary(ctx, repoRoot, binPath); err != nil {
+	if err := buildBinary(ctx, repoRoot, binPath, "v0.0.0-test"); err != nil {
 		t.Fatal(err)
 	}
 	bin, err := os.ReadFile(binPath)

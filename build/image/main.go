@@ -58,7 +58,7 @@ func run(ctx context.Context, root, ref, out string) error {
 	}
 	defer os.RemoveAll(tmp)
 	bin := filepath.Join(tmp, "portico")
-	if err := buildBinary(ctx, root, bin); err != nil {
+	if err := buildBinary(ctx, root, bin, tag.TagStr()); err != nil {
 		return err
 	}
 	b, err := os.ReadFile(bin)

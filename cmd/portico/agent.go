@@ -29,6 +29,7 @@ import (
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/internal/version"
 	"github.com/portico-edge/portico/liveness"
 )
 
@@ -317,6 +318,7 @@ func runWith(f *agentFlags, run func(context.Context, *zap.Logger) error) error 
 		return err
 	}
 	defer log.Sync()
+	log.Info("portico", zap.String("version", version.Get().String()))
 	klog.SetLogger(zapr.NewLogger(log.Named("k8s")))
 	if f.Kube, err = kubeConfig(f.kubeconfig, f.APIServer); err != nil {
 		return err

@@ -14,4 +14,5 @@ func registerAll() {
 	register("uninstall", "detach xdp_lb and remove its pinned maps", runUninstall)
 	register("federation", "run the FederatedIngress controller in a host cluster (propagate, aggregate status), or with dns a site's DNS server", runFederation)
 	register("vrrp", "run the VRRP announcer alone (VIP failover, keepalived-compatible)", runVRRP)
+	register("version", "print which Portico this is: the release (git tag), commit and Go it was built from", runVersion)
 }
