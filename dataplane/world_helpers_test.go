@@ -149,3 +149,15 @@ func withMACs(frame []byte, src, dst net.HardwareAddr) []byte {
 	copy(out[6:12], src)
 	return out
 }
+
+// ipv4Checksum is the Internet checksum over an IPv4 header: 0 when it is right.
+func ipv4Checksum(h []byte) uint16 {
+	var sum uint32
+	for i := 0; i+1 < len(h); i += 2 {
+		sum += uint32(h[i])<<8 | uint32(h[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum>>16 + sum&0xffff
+	}
+	return ^uint16(sum)
+}
