@@ -177,3 +177,14 @@ func (n *liveNginx) client(keepAlive bool) *http.Client {
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 	}
 }
+
+// master is the Reloader's running master.
+func (n *liveNginx) master(tb testing.TB) Master {
+	tb.Helper()
+	n.r.mu.Lock()
+	defer n.r.mu.Unlock()
+	if n.r.master == nil {
+		tb.Fatal("no nginx master")
+	}
+	return n.r.master
+}
