@@ -4,11 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"os"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,250 +15,17 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/restmapper"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/retry"
-	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/sites"
 	"github.com/portico-edge/portico/api/v1alpha1"
-	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/testenv"
 )
-
-// cluster is one real API server of the test: the host or a member.
-type cluster struct {
-	name   string
-	srv    *kapi.Server
-	client kubernetes.Interface
-	dyn    dynamic.Interface
-}
-
-// launchClusters starts the named API servers side by side.
-func launchClusters(t *testing.T, names ...string) map[string]*cluster {
-	t.Helper()
-	kapi.Require(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	out := map[string]*cluster{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	errs := make(chan error, len(names))
-	for _, n := range names {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			srv, err := kapi.Launch(ctx, kapi.Options{})
-			if err != nil {
-				errs <- fmt.Errorf("start %s: %w", n, err)
-				return
-			}
-			c := &cluster{name: n, srv: srv}
-			c.client = kubernetes.NewForConfigOrDie(srv.Config)
-			c.dyn = dynamic.NewForConfigOrDie(srv.Config)
-			mu.Lock()
-			out[n] = c
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	for _, c := range out {
-		t.Cleanup(func() { _ = c.srv.Stop() })
-	}
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return out
-}
-
-// apply applies every object of the manifests under deploy/federation named by files,
-// in order, the CRD's resource waited for.
-func apply(t *testing.T, ctx context.Context, c *cluster, files ...string) {
-	t.Helper()
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.client.Discovery()))
-	for _, f := range files {
-		data, err := os.ReadFile("../deploy/federation/" + f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(string(data)), 4096)
-		for {
-			u := &unstructured.Unstructured{}
-			if err := dec.Decode(&u.Object); err == io.EOF {
-				break
-			} else if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(u.Object) == 0 {
-				continue
-			}
-			gvk := u.GroupVersionKind()
-			m, err := mapper.RESTMapping(gvk.GroupKind(), gvk.Version)
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			var ri dynamic.ResourceInterface = c.dyn.Resource(m.Resource)
-			if u.GetNamespace() != "" {
-				ri = c.dyn.Resource(m.Resource).Namespace(u.GetNamespace())
-			}
-			if _, err := ri.Apply(ctx, u.GetName(), u, metav1.ApplyOptions{FieldManager: "test", Force: true}); err != nil {
-				t.Fatalf("%s: apply %s %s: %v", f, u.GetKind(), u.GetName(), err)
-			}
-			if u.GetKind() == "CustomResourceDefinition" {
-				if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
-					_, err := c.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("default").List(ctx, metav1.ListOptions{})
-					return err == nil
-				}); err != nil {
-					t.Fatal("FederatedIngress CRD not served after 30 s")
-				}
-				mapper.Reset()
-			}
-		}
-	}
-}
-
-// serviceAccount is the identity of a ServiceAccount of deploy/federation, for
-// impersonation: the tests run as what the manifests grant.
-func serviceAccount(name string) (user string, groups []string) {
-	return "system:serviceaccount:portico-federation:" + name,
-		[]string{"system:serviceaccounts", "system:serviceaccounts:portico-federation", "system:authenticated"}
-}
-
-// memberKubeconfig is the member's admin kubeconfig made to act as the member
-// ServiceAccount of member-rbac.yaml.
-func memberKubeconfig(t *testing.T, c *cluster) []byte {
-	t.Helper()
-	kc, err := clientcmd.LoadFromFile(c.srv.Kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	user, groups := serviceAccount("portico-federation-member")
-	for _, ai := range kc.AuthInfos {
-		ai.Impersonate, ai.ImpersonateGroups = user, groups
-	}
-	out, err := clientcmd.Write(*kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
-}
-
-func toUnstructured(t *testing.T, fi *v1alpha1.FederatedIngress) *unstructured.Unstructured {
-	t.Helper()
-	fi.APIVersion, fi.Kind = v1alpha1.FederatedIngressResource.GroupVersion().String(), "FederatedIngress"
-	m, err := runtime.DefaultUnstructuredConverter.ToUnstructured(fi)
-	if err != nil {
-		t.Fatal(err)
-	}
-	delete(m, "status")
-	return &unstructured.Unstructured{Object: m}
-}
-
-// memberIngress is the member's Ingress web/name, nil when it has none.
-func memberIngress(ctx context.Context, c *cluster, name string) *networkingv1.Ingress {
-	ing, err := c.client.NetworkingV1().Ingresses("web").Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil
-	}
-	return ing
-}
-
-// waitMembers waits until ok holds for every named member's Ingress and prints how long
-// that took.
-func waitMembers(t *testing.T, ctx context.Context, cs map[string]*cluster, what, name string, ok func(*networkingv1.Ingress) bool, members ...string) {
-	t.Helper()
-	start := time.Now()
-	if _, err := testenv.Poll(ctx, 30*time.Second, 20*time.Millisecond, func() bool {
-		for _, m := range members {
-			if !ok(memberIngress(ctx, cs[m], name)) {
-				return false
-			}
-		}
-		return true
-	}); err != nil {
-		for _, m := range members {
-			t.Logf("%s: %+v", m, memberIngress(ctx, cs[m], name))
-		}
-		t.Fatalf("%s: not on %v after 30 s", what, members)
-	}
-	t.Logf("%s: on %v after %v", what, members, time.Since(start).Round(time.Millisecond))
-}
-
-func atGeneration(gen int64) func(*networkingv1.Ingress) bool {
-	return func(ing *networkingv1.Ingress) bool {
-		return ing != nil && ing.Annotations[v1alpha1.AnnotationFederationGeneration] == fmt.Sprint(gen)
-	}
-}
-
-func getFI(t *testing.T, ctx context.Context, host *cluster, name string) *v1alpha1.FederatedIngress {
-	t.Helper()
-	u, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	fi := &v1alpha1.FederatedIngress{}
-	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, fi); err != nil {
-		t.Fatal(err)
-	}
-	return fi
-}
-
-func waitStatus(t *testing.T, ctx context.Context, host *cluster, name, what string, ok func(*v1alpha1.FederatedIngress) bool) *v1alpha1.FederatedIngress {
-	t.Helper()
-	var fi *v1alpha1.FederatedIngress
-	start := time.Now()
-	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
-		fi = getFI(t, ctx, host, name)
-		return ok(fi)
-	}); err != nil {
-		js, _ := json.MarshalIndent(fi.Status, "", "  ")
-		t.Fatalf("status: %s not reached after 30 s; status:\n%s", what, js)
-	}
-	t.Logf("status: %s after %v", what, time.Since(start).Round(time.Millisecond))
-	return fi
-}
-
-func site(fi *v1alpha1.FederatedIngress, cluster string) *v1alpha1.SiteStatus {
-	for i := range fi.Status.Sites {
-		if fi.Status.Sites[i].Cluster == cluster {
-			return &fi.Status.Sites[i]
-		}
-	}
-	return nil
-}
-
-// updateFI changes the FederatedIngress as a user would, again on a conflict with
-// the controller's status writes.
-func updateFI(t *testing.T, ctx context.Context, host *cluster, name string, change func(*v1alpha1.FederatedIngress)) int64 {
-	t.Helper()
-	var gen int64
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		fi := getFI(t, ctx, host, name)
-		change(fi)
-		out, err := host.dyn.Resource(v1alpha1.FederatedIngressResource).Namespace("web").Update(ctx, toUnstructured(t, fi), metav1.UpdateOptions{})
-		if err == nil {
-			gen = out.GetGeneration()
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return gen
-}
 
 // TestPropagation runs the controller against four real API servers (a host and
 // members a, b, c): create, override, update, drift, a bad override, a member down,
@@ -611,53 +375,4 @@ func TestPropagation(t *testing.T) {
 	}
 	t.Logf("host lost: 4 syncs in %v without it, a's Ingress unchanged (resourceVersion %s)",
 		time.Since(start).Round(time.Millisecond), after.ResourceVersion)
-}
-
-// waitEvent waits for a Warning Event with reason on ns/name in the host.
-func waitEvent(t *testing.T, ctx context.Context, host *cluster, ns, name, reason string) {
-	t.Helper()
-	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() bool {
-		list, err := host.client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false
-		}
-		for _, e := range list.Items {
-			if e.InvolvedObject.Name == name && e.Reason == reason && e.Type == corev1.EventTypeWarning {
-				return true
-			}
-		}
-		return false
-	}); err != nil {
-		t.Fatalf("no Warning Event %s on %s/%s", reason, ns, name)
-	}
-}
-
-// waitPeers waits until the member's PeersConfigMap satisfies ok, and returns it.
-func waitPeers(t *testing.T, ctx context.Context, c *cluster, what string, ok func(sites.File) bool) sites.File {
-	t.Helper()
-	var f sites.File
-	var last string
-	if _, err := testenv.Poll(ctx, 30*time.Second, 50*time.Millisecond, func() bool {
-		cm, err := c.client.CoreV1().ConfigMaps("portico-system").Get(ctx, PeersConfigMap, metav1.GetOptions{})
-		if err != nil {
-			last = err.Error()
-			return false
-		}
-		last = cm.Data[PeersKey]
-		f = sites.File{}
-		return sigsyaml.UnmarshalStrict([]byte(last), &f) == nil && ok(f)
-	}); err != nil {
-		t.Fatalf("%s: peers never did; last: %s", what, last)
-	}
-	return f
-}
-
-// condition is fi's condition typ as "status reason message", "" when it has
-// none or it is for another generation than fi's.
-func condition(fi *v1alpha1.FederatedIngress, typ string) string {
-	c := apimeta.FindStatusCondition(fi.Status.Conditions, typ)
-	if c == nil || c.ObservedGeneration != fi.Generation || c.LastTransitionTime.IsZero() {
-		return ""
-	}
-	return fmt.Sprintf("%s %s %s", c.Status, c.Reason, c.Message)
 }

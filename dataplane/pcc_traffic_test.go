@@ -1,0 +1,396 @@
+package dataplane
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/portico-edge/portico/dataplane/xdptest"
+)
+
+// traffic opens a few connections and sends a packet of about a third of the
+// open ones.
+func (w *pccWorld) traffic() *pccFailure {
+	for range 1 + w.rng.IntN(3) {
+		if f := w.open(); f != nil {
+			return f
+		}
+	}
+	// Now and then a connection ends: its holder closed it first, so its
+	// socket waits in TIME_WAIT, and the client may reuse its port.
+	if len(w.flows) > 0 && w.rng.IntN(4) == 0 {
+		i := w.rng.IntN(len(w.flows))
+		f := w.flows[i]
+		f.closing = true // the client's FIN, through whichever director the router picks
+		if fail := w.check(f, fmt.Sprintf("FIN after e%d", w.event)); fail != nil {
+			return fail
+		}
+		if err := w.nodes[f.holder].d.objs.SockModel.Put(&f.key, uint32(lbLbLimitsLB_SOCK_ENDED)); err != nil {
+			w.t.Fatalf("end a socket: %v", err)
+		}
+		w.flows = slices.Delete(w.flows, i, i+1)
+		w.ended = append(w.ended, f)
+		w.stats.ended++
+	}
+	for _, f := range slices.Clone(w.flows) {
+		if w.rng.IntN(3) == 0 {
+			if fail := w.check(f, fmt.Sprintf("data after e%d", w.event)); fail != nil {
+				return fail
+			}
+		}
+	}
+	return nil
+}
+
+// open sends a new connection's SYN and, once a node's stack has it, its ACK.
+func (w *pccWorld) open() *pccFailure {
+	f := w.newFlow()
+	f.via = w.director(f)
+	trip := w.send(f, xdptest.SYN, nil)
+	f.history = append(f.history, fmt.Sprintf("SYN after e%d: %s", f.after, trip))
+	switch {
+	case trip.end == pccPassed && w.role[trip.at] == pccNone && w.late >= 0:
+		w.stats.synRefused++ // a lagging node's view: the stack there refuses it
+		return nil
+	case trip.end == pccPassed && w.role[trip.at] == pccNone:
+		return w.failure("syn-at-non-replica", f, "SYN", trip)
+	case trip.end == pccPassed && !trip.intact:
+		return w.failure("altered", f, "SYN", trip)
+	case trip.end == pccPassed:
+		f.holder = trip.at
+		if err := w.nodes[f.holder].d.objs.SockModel.Put(&f.key, uint32(1)); err != nil {
+			w.t.Fatalf("put socket: %v", err)
+		}
+		w.flows = append(w.flows, f)
+		w.stats.flows++
+		if w.inTransition() {
+			w.stats.inTransition++
+		}
+	case trip.end == pccLost && w.late >= 0:
+		w.stats.synLost++ // a lagging node does not know yet that it died
+		return nil
+	default:
+		return w.failure("syn-"+trip.end.String(), f, "SYN", trip)
+	}
+	return w.check(f, "ACK right after its SYN")
+}
+
+func (w *pccWorld) newFlow() *pccFlow {
+	if len(w.ended) > 0 && w.rng.IntN(4) == 0 {
+		// A client reuses the 5-tuple of a connection that ended.
+		i := w.rng.IntN(len(w.ended))
+		old := w.ended[i]
+		w.ended = slices.Delete(w.ended, i, i+1)
+		w.stats.reused++
+		w.seen[old.key] = true
+		return &pccFlow{id: len(w.seen) + w.stats.reused, pkt: old.pkt, key: old.key, hash: old.hash, holder: -1, after: w.event, late: w.late, reuses: old,
+			history: []string{fmt.Sprintf("reuses the 5-tuple of f%d, which %s held", old.id, w.name(old.holder))}}
+	}
+	for {
+		p := xdptest.Packet{SrcMAC: clientMAC, Proto: xdptest.TCP, Dst: vip4,
+			SPort: uint16(1024 + w.rng.IntN(64512)), DPort: []uint16{80, 443, 8443}[w.rng.IntN(3)]}
+		if w.rng.IntN(3) == 0 {
+			a := client6.As16()
+			a[12], a[13], a[14], a[15] = byte(w.rng.IntN(256)), byte(w.rng.IntN(256)), byte(w.rng.IntN(256)), byte(w.rng.IntN(256))
+			p.Src, p.Dst = netip.AddrFrom16(a), vip6
+		} else {
+			p.Src = netip.AddrFrom4([4]byte{198, 51, byte(100 + w.rng.IntN(2)), byte(w.rng.IntN(256))})
+		}
+		key := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: xdptest.TCP}.key()
+		if w.seen[key] {
+			continue
+		}
+		w.seen[key] = true
+		return &pccFlow{id: len(w.seen), pkt: p, key: key, hash: pccRouterHash(key), holder: -1, after: w.event, late: w.late}
+	}
+}
+
+// pccRouterHash is the router's ECMP hash of a flow (FNV-1a over the 5-tuple).
+func pccRouterHash(k lbFlowKey) uint32 {
+	h := uint32(2166136261)
+	for _, b := range slices.Concat(k.Src[:], k.Dst[:], []byte{byte(k.Sport), byte(k.Sport >> 8), byte(k.Dport), byte(k.Dport >> 8), k.Proto}) {
+		h = (h ^ uint32(b)) * 16777619
+	}
+	return h
+}
+
+// check sends a packet of an open connection: it must reach its holder's stack
+// as the client sent it.
+func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
+	flags := uint8(xdptest.ACK | xdptest.PSH)
+	payload := []byte(fmt.Sprintf("f%d #%d", f.id, f.sent))
+	switch {
+	case f.sent == 0:
+		flags, payload = xdptest.ACK, nil
+	case f.closing:
+		flags, payload = xdptest.ACK|xdptest.FIN, nil
+	}
+	f.sent++
+	// The director's pin as the packet finds it: a FIN that follows it
+	// deletes it.
+	pinned := w.pinnedAt(w.director(f), f)
+	trip := w.send(f, flags, payload)
+	w.stats.packets++
+	lag := ""
+	if w.late >= 0 {
+		lag = fmt.Sprintf(" (%s lagging)", w.name(w.late))
+	}
+	f.history = append(f.history, fmt.Sprintf("%s%s: %s", what, lag, trip))
+	class := ""
+	most := trip.mostForwards()
+	if most > 1 {
+		w.stats.twice++
+	}
+	switch {
+	case most > 1:
+		// Along the walk an edge sends a packet on once; the director's tag
+		// keeps the walk from coming back to it (bpf/README.md).
+		class = "forwarded-twice"
+	case (trip.end == pccDropped || trip.end == pccLost) && w.late >= 0 && what != "last packet":
+		// Sent while one node had not applied a change: its rings differ
+		// from the others' for that moment, and a packet may be dropped
+		// or sent to a node it does not know is dead (TCP sends it again;
+		// the connection's next packets, after it applied, must arrive),
+		// never reset.
+		w.stats.lagLost++
+	case trip.end == pccLost && w.stalePin(f, trip, pinned):
+		// The limit of pins (bpf/README.md): a director pinned the 5-tuple's
+		// ended connection and never saw it end (its FIN went through another
+		// director), and the client reused the port; the old holder is dead.
+		// A director's own pin to a replica called down asks the ring's
+		// replica first (LB_MARK_DOWNPIN); what is left goes through hand-off
+		// pins that lead to the dead node. TCP sends the packet again, and
+		// that must arrive: a pin that keeps taking the connection's packets
+		// to the dead node hangs it. (Unless its holder is called down
+		// wrongly: then its packets may go to a dead replica called down
+		// first while the verdict holds, below.)
+		w.stats.stalePinLost++
+		if w.down[f.holder] && !w.dead[f.holder] {
+			break
+		}
+		again := w.send(f, flags, payload)
+		f.history = append(f.history, fmt.Sprintf("%s, sent again: %s", what, again))
+		if again.end != pccPassed || again.at != f.holder {
+			return w.failure("hang", f, what+", sent again", again)
+		}
+	case trip.end == pccLost && w.down[f.holder] && !w.dead[f.holder]:
+		// Its holder is called dead wrongly, and the packet went to a node
+		// that is: lost while the verdict holds (TCP sends it again), but
+		// every packet after the verdict cleared must arrive.
+		w.stats.downLost++
+	case trip.end == pccPassed && trip.at != f.holder:
+		class = "reset"
+	case trip.end == pccPassed && !trip.intact:
+		class = "altered"
+	case trip.end == pccLost:
+		class = "hang"
+	case trip.end != pccPassed:
+		class = trip.end.String()
+	}
+	if class != "" {
+		return w.failure(class, f, what, trip)
+	}
+	return nil
+}
+
+func (w *pccWorld) failure(class string, f *pccFlow, what string, trip pccTrip) *pccFailure {
+	return &pccFailure{class: class, flow: f, what: what, trip: trip, late: w.late}
+}
+
+// send makes the router deliver one segment of f to a director, and follows it.
+func (w *pccWorld) send(f *pccFlow, flags uint8, payload []byte) pccTrip {
+	to := w.director(f)
+	p := f.pkt
+	p.DstMAC, p.Flags, p.Payload = w.nodes[to].mac, flags, payload
+	frame := p.Bytes()
+	trip := w.deliver(frame, to)
+	trip.in = frame
+	if trip.end == pccPassed {
+		trip.intact = pccIntact(trip.frame, frame)
+	}
+	return trip
+}
+
+// pccIntact reports whether got is the frame the client sent, MACs aside and
+// but for where a walk carries its director's tag (the IPv4 identification,
+// with the header checksum, which must be right; the IPv6 flow label's low 16
+// bits).
+func pccIntact(got, sent []byte) bool {
+	if len(got) != len(sent) || len(got) < 14+40 {
+		return false
+	}
+	a, b := slices.Clone(got[12:]), slices.Clone(sent[12:])
+	var skip []int // offsets in a and b
+	switch binary.BigEndian.Uint16(a) {
+	case 0x0800:
+		if ipv4Checksum(got[14:34]) != 0 {
+			return false
+		}
+		skip = []int{2 + 4, 2 + 5, 2 + 10, 2 + 11}
+	case 0x86dd:
+		skip = []int{2 + 2, 2 + 3}
+	}
+	for _, i := range skip {
+		a[i], b[i] = 0, 0
+	}
+	return slices.Equal(a, b)
+}
+
+// stalePin reports whether trip, of f, was lost at the dead node that held a
+// connection f reuses the 5-tuple of (the last one, or one before it: a
+// director that saw none of the later ones still pins it), sent there by its
+// director's pin of that connection (pinned: the node the director's pin named
+// when the packet came, -1 for none).
+func (w *pccWorld) stalePin(f *pccFlow, trip pccTrip, pinned int) bool {
+	if !w.dead[trip.at] || len(trip.hops) == 0 {
+		return false
+	}
+	held := false
+	for r := f.reuses; r != nil && !held; r = r.reuses {
+		held = r.holder == trip.at
+	}
+	return held && pinned == trip.at && trip.hops[0].node == w.director(f)
+}
+
+// pinnedAt is the node that node's pin of f (in flows) names, -1 for none.
+func (w *pccWorld) pinnedAt(node int, f *pccFlow) int {
+	d := w.nodes[node].d
+	var fv lbFlowVal
+	if d.objs.Flows.Lookup(&f.key, &fv) != nil {
+		return -1
+	}
+	return w.nodeAt(d.st.backends[fv.BackendId].Addr)
+}
+
+// director is the node the router sends a flow's frames to.
+func (w *pccWorld) director(f *pccFlow) int {
+	if !w.ecmp {
+		return w.owner
+	}
+	var live []int
+	for _, i := range w.pool {
+		if w.on[i] && w.canDirect(i) {
+			live = append(live, i)
+		}
+	}
+	return live[f.hash%uint32(len(live))]
+}
+
+type pccEnd int
+
+const (
+	pccPassed pccEnd = iota
+	pccLost          // sent to a dead node
+	pccDropped
+	pccLoop
+	pccStray // sent to a MAC that is no node's
+	pccOther // a verdict xdp_lb never gives
+)
+
+func (e pccEnd) String() string {
+	return [...]string{"passed", "hang", "drop", "loop", "stray", "verdict"}[e]
+}
+
+type pccHop struct {
+	node    int
+	verdict uint32
+	reasons []Reason
+}
+
+// pccTrip is the way of one frame: the nodes it went through, and its end.
+type pccTrip struct {
+	w      *pccWorld
+	hops   []pccHop
+	end    pccEnd
+	at     int    // where it ended (passed, or the dead node it went to)
+	in     []byte // the client's frame
+	frame  []byte // the frame at its end
+	intact bool   // passed as the client sent it, MACs aside
+}
+
+func (tr pccTrip) String() string {
+	var b strings.Builder
+	for _, h := range tr.hops {
+		var rs []string
+		for _, r := range h.reasons {
+			rs = append(rs, ReasonName(r))
+		}
+		fmt.Fprintf(&b, "%s %s(%s) > ", tr.w.name(h.node), strings.TrimPrefix(xdptest.VerdictName(h.verdict), "XDP_"), strings.Join(rs, ","))
+	}
+	switch tr.end {
+	case pccPassed:
+		s := strings.TrimSuffix(b.String(), " > ")
+		if !tr.intact {
+			s += " [frame altered]"
+		}
+		return s
+	case pccLost:
+		return b.String() + tr.w.name(tr.at) + " (dead)"
+	case pccStray:
+		return b.String() + net.HardwareAddr(tr.frame[0:6]).String()
+	}
+	return strings.TrimSuffix(b.String(), " > ") + " [" + tr.end.String() + "]"
+}
+
+// mostForwards is how many times the node that sent the frame on most often
+// did (XDP_TX), director included.
+func (tr pccTrip) mostForwards() int {
+	sent := map[int]int{}
+	most := 0
+	for _, h := range tr.hops {
+		if h.verdict == xdptest.TX {
+			sent[h.node]++
+			most = max(most, sent[h.node])
+		}
+	}
+	return most
+}
+
+// deliver runs a frame through node to's xdp_lb and on through every node it
+// is sent to.
+func (w *pccWorld) deliver(frame []byte, to int) pccTrip {
+	trip := pccTrip{w: w}
+	for range pccMaxHops {
+		if w.dead[to] {
+			trip.end, trip.at, trip.frame = pccLost, to, frame
+			return trip
+		}
+		n := w.nodes[to]
+		verdict, out, err := xdptest.Run(n.d.Program(), frame)
+		if err != nil {
+			w.t.Fatalf("run on n%d: %v", n.id, err)
+		}
+		reasons, err := n.newReasons()
+		if err != nil {
+			w.t.Fatalf("read reasons of n%d: %v", n.id, err)
+		}
+		if slices.Contains(reasons, lbReasonREASON_HANDOFF) {
+			w.stats.handoffs++
+		}
+		trip.hops = append(trip.hops, pccHop{node: to, verdict: verdict, reasons: reasons})
+		trip.frame, trip.at = out, to
+		switch verdict {
+		case xdptest.Pass:
+			trip.end = pccPassed
+			return trip
+		case xdptest.Drop:
+			trip.end = pccDropped
+			return trip
+		case xdptest.TX:
+			next := slices.IndexFunc(w.nodes, func(m *pccNode) bool { return slices.Equal(m.mac, out[0:6]) })
+			if next < 0 {
+				trip.end = pccStray
+				return trip
+			}
+			frame, to = out, next
+		default:
+			trip.end = pccOther
+			return trip
+		}
+	}
+	trip.end = pccLoop
+	return trip
+}

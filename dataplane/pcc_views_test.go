@@ -1,0 +1,190 @@
+package dataplane
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+)
+
+// desired is node i's view of the model.
+func (w *pccWorld) desired(i int) Desired {
+	var bs []Backend
+	for j, n := range w.nodes {
+		if w.role[j] == pccNone {
+			continue
+		}
+		b := Backend{Addr: n.addr, Draining: w.role[j] == pccDraining}
+		// The agent's rule: a draining replica called dead is down too. With
+		// -pcc.selfview a node checks its own nginx locally, as the agent does:
+		// the network fault that makes the others call it down wrongly leaves
+		// its own verdict alone, and its rings differ from theirs.
+		b.Down = w.down[j]
+		if j == i && !w.dead[j] && *pccSelfView != "at-once" {
+			b.Down = w.self[j]
+		}
+		if j == i {
+			b.Local = true
+		} else {
+			b.MAC = n.mac
+		}
+		bs = append(bs, b)
+	}
+	return Desired{Seed: testSeed, Groups: []Group{{Name: "edge/pcc", VIPs: []netip.Addr{vip4, vip6}, Backends: bs}}}
+}
+
+// applyAll applies the model to every live node but one (-1: none).
+func (w *pccWorld) applyAll(except int) {
+	for i := range w.nodes {
+		if i != except && !w.dead[i] {
+			w.apply(i)
+		}
+	}
+}
+
+func (w *pccWorld) apply(i int) {
+	if _, err := w.nodes[i].d.Apply(w.desired(i)); err != nil {
+		w.t.Fatalf("apply on %s: %v", w.name(i), err)
+	}
+}
+
+// recordRing notes the current ring, as a node but late has applied it (vip6's
+// ring has the same slots as vip4's).
+func (w *pccWorld) recordRing(late int) {
+	from := 0
+	for w.dead[from] || from == late {
+		from++
+	}
+	d := w.nodes[from].d
+	ids := d.st.rings[d.st.vipIDs[vip4]]
+	slots := make([]int, len(ids))
+	for s, id := range ids {
+		slots[s] = w.nodeAt(d.st.backends[id].Addr)
+	}
+	w.rings = append(w.rings, pccRingAt{w.event, slots})
+}
+
+// nodeAt is the index of the node with an address, as the maps hold it, or -1.
+func (w *pccWorld) nodeAt(a [16]byte) int {
+	return slices.IndexFunc(w.nodes, func(n *pccNode) bool { return n.addr == addrFrom16(a) })
+}
+
+// ringHistory says which node the current ring named for a flow, from the
+// start (the previous ring of the whole sequence's transition) to now.
+func (w *pccWorld) ringHistory(f *pccFlow) string {
+	slot := int(FlowHash(flowFromKey(f.key), testSeed) % testRing)
+	var out []string
+	last := -2
+	for _, r := range w.rings {
+		if r.slots[slot] == last {
+			continue
+		}
+		last = r.slots[slot]
+		when := fmt.Sprintf("from e%d", r.event)
+		if r.event == 0 {
+			when = "at the start (the previous ring throughout)"
+		}
+		out = append(out, fmt.Sprintf("%s %s", when, w.name(last)))
+	}
+	return strings.Join(out, ", ")
+}
+
+// views says, for every live node, what its rings name for a flow, where it
+// pinned it, and whether it has its socket.
+func (w *pccWorld) views(f *pccFlow) string {
+	slot := FlowHash(flowFromKey(f.key), testSeed) % testRing
+	var b strings.Builder
+	for i, n := range w.nodes {
+		if w.dead[i] {
+			continue
+		}
+		d := n.d
+		vip := d.st.vipIDs[f.pkt.Dst]
+		fmt.Fprintf(&b, "  %s: current ring %s", w.name(i), w.backendAt(d, d.st.rings[vip], slot))
+		if _, ok := d.st.prevUntil[vip]; ok {
+			prev, err := maps{rings: d.objs.PrevRings}.ring(vip, testRing)
+			if err != nil {
+				w.t.Fatal(err)
+			}
+			fmt.Fprintf(&b, ", previous ring %s", w.backendAt(d, prev, slot))
+		}
+		var fv lbFlowVal
+		if d.objs.NewPins.Lookup(&f.key, &fv) == nil {
+			fmt.Fprintf(&b, ", new pin %s", w.backendName(d, fv.BackendId))
+		}
+		if d.objs.Flows.Lookup(&f.key, &fv) == nil {
+			fmt.Fprintf(&b, ", pinned %s", w.backendName(d, fv.BackendId))
+		}
+		var v uint32
+		if d.objs.SockModel.Lookup(&f.key, &v) == nil {
+			b.WriteString(map[uint32]string{uint32(lbLbLimitsLB_SOCK_LIVE): ", has the socket", uint32(lbLbLimitsLB_SOCK_ENDED): ", has its socket in TIME_WAIT"}[v])
+		}
+		b.WriteString("\n")
+	}
+	return b.String()
+}
+
+func (w *pccWorld) backendAt(d *Dataplane, ring []uint32, slot uint32) string {
+	if int(slot) >= len(ring) {
+		return "none"
+	}
+	return w.backendName(d, ring[slot])
+}
+
+// backendName names the node of a backend id in d's maps, with its flags.
+func (w *pccWorld) backendName(d *Dataplane, id uint32) string {
+	be, ok := d.st.backends[id]
+	if !ok {
+		return fmt.Sprintf("cleared id %d", id)
+	}
+	s := "?"
+	if i := w.nodeAt(be.Addr); i >= 0 {
+		s = w.name(i)
+	}
+	if be.Flags&uint16(lbBackendFlagsBACKEND_F_DOWN) != 0 {
+		s += "(down)"
+	} else if be.Flags&uint16(lbBackendFlagsBACKEND_F_DRAINING) != 0 {
+		s += "(draining)"
+	}
+	return s
+}
+
+func (w *pccWorld) inTransition() bool {
+	for i, n := range w.nodes {
+		if !w.dead[i] && len(n.d.st.prevUntil) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// serving counts the replicas that take new connections, but for node skip.
+func (w *pccWorld) serving(skip int) int {
+	c := 0
+	for i := range w.nodes {
+		if i != skip && w.role[i] == pccReady && !w.dead[i] && !w.down[i] {
+			c++
+		}
+	}
+	return c
+}
+
+func (w *pccWorld) live(skip int) (nodes, directors int) {
+	for i := range w.nodes {
+		if i != skip && !w.dead[i] {
+			nodes++
+			if slices.Contains(w.pool, i) {
+				directors++
+			}
+		}
+	}
+	return nodes, directors
+}
+
+func (w *pccWorld) randomLive() int {
+	for {
+		if i := w.rng.IntN(len(w.nodes)); !w.dead[i] {
+			return i
+		}
+	}
+}

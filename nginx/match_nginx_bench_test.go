@@ -1,0 +1,238 @@
+package nginx
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"text/template"
+	"time"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testenv"
+)
+
+// nativeNginx is an nginx running testdata/native.conf.tmpl.
+type nativeNginx struct {
+	master      Master
+	http, https uint16
+}
+
+type (
+	nativeData struct {
+		Opt                                       Options
+		WorkerProcesses, WorkerConnections        int
+		RlimitNofile, HashBucketSize, HashMaxSize int
+		Listen, ListenTLS                         []string
+		Upstreams                                 []nativeUpstream
+		Servers                                   []tmplServer
+	}
+	nativeUpstream struct {
+		Name      string
+		Endpoints []netip.AddrPort
+	}
+)
+
+// renderNative renders snap as testdata/native.conf.tmpl, with the renderer's
+// own locations and checks (the catch-all server is not supported), and
+// returns the configuration and the certificate files it names.
+func renderNative(tb testing.TB, snap model.Snapshot, opt Options, workerConnections int) ([]byte, []CertFile) {
+	tb.Helper()
+	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}, certsIn: snap.Certificates}
+	for _, u := range snap.Upstreams {
+		r.upstreams[u.Name] = u
+	}
+	d := nativeData{Opt: opt, WorkerProcesses: 1, WorkerConnections: workerConnections, RlimitNofile: 2*workerConnections + 1024}
+	d.Listen, d.ListenTLS, _ = listenAddrs(opt)
+	longest := 0
+	for i := range snap.Servers {
+		s := &snap.Servers[i]
+		if s.Host == "" {
+			tb.Fatal("renderNative: no catch-all server")
+		}
+		ts := r.server(s)
+		ts.Names = []string{serverName(s.Host)}
+		d.Servers = append(d.Servers, ts)
+		longest = max(longest, len(s.Host))
+	}
+	for _, p := range r.problems {
+		if p.Reason != model.ReasonCertificateHostMismatch {
+			tb.Fatalf("renderNative: %v", p)
+		}
+	}
+	for name := range r.usedUpstreams {
+		u := r.upstreams[name]
+		if len(u.Endpoints) == 0 {
+			tb.Fatalf("renderNative: upstream %s has no endpoints", name)
+		}
+		d.Upstreams = append(d.Upstreams, nativeUpstream{Name: name, Endpoints: u.Endpoints})
+	}
+	slices.SortFunc(d.Upstreams, func(a, b nativeUpstream) int { return strings.Compare(a.Name, b.Name) })
+	d.HashBucketSize, d.HashMaxSize = serverNamesHash(len(d.Servers), longest)
+	tmpl, err := template.ParseFiles("testdata/native.conf.tmpl")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var buf bytes.Buffer
+	if err := tmpl.Execute(&buf, d); err != nil {
+		tb.Fatal(err)
+	}
+	var certs []CertFile
+	for _, c := range r.certs {
+		certs = append(certs, c.file)
+	}
+	return buf.Bytes(), certs
+}
+
+// startNative runs an nginx with snap rendered by renderNative on free loopback
+// ports, and waits until it answers.
+func startNative(tb testing.TB, bin string, snap model.Snapshot, workerConnections int) *nativeNginx {
+	tb.Helper()
+	ports := testenv.Ports(tb, 2)
+	opt := DefaultOptions("")
+	opt.ListenAddrs = []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+	opt.HTTPPort, opt.HTTPSPort = ports[0], ports[1]
+	dir := prefixDir(tb)
+	if err := prepareDirs(dir, opt); err != nil {
+		tb.Fatal(err)
+	}
+	text, certs := renderNative(tb, snap, opt, workerConnections)
+	if err := addCertificates(resolve(dir, opt.CertDir), certs); err != nil {
+		tb.Fatal(err)
+	}
+	m := startConf(tb, bin, dir, text)
+	n := &nativeNginx{master: m, http: opt.HTTPPort, https: opt.HTTPSPort}
+	waitAnswers(tb, n.http, snap.Servers[0].Host)
+	return n
+}
+
+// startConf writes conf into dir and starts an nginx master on it, which b's
+// cleanup stops.
+func startConf(tb testing.TB, bin, dir string, conf []byte) Master {
+	tb.Helper()
+	path := filepath.Join(dir, "nginx.conf")
+	if err := os.WriteFile(path, conf, 0o600); err != nil {
+		tb.Fatal(err)
+	}
+	if err := (Exec{Binary: bin}).Test(context.Background(), dir, path); err != nil {
+		tb.Fatal(err)
+	}
+	m, err := Exec{Binary: bin}.Start(dir, path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := m.Stop(ctx); err != nil {
+			tb.Error(err)
+		}
+	})
+	return m
+}
+
+// waitAnswers waits until a request for host on the loopback port gets 200.
+func waitAnswers(tb testing.TB, port uint16, host string) {
+	tb.Helper()
+	n := &liveNginx{opt: Options{HTTPPort: port}}
+	c := n.client(false)
+	testenv.Eventually(tb, 20*time.Second, func() string {
+		resp, err := c.Get("http://" + host + "/")
+		if err != nil {
+			return err.Error()
+		}
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			return fmt.Sprintf("GET http://%s/: status %d", host, resp.StatusCode)
+		}
+		return ""
+	})
+}
+
+// startReturnBackend runs an nginx with one worker (on cpu, unless -1) that
+// answers every request on every loopback address at ports with 200 "ok",
+// keeping connections alive for as long as the proxies want, and counts the
+// connections it accepted (stub_status on 127.0.0.1 at statusPort).
+func startReturnBackend(tb testing.TB, bin string, ports []uint16, statusPort uint16, cpu int) Master {
+	tb.Helper()
+	dir := prefixDir(tb)
+	if err := os.MkdirAll(filepath.Join(dir, "tmp"), 0o711); err != nil {
+		tb.Fatal(err)
+	}
+	var listen strings.Builder
+	for _, p := range ports {
+		fmt.Fprintf(&listen, "        listen %d;\n", p) // every address: 127.x.y.z is loopback too
+	}
+	conf := fmt.Sprintf(`worker_processes 1;
+worker_rlimit_nofile 200000;
+pid nginx.pid;
+error_log stderr warn;
+events {
+    worker_connections 65536;
+    multi_accept on;
+}
+http {
+    access_log off;
+    client_body_temp_path tmp/body;
+    proxy_temp_path tmp/proxy;
+    fastcgi_temp_path tmp/fastcgi;
+    uwsgi_temp_path tmp/uwsgi;
+    scgi_temp_path tmp/scgi;
+    keepalive_requests 100000000;
+    keepalive_timeout 600s;
+    server {
+%s        location / {
+            default_type text/plain;
+            return 200 "ok\n";
+        }
+    }
+    server {
+        listen 127.0.0.1:%d;
+        location = /status {
+            stub_status;
+        }
+    }
+}
+`, listen.String(), statusPort)
+	m := startConf(tb, bin, dir, []byte(conf))
+	pin(tb, soleWorker(tb, m), cpu)
+	for _, p := range ports {
+		waitAnswers(tb, p, "backend")
+	}
+	return m
+}
+
+// backendAccepts is how many connections the backend of startReturnBackend
+// accepted so far.
+func backendAccepts(tb testing.TB, statusPort uint16) int64 {
+	tb.Helper()
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/status", statusPort))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	// "Active connections: 1 \nserver accepts handled requests\n 5 5 9 \n...": accepts
+	// is the first number of the third line.
+	lines := strings.Split(string(body), "\n")
+	if len(lines) < 3 || len(strings.Fields(lines[2])) < 1 {
+		tb.Fatalf("backend status: %q", body)
+	}
+	n, err := strconv.ParseInt(strings.Fields(lines[2])[0], 10, 64)
+	if err != nil {
+		tb.Fatalf("backend status: %q: %v", body, err)
+	}
+	return n
+}
