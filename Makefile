@@ -47,7 +47,7 @@ unit: helm
 # The agent image in the manifests, one setting: make manifests renders IMAGE_REPO and
 # IMAGE_TAG into deploy/. The chart's values.yaml has the same defaults, and make verify
 # passes only with these (a tag from git describe would change deploy/ on every commit).
-IMAGE_TAG ?= latest
+IMAGE_TAG ?= v$(shell awk -F'"' '/^appVersion:/ {print $$2}' deploy/helm/portico/Chart.yaml)
 
 .PHONY: manifests
 manifests: helm ## render the Helm chart deploy/helm/portico into the plain manifests under deploy/ (IMAGE_REPO, IMAGE_TAG)

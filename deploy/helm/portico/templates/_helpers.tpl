@@ -8,9 +8,11 @@ app.kubernetes.io/name: portico-agent
 app.kubernetes.io/part-of: portico
 {{- end }}
 
-{{/* The agent image: repository:tag, or repository@sha256:... for a digest. */}}
+{{/* The agent image: repository:tag, or repository@sha256:... for a digest; no
+tag is the chart's release, v<appVersion>. */}}
 {{- define "portico.image" -}}
-{{ .Values.image.repository }}{{ ternary "@" ":" (hasPrefix "sha256:" .Values.image.tag) }}{{ .Values.image.tag }}
+{{- $tag := .Values.image.tag | default (printf "v%s" .Chart.AppVersion) -}}
+{{ .Values.image.repository }}{{ ternary "@" ":" (hasPrefix "sha256:" $tag) }}{{ $tag }}
 {{- end }}
 
 {{/* The group this DaemonSet serves: namespace/name of its group Service. */}}
