@@ -71,10 +71,14 @@ vet: ## go vet every package
 # milliseconds; side by side on a small machine they starve each other. They run one
 # after the other, after everything else.
 LABS := ./test/lab ./test/lab/sites ./test/cluster
+# Each lab's test binary may run this long: under a parallel build on 2 cores
+# test/lab alone came to 30 minutes (CI run 13, before test/lab/sites was split
+# out of it), the default limit, and was killed mid-test.
+LABTIMEOUT ?= 45m
 
 unit: deps kapi kube ## run every Go test (BPF, namespace, API-server and cluster tests need root and run in CI)
 	$(GO) test $(TESTFLAGS) $$($(GO) list ./... | grep -v -e '/test/lab$$' -e '/test/lab/sites$$' -e '/test/cluster$$')
-	$(GO) test $(TESTFLAGS) -p 1 $(LABS)
+	$(GO) test $(TESTFLAGS) -timeout $(LABTIMEOUT) -p 1 $(LABS)
 
 fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions each)
 	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
