@@ -19,9 +19,12 @@
 // portico-federation, so fields other managers own on a member's Ingress (its status,
 // labels added there) are left alone, and a member edited by hand is put back.
 //
-// What exists so far is the API, propagation with overrides and placement changes,
-// deletion through a finalizer, and per-site status (propagated generation, the
-// member's addresses, its ready backends). The site side of the issue (anycast
-// announce state, the failover ladder, overflow, cross-site hand-off, DNS) is not built
-// yet; the status reports nothing it does not measure.
+// Status reports, per placed site, the propagated generation, the member's
+// addresses, its ready backends, its edges (from their status Leases) and what
+// they do with the group's VIPs (announced, de-preferenced, withdrawn,
+// draining), with Propagated and Ready conditions over all sites. The sites
+// themselves act on their own (the agents: anycast announcements, drains,
+// hand-over between sites, overflow); this controller writes each member the
+// peers it needs for that (the portico-federation-peers ConfigMap), and
+// federation/gslb is the DNS variant.
 package federation
