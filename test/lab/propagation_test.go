@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/testenv"
 )
 
@@ -41,6 +43,22 @@ func TestPropagationBench(t *testing.T) {
 		}
 		time.Sleep(2 * time.Second) // let the last bursts settle
 		cpu0, mem0 := l.edgeUsage(t)
+		// PORTICO_BENCH_PROFILE=dir: a CPU profile of edge 0's agent over the
+		// changes at each size, dir/agent-<routes>.pprof (go tool pprof).
+		profiled := make(chan error, 1)
+		if dir := os.Getenv("PORTICO_BENCH_PROFILE"); dir != "" {
+			secs := trials * 300 / 1000 // the changes take about 300 ms each
+			go func() {
+				out, err := netlab.Exec(l.Edges[0].NS, "curl", "-sS", "-o", filepath.Join(dir, fmt.Sprintf("agent-%d.pprof", routes)),
+					fmt.Sprintf("http://127.0.0.1:9101/debug/pprof/profile?seconds=%d", secs))
+				if err != nil {
+					err = fmt.Errorf("%w: %s", err, out)
+				}
+				profiled <- err
+			}()
+		} else {
+			profiled <- nil
+		}
 		var took []time.Duration
 		for i := range trials {
 			host := fmt.Sprintf("new-%d-%d.scale.lab", routes, i)
@@ -50,6 +68,9 @@ func TestPropagationBench(t *testing.T) {
 			}
 			took = append(took, d...)
 			time.Sleep(200 * time.Millisecond)
+		}
+		if err := <-profiled; err != nil {
+			t.Errorf("profile: %v", err)
 		}
 		cpu1, mem1 := l.edgeUsage(t)
 		slices.Sort(took)
