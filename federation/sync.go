@@ -36,39 +36,33 @@ func (c *Controller) sync(ctx context.Context, key string) error {
 	if !slices.Contains(fi.Finalizers, v1alpha1.FederationFinalizer) {
 		return c.addFinalizer(ctx, u)
 	}
-	status := v1alpha1.FederatedIngressStatus{ObservedGeneration: fi.Generation, Sites: c.sites(ctx, u, fi, key)}
+	invalid := Validate(fi)
+	status := v1alpha1.FederatedIngressStatus{ObservedGeneration: fi.Generation, Sites: c.sites(ctx, u, fi, key, invalid)}
 	sort.Slice(status.Sites, func(i, j int) bool { return status.Sites[i].Cluster < status.Sites[j].Cluster })
 	keepAnnounceChanged(status.Sites, fi.Status.Sites)
-	status.Propagated, status.Ready = countSites(status.Sites, fi.Generation)
-	status.Conditions = conditions(fi, status)
+	behind, notReady := lagging(status.Sites, fi.Generation)
+	status.Propagated, status.Ready = int32(len(status.Sites)-len(behind)), int32(len(status.Sites)-len(notReady))
+	status.Conditions = conditions(fi, status, behind, notReady, invalid)
 	return c.writeStatus(ctx, u, fi, status)
 }
 
 // conditions returns fi's conditions with Propagated and Ready set for st, at
 // fi's generation: True when every placed site holds (Propagated) or also
-// serves (Ready) it; otherwise the message names the sites that do not. A
-// condition whose status does not change keeps its lastTransitionTime.
-func conditions(fi *v1alpha1.FederatedIngress, st v1alpha1.FederatedIngressStatus) []metav1.Condition {
+// serves (Ready) it; otherwise the message names the sites that do not
+// (behind, notReady: lagging's). invalid is why fi does not validate, nil when
+// it does. A condition whose
+// status does not change keeps its lastTransitionTime.
+func conditions(fi *v1alpha1.FederatedIngress, st v1alpha1.FederatedIngressStatus, behind, notReady []string, invalid error) []metav1.Condition {
 	conds := slices.Clone(fi.Status.Conditions)
 	placed := int32(len(st.Sites))
-	var behind, notReady []string
-	for _, s := range st.Sites {
-		switch {
-		case s.Error != "" || s.PropagatedGeneration != fi.Generation:
-			behind = append(behind, s.Cluster)
-			notReady = append(notReady, s.Cluster)
-		case s.ReadyBackends == 0 || s.EdgesServing == 0:
-			notReady = append(notReady, s.Cluster)
-		}
-	}
 	set := func(typ string, n int32, missing []string, what string) {
 		c := metav1.Condition{Type: typ, Status: metav1.ConditionTrue, Reason: v1alpha1.FederatedReasonAllSites,
 			Message: fmt.Sprintf("%d/%d placed sites %s", n, placed, what), ObservedGeneration: fi.Generation}
 		switch {
 		case placed == 0:
 			c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1alpha1.FederatedReasonNoPlacement, "the placement names no cluster"
-		case Validate(fi) != nil:
-			c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1alpha1.FederatedReasonInvalid, Validate(fi).Error()
+		case invalid != nil:
+			c.Status, c.Reason, c.Message = metav1.ConditionFalse, v1alpha1.FederatedReasonInvalid, invalid.Error()
 		case len(missing) > 0:
 			c.Status, c.Reason = metav1.ConditionFalse, v1alpha1.FederatedReasonSitesBehind
 			c.Message += "; not: " + strings.Join(missing, ", ")
@@ -121,14 +115,14 @@ func (c *Controller) addFinalizer(ctx context.Context, u *unstructured.Unstructu
 
 // sites propagates fi to every cluster its placement names and removes it from the
 // members it no longer names, returning each placed site's status (in placement
-// order). An invalid fi changes nothing on the members: each placed site reports
-// the problem.
-func (c *Controller) sites(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, key string) []v1alpha1.SiteStatus {
+// order). An invalid fi (invalid, Validate's) changes nothing on the members:
+// each placed site reports the problem.
+func (c *Controller) sites(ctx context.Context, u *unstructured.Unstructured, fi *v1alpha1.FederatedIngress, key string, invalid error) []v1alpha1.SiteStatus {
 	var sites []v1alpha1.SiteStatus
-	if err := Validate(fi); err != nil {
-		c.warnOnce(u, key, "InvalidFederatedIngress", err.Error())
+	if invalid != nil {
+		c.warnOnce(u, key, "InvalidFederatedIngress", invalid.Error())
 		for _, cl := range fi.Spec.Placement.Clusters {
-			sites = append(sites, v1alpha1.SiteStatus{Cluster: cl, Error: err.Error()})
+			sites = append(sites, v1alpha1.SiteStatus{Cluster: cl, Error: invalid.Error()})
 		}
 		return sites
 	}
@@ -176,18 +170,20 @@ func keepAnnounceChanged(sites, old []v1alpha1.SiteStatus) {
 	}
 }
 
-// countSites counts the sites that hold generation gen's Ingress (propagated), and
-// of them those with a ready backend and an edge that serves it (ready).
-func countSites(sites []v1alpha1.SiteStatus, gen int64) (propagated, ready int32) {
+// lagging names the sites that do not hold generation gen's Ingress (behind),
+// and those that do not also have a ready backend and an edge that serves it
+// (notReady, behind included).
+func lagging(sites []v1alpha1.SiteStatus, gen int64) (behind, notReady []string) {
 	for _, s := range sites {
-		if s.Error == "" && s.PropagatedGeneration == gen {
-			propagated++
-			if s.ReadyBackends > 0 && s.EdgesServing > 0 {
-				ready++
-			}
+		switch {
+		case s.Error != "" || s.PropagatedGeneration != gen:
+			behind = append(behind, s.Cluster)
+			notReady = append(notReady, s.Cluster)
+		case s.ReadyBackends == 0 || s.EdgesServing == 0:
+			notReady = append(notReady, s.Cluster)
 		}
 	}
-	return propagated, ready
+	return behind, notReady
 }
 
 // remove deletes what was propagated for ns/name from one cluster (placement no
