@@ -109,14 +109,7 @@ func TestSiteDrain(t *testing.T) {
 		if k2 != t2 {
 			t.Errorf("%s: b's return broke %d of %d connections opened during the drain (%v)", name, t2-k2, t2, f2)
 		}
-		// As in TestSiteReturn: b's edges join the route one by one, and
-		// the kernel's hash-threshold multipath moves flows among all next
-		// hops at each join, so a handshake can be split over two route
-		// changes (its SYN at b's first edge, its ACK back at a), which
-		// nothing can save (CI's stop run: one of 569, started 835 ms after
-		// the return began, 14 ms before b's last edge was in). Only
-		// failures outside that window count.
-		if late := traffic.FailuresAround(traffic.Hard(atts), back.Add(returned+time.Second)); late.Failed > 0 || news.Failed > news.Total/100 {
+		if late, ok := joinFailures(atts, news, back, returned); !ok {
 			t.Errorf("%s: %d new connections failed as b came back (%d more than a second after it was in the route)", name, news.Failed, late.Failed)
 		}
 		held.Close()

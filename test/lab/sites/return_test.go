@@ -107,11 +107,7 @@ func TestSiteReturn(t *testing.T) {
 		if moved == 0 {
 			t.Fatalf("%s: the router moved none of %d held connections to b: the lab shows nothing", name, total)
 		}
-		// A connection opened while b's edges join the route one by one can
-		// have its handshake split over two route changes (its SYN at a, its
-		// ACK at b, or the other way round), which nothing can save: only
-		// failures outside that window count.
-		if late := traffic.FailuresAround(traffic.Hard(atts), back.Add(announced+time.Second)); late.Failed > 0 || news.Failed > news.Total/100 {
+		if late, ok := joinFailures(atts, news, back, announced); !ok {
 			t.Errorf("%s: %d new connections failed as b came back (%d more than a second after it was in the route)", name, news.Failed, late.Failed)
 		}
 		if !handover {
