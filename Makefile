@@ -85,9 +85,9 @@ fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions 
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./vrrp/
 
 verify: generate api manifests ## regenerate the BPF objects, the API's code and CRDs and the plain manifests and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
-	@git diff --exit-code --stat -- dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
-	@git diff --exit-code --stat -- api/ deploy/helm/ deploy/federation/ || { echo "verify: api/'s generated code or CRDs are stale: run make api and commit" >&2; exit 1; }
-	@git diff --exit-code --stat -- deploy/ || { echo "verify: deploy/ differs from the chart: run make manifests and commit (edit deploy/helm/portico, not the generated files)" >&2; exit 1; }
+	@hack/clean.sh dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
+	@hack/clean.sh api/ deploy/helm/ deploy/federation/ || { echo "verify: api/'s generated code or CRDs are stale: run make api and commit" >&2; exit 1; }
+	@hack/clean.sh deploy/ || { echo "verify: deploy/ differs from the chart: run make manifests and commit (edit deploy/helm/portico, not the generated files)" >&2; exit 1; }
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
 	@cd hack/tools && $(GO) mod tidy -diff || { echo "verify: hack/tools/go.mod is not tidy: run go mod tidy in hack/tools/ and commit" >&2; exit 1; }
 
