@@ -13,6 +13,7 @@ type Metrics struct {
 	sessionTransitions *prometheus.CounterVec
 	bfdTransitions     *prometheus.CounterVec
 	established        prometheus.Gauge
+	sessionUp          *prometheus.GaugeVec
 	announced          *prometheus.GaugeVec
 }
 
@@ -28,10 +29,12 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			"BFD session state changes, by peer and new state.")), []string{"peer", "to"}),
 		established: prometheus.NewGauge(prometheus.GaugeOpts(opts("established_sessions",
 			"BGP sessions in the established state."))),
+		sessionUp: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("session_up",
+			"1 while the BGP session with a configured peer is established, else 0, by peer (the alert \"peer X is down\").")), []string{"peer"}),
 		announced: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("announced_prefixes",
 			"Prefixes announced, by preference.")), []string{"preference"}),
 	}
-	for _, c := range []prometheus.Collector{m.sessionTransitions, m.bfdTransitions, m.established, m.announced} {
+	for _, c := range []prometheus.Collector{m.sessionTransitions, m.bfdTransitions, m.established, m.sessionUp, m.announced} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register bgp metrics: %w", err)
 		}

@@ -106,6 +106,11 @@ func (s *Speaker) onPeerEvent(ev *apiutil.WatchEventMessage_PeerEvent, _ time.Ti
 	pt.session = to
 	pt.since = time.Now()
 	s.met.sessionTransitions.WithLabelValues(addr.String(), to).Inc()
+	up := 0.0
+	if to == sessionEstablished {
+		up = 1
+	}
+	s.met.sessionUp.WithLabelValues(addr.String()).Set(up)
 	n := 0
 	for _, p := range s.peers {
 		if p.session == sessionEstablished {

@@ -73,6 +73,7 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Speaker, error) {
 	}
 	for _, p := range cfg.Peers {
 		s.peers[p.Addr] = &peerTrack{session: sessionIdle}
+		met.sessionUp.WithLabelValues(p.Addr.String()).Set(0)
 	}
 	return s, nil
 }
@@ -167,4 +168,7 @@ func (s *Speaker) stop() {
 	}
 	s.srv.Stop()
 	s.met.established.Set(0)
+	for addr := range s.peers {
+		s.met.sessionUp.WithLabelValues(addr.String()).Set(0)
+	}
 }

@@ -142,6 +142,9 @@ func TestAnnounceLoopback(t *testing.T) {
 		if got := testutil.ToFloat64(edge.met.sessionTransitions.WithLabelValues("127.0.0.2", "established")); got != 1 {
 			return fmt.Sprintf("transitions to established = %v, want 1", got)
 		}
+		if got := testutil.ToFloat64(edge.met.sessionUp.WithLabelValues("127.0.0.2")); got != 1 {
+			return fmt.Sprintf("session_up{peer=127.0.0.2} = %v, want 1", got)
+		}
 		return ""
 	})
 
@@ -235,5 +238,28 @@ func TestAnnounceRejects(t *testing.T) {
 	}
 	if d := cmp.Diff([]Announcement{{vip1, Depreferenced}}, s.Status().Announced, cmpPrefix); d != "" {
 		t.Errorf("Status().Announced (-want +got):\n%s", d)
+	}
+}
+
+// TestSessionUpBeforeRun: every configured peer has its session_up series from
+// the start, at 0, so an alert on session_up == 0 fires for a peer that never
+// came up, not only for one that went down.
+func TestSessionUpBeforeRun(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	met, err := NewMetrics(reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := []Peer{{Addr: netip.MustParseAddr("192.0.2.1"), ASN: 65000}, {Addr: netip.MustParseAddr("2001:db8::1"), ASN: 65000}}
+	if _, err := New(Config{ASN: 65001, RouterID: netip.MustParseAddr("10.0.0.1"), Peers: peers}, zaptest.NewLogger(t), met); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.CollectAndCount(met.sessionUp); n != len(peers) {
+		t.Fatalf("session_up has %d series, want one per peer (%d)", n, len(peers))
+	}
+	for _, p := range peers {
+		if got := testutil.ToFloat64(met.sessionUp.WithLabelValues(p.Addr.String())); got != 0 {
+			t.Errorf("session_up{peer=%s} = %v before Run, want 0", p.Addr, got)
+		}
 	}
 }
