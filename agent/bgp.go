@@ -350,13 +350,7 @@ func (b *bgpSink) status() *agentstatus.BGPState {
 // its sessions, their BFD state, and what it announces.
 func bgpState(pref bgp.Preference, st bgp.Status) *agentstatus.BGPState {
 	out := &agentstatus.BGPState{Preference: pref.String()}
-	if st.Peers != nil {
-		out.Peers = make([]agentstatus.BGPPeerStatus, 0, len(st.Peers))
-	}
-	for _, p := range st.Peers {
-		out.Peers = append(out.Peers, agentstatus.BGPPeerStatus{Addr: p.Addr, ASN: p.ASN, State: p.State,
-			EstablishedAt: p.EstablishedAt, UptimeSeconds: p.UptimeSeconds, BFD: p.BFD, Received: p.Received, Accepted: p.Accepted})
-	}
+	out.Peers = st.Peers // bgp.PeerStatus is agentstatus.BGPPeerStatus
 	if st.Announced != nil {
 		out.Announced = make([]agentstatus.BGPAnnouncement, 0, len(st.Announced))
 	}

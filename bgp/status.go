@@ -8,6 +8,8 @@ import (
 	"github.com/osrg/gobgp/v4/api"
 	"github.com/osrg/gobgp/v4/pkg/packet/bgp"
 	"github.com/osrg/gobgp/v4/pkg/server"
+
+	"github.com/portico-edge/portico/api/agentstatus"
 )
 
 // Status is the speaker's state, for `portico status`.
@@ -16,20 +18,9 @@ type Status struct {
 	Announced []Announcement `json:"announced"`
 }
 
-// PeerStatus is one peer's session.
-type PeerStatus struct {
-	Addr  netip.Addr `json:"addr"`
-	ASN   uint32     `json:"asn"`
-	State string     `json:"state"` // idle, connect, active, opensent, openconfirm, established
-	// EstablishedAt and UptimeSeconds are set while established.
-	EstablishedAt time.Time `json:"established_at,omitzero"`
-	UptimeSeconds float64   `json:"uptime_seconds,omitempty"`
-	// BFD is up, down, init or admin-down; empty without BFD.
-	BFD string `json:"bfd,omitempty"`
-	// Received and Accepted count the peer's paths, over all families.
-	Received uint64 `json:"received"`
-	Accepted uint64 `json:"accepted"`
-}
+// PeerStatus is one peer's session, as agents publish it (api/agentstatus: the
+// wire format has one home).
+type PeerStatus = agentstatus.BGPPeerStatus
 
 // Status reports the sessions and the announced prefixes.
 func (s *Speaker) Status() Status {
