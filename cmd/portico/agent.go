@@ -37,7 +37,8 @@ import (
 // the agent's Config (its Kube filled from kubeconfig) and the logging level.
 type agentFlags struct {
 	agent.Config
-	kubeconfig, logLevel string
+	kubeconfig string
+	logLevel   logLevel
 }
 
 // parseAgentFlags reads flags; a flag not given on the command line falls back
@@ -107,7 +108,8 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.UintVar(&version, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
 	fs.DurationVar(&c.VRRPInterval, "vrrp-interval", 100*time.Millisecond, "VRRP advert interval")
 	fs.BoolVar(&c.VRRPUnicast, "vrrp-unicast", true, "send VRRP adverts to the group's other agents (their status Leases name them) and accept adverts from them alone; false: multicast, from any source (for keepalived peers on the segment)")
-	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	c.logLevel = logLevel{zapcore.InfoLevel}
+	fs.Var(&c.logLevel, "log-level", "debug, info (the default), warn or error")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
 	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims (a claim's own is not used); empty: -iface")
@@ -131,7 +133,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		}
 		if v != "" {
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("environment for -%s: %w", f.Name, err))
+				errs = append(errs, fmt.Errorf("environment for -%s, %q: %w", f.Name, v, err))
 			}
 		}
 	})
@@ -288,13 +290,22 @@ func readSeed(path string) (seed uint32, ok bool, err error) {
 	return uint32(v), true, nil
 }
 
-func newLogger(level string) (*zap.Logger, error) {
-	var l zapcore.Level
-	if err := l.Set(level); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
+// logLevel is a -log-level flag: debug, info, warn or error (the chart's
+// logLevel). zap's other levels (dpanic, panic, fatal) would hide the errors an
+// operator needs, and are refused with the rest.
+type logLevel struct{ zapcore.Level }
+
+func (l *logLevel) Set(s string) error {
+	switch s {
+	case "debug", "info", "warn", "error":
+		return l.Level.Set(s)
 	}
+	return errors.New("want debug, info, warn or error")
+}
+
+func newLogger(level logLevel) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()
-	cfg.Level = zap.NewAtomicLevelAt(l)
+	cfg.Level = zap.NewAtomicLevelAt(level.Level)
 	cfg.Sampling = nil
 	return cfg.Build()
 }

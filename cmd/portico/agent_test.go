@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane/model"
@@ -47,8 +48,8 @@ func TestParseAgentFlags(t *testing.T) {
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}
-				if c.logLevel != "info" || c.kubeconfig != "" {
-					t.Errorf("log level %q, kubeconfig %q", c.logLevel, c.kubeconfig)
+				if c.logLevel.Level != zapcore.InfoLevel || c.kubeconfig != "" {
+					t.Errorf("log level %v, kubeconfig %q", c.logLevel, c.kubeconfig)
 				}
 			}},
 		{name: "L4 TCP ports with listeners of their own", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-l4-steer-port", "0"},
@@ -84,6 +85,25 @@ func TestParseAgentFlags(t *testing.T) {
 					t.Errorf("metrics address %q, node IP %v; want [fd00:251::11]:9102, fd00:251::11", c.MetricsAddr, c.NodeIP)
 				}
 			}},
+		{name: "log level", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "debug"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.logLevel.Level != zapcore.DebugLevel {
+					t.Errorf("log level %v, want debug", c.logLevel)
+				}
+			}},
+		{name: "log level from the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
+			env: map[string]string{"PORTICO_LOG_LEVEL": "error"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.logLevel.Level != zapcore.ErrorLevel {
+					t.Errorf("log level %v, want error", c.logLevel)
+				}
+			}},
+		{name: "log level unknown", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "loud"},
+			wantErr: `invalid value "loud" for flag -log-level: want debug, info, warn or error`},
+		{name: "log level zap has but the chart does not offer", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "fatal"},
+			wantErr: "-log-level"},
+		{name: "log level unknown in the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
+			env: map[string]string{"PORTICO_LOG_LEVEL": "loud"}, wantErr: "environment for -log-level"},
 		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
