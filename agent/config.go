@@ -24,9 +24,12 @@ import (
 // Config is everything the agent is told (cmd/portico fills it from flags and
 // the environment, and checks it).
 type Config struct {
-	Kube         *rest.Config        // the API server
-	Group        string              // the group Service this node serves, namespace/name
-	Iface        string              // the edge interface: XDP, VRRP and ARP run on it
+	Kube  *rest.Config // the API server
+	Group string       // the group Service this node serves, namespace/name
+	// Iface is the edge interface: XDP, VRRP and ARP run on it. Several
+	// separated by "," are candidates, the first present on the node is used;
+	// the node's portico.io/iface annotation, when set, replaces it (ChooseIface).
+	Iface        string
 	Node         string              // this node's name
 	Namespace    string              // watch only this namespace; empty: all
 	PodNamespace string              // namespace of the leader Lease and the status Leases

@@ -64,11 +64,11 @@ func run(t testing.TB, stdin []byte, name string, args ...string) []byte {
 }
 
 // otherValues are settings away from every default of values.yaml, for lint and the
-// dry run: another namespace and group, no VIP or pool, a digest, no node selector,
-// tolerations or priority class, a memory limit, OnDelete updates, VRRP v2 and no
-// liveness checks.
+// dry run: another namespace and group, interface candidates, no VIP or pool, a
+// digest, no node selector, tolerations or priority class, a memory limit, OnDelete
+// updates, VRRP v2 and no liveness checks.
 var otherValues = []string{
-	"createNamespace=true", "iface=bond0", "vipPool=", "group.name=public", "group.vip=",
+	"createNamespace=true", `iface=bond0\,eth0`, "vipPool=", "group.name=public", "group.vip=",
 	"group.ingressClass.name=portico-public", "group.ingressClass.default=true",
 	"image.repository=registry.example/portico", "image.tag=sha256:" + strings.Repeat("ab", 32), "image.pullPolicy=Always",
 	"nodeSelector=null", "tolerations=null", "priorityClassName=", "resources.limits.memory=512Mi",
@@ -98,7 +98,7 @@ func TestChartLint(t *testing.T) {
 	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe", "claims.bogus=1",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
 		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true",
-		"hashSeed=12345678901", "hashSeed=0x10"} {
+		"hashSeed=12345678901", "hashSeed=0x10", "iface=eth0:1", `iface=bond0\,`, "iface=a-name-of-16-byt", "claims.iface=a/b"} {
 		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("schema")) {
 			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
@@ -304,7 +304,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 	shared := []string{"--group=edge-infra/public",
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--claim-iface=bond1", "--claim-node-selector=pool=shop", "--metrics-addr=:9101", "--liveness-port=0"}
-	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
+	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0,eth0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s", "--vrrp-unicast=false",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",
 		"--hash-seed-file=/etc/portico/hash-seed/seed")

@@ -26,6 +26,7 @@ import (
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/api/bgpfile"
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
@@ -70,7 +71,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	)
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	fs.StringVar(&c.Group, "group", "", "the group Service this node serves, namespace/name (required)")
-	fs.StringVar(&c.Iface, "iface", "", "the edge interface: XDP, VRRP and ARP run on it (required)")
+	fs.StringVar(&c.Iface, "iface", "", "the edge interface: XDP, VRRP and ARP run on it (required); several separated by ',' are candidates, the first on the node is used; the node's annotation "+v1alpha1.AnnotationIface+" (the same form) replaces it")
 	fs.StringVar(&c.Node, "node-name", "", "this node's name (env NODE_NAME)")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig path; empty: in-cluster config (env KUBECONFIG)")
 	fs.StringVar(&c.APIServer, "apiserver", "", "with the in-cluster config: reach the API server at this URL (https://host:port) instead of the kubernetes Service, for clusters where Service addresses do not work before the edge does (no kube-proxy)")
@@ -112,7 +113,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.Var(&c.logLevel, "log-level", "debug, info (the default), warn or error")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
-	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims (a claim's own is not used); empty: -iface")
+	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims, as -iface (a claim's own is not used); empty: -iface")
 	fs.StringVar(&claimSel, "claim-node-selector", "", "nodes the agents the leader provisions for IngressClaims run on, key=value separated by ','; a claim's own selector may narrow it, never widen it")
 	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
 	fs.BoolVar(&c.ReadOnly, "read-only", false, "only read the cluster: the controller Deployment (portico controller) makes the cluster-wide writes (allocations, statuses, Events, IngressClaims); without it this agent takes part in leader election and writes as leader")
@@ -155,6 +156,11 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	}
 	if c.ClaimIface == "" {
 		c.ClaimIface = c.Iface
+	}
+	for _, f := range [][2]string{{"iface", c.Iface}, {"claim-iface", c.ClaimIface}} {
+		if _, err := agent.ParseIfaces(f[1]); f[1] != "" && err != nil {
+			return c, fmt.Errorf("-%s: %w", f[0], err)
+		}
 	}
 	if c.ClaimNodeSelector, err = controlplane.ParseNodeSelector(claimSel); err != nil {
 		return c, fmt.Errorf("-claim-node-selector: %w", err)

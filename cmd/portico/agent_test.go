@@ -104,6 +104,17 @@ func TestParseAgentFlags(t *testing.T) {
 			wantErr: "-log-level"},
 		{name: "log level unknown in the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
 			env: map[string]string{"PORTICO_LOG_LEVEL": "loud"}, wantErr: "environment for -log-level"},
+		{name: "interface candidates", args: []string{"-group", "a/b", "-iface", "bond0, eth0", "-node-name", "n"},
+			check: func(t *testing.T, c agentFlags) {
+				// The agent picks among them on its node (agent.ChooseIface); a
+				// claim's agents get the same list.
+				if c.Iface != "bond0, eth0" || c.ClaimIface != "bond0, eth0" {
+					t.Errorf("iface %q, claim iface %q", c.Iface, c.ClaimIface)
+				}
+			}},
+		{name: "interface name Linux refuses", args: []string{"-group", "a/b", "-iface", "eth0,eth0:1", "-node-name", "n"}, wantErr: "-iface"},
+		{name: "empty interface candidate", args: []string{"-group", "a/b", "-iface", "eth0,", "-node-name", "n"}, wantErr: "-iface"},
+		{name: "claim interface Linux refuses", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-claim-iface", "a-name-of-20-bytes.."}, wantErr: "-claim-iface"},
 		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
