@@ -91,6 +91,9 @@ type Config struct {
 	// (controlplane.Config): the operator's, never a claim's.
 	ClaimIface        string
 	ClaimNodeSelector map[string]string
+	// ClaimLogLevel is those DaemonSets' agents' --log-level: this process's
+	// own (debug, info, warn or error); empty: deploy/agent.yaml's.
+	ClaimLogLevel string
 	// APIServer is the API server this agent was told to use instead of the
 	// in-cluster Service (--apiserver); the agents of the IngressClaims it provisions
 	// are told the same.
@@ -117,7 +120,7 @@ func controlplaneConfig(cfg Config, client kubernetes.Interface, dyn dynamic.Int
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
 		Namespace: cfg.Namespace, Pools: cfg.Pools, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
 		LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage, AgentAPIServer: cfg.APIServer,
-		ClaimIface: cfg.ClaimIface, ClaimNodeSelector: cfg.ClaimNodeSelector,
+		AgentLogLevel: cfg.ClaimLogLevel, ClaimIface: cfg.ClaimIface, ClaimNodeSelector: cfg.ClaimNodeSelector,
 	}
 }
 

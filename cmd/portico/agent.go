@@ -157,6 +157,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	if c.ClaimIface == "" {
 		c.ClaimIface = c.Iface
 	}
+	c.ClaimLogLevel = c.logLevel.String()
 	for _, f := range [][2]string{{"iface", c.Iface}, {"claim-iface", c.ClaimIface}} {
 		if _, err := agent.ParseIfaces(f[1]); f[1] != "" && err != nil {
 			return c, fmt.Errorf("-%s: %w", f[0], err)

@@ -44,7 +44,7 @@ func TestParseAgentFlags(t *testing.T) {
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247, L4SteerPort: 10242,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
-					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0"}
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0", ClaimLogLevel: "info"}
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}
@@ -87,8 +87,9 @@ func TestParseAgentFlags(t *testing.T) {
 			}},
 		{name: "log level", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "debug"},
 			check: func(t *testing.T, c agentFlags) {
-				if c.logLevel.Level != zapcore.DebugLevel {
-					t.Errorf("log level %v, want debug", c.logLevel)
+				// The agents of the IngressClaims it provisions log alike.
+				if c.logLevel.Level != zapcore.DebugLevel || c.ClaimLogLevel != "debug" {
+					t.Errorf("log level %v, claim agents' %q; want debug", c.logLevel, c.ClaimLogLevel)
 				}
 			}},
 		{name: "log level from the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
