@@ -120,6 +120,11 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	// Parsing stops at the first argument that is no flag: what follows it
+	// (the chart's extraArgs come last) would be dropped unseen.
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%q: not a flag (-name=value), and the flags after it would be ignored", fs.Arg(0))
+	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	var errs []error

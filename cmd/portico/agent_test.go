@@ -116,6 +116,7 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "interface name Linux refuses", args: []string{"-group", "a/b", "-iface", "eth0,eth0:1", "-node-name", "n"}, wantErr: "-iface"},
 		{name: "empty interface candidate", args: []string{"-group", "a/b", "-iface", "eth0,", "-node-name", "n"}, wantErr: "-iface"},
 		{name: "claim interface Linux refuses", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-claim-iface", "a-name-of-20-bytes.."}, wantErr: "-claim-iface"},
+		{name: "an argument that is no flag", args: []string{"-group", "a/b", "-iface", "eth0", "pprof", "-node-name", "n"}, wantErr: `"pprof": not a flag`},
 		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},
