@@ -16,7 +16,7 @@ import (
 // program stays attached and its maps pinned, so forwarding goes on while the
 // agent restarts.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
-	a, err := newAgent(cfg, log)
+	a, err := newAgent(ctx, cfg, log)
 	if err != nil {
 		return err
 	}

@@ -50,12 +50,18 @@ type agent struct {
 }
 
 // newAgent starts an agent for cfg: the registry, the API server's clients, the
-// edge interface and the sysctls direct server return needs.
-func newAgent(cfg Config, log *zap.Logger) (*agent, error) {
+// edge interface (ChooseIface: the node's annotation or --iface; the agent's
+// cfg.Iface is the one chosen) and the sysctls direct server return needs.
+func newAgent(ctx context.Context, cfg Config, log *zap.Logger) (*agent, error) {
 	reg, client, dyn, err := start(cfg)
 	if err != nil {
 		return nil, err
 	}
+	choice, err := ChooseIface(ctx, client, cfg.Node, cfg.Iface, ifacePresent, log)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Iface = choice.Name
 	ifc, err := net.InterfaceByName(cfg.Iface)
 	if err != nil {
 		return nil, fmt.Errorf("edge interface: %w", err)

@@ -24,9 +24,12 @@ import (
 // Config is everything the agent is told (cmd/portico fills it from flags and
 // the environment, and checks it).
 type Config struct {
-	Kube         *rest.Config        // the API server
-	Group        string              // the group Service this node serves, namespace/name
-	Iface        string              // the edge interface: XDP, VRRP and ARP run on it
+	Kube  *rest.Config // the API server
+	Group string       // the group Service this node serves, namespace/name
+	// Iface is the edge interface: XDP, VRRP and ARP run on it. Several
+	// separated by "," are candidates, the first present on the node is used;
+	// the node's portico.io/iface annotation, when set, replaces it (ChooseIface).
+	Iface        string
 	Node         string              // this node's name
 	Namespace    string              // watch only this namespace; empty: all
 	PodNamespace string              // namespace of the leader Lease and the status Leases
@@ -88,6 +91,9 @@ type Config struct {
 	// (controlplane.Config): the operator's, never a claim's.
 	ClaimIface        string
 	ClaimNodeSelector map[string]string
+	// ClaimLogLevel is those DaemonSets' agents' --log-level: this process's
+	// own (debug, info, warn or error); empty: deploy/agent.yaml's.
+	ClaimLogLevel string
 	// APIServer is the API server this agent was told to use instead of the
 	// in-cluster Service (--apiserver); the agents of the IngressClaims it provisions
 	// are told the same.
@@ -114,7 +120,7 @@ func controlplaneConfig(cfg Config, client kubernetes.Interface, dyn dynamic.Int
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
 		Namespace: cfg.Namespace, Pools: cfg.Pools, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
 		LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage, AgentAPIServer: cfg.APIServer,
-		ClaimIface: cfg.ClaimIface, ClaimNodeSelector: cfg.ClaimNodeSelector,
+		AgentLogLevel: cfg.ClaimLogLevel, ClaimIface: cfg.ClaimIface, ClaimNodeSelector: cfg.ClaimNodeSelector,
 	}
 }
 

@@ -64,6 +64,9 @@ type Config struct {
 	// AgentAPIServer is the API server address those DaemonSets' agents are given
 	// (--apiserver), the provisioning agent's own; empty: the in-cluster Service.
 	AgentAPIServer string
+	// AgentLogLevel is those DaemonSets' agents' --log-level, the provisioning
+	// process's own; empty: the manifest's.
+	AgentLogLevel string
 	// ClaimIface and ClaimNodeSelector place those DaemonSets' agents: the
 	// edge interface ("": the manifest's) and the nodes, which a claim's own
 	// selector may narrow but never widen (the operator's labels win). The

@@ -59,6 +59,7 @@ func TestAPIServer(t *testing.T) {
 		testAccessReviews(t, ctx, cs, controllerSubject, controllerNeeds, mustDeny)
 	})
 	t.Run("agent status lease", func(t *testing.T) { testStatusLease(t, ctx, srv.Config) })
+	t.Run("agent reads its node's interface", func(t *testing.T) { testNodeIface(t, ctx, srv.Config, cs) })
 	// The controller runs twice: with client-go's default informers (a streaming list:
 	// one watch with sendInitialEvents) and with WatchListClient off (list, then
 	// watch), the fallback for API servers without streaming lists.

@@ -64,17 +64,35 @@ func run(t testing.TB, stdin []byte, name string, args ...string) []byte {
 }
 
 // otherValues are settings away from every default of values.yaml, for lint and the
-// dry run: another namespace and group, no VIP or pool, a digest, no node selector,
-// tolerations or priority class, a memory limit, OnDelete updates, VRRP v2 and no
-// liveness checks.
+// dry run: another namespace and group, interface candidates, no VIP or pool, a
+// digest, no node selector, tolerations or priority class, a memory limit, OnDelete
+// updates, VRRP v2 and no liveness checks.
 var otherValues = []string{
-	"createNamespace=true", "iface=bond0", "vipPool=", "group.name=public", "group.vip=",
+	"createNamespace=true", `iface=bond0\,eth0`, "vipPool=", "group.name=public", "group.vip=",
 	"group.ingressClass.name=portico-public", "group.ingressClass.default=true",
 	"image.repository=registry.example/portico", "image.tag=sha256:" + strings.Repeat("ab", 32), "image.pullPolicy=Always",
 	"nodeSelector=null", "tolerations=null", "priorityClassName=", "resources.limits.memory=512Mi",
 	"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
 	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s", "vrrp.unicast=false",
 	"claims.nodeSelector.pool=shop", "claims.iface=bond1", "liveness.port=0", "apiServer=https://10.0.0.1:6443",
+}
+
+// podValues set every value that reaches the agent and controller pods beyond
+// the flags of otherValues: the log level, pull secrets, pod annotations and
+// labels, affinity, extra arguments and environment.
+var podValues = []string{
+	"logLevel=debug", "imagePullSecrets[0].name=regcred", "imagePullSecrets[1].name=mirror",
+	`podAnnotations.example\.com/owner=edge`, "podLabels.team=edge",
+	"affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=node.kubernetes.io/exclude-from-external-load-balancers",
+	"affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=DoesNotExist",
+	"extraArgs[0]=--pprof", "extraArgs[1]=--vrrp-interval=50ms",
+	"extraEnv[0].name=GODEBUG", "extraEnv[0].value=madvdontneed",
+	"extraEnv[1].name=PORTICO_RING_SIZE", "extraEnv[1].valueFrom.configMapKeyRef.name=portico-tuning", "extraEnv[1].valueFrom.configMapKeyRef.key=ring-size",
+	"controller.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].weight=100",
+	"controller.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.topologyKey=kubernetes.io/hostname",
+	`controller.affinity.podAntiAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm.labelSelector.matchLabels.app\.kubernetes\.io/name=portico-controller`,
+	`controller.podAnnotations.example\.com/owner=control`, "controller.podLabels.team=control",
+	"controller.extraArgs[0]=--pprof", "controller.extraEnv[0].name=GODEBUG", "controller.extraEnv[0].value=gctrace",
 }
 
 func setArgs(sets []string) []string {
@@ -85,11 +103,12 @@ func setArgs(sets []string) []string {
 	return args
 }
 
-// TestChartLint runs helm lint --strict on the chart with its defaults and with
-// otherValues, and checks that values.schema.json refuses bad values.
+// TestChartLint runs helm lint --strict on the chart with its defaults, with
+// otherValues, bgpValues and podValues, and checks that values.schema.json refuses
+// bad values.
 func TestChartLint(t *testing.T) {
 	helm := helmBinary(t)
-	for name, sets := range map[string][]string{"defaults": nil, "other values": otherValues, "bgp": bgpValues} {
+	for name, sets := range map[string][]string{"defaults": nil, "other values": otherValues, "bgp": bgpValues, "pod values": podValues} {
 		t.Run(name, func(t *testing.T) {
 			out := run(t, nil, helm, append([]string{"lint", "--strict", chart}, setArgs(sets)...)...)
 			t.Logf("%s", out)
@@ -98,7 +117,11 @@ func TestChartLint(t *testing.T) {
 	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe", "claims.bogus=1",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
 		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true",
-		"hashSeed=12345678901", "hashSeed=0x10"} {
+		"hashSeed=12345678901", "hashSeed=0x10", "iface=eth0:1", `iface=bond0\,`, "iface=a-name-of-16-byt", "claims.iface=a/b",
+		"logLevel=loud", "logLevel=fatal", "imagePullSecrets[0]=regcred", "imagePullSecrets[0].nam=regcred",
+		"podAnnotations=x", `podAnnotations.portico\.io/bgp-config=x`, `podLabels.app\.kubernetes\.io/name=web`,
+		"affinity.nodeAfinity.x=y", "extraArgs=x", "extraArgs[0]=pprof", "extraEnv[0].name=NODE_NAME", "extraEnv[0].value=x",
+		"controller.extraArgs=--pprof", `controller.podLabels.app\.kubernetes\.io/part-of=x`, "controller.extraEnv[0].name=POD_NAME"} {
 		out, err := exec.Command(helm, "template", "portico", chart, "--set", bad).CombinedOutput()
 		if err == nil || !bytes.Contains(out, []byte("schema")) {
 			t.Errorf("helm template --set %s: %v %s, want the values refused by values.schema.json", bad, err, out)
@@ -189,6 +212,7 @@ func testChartDryRun(t *testing.T, ctx context.Context, srv *kapi.Server, a *app
 		{name: "other values", namespace: "edge-infra", sets: otherValues, check: checkOtherValues},
 		{name: "bgp", namespace: namespace, sets: bgpValues, check: checkBGPValues},
 		{name: "federation member", namespace: namespace, sets: append(slices.Clone(bgpValues), "federation.member=true"), check: checkFederationValues},
+		{name: "pod values, bgp", namespace: namespace, sets: append(slices.Clone(podValues), bgpValues...), check: checkPodValues},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"template", "portico", chart, "--namespace", tc.namespace, "--include-crds"}, setArgs(tc.sets)...)
@@ -304,7 +328,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 	shared := []string{"--group=edge-infra/public",
 		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--claim-iface=bond1", "--claim-node-selector=pool=shop", "--metrics-addr=:9101", "--liveness-port=0"}
-	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--iface=bond0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
+	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--log-level=info", "--iface=bond0,eth0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s", "--vrrp-unicast=false",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",
 		"--hash-seed-file=/etc/portico/hash-seed/seed")
@@ -313,7 +337,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	}
 	// The controller decides from the same flags as the agents.
 	ctl := find[appsv1.Deployment](t, objs, "Deployment", "portico-controller").Spec.Template.Spec
-	if d := cmp.Diff(append([]string{"controller"}, shared...), ctl.Containers[0].Args); d != "" {
+	if d := cmp.Diff(append(append([]string{"controller"}, shared...), "--log-level=info"), ctl.Containers[0].Args); d != "" {
 		t.Errorf("controller args (-want +got):\n%s", d)
 	}
 	if i := slices.IndexFunc(ctl.Containers[0].Env, func(e corev1.EnvVar) bool { return e.Name == "PORTICO_APISERVER" }); i < 0 ||
@@ -340,6 +364,78 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	ns := find[corev1.Namespace](t, objs, "Namespace", "edge-infra")
 	if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
 		t.Errorf("namespace labels %v, want Pod Security privileged", ns.Labels)
+	}
+}
+
+// checkPodValues: what podValues set reaches the agent and controller pods: the
+// log level, pull secrets, annotations (beside the BGP configuration's checksum)
+// and labels (beside the ones the Services select), affinity, and the extra
+// arguments (last, after the chart's) and environment (after the chart's).
+func checkPodValues(t *testing.T, objs []*unstructured.Unstructured) {
+	secrets := []corev1.LocalObjectReference{{Name: "regcred"}, {Name: "mirror"}}
+	for _, p := range []struct {
+		name        string
+		pod         corev1.PodTemplateSpec
+		labels      map[string]string // beyond the chart's
+		annotations map[string]string
+		affinity    *corev1.Affinity
+		extraArgs   []string
+		extraEnv    []corev1.EnvVar
+	}{
+		{
+			name: "agent", pod: find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent").Spec.Template,
+			labels:      map[string]string{"app.kubernetes.io/name": "portico-agent", "app.kubernetes.io/part-of": "portico", "team": "edge"},
+			annotations: map[string]string{"example.com/owner": "edge"},
+			affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+					{Key: "node.kubernetes.io/exclude-from-external-load-balancers", Operator: corev1.NodeSelectorOpDoesNotExist}}}}}}},
+			extraArgs: []string{"--pprof", "--vrrp-interval=50ms"},
+			extraEnv: []corev1.EnvVar{{Name: "GODEBUG", Value: "madvdontneed"}, {Name: "PORTICO_RING_SIZE", ValueFrom: &corev1.EnvVarSource{
+				ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "portico-tuning"}, Key: "ring-size"}}}},
+		},
+		{
+			name: "controller", pod: find[appsv1.Deployment](t, objs, "Deployment", "portico-controller").Spec.Template,
+			labels:      map[string]string{"app.kubernetes.io/name": "portico-controller", "app.kubernetes.io/part-of": "portico", "team": "control"},
+			annotations: map[string]string{"example.com/owner": "control"},
+			affinity: &corev1.Affinity{PodAntiAffinity: &corev1.PodAntiAffinity{PreferredDuringSchedulingIgnoredDuringExecution: []corev1.WeightedPodAffinityTerm{{
+				Weight: 100, PodAffinityTerm: corev1.PodAffinityTerm{TopologyKey: "kubernetes.io/hostname",
+					LabelSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app.kubernetes.io/name": "portico-controller"}}}}}}},
+			extraArgs: []string{"--pprof"},
+			extraEnv:  []corev1.EnvVar{{Name: "GODEBUG", Value: "gctrace"}},
+		},
+	} {
+		spec, c := p.pod.Spec, p.pod.Spec.Containers[0]
+		if d := cmp.Diff(secrets, spec.ImagePullSecrets); d != "" {
+			t.Errorf("%s image pull secrets (-want +got):\n%s", p.name, d)
+		}
+		if d := cmp.Diff(p.labels, p.pod.Labels); d != "" {
+			t.Errorf("%s pod labels (-want +got):\n%s", p.name, d)
+		}
+		for k, v := range p.annotations {
+			if p.pod.Annotations[k] != v {
+				t.Errorf("%s pod annotations %v, want %s=%s", p.name, p.pod.Annotations, k, v)
+			}
+		}
+		if d := cmp.Diff(p.affinity, spec.Affinity); d != "" {
+			t.Errorf("%s affinity (-want +got):\n%s", p.name, d)
+		}
+		if !slices.Contains(c.Args, "--log-level=debug") {
+			t.Errorf("%s args %v, want --log-level=debug", p.name, c.Args)
+		}
+		if n := len(p.extraArgs); len(c.Args) < n || !slices.Equal(c.Args[len(c.Args)-n:], p.extraArgs) {
+			t.Errorf("%s args %v, want them to end with extraArgs %v", p.name, c.Args, p.extraArgs)
+		}
+		if n := len(p.extraEnv); len(c.Env) <= n {
+			t.Errorf("%s env %v, want the chart's then extraEnv", p.name, c.Env)
+		} else if d := cmp.Diff(p.extraEnv, c.Env[len(c.Env)-n:]); d != "" {
+			t.Errorf("%s env, last entries (-want extraEnv +got):\n%s", p.name, d)
+		}
+	}
+	// With announce: bgp the agents' pod keeps the configuration's checksum
+	// beside the operator's annotations.
+	ds := find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
+	if ds.Spec.Template.Annotations["portico.io/bgp-config"] == "" {
+		t.Errorf("agent pod annotations %v, want the bgp config's checksum too", ds.Spec.Template.Annotations)
 	}
 }
 

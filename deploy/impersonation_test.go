@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 	authenticationv1 "k8s.io/api/authentication/v1"
@@ -21,6 +22,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
@@ -105,6 +107,38 @@ func testStatusLease(t *testing.T, ctx context.Context, admin *rest.Config) {
 	}
 	if len(leases) != 1 || leases[0].Node != "node-1" || leases[0].Stale || string(leases[0].State) != `{"node":"node-1","healthy":true}` {
 		t.Errorf("status Leases = %+v, want node-1's renewed state", leases)
+	}
+	if bad := reqs.list(); len(bad) > 0 {
+		t.Errorf("the API server refused the agent: %v", bad)
+	}
+}
+
+// testNodeIface runs the agent's start-up read of its Node (agent.ChooseIface)
+// as the agent's ServiceAccount: the node's portico.io/iface annotation is
+// read with the rights rbac.yaml gives, nothing refused.
+func testNodeIface(t *testing.T, ctx context.Context, admin *rest.Config, cs kubernetes.Interface) {
+	for _, n := range []*corev1.Node{
+		{ObjectMeta: metav1.ObjectMeta{Name: "edge-1", Annotations: map[string]string{v1alpha1.AnnotationIface: "bond0,eth1"}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "edge-2"}},
+	} {
+		if _, err := cs.CoreV1().Nodes().Create(ctx, n, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var reqs requestLog
+	agentCS := kubernetes.NewForConfigOrDie(asAgent(admin, &reqs))
+	present := func(n string) bool { return n == "eth0" || n == "eth1" }
+	for node, want := range map[string]agent.IfaceChoice{
+		"edge-1": {Name: "eth1", Source: agent.IfaceFromAnnotation, Candidates: []string{"bond0", "eth1"}, Absent: []string{"bond0"}},
+		"edge-2": {Name: "eth0", Source: agent.IfaceFromFlag, Candidates: []string{"eth0"}},
+	} {
+		got, err := agent.ChooseIface(ctx, agentCS, node, "eth0", present, zaptest.NewLogger(t))
+		if err != nil {
+			t.Fatalf("%s: %v", node, err)
+		}
+		if d := cmp.Diff(want, got); d != "" {
+			t.Errorf("%s: interface choice (-want +got):\n%s", node, d)
+		}
 	}
 	if bad := reqs.list(); len(bad) > 0 {
 		t.Errorf("the API server refused the agent: %v", bad)

@@ -89,6 +89,12 @@ const (
 	// owns a host (controlplane's hostOwners) lists the other namespaces that may route paths of
 	// it too, separated by commas or spaces ("*": every namespace).
 	AnnotationHostDelegates = "portico.io/host-delegates"
+	// AnnotationIface on a Node names the edge interface of the Portico agents
+	// on it, in place of their --iface: one name, or candidates separated by
+	// "," of which the first present on the node is used (as MetalLB's
+	// L2Advertisement interfaces and kube-vip's vip_interface). Read when an
+	// agent starts.
+	AnnotationIface = "portico.io/iface"
 	// AnnotationTrafficHosts lists a pod route's hosts.
 	AnnotationTrafficHosts = "trafficHosts"
 	// AnnotationPublicPaths lists a pod route's PORT:PATH entries.

@@ -26,6 +26,7 @@ import (
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/api/bgpfile"
 	"github.com/portico-edge/portico/api/sites"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
@@ -37,7 +38,8 @@ import (
 // the agent's Config (its Kube filled from kubeconfig) and the logging level.
 type agentFlags struct {
 	agent.Config
-	kubeconfig, logLevel string
+	kubeconfig string
+	logLevel   logLevel
 }
 
 // parseAgentFlags reads flags; a flag not given on the command line falls back
@@ -69,7 +71,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	)
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
 	fs.StringVar(&c.Group, "group", "", "the group Service this node serves, namespace/name (required)")
-	fs.StringVar(&c.Iface, "iface", "", "the edge interface: XDP, VRRP and ARP run on it (required)")
+	fs.StringVar(&c.Iface, "iface", "", "the edge interface: XDP, VRRP and ARP run on it (required); several separated by ',' are candidates, the first on the node is used; the node's annotation "+v1alpha1.AnnotationIface+" (the same form) replaces it")
 	fs.StringVar(&c.Node, "node-name", "", "this node's name (env NODE_NAME)")
 	fs.StringVar(&c.kubeconfig, "kubeconfig", "", "kubeconfig path; empty: in-cluster config (env KUBECONFIG)")
 	fs.StringVar(&c.APIServer, "apiserver", "", "with the in-cluster config: reach the API server at this URL (https://host:port) instead of the kubernetes Service, for clusters where Service addresses do not work before the edge does (no kube-proxy)")
@@ -107,15 +109,21 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.UintVar(&version, "vrrp-version", 3, "VRRP version for IPv4 (2 for keepalived peers)")
 	fs.DurationVar(&c.VRRPInterval, "vrrp-interval", 100*time.Millisecond, "VRRP advert interval")
 	fs.BoolVar(&c.VRRPUnicast, "vrrp-unicast", true, "send VRRP adverts to the group's other agents (their status Leases name them) and accept adverts from them alone; false: multicast, from any source (for keepalived peers on the segment)")
-	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	c.logLevel = logLevel{zapcore.InfoLevel}
+	fs.Var(&c.logLevel, "log-level", "debug, info (the default), warn or error")
 	fs.DurationVar(&c.ShutdownDelay, "shutdown-delay", 5*time.Second, "on SIGTERM, keep serving (unready) this long before releasing the VIP, so the replica's endpoint turns terminating everywhere first")
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
-	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims (a claim's own is not used); empty: -iface")
+	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims, as -iface (a claim's own is not used); empty: -iface")
 	fs.StringVar(&claimSel, "claim-node-selector", "", "nodes the agents the leader provisions for IngressClaims run on, key=value separated by ','; a claim's own selector may narrow it, never widen it")
 	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
 	fs.BoolVar(&c.ReadOnly, "read-only", false, "only read the cluster: the controller Deployment (portico controller) makes the cluster-wide writes (allocations, statuses, Events, IngressClaims); without it this agent takes part in leader election and writes as leader")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	// Parsing stops at the first argument that is no flag: what follows it
+	// (the chart's extraArgs come last) would be dropped unseen.
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%q: not a flag (-name=value), and the flags after it would be ignored", fs.Arg(0))
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -131,7 +139,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		}
 		if v != "" {
 			if err := f.Value.Set(v); err != nil {
-				errs = append(errs, fmt.Errorf("environment for -%s: %w", f.Name, err))
+				errs = append(errs, fmt.Errorf("environment for -%s, %q: %w", f.Name, v, err))
 			}
 		}
 	})
@@ -153,6 +161,12 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	}
 	if c.ClaimIface == "" {
 		c.ClaimIface = c.Iface
+	}
+	c.ClaimLogLevel = c.logLevel.String()
+	for _, f := range [][2]string{{"iface", c.Iface}, {"claim-iface", c.ClaimIface}} {
+		if _, err := agent.ParseIfaces(f[1]); f[1] != "" && err != nil {
+			return c, fmt.Errorf("-%s: %w", f[0], err)
+		}
 	}
 	if c.ClaimNodeSelector, err = controlplane.ParseNodeSelector(claimSel); err != nil {
 		return c, fmt.Errorf("-claim-node-selector: %w", err)
@@ -288,13 +302,22 @@ func readSeed(path string) (seed uint32, ok bool, err error) {
 	return uint32(v), true, nil
 }
 
-func newLogger(level string) (*zap.Logger, error) {
-	var l zapcore.Level
-	if err := l.Set(level); err != nil {
-		return nil, fmt.Errorf("-log-level: %w", err)
+// logLevel is a -log-level flag: debug, info, warn or error (the chart's
+// logLevel). zap's other levels (dpanic, panic, fatal) would hide the errors an
+// operator needs, and are refused with the rest.
+type logLevel struct{ zapcore.Level }
+
+func (l *logLevel) Set(s string) error {
+	switch s {
+	case "debug", "info", "warn", "error":
+		return l.Level.Set(s)
 	}
+	return errors.New("want debug, info, warn or error")
+}
+
+func newLogger(level logLevel) (*zap.Logger, error) {
 	cfg := zap.NewProductionConfig()
-	cfg.Level = zap.NewAtomicLevelAt(l)
+	cfg.Level = zap.NewAtomicLevelAt(level.Level)
 	cfg.Sampling = nil
 	return cfg.Build()
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/controlplane/model"
@@ -43,12 +44,12 @@ func TestParseAgentFlags(t *testing.T) {
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247, L4SteerPort: 10242,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
-					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0"}
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0", ClaimLogLevel: "info"}
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}
-				if c.logLevel != "info" || c.kubeconfig != "" {
-					t.Errorf("log level %q, kubeconfig %q", c.logLevel, c.kubeconfig)
+				if c.logLevel.Level != zapcore.InfoLevel || c.kubeconfig != "" {
+					t.Errorf("log level %v, kubeconfig %q", c.logLevel, c.kubeconfig)
 				}
 			}},
 		{name: "L4 TCP ports with listeners of their own", args: []string{"-group", "edge/web", "-iface", "eth0", "-node-name", "n1", "-l4-steer-port", "0"},
@@ -84,6 +85,38 @@ func TestParseAgentFlags(t *testing.T) {
 					t.Errorf("metrics address %q, node IP %v; want [fd00:251::11]:9102, fd00:251::11", c.MetricsAddr, c.NodeIP)
 				}
 			}},
+		{name: "log level", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "debug"},
+			check: func(t *testing.T, c agentFlags) {
+				// The agents of the IngressClaims it provisions log alike.
+				if c.logLevel.Level != zapcore.DebugLevel || c.ClaimLogLevel != "debug" {
+					t.Errorf("log level %v, claim agents' %q; want debug", c.logLevel, c.ClaimLogLevel)
+				}
+			}},
+		{name: "log level from the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
+			env: map[string]string{"PORTICO_LOG_LEVEL": "error"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.logLevel.Level != zapcore.ErrorLevel {
+					t.Errorf("log level %v, want error", c.logLevel)
+				}
+			}},
+		{name: "log level unknown", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "loud"},
+			wantErr: `invalid value "loud" for flag -log-level: want debug, info, warn or error`},
+		{name: "log level zap has but the chart does not offer", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-log-level", "fatal"},
+			wantErr: "-log-level"},
+		{name: "log level unknown in the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
+			env: map[string]string{"PORTICO_LOG_LEVEL": "loud"}, wantErr: "environment for -log-level"},
+		{name: "interface candidates", args: []string{"-group", "a/b", "-iface", "bond0, eth0", "-node-name", "n"},
+			check: func(t *testing.T, c agentFlags) {
+				// The agent picks among them on its node (agent.ChooseIface); a
+				// claim's agents get the same list.
+				if c.Iface != "bond0, eth0" || c.ClaimIface != "bond0, eth0" {
+					t.Errorf("iface %q, claim iface %q", c.Iface, c.ClaimIface)
+				}
+			}},
+		{name: "interface name Linux refuses", args: []string{"-group", "a/b", "-iface", "eth0,eth0:1", "-node-name", "n"}, wantErr: "-iface"},
+		{name: "empty interface candidate", args: []string{"-group", "a/b", "-iface", "eth0,", "-node-name", "n"}, wantErr: "-iface"},
+		{name: "claim interface Linux refuses", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-claim-iface", "a-name-of-20-bytes.."}, wantErr: "-claim-iface"},
+		{name: "an argument that is no flag", args: []string{"-group", "a/b", "-iface", "eth0", "pprof", "-node-name", "n"}, wantErr: `"pprof": not a flag`},
 		{name: "node IP not an address", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-node-ip", "node-1"}, wantErr: "-node-ip"},
 		{name: "API server not https", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "http://10.0.0.1"}, wantErr: "-apiserver"},
 		{name: "API server with a path", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://k/api"}, wantErr: "-apiserver"},

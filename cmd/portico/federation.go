@@ -12,6 +12,7 @@ import (
 	"github.com/go-logr/zapr"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/klog/v2"
 
@@ -32,14 +33,15 @@ func runFederation(args []string) error {
 	resync := fs.Duration("resync", 10*time.Second, "how often every site's status is read again")
 	drainLead := fs.Duration("drain-lead", federation.DrainLead, "a site's drain (portico.io/drain=true on its member Secret) begins this long after it is asked for, so every site's agents have read it first")
 	metricsAddr := fs.String("metrics-addr", ":9102", "address of /metrics (empty: none)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	level := &logLevel{zapcore.InfoLevel}
+	fs.Var(level, "log-level", "debug, info (the default), warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %v", fs.Args())
 	}
-	log, err := newLogger(*logLevel)
+	log, err := newLogger(*level)
 	if err != nil {
 		return err
 	}
@@ -68,14 +70,15 @@ func runFederationDNS(args []string) error {
 	dnsAddr := fs.String("dns-addr", ":53", "address of the DNS server (UDP and TCP)")
 	healthAddr := fs.String("health-addr", ":8053", "address of GET /health, which the other sites probe")
 	metricsAddr := fs.String("metrics-addr", ":9103", "address of /metrics (empty: none)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	level := &logLevel{zapcore.InfoLevel}
+	fs.Var(level, "log-level", "debug, info (the default), warn or error")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if *config == "" || fs.NArg() > 0 {
 		return fmt.Errorf("-config is required, and nothing else after the flags")
 	}
-	log, err := newLogger(*logLevel)
+	log, err := newLogger(*level)
 	if err != nil {
 		return err
 	}
