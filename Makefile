@@ -49,6 +49,10 @@ unit: helm
 # passes only with these (a tag from git describe would change deploy/ on every commit).
 IMAGE_TAG ?= v$(shell awk -F'"' '/^appVersion:/ {print $$2}' deploy/helm/portico/Chart.yaml)
 
+.PHONY: metrics-doc
+metrics-doc: ## write docs/metrics.md, the table of every metric, from the code that registers them (hack/metricsdoc)
+	$(GO) run ./hack/metricsdoc -o docs/metrics.md
+
 .PHONY: manifests
 manifests: helm ## render the Helm chart deploy/helm/portico into the plain manifests under deploy/ (IMAGE_REPO, IMAGE_TAG)
 	$(GO) run ./deploy/manifests -helm "$$(hack/helm.sh path)" -set image.repository=$(IMAGE_REPO) -set image.tag=$(IMAGE_TAG)
@@ -84,9 +88,10 @@ fuzz: deps ## run each fuzz target briefly (FUZZTIME, default 200000 executions 
 	$(GO) test -run '^$$' -fuzz '^FuzzXDP$$' -fuzztime $(FUZZTIME) ./dataplane/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./vrrp/
 
-verify: generate api manifests ## regenerate the BPF objects, the API's code and CRDs and the plain manifests and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
+verify: generate api manifests metrics-doc ## regenerate the BPF objects, the API's code and CRDs and the plain manifests and fail if they differ from the committed ones, or if go.mod/go.sum are not tidy
 	@hack/clean.sh dataplane/ || { echo "verify: generated BPF files are stale: run make generate and commit" >&2; exit 1; }
 	@hack/clean.sh api/ deploy/helm/ deploy/federation/ || { echo "verify: api/'s generated code or CRDs are stale: run make api and commit" >&2; exit 1; }
+	@hack/clean.sh docs/metrics.md || { echo "verify: docs/metrics.md is stale: run make metrics-doc and commit" >&2; exit 1; }
 	@hack/clean.sh deploy/ || { echo "verify: deploy/ differs from the chart: run make manifests and commit (edit deploy/helm/portico, not the generated files)" >&2; exit 1; }
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
 	@cd hack/tools && $(GO) mod tidy -diff || { echo "verify: hack/tools/go.mod is not tidy: run go mod tidy in hack/tools/ and commit" >&2; exit 1; }

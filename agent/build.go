@@ -156,8 +156,7 @@ func (a *agent) buildSites() {
 	}
 	l4.sites = &peerSites{path: a.cfg.Sites, ifc: a.ifc, neigh: l4.neigh, log: a.log.Named("sites")}
 	l4.sites.reload()
-	l4.spillGauge = prometheus.NewGauge(prometheus.GaugeOpts{Name: "portico_site_spill_ratio",
-		Help: "The share of this edge's new connections it spills to another site above its capacity (federation overflow)."})
+	l4.spillGauge = newSpillGauge()
 	a.reg.MustRegister(l4.spillGauge)
 }
 

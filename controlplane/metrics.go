@@ -96,3 +96,10 @@ func (c *Controller) observe(st State, problems []model.Problem) {
 		c.metrics.problems.WithLabelValues(string(p.Reason)).Inc()
 	}
 }
+
+// DescribeMetrics registers on reg this package's series, with no values
+// behind them: for the generated metrics table (hack/metricsdoc).
+func DescribeMetrics(reg prometheus.Registerer) error {
+	_, err := newMetrics(reg, func() float64 { return 0 })
+	return err
+}

@@ -317,3 +317,10 @@ func (c Counters) reasonSummary() string {
 	}
 	return strings.Join(parts, " ")
 }
+
+// DescribeMetrics registers on reg a Collector's series, with no data plane
+// behind them (Describe alone works): for the generated metrics table
+// (hack/metricsdoc).
+func DescribeMetrics(reg prometheus.Registerer) error {
+	return reg.Register(newCollector(maps{}))
+}

@@ -61,3 +61,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// DescribeMetrics registers on reg this package's series, with no values
+// behind them: for the generated metrics table (hack/metricsdoc).
+// The sites gauge is described by a Controller with nothing behind it: reg
+// must not gather it.
+func DescribeMetrics(reg prometheus.Registerer) error {
+	if _, err := newMetrics(reg); err != nil {
+		return err
+	}
+	return reg.Register(&Controller{})
+}

@@ -60,3 +60,10 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	}
 	return m, nil
 }
+
+// DescribeMetrics registers on reg this package's series, with no values
+// behind them: for the generated metrics table (hack/metricsdoc).
+func DescribeMetrics(reg prometheus.Registerer) error {
+	_, err := newMetrics(reg)
+	return err
+}

@@ -164,19 +164,37 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 		ctl:    controlClient(resolve(cfg.Dir, cfg.Render.ControlSocket)),
 		kick:   make(chan struct{}, 1),
 	}
+	if err := registerDraining(reg, r.draining); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// registerDraining registers the gauges of the workers a reload replaced that
+// still serve connections, read from draining at each scrape.
+func registerDraining(reg prometheus.Registerer, draining func() (int, int64)) error {
 	for _, g := range []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "portico", Subsystem: "nginx", Name: "draining_workers",
 			Help: "nginx workers that a reload replaced and that still serve the connections they hold."},
-			func() float64 { n, _ := r.draining(); return float64(n) }),
+			func() float64 { n, _ := draining(); return float64(n) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "portico", Subsystem: "nginx", Name: "draining_workers_bytes",
 			Help: "Private memory of the nginx workers that a reload replaced and that still serve connections."},
-			func() float64 { _, b := r.draining(); return float64(b) }),
+			func() float64 { _, b := draining(); return float64(b) }),
 	} {
 		if err := reg.Register(g); err != nil {
-			return nil, fmt.Errorf("register nginx metrics: %w", err)
+			return fmt.Errorf("register nginx metrics: %w", err)
 		}
 	}
-	return r, nil
+	return nil
+}
+
+// DescribeMetrics registers on reg every series of a Reloader, with no values
+// behind them: for the generated metrics table (hack/metricsdoc).
+func DescribeMetrics(reg prometheus.Registerer) error {
+	if _, err := newMetrics(reg); err != nil {
+		return err
+	}
+	return registerDraining(reg, func() (int, int64) { return 0, 0 })
 }
 
 // draining counts the workers a reload replaced that still run, and their private

@@ -130,16 +130,9 @@ func New(cfg Config, log *zap.Logger, reg prometheus.Registerer) (*Server, error
 		return nil, fmt.Errorf("gslb config: %w", err)
 	}
 	s := &Server{cfg: cfg, log: log}
-	s.answers = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "gslb", Name: "answers_total",
-		Help: "DNS answers by the site they name (or all, when none is healthy; none for other names)."}, []string{"site"})
-	s.changes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "gslb", Name: "site_changes_total",
-		Help: "Sites' changes of standing by direction (up, down)."}, []string{"direction"})
-	if reg != nil {
-		for _, c := range []prometheus.Collector{s.answers, s.changes} {
-			if err := reg.Register(c); err != nil {
-				return nil, err
-			}
-		}
+	var err error
+	if s.answers, s.changes, err = newMetrics(reg); err != nil {
+		return nil, err
 	}
 	s.probe = newProber(cfg, log)
 	s.probe.onChange = func(site string, up bool) {
@@ -312,4 +305,27 @@ func (s *Server) pick(client netip.Addr) (*Site, uint8) {
 		}
 	}
 	return first, 0
+}
+
+// newMetrics makes the server's series and registers them on reg (nil: none).
+func newMetrics(reg prometheus.Registerer) (answers, changes *prometheus.CounterVec, err error) {
+	answers = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "gslb", Name: "answers_total",
+		Help: "DNS answers by the site they name (or all, when none is healthy; none for other names)."}, []string{"site"})
+	changes = prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "gslb", Name: "site_changes_total",
+		Help: "Sites' changes of standing by direction (up, down)."}, []string{"direction"})
+	if reg != nil {
+		for _, c := range []prometheus.Collector{answers, changes} {
+			if err := reg.Register(c); err != nil {
+				return nil, nil, err
+			}
+		}
+	}
+	return answers, changes, nil
+}
+
+// DescribeMetrics registers on reg the server's series, with no values behind
+// them: for the generated metrics table (hack/metricsdoc).
+func DescribeMetrics(reg prometheus.Registerer) error {
+	_, _, err := newMetrics(reg)
+	return err
 }

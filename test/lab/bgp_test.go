@@ -54,6 +54,7 @@ func TestBGPEveryEdge(t *testing.T) {
 		t.Fatalf("the router's route to the VIP: next hops %v (%v), want one per edge", hops, err)
 	}
 	t.Logf("the router's route to %s: next hops %v", VIP, hops)
+	l.checkMetricsDocumented(t) // with BGP's series, before an edge dies
 	before := l.directed(t)
 	c := l.HTTPClient(false, 2*time.Second)
 	perReplica := map[string]int{}

@@ -387,6 +387,7 @@ func TestL4Services(t *testing.T) {
 		}
 		stream <- as
 	}()
+	l.checkMetricsDocumented(t) // with L4 steering's series, before the owner dies
 	newOwner, takeover := l.killOwner(t, owner)
 	kept, OnSurvivors := 0, 0
 	for _, h := range conns {
