@@ -76,7 +76,7 @@ func (a *agent) buildDataplane() error {
 	// In BGP mode the router sends an edge established flows the moment it
 	// announces: a new (or rebooted) edge starts from the ring the others held.
 	dp, err := dataplane.Load(dataplane.Options{PinPath: a.cfg.PinPath, RingSize: a.cfg.RingSize,
-		Arrival: a.cfg.Announce == "bgp", Rejoin: true, Logger: a.log.Named("dataplane")})
+		Arrival: a.cfg.Announce == "bgp", Rejoin: true, XDPMode: a.cfg.XDPMode, Logger: a.log.Named("dataplane")})
 	if err != nil {
 		return err
 	}
