@@ -82,7 +82,7 @@ func (a *agent) buildDataplane() error {
 	// In BGP mode the router sends an edge established flows the moment it
 	// announces: a new (or rebooted) edge starts from the ring the others held.
 	dp, err := dataplane.Load(dataplane.Options{PinPath: a.cfg.PinPath, RingSize: a.cfg.RingSize,
-		Arrival: a.cfg.Announce == "bgp", Rejoin: true, Logger: a.log.Named("dataplane")})
+		Arrival: a.cfg.Announce == "bgp", Rejoin: true, XDPMode: a.cfg.XDPMode, Logger: a.log.Named("dataplane")})
 	if err != nil {
 		return err
 	}
@@ -278,7 +278,7 @@ func (a *agent) publishStatus(ctx context.Context) error {
 	cfg, l4 := a.cfg, a.l4
 	view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: a.health.current, vrrp: a.ann.vrrpStates,
 		vips: a.dp.VIPs, replicas: l4.replicas, bgp: a.ann.bgpStatus, served: a.served.get, tunnel: l4.tunnel,
-		spill: l4.spillRatio, vrrpSources: a.ann.vrrpSources}
+		spill: l4.spillRatio, vrrpSources: a.ann.vrrpSources, attachMode: a.dp.AttachMode}
 	publishStatus(ctx, a.client, cfg.PodNamespace, view.collect, a.served.kick, a.log.Named("status"))
 	return nil
 }

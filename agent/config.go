@@ -18,6 +18,7 @@ import (
 
 	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/liveness"
 )
 
@@ -46,6 +47,10 @@ type Config struct {
 	// sk_lookup program steers each VIP:port to (nginx.Options.L4Steered): a
 	// TCP Service then never reloads nginx. 0 gives each TCP port a listener.
 	L4SteerPort uint16
+	// XDPMode is which attach modes xdp_lb may run in (native or best-effort,
+	// dataplane.Options.XDPMode); the agents this one provisions for
+	// IngressClaims get the same.
+	XDPMode dataplane.XDPMode
 
 	HTTPPort, HTTPSPort uint16
 	StatusPort          uint16 // nginx status port on 127.0.0.1 (health, stub_status)
@@ -119,6 +124,7 @@ func controlplaneConfig(cfg Config, client kubernetes.Interface, dyn dynamic.Int
 	return controlplane.Config{
 		Client: client, Dynamic: dyn, Logger: log.Named("controlplane"), Registerer: reg,
 		Namespace: cfg.Namespace, Pools: cfg.Pools, ReservedPorts: ReservedPorts(cfg), GroupNamespaces: GroupNamespaces(cfg),
+		AgentXDPMode:   string(cfg.XDPMode),
 		LeaseNamespace: cfg.PodNamespace, ReleaseOnCancel: true, AgentImage: cfg.ClaimImage, AgentAPIServer: cfg.APIServer,
 		AgentLogLevel: cfg.ClaimLogLevel, ClaimIface: cfg.ClaimIface, ClaimNodeSelector: cfg.ClaimNodeSelector,
 	}

@@ -40,6 +40,7 @@ type nodeView struct {
 	tunnel             netip.Addr                           // the tunnel address, in a federation
 	spill              func() float64                       // the spill ratio, in a federation
 	vrrpSources        func() []netip.Addr                  // nil: none published
+	attachMode         func() dataplane.AttachMode          // xdp_lb's; nil or "": unknown
 }
 
 // servedIngresses is what the node's nginx serves of its group's Ingresses
@@ -92,6 +93,9 @@ func (n nodeView) collect() agentstatus.State {
 	}
 	if n.spill != nil {
 		st.Spill = n.spill()
+	}
+	if n.attachMode != nil {
+		st.XDPAttachMode = string(n.attachMode())
 	}
 	st.Reason = n.health()
 	st.Healthy = st.Reason == ""

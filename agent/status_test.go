@@ -32,24 +32,26 @@ func TestCollectState(t *testing.T) {
 		health string
 		vips   []dataplane.VIPView
 		err    error
+		mode   dataplane.AttachMode
 		want   agentstatus.State
 	}{
-		{name: "healthy", vips: views, want: agentstatus.State{Healthy: true, VIPs: []agentstatus.VIPState{{
+		{name: "healthy", vips: views, mode: dataplane.AttachNative, want: agentstatus.State{Healthy: true, XDPAttachMode: "native", VIPs: []agentstatus.VIPState{{
 			VIP: "192.0.2.10", Digest: "d1", Replicas: []agentstatus.ReplicaState{
 				{Addr: "10.0.0.1", State: "ready", Local: true, Share: 4.0 / 7, Packets: 9, MACKnown: true},
 				{Addr: "10.0.0.2", State: "ready", Share: 3.0 / 7, MACKnown: true},
 				{Addr: "10.0.0.3", State: "draining"},
 			}}, {VIP: "2001:db8::10"}}}},
-		{name: "unhealthy", health: "nginx has no configuration yet",
-			want: agentstatus.State{Reason: "nginx has no configuration yet"}},
+		{name: "unhealthy", health: "nginx has no configuration yet", mode: dataplane.AttachGeneric,
+			want: agentstatus.State{Reason: "nginx has no configuration yet", XDPAttachMode: "generic"}},
 		{name: "maps unreadable", err: errors.New("read map vips: bad file descriptor"),
 			want: agentstatus.State{Reason: "read map vips: bad file descriptor"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n := nodeView{node: "n1", group: "edge/web", iface: "lo",
-				health: func() string { return tc.health },
-				vrrp:   func() map[string]vrrp.State { return vrrpStates },
-				vips:   func() ([]dataplane.VIPView, error) { return tc.vips, tc.err },
+				health:     func() string { return tc.health },
+				vrrp:       func() map[string]vrrp.State { return vrrpStates },
+				vips:       func() ([]dataplane.VIPView, error) { return tc.vips, tc.err },
+				attachMode: func() dataplane.AttachMode { return tc.mode },
 			}
 			got := n.collect()
 			if !slices.Contains(got.Addrs, "127.0.0.1") {

@@ -124,8 +124,8 @@ func claimService(c *v1alpha1.IngressClaim) *corev1.Service {
 // and update strategy) with only what a claim changes: its name, namespace, labels,
 // selector and owner; its nodes (the operator's selector, narrowed by the
 // template's) and the operator's interface; the group; the Lease namespace leaseNS;
-// the image, API server address and log level, unless empty; and the VIP pools,
-// the provisioning leader's own, so an agent of the claim that becomes leader
+// the image, API server address, log level and XDP mode, unless empty; and the VIP
+// pools, the provisioning leader's own, so an agent of the claim that becomes leader
 // allocates as it did.
 func claimDaemonSet(c *v1alpha1.IngressClaim, cfg Config) (*appsv1.DaemonSet, error) {
 	image, apiServer, leaseNS, pools := cfg.AgentImage, cfg.AgentAPIServer, cfg.LeaseNamespace, cfg.Pools
@@ -178,6 +178,10 @@ func claimDaemonSet(c *v1alpha1.IngressClaim, cfg Config) (*appsv1.DaemonSet, er
 	}
 	slices.Sort(rs)
 	agent.Args = setFlag(agent.Args, "reserved-ports", strings.Join(rs, ","))
+	if cfg.AgentXDPMode != "" {
+		// The operator's NICs, the operator's requirement of them.
+		agent.Args = setFlag(agent.Args, "xdp-mode", cfg.AgentXDPMode)
+	}
 	return ds, nil
 }
 

@@ -28,7 +28,7 @@ func agentFlags(args []string) map[string]string {
 // pod) with only what a claim changes: its name, namespace, labels, selector and
 // owner, its nodes (the operator's selector narrowed by the template's) and the
 // operator's interface (never the template's, nor its ServiceAccount), the group,
-// the Lease namespace, the image, API server and log level (when given) and the
+// the Lease namespace, the image, API server, log level and XDP mode (when given) and the
 // leader's pools.
 func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 	pool4, err := ParsePool("203.0.113.0/28!203.0.113.1")
@@ -49,6 +49,7 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 		api      string // the leader's --apiserver ("": none)
 		logLevel string // the leader's --log-level ("": the manifest's)
 		iface    string // the operator's --claim-iface
+		xdpMode  string // the leader's --xdp-mode ("": the manifest's)
 		nodes    map[string]string
 		// selector and flags are what the claim changes in the manifest's pod.
 		selector map[string]string
@@ -66,12 +67,13 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			api:      "https://10.251.0.1:6443",
 			logLevel: "debug",
 			iface:    "bond1",
+			xdpMode:  "native",
 			nodes:    map[string]string{"portico.io/edge": "true"},
 			selector: map[string]string{"portico.io/edge": "true", "zone": "a"},
 			flags: map[string]string{"group": "shop/edge", "iface": "bond1", "pod-namespace": "portico-system", "apiserver": "https://10.251.0.1:6443", "log-level": "debug",
 				"vip-pool": "203.0.113.0/28!203.0.113.1/32;2001:db8::/120", "claim-image": "example/portico:test",
 				"group-namespaces": "portico-system,shop", "reserved-ports": "10247/tcp,53/udp",
-				"claim-iface": "bond1", "claim-node-selector": "portico.io/edge=true"},
+				"claim-iface": "bond1", "claim-node-selector": "portico.io/edge=true", "xdp-mode": "native"},
 		},
 		{
 			name: "manifest defaults, no pools",
@@ -83,7 +85,8 @@ func TestClaimDaemonSetDerivesFromAgentManifest(t *testing.T) {
 			claim := &v1alpha1.IngressClaim{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "edge", UID: "claim-uid"},
 				Spec: v1alpha1.IngressClaimSpec{Template: tc.template}}
 			got, err := claimDaemonSet(claim, Config{AgentImage: tc.image, AgentAPIServer: tc.api, AgentLogLevel: tc.logLevel, LeaseNamespace: "portico-system", Pools: tc.pools,
-				GroupNamespaces: tc.groupNS, ReservedPorts: tc.reserved, ClaimIface: tc.iface, ClaimNodeSelector: tc.nodes})
+				GroupNamespaces: tc.groupNS, ReservedPorts: tc.reserved, ClaimIface: tc.iface, ClaimNodeSelector: tc.nodes,
+				AgentXDPMode: tc.xdpMode})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -73,6 +73,10 @@ type Config struct {
 	// operator's alone: a claim's agents are privileged hostNetwork pods.
 	ClaimIface        string
 	ClaimNodeSelector map[string]string
+	// AgentXDPMode is those DaemonSets' agents' --xdp-mode (native or
+	// best-effort), the provisioning process's own: they run on the
+	// operator's NICs, as its agents do; empty: the manifest's.
+	AgentXDPMode string
 
 	// Identity names this instance in the leader Lease (default: a random name).
 	Identity string

@@ -65,7 +65,9 @@ type Options struct {
 	// names nobody's connection: a flow in its slots is this node's own, and
 	// its stack is asked first.
 	Rejoin bool
-	Logger *zap.Logger
+	// XDPMode is which attach modes Attach accepts. "" means XDPBestEffort.
+	XDPMode XDPMode
+	Logger  *zap.Logger
 
 	// sockModel (tests only): has_connection reads the sock_model map, of
 	// up to sockModel entries, instead of the kernel's sockets, so that
@@ -89,6 +91,9 @@ type Dataplane struct {
 	// rejoining: Options.Rejoin and Load found pinned rings; cleared by the
 	// first Apply that writes a ring.
 	rejoining bool
+	// mode is the mode Attach found the program in; "" before Attach, or
+	// when the mode of a pinned link could not be read.
+	mode AttachMode
 }
 
 // Load loads xdp_lb and its maps, reusing maps already pinned at opts.PinPath, so
@@ -106,6 +111,12 @@ func Load(opts Options) (*Dataplane, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = zap.NewNop()
+	}
+	if opts.XDPMode == "" {
+		opts.XDPMode = XDPBestEffort
+	}
+	if _, err := ParseXDPMode(string(opts.XDPMode)); err != nil {
+		return nil, err
 	}
 	if err := ensureBPFFS(filepath.Dir(opts.PinPath)); err != nil {
 		return nil, err
@@ -227,8 +238,11 @@ func (d *Dataplane) Program() *ebpf.Program { return d.objs.XdpLb }
 
 // Attach attaches xdp_lb to iface with a BPF link, pinned so it outlives the
 // agent. If a pinned link exists (an agent restart), the running program is
-// replaced atomically instead, so forwarding never stops. Native mode is tried
-// first; generic mode is the fallback, with a warning.
+// replaced atomically instead, so forwarding never stops, and the link keeps the
+// mode it was attached in. A new link is attached in native mode; where that
+// fails, XDPBestEffort falls back to generic mode with a warning, and XDPNative
+// returns the kernel's error. XDPNative also refuses a pinned link in generic
+// mode: only an uninstall may detach it. AttachMode reports the mode.
 func (d *Dataplane) Attach(iface string) error {
 	ifc, err := net.InterfaceByName(iface)
 	if err != nil {
@@ -243,41 +257,94 @@ func (d *Dataplane) Attach(iface string) error {
 	}
 	linkPath := filepath.Join(d.opts.PinPath, pinLink)
 	if l, err := link.LoadPinnedLink(linkPath, nil); err == nil {
-		info, err := l.Info()
-		if err != nil {
+		if err := d.replace(l, ifc, linkPath); err != nil {
 			l.Close()
-			return fmt.Errorf("read pinned link info: %w", err)
+			return err
 		}
-		if x := info.XDP(); x == nil || int(x.Ifindex) != ifc.Index {
-			l.Close()
-			return fmt.Errorf("pinned link %s is not attached to %s: uninstall first", linkPath, iface)
-		}
-		if err := l.Update(d.objs.XdpLb); err != nil {
-			l.Close()
-			return fmt.Errorf("replace program on pinned link: %w", err)
-		}
-		d.link = l
-		d.log.Info("xdp program replaced on pinned link", zap.String("iface", iface))
 		return d.pinProgram()
 	} else if !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("load pinned link %s: %w", linkPath, err)
 	}
 
 	l, err := link.AttachXDP(link.XDPOptions{Program: d.objs.XdpLb, Interface: ifc.Index, Flags: link.XDPDriverMode})
+	mode := AttachNative
+	if err != nil && d.opts.XDPMode == XDPNative {
+		return nativeRefused(iface, err)
+	}
 	if err != nil {
-		d.log.Warn("native xdp attach failed, falling back to generic mode", zap.String("iface", iface), zap.Error(err))
+		d.log.Warn("native xdp attach failed, falling back to generic mode", zap.String("iface", iface),
+			zap.String("driver", driverName(iface)), zap.Error(err))
 		l, err = link.AttachXDP(link.XDPOptions{Program: d.objs.XdpLb, Interface: ifc.Index, Flags: link.XDPGenericMode})
 		if err != nil {
 			return fmt.Errorf("attach xdp to %s: %w", iface, err)
 		}
+		mode = AttachGeneric
 	}
 	if err := l.Pin(linkPath); err != nil {
 		l.Close()
 		return fmt.Errorf("pin xdp link: %w", err)
 	}
-	d.link = l
-	d.log.Info("xdp program attached", zap.String("iface", iface))
+	d.link, d.mode = l, mode
+	d.log.Info("xdp program attached", zap.String("iface", iface), zap.String("mode", string(mode)))
 	return d.pinProgram()
+}
+
+// replace puts the loaded program on the pinned link l, which an earlier agent
+// attached, unless the link is on another interface, or in generic mode while
+// XDPNative asks for native: it never detaches the running program.
+func (d *Dataplane) replace(l link.Link, ifc *net.Interface, linkPath string) error {
+	info, err := l.Info()
+	if err != nil {
+		return fmt.Errorf("read pinned link info: %w", err)
+	}
+	if x := info.XDP(); x == nil || int(x.Ifindex) != ifc.Index {
+		return fmt.Errorf("pinned link %s is not attached to %s: uninstall first", linkPath, ifc.Name)
+	}
+	mode, err := attachModeOf(ifc.Index, info.Program)
+	switch {
+	case err != nil && d.opts.XDPMode == XDPNative:
+		return fmt.Errorf("find the mode of the pinned xdp link on %s (xdp mode native must know it is native): %w", ifc.Name, err)
+	case err != nil:
+		d.log.Warn("cannot tell the mode of the pinned xdp link", zap.String("iface", ifc.Name), zap.Error(err))
+	case mode != AttachNative && d.opts.XDPMode == XDPNative:
+		return fmt.Errorf("xdp mode native: xdp_lb runs on %s in %s mode, attached by an earlier agent through the pinned link %s, "+
+			"and an agent never detaches it (forwarding goes on across restarts and upgrades): run 'portico uninstall' on the node "+
+			"and restart the agent to attach in native mode, or use xdp mode best-effort", ifc.Name, mode, linkPath)
+	}
+	if err := l.Update(d.objs.XdpLb); err != nil {
+		return fmt.Errorf("replace program on pinned link: %w", err)
+	}
+	d.link, d.mode = l, mode
+	d.log.Info("xdp program replaced on pinned link", zap.String("iface", ifc.Name), zap.String("mode", string(orUnknown(mode))))
+	return nil
+}
+
+// nativeRefused is the error of XDPNative when the native attach to iface failed
+// with err.
+func nativeRefused(iface string, err error) error {
+	drv := driverName(iface)
+	if drv == "" {
+		drv = "unknown"
+	}
+	hint := ""
+	if errors.Is(err, unix.EOPNOTSUPP) {
+		hint = " (the driver has no native XDP, or not in its current configuration)"
+	}
+	return fmt.Errorf("xdp mode native: attach xdp_lb to %s (driver %s) in native mode: %w%s; "+
+		"xdp mode best-effort would fall back to generic mode, which runs after the kernel has allocated each packet",
+		iface, drv, err, hint)
+}
+
+// AttachMode is the mode the program runs in since Attach: AttachNative or
+// AttachGeneric; "" before Attach, or when the mode of a pinned link could not
+// be read (XDPBestEffort goes on without it).
+func (d *Dataplane) AttachMode() AttachMode { return d.mode }
+
+func orUnknown(m AttachMode) AttachMode {
+	if m == "" {
+		return "unknown"
+	}
+	return m
 }
 
 // pinProgram pins the current program so `bpftool prog show pinned` finds it.

@@ -222,11 +222,14 @@ func (m maps) counters(st mapState) (Counters, error) {
 }
 
 // Collector exports the BPF counters as Prometheus metrics, read from the maps on
-// every scrape. Labels are bounded: reasons are a fixed enum, VIPs and backends
-// are bounded by the map sizes, failed reads are labelled by map name.
+// every scrape, and the mode the program is attached in. Labels are bounded:
+// reasons and modes are fixed enums, VIPs and backends are bounded by the map
+// sizes, failed reads are labelled by map name.
 type Collector struct {
 	m                                   maps
 	log                                 *zap.Logger
+	mode                                func() AttachMode // nil: not exported
+	attachMode                          *prometheus.Desc
 	reasons, vipPackets, vipBytes       *prometheus.Desc
 	vipNewFlows, vipFlowHits, bePackets *prometheus.Desc
 	beBytes, scrapeErrors               *prometheus.Desc
@@ -237,7 +240,7 @@ type Collector struct {
 // A failed read is logged to d's logger.
 func NewCollector(d *Dataplane) *Collector {
 	c := newCollector(d.maps())
-	c.log = d.log
+	c.log, c.mode = d.log, d.AttachMode
 	return c
 }
 
@@ -256,18 +259,33 @@ func newCollector(m maps) *Collector {
 		bePackets:    desc("backend_packets_total", "Packets sent to a backend.", "vip", "backend"),
 		beBytes:      desc("backend_bytes_total", "Bytes sent to a backend.", "vip", "backend"),
 		scrapeErrors: desc("scrape_errors", "1 if reading a BPF map failed on this scrape, by map.", "map"),
+		attachMode: desc("attach_mode", "1 for the mode xdp_lb runs in on the edge interface, 0 for the other: "+
+			"native (in the driver) or generic (after the kernel allocated the packet; --xdp-mode=best-effort where native failed).", "mode"),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.reasons, c.vipPackets, c.vipBytes, c.vipNewFlows, c.vipFlowHits, c.bePackets, c.beBytes, c.scrapeErrors} {
+	for _, d := range []*prometheus.Desc{c.reasons, c.vipPackets, c.vipBytes, c.vipNewFlows, c.vipFlowHits, c.bePackets, c.beBytes, c.scrapeErrors,
+		c.attachMode} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.mode != nil {
+		// Neither is 1 before Attach, or when the mode of a pinned link could
+		// not be read.
+		cur := c.mode()
+		for _, m := range AttachModes {
+			v := 0.0
+			if m == cur {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.attachMode, prometheus.GaugeValue, v, string(m))
+		}
+	}
 	st, err := c.m.read()
 	if err != nil {
 		c.scrapeError(ch, err)

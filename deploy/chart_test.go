@@ -75,6 +75,7 @@ var otherValues = []string{
 	"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
 	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s", "vrrp.unicast=false",
 	"claims.nodeSelector.pool=shop", "claims.iface=bond1", "liveness.port=0", "apiServer=https://10.0.0.1:6443",
+	"xdpMode=native",
 }
 
 // podValues set every value that reaches the agent and controller pods beyond
@@ -114,7 +115,7 @@ func TestChartLint(t *testing.T) {
 			t.Logf("%s", out)
 		})
 	}
-	for _, bad := range []string{"ifac=eth1", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe", "claims.bogus=1",
+	for _, bad := range []string{"ifac=eth1", "xdpMode=generic", "xdpMode=", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe", "claims.bogus=1",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
 		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true",
 		"hashSeed=12345678901", "hashSeed=0x10", "iface=eth0:1", `iface=bond0\,`, "iface=a-name-of-16-byt", "claims.iface=a/b",
@@ -327,7 +328,8 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 		t.Errorf("image %s (%s), want %s (Always)", c.Image, c.ImagePullPolicy, want)
 	}
 	shared := []string{"--group=edge-infra/public",
-		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--claim-iface=bond1", "--claim-node-selector=pool=shop", "--metrics-addr=:9101", "--liveness-port=0"}
+		"--claim-image=registry.example/portico@sha256:" + strings.Repeat("ab", 32), "--claim-iface=bond1", "--claim-node-selector=pool=shop", "--metrics-addr=:9101", "--liveness-port=0",
+		"--xdp-mode=native"}
 	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--log-level=info", "--iface=bond0,eth0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s", "--vrrp-unicast=false",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",

@@ -426,9 +426,9 @@ func goTool() string {
 }
 
 // chartAgentDefaults are the flags the chart passes with the agent's own defaults
-// (values.yaml vrrp and liveness): TestAgentFlags keeps the two equal.
+// (values.yaml vrrp, liveness and xdpMode): TestAgentFlags keeps the two equal.
 var chartAgentDefaults = []string{"vrrp-priority", "vrrp-degraded-priority", "vrrp-version", "vrrp-interval",
-	"liveness-port", "liveness-interval", "liveness-dead-after", "liveness-rise", "liveness-reload-grace"}
+	"liveness-port", "liveness-interval", "liveness-dead-after", "liveness-rise", "liveness-reload-grace", "xdp-mode"}
 
 // TestAgentFlags builds the portico binary and checks that every flag the DaemonSet
 // passes to `portico agent` is one the agent defines (its -h output), and that the

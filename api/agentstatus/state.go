@@ -32,6 +32,10 @@ type State struct {
 	Replicas []ReplicaLiveness `json:"replicas,omitempty"`
 	// BGP is the node's sessions and announcements (--announce=bgp).
 	BGP *BGPState `json:"bgp,omitempty"`
+	// XDPAttachMode is the mode xdp_lb runs in on the edge interface: native,
+	// or generic where the driver refused native (--xdp-mode=best-effort).
+	// Empty from agents older than the field, or when the agent could not tell.
+	XDPAttachMode string `json:"xdpAttachMode,omitempty"`
 	// Served is, for each Ingress bound to the group, the generation the
 	// node's nginx serves ("namespace/name" -> metadata.generation): the
 	// controller writes an Ingress's address once every edge serves it.

@@ -67,6 +67,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		tunnel, reserved, groupNS       string
 		claimSel                        string
 		nodeIP                          string
+		xdpMode                         string
 		err                             error
 	)
 	fs := flag.NewFlagSet(command, flag.ContinueOnError)
@@ -82,6 +83,11 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&seedFile, "hash-seed-file", "", "file holding the flow hash seed (the chart's Secret <release>-hash-seed, random per install); absent: -hash-seed")
 	fs.StringVar(&c.PinPath, "pin-path", dataplane.DefaultPinPath, "bpffs directory for xdp_lb's maps, program and link")
 	fs.UintVar(&ringSize, "ring-size", uint(dataplane.DefaultRingSize), "Maglev table size (a prime), equal on every node")
+	fs.StringVar(&xdpMode, "xdp-mode", string(dataplane.XDPBestEffort), "native: xdp_lb runs in native XDP mode (in the NIC driver) or the agent stops, saying why; "+
+		"best-effort: native where the driver takes it, else generic mode (after the kernel allocated each packet: far slower), with a warning. "+
+		"The mode in use is in portico status and the metric portico_xdp_attach_mode. An agent re-uses the XDP link an earlier one pinned and never detaches it: "+
+		"with native, a node whose program runs in generic mode needs 'portico uninstall' first. "+
+		"The agents the leader provisions for IngressClaims get the same")
 	fs.StringVar(&c.NginxDir, "nginx-dir", "/var/lib/portico/nginx", "nginx prefix: configuration, certificates, pid file")
 	fs.StringVar(&c.NginxDrainTimeout, "nginx-drain-timeout", "", `how long nginx workers a reload replaced keep serving the connections they hold ("30m", "12h"); empty: until those close`)
 	fs.UintVar(&httpPort, "http-port", 80, "nginx HTTP port")
@@ -187,6 +193,9 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	}
 	if c.ReservedPorts, err = parsePorts(reserved); err != nil {
 		return c, fmt.Errorf("-reserved-ports: %w", err)
+	}
+	if c.XDPMode, err = dataplane.ParseXDPMode(xdpMode); err != nil {
+		return c, fmt.Errorf("-xdp-mode %q: want native or best-effort", xdpMode)
 	}
 	switch {
 	case c.Group == "" || !strings.Contains(c.Group, "/"):

@@ -44,7 +44,8 @@ func TestParseAgentFlags(t *testing.T) {
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247, L4SteerPort: 10242,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
-					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0", ClaimLogLevel: "info"}
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0", ClaimLogLevel: "info",
+					XDPMode: dataplane.XDPBestEffort}
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}
@@ -208,6 +209,23 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "reserved port without a protocol", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-reserved-ports", "9100"}, wantErr: "-reserved-ports"},
 		{name: "reserved port zero", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-reserved-ports", "0/tcp"}, wantErr: "-reserved-ports"},
 		{name: "reserved port sctp", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-reserved-ports", "9/sctp"}, wantErr: "-reserved-ports"},
+		{name: "xdp mode native", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-xdp-mode=native"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.XDPMode != dataplane.XDPNative {
+					t.Errorf("xdp mode %q, want native", c.XDPMode)
+				}
+			}},
+		{name: "xdp mode from the environment", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n"},
+			env: map[string]string{"PORTICO_XDP_MODE": "native"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.XDPMode != dataplane.XDPNative {
+					t.Errorf("xdp mode %q, want native", c.XDPMode)
+				}
+			}},
+		{name: "xdp mode unknown", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-xdp-mode", "generic"},
+			wantErr: `-xdp-mode "generic": want native or best-effort`},
+		{name: "xdp mode empty", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-xdp-mode="},
+			wantErr: `-xdp-mode "": want native or best-effort`},
 		{name: "degraded not below priority", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-vrrp-priority", "10"}, wantErr: "priority"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -43,16 +43,17 @@ func runStatus(args []string) error {
 	return printStatus(os.Stdout, states, stale, time.Now())
 }
 
-// printStatus renders every agent's published state: nodes, then each VIP with
-// its owner, its replicas' health and ring shares, and the table digest on every
-// node, which must agree.
+// printStatus renders every agent's published state: nodes (with the mode
+// xdp_lb runs in: native, generic, or "-" when the agent does not say), then
+// each VIP with its owner, its replicas' health and ring shares, and the table
+// digest on every node, which must agree.
 func printStatus(out io.Writer, states []agentstatus.State, stale map[string]bool, now time.Time) error {
 	if len(states) == 0 {
 		fmt.Fprintln(out, "no agents have reported")
 		return nil
 	}
 	w := table(out)
-	fmt.Fprintln(w, "NODE\tGROUP\tHEALTH\tVRRP\tREPORTED\t")
+	fmt.Fprintln(w, "NODE\tGROUP\tHEALTH\tVRRP\tXDP\tREPORTED\t")
 	nodeOf := map[string]string{} // replica address -> node
 	health := map[string]string{} // node -> health
 	for _, st := range states {
@@ -69,7 +70,11 @@ func printStatus(out io.Writer, states []agentstatus.State, stale map[string]boo
 			vr = append(vr, name[strings.LastIndex(name, "/")+1:]+"="+s)
 		}
 		sort.Strings(vr)
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s ago\t\n", st.Node, st.Group, h, strings.Join(vr, ","), now.Sub(st.Updated).Round(time.Second))
+		xdp := st.XDPAttachMode
+		if xdp == "" {
+			xdp = "-"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s ago\t\n", st.Node, st.Group, h, strings.Join(vr, ","), xdp, now.Sub(st.Updated).Round(time.Second))
 		for _, a := range st.Addrs {
 			nodeOf[a] = st.Node
 		}

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/portico-edge/portico/api/agentstatus"
 )
 
@@ -89,5 +91,33 @@ func TestPrintStatusIgnoresStaleReports(t *testing.T) {
 		if strings.Contains(got, bad) {
 			t.Errorf("status says %q: the stale report counted", bad)
 		}
+	}
+}
+
+// The node table says which mode xdp_lb runs in on each node, and "-" for an
+// agent that does not say (one older than the field).
+func TestPrintStatusXDPMode(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	states := []agentstatus.State{
+		{Node: "edge-1", Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "master"}, XDPAttachMode: "native", Updated: now},
+		{Node: "edge-2", Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "backup"}, XDPAttachMode: "generic", Updated: now},
+		{Node: "edge-3", Group: "g/e", Healthy: true, VRRP: map[string]string{"g/e/v4": "backup"}, Updated: now.Add(-2 * time.Second)},
+	}
+	var out bytes.Buffer
+	if err := printStatus(&out, states, nil, now); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"NODE    GROUP  HEALTH  VRRP       XDP      REPORTED  ",
+		"edge-1  g/e    ok      v4=master  native   0s ago    ",
+		"edge-2  g/e    ok      v4=backup  generic  0s ago    ",
+		"edge-3  g/e    ok      v4=backup  -        2s ago    ",
+	}
+	got := strings.Split(out.String(), "\n")
+	if len(got) > len(want) {
+		got = got[:len(want)]
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("node table (-want +got):\n%s", d)
 	}
 }

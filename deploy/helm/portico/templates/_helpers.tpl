@@ -57,4 +57,7 @@ namespaces), so the controller's statuses and refusals are what the edges serve.
 # Ports other daemons of the edge nodes listen on: no L4 Service may take them.
 - --reserved-ports={{ join "," . }}
 {{- end }}
+# XDP in native mode or not at all (native), or native where the NIC takes it and
+# generic elsewhere (best-effort); the controller gives the IngressClaim agents the same.
+- --xdp-mode={{ .Values.xdpMode }}
 {{- end }}
