@@ -6,6 +6,7 @@ package main
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 	"sort"
 )
 
@@ -22,8 +23,18 @@ func register(name, summary string, run func(args []string) error) {
 	commands[name] = command{summary: summary, run: run}
 }
 
+// name is what the user typed to run this: "portico", or "kubectl portico" when
+// kubectl runs the binary as its plugin (installed as kubectl-portico on the
+// PATH), which is how an operator reads the cluster (status) from any machine.
+func name() string {
+	if filepath.Base(os.Args[0]) == "kubectl-portico" {
+		return "kubectl portico"
+	}
+	return "portico"
+}
+
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: portico <command> [flags]\n\ncommands:")
+	fmt.Fprintf(os.Stderr, "usage: %s <command> [flags]\n\ncommands:\n", name())
 	names := make([]string, 0, len(commands))
 	for n := range commands {
 		names = append(names, n)
@@ -42,12 +53,12 @@ func main() {
 	}
 	c, ok := commands[os.Args[1]]
 	if !ok {
-		fmt.Fprintf(os.Stderr, "portico: unknown command %q\n", os.Args[1])
+		fmt.Fprintf(os.Stderr, "%s: unknown command %q\n", name(), os.Args[1])
 		usage()
 		os.Exit(2)
 	}
 	if err := c.run(os.Args[2:]); err != nil {
-		fmt.Fprintf(os.Stderr, "portico %s: %v\n", os.Args[1], err)
+		fmt.Fprintf(os.Stderr, "%s %s: %v\n", name(), os.Args[1], err)
 		os.Exit(1)
 	}
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,6 +15,9 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent/lease"
 	"github.com/portico-edge/portico/api/agentstatus"
@@ -20,13 +25,21 @@ import (
 
 func runStatus(args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig path; empty: in-cluster config")
+	kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig path; empty: the in-cluster config inside a pod, else kubectl's (~/.kube/config)")
+	kubeContext := fs.String("context", "", "with a kubeconfig: the context to use (default: its current context)")
 	apiServer := fs.String("apiserver", os.Getenv("PORTICO_APISERVER"), "with the in-cluster config: the API server's URL instead of the kubernetes Service (the agent's -apiserver; env PORTICO_APISERVER, which the chart sets)")
 	ns := fs.String("namespace", "portico-system", "namespace of the agents' Leases")
+	output := fs.String("o", "", "output format: empty for tables, json or yaml (every agent's published state, and whether it is stale)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg, err := kubeConfig(*kubeconfig, *apiServer)
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *output != "" && *output != "json" && *output != "yaml" {
+		return fmt.Errorf("-o %q: want json or yaml (or nothing, for tables)", *output)
+	}
+	cfg, err := statusConfig(*kubeconfig, *kubeContext, *apiServer)
 	if err != nil {
 		return err
 	}
@@ -40,7 +53,67 @@ func runStatus(args []string) error {
 	if err != nil {
 		return err
 	}
+	if *output != "" {
+		return printStatusDoc(os.Stdout, *output, states, stale)
+	}
 	return printStatus(os.Stdout, states, stale, time.Now())
+}
+
+// statusConfig is where portico status (and kubectl portico status) reads the
+// cluster: the kubeconfig given; else, inside a pod, the in-cluster config; else
+// kubectl's (KUBECONFIG, ~/.kube/config), so it runs from an operator's machine
+// without exec into a node.
+func statusConfig(path, kubeContext, apiServer string) (*rest.Config, error) {
+	if path == "" && (os.Getenv("KUBERNETES_SERVICE_HOST") != "" || apiServer != "") {
+		if kubeContext != "" {
+			return nil, errors.New("-context goes with a kubeconfig, not with the in-cluster config")
+		}
+		return kubeConfig("", apiServer)
+	}
+	if apiServer != "" {
+		return nil, errors.New("-apiserver goes with the in-cluster config, not with a kubeconfig")
+	}
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if path != "" {
+		rules.ExplicitPath = path
+	}
+	c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: kubeContext}).ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig: %w", err)
+	}
+	return c, nil
+}
+
+// agentDoc is one agent in portico status -o json|yaml: its published state as
+// api/agentstatus defines it, and whether the report is stale (the agent stopped
+// renewing its Lease).
+type agentDoc struct {
+	agentstatus.State
+	Stale bool `json:"stale"`
+}
+
+// printStatusDoc writes every agent's state as JSON or YAML, by node name.
+func printStatusDoc(out io.Writer, format string, states []agentstatus.State, stale map[string]bool) error {
+	doc := struct {
+		Agents []agentDoc `json:"agents"`
+	}{Agents: []agentDoc{}}
+	for _, st := range states {
+		doc.Agents = append(doc.Agents, agentDoc{State: st, Stale: stale[st.Node]})
+	}
+	slices.SortFunc(doc.Agents, func(a, b agentDoc) int { return strings.Compare(a.Node, b.Node) })
+	b, err := json.MarshalIndent(doc, "", "  ")
+	if err != nil {
+		return err
+	}
+	if format == "yaml" {
+		if b, err = yaml.JSONToYAML(b); err != nil {
+			return err
+		}
+	} else {
+		b = append(b, '\n')
+	}
+	_, err = out.Write(b)
+	return err
 }
 
 // printStatus renders every agent's published state: nodes (with the mode

@@ -2,6 +2,9 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -119,5 +122,79 @@ func TestPrintStatusXDPMode(t *testing.T) {
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("node table (-want +got):\n%s", d)
+	}
+}
+
+// portico status -o json|yaml: every agent's state by node name, with its
+// staleness, in the wire format's names.
+func TestPrintStatusDoc(t *testing.T) {
+	states := []agentstatus.State{{Node: "n2", Group: "g", Healthy: true, XDPAttachMode: "native"}, {Node: "n1", Group: "g", Reason: "nginx down"}}
+	var js bytes.Buffer
+	if err := printStatusDoc(&js, "json", states, map[string]bool{"n1": true}); err != nil {
+		t.Fatal(err)
+	}
+	var doc struct {
+		Agents []map[string]any `json:"agents"`
+	}
+	if err := json.Unmarshal(js.Bytes(), &doc); err != nil {
+		t.Fatalf("%v\n%s", err, js.String())
+	}
+	if len(doc.Agents) != 2 || doc.Agents[0]["node"] != "n1" || doc.Agents[0]["stale"] != true || doc.Agents[1]["stale"] != false ||
+		doc.Agents[1]["xdpAttachMode"] != "native" || doc.Agents[1]["healthy"] != true {
+		t.Errorf("json:\n%s", js.String())
+	}
+	var ym bytes.Buffer
+	if err := printStatusDoc(&ym, "yaml", states, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(ym.String(), "agents:\n- ") || !strings.Contains(ym.String(), "node: n1\n") {
+		t.Errorf("yaml:\n%s", ym.String())
+	}
+	var empty bytes.Buffer
+	if err := printStatusDoc(&empty, "json", nil, nil); err != nil || !strings.Contains(empty.String(), `"agents": []`) {
+		t.Errorf("no agents: %v %s", err, empty.String())
+	}
+}
+
+// statusConfig: a kubeconfig's context is chosen by -context, and KUBECONFIG is
+// kubectl's; -apiserver goes with the in-cluster config alone.
+func TestStatusConfig(t *testing.T) {
+	t.Setenv("KUBERNETES_SERVICE_HOST", "")
+	kc := filepath.Join(t.TempDir(), "config")
+	if err := os.WriteFile(kc, []byte(`apiVersion: v1
+kind: Config
+clusters:
+- name: a
+  cluster: {server: "https://a.example:6443"}
+- name: b
+  cluster: {server: "https://b.example:6443"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: a
+  context: {cluster: a, user: u}
+- name: b
+  context: {cluster: b, user: u}
+current-context: a
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ path, ctx, env, want string }{
+		{kc, "", "", "https://a.example:6443"},
+		{kc, "b", "", "https://b.example:6443"},
+		{"", "b", kc, "https://b.example:6443"},
+	} {
+		t.Setenv("KUBECONFIG", tc.env)
+		c, err := statusConfig(tc.path, tc.ctx, "")
+		if err != nil || c.Host != tc.want {
+			t.Errorf("statusConfig(%q, %q) with KUBECONFIG=%q: %v %v, want %s", tc.path, tc.ctx, tc.env, c, err, tc.want)
+		}
+	}
+	if _, err := statusConfig(kc, "", "https://x:6443"); err == nil {
+		t.Error("-apiserver with a kubeconfig: want an error")
+	}
+	if _, err := statusConfig(kc, "nope", ""); err == nil {
+		t.Error("a context the kubeconfig lacks: want an error")
 	}
 }

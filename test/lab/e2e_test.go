@@ -4,11 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/netip"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 
@@ -181,6 +184,36 @@ func TestRoutingTLSAndSpread(t *testing.T) {
 		t.Fatalf("%v:\n%s", err, out)
 	}
 	t.Logf("portico status:\n%s", out)
+
+	// The same as kubectl's plugin (the binary named kubectl-portico), reading
+	// the kubeconfig kubectl would (KUBECONFIG), as JSON.
+	plugin := filepath.Join(t.TempDir(), "kubectl-portico")
+	if err := os.Symlink(porticoBin, plugin); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(plugin, "status", "-o", "json")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+l.API.Kubeconfig)
+	b, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("kubectl-portico status -o json: %v", err)
+	}
+	var doc struct {
+		Agents []struct {
+			Node, XDPAttachMode string
+			Healthy, Stale      bool
+		}
+	}
+	if err := json.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("kubectl-portico status -o json: %v\n%s", err, b)
+	}
+	if len(doc.Agents) != len(l.Edges) {
+		t.Fatalf("kubectl-portico status -o json lists %d agents, want %d:\n%s", len(doc.Agents), len(l.Edges), b)
+	}
+	for _, a := range doc.Agents {
+		if !a.Healthy || a.Stale || a.XDPAttachMode == "" {
+			t.Errorf("kubectl-portico status -o json: agent %+v, want healthy, fresh, with its XDP mode", a)
+		}
+	}
 }
 
 // TestSeveralVIPs: a group with two IPv4 VIPs (portico.io/vip lists both) serves
