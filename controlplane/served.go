@@ -102,6 +102,12 @@ func (c *Controller) watchAgents() error {
 			if !ok1 || !ok2 {
 				return
 			}
+			if o.Annotations[agentstatus.AnnotationState] == n.Annotations[agentstatus.AnnotationState] {
+				// A renewal: the report is the same, and decoding it twice (it
+				// lists every Ingress of the group) is the cost of every renewal
+				// of every agent.
+				return
+			}
 			ro, _ := reportOf(o, time.Time{})
 			rn, _ := reportOf(n, time.Time{})
 			if ro.Group != rn.Group {
