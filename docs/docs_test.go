@@ -1,331 +1,216 @@
-// Package docs_test checks the documentation against the code: every relative
-// link of README.md and docs/*.md leads to a file (and a heading, where it names
-// one), and every command of their shell blocks is a real one — each `make`
-// target is the Makefile's, each `portico` subcommand and flag the binary's, each
-// `helm --set` key a value of the chart — and the commands that need no cluster
-// and no root run.
+// The docs test reads README.md and docs/*.md as an operator would copy from them:
+// every command, Helm value, Kubernetes object and link must be one the code has.
 package docs_test
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"slices"
+	"runtime"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 
-	"sigs.k8s.io/yaml"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
-// page is one markdown file: its path from the repository's root, and its text.
-type page struct{ path, text string }
+// root is the repository: the test runs in docs/.
+const root = ".."
 
-func pages(t *testing.T) []page {
+var (
+	buildOnce  sync.Once
+	binDir     string
+	porticoBin string
+	buildErr   error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binDir != "" {
+		os.RemoveAll(binDir)
+	}
+	os.Exit(code)
+}
+
+// newTestChecker builds cmd/portico once for the package's tests and returns a
+// checker over the repository, with hack/helm.sh's helm when it is built.
+func newTestChecker(t *testing.T) *checker {
 	t.Helper()
-	files, err := filepath.Glob("*.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var out []page
-	for _, f := range append([]string{"../README.md"}, files...) {
-		b, err := os.ReadFile(f)
+	buildOnce.Do(func() {
+		binDir, buildErr = os.MkdirTemp("", "portico-docs-")
+		if buildErr != nil {
+			return
+		}
+		porticoBin = filepath.Join(binDir, "portico")
+		gobin, err := exec.LookPath("go")
 		if err != nil {
-			t.Fatal(err)
+			gobin = filepath.Join(runtime.GOROOT(), "bin", "go")
 		}
-		out = append(out, page{path: filepath.Clean(filepath.Join("docs", f)), text: string(b)})
-	}
-	return out
-}
-
-var linkRE = regexp.MustCompile(`\]\(([^)\s]+)\)`)
-
-// slug is GitHub's anchor for a heading: lower case, punctuation but '-' and '_'
-// dropped, spaces turned into '-'.
-func slug(h string) string {
-	var b strings.Builder
-	for _, r := range strings.ToLower(strings.TrimSpace(h)) {
-		switch {
-		case r == ' ':
-			b.WriteRune('-')
-		case r == '-' || r == '_' || r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r > 127:
-			b.WriteRune(r)
-		}
-	}
-	return b.String()
-}
-
-// anchors are the headings' slugs of a markdown file.
-func anchors(text string) []string {
-	var out []string
-	fence := false
-	for _, l := range strings.Split(text, "\n") {
-		if strings.HasPrefix(l, "```") {
-			fence = !fence
-		}
-		if !fence && strings.HasPrefix(l, "#") {
-			out = append(out, slug(strings.TrimLeft(l, "#")))
-		}
-	}
-	return out
-}
-
-// linkProblems lists the relative links of p (at path, from the repository's
-// root, read from root) that lead nowhere.
-func linkProblems(root string, p page) []string {
-	var bad []string
-	for _, m := range linkRE.FindAllStringSubmatch(p.text, -1) {
-		target := m[1]
-		if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
-			continue
-		}
-		file, anchor, _ := strings.Cut(target, "#")
-		path := filepath.Join(root, filepath.Dir(p.path), file)
-		if file == "" {
-			path = filepath.Join(root, p.path)
-		}
-		b, err := os.ReadFile(path)
+		out, err := exec.Command(gobin, "build", "-o", porticoBin, "../cmd/portico").CombinedOutput()
 		if err != nil {
-			if st, serr := os.Stat(path); serr == nil && st.IsDir() {
-				continue
-			}
-			bad = append(bad, fmt.Sprintf("%s: link %s: no such file", p.path, target))
-			continue
+			buildErr = fmt.Errorf("go build ./cmd/portico: %v\n%s", err, out)
 		}
-		if anchor != "" && strings.HasSuffix(path, ".md") && !slices.Contains(anchors(string(b)), anchor) {
-			bad = append(bad, fmt.Sprintf("%s: link %s: no such heading", p.path, target))
-		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
 	}
-	return bad
-}
-
-// commands are the command lines of a page's sh/bash/console blocks, with
-// continuations joined, prompts and comments dropped.
-func commands(text string) []string {
-	var out []string
-	in := false
-	var cont string
-	sc := bufio.NewScanner(strings.NewReader(text))
-	for sc.Scan() {
-		l := sc.Text()
-		if strings.HasPrefix(l, "```") {
-			lang := strings.TrimPrefix(l, "```")
-			in = !in && (lang == "sh" || lang == "bash" || lang == "console")
-			continue
-		}
-		if !in {
-			continue
-		}
-		l = strings.TrimPrefix(strings.TrimSpace(l), "$ ")
-		if i := strings.Index(l, " #"); i >= 0 {
-			l = l[:i]
-		}
-		if strings.HasPrefix(l, "#") {
-			continue
-		}
-		l = strings.TrimSpace(l)
-		if strings.HasSuffix(l, "\\") {
-			cont += strings.TrimSpace(strings.TrimSuffix(l, "\\")) + " "
-			continue
-		}
-		if l = strings.TrimSpace(cont + l); l != "" {
-			out = append(out, l)
-		}
-		cont = ""
-	}
-	return out
-}
-
-// checker knows the real commands: the Makefile's targets, the binary's
-// subcommands and their flags, the chart's values.
-type checker struct {
-	targets []string
-	help    func(sub string) (string, error) // `portico sub -h`; "" for an unknown sub
-	values  map[string]any
-}
-
-var targetRE = regexp.MustCompile(`(?m)^([a-zA-Z0-9_-]+):`)
-
-func newChecker(t *testing.T, portico string) *checker {
-	t.Helper()
-	mk, err := os.ReadFile("../Makefile")
+	c, err := newChecker(root, porticoBin, helmPath())
 	if err != nil {
 		t.Fatal(err)
-	}
-	c := &checker{}
-	for _, m := range targetRE.FindAllStringSubmatch(string(mk), -1) {
-		c.targets = append(c.targets, m[1])
-	}
-	vb, err := os.ReadFile("../deploy/helm/portico/values.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := yaml.Unmarshal(vb, &c.values); err != nil {
-		t.Fatal(err)
-	}
-	c.help = func(sub string) (string, error) {
-		out, _ := exec.Command(portico, sub, "-h").CombinedOutput()
-		if strings.Contains(string(out), "unknown command") {
-			return "", nil
-		}
-		return string(out), nil
 	}
 	return c
 }
 
-// hasValue reports whether the dotted key (a[0].b) names a value of the chart,
-// or lies inside a map or list value the chart leaves open.
-func hasValue(values map[string]any, key string) bool {
-	var cur any = values
-	for i, part := range strings.Split(key, ".") {
-		part, _, _ = strings.Cut(part, "[")
-		m, ok := cur.(map[string]any)
-		if !ok {
-			return true // inside a list or a free-form value
-		}
-		v, ok := m[part]
-		if !ok {
-			return len(m) == 0 && i > 0 // an empty map below the top: free-form
-		}
-		cur = v
+// helmPath is the helm hack/helm.sh builds (make helm), or "" when it is not built.
+func helmPath() string {
+	out, err := exec.Command(filepath.Join(root, "hack/helm.sh"), "path").Output()
+	if err != nil {
+		return ""
 	}
-	return true
+	p := strings.TrimSpace(string(out))
+	if st, err := os.Stat(p); err != nil || st.Mode()&0o111 == 0 {
+		return ""
+	}
+	return p
 }
 
-// problems lists what is wrong with one command line.
-func (c *checker) problems(line string) []string {
-	f := strings.Fields(line)
-	if len(f) == 0 {
-		return nil
-	}
-	var bad []string
-	switch f[0] {
-	case "make":
-		for _, a := range f[1:] {
-			if strings.HasPrefix(a, "-") || strings.Contains(a, "=") {
-				continue
-			}
-			if !slices.Contains(c.targets, a) {
-				bad = append(bad, fmt.Sprintf("%q: make has no target %s", line, a))
-			}
-		}
-	case "portico":
-		if len(f) < 2 {
-			return nil
-		}
-		help, err := c.help(f[1])
-		if err != nil || help == "" {
-			return append(bad, fmt.Sprintf("%q: portico has no subcommand %s", line, f[1]))
-		}
-		for _, a := range f[2:] {
-			if !strings.HasPrefix(a, "-") {
-				continue
-			}
-			name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
-			if !regexp.MustCompile(`(?m)^\s+-` + regexp.QuoteMeta(name) + `\b`).MatchString(help) {
-				bad = append(bad, fmt.Sprintf("%q: portico %s has no flag -%s", line, f[1], name))
-			}
-		}
-	case "helm":
-		for i, a := range f {
-			if a != "--set" && a != "--set-string" || i+1 >= len(f) {
-				continue
-			}
-			for _, kv := range strings.Split(f[i+1], ",") {
-				k, _, _ := strings.Cut(kv, "=")
-				if !hasValue(c.values, k) {
-					bad = append(bad, fmt.Sprintf("%q: the chart has no value %s", line, k))
-				}
-			}
-		}
-	}
-	return bad
-}
-
-// runnable are the commands that need no cluster, no root and no network,
-// which the test runs.
-func runnable(line string) bool {
-	f := strings.Fields(line)
-	return len(f) >= 2 && f[0] == "portico" && (f[1] == "maglev" || f[1] == "version")
-}
-
-func buildPortico(t *testing.T) string {
+// pages are the README and every page of docs/, as repository paths.
+func pages(t *testing.T) []string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "portico")
-	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/portico").CombinedOutput(); err != nil {
-		t.Fatalf("build portico: %v\n%s", err, out)
+	ps, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	return bin
+	out := []string{"README.md"}
+	for _, p := range ps {
+		out = append(out, filepath.ToSlash(rel(root, p)))
+	}
+	sort.Strings(out[1:])
+	return out
 }
 
+// TestDocs checks every page: each make target, portico subcommand and flag (parsed
+// as the binary's flag package parses them), helm flag, chart value (--set, -f, a
+// yaml helm-values block) and repository file it names exists; its Kubernetes
+// objects decode strictly, portico.io ones against their CRD's schema; its relative
+// links reach a file and heading. The commands that need no cluster and no root run
+// and must succeed: portico version and maglev, and helm template (or lint) of the
+// chart with the values shown, when helm is built.
 func TestDocs(t *testing.T) {
-	bin := buildPortico(t)
-	c := newChecker(t, bin)
-	n, ran := 0, 0
-	for _, p := range pages(t) {
-		for _, b := range linkProblems("..", p) {
-			t.Error(b)
-		}
-		for _, line := range commands(p.text) {
-			n++
-			for _, b := range c.problems(line) {
-				t.Errorf("%s: %s", p.path, b)
+	c := newTestChecker(t)
+	for _, name := range pages(t) {
+		t.Run(name, func(t *testing.T) {
+			src, err := os.ReadFile(filepath.Join(root, name))
+			if err != nil {
+				t.Fatal(err)
 			}
-			if runnable(line) {
-				ran++
-				f := strings.Fields(line)
-				if out, err := exec.Command(bin, f[1:]...).CombinedOutput(); err != nil {
-					t.Errorf("%s: %q: %v\n%s", p.path, line, err, out)
-				}
+			r := c.checkPage(name, string(src))
+			for _, err := range r.errs {
+				t.Error(err)
 			}
-		}
+			for _, ru := range r.runs {
+				t.Run(strings.TrimPrefix(ru.where, name+":")+" "+ru.name, func(t *testing.T) {
+					if ru.name == "helm" && c.helm == "" {
+						testenv.Unavailable(t, "helm is not built (make helm)")
+					}
+					if err := c.runCommand(t.TempDir(), ru); err != nil {
+						t.Error(err)
+					}
+				})
+			}
+		})
 	}
-	t.Logf("%d commands checked, %d run", n, ran)
 }
 
-// TestChecker: the checks find what is wrong (a test of the test).
-func TestChecker(t *testing.T) {
-	c := &checker{
-		targets: []string{"test", "demo"},
-		help: func(sub string) (string, error) {
-			if sub == "flows" {
-				return "Usage of flows:\n  -n int\n    \tentries\n  -pin string\n", nil
-			}
-			return "", nil
-		},
-		values: map[string]any{"iface": "eth0", "group": map[string]any{"vip": ""}, "podAnnotations": map[string]any{}},
+// TestDocsREADMELength: the README stays an entrance (what Portico is, a picture,
+// prerequisites, a quick start, the commands for a fresh machine, links); the rest
+// belongs in docs/.
+func TestDocsREADMELength(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join(root, "README.md"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	if n := strings.Count(string(b), "\n"); n > 150 {
+		t.Errorf("README.md has %d lines, want at most 150: move the detail to docs/", n)
+	}
+}
+
+// TestDocsCheckerCatches feeds the checker pages with one mistake each and wants
+// each found (and a page without one to pass), so TestDocs can fail.
+func TestDocsCheckerCatches(t *testing.T) {
+	c := newTestChecker(t)
+	fenced := func(lang, body string) string { return "# Page\n\n```" + lang + "\n" + body + "\n```\n" }
 	for _, tc := range []struct {
-		line string
-		bad  bool
+		name, page, want string // want: a part of the one error expected; "" for none
 	}{
-		{"make test demo", false},
-		{"make tset", true},
-		{"make -s test IMAGE=x", false},
-		{"portico flows -n 20", false},
-		{"portico flows --pin=/x", false},
-		{"portico flows -m 20", true},
-		{"portico flow", true},
-		{"helm install p chart --set iface=eth1 --set group.vip=10.0.0.1", false},
-		{"helm install p chart --set group.vipp=10.0.0.1", true},
-		{"helm install p chart --set ifac=eth1", true},
-		{"helm install p chart --set podAnnotations.a=b", false},
-		{"kubectl get pods", false},
+		{"a good page", "# Page\n\nSee [the README](../README.md#prerequisites) and [below](#page).\n\n" +
+			fenced("sh", "make demo\nportico flows -n 20\nportico maglev -m 4099 10.0.0.1\nhelm install portico deploy/helm/portico --set iface=eth1 --set bgp.peers[0].asn=65000\n"+
+				"kubectl -n portico-system exec pod -c agent -- portico counters\nkubectl apply -f deploy/federation/controller.yaml") +
+			fenced("yaml", "apiVersion: portico.io/v1alpha1\nkind: VIPPool\nmetadata: {name: p}\nspec: {addresses: [192.0.2.0/28]}\n---\napiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {ports: [{port: 80}]}"), ""},
+		{"unknown make target", fenced("sh", "make tset"), `no target "tset"`},
+		{"unknown subcommand", fenced("sh", "portico stauts"), "no such subcommand"},
+		{"unknown flag", fenced("sh", "portico flows --limit 20"), "-limit is not a flag"},
+		{"flag after an argument", fenced("sh", "portico maglev 10.0.0.1 -m 4099"), "no longer reads flags"},
+		{"nested command's flag", fenced("sh", "portico federation dns -config a.yaml -ttl 5s"), "-ttl is not a flag"},
+		{"command in kubectl exec", fenced("sh", "kubectl exec pod -- portico flows -x"), "-x is not a flag"},
+		{"command in $(...)", fenced("sh", "kubectl create secret generic s --from-literal=seed=$(portico nosuch)"), "no such subcommand"},
+		{"unknown program", fenced("sh", "portcio status"), "portcio: a program"},
+		{"unknown chart value", fenced("sh", "helm install portico deploy/helm/portico --set ifac=eth1"), "ifac is not a value"},
+		{"unknown nested chart value", fenced("sh", "helm upgrade portico deploy/helm/portico --set vrrp.prio=3"), "vrrp.prio: values.schema.json has no such key"},
+		{"missing values file", fenced("sh", "helm install portico deploy/helm/portico -f mine.yaml"), "neither a file"},
+		{"values block with a bad key", fenced("yaml helm-values v.yaml", "bgp:\n  peer: []"), "bgp.peer"},
+		{"missing chart", fenced("sh", "helm install portico deploy/helm/portic"), "not a chart"},
+		{"missing repository file", fenced("sh", "kubectl apply -f deploy/examples/nosuch.yaml"), "no such file"},
+		{"missing go package", fenced("sh", "go test ./test/nosuch -run X"), "no package"},
+		{"link to a missing file", "# Page\n\nSee [x](nosuch.md).\n", "does not exist"},
+		{"link to a missing heading", "# Page\n\nSee [x](../README.md#nosuch).\n", "no heading #nosuch"},
+		{"unknown field of a CRD kind", fenced("yaml", "apiVersion: portico.io/v1alpha1\nkind: VIPPool\nmetadata: {name: p}\nspec: {addresses: [192.0.2.0/28], autoassign: true}"), "unknown field"},
+		{"a value the CRD refuses", fenced("yaml", "apiVersion: portico.io/v1alpha1\nkind: VIPPool\nmetadata: {name: p}\nspec: {addresses: [192.0.2.0/28], autoAssign: maybe}"), "refused by the CRD's schema"},
+		{"unknown kind of portico.io", fenced("yaml", "apiVersion: portico.io/v1alpha1\nkind: Pool\nmetadata: {name: p}"), "no CRD"},
+		{"unknown field of a core object", fenced("yaml", "apiVersion: v1\nkind: Service\nmetadata: {name: s}\nspec: {typo: 1}"), "unknown field"},
+		{"YAML that is no object", fenced("yaml", "announce: bgp"), "not a Kubernetes object"},
+		{"a gslb file that does not validate", fenced("yaml gslb s.yaml", "self: east\nnames: [a.example]\nsites: [{name: west, addrs: [192.0.2.1], health: http://x/health}]"), "not among the sites"},
+		{"a fence without a language", fenced("", "make demo"), "without a language"},
+		{"a here-document", fenced("sh", "kubectl apply -f - <<EOF"), "here-document"},
 	} {
-		if got := len(c.problems(tc.line)) > 0; got != tc.bad {
-			t.Errorf("%q: problems %v, want some: %v", tc.line, c.problems(tc.line), tc.bad)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			r := c.checkPage("docs/test.md", tc.page)
+			var got []string
+			for _, err := range r.errs {
+				got = append(got, err.Error())
+			}
+			switch {
+			case tc.want == "" && len(got) > 0:
+				t.Errorf("errors on a good page:\n%s", strings.Join(got, "\n"))
+			case tc.want != "" && (len(got) != 1 || !strings.Contains(got[0], tc.want)):
+				t.Errorf("got %d errors:\n%s\nwant one containing %q", len(got), strings.Join(got, "\n"), tc.want)
+			}
+		})
 	}
-	root := t.TempDir()
-	os.MkdirAll(filepath.Join(root, "docs"), 0o755)
-	os.WriteFile(filepath.Join(root, "docs", "a.md"), []byte("# A page\n\n## Some heading\n"), 0o644)
-	p := page{path: "docs/b.md", text: "[ok](a.md) [ok](a.md#some-heading) [no](c.md) [no](a.md#other) [web](https://x.example/y)"}
-	if got := linkProblems(root, p); len(got) != 2 {
-		t.Errorf("link problems %v, want the two links that lead nowhere", got)
-	}
-	if got := commands("```sh\nmake a \\\n  b   # two\n# only a comment\n$ portico x\n```\n```yaml\nmake c\n```\n"); !slices.Equal(got, []string{"make a b", "portico x"}) {
-		t.Errorf("commands %q", got)
+}
+
+// TestDocsRunsFail: a command the test runs fails it when it exits non-zero: a
+// Maglev weight that is no number, and (with helm) a value the chart's schema
+// refuses.
+func TestDocsRunsFail(t *testing.T) {
+	c := newTestChecker(t)
+	for _, tc := range []struct{ name, line string }{
+		{"portico", "portico maglev 10.0.0.1=x"},
+		{"helm", "helm template portico deploy/helm/portico --set vrrp.version=4"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.name == "helm" && c.helm == "" {
+				testenv.Unavailable(t, "helm is not built (make helm)")
+			}
+			r := c.checkPage("docs/test.md", "# Page\n\n```sh\n"+tc.line+"\n```\n")
+			if len(r.errs) > 0 || len(r.runs) != 1 {
+				t.Fatalf("errors %v, runs %v: want no error and one run", r.errs, r.runs)
+			}
+			if err := c.runCommand(t.TempDir(), r.runs[0]); err == nil {
+				t.Errorf("%s: ran without an error, want it to fail", tc.line)
+			}
+		})
 	}
 }

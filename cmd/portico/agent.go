@@ -106,7 +106,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&groupNS, "group-namespaces", "", "namespaces, beyond the agent's own and its group's, where a Service labelled portico.io/group=true is a group and IngressClaims are served, separated by ','; elsewhere they are refused with an Event")
 	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's profiles (/debug/pprof/) on the metrics address")
 	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
-	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see the README)")
+	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see docs/bgp.md)")
 	fs.StringVar(&nextHop6, "bgp-nexthop6", "", "with -announce=bgp: this node's IPv6 next hop, to announce IPv6 VIPs")
 	fs.StringVar(&c.Sites, "federation-peers", "", "with -announce=bgp, in a federation: the file naming the other sites' edges (YAML: site, peers; written by portico federation), for site hand-overs")
 	fs.StringVar(&tunnel, "tunnel-address", "", "with -federation-peers: this node's IPv4 address for tunnels between sites; empty: the edge interface's first IPv4 address")

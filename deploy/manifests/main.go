@@ -62,7 +62,7 @@ func main() {
 
 func run(helm, chart, out, namespace string, sets []string) error {
 	// No flow hash seed Secret: one drawn here would be every plain install's,
-	// public, and change at each render (deploy/README.md says how to make one).
+	// public, and change at each render (docs/security.md says how to make one).
 	args := []string{"template", "portico", chart, "--namespace", namespace, "--include-crds",
 		"--set", "createNamespace=true", "--set", "hashSeed=legacy"}
 	for _, s := range sets {

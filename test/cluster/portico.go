@@ -98,7 +98,7 @@ type Portico struct {
 }
 
 // InstallPortico labels and taints the edge nodes and installs the chart with helm,
-// as README's "Installing in a cluster" says, with the lab's values: the nodes' NIC
+// as the README's quick start says, with the lab's values: the nodes' NIC
 // eth0, GroupVIP and VIPPool, the image imported on the nodes (never pulled), and the
 // API server's address (the lab runs no kube-proxy, so the in-cluster Service address
 // goes nowhere). It returns when every agent and the controller are ready and the

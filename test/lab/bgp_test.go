@@ -200,7 +200,7 @@ func TestBGPEveryEdge(t *testing.T) {
 }
 
 // TestBGPResilient: behind a router that forwards by a resilient nexthop group
-// (the recommended router setting, README "BGP mode"), an edge's death moves
+// (the recommended router setting, docs/bgp.md), an edge's death moves
 // none of the surviving edges' flows and its return moves only the flows it takes
 // back; held connections and new ones keep working through both.
 func TestBGPResilient(t *testing.T) {

@@ -1,5 +1,5 @@
-// Command portico is `make demo`, the README's main job: the whole system in
-// network namespaces. It brings up a real kube-apiserver, three edge nodes each
+// Command portico is `make demo-quick` (and, with -lab, `make lab`): the whole
+// system in network namespaces. It brings up a real kube-apiserver, three edge nodes each
 // running `portico agent`, a client and two backend pods; applies a group, a
 // backend Service and Ingresses (one with TLS); shows `kubectl get ingress` with
 // the VIP; sends HTTP and HTTPS through the VIP and shows the spread over the
