@@ -40,6 +40,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)")
 		return runErr
 	}
+	owner.wait(5 * time.Second)
 	gone, why := owner.uninstalling()
 	if !gone {
 		log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)", zap.String("reason", why))

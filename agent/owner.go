@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"go.uber.org/zap"
 	appsv1 "k8s.io/api/apps/v1"
@@ -101,6 +102,14 @@ func watchOwner(client kubernetes.Interface, pod string, log *zap.Logger) (*owne
 
 // stop ends the watches.
 func (w *ownerWatch) stop() { w.cancel() }
+
+// wait gives the watches up to timeout to list the pod and the DaemonSets, for
+// an agent that stops soon after it started.
+func (w *ownerWatch) wait(timeout time.Duration) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cache.WaitForCacheSync(ctx.Done(), w.synced)
+}
 
 func (w *ownerWatch) seenPod(obj any) {
 	if p, ok := obj.(*corev1.Pod); ok && p.Name == w.pod {
