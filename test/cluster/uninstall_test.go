@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -202,6 +203,7 @@ func testUninstall(t *testing.T, ctx context.Context, p *Portico, before map[str
 	var after map[string]nodeState
 	_, err := testenv.Poll(ctx, 2*time.Minute, 500*time.Millisecond, func() error {
 		after = map[string]nodeState{}
+		var left []string
 		for _, n := range live {
 			s, err := readNodeState(n)
 			if err != nil {
@@ -209,13 +211,16 @@ func testUninstall(t *testing.T, ctx context.Context, p *Portico, before map[str
 			}
 			after[n.Name] = s
 			if d := nodeLeft(s, before[n.Name]); d != "" {
-				return fmt.Errorf("%s: %s", n.Name, d)
+				left = append(left, n.Name+": "+d)
 			}
+		}
+		if len(left) > 0 {
+			return errors.New(strings.Join(left, "\n"))
 		}
 		return nil
 	})
 	if err != nil {
-		t.Errorf("after helm uninstall: %v", err)
+		t.Errorf("after helm uninstall, left on the nodes:\n%v", err)
 		for _, n := range live {
 			t.Logf("%s before the install %+v, now %+v", n.Name, before[n.Name], after[n.Name])
 		}
