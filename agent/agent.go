@@ -10,12 +10,53 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"k8s.io/client-go/kubernetes"
 )
 
 // Run runs the agent until ctx ends, then releases the VIPs and stops. The XDP
 // program stays attached and its maps pinned, so forwarding goes on while the
-// agent restarts.
+// agent restarts; unless the agent's DaemonSet was deleted (owner.go): then it
+// detaches xdp_lb, removes every pin, its VIPs from lo and restores the sysctls.
+// The node's lock (lockNode) is held throughout.
 func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
+	lock, err := lockNode(ctx, cfg.StateDir, log)
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	var owner *ownerWatch
+	if cfg.Pod != "" {
+		client, err := kubernetes.NewForConfig(cfg.Kube)
+		if err != nil {
+			return fmt.Errorf("kubernetes client: %w", err)
+		}
+		if owner, err = watchOwner(client, cfg.Pod, log.Named("owner")); err != nil {
+			return err
+		}
+		defer owner.stop()
+	}
+	runErr := run(ctx, cfg, log)
+	if owner == nil {
+		log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)")
+		return runErr
+	}
+	owner.wait(5 * time.Second)
+	gone, why := owner.uninstalling()
+	if !gone {
+		log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)", zap.String("reason", why))
+		return runErr
+	}
+	log.Info("agent stopped and its DaemonSet is gone: undoing the node", zap.String("reason", why))
+	if err := undoNode(cfg.PinPath, cfg.StateDir); err != nil {
+		return errors.Join(runErr, fmt.Errorf("undo the node: %w", err))
+	}
+	log.Info("node undone: xdp_lb detached, its pins removed, the VIPs off lo, the sysctls restored", zap.String("pins", cfg.PinPath))
+	return runErr
+}
+
+// run is Run until the agent has stopped and closed its handles on xdp_lb and
+// the steering program (their pins stay).
+func run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	a, err := newAgent(ctx, cfg, log)
 	if err != nil {
 		return err
@@ -130,7 +171,6 @@ func (a *agent) run(ctx context.Context, ln net.Listener) error {
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
 	srv.Shutdown(sctx)
-	a.log.Info("agent stopped; xdp_lb stays attached (portico uninstall removes it)")
 	return runErr
 }
 

@@ -109,7 +109,10 @@ type Config struct {
 	Sites  string
 	Tunnel netip.Addr
 
-	StateDir      string        // records what the agent changed on the host
+	StateDir string // records what the agent changed on the host; holds the node's lock
+	// Pod is the agent's own Pod, namespace/name: when its DaemonSet is deleted
+	// the agent undoes the node as it stops (owner.go). Empty: it never does.
+	Pod           string
 	ShutdownDelay time.Duration // serving, unready, after ctx ends and before the VIP is released
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -8,8 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/dataplane"
 )
 
 // Direct server return needs every replica to accept packets for the VIP without
@@ -47,15 +53,79 @@ func setupDSR(iface string) error {
 }
 
 // hostState remembers, in a node-local directory (default /run/portico), what the
-// agent changed on the host, so `portico uninstall` can undo it: the sysctls'
+// agent changed on the host, so that it can be undone (UndoHost): the sysctls'
 // values from before the first agent (sysctl.orig, written once) and the VIPs it
-// keeps on lo (lo-vips).
+// keeps on lo (lo-vips). The chart mounts the directory from the host, so an agent
+// in a new pod finds what the first one recorded; it is on tmpfs, as what it
+// records is: a reboot clears both.
 type hostState struct{ dir string }
 
 const (
 	sysctlOrigFile = "sysctl.orig"
 	loVIPsFile     = "lo-vips"
+	// lockFile is held (flock) by the agent that owns the node, from before it
+	// changes anything until it has exited or undone everything.
+	lockFile = "agent.lock"
 )
+
+// lockNode waits until no other agent (or portico uninstall) holds the node's
+// lock in stateDir, takes it and returns it; closing the file gives it up. An
+// agent whose DaemonSet was deleted may still be undoing the node when the pod
+// of a DaemonSet made again with the same name starts: the new agent waits
+// rather than load and attach what the old one is about to remove. The lock is
+// the kernel's (flock), so an agent that dies gives it up.
+func lockNode(ctx context.Context, stateDir string, log *zap.Logger) (*os.File, error) {
+	waiting := false
+	for {
+		f, err := tryLockNode(stateDir)
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			return f, err
+		}
+		if !waiting {
+			waiting = true
+			log.Info("waiting for the node's previous agent to stop", zap.String("lock", filepath.Join(stateDir, lockFile)))
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("wait for the node's previous agent: %w", ctx.Err())
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// lockOpened runs between opening the lock file and locking it (tests: the
+// holder before may remove the file then).
+var lockOpened = func() {}
+
+// tryLockNode takes the node's lock, or fails with EWOULDBLOCK when another
+// process holds it.
+func tryLockNode(stateDir string) (*os.File, error) {
+	path := filepath.Join(stateDir, lockFile)
+	for {
+		if err := os.MkdirAll(stateDir, 0o700); err != nil {
+			return nil, fmt.Errorf("create state directory: %w", err)
+		}
+		f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+		if err != nil {
+			return nil, fmt.Errorf("open %s: %w", path, err)
+		}
+		lockOpened()
+		if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+			f.Close()
+			if errors.Is(err, unix.EWOULDBLOCK) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		// The holder before may have undone the node and removed the file
+		// while this one waited: a lock on a removed file locks nothing.
+		var held, now unix.Stat_t
+		if unix.Fstat(int(f.Fd()), &held) == nil && unix.Stat(path, &now) == nil && held.Ino == now.Ino && held.Dev == now.Dev {
+			return f, nil
+		}
+		f.Close()
+	}
+}
 
 // setupDSR records the current values (unless a previous agent did) and applies
 // the direct-server-return sysctls.
@@ -107,9 +177,31 @@ func (h hostState) setLoVIPs(want, managed []netip.Addr) error {
 	return writeAtomic(filepath.Join(h.dir, loVIPsFile), b.String())
 }
 
-// UndoHost undoes what agents recorded in stateDir (portico uninstall): it
-// removes their VIPs from lo, restores the sysctls as they were before the first
-// agent and removes the directory. Missing records are not an error.
+// UndoNode undoes everything agents did to this node (portico uninstall): it
+// detaches xdp_lb and removes every pin under pinPath (sk_lookup steering's
+// too), then undoes what they recorded in stateDir (UndoHost). It refuses while
+// an agent runs on the node (it holds the node's lock).
+func UndoNode(pinPath, stateDir string) error {
+	lock, err := tryLockNode(stateDir)
+	if errors.Is(err, unix.EWOULDBLOCK) {
+		return fmt.Errorf("an agent is running on this node (it holds %s): stop it first", filepath.Join(stateDir, lockFile))
+	}
+	if err != nil {
+		return err
+	}
+	defer lock.Close()
+	return undoNode(pinPath, stateDir)
+}
+
+// undoNode is UndoNode for the holder of the node's lock.
+func undoNode(pinPath, stateDir string) error {
+	return errors.Join(dataplane.Uninstall(pinPath), UndoHost(stateDir))
+}
+
+// UndoHost undoes what agents recorded in stateDir: it removes their VIPs from
+// lo, restores the sysctls as they were before the first agent and removes the
+// records and the directory (a directory that is a mount point, the chart's
+// hostPath, stays, empty). Missing records are not an error.
 func UndoHost(stateDir string) error {
 	h := hostState{dir: stateDir}
 	var errs []error
@@ -121,7 +213,16 @@ func UndoHost(stateDir string) error {
 			}
 		}
 	}
-	errs = append(errs, os.RemoveAll(h.dir))
+	entries, err := os.ReadDir(h.dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, e := range entries {
+		errs = append(errs, os.RemoveAll(filepath.Join(h.dir, e.Name())))
+	}
+	if err := os.Remove(h.dir); err != nil && !errors.Is(err, os.ErrNotExist) && !errors.Is(err, unix.EBUSY) {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 

@@ -1,10 +1,13 @@
 package deploy_test
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 
 	"github.com/portico-edge/portico/deploy"
@@ -75,5 +78,55 @@ func TestAgentTokenRootOnly(t *testing.T) {
 	}
 	if !mounted {
 		t.Errorf("kube-api-access is not mounted read-only where client-go reads the token: %+v", pod.Containers[0].VolumeMounts)
+	}
+}
+
+// TestAgentUndoesItsNode: the agents (IngressClaims' too, which get this pod) can
+// undo their node when their DaemonSet is deleted: they are told their own pod
+// (--pod, from the downward API), keep their record of the node's original state
+// in the host's /run/portico (--state-dir: a new pod finds what the first one
+// recorded), and have time to release, stop nginx (at most 30 s) and undo the
+// node before SIGKILL.
+func TestAgentUndoesItsNode(t *testing.T) {
+	ds, err := deploy.AgentDaemonSet()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := ds.Spec.Template.Spec
+	c := pod.Containers[0]
+	flags := map[string]string{}
+	for _, a := range c.Args {
+		if k, v, ok := strings.Cut(strings.TrimPrefix(a, "--"), "="); ok {
+			flags[k] = v
+		}
+	}
+	if flags["pod"] != "$(POD_NAMESPACE)/$(POD_NAME)" {
+		t.Errorf("--pod=%q, want $(POD_NAMESPACE)/$(POD_NAME)", flags["pod"])
+	}
+	fields := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom != nil && e.ValueFrom.FieldRef != nil {
+			fields[e.Name] = e.ValueFrom.FieldRef.FieldPath
+		}
+	}
+	if fields["POD_NAMESPACE"] != "metadata.namespace" || fields["POD_NAME"] != "metadata.name" {
+		t.Errorf("downward API env %v, want POD_NAMESPACE and POD_NAME of the pod", fields)
+	}
+	state := flags["state-dir"]
+	var volume string
+	for _, m := range c.VolumeMounts {
+		if m.MountPath == state && !m.ReadOnly {
+			volume = m.Name
+		}
+	}
+	i := slices.IndexFunc(pod.Volumes, func(v corev1.Volume) bool { return v.Name == volume })
+	if state == "" || i < 0 || pod.Volumes[i].HostPath == nil || pod.Volumes[i].HostPath.Path != "/run/portico" ||
+		pod.Volumes[i].HostPath.Type == nil || *pod.Volumes[i].HostPath.Type != corev1.HostPathDirectoryOrCreate {
+		t.Errorf("--state-dir=%q is not the host's /run/portico (DirectoryOrCreate), writable: mounts %+v, volumes %+v", state, c.VolumeMounts, pod.Volumes)
+	}
+	// --shutdown-delay (default 5 s) + nginx's graceful stop (at most 30 s) + the
+	// metrics server's shutdown (at most 5 s), and room to undo the node.
+	if g := pod.TerminationGracePeriodSeconds; g == nil || *g < 45 {
+		t.Errorf("terminationGracePeriodSeconds %v, want at least 45", g)
 	}
 }

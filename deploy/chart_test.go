@@ -333,7 +333,7 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--log-level=info", "--iface=bond0,eth0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s", "--vrrp-unicast=false",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",
-		"--hash-seed-file=/etc/portico/hash-seed/seed")
+		"--hash-seed-file=/etc/portico/hash-seed/seed", "--pod=$(POD_NAMESPACE)/$(POD_NAME)", "--state-dir=/run/portico")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
 	}
@@ -470,6 +470,7 @@ func TestHelmInstall(t *testing.T) {
 		{schema.GroupVersionResource{Version: "v1", Resource: "serviceaccounts"}, namespace, agentSA},
 		{schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "clusterroles"}, "", agentSA},
 		{schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "roles"}, namespace, "portico-agent-leases"},
+		{schema.GroupVersionResource{Group: "rbac.authorization.k8s.io", Version: "v1", Resource: "rolebindings"}, namespace, "portico-agent-daemonsets"},
 		{schema.GroupVersionResource{Version: "v1", Resource: "services"}, namespace, "edge"},
 		{schema.GroupVersionResource{Group: "networking.k8s.io", Version: "v1", Resource: "ingressclasses"}, "", "portico"},
 		{crdResource, "", "ingressclaims.portico.io"},

@@ -46,13 +46,13 @@ var agentGroups = []string{"system:serviceaccounts", "system:serviceaccounts:" +
 // subject is one of the chart's ServiceAccounts, with the roles bound to it.
 type subject struct {
 	name  string   // the ServiceAccount's
-	roles []string // its ClusterRole and Role
+	roles []string // its ClusterRoles and Roles
 }
 
 func (s subject) user() string { return "system:serviceaccount:" + namespace + ":" + s.name }
 
 var (
-	agentSubject      = subject{agentSA, []string{"portico-agent", "portico-agent-leases"}}
+	agentSubject      = subject{agentSA, []string{"portico-agent", "portico-agent-leases", "portico-agent-daemonsets"}}
 	controllerSubject = subject{controllerSA, []string{"portico-controller", "portico-controller-leases"}}
 )
 

@@ -80,6 +80,8 @@ var agentNeeds = append(slices.Clone(informerNeeds), []need{
 	{grant{namespace, "coordination.k8s.io", "leases", "update", ""}, "agent/lease Write"},
 	{grant{namespace, "coordination.k8s.io", "leases", "list", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
 	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
+	{grant{namespace, "apps", "daemonsets", "list", ""}, "agent/owner.go watchOwner: DaemonSet informer (its own DaemonSet deleted: uninstall)"},
+	{grant{namespace, "apps", "daemonsets", "watch", ""}, "agent/owner.go watchOwner: DaemonSet informer (its own DaemonSet deleted: uninstall)"},
 }...)
 
 // informerNeeds are the control plane's informers, the agents' and the
@@ -184,7 +186,8 @@ var mustDeny = []grant{
 var clusterScoped = map[string]bool{"nodes": true, "ingressclasses": true, "namespaces": true, "users": true,
 	"clusterroles": true, "clusterrolebindings": true, "customresourcedefinitions": true}
 
-// rbacGrants expands the ClusterRoles and Roles of s into grants.
+// rbacGrants expands the ClusterRoles and Roles of s into grants. A ClusterRole
+// that only RoleBindings bind grants in their namespaces alone.
 func rbacGrants(t *testing.T, objs []*unstructured.Unstructured, s subject) []grant {
 	t.Helper()
 	var out []grant
@@ -193,27 +196,61 @@ func rbacGrants(t *testing.T, objs []*unstructured.Unstructured, s subject) []gr
 			continue
 		}
 		r := find[rbacv1.Role](t, objs, u.GetKind(), u.GetName()) // same shape as ClusterRole
-		ns := ""
+		nss := []string{""}
 		if u.GetKind() == "Role" {
-			ns = u.GetNamespace()
+			nss = []string{u.GetNamespace()}
+		} else if bound := roleBindingNamespaces(t, objs, u.GetName()); len(bound) > 0 {
+			nss = bound
 		}
-		for _, rule := range r.Rules {
-			names := rule.ResourceNames
-			if len(names) == 0 {
-				names = []string{""}
-			}
-			if len(rule.NonResourceURLs) > 0 {
-				t.Errorf("%s %s grants non-resource URLs %v", u.GetKind(), u.GetName(), rule.NonResourceURLs)
-			}
-			for _, g := range rule.APIGroups {
-				for _, res := range rule.Resources {
-					for _, v := range rule.Verbs {
-						for _, n := range names {
-							if g == "*" || res == "*" || v == "*" {
-								t.Errorf("%s %s has a wildcard: %+v", u.GetKind(), u.GetName(), rule)
-							}
-							out = append(out, grant{ns, g, res, v, n})
+		for _, ns := range nss {
+			out = append(out, ruleGrants(t, u, r.Rules, ns)...)
+		}
+	}
+	return out
+}
+
+// roleBindingNamespaces are the namespaces of the RoleBindings that bind
+// ClusterRole name, none if a ClusterRoleBinding binds it.
+func roleBindingNamespaces(t *testing.T, objs []*unstructured.Unstructured, name string) []string {
+	t.Helper()
+	var nss []string
+	for _, u := range objs {
+		if u.GetKind() != "ClusterRoleBinding" && u.GetKind() != "RoleBinding" {
+			continue
+		}
+		b := find[rbacv1.RoleBinding](t, objs, u.GetKind(), u.GetName()) // same shape as ClusterRoleBinding
+		if b.RoleRef.Kind != "ClusterRole" || b.RoleRef.Name != name {
+			continue
+		}
+		if u.GetKind() == "ClusterRoleBinding" {
+			return nil
+		}
+		nss = append(nss, u.GetNamespace())
+	}
+	return nss
+}
+
+// ruleGrants expands the rules of role u into grants in namespace ns ("":
+// cluster-wide).
+func ruleGrants(t *testing.T, u *unstructured.Unstructured, rules []rbacv1.PolicyRule, ns string) []grant {
+	t.Helper()
+	var out []grant
+	for _, rule := range rules {
+		names := rule.ResourceNames
+		if len(names) == 0 {
+			names = []string{""}
+		}
+		if len(rule.NonResourceURLs) > 0 {
+			t.Errorf("%s %s grants non-resource URLs %v", u.GetKind(), u.GetName(), rule.NonResourceURLs)
+		}
+		for _, g := range rule.APIGroups {
+			for _, res := range rule.Resources {
+				for _, v := range rule.Verbs {
+					for _, n := range names {
+						if g == "*" || res == "*" || v == "*" {
+							t.Errorf("%s %s has a wildcard: %+v", u.GetKind(), u.GetName(), rule)
 						}
+						out = append(out, grant{ns, g, res, v, n})
 					}
 				}
 			}

@@ -121,7 +121,8 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&c.ClaimImage, "claim-image", "", "image of the agent DaemonSets the leader provisions for IngressClaims; empty: the built-in manifest's (deploy/agent.yaml)")
 	fs.StringVar(&c.ClaimIface, "claim-iface", "", "edge interface of the agents the leader provisions for IngressClaims, as -iface (a claim's own is not used); empty: -iface")
 	fs.StringVar(&claimSel, "claim-node-selector", "", "nodes the agents the leader provisions for IngressClaims run on, key=value separated by ','; a claim's own selector may narrow it, never widen it")
-	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (for portico uninstall)")
+	fs.StringVar(&c.StateDir, "state-dir", agent.DefaultStateDir, "node-local directory recording what the agent changed on the host (to undo it) and holding the node's lock (one agent at a time); mount it from the host")
+	fs.StringVar(&c.Pod, "pod", "", "this agent's own Pod, namespace/name (the chart gives the downward API's): when the DaemonSet that owns it is deleted (helm uninstall), the agent detaches xdp_lb and undoes the node as it stops; empty: it never does (portico uninstall does)")
 	fs.BoolVar(&c.ReadOnly, "read-only", false, "only read the cluster: the controller Deployment (portico controller) makes the cluster-wide writes (allocations, statuses, Events, IngressClaims); without it this agent takes part in leader election and writes as leader")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -202,6 +203,8 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 		return c, fmt.Errorf("-group namespace/name is required")
 	case c.Iface == "" && node:
 		return c, fmt.Errorf("-iface is required")
+	case c.Pod != "" && !validPod(c.Pod):
+		return c, fmt.Errorf("-pod %q: want namespace/name", c.Pod)
 	case c.APIServer != "" && !validAPIServer(c.APIServer):
 		return c, fmt.Errorf("-apiserver %q: want https://host:port", c.APIServer)
 	case c.Node == "" && node:
@@ -419,6 +422,12 @@ func readKubeConfig(path, apiServer string) (*rest.Config, error) {
 func validAPIServer(s string) bool {
 	u, err := url.Parse(s)
 	return err == nil && u.Scheme == "https" && u.Host != "" && (u.Path == "" || u.Path == "/") && u.RawQuery == ""
+}
+
+// validPod reports whether s is namespace/name, both non-empty.
+func validPod(s string) bool {
+	ns, name, ok := strings.Cut(s, "/")
+	return ok && ns != "" && name != "" && !strings.Contains(name, "/")
 }
 
 // parsePorts parses a list of PORT/PROTOCOL (tcp or udp) separated by ','.

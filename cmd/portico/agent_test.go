@@ -73,6 +73,14 @@ func TestParseAgentFlags(t *testing.T) {
 					t.Errorf("config %+v", c)
 				}
 			}},
+		{name: "own pod", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-pod", "portico-system/portico-agent-x7k2p"},
+			check: func(t *testing.T, c agentFlags) {
+				if c.Pod != "portico-system/portico-agent-x7k2p" {
+					t.Errorf("pod %q", c.Pod)
+				}
+			}},
+		{name: "own pod without namespace", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-pod", "portico-agent-x7k2p"},
+			wantErr: "-pod"},
 		{name: "API server", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-apiserver", "https://10.251.0.1:6443"},
 			check: func(t *testing.T, c agentFlags) {
 				if c.APIServer != "https://10.251.0.1:6443" {

@@ -11,7 +11,7 @@ func registerAll() {
 	register("counters", "show xdp_lb's verdict counters by reason", runCounters)
 	register("maglev", "build a Maglev table for given replicas and print shares and digest", runMaglev)
 	register("bench", "benchmarks: 'bench xdp' measures xdp_lb's per-packet cost", runBench)
-	register("uninstall", "detach xdp_lb and remove its pinned maps", runUninstall)
+	register("uninstall", "undo what agents did to this node: detach xdp_lb, remove its pinned maps, the VIPs on lo, restore the sysctls (an agent does it when its DaemonSet is deleted)", runUninstall)
 	register("federation", "run the FederatedIngress controller in a host cluster (propagate, aggregate status), or with dns a site's DNS server", runFederation)
 	register("vrrp", "run the VRRP announcer alone (VIP failover, keepalived-compatible)", runVRRP)
 	register("version", "print which Portico this is: the release (git tag), commit and Go it was built from", runVersion)

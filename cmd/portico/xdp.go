@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -235,7 +234,9 @@ func ratio(x, floor float64) string {
 }
 
 // runUninstall undoes everything the agent set up on the node: the XDP program
-// and its pins, the VIPs on lo and the direct-server-return sysctls.
+// and its pins (the steering program's too), the VIPs on lo and the
+// direct-server-return sysctls. It refuses while an agent runs on the node. An
+// agent whose DaemonSet is deleted (helm uninstall) does the same as it stops.
 func runUninstall(args []string) error {
 	fs := flag.NewFlagSet("uninstall", flag.ContinueOnError)
 	pin := pinFlag(fs)
@@ -243,15 +244,11 @@ func runUninstall(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	xerr := dataplane.Uninstall(*pin)
-	if xerr == nil {
-		fmt.Printf("detached xdp_lb and removed %s\n", *pin)
+	if err := agent.UndoNode(*pin, *state); err != nil {
+		return err
 	}
-	herr := agent.UndoHost(*state)
-	if herr == nil {
-		fmt.Printf("removed the agent's VIPs from lo, restored its sysctls, removed %s\n", *state)
-	}
-	return errors.Join(xerr, herr)
+	fmt.Printf("detached xdp_lb and removed %s; removed the agent's VIPs from lo, restored its sysctls, removed %s\n", *pin, *state)
+	return nil
 }
 
 func runTrace(args []string) error {

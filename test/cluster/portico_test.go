@@ -28,7 +28,8 @@ const root = "../.."
 // edge drains; an IngressClaim; a rolling update with another edge draining
 // during it (every connection opened during it answers); within that
 // transition a liveness false positive on a healthy replica, and right after it
-// the new owner dies.
+// the new owner dies; last, helm uninstall leaves every live node as it was before
+// the install.
 func TestPortico(t *testing.T) {
 	Require(t)
 	if _, err := HelmBinary(root); err != nil {
@@ -54,6 +55,13 @@ func TestPortico(t *testing.T) {
 	})
 	t.Logf("5 nodes Ready: %.1f s", c.Timings.NodesReady.Seconds())
 	edges, worker := c.Nodes[:4], c.Nodes[4]
+	// What the nodes are before any agent changed them, for the uninstall.
+	before := readNodeStates(t, c)
+	for name, s := range before {
+		if d := nodeLeft(s, s); d != "" {
+			t.Fatalf("%s before the install: %s", name, d)
+		}
+	}
 	t1 := time.Now()
 	p, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "e2e-1", Edges: edges})
 	if err != nil {
@@ -123,6 +131,9 @@ func TestPortico(t *testing.T) {
 	// replayed its own down (bpf/README.md), so every edge's chains agree.
 	t.Run("LivenessFalsePositive", func(t *testing.T) { testFalsePositive(t, ctx, p, idle2, idleSince) })
 	t.Run("FalsePositiveThenNodeDies", func(t *testing.T) { testNodeDies(t, ctx, p, idle, idleSince) })
+	// Last: nothing of Portico is left to test after it. The idle connections
+	// are still open, so nginx's graceful stop takes its longest (30 s).
+	t.Run("Uninstall", func(t *testing.T) { testUninstall(t, ctx, p, before) })
 }
 
 func testRouting(t *testing.T, ctx context.Context, p *Portico, certs map[string][]byte, edges []*Node) {
