@@ -38,8 +38,15 @@ var (
 // BGPOptions turn the lab into the BGP lab.
 type BGPOptions struct {
 	// BFD is the BFD transmit and receive interval, 0 for no BFD (the hold
-	// timer, 3 s, then finds a dead edge). Detection is 3 intervals.
+	// timer, 3 s, then finds a dead edge). Detection is BFDMultiplier
+	// intervals.
 	BFD time.Duration
+	// BFDMultiplier is the router's and the agents' detection multiplier, 0
+	// for 3. A test that does not measure detection takes more: on a starved
+	// machine (a parallel build beside the lab) the router or an agent can go
+	// unscheduled for longer than 3 intervals, and the session it drops then
+	// moves flows the test means to watch stay (CI run 16: 150 ms).
+	BFDMultiplier int
 	// T receives FRR's logs if the test fails; the router stops with the test.
 	T testing.TB
 	// Resilient: the router forwards the VIP by a resilient nexthop group
@@ -159,7 +166,7 @@ func (l *Lab) NewRouter(o *BGPOptions, sp RouterSpec) (*Router, *Node, error) {
 	bfdd := "hostname " + sp.Name + "\n"
 	if o.BFD > 0 {
 		ms := o.BFD.Milliseconds()
-		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier 3\n exit\nexit\n", ms, ms)
+		bfdd += fmt.Sprintf("bfd\n profile edges\n  transmit-interval %d\n  receive-interval %d\n  detect-multiplier %d\n exit\nexit\n", ms, ms, o.bfdMultiplier())
 		b.WriteString(" neighbor EDGES bfd\n neighbor EDGES bfd profile edges\n")
 	}
 	for _, e := range sp.Edges {
@@ -180,6 +187,13 @@ func (l *Lab) NewRouter(o *BGPOptions, sp RouterSpec) (*Router, *Node, error) {
 	return r, client, nil
 }
 
+func (o *BGPOptions) bfdMultiplier() int {
+	if o.BFDMultiplier == 0 {
+		return 3
+	}
+	return o.BFDMultiplier
+}
+
 // EdgeAddr is edge i's address on the bridge (buildSite gives it).
 func (l *Lab) EdgeAddr(i int) netip.Addr {
 	return netip.AddrFrom4([4]byte{10, l.subnet, 0, byte(11 + i)})
@@ -191,7 +205,7 @@ func (l *Lab) bgpConfig() (string, error) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "asn: %d\nwithdrawAfter: 3s\n", edgeASN)
 	if l.bgp.BFD > 0 {
-		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: 3}\n", l.bgp.BFD, l.bgp.BFD)
+		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: %d}\n", l.bgp.BFD, l.bgp.BFD, l.bgp.bfdMultiplier())
 	}
 	asn := uint32(RouterASN)
 	if l.Router != nil && l.Router.asn != 0 {

@@ -32,6 +32,7 @@ type resilientGroup struct {
 	mu    sync.Mutex
 	group []netip.Addr // the members now
 	err   error        // the last failure to follow FRR's route
+	log   []string     // every change of the group, with its time
 }
 
 // Nexthop ids far above zebra's own (it installs its routes by nexthop objects
@@ -149,8 +150,16 @@ func (g *resilientGroup) set(hops []netip.Addr) error {
 	}
 	g.mu.Lock()
 	g.group = hops
+	g.log = append(g.log, fmt.Sprintf("%s %v", time.Now().Format("15:04:05.000"), hops))
 	g.mu.Unlock()
 	return nil
+}
+
+// history is every change of the group so far, oldest first.
+func (g *resilientGroup) history() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.log)
 }
 
 // members is the group's membership now, and the last failure to follow FRR.

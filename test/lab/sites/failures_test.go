@@ -120,7 +120,7 @@ func TestSiteFailures(t *testing.T) {
 	time.Sleep(2 * time.Second)
 	atts = stream.Stop()
 	late = traffic.FailuresAround(traffic.Hard(atts), fault.Add(gone+300*time.Millisecond))
-	t.Logf("a's edges died: their next hops left the router's route after %v (BFD 50 ms x 3); new connections: %v, after that (+300 ms): %v",
+	t.Logf("a's edges died: their next hops left the router's route after %v (BFD 50 ms x 5); new connections: %v, after that (+300 ms): %v",
 		gone.Round(time.Millisecond), traffic.FailuresAround(atts, fault), late)
 	if gone > time.Second {
 		t.Errorf("a's next hops left the route after %v, want under 1 s", gone)

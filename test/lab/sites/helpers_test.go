@@ -35,7 +35,10 @@ func startSitesWith(t *testing.T, o SitesOptions) *Sites {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	o.Portico, o.BFD, o.T = porticoBin, 50*time.Millisecond, t
+	// BFD detects in 250 ms: with 3 intervals (150 ms) a starved machine let
+	// every session expire at once in CI run 16 (the fail-static check then
+	// saw the route go for 2.6 s). a's edges' death is still judged against 1 s.
+	o.Portico, o.BFD, o.BFDMultiplier, o.T = porticoBin, 50*time.Millisecond, 5, t
 	s, err := StartSites(ctx, o)
 	if err != nil {
 		t.Fatalf("start sites: %v", err)

@@ -60,9 +60,11 @@ type SitesOptions struct {
 	Portico string
 	// Edges and Pods per site, default 2 and 1.
 	Edges, Pods int
-	// BFD is the router's and the agents' BFD interval.
-	BFD time.Duration
-	T   testing.TB
+	// BFD is the router's and the agents' BFD interval, BFDMultiplier their
+	// detection multiplier (0 for 3).
+	BFD           time.Duration
+	BFDMultiplier int
+	T             testing.TB
 	// Third adds site c behind a second router (another region):
 	//
 	//	client2 10.221.0.2 --- rt2 10.221.0.1 | 10.220.0.1 --- bridge --- c: edges .11.., pods .21..
@@ -82,7 +84,7 @@ func StartSites(ctx context.Context, o SitesOptions) (s *Sites, err error) {
 	if _, err := os.Stat(o.Portico); err != nil {
 		return nil, fmt.Errorf("portico binary: %w", err)
 	}
-	bgpo := &lab.BGPOptions{BFD: o.BFD, T: o.T}
+	bgpo := &lab.BGPOptions{BFD: o.BFD, BFDMultiplier: o.BFDMultiplier, T: o.T}
 	s = &Sites{}
 	defer func() {
 		if err != nil {
