@@ -378,9 +378,15 @@ func Uninstall(pinPath string) error {
 	}
 	linkPath := filepath.Join(pinPath, pinLink)
 	if l, err := link.LoadPinnedLink(linkPath, nil); err == nil {
+		// Detached now: without, the kernel frees the unpinned link later,
+		// from a worker, and the program runs on meanwhile.
+		derr := l.Detach()
+		if errors.Is(derr, ebpf.ErrNotSupported) {
+			derr = nil
+		}
 		uerr := l.Unpin()
 		cerr := l.Close()
-		if err := errors.Join(uerr, cerr); err != nil {
+		if err := errors.Join(derr, uerr, cerr); err != nil {
 			return fmt.Errorf("detach pinned link: %w", err)
 		}
 	} else if !errors.Is(err, os.ErrNotExist) {

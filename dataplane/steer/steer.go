@@ -338,9 +338,20 @@ func keyString(k steerSteerKey) string {
 // Remove takes the program out of the network namespace and removes its pins
 // from pinPath, for an agent that runs without steering after one that
 // steered (a pinned link would keep old routes, and keep refusing the
-// listeners' ports). Nothing pinned is not an error.
+// listeners' ports). Nothing pinned is not an error. The link is detached
+// before its pin goes: unpinned alone, the kernel frees it later, from a
+// worker, and a connection to a listener's own port made meanwhile is still
+// refused (CI run 17, beside a loaded machine).
 func Remove(pinPath string) error {
 	var errs []error
+	if l, err := link.LoadPinnedLink(filepath.Join(pinPath, linkPin), nil); err == nil {
+		if err := l.Detach(); err != nil {
+			errs = append(errs, fmt.Errorf("detach %s: %w", linkPin, err))
+		}
+		l.Close()
+	} else if !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("open pinned link %s: %w", linkPin, err))
+	}
 	for _, name := range []string{linkPin, steerMapSteerRoutes, steerMapSteerSocks, steerMapSteerConfig, steerMapSteerStats} {
 		if err := os.Remove(filepath.Join(pinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("remove pin %s: %w", name, err))
