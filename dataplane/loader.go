@@ -194,7 +194,11 @@ func Load(opts Options) (*Dataplane, error) {
 	var fk lbFlowKey
 	if err := d.objs.Flows.NextKey(nil, &fk); err == nil {
 		for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.RelayClock} {
-			if err := m.Put(uint32(0), uint64(monotonicNow())); err != nil {
+			// The program's clock is the coarse one, which lags the precise
+			// clock by up to a tick: a precise time would lie ahead of it,
+			// and the program (now - then, unsigned) would take the pins
+			// for idle until it caught up.
+			if err := m.Put(uint32(0), uint64(coarseNow())); err != nil {
 				d.Close()
 				return nil, fmt.Errorf("update map %s: %w", m, err)
 			}
