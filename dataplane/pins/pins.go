@@ -353,7 +353,19 @@ func (s *Set) open(ms *ebpf.MapSpec, m Map, live map[ebpf.MapID]bool, convs map[
 		if v, ok := strings.CutPrefix(filepath.Base(p), m.Name+Sep); ok {
 			c.version = v
 		}
-		if p == curPath && ms.Compatible(pm) == nil {
+		if p == curPath {
+			if err := ms.Compatible(pm); err != nil {
+				// Its name says this layout, its kernel object does not: it
+				// holds nothing this version can trust, and its name is needed.
+				s.log.Warn("pinned map does not have the layout its name says: replacing it", zap.String("map", m.Name),
+					zap.String("pin", p), zap.Error(err))
+				if err := pm.Unpin(); err != nil {
+					pm.Close()
+					return fmt.Errorf("unpin map %s: %w", p, err)
+				}
+				pm.Close()
+				continue
+			}
 			cur = &c
 			continue
 		}
@@ -519,13 +531,19 @@ func copyable(t ebpf.MapType) bool {
 
 func ofMaps(t ebpf.MapType) bool { return t == ebpf.ArrayOfMaps || t == ebpf.HashOfMaps }
 
-// keys lists the keys of m.
+// keys lists the keys of m. A hash map that a program changes meanwhile may
+// restart the walk (a deleted key): keys seen are not listed twice, and the walk
+// stops after twice max_entries steps.
 func keys(m *ebpf.Map) [][]byte {
 	var out [][]byte
+	seen := map[string]bool{}
 	k := make([]byte, m.KeySize())
 	var prev any
-	for m.NextKey(prev, &k) == nil {
-		out = append(out, slices.Clone(k))
+	for steps := 0; steps <= 2*int(m.MaxEntries()) && m.NextKey(prev, &k) == nil; steps++ {
+		if !seen[string(k)] {
+			seen[string(k)] = true
+			out = append(out, slices.Clone(k))
+		}
 		prev = slices.Clone(k)
 	}
 	return out
