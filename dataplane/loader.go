@@ -142,9 +142,8 @@ func Load(opts Options) (*Dataplane, error) {
 			return nil, fmt.Errorf("load embedded xdp_lb object: %w", err)
 		}
 	}
-	// Versions before the two-ring design pinned a flow_cache of another layout.
-	if err := pins.Remove(opts.PinPath, lbMapFlowCache); err != nil {
-		return nil, fmt.Errorf("unpin the old flow_cache: %w", err)
+	if err := pins.Remove(opts.PinPath, retiredMaps...); err != nil {
+		return nil, fmt.Errorf("unpin maps earlier versions pinned: %w", err)
 	}
 	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
 		spec.Maps[outer].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
@@ -229,6 +228,11 @@ func pinnedMaps(opts Options, ringsFit bool) []pins.Map {
 	}
 	return out
 }
+
+// retiredMaps are maps earlier versions pinned and this one does not (every
+// layout of them is unpinned at start): versions before the two-ring design
+// pinned flow_cache. A map that leaves the pinned set joins them.
+var retiredMaps = []string{lbMapFlowCache}
 
 // conversions turn entries of older layouts of a pinned map into this
 // version's, by map and the older layout's entry version (pins.Version): one is

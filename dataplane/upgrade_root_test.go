@@ -3,7 +3,6 @@ package dataplane
 import (
 	"encoding/binary"
 	"net"
-	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane/pins"
 	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/testenv"
@@ -28,23 +26,13 @@ type flowSink struct {
 
 func (l *nsLab) listenFlows(t *testing.T, s *flowSink, r *netlab.Node) {
 	t.Helper()
-	var conn *net.UDPConn
-	must(t, netlab.Do(r.NS, func() (err error) {
-		conn, err = net.ListenUDP("udp4", &net.UDPAddr{Port: 9000})
-		return err
-	}))
-	t.Cleanup(func() { conn.Close() })
-	netlab.ReadPackets(conn, 64, func(p []byte, from net.Addr) {
-		if len(p) < 8 {
-			return
-		}
-		port := from.(*net.UDPAddr).Port
+	l.listenUDP(t, r, func(p []byte, from *net.UDPAddr) {
 		s.mu.Lock()
-		if s.replicas[port] == nil {
-			s.replicas[port] = map[string]bool{}
+		if s.replicas[from.Port] == nil {
+			s.replicas[from.Port] = map[string]bool{}
 		}
-		s.replicas[port][r.Name] = true
-		s.seqs[uint64(port)<<32|uint64(binary.BigEndian.Uint32(p[4:8]))] = true
+		s.replicas[from.Port][r.Name] = true
+		s.seqs[uint64(from.Port)<<32|uint64(binary.BigEndian.Uint32(p[4:8]))] = true
 		s.mu.Unlock()
 	})
 }
@@ -60,16 +48,6 @@ func (s *flowSink) check() (n int, split []int) {
 		}
 	}
 	return len(s.seqs), split
-}
-
-// udpVIP is the lab's UDP VIP over replicas.
-func (l *nsLab) udpVIP(replicas ...*netlab.Node) Desired {
-	var bs []Backend
-	for _, r := range replicas {
-		bs = append(bs, Backend{Addr: r.Addr.Addr(), MAC: r.MAC})
-	}
-	return Desired{Seed: testSeed, Groups: []Group{{Name: "lab/web", VIPs: []netip.Addr{l.vip},
-		Ports: []model.Port{{Protocol: model.UDP, Port: 9000}}, Backends: bs}}}
 }
 
 // TestNamespaceUpgrade: an edge runs an older program with its older pins
