@@ -3,7 +3,6 @@ package dataplane
 import (
 	"encoding/json"
 	"os/exec"
-	"path/filepath"
 	"testing"
 
 	"github.com/portico-edge/portico/test/testenv"
@@ -26,7 +25,7 @@ func TestBpftoolShowsNamedFields(t *testing.T) {
 		{lbMapLbCfg, []string{"seed", "ring_size", "generation", "mac"}},
 	} {
 		t.Run(tc.m, func(t *testing.T) {
-			out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", filepath.Join(d.opts.PinPath, tc.m)).Output()
+			out, err := exec.Command("bpftool", "-j", "map", "dump", "pinned", pinOf(t, d, tc.m)).Output()
 			if err != nil {
 				t.Fatalf("bpftool: %v", err)
 			}

@@ -65,3 +65,15 @@ func onOneCPU(t *testing.T) func() {
 		runtime.UnlockOSThread()
 	}
 }
+
+// pinOf is the path of the pin of map name that d loaded.
+func pinOf(t testing.TB, d *Dataplane, name string) string {
+	t.Helper()
+	for _, r := range d.PinnedMaps() {
+		if r.Map == name {
+			return r.To
+		}
+	}
+	t.Fatalf("map %s is not pinned", name)
+	return ""
+}

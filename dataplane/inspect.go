@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane/pins"
 )
 
 // Inspector reads the pinned maps of a running xdp_lb, read-only, for the
@@ -28,15 +28,22 @@ func OpenPinned(pinPath string) (*Inspector, error) {
 	if pinPath == "" {
 		pinPath = DefaultPinPath
 	}
+	versions, err := pinVersions(Options{RingSize: DefaultRingSize})
+	if err != nil {
+		return nil, err
+	}
 	open := func(name string) (*ebpf.Map, error) {
-		m, err := ebpf.LoadPinnedMap(filepath.Join(pinPath, name), &ebpf.LoadPinOptions{ReadOnly: true})
+		path, err := pins.Find(pinPath, name, versions[name])
+		if err != nil {
+			return nil, fmt.Errorf("open pinned map %s (is xdp_lb loaded?): %w", name, err)
+		}
+		m, err := ebpf.LoadPinnedMap(path, &ebpf.LoadPinOptions{ReadOnly: true})
 		if err != nil {
 			return nil, fmt.Errorf("open pinned map %s (is xdp_lb loaded?): %w", name, err)
 		}
 		return m, nil
 	}
 	var in Inspector
-	var err error
 	for _, p := range []struct {
 		dst  **ebpf.Map
 		name string

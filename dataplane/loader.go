@@ -12,6 +12,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/dataplane/pins"
 )
 
 // DefaultPinPath is where the maps, the program and the XDP link are pinned.
@@ -73,6 +75,12 @@ type Options struct {
 	// up to sockModel entries, instead of the kernel's sockets, so that
 	// simulated nodes sharing one kernel each have a socket table of their own.
 	sockModel uint32
+	// spec (tests only): the object to load instead of the embedded one (the
+	// previous release's, dataplane/testdata).
+	spec *ebpf.CollectionSpec
+	// legacyPins (tests only): pin the maps by their names, as versions before
+	// layout versions did.
+	legacyPins bool
 }
 
 // Dataplane is a loaded xdp_lb: its program and pinned maps, and the state Apply
@@ -94,6 +102,9 @@ type Dataplane struct {
 	// mode is the mode Attach found the program in; "" before Attach, or
 	// when the mode of a pinned link could not be read.
 	mode AttachMode
+	// pins: the pinned maps, and the older layouts' pins Attach removes once
+	// the program runs on the link. nil with Options.legacyPins.
+	pins *pins.Set
 }
 
 // Load loads xdp_lb and its maps, reusing maps already pinned at opts.PinPath, so
@@ -124,28 +135,15 @@ func Load(opts Options) (*Dataplane, error) {
 	if err := os.MkdirAll(opts.PinPath, 0o700); err != nil {
 		return nil, fmt.Errorf("create pin directory: %w", err)
 	}
-	spec, err := loadLb()
-	if err != nil {
-		return nil, fmt.Errorf("load embedded xdp_lb object: %w", err)
-	}
-	for name, m := range spec.Maps {
-		// flow_cache is not pinned: a new program starts a new generation, in
-		// which no cached entry counts anyway.
-		switch name {
-		case lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta, lbMapRingChanged, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins,
-			lbMapPinClock, lbMapRelayClock, lbMapLbCfg, lbMapVipStats, lbMapBackendStats, lbMapReasonStats, lbMapPeers, lbMapSitePeers, lbMapTunnel:
-			m.Pinning = ebpf.PinByName
+	var err error
+	spec := opts.spec
+	if spec == nil {
+		if spec, err = loadLb(); err != nil {
+			return nil, fmt.Errorf("load embedded xdp_lb object: %w", err)
 		}
 	}
-	// Versions before the two-ring design pinned a flow_cache of another layout.
-	if err := os.Remove(filepath.Join(opts.PinPath, lbMapFlowCache)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("unpin the old flow_cache: %w", err)
-	}
-	_, err = os.Stat(filepath.Join(opts.PinPath, lbMapRings))
-	arriving := opts.Arrival && errors.Is(err, os.ErrNotExist)
-	rejoining := opts.Rejoin && err == nil
-	if err := replaceOldRings(opts, opts.Logger); err != nil {
-		return nil, err
+	if err := pins.Remove(opts.PinPath, retiredMaps...); err != nil {
+		return nil, fmt.Errorf("unpin maps earlier versions pinned: %w", err)
 	}
 	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
 		spec.Maps[outer].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
@@ -159,19 +157,22 @@ func Load(opts Options) (*Dataplane, error) {
 			return nil, fmt.Errorf("set lb_sock_model: %w", err)
 		}
 	}
-	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy(), arriving: arriving,
-		rejoining: rejoining}
-	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}})
+	d := &Dataplane{opts: opts, log: opts.Logger, inner: spec.Maps[lbMapRings].InnerMap.Copy()}
+	var hadRings bool
+	if opts.legacyPins {
+		hadRings, err = d.loadLegacy(spec)
+	} else {
+		hadRings, err = d.loadVersioned(spec)
+	}
 	if err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
 			return nil, fmt.Errorf("load xdp_lb: %w", verifierError{ve})
 		}
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("load xdp_lb: pinned maps at %s were made by an incompatible version (run 'portico uninstall' first): %w", opts.PinPath, err)
-		}
 		return nil, fmt.Errorf("load xdp_lb: %w", err)
 	}
+	d.arriving = opts.Arrival && !hadRings
+	d.rejoining = opts.Rejoin && hadRings
 	if err := d.objs.LbCfg.Lookup(uint32(0), &d.cfg); err != nil {
 		d.Close()
 		return nil, fmt.Errorf("read map lb_cfg: %w", err)
@@ -192,7 +193,11 @@ func Load(opts Options) (*Dataplane, error) {
 	var fk lbFlowKey
 	if err := d.objs.Flows.NextKey(nil, &fk); err == nil {
 		for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.RelayClock} {
-			if err := m.Put(uint32(0), uint64(monotonicNow())); err != nil {
+			// The program's clock is the coarse one, which lags the precise
+			// clock by up to a tick: a precise time would lie ahead of it,
+			// and the program (now - then, unsigned) would take the pins
+			// for idle until it caught up.
+			if err := m.Put(uint32(0), uint64(coarseNow())); err != nil {
 				d.Close()
 				return nil, fmt.Errorf("update map %s: %w", m, err)
 			}
@@ -201,36 +206,132 @@ func Load(opts Options) (*Dataplane, error) {
 	return d, nil
 }
 
-// replaceOldRings unpins the rings (and their transition leases) when the pinned
-// ones cannot serve this program: another ring size, or the layout of an earlier
-// version. The first Apply then fills new ones; until then the program passes VIP
-// traffic to the local stack, and every flow is placed anew. An upgrade that keeps
-// size and layout (every other one) keeps the rings and moves no flow.
-func replaceOldRings(opts Options, log *zap.Logger) error {
+// pinnedMaps are the maps pinned, with what their layout means beyond their
+// spec: the rings' layout (LB_RING_LAYOUT: what a slot holds, how the mid rings
+// are kept) and size are part of the rings' layout, so a change of either makes
+// new rings (the first Apply fills them: every flow is placed anew once, a
+// transition under way is forgotten). flow_cache, the memos, the chain room,
+// self_addr, tag_macs and mac_tags are not pinned: a new program starts a new
+// generation, and Apply writes the rest.
+func pinnedMaps(opts Options, ringsFit bool) []pins.Map {
+	ring := fmt.Sprintf("ring layout %d, %d slots", lbLbLimitsLB_RING_LAYOUT, opts.RingSize)
+	var out []pins.Map
+	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta} {
+		out = append(out, pins.Map{Name: name, Meaning: ring, State: true, Legacy: ringsFit})
+	}
+	for _, name := range []string{lbMapRingChanged, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins, lbMapPinClock, lbMapRelayClock,
+		lbMapLbCfg, lbMapPeers, lbMapSitePeers, lbMapTunnel} {
+		out = append(out, pins.Map{Name: name, State: true, Legacy: true})
+	}
+	for _, name := range []string{lbMapVipStats, lbMapBackendStats, lbMapReasonStats} {
+		out = append(out, pins.Map{Name: name, Legacy: true})
+	}
+	return out
+}
+
+// retiredMaps are maps earlier versions pinned and this one does not (every
+// layout of them is unpinned at start): versions before the two-ring design
+// pinned flow_cache. A map that leaves the pinned set joins them.
+var retiredMaps = []string{lbMapFlowCache}
+
+// conversions turn entries of older layouts of a pinned map into this
+// version's, by map and the older layout's entry version (pins.Version): one is
+// written with every change of an entry's layout whose state must survive an
+// upgrade (flows, new_pins: connections pinned across ring changes). None is
+// needed yet: no layout changed since pins carried versions. A changed map
+// without one starts empty (logged, and counted in portico_xdp_pinned_maps).
+var conversions = pins.Conversions{}
+
+// pinVersions are the layout versions of the pinned maps of the embedded
+// object under opts (its RingSize), by map name.
+func pinVersions(opts Options) (map[string]string, error) {
+	spec, err := loadLb()
+	if err != nil {
+		return nil, fmt.Errorf("load embedded xdp_lb object: %w", err)
+	}
+	for _, outer := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings} {
+		spec.Maps[outer].InnerMap.MaxEntries = uint32(ringElems(opts.RingSize))
+	}
+	out := map[string]string{}
+	for _, m := range pinnedMaps(opts, true) {
+		out[m.Name] = pins.Version(spec.Maps[m.Name], m.Meaning)
+	}
+	return out, nil
+}
+
+// PinnedMaps reports what Load did with each pinned map (kept, taken over,
+// migrated from an older layout, lost); nil for a dataplane loaded without
+// layout versions.
+func (d *Dataplane) PinnedMaps() []pins.Result {
+	if d.pins == nil {
+		return nil
+	}
+	return d.pins.Results
+}
+
+// loadVersioned loads the program with its maps pinned under versioned names
+// (package pins): maps of an older layout are carried over, and their pins
+// removed once the program runs (at once if no link is pinned, else by Attach).
+// hadRings: rings were pinned before (of any layout).
+func (d *Dataplane) loadVersioned(spec *ebpf.CollectionSpec) (hadRings bool, err error) {
+	fit, err := legacyRingsFit(d.opts)
+	if err != nil {
+		return false, err
+	}
+	set, err := pins.Open(spec, pins.Options{Dir: d.opts.PinPath, Link: filepath.Join(d.opts.PinPath, pinLink),
+		Maps: pinnedMaps(d.opts, fit), Convert: conversions, Log: d.log})
+	if err != nil {
+		return false, err
+	}
+	d.pins = set
+	for _, r := range set.Results {
+		if r.Map == lbMapRings && r.Outcome != pins.New {
+			hadRings = true
+		}
+	}
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{MapReplacements: set.Maps})
+	set.CloseMaps()
+	if err != nil {
+		set.Close()
+		return false, err
+	}
+	if !set.Live {
+		if err := set.Finish(); err != nil {
+			d.Close()
+			return false, err
+		}
+	}
+	return hadRings, nil
+}
+
+// loadLegacy pins as versions before pins.Version did: by the maps' names
+// (tests only: the previous release's pins).
+func (d *Dataplane) loadLegacy(spec *ebpf.CollectionSpec) (hadRings bool, err error) {
+	for _, m := range pinnedMaps(d.opts, true) {
+		spec.Maps[m.Name].Pinning = ebpf.PinByName
+	}
+	_, err = os.Stat(filepath.Join(d.opts.PinPath, lbMapRings))
+	hadRings = err == nil
+	return hadRings, spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: d.opts.PinPath}})
+}
+
+// legacyRingsFit tells whether rings pinned without a version (before pins
+// carried layouts) serve this program: of this size, in this layout (the
+// lb_cfg pinned beside them says). If not, their state is not carried over.
+func legacyRingsFit(opts Options) (bool, error) {
 	cfgMap, err := ebpf.LoadPinnedMap(filepath.Join(opts.PinPath, lbMapLbCfg), nil)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil // a fresh install
+		return true, nil // none pinned
 	}
 	if err != nil {
-		return fmt.Errorf("open pinned lb_cfg: %w", err)
+		return false, fmt.Errorf("open pinned lb_cfg: %w", err)
 	}
 	defer cfgMap.Close()
 	var c lbLbConfig
 	if err := cfgMap.Lookup(uint32(0), &c); err != nil {
-		return fmt.Errorf("read pinned lb_cfg: %w", err)
+		return false, fmt.Errorf("read pinned lb_cfg: %w", err)
 	}
-	if c.RingSize == 0 || (c.RingSize == opts.RingSize && c.RingLayout == uint16(lbLbLimitsLB_RING_LAYOUT)) {
-		return nil
-	}
-	log.Warn("pinned rings have another size or layout: replacing them, every flow is placed anew",
-		zap.Uint32("pinned_slots", c.RingSize), zap.Uint16("pinned_layout", c.RingLayout),
-		zap.Uint32("slots", opts.RingSize), zap.Int("layout", int(lbLbLimitsLB_RING_LAYOUT)))
-	for _, name := range []string{lbMapRings, lbMapPrevRings, lbMapMidRings, lbMapRingsMeta} {
-		if err := os.Remove(filepath.Join(opts.PinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return fmt.Errorf("unpin old %s: %w", name, err)
-		}
-	}
-	return nil
+	return c.RingSize == 0 || (c.RingSize == opts.RingSize && c.RingLayout == uint16(lbLbLimitsLB_RING_LAYOUT)), nil
 }
 
 // Program is the loaded xdp_lb, for BPF_PROG_TEST_RUN.
@@ -259,6 +360,9 @@ func (d *Dataplane) Attach(iface string) error {
 	if l, err := link.LoadPinnedLink(linkPath, nil); err == nil {
 		if err := d.replace(l, ifc, linkPath); err != nil {
 			l.Close()
+			return err
+		}
+		if err := d.finishPins(); err != nil {
 			return err
 		}
 		return d.pinProgram()
@@ -319,6 +423,18 @@ func (d *Dataplane) replace(l link.Link, ifc *net.Interface, linkPath string) er
 	return nil
 }
 
+// finishPins removes the pins of older layouts now that the program runs on
+// the link, after copying what the old program wrote meanwhile.
+func (d *Dataplane) finishPins() error {
+	if d.pins == nil {
+		return nil
+	}
+	if err := d.pins.Finish(); err != nil {
+		return fmt.Errorf("finish the upgrade of the pinned maps: %w", err)
+	}
+	return nil
+}
+
 // nativeRefused is the error of XDPNative when the native attach to iface failed
 // with err.
 func nativeRefused(iface string, err error) error {
@@ -367,6 +483,9 @@ func (d *Dataplane) Close() error {
 		errs = append(errs, d.link.Close())
 	}
 	errs = append(errs, d.objs.Close())
+	if d.pins != nil {
+		d.pins.Close()
+	}
 	return errors.Join(errs...)
 }
 

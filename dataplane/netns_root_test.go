@@ -105,20 +105,21 @@ func (l *nsLab) startEdge(t *testing.T) *Dataplane {
 		d.Close()
 		t.Fatalf("attach: %v", err)
 	}
-	want := Desired{Seed: testSeed, Groups: []Group{{
-		Name:  "lab/web",
-		VIPs:  []netip.Addr{l.vip},
-		Ports: []model.Port{{Protocol: model.UDP, Port: 9000}},
-		Backends: []Backend{
-			{Addr: l.rep1.Addr.Addr(), MAC: l.rep1.MAC},
-			{Addr: l.rep2.Addr.Addr(), MAC: l.rep2.MAC},
-		},
-	}}}
-	if _, err := d.Apply(want); err != nil {
+	if _, err := d.Apply(l.udpVIP(l.rep1, l.rep2)); err != nil {
 		d.Close()
 		t.Fatalf("apply: %v", err)
 	}
 	return d
+}
+
+// udpVIP is the lab's UDP VIP over replicas.
+func (l *nsLab) udpVIP(replicas ...*netlab.Node) Desired {
+	var bs []Backend
+	for _, r := range replicas {
+		bs = append(bs, Backend{Addr: r.Addr.Addr(), MAC: r.MAC})
+	}
+	return Desired{Seed: testSeed, Groups: []Group{{Name: "lab/web", VIPs: []netip.Addr{l.vip},
+		Ports: []model.Port{{Protocol: model.UDP, Port: 9000}}, Backends: bs}}}
 }
 
 // udpSink counts datagrams per replica and per (sender port, sequence number).
@@ -129,6 +130,18 @@ type udpSink struct {
 }
 
 func (l *nsLab) listen(t *testing.T, s *udpSink, r *netlab.Node) {
+	t.Helper()
+	l.listenUDP(t, r, func(p []byte, from *net.UDPAddr) {
+		s.mu.Lock()
+		s.got[r.Name]++
+		s.seqs[uint64(from.Port)<<32|uint64(binary.BigEndian.Uint32(p[4:8]))] = true
+		s.mu.Unlock()
+	})
+}
+
+// listenUDP gives got every datagram of 8 bytes or more that replica r
+// receives on the lab's port.
+func (l *nsLab) listenUDP(t *testing.T, r *netlab.Node, got func(p []byte, from *net.UDPAddr)) {
 	t.Helper()
 	var conn *net.UDPConn
 	must(t, netlab.Do(r.NS, func() (err error) {
@@ -146,13 +159,9 @@ func (l *nsLab) listen(t *testing.T, s *udpSink, r *netlab.Node) {
 	must(t, serr)
 	t.Cleanup(func() { conn.Close() })
 	netlab.ReadPackets(conn, 64, func(p []byte, from net.Addr) {
-		if len(p) < 8 {
-			return
+		if len(p) >= 8 {
+			got(p, from.(*net.UDPAddr))
 		}
-		s.mu.Lock()
-		s.got[r.Name]++
-		s.seqs[uint64(from.(*net.UDPAddr).Port)<<32|uint64(binary.BigEndian.Uint32(p[4:8]))] = true
-		s.mu.Unlock()
 	})
 }
 

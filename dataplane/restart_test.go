@@ -152,16 +152,40 @@ func TestLoadReplacesRingsItCannotUse(t *testing.T) {
 	if got := ringSizes(dr); slices.ContainsFunc(got, func(n int) bool { return n != other }) {
 		t.Errorf("a restart with the same ring size kept rings of %v slots, want %d", got, other)
 	}
-	dr.d.cfg.RingLayout = 0 // what an earlier version left pinned
-	if err := dr.d.writeConfig(); err != nil {
-		t.Fatal(err)
-	}
 	dr.d.Close()
 
-	dr = load(other)
-	defer dr.d.Close()
-	if got := ringSizes(dr); slices.ContainsFunc(got, func(n int) bool { return n != 0 }) {
-		t.Errorf("over an earlier version's rings, rings of %v slots before the first Apply, want none", got)
+	// An earlier version, whose pins carry no layout version: its rings are
+	// taken over where lb_cfg says they have this size and layout, and
+	// replaced where not (ring_layout 0: the unpacked rings).
+	for _, tc := range []struct {
+		name   string
+		layout uint16
+		want   int
+	}{{"same layout", uint16(lbLbLimitsLB_RING_LAYOUT), other}, {"unpacked rings", 0, 0}} {
+		legacy := testPinPath()
+		t.Cleanup(func() { Uninstall(legacy) })
+		old, err := Load(Options{PinPath: legacy, RingSize: other, FlowEntries: 4096, legacyPins: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := old.SetMAC(nicMAC); err != nil {
+			t.Fatal(err)
+		}
+		director{"earlier version", old}.apply(t, desired(r1, r2))
+		old.cfg.RingLayout = tc.layout
+		if err := old.writeConfig(); err != nil {
+			t.Fatal(err)
+		}
+		old.Close()
+		d, err := Load(Options{PinPath: legacy, RingSize: other, FlowEntries: 4096})
+		if err != nil {
+			t.Fatalf("%s: load over an earlier version's pins: %v", tc.name, err)
+		}
+		got := ringSizes(director{tc.name, d})
+		d.Close()
+		if len(got) == 0 || slices.ContainsFunc(got, func(n int) bool { return n != tc.want }) {
+			t.Errorf("over an earlier version's rings (%s), rings of %v slots before the first Apply, want %d", tc.name, got, tc.want)
+		}
 	}
 }
 

@@ -11,6 +11,8 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/dataplane/pins"
 )
 
 // Reason is why xdp_lb gave a packet its verdict (bpf/lb_types.h, enum reason).
@@ -229,7 +231,8 @@ type Collector struct {
 	m                                   maps
 	log                                 *zap.Logger
 	mode                                func() AttachMode // nil: not exported
-	attachMode                          *prometheus.Desc
+	pinned                              []pins.Result     // what Load did with the pinned maps
+	attachMode, pinnedMaps, lostEntries *prometheus.Desc
 	reasons, vipPackets, vipBytes       *prometheus.Desc
 	vipNewFlows, vipFlowHits, bePackets *prometheus.Desc
 	beBytes, scrapeErrors               *prometheus.Desc
@@ -240,7 +243,7 @@ type Collector struct {
 // A failed read is logged to d's logger.
 func NewCollector(d *Dataplane) *Collector {
 	c := newCollector(d.maps())
-	c.log, c.mode = d.log, d.AttachMode
+	c.log, c.mode, c.pinned = d.log, d.AttachMode, d.PinnedMaps()
 	return c
 }
 
@@ -259,6 +262,11 @@ func newCollector(m maps) *Collector {
 		bePackets:    desc("backend_packets_total", "Packets sent to a backend.", "vip", "backend"),
 		beBytes:      desc("backend_bytes_total", "Bytes sent to a backend.", "vip", "backend"),
 		scrapeErrors: desc("scrape_errors", "1 if reading a BPF map failed on this scrape, by map.", "map"),
+		pinnedMaps: desc("pinned_maps", "The pinned maps by what this agent's start did with them: new (none was pinned), kept (pinned "+
+			"in this layout), adopted (pinned without a layout version, of this layout), migrated (copied entry by entry from an older "+
+			"layout), lost (an older layout with no conversion: the map started empty).", "outcome"),
+		lostEntries: desc("pinned_entries_lost", "Entries of an older layout of a pinned map that this agent's start left behind "+
+			"(no conversion, or one that dropped them): 0 unless an upgrade lost state.", "map"),
 		attachMode: desc("attach_mode", "1 for the mode xdp_lb runs in on the edge interface, 0 for the other: "+
 			"native (in the driver) or generic (after the kernel allocated the packet; --xdp-mode=best-effort where native failed).", "mode"),
 	}
@@ -267,13 +275,27 @@ func newCollector(m maps) *Collector {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.reasons, c.vipPackets, c.vipBytes, c.vipNewFlows, c.vipFlowHits, c.bePackets, c.beBytes, c.scrapeErrors,
-		c.attachMode} {
+		c.attachMode, c.pinnedMaps, c.lostEntries} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	if c.pinned != nil {
+		n := map[pins.Outcome]int{}
+		for _, r := range c.pinned {
+			n[r.Outcome]++
+			lost := r.Dropped
+			if r.Outcome == pins.Lost {
+				lost += r.Entries
+			}
+			ch <- prometheus.MustNewConstMetric(c.lostEntries, prometheus.GaugeValue, float64(lost), r.Map)
+		}
+		for _, o := range pins.Outcomes {
+			ch <- prometheus.MustNewConstMetric(c.pinnedMaps, prometheus.GaugeValue, float64(n[o]), string(o))
+		}
+	}
 	if c.mode != nil {
 		// Neither is 1 before Attach, or when the mode of a pinned link could
 		// not be read.

@@ -26,6 +26,8 @@ import (
 	"github.com/cilium/ebpf/link"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/portico-edge/portico/dataplane/pins"
 )
 
 // Class is what nginx does with a connection its listener accepts.
@@ -94,17 +96,22 @@ func Load(opts Options) (*Steering, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load embedded sk_steer object: %w", err)
 	}
-	for name, m := range spec.Maps {
-		switch name {
-		case steerMapSteerRoutes, steerMapSteerSocks, steerMapSteerConfig, steerMapSteerStats:
-			m.Pinning = ebpf.PinByName
-		}
+	// Pinned under names that carry their layout (package pins): a new
+	// layout starts beside the old one, which the old program keeps using
+	// until the link moves. The sockets are not carried over (a socket map
+	// reads back cookies): Sync registers nginx's listeners again.
+	set, err := pins.Open(spec, pins.Options{Dir: opts.PinPath, Link: filepath.Join(opts.PinPath, linkPin), Maps: []pins.Map{
+		{Name: steerMapSteerRoutes, State: true, Legacy: true}, {Name: steerMapSteerSocks, Legacy: true},
+		{Name: steerMapSteerConfig, Legacy: true}, {Name: steerMapSteerStats, Legacy: true},
+	}, Log: opts.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("load sk_steer: %w", err)
 	}
+	defer set.Close()
 	s := &Steering{ports: opts.Ports, log: opts.Logger}
-	if err := spec.LoadAndAssign(&s.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: opts.PinPath}}); err != nil {
-		if errors.Is(err, ebpf.ErrMapIncompatible) {
-			return nil, fmt.Errorf("load sk_steer: pinned maps at %s were made by an incompatible version (run 'portico uninstall' first): %w", opts.PinPath, err)
-		}
+	err = spec.LoadAndAssign(&s.objs, &ebpf.CollectionOptions{MapReplacements: set.Maps})
+	set.CloseMaps()
+	if err != nil {
 		return nil, fmt.Errorf("load sk_steer (sk_lookup programs need Linux 5.9): %w", err)
 	}
 	cfg := steerSteerCfg{Ports: opts.Ports}
@@ -115,6 +122,10 @@ func Load(opts Options) (*Steering, error) {
 	if err := s.attach(opts); err != nil {
 		s.objs.Close()
 		return nil, err
+	}
+	if err := set.Finish(); err != nil {
+		s.objs.Close()
+		return nil, fmt.Errorf("load sk_steer: %w", err)
 	}
 	return s, nil
 }
@@ -352,10 +363,9 @@ func Remove(pinPath string) error {
 	} else if !errors.Is(err, os.ErrNotExist) {
 		errs = append(errs, fmt.Errorf("open pinned link %s: %w", linkPin, err))
 	}
-	for _, name := range []string{linkPin, steerMapSteerRoutes, steerMapSteerSocks, steerMapSteerConfig, steerMapSteerStats} {
-		if err := os.Remove(filepath.Join(pinPath, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("remove pin %s: %w", name, err))
-		}
+	if err := os.Remove(filepath.Join(pinPath, linkPin)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove pin %s: %w", linkPin, err))
 	}
+	errs = append(errs, pins.Remove(pinPath, steerMapSteerRoutes, steerMapSteerSocks, steerMapSteerConfig, steerMapSteerStats))
 	return errors.Join(errs...)
 }

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/portico-edge/portico/agent/lease"
+	"github.com/portico-edge/portico/dataplane/pins"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -78,7 +79,9 @@ func (p *Portico) XDPLink(n *Node) (XDPLink, error) {
 	}
 	x := XDPLink{ID: l.ID, ProgID: l.ProgID}
 	for m, id := range map[string]*int{"rings": &x.RingsID, "flows": &x.FlowsID} {
-		out, err := n.Exec("bpftool", "-j", "map", "show", "pinned", pinPath+"/"+m)
+		// Pins carry their layout (rings@<entry>-<shape>): one per map once
+		// an agent has started.
+		out, err := n.Exec("sh", "-c", "bpftool -j map show pinned "+pinPath+"/"+m+pins.Sep+"*")
 		if err != nil {
 			return x, err
 		}
