@@ -78,8 +78,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		// about to expire).
 		certExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: ns, Subsystem: "tls", Name: "certificate_expiry_timestamp_seconds",
-			Help: "Unix time when the leaf certificate of each TLS Secret this edge's nginx serves expires (its NotAfter), by the Secret's namespace and name; the series goes when no host uses the Secret any more.",
-		}, []string{"namespace", "secret"}),
+			Help: "Unix time when the leaf certificate of each TLS Secret this edge's nginx serves expires (its NotAfter), by the Secret's namespace (secret_namespace: Prometheus gives a target's own namespace the label namespace) and name; the series goes when no host uses the Secret any more.",
+		}, []string{"secret_namespace", "secret"}),
 	}
 	for _, c := range []prometheus.Collector{m.certExpiry, m.drainingEnded, m.reloads, m.configBytes, m.lastSuccess, m.renderDuration, m.reloadDuration, m.restarts, m.problems,
 		m.tableUpdates, m.tableUpdateDuration} {

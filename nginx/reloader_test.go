@@ -178,7 +178,7 @@ func TestCertificateExpiry(t *testing.T) {
 				for _, p := range m.GetLabel() {
 					l[p.GetName()] = p.GetValue()
 				}
-				got[l["namespace"]+"/"+l["secret"]] = m.GetGauge().GetValue()
+				got[l["secret_namespace"]+"/"+l["secret"]] = m.GetGauge().GetValue()
 			}
 		}
 		return got
