@@ -25,7 +25,8 @@ export GOFLAGS="${GOFLAGS:-} -buildvcs=false"
 
 log() { echo "promtool: $*" >&2; }
 
-ver=$(awk '$1 == "github.com/prometheus/prometheus" && $2 ~ /^v/ {print $2; exit}' "$here/promtool/go.mod")
+# A require line of its own or in a block.
+ver=$(awk -v m=github.com/prometheus/prometheus '$1 == "require" && $2 == m {print $3; exit} $1 == m && $2 ~ /^v/ {print $2; exit}' "$here/promtool/go.mod")
 [ -n "$ver" ] || { log "cannot read prometheus's version from promtool/go.mod"; exit 1; }
 cache=${PORTICO_TOOLS_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/tools}
 dir=$cache/promtool-$ver
