@@ -44,6 +44,12 @@ helm: ## build helm from the Go module proxy (cached by version; make manifests 
 # go test ./deploy lints, renders, dry-runs and installs the chart with it.
 unit: helm
 
+.PHONY: promtool
+promtool: ## build promtool and promql-selectors from the Go module proxy (cached by version; go test ./deploy checks and unit-tests the chart's alert rules and dashboard with them)
+	@hack/promtool.sh >/dev/null
+
+unit: promtool
+
 # The agent image in the manifests, one setting: make manifests renders IMAGE_REPO and
 # IMAGE_TAG into deploy/. The chart's values.yaml has the same defaults, and make verify
 # passes only with these (a tag from git describe would change deploy/ on every commit).

@@ -271,6 +271,7 @@ func (a *agent) buildControlplane() error {
 func (a *agent) buildHealth() {
 	a.health = &health{attached: a.dp.Attached, applied: a.l4.applied, checksum: a.reloader.Checksum, reason: "starting",
 		statusURL: fmt.Sprintf("http://127.0.0.1:%d/healthz", a.cfg.StatusPort)}
+	a.reg.MustRegister(healthCollector{a.health})
 }
 
 // publishStatus publishes this node's view in its status Lease until ctx ends.

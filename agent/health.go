@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,6 +59,75 @@ func (h *health) check(ctx context.Context) string {
 		return "nginx is not serving the latest configuration"
 	}
 	return ""
+}
+
+// healthReasons name the node's reasons not to serve (health.check's, and
+// "starting" before the first check) in a closed list, the reason label of
+// portico_agent_unhealthy: each check's text has its code's prefix.
+var healthReasons = []struct{ code, prefix string }{
+	{"starting", "starting"},
+	{"shutting_down", "shutting down"},
+	{"xdp_detached", "xdp_lb is not attached"},
+	{"maps_stale", "data plane maps are not current"},
+	{"nginx_no_config", "nginx has no configuration yet"},
+	{"nginx_down", "nginx unhealthy"},
+	{"nginx_stale", "nginx is not serving the latest configuration"},
+}
+
+// reasonCode is the code of a reason health.check gave ("other" for one not
+// in healthReasons, which a test rules out).
+func reasonCode(reason string) string {
+	for _, r := range healthReasons {
+		if strings.HasPrefix(reason, r.prefix) {
+			return r.code
+		}
+	}
+	return "other"
+}
+
+var (
+	healthyDesc = prometheus.NewDesc("portico_agent_healthy",
+		"1 while the agent finds its node fit to serve (xdp_lb attached, the maps and nginx on the latest configuration: the VRRP priority, BGP preference and /readyz follow it), else 0.", nil, nil)
+	unhealthyDesc = prometheus.NewDesc("portico_agent_unhealthy",
+		"1 for the reason the node is unhealthy now, 0 for the others: starting, shutting_down (the agent stops: unready, its VIPs released), xdp_detached, maps_stale, nginx_no_config, nginx_down, nginx_stale (nginx is not serving the latest configuration).",
+		[]string{"reason"}, nil)
+)
+
+// healthCollector serves the node's health as the health loop last saw it
+// (the agent's shutdown at once).
+type healthCollector struct{ h *health }
+
+func (c healthCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- healthyDesc
+	ch <- unhealthyDesc
+}
+
+func (c healthCollector) Collect(ch chan<- prometheus.Metric) {
+	if c.h == nil {
+		return
+	}
+	reason := c.h.current()
+	if c.h.stopping.Load() {
+		reason = "shutting down"
+	}
+	ch <- prometheus.MustNewConstMetric(healthyDesc, prometheus.GaugeValue, boolValue(reason == ""))
+	code := ""
+	if reason != "" {
+		code = reasonCode(reason)
+	}
+	for _, r := range healthReasons {
+		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, boolValue(r.code == code), r.code)
+	}
+	if code == "other" {
+		ch <- prometheus.MustNewConstMetric(unhealthyDesc, prometheus.GaugeValue, 1, code)
+	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // failuresToDegrade is how many consecutive failed checks (one a second) make

@@ -113,6 +113,9 @@ func TestHealthCheck(t *testing.T) {
 			if tc.want == "" && got != "" || !strings.HasPrefix(got, tc.want) {
 				t.Errorf("check = %q, want %q", got, tc.want)
 			}
+			if got != "" && reasonCode(got) == "other" {
+				t.Errorf("check = %q: no code in healthReasons (portico_agent_unhealthy's reason)", got)
+			}
 		})
 	}
 }
@@ -150,5 +153,72 @@ func TestHealthMux(t *testing.T) {
 	}
 	if code, _ := get("/metrics"); code != http.StatusOK {
 		t.Errorf("GET /metrics = %d", code)
+	}
+}
+
+// TestHealthMetrics: portico_agent_healthy follows the node's verdict (after
+// failuresToDegrade failed checks) and at once the agent's shutdown, and
+// portico_agent_unhealthy names the reason from a closed list
+// (TestHealthCheck: every reason check gives has its code).
+func TestHealthMetrics(t *testing.T) {
+	h := &health{reason: "starting"}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(healthCollector{h})
+	read := func() (healthy float64, reasons map[string]float64) {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		healthy, reasons = -1, map[string]float64{}
+		for _, mf := range mfs {
+			for _, m := range mf.GetMetric() {
+				switch mf.GetName() {
+				case "portico_agent_healthy":
+					healthy = m.GetGauge().GetValue()
+				case "portico_agent_unhealthy":
+					reasons[m.GetLabel()[0].GetValue()] = m.GetGauge().GetValue()
+				}
+			}
+		}
+		return healthy, reasons
+	}
+	want := func(code string) map[string]float64 {
+		out := map[string]float64{}
+		for _, r := range healthReasons {
+			out[r.code] = 0
+		}
+		if code != "" {
+			out[code] = 1
+		}
+		return out
+	}
+	for _, step := range []struct {
+		name     string
+		result   string // a check's result, observed first ("-": none)
+		stopping bool
+		healthy  float64
+		reason   string
+	}{
+		{name: "before the first check", result: "-", reason: "starting"},
+		{name: "healthy", healthy: 1},
+		{name: "one failed check", result: "nginx unhealthy: connection refused", healthy: 1},
+		{name: "two", result: "nginx unhealthy: connection refused", healthy: 1},
+		{name: "three", result: "nginx unhealthy: connection refused", reason: "nginx_down"},
+		{name: "another reason", result: "data plane maps are not current", reason: "maps_stale"},
+		{name: "healthy again", healthy: 1},
+		{name: "stopping", result: "-", stopping: true, reason: "shutting_down"},
+	} {
+		if step.result != "-" {
+			h.observe(step.result)
+		}
+		h.stopping.Store(step.stopping)
+		healthy, reasons := read()
+		if healthy != step.healthy {
+			t.Errorf("%s: portico_agent_healthy = %v, want %v", step.name, healthy, step.healthy)
+		}
+		if d := cmp.Diff(want(step.reason), reasons); d != "" {
+			t.Errorf("%s: portico_agent_unhealthy (-want +got):\n%s", step.name, d)
+		}
 	}
 }

@@ -8,9 +8,15 @@ func newSpillGauge() prometheus.Gauge {
 		Help: "The share of this edge's new connections it spills to another site above its capacity (federation overflow)."})
 }
 
-// DescribeMetrics registers on reg the series the agent defines itself (the
+// DescribeMetrics registers on reg the series every agent defines itself (the
 // packages it builds on have their own DescribeMetrics or NewMetrics), with
 // no values behind them: for the generated metrics table (hack/metricsdoc).
 func DescribeMetrics(reg prometheus.Registerer) error {
+	return reg.Register(healthCollector{})
+}
+
+// DescribeSiteMetrics is DescribeMetrics for the series of an agent in a
+// federation (--federation-peers).
+func DescribeSiteMetrics(reg prometheus.Registerer) error {
 	return reg.Register(newSpillGauge())
 }

@@ -189,7 +189,13 @@ func New(cfg Config) (*Controller, error) {
 		written:     map[writtenKey]written{},
 		waits:       map[servedWait]time.Time{},
 	}
-	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(c.queue.Len()) })
+	agents := &agentsCollector{leader: c.IsLeader, now: time.Now, leases: func() []any {
+		if c.agentLeases == nil { // set by watchAgents, below
+			return nil
+		}
+		return c.agentLeases.List()
+	}}
+	m, err := newMetrics(cfg.Registerer, func() float64 { return float64(c.queue.Len()) }, agents)
 	if err != nil {
 		return nil, fmt.Errorf("register metrics: %w", err)
 	}

@@ -21,7 +21,8 @@ type metrics struct {
 	poolAddrs    *prometheus.GaugeVec
 }
 
-func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics, error) {
+// newMetrics registers the series; agents serves portico_controlplane_agents.
+func newMetrics(reg prometheus.Registerer, queueDepth func() float64, agents *agentsCollector) (*metrics, error) {
 	const ns, sub = "portico", "controlplane"
 	m := &metrics{
 		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "sync_duration_seconds",
@@ -36,7 +37,9 @@ func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics,
 			Help: "Snapshot deliveries to sinks by sink and result."}, []string{"sink", "result"}),
 		writes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "writes_total",
 			Help: "Cluster-wide writes made as leader by kind of write and result."}, []string{"write", "result"}),
-		poolAddrs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "vip_pool_addresses",
+		// Not in the subsystem: the name operators alert on (the pool
+		// exhausted), whichever process serves it.
+		poolAddrs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Name: "pool_addresses",
 			Help: "Addresses of each VIP pool (a VIPPool's name, or \"--vip-pool <prefix>\") by family and state: used (a VIP served now) or free (neither used, excluded, nor a network, broadcast or IPv6 subnet-router address; counted exactly up to 4,096 addresses a prefix, above that less the excluded prefixes' sizes)."},
 			[]string{"pool", "family", "state"}),
 		leader: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "leader",
@@ -44,7 +47,7 @@ func newMetrics(reg prometheus.Registerer, queueDepth func() float64) (*metrics,
 	}
 	depth := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "queue_depth",
 		Help: "Items waiting in the sync workqueue."}, queueDepth)
-	for _, c := range []prometheus.Collector{m.syncDuration, m.syncs, m.objects, m.problems, m.sinkApplies, m.writes, m.leader, m.poolAddrs, depth} {
+	for _, c := range []prometheus.Collector{m.syncDuration, m.syncs, m.objects, m.problems, m.sinkApplies, m.writes, m.leader, m.poolAddrs, depth, agents} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -100,6 +103,6 @@ func (c *Controller) observe(st State, problems []model.Problem) {
 // DescribeMetrics registers on reg this package's series, with no values
 // behind them: for the generated metrics table (hack/metricsdoc).
 func DescribeMetrics(reg prometheus.Registerer) error {
-	_, err := newMetrics(reg, func() float64 { return 0 })
+	_, err := newMetrics(reg, func() float64 { return 0 }, &agentsCollector{})
 	return err
 }

@@ -147,7 +147,7 @@ func (ps Pools) pooled(a netip.Addr, s *corev1.Service) (string, bool) {
 
 // poolUsage counts the addresses of each pool (by name, or "--vip-pool <prefix>"
 // for a flag's) and family that the snapshot serves as VIPs, and those still
-// free; see the metric portico_controlplane_vip_pool_addresses. size is
+// free; see the metric portico_pool_addresses. size is
 // Pool.size, or a memo of it.
 func poolUsage(ps Pools, snap model.Snapshot, size func(Pool) float64) map[[2]string][2]float64 {
 	var vips []netip.Addr

@@ -55,7 +55,7 @@ func (s *scriptedSink) applied() []string {
 func snapNamed(n string) model.Snapshot { return model.Snapshot{Groups: []model.Group{{Name: n}}} }
 
 func TestFanout(t *testing.T) {
-	m, err := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 })
+	m, err := newMetrics(prometheus.NewRegistry(), func() float64 { return 0 }, &agentsCollector{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -89,8 +89,8 @@ func readKustomization(t testing.TB) kustomization {
 }
 
 // manifestFiles lists every Kubernetes manifest under deploy/ (slash paths relative to
-// it): YAML files other than the kustomization itself, the kind config and the Helm
-// chart they are generated from.
+// it): YAML files other than the kustomization itself, the kind config, the Helm
+// chart they are generated from and the tests' data (testdata/: promtool's rule tests).
 func manifestFiles(t testing.TB) []string {
 	t.Helper()
 	var files []string
@@ -99,7 +99,7 @@ func manifestFiles(t testing.TB) []string {
 			return err
 		}
 		if d.IsDir() {
-			if p == "kind" || p == "helm" {
+			if p == "kind" || p == "helm" || p == "testdata" {
 				return filepath.SkipDir
 			}
 			return nil

@@ -104,6 +104,7 @@ func (r *Reloader) apply(ctx context.Context, s model.Snapshot, deferReload bool
 			break
 		}
 	}
+	r.observeCertificates()
 	if err := r.writeL4(cfg.L4); err != nil {
 		return fail(ResultError, err)
 	}

@@ -83,6 +83,28 @@ func (cc *certCache) keep(used map[string]certResult) {
 	}
 }
 
+// observeCertificates sets portico_tls_certificate_expiry_timestamp_seconds for
+// the Secrets the last render serves (those its hosts use, parsed and accepted
+// by OpenSSL), and drops the series of the others. r.applyMu is held.
+func (r *Reloader) observeCertificates() {
+	served := map[[2]string]bool{}
+	for name, e := range r.certCache.entries {
+		if e.res.err != nil || e.res.leaf == nil || r.refused[e.res.file.Name] != "" {
+			continue
+		}
+		ns, secret, _ := strings.Cut(name, "/")
+		k := [2]string{ns, secret}
+		served[k] = true
+		r.m.certExpiry.WithLabelValues(ns, secret).Set(float64(e.res.leaf.NotAfter.Unix()))
+	}
+	for k := range r.certSeries {
+		if !served[k] {
+			r.m.certExpiry.DeleteLabelValues(k[0], k[1])
+		}
+	}
+	r.certSeries = served
+}
+
 type certResult struct {
 	file CertFile
 	leaf *x509.Certificate

@@ -24,6 +24,8 @@ type metrics struct {
 	tableUpdates        *prometheus.CounterVec
 	tableUpdateDuration prometheus.Histogram
 	drainingEnded       prometheus.Counter
+
+	certExpiry *prometheus.GaugeVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -72,8 +74,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Namespace: ns, Subsystem: sub, Name: "draining_workers_ended_total",
 			Help: "Workers a reload replaced that were ended with the connections they held, because more than the bound (ReloaderConfig.MaxDraining) still drained.",
 		}),
+		// Not in the subsystem: the name operators alert on (a certificate
+		// about to expire).
+		certExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: ns, Subsystem: "tls", Name: "certificate_expiry_timestamp_seconds",
+			Help: "Unix time when the leaf certificate of each TLS Secret this edge's nginx serves expires (its NotAfter), by the Secret's namespace (secret_namespace: Prometheus gives a target's own namespace the label namespace) and name; the series goes when no host uses the Secret any more.",
+		}, []string{"secret_namespace", "secret"}),
 	}
-	for _, c := range []prometheus.Collector{m.drainingEnded, m.reloads, m.configBytes, m.lastSuccess, m.renderDuration, m.reloadDuration, m.restarts, m.problems,
+	for _, c := range []prometheus.Collector{m.certExpiry, m.drainingEnded, m.reloads, m.configBytes, m.lastSuccess, m.renderDuration, m.reloadDuration, m.restarts, m.problems,
 		m.tableUpdates, m.tableUpdateDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err

@@ -100,6 +100,9 @@ type Reloader struct {
 	checked map[string]bool
 	// certCache keeps certificate checks from one render to the next.
 	certCache certCache
+	// certSeries are the Secrets portico_tls_certificate_expiry_timestamp_seconds
+	// has a series for (observeCertificates).
+	certSeries map[[2]string]bool
 	// luaWritten says the Lua module is in the prefix directory: it is part of the
 	// binary and never changes, so the first configuration that needs it writes it.
 	luaWritten bool

@@ -3,11 +3,15 @@ package nginx
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/portico-edge/portico/controlplane/model"
@@ -127,3 +131,73 @@ var _ interface {
 	Name() string
 	Apply(context.Context, model.Snapshot) error
 } = (*Reloader)(nil)
+
+// TestCertificateExpiry: portico_tls_certificate_expiry_timestamp_seconds has
+// the NotAfter of each Secret's leaf that a host uses, and no series for a
+// Secret no host uses any more, nor for one that does not parse.
+func TestCertificateExpiry(t *testing.T) {
+	runner := &fakeRunner{}
+	r, reg := newTestReloader(t, runner, ReloaderConfig{})
+	ctx := context.Background()
+	startFake(r, runner)
+	a, b := selfSigned(t, "a.example.com"), selfSigned(t, "b.example.com")
+	a.Name, b.Name = "shop/a-tls", "shop/b-tls"
+	broken := model.Certificate{Name: "shop/broken", CertPEM: []byte("not a certificate"), KeyPEM: a.KeyPEM}
+	notAfter := func(c model.Certificate) float64 {
+		blk, _ := pem.Decode(c.CertPEM)
+		leaf, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(leaf.NotAfter.Unix())
+	}
+	// Each step listens on another L4 port: a reload (a change of the table
+	// alone goes to a control socket the fake nginx does not have).
+	snap := func(port uint16, certs ...model.Certificate) model.Snapshot {
+		s := withL4(hostSnapshot(), "app/l4", port)
+		for _, c := range certs {
+			s.Certificates = append(s.Certificates, c)
+			host := strings.TrimSuffix(strings.TrimPrefix(c.Name, "shop/"), "-tls") + ".example.com"
+			s.Servers = append(s.Servers, model.Server{Host: host, TLSCertificate: c.Name,
+				Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "ns-svc-80"}}})
+		}
+		return s
+	}
+	series := func() map[string]float64 {
+		got := map[string]float64{}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "portico_tls_certificate_expiry_timestamp_seconds" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				l := map[string]string{}
+				for _, p := range m.GetLabel() {
+					l[p.GetName()] = p.GetValue()
+				}
+				got[l["secret_namespace"]+"/"+l["secret"]] = m.GetGauge().GetValue()
+			}
+		}
+		return got
+	}
+	for i, step := range []struct {
+		name  string
+		certs []model.Certificate
+		want  map[string]float64
+	}{
+		{"two Secrets", []model.Certificate{a, b}, map[string]float64{"shop/a-tls": notAfter(a), "shop/b-tls": notAfter(b)}},
+		{"one no longer used", []model.Certificate{a}, map[string]float64{"shop/a-tls": notAfter(a)}},
+		{"one that does not parse", []model.Certificate{a, broken}, map[string]float64{"shop/a-tls": notAfter(a)}},
+		{"none", nil, map[string]float64{}},
+	} {
+		if _, err := r.ApplyNow(ctx, snap(uint16(15000+i), step.certs...)); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if d := cmp.Diff(step.want, series()); d != "" {
+			t.Errorf("%s: certificate expiry series (-want +got):\n%s", step.name, d)
+		}
+	}
+}

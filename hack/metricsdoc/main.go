@@ -45,7 +45,8 @@ var sources = []source{
 	{"agent", liveness.DescribeMetrics},
 	{"agent, portico vrrp", func(r prometheus.Registerer) error { _, err := vrrp.NewMetrics(r); return err }},
 	{"agent (--announce=bgp)", func(r prometheus.Registerer) error { _, err := bgp.NewMetrics(r); return err }},
-	{"agent (--federation-peers)", agent.DescribeMetrics},
+	{"agent", agent.DescribeMetrics},
+	{"agent (--federation-peers)", agent.DescribeSiteMetrics},
 	{"portico federation", federation.DescribeMetrics},
 	{"portico federation dns", gslb.DescribeMetrics},
 }
