@@ -24,8 +24,15 @@ const (
 )
 
 // syncBFD runs each peer's BFD session while its BGP session has been
-// established for bfdStartDelay, and ends it when the session ends.
+// established for bfdStartDelay, and ends it when the session ends. It holds
+// s.mu: a Reconfigure between its reading of a peer and its update would be
+// undone.
 func (s *Speaker) syncBFD(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != running {
+		return
+	}
 	type change struct {
 		p  Peer
 		on bool

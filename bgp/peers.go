@@ -43,6 +43,9 @@ func (s *Speaker) apiPeer(p Peer, bfd bool) *api.Peer {
 		}},
 		Transport: &api.Transport{RemotePort: uint32(p.Port), PassiveMode: p.Passive},
 	}
+	if p.EBGPMultiHop {
+		ap.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: 255}
+	}
 	for _, f := range families {
 		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}}
 		if s.cfg.GracefulRestart {

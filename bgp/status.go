@@ -3,6 +3,7 @@ package bgp
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/osrg/gobgp/v4/api"
@@ -27,6 +28,7 @@ func (s *Speaker) Status() Status {
 	var st Status
 	s.mu.Lock()
 	st.Announced = s.announcements()
+	peers := slices.Clone(s.cfg.Peers)
 	var srv *server.BgpServer
 	if s.state == running {
 		srv = s.srv
@@ -43,7 +45,7 @@ func (s *Speaker) Status() Status {
 		})
 	}
 	now := time.Now()
-	for _, c := range s.cfg.Peers {
+	for _, c := range peers {
 		ps := PeerStatus{Addr: c.Addr, ASN: c.ASN, State: sessionIdle}
 		if p := byAddr[c.Addr]; p != nil {
 			var fsm bgp.FSMState
@@ -67,7 +69,10 @@ func (s *Speaker) Status() Status {
 			if c.BFD != nil {
 				ps.BFD = "down" // until bfdStartDelay after the session is up
 				s.peerMu.Lock()
-				on := s.peers[c.Addr].bfdOn
+				on := false
+				if pt := s.peers[c.Addr]; pt != nil { // nil: removed since
+					on = pt.bfdOn
+				}
 				s.peerMu.Unlock()
 				if on {
 					ps.BFD = bfdName(p.GetState().GetBfdState().GetSessionState())
