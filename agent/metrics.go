@@ -12,5 +12,10 @@ func newSpillGauge() prometheus.Gauge {
 // packages it builds on have their own DescribeMetrics or NewMetrics), with
 // no values behind them: for the generated metrics table (hack/metricsdoc).
 func DescribeMetrics(reg prometheus.Registerer) error {
-	return reg.Register(newSpillGauge())
+	for _, c := range append([]prometheus.Collector{newSpillGauge()}, newPeerMetrics().collectors()...) {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
