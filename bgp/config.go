@@ -97,7 +97,7 @@ func (c *Config) SetDefaults() {
 func (p *Peer) setDefaults() {
 	p.Addr = p.Addr.Unmap()
 	if len(p.Communities) == 0 {
-		p.Communities = nil // one way to say none, for peerEqual
+		p.Communities = nil // one way to say none
 	}
 	if p.HoldTime == 0 {
 		p.HoldTime = defaultHoldTime

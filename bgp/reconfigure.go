@@ -76,7 +76,7 @@ func (s *Speaker) Reconfigure(ctx context.Context, peers []Peer) error {
 	for _, p := range next.Peers {
 		o, had := old[p.Addr]
 		switch {
-		case had && peerEqual(o, p):
+		case had && o.Equal(p):
 			result = append(result, o)
 		case had:
 			if err := s.updatePeer(ctx, o, p, running); err != nil {
@@ -175,13 +175,16 @@ func (s *Speaker) untrack(addr netip.Addr) {
 	s.met.established.Set(float64(n))
 }
 
-// peerEqual reports whether a and b (defaults set) configure a peer the same.
-func peerEqual(a, b Peer) bool {
-	if (a.BFD == nil) != (b.BFD == nil) || a.BFD != nil && *a.BFD != *b.BFD {
+// Equal reports whether p and q configure a peer the same (an empty and a nil
+// Communities alike).
+func (p Peer) Equal(q Peer) bool {
+	if (p.BFD == nil) != (q.BFD == nil) || p.BFD != nil && *p.BFD != *q.BFD {
 		return false
 	}
-	a.BFD, b.BFD = nil, nil
-	return reflect.DeepEqual(a, b)
+	return p.Addr == q.Addr && p.ASN == q.ASN && p.Port == q.Port && p.Password == q.Password &&
+		p.HoldTime == q.HoldTime && p.KeepaliveInterval == q.KeepaliveInterval && p.ConnectRetry == q.ConnectRetry &&
+		slices.Equal(p.Communities, q.Communities) && p.LocalPref == q.LocalPref && p.Passive == q.Passive &&
+		p.EBGPMultiHop == q.EBGPMultiHop
 }
 
 // opensDiffer reports whether a and b differ in what GoBGP sends in, or

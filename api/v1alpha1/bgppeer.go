@@ -61,6 +61,7 @@ type BGPPeerSpec struct {
 
 	// ASN is the router's autonomous system number (the edges' own is the
 	// --bgp-config file's asn; equal: iBGP).
+	// +kubebuilder:validation:Format=int64
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=4294967295
 	// +kubebuilder:validation:XValidation:rule="self != 23456",message="23456 is AS_TRANS (RFC 6793), never a real AS"
@@ -75,13 +76,19 @@ type BGPPeerSpec struct {
 	// HoldTime is the BGP hold time proposed to the router, whole seconds from
 	// 3s to 65535s (default 9s).
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('3s') && duration(self) <= duration('65535s') && duration(self) == duration(string(duration(self).getSeconds()) + 's')",message="holdTime must be whole seconds from 3s to 65535s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:Pattern=`^([0-9]+h)?([0-9]+m)?([0-9]+s)?$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('3s') && duration(self) <= duration('65535s')",message="holdTime must be whole seconds from 3s to 65535s"
 	HoldTime *metav1.Duration `json:"holdTime,omitempty"`
 
 	// KeepaliveInterval is the BGP keepalive interval, whole seconds, at least
 	// 1s and below holdTime (default a third of holdTime).
 	// +optional
-	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) == duration(string(duration(self).getSeconds()) + 's')",message="keepaliveInterval must be whole seconds, at least 1s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:Pattern=`^([0-9]+h)?([0-9]+m)?([0-9]+s)?$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="keepaliveInterval must be whole seconds, at least 1s"
 	KeepaliveInterval *metav1.Duration `json:"keepaliveInterval,omitempty"`
 
 	// EBGPMultiHop lets the router be more than one hop away (TTL 255); without
