@@ -17,10 +17,10 @@ import (
 // changed peer is updated, and a peer whose configuration did not change is not
 // touched. An update keeps the session (GoBGP's UpdatePeer) unless it changes
 // what the session's OPEN carried (the peer's ASN, the password, the port,
-// passive mode, eBGP multihop): then GoBGP restarts that session. New timers
-// apply from the session's next start; a new BFD profile restarts the BFD
-// session alone. The speaker-wide settings (ASN, router ID, graceful restart)
-// stay as New set them.
+// passive mode, eBGP multihop): then GoBGP restarts that session. New BGP
+// timers, and new BFD timers or the end of BFD, apply from the session's next
+// start (see updatePeer); BFD for a session that runs none starts at once. The
+// speaker-wide settings (ASN, router ID, graceful restart) stay as New set them.
 //
 // peers must pass Validate with the speaker's settings (each peer alone:
 // Config.CheckPeer); otherwise nothing changes. A change GoBGP refuses is
@@ -122,16 +122,26 @@ func (s *Speaker) Reconfigure(ctx context.Context, peers []Peer) error {
 }
 
 // updatePeer replaces old's configuration with p's in GoBGP; s.mu is held.
+//
+// A running BFD session keeps its timers until its BGP session ends (syncBFD
+// starts the next one with p's), also when p has no BFD any more: GoBGP changes
+// BFD timers by ending its BFD session and starting another, which a router's
+// BFD, still up, takes for a failure, and FRR then resets the BGP session
+// (TestFRRReconfigure saw it do so 0.9 s after such a change, with BFD at
+// 300 ms x 3). Adding BFD to a session that runs none waits for syncBFD too.
 func (s *Speaker) updatePeer(ctx context.Context, old, p Peer, running bool) error {
 	restarts := opensDiffer(old, p)
 	s.peerMu.Lock()
 	pt := s.peers[p.Addr]
-	// A restarting session gets its BFD back bfdStartDelay after it is up
-	// again (syncBFD); a session that stays keeps BFD on, with p's timers.
-	bfd := pt.bfdOn && p.BFD != nil && !restarts
+	bfd := pt.bfdOn && !restarts // a restarting session gets BFD from syncBFD
+	q := p
+	if bfd {
+		q.BFD = pt.bfdConf
+	}
+	deferred := bfd && !reflect.DeepEqual(q.BFD, p.BFD)
 	s.peerMu.Unlock()
 	if running {
-		if _, err := s.srv.UpdatePeer(ctx, &api.UpdatePeerRequest{Peer: s.apiPeer(p, bfd)}); err != nil {
+		if _, err := s.srv.UpdatePeer(ctx, &api.UpdatePeerRequest{Peer: s.apiPeer(q, bfd)}); err != nil {
 			return fmt.Errorf("update bgp peer %v: %w", p.Addr, err)
 		}
 		change := peerUpdated
@@ -142,12 +152,12 @@ func (s *Speaker) updatePeer(ctx context.Context, old, p Peer, running bool) err
 	}
 	s.peerMu.Lock()
 	if pt.bfdOn != bfd {
-		pt.bfdOn = bfd
+		pt.bfdOn, pt.bfdConf = bfd, nil
 		pt.bfd = "" // the next BFD session starts down: not a change
 	}
 	s.peerMu.Unlock()
 	s.log.Info("bgp peer changed", zap.Stringer("peer", p.Addr), zap.Bool("session_restarts", restarts),
-		zap.Bool("bfd", p.BFD != nil), zap.Duration("hold_time", p.HoldTime))
+		zap.Bool("bfd", p.BFD != nil), zap.Bool("bfd_from_next_session", deferred), zap.Duration("hold_time", p.HoldTime))
 	return nil
 }
 

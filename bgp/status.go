@@ -66,14 +66,14 @@ func (s *Speaker) Status() Status {
 				ps.EstablishedAt = up.AsTime()
 				ps.UptimeSeconds = now.Sub(ps.EstablishedAt).Round(time.Second).Seconds()
 			}
-			if c.BFD != nil {
+			s.peerMu.Lock()
+			on := false
+			if pt := s.peers[c.Addr]; pt != nil { // nil: removed since
+				on = pt.bfdOn
+			}
+			s.peerMu.Unlock()
+			if c.BFD != nil || on {
 				ps.BFD = "down" // until bfdStartDelay after the session is up
-				s.peerMu.Lock()
-				on := false
-				if pt := s.peers[c.Addr]; pt != nil { // nil: removed since
-					on = pt.bfdOn
-				}
-				s.peerMu.Unlock()
 				if on {
 					ps.BFD = bfdName(p.GetState().GetBfdState().GetSessionState())
 				}

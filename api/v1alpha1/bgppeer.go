@@ -129,9 +129,10 @@ type BGPPeerList struct {
 
 // BFDProfile is a set of BFD timers (RFC 5880, single hop RFC 5881) that BGPPeers
 // name, as MetalLB's BFDProfile, limited to what Portico's speaker (GoBGP's BFD)
-// honours: no echo mode, no passive mode. A change reaches every session that
-// uses it live: its BFD session restarts with the new timers, its BGP session
-// stays.
+// honours: no echo mode, no passive mode. A change is taken live, without a
+// restart, and applies to each session from its next start: a running BFD
+// session keeps its timers (GoBGP could change them only by ending it, which the
+// router's BFD would take for a failure and reset the BGP session).
 //
 // +kubebuilder:object:root=true
 // +kubebuilder:resource:scope=Namespaced,shortName=bfdp,categories=portico

@@ -57,9 +57,10 @@ func (r *Router) bfdPeers() (map[string]bfdPeer, error) {
 //     Secret, so TCP MD5 works between the namespaces);
 //   - a second router "rt2", for the nodes labelled rack=a only: its sessions
 //     come up on those edges alone, and rt's sessions are not reset;
-//   - rt2's BFDProfile changes: its BFD sessions take the new interval, no BGP
-//     session of rt2 or rt drops;
-//   - rt's own BFDProfile changes: the same for rt's sessions;
+//   - rt2's BFDProfile changes: no session of rt2 or rt drops, the running BFD
+//     sessions keep their interval, and rt2's next session with an edge (after
+//     FRR's clear bgp) runs the new one;
+//   - rt's own BFDProfile changes: no session drops either;
 //   - the BGPPeer "rt" is deleted: rt's sessions end, rt2's stay.
 func TestBGPPeerObjects(t *testing.T) {
 	o := BGPOptions{BFD: 100 * time.Millisecond, BFDMultiplier: 5, PeerObjects: true, Password: "lab-md5-s3cret"}
@@ -189,33 +190,55 @@ spec:
 	}
 	rtStays("rt2 added")
 
-	// rt2's profile changes: its BFD sessions follow, no BGP session drops.
+	// rt2's profile changes: the running BFD sessions keep their timers (GoBGP
+	// would end them to change them, and FRR would reset BGP), no session of
+	// rt2 or rt drops; rt2's next session with an edge runs the new ones.
 	apply("slow at 200 ms", profile("slow", 200))
-	rt2After := rt2Up("slow at 200 ms", 200)
+	time.Sleep(3 * time.Second) // the agents have it by now, and a reset would show
+	rt2After := rt2Up("slow at 200 ms, running sessions", 300)
 	for _, a := range rackA {
 		if rt2After[a] != rt2Before[a] {
 			t.Errorf("rt2's session with %s after its BFDProfile changed: %+v, was %+v", a, rt2After[a], rt2Before[a])
 		}
 	}
 	rtStays("slow at 200 ms")
-
-	// rt's own profile changes: its BFD sessions restart with the new timers
-	// (GoBGP's UpdatePeer), its BGP sessions stay.
-	ms := int(o.BFD.Milliseconds()) + 50
-	apply("lab slower", fmt.Sprintf("apiVersion: portico.io/v1alpha1\nkind: BFDProfile\nmetadata: {name: lab, namespace: %s}\nspec: {transmitInterval: %d, receiveInterval: %d, detectMultiplier: %d}\n",
-		AgentNamespace, ms, ms, o.BFDMultiplier))
+	if err := rt2.FRR.Vty("clear bgp " + rackA[0]); err != nil {
+		t.Fatal(err)
+	}
 	testenv.Eventually(t, 30*time.Second, func() string {
-		bfd, err := rt.bfdPeers()
+		ns, err := rt2.neighbors()
 		if err != nil {
 			return err.Error()
 		}
-		for _, a := range edgeAddrs {
-			if bfd[a].Status != "up" || bfd[a].RemoteTx != ms {
-				return fmt.Sprintf("rt's BFD session with %s: %+v, want up at %d ms", a, bfd[a], ms)
-			}
+		bfd, err := rt2.bfdPeers()
+		if err != nil {
+			return err.Error()
+		}
+		a := rackA[0]
+		if n := ns[a]; n.State != "Established" || n.Established != rt2After[a].Established+1 || bfd[a].Status != "up" || bfd[a].RemoteTx != 200 {
+			return fmt.Sprintf("rt2's session with %s after clear bgp: %+v, BFD %+v; want established anew, BFD up at 200 ms", a, n, bfd[a])
 		}
 		return ""
 	})
+	rt2After, err = rt2.neighbors()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rtStays("rt2's session with one edge cleared")
+
+	// rt's own profile changes: the same, for the first sessions.
+	apply("lab slower", fmt.Sprintf("apiVersion: portico.io/v1alpha1\nkind: BFDProfile\nmetadata: {name: lab, namespace: %s}\nspec: {transmitInterval: %d, receiveInterval: %d, detectMultiplier: %d}\n",
+		AgentNamespace, o.BFD.Milliseconds()+50, o.BFD.Milliseconds()+50, o.BFDMultiplier))
+	time.Sleep(3 * time.Second)
+	bfd, err := rt.bfdPeers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range edgeAddrs {
+		if bfd[a].Status != "up" || bfd[a].RemoteTx != int(o.BFD.Milliseconds()) {
+			t.Errorf("rt's BFD session with %s after its profile changed: %+v, want up at %v until the session restarts", a, bfd[a], o.BFD)
+		}
+	}
 	rtStays("rt's profile changed")
 
 	// rt's BGPPeer deleted: every edge ends its session with rt (a Cease),
