@@ -25,9 +25,8 @@ const (
 
 // syncBFD runs each peer's BFD session while its BGP session has been
 // established for bfdStartDelay, with the peer's BFD timers of that moment, and
-// ends it when the session ends. It holds
-// s.mu: a Reconfigure between its reading of a peer and its update would be
-// undone.
+// ends it when the session ends. It holds s.mu: a Reconfigure between its
+// reading of a peer and its update would be undone.
 func (s *Speaker) syncBFD(ctx context.Context) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
