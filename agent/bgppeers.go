@@ -235,7 +235,6 @@ type peerObjects struct {
 	mu       sync.Mutex
 	applied  []bgp.Peer        // what apply last took
 	reported map[string]string // by BGPPeer name: the refusal last reported ("" once used)
-	synced   bool
 }
 
 // run watches until ctx ends. The speaker has the file's peers from its start;
@@ -286,9 +285,6 @@ func (po *peerObjects) run(ctx context.Context, client kubernetes.Interface, dyn
 	if !ok {
 		return nil // ctx ended
 	}
-	po.mu.Lock()
-	po.synced = true
-	po.mu.Unlock()
 	var retry <-chan time.Time
 	for {
 		in := peerInputs{namespace: po.namespace, file: po.file, check: po.check, profiles: map[string]v1alpha1.BFDProfileSpec{}}
@@ -384,13 +380,6 @@ func (po *peerObjects) sync(ctx context.Context, in peerInputs) error {
 	po.log.Info("bgp peers", zap.Strings("peers", addrs), zap.Int("file", len(po.file)), zap.Int("objects", count[peerObjectUsed]))
 	po.applied = peers
 	return nil
-}
-
-// desired is the peers last applied, and whether the objects were listed.
-func (po *peerObjects) desired() ([]bgp.Peer, bool) {
-	po.mu.Lock()
-	defer po.mu.Unlock()
-	return slices.Clone(po.applied), po.synced
 }
 
 func (po *peerObjects) event(obj *v1alpha1.BGPPeer, typ, reason, msg string) {
