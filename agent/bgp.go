@@ -25,7 +25,8 @@ const defaultWithdrawAfter = 10 * time.Second
 const defaultSiteUpAfter = 3 * time.Second
 
 // SpeakerConfig turns the file into node's speaker configuration. routerID is
-// used when the file names none (the node's address).
+// used when the file names none (the node's address). It may have no peer: the
+// BGPPeer objects may bring them (Config.BGPPeerObjects).
 func SpeakerConfig(f bgpfile.File, node string, routerID, nextHop6 netip.Addr) (bgp.Config, error) {
 	c := bgp.Config{ASN: f.ASN, RouterID: routerID, ListenPort: -1, NextHop6: nextHop6}
 	if f.RouterID != "" {
@@ -78,9 +79,6 @@ func SpeakerConfig(f bgpfile.File, node string, routerID, nextHop6 netip.Addr) (
 			peer.BFD = &bgp.BFD{MinTx: prof.TransmitInterval.Duration, MinRx: prof.ReceiveInterval.Duration, Multiplier: prof.DetectMultiplier}
 		}
 		c.Peers = append(c.Peers, peer)
-	}
-	if len(c.Peers) == 0 {
-		return c, fmt.Errorf("bgp config has no peer for node %s", node)
 	}
 	c.SetDefaults()
 	if err := c.Validate(); err != nil {

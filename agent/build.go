@@ -217,6 +217,22 @@ func (a *agent) buildBGP() error {
 	a.ann = announcement{sink: bs, setHealthy: bs.setHealthy, deprefer: bs.stop, release: bs.stop,
 		parts:      []part{{"bgp", speaker.Run}, {"bgp-announce", bs.run}},
 		vrrpStates: func() map[string]vrrp.State { return nil }, bgpStatus: bs.status}
+	if !cfg.BGPPeerObjects {
+		return nil
+	}
+	if len(scfg.Peers) == 0 {
+		blog.Warn("no --bgp-config peer for this node: it announces nothing until a BGPPeer object selects it", zap.String("namespace", cfg.PodNamespace))
+	}
+	pmet := newPeerMetrics()
+	for _, c := range pmet.collectors() {
+		if err := a.reg.Register(c); err != nil {
+			return fmt.Errorf("register bgp peer metrics: %w", err)
+		}
+	}
+	po := &peerObjects{namespace: cfg.PodNamespace, node: cfg.Node, file: scfg.Peers, check: scfg.CheckPeer,
+		apply: speaker.Reconfigure, log: blog.Named("peers"), met: pmet, events: true, retry: 5 * time.Second,
+		reported: map[string]string{}}
+	a.ann.parts = append(a.ann.parts, part{"bgp-peers", func(ctx context.Context) error { return po.run(ctx, a.client, a.dyn) }})
 	return nil
 }
 

@@ -78,7 +78,10 @@ type Config struct {
 	// owner answers ARP/ND) or "bgp" (every edge announces them to BGP, with BGP).
 	Announce string
 	BGP      bgpfile.File // --announce=bgp: the peers and timers (--bgp-config)
-	NextHop6 netip.Addr   // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
+	// BGPPeerObjects (--announce=bgp): the agent also peers with the BGPPeer
+	// objects of PodNamespace that select its node, followed live (bgppeers.go).
+	BGPPeerObjects bool
+	NextHop6       netip.Addr // --announce=bgp: this node's IPv6 next hop for IPv6 VIPs
 
 	VRRPPriority uint8 // VRRP priority while healthy
 	VRRPDegraded uint8 // VRRP priority while unhealthy

@@ -12,7 +12,12 @@ func newSpillGauge() prometheus.Gauge {
 // packages it builds on have their own DescribeMetrics or NewMetrics), with
 // no values behind them: for the generated metrics table (hack/metricsdoc).
 func DescribeMetrics(reg prometheus.Registerer) error {
-	return reg.Register(healthCollector{})
+	for _, c := range append([]prometheus.Collector{healthCollector{}}, newPeerMetrics().collectors()...) {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // DescribeSiteMetrics is DescribeMetrics for the series of an agent in a

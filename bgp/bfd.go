@@ -24,8 +24,15 @@ const (
 )
 
 // syncBFD runs each peer's BFD session while its BGP session has been
-// established for bfdStartDelay, and ends it when the session ends.
+// established for bfdStartDelay, with the peer's BFD timers of that moment, and
+// ends it when the session ends. It holds s.mu: a Reconfigure between its
+// reading of a peer and its update would be undone.
 func (s *Speaker) syncBFD(ctx context.Context) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.state != running {
+		return
+	}
 	type change struct {
 		p  Peer
 		on bool
@@ -34,7 +41,9 @@ func (s *Speaker) syncBFD(ctx context.Context) {
 	s.peerMu.Lock()
 	for _, p := range s.cfg.Peers {
 		pt := s.peers[p.Addr]
-		want := p.BFD != nil && pt.session == sessionEstablished && time.Since(pt.since) >= bfdStartDelay
+		// A running BFD session stays as it is while its BGP session lasts,
+		// whatever Reconfigure did to the peer's BFD since.
+		want := (p.BFD != nil || pt.bfdOn) && pt.session == sessionEstablished && time.Since(pt.since) >= bfdStartDelay
 		if want != pt.bfdOn {
 			changes = append(changes, change{p, want})
 		}
@@ -47,9 +56,9 @@ func (s *Speaker) syncBFD(ctx context.Context) {
 		}
 		s.peerMu.Lock()
 		pt := s.peers[c.p.Addr]
-		pt.bfdOn = c.on
+		pt.bfdOn, pt.bfdConf = c.on, c.p.BFD
 		if !c.on {
-			pt.bfd = "" // the next session starts down: not a change
+			pt.bfd, pt.bfdConf = "", nil // the next session starts down: not a change
 		}
 		s.peerMu.Unlock()
 		s.log.Debug("bfd session", zap.Stringer("peer", c.p.Addr), zap.Bool("enabled", c.on))

@@ -55,6 +55,9 @@ type Peer struct {
 	LocalPref uint32
 	// Passive waits for the peer to connect instead of dialling it.
 	Passive bool
+	// EBGPMultiHop sends the session's packets with TTL 255 (else 1 to an eBGP
+	// peer): the peer may be several hops away. Not with BFD (single hop).
+	EBGPMultiHop bool
 }
 
 // BFD is a peer's BFD session (RFC 5880, single hop RFC 5881).
@@ -86,30 +89,37 @@ func (c *Config) SetDefaults() {
 	}
 	c.RouterID = c.RouterID.Unmap()
 	for i := range c.Peers {
-		p := &c.Peers[i]
-		p.Addr = p.Addr.Unmap()
-		if p.HoldTime == 0 {
-			p.HoldTime = defaultHoldTime
+		c.Peers[i].setDefaults()
+	}
+}
+
+// setDefaults fills in the peer's unset fields that have a default.
+func (p *Peer) setDefaults() {
+	p.Addr = p.Addr.Unmap()
+	if len(p.Communities) == 0 {
+		p.Communities = nil // one way to say none
+	}
+	if p.HoldTime == 0 {
+		p.HoldTime = defaultHoldTime
+	}
+	if p.KeepaliveInterval == 0 {
+		p.KeepaliveInterval = (p.HoldTime / 3).Truncate(time.Second)
+	}
+	if p.ConnectRetry == 0 {
+		p.ConnectRetry = defaultConnectRetry
+	}
+	if p.BFD != nil {
+		b := *p.BFD // do not write through the caller's pointer
+		if b.MinTx == 0 {
+			b.MinTx = defaultBFDInterval
 		}
-		if p.KeepaliveInterval == 0 {
-			p.KeepaliveInterval = (p.HoldTime / 3).Truncate(time.Second)
+		if b.MinRx == 0 {
+			b.MinRx = defaultBFDInterval
 		}
-		if p.ConnectRetry == 0 {
-			p.ConnectRetry = defaultConnectRetry
+		if b.Multiplier == 0 {
+			b.Multiplier = defaultBFDMult
 		}
-		if p.BFD != nil {
-			b := *p.BFD // do not write through the caller's pointer
-			if b.MinTx == 0 {
-				b.MinTx = defaultBFDInterval
-			}
-			if b.MinRx == 0 {
-				b.MinRx = defaultBFDInterval
-			}
-			if b.Multiplier == 0 {
-				b.Multiplier = defaultBFDMult
-			}
-			p.BFD = &b
-		}
+		p.BFD = &b
 	}
 }
 
@@ -134,68 +144,88 @@ func (c *Config) Validate() error {
 	if c.NextHop6.IsValid() && (!c.NextHop6.Is6() || c.NextHop6.Is4In6() || c.NextHop6.IsUnspecified()) {
 		bad("next hop for IPv6 %v is not an IPv6 address", c.NextHop6)
 	}
-	if len(c.Peers) == 0 {
-		bad("no peers")
-	}
 	seen := map[netip.Addr]bool{}
 	var localPref uint32
 	for _, p := range c.Peers {
 		bad := func(format string, args ...any) {
 			errs = append(errs, fmt.Errorf("peer %v: %s", p.Addr, fmt.Sprintf(format, args...)))
 		}
-		if !p.Addr.IsValid() || p.Addr.IsUnspecified() || p.Addr.IsMulticast() {
-			bad("not a unicast address")
+		if err := c.checkPeer(p); err != nil {
+			errs = append(errs, err)
 		}
 		if seen[p.Addr] {
 			bad("listed twice")
 		}
 		seen[p.Addr] = true
-		if p.ASN == 0 || p.ASN == asTrans {
-			bad("asn %d is not a usable AS number", p.ASN)
-		}
-		if p.HoldTime%time.Second != 0 || p.KeepaliveInterval%time.Second != 0 || p.ConnectRetry%time.Second != 0 {
-			bad("hold time %v, keepalive %v and connect retry %v must be whole seconds", p.HoldTime, p.KeepaliveInterval, p.ConnectRetry)
-		}
-		if p.HoldTime < 3*time.Second || p.HoldTime > 65535*time.Second {
-			bad("hold time %v is not 3s to 65535s", p.HoldTime)
-		}
-		if p.KeepaliveInterval < time.Second || p.KeepaliveInterval >= p.HoldTime {
-			bad("keepalive interval %v is not at least 1s and below the hold time %v", p.KeepaliveInterval, p.HoldTime)
-		}
-		if p.Passive && c.ListenPort == -1 {
-			bad("passive, but the speaker does not listen (listen port -1)")
-		}
-		if p.ConnectRetry < time.Second {
-			bad("connect retry %v is below 1s", p.ConnectRetry)
-		}
-		if b := p.BFD; b != nil {
-			for _, iv := range []struct {
-				name string
-				d    time.Duration
-			}{{"min tx", b.MinTx}, {"min rx", b.MinRx}} {
-				if iv.d < minBFDInterval || iv.d > time.Hour {
-					bad("bfd %s %v is not 10ms to 1h", iv.name, iv.d)
-				}
-			}
-			if b.Multiplier == 0 {
-				bad("bfd multiplier is 0")
-			}
-		}
-		for _, s := range p.Communities {
-			if _, err := parseCommunity(s); err != nil {
-				bad("%v", err)
-			}
-		}
-		if p.LocalPref != 0 {
-			switch {
-			case p.ASN != c.ASN:
-				bad("local pref applies to iBGP peers only (peer asn %d, ours %d)", p.ASN, c.ASN)
-			case localPref != 0 && localPref != p.LocalPref:
+		if p.LocalPref != 0 && p.ASN == c.ASN {
+			if localPref != 0 && localPref != p.LocalPref {
 				bad("local pref %d differs from another iBGP peer's %d: paths are shared by every session", p.LocalPref, localPref)
-			default:
+			} else {
 				localPref = p.LocalPref
 			}
 		}
+	}
+	return errors.Join(errs...)
+}
+
+// CheckPeer reports what is wrong with p (after its defaults) as a peer of a
+// speaker of c, alone: Validate also checks the peers together (an address
+// listed twice, the iBGP peers' local preference).
+func (c *Config) CheckPeer(p Peer) error {
+	p.setDefaults()
+	return c.checkPeer(p)
+}
+
+// checkPeer checks p, whose defaults are set; it reports every problem.
+func (c *Config) checkPeer(p Peer) error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("peer %v: %s", p.Addr, fmt.Sprintf(format, args...)))
+	}
+	if !p.Addr.IsValid() || p.Addr.IsUnspecified() || p.Addr.IsMulticast() {
+		bad("not a unicast address")
+	}
+	if p.ASN == 0 || p.ASN == asTrans {
+		bad("asn %d is not a usable AS number", p.ASN)
+	}
+	if p.HoldTime%time.Second != 0 || p.KeepaliveInterval%time.Second != 0 || p.ConnectRetry%time.Second != 0 {
+		bad("hold time %v, keepalive %v and connect retry %v must be whole seconds", p.HoldTime, p.KeepaliveInterval, p.ConnectRetry)
+	}
+	if p.HoldTime < 3*time.Second || p.HoldTime > 65535*time.Second {
+		bad("hold time %v is not 3s to 65535s", p.HoldTime)
+	}
+	if p.KeepaliveInterval < time.Second || p.KeepaliveInterval >= p.HoldTime {
+		bad("keepalive interval %v is not at least 1s and below the hold time %v", p.KeepaliveInterval, p.HoldTime)
+	}
+	if p.Passive && c.ListenPort == -1 {
+		bad("passive, but the speaker does not listen (listen port -1)")
+	}
+	if p.ConnectRetry < time.Second {
+		bad("connect retry %v is below 1s", p.ConnectRetry)
+	}
+	if b := p.BFD; b != nil {
+		for _, iv := range []struct {
+			name string
+			d    time.Duration
+		}{{"min tx", b.MinTx}, {"min rx", b.MinRx}} {
+			if iv.d < minBFDInterval || iv.d > time.Hour {
+				bad("bfd %s %v is not 10ms to 1h", iv.name, iv.d)
+			}
+		}
+		if b.Multiplier == 0 {
+			bad("bfd multiplier is 0")
+		}
+		if p.EBGPMultiHop {
+			bad("bfd is single hop (RFC 5881): not with eBGP multihop")
+		}
+	}
+	for _, s := range p.Communities {
+		if _, err := parseCommunity(s); err != nil {
+			bad("%v", err)
+		}
+	}
+	if p.LocalPref != 0 && p.ASN != c.ASN {
+		bad("local pref applies to iBGP peers only (peer asn %d, ours %d)", p.ASN, c.ASN)
 	}
 	return errors.Join(errs...)
 }

@@ -36,7 +36,10 @@ func TestConfigValidate(t *testing.T) {
 		{"no router id", func(c *Config) { c.RouterID = netip.Addr{} }, "router id invalid IP is not an IPv4 address"},
 		{"ipv6 router id", func(c *Config) { c.RouterID = netip.MustParseAddr("fd00::1") }, "router id fd00::1 is not an IPv4"},
 		{"bad listen port", func(c *Config) { c.ListenPort = 70000 }, "listen port 70000"},
-		{"no peers", func(c *Config) { c.Peers = nil }, "no peers"},
+		// Peers may come later (Reconfigure: BGPPeer objects).
+		{"valid without peers", func(c *Config) { c.Peers = nil }, ""},
+		{"valid ebgp multihop", func(c *Config) { c.Peers[0].BFD = nil; c.Peers[0].EBGPMultiHop = true }, ""},
+		{"bfd with multihop", func(c *Config) { c.Peers[0].EBGPMultiHop = true }, "bfd is single hop"},
 		{"duplicate peer", func(c *Config) { c.Peers = append(c.Peers, c.Peers[0]) }, "peer 10.0.0.254: listed twice"},
 		{"duplicate peer v4-mapped", func(c *Config) {
 			p := c.Peers[0]

@@ -14,6 +14,8 @@
 //   - speaker.go: the embedded server, its start and stop;
 //   - peers.go: the peers' GoBGP configuration and the session event watch;
 //   - bfd.go: each peer's BFD session, started once its BGP session is up;
+//   - reconfigure.go: Reconfigure, changing the peers of a running speaker
+//     (the agent's BGPPeer objects), touching only the sessions concerned;
 //   - announce.go: Announce, keeping GoBGP's paths equal to the desired set;
 //   - status.go: Status, the sessions and announced prefixes for portico status;
 //   - metrics.go: the portico_bgp_* Prometheus series.

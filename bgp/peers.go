@@ -20,6 +20,10 @@ type peerTrack struct {
 	since   time.Time // when session last changed
 	bfd     string    // "" until the first poll, then "down", "init", "up", "admin-down"
 	bfdOn   bool      // BFD is enabled in GoBGP (see bfdStartDelay)
+	// bfdConf is the BFD configuration GoBGP runs while bfdOn: the peer's
+	// when syncBFD started it, kept through Reconfigure until the session
+	// ends (see Reconfigure).
+	bfdConf *BFD
 }
 
 // apiPeer is GoBGP's configuration of p, with its BFD session if bfd.
@@ -42,6 +46,9 @@ func (s *Speaker) apiPeer(p Peer, bfd bool) *api.Peer {
 			IdleHoldTimeAfterReset: idleHoldAfterReset,
 		}},
 		Transport: &api.Transport{RemotePort: uint32(p.Port), PassiveMode: p.Passive},
+	}
+	if p.EBGPMultiHop {
+		ap.EbgpMultihop = &api.EbgpMultihop{Enabled: true, MultihopTtl: 255}
 	}
 	for _, f := range families {
 		af := &api.AfiSafi{Config: &api.AfiSafiConfig{Family: f, Enabled: true}}

@@ -29,10 +29,12 @@ type Speaker struct {
 
 	srv *server.BgpServer // made by Run; read under mu once state is running
 
-	mu        sync.Mutex // serialises Announce and the start and end of Run
+	mu        sync.Mutex // serialises Announce, Reconfigure, the BFD sync and the start and end of Run
 	state     runState
 	announced map[netip.Prefix]Preference // in GoBGP's RIB while running, to be added at start before
 
+	// peerMu guards peers, and cfg.Peers with mu: Reconfigure, which changes
+	// them, holds both.
 	peerMu sync.Mutex
 	peers  map[netip.Addr]*peerTrack
 	// quiet is set by stop: GoBGP's watch goroutine may still deliver an
@@ -75,6 +77,7 @@ func New(cfg Config, log *zap.Logger, met *Metrics) (*Speaker, error) {
 		s.peers[p.Addr] = &peerTrack{session: sessionIdle}
 		met.sessionUp.WithLabelValues(p.Addr.String()).Set(0)
 	}
+	met.peers.Set(float64(len(cfg.Peers)))
 	return s, nil
 }
 
@@ -97,12 +100,13 @@ func (s *Speaker) Run(ctx context.Context) error {
 	if err == nil {
 		s.state = running
 	}
+	peers := len(s.cfg.Peers)
 	s.mu.Unlock()
 	if err != nil {
 		s.stop()
 		return err
 	}
-	s.log.Info("bgp speaker started", zap.Uint32("asn", s.cfg.ASN), zap.Stringer("router_id", s.cfg.RouterID), zap.Int("peers", len(s.cfg.Peers)))
+	s.log.Info("bgp speaker started", zap.Uint32("asn", s.cfg.ASN), zap.Stringer("router_id", s.cfg.RouterID), zap.Int("peers", peers))
 
 	t := time.NewTicker(bfdPollInterval)
 	defer t.Stop()

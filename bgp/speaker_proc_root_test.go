@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -40,7 +41,8 @@ type helperReply struct {
 // speakerMain runs one speaker from a JSON Config until SIGTERM or the end of its
 // stdin (its context ends: the speaker stops as the agent's would) or SIGKILL.
 // Each stdin line is a command answered by one stdout line: a preference name
-// announces the VIP in PORTICO_BGP_VIP at that preference; "status" reports.
+// announces the VIP in PORTICO_BGP_VIP at that preference; "status" reports;
+// "peers JSON" reconfigures the peers.
 func speakerMain(path string) int {
 	var cfg Config
 	b, err := os.ReadFile(path)
@@ -82,6 +84,15 @@ func speakerMain(path string) int {
 			if cmd := sc.Text(); cmd == "status" {
 				st := s.Status()
 				r.Status = &st
+			} else if js, ok := strings.CutPrefix(cmd, "peers "); ok {
+				var peers []Peer
+				err := json.Unmarshal([]byte(js), &peers)
+				if err == nil {
+					err = s.Reconfigure(ctx, peers)
+				}
+				if err != nil {
+					r.Error = err.Error()
+				}
 			} else {
 				var p Preference
 				err := p.UnmarshalText([]byte(cmd))

@@ -3,6 +3,7 @@ package bgp
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/osrg/gobgp/v4/api"
@@ -27,6 +28,7 @@ func (s *Speaker) Status() Status {
 	var st Status
 	s.mu.Lock()
 	st.Announced = s.announcements()
+	peers := slices.Clone(s.cfg.Peers)
 	var srv *server.BgpServer
 	if s.state == running {
 		srv = s.srv
@@ -43,7 +45,7 @@ func (s *Speaker) Status() Status {
 		})
 	}
 	now := time.Now()
-	for _, c := range s.cfg.Peers {
+	for _, c := range peers {
 		ps := PeerStatus{Addr: c.Addr, ASN: c.ASN, State: sessionIdle}
 		if p := byAddr[c.Addr]; p != nil {
 			var fsm bgp.FSMState
@@ -64,11 +66,14 @@ func (s *Speaker) Status() Status {
 				ps.EstablishedAt = up.AsTime()
 				ps.UptimeSeconds = now.Sub(ps.EstablishedAt).Round(time.Second).Seconds()
 			}
-			if c.BFD != nil {
+			s.peerMu.Lock()
+			on := false
+			if pt := s.peers[c.Addr]; pt != nil { // nil: removed since
+				on = pt.bfdOn
+			}
+			s.peerMu.Unlock()
+			if c.BFD != nil || on {
 				ps.BFD = "down" // until bfdStartDelay after the session is up
-				s.peerMu.Lock()
-				on := s.peers[c.Addr].bfdOn
-				s.peerMu.Unlock()
 				if on {
 					ps.BFD = bfdName(p.GetState().GetBfdState().GetSessionState())
 				}

@@ -26,6 +26,7 @@ import (
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/api/bgpfile"
+	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/test/kapi"
 	"github.com/portico-edge/portico/test/testenv"
 )
@@ -247,6 +248,9 @@ var bgpValues = []string{
 	"announce=bgp", "bgp.asn=64600", "bgp.peers[0].address=10.0.0.1", "bgp.peers[0].asn=65000",
 	"bgp.peers[0].bfdProfile=fast", "bgp.peers[0].holdTime=3s", "bgp.bfdProfiles[0].name=fast",
 	"bgp.bfdProfiles[0].transmitInterval=50ms", "bgp.bfdProfiles[0].receiveInterval=50ms", "bgp.bfdProfiles[0].detectMultiplier=3",
+	"bgpObjects.peers[0].name=tor-a", "bgpObjects.peers[0].address=10.0.0.2", "bgpObjects.peers[0].asn=65001",
+	"bgpObjects.peers[0].bfdProfile=fast", "bgpObjects.peers[0].nodeSelectors[0].matchLabels.rack=r1",
+	"bgpObjects.peers[0].passwordSecret.name=tor-a-bgp", "bgpObjects.bfdProfiles[0].name=fast", "bgpObjects.bfdProfiles[0].transmitInterval=50",
 }
 
 // checkBGPValues: with announce: bgp the agents get --announce=bgp and the
@@ -290,6 +294,39 @@ func checkBGPValues(t *testing.T, objs []*unstructured.Unstructured) {
 	sc, err := agent.SpeakerConfig(f, "n1", netip.MustParseAddr("10.0.0.11"), netip.Addr{})
 	if err != nil || sc.ASN != 64600 || len(sc.Peers) != 1 || sc.Peers[0].BFD == nil || sc.Peers[0].HoldTime != 3*time.Second {
 		t.Errorf("speaker config from the Secret: %+v, %v", sc, err)
+	}
+	// bgpObjects: a BGPPeer and a BFDProfile in the release namespace.
+	peer := find[v1alpha1.BGPPeer](t, objs, "BGPPeer", "tor-a")
+	want := v1alpha1.BGPPeerSpec{Address: "10.0.0.2", ASN: 65001, BFDProfile: "fast",
+		NodeSelectors:  []metav1.LabelSelector{{MatchLabels: map[string]string{"rack": "r1"}}},
+		PasswordSecret: &corev1.SecretReference{Name: "tor-a-bgp"}}
+	if d := cmp.Diff(want, peer.Spec); d != "" || peer.Namespace != namespace {
+		t.Errorf("BGPPeer tor-a in %q, spec (-want +got):\n%s", peer.Namespace, d)
+	}
+	if prof := find[v1alpha1.BFDProfile](t, objs, "BFDProfile", "fast"); prof.Spec.TransmitInterval == nil || *prof.Spec.TransmitInterval != 50 {
+		t.Errorf("BFDProfile fast: %+v, want transmitInterval 50", prof.Spec)
+	}
+}
+
+// TestChartBGPObjectsDoNotRoll: the agents follow BGPPeer and BFDProfile objects
+// live, so changing bgpObjects must leave the agents' pod template alone (no
+// rolling update), while a change of the file (bgp) rolls them.
+func TestChartBGPObjectsDoNotRoll(t *testing.T) {
+	helm := helmBinary(t)
+	template := func(sets ...string) *appsv1.DaemonSet {
+		t.Helper()
+		objs, err := decodeAll(run(t, nil, helm, append([]string{"template", "portico", chart, "--namespace", namespace}, setArgs(append(slices.Clone(bgpValues), sets...))...)...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return find[appsv1.DaemonSet](t, objs, "DaemonSet", "portico-agent")
+	}
+	base := template()
+	if d := cmp.Diff(base.Spec.Template, template("bgpObjects.peers[0].asn=65002", "bgpObjects.bfdProfiles[0].transmitInterval=300").Spec.Template); d != "" {
+		t.Errorf("changing bgpObjects changes the agents' pod template (-before +after):\n%s", d)
+	}
+	if cmp.Equal(base.Spec.Template, template("bgp.peers[0].asn=65002").Spec.Template) {
+		t.Error("changing the file's peers leaves the agents' pod template alone: they would not read it")
 	}
 }
 

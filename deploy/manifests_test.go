@@ -52,7 +52,7 @@ type subject struct {
 func (s subject) user() string { return "system:serviceaccount:" + namespace + ":" + s.name }
 
 var (
-	agentSubject      = subject{agentSA, []string{"portico-agent", "portico-agent-leases", "portico-agent-daemonsets"}}
+	agentSubject      = subject{agentSA, []string{"portico-agent", "portico-agent-leases", "portico-agent-daemonsets", "portico-agent-bgp"}}
 	controllerSubject = subject{controllerSA, []string{"portico-controller", "portico-controller-leases"}}
 )
 

@@ -73,7 +73,8 @@ var controllerNeeds = append(slices.Clone(informerNeeds), []need{
 // agentNeeds is what an edge's agent calls: its read-only control plane's
 // informers (controlplane.Config.ReadOnly: no claims, no Events, no Lease
 // election, no served-status informer), its own status Lease, and the others'
-// (read, for its VRRP peers).
+// (read, for its VRRP peers); in BGP mode the BGPPeers, BFDProfiles and
+// Secrets of its namespace, and Events there on the BGPPeers it refuses.
 var agentNeeds = append(slices.Clone(informerNeeds), []need{
 	{grant{namespace, "coordination.k8s.io", "leases", "create", ""}, "agent/lease Write"},
 	{grant{namespace, "coordination.k8s.io", "leases", "get", ""}, "agent/lease Write"},
@@ -82,6 +83,14 @@ var agentNeeds = append(slices.Clone(informerNeeds), []need{
 	{grant{namespace, "coordination.k8s.io", "leases", "watch", ""}, "agent/vrrppeers.go followPeers: status Lease informer"},
 	{grant{namespace, "apps", "daemonsets", "list", ""}, "agent/owner.go watchOwner: DaemonSet informer (its own DaemonSet deleted: uninstall)"},
 	{grant{namespace, "apps", "daemonsets", "watch", ""}, "agent/owner.go watchOwner: DaemonSet informer (its own DaemonSet deleted: uninstall)"},
+	{grant{namespace, "portico.io", "bgppeers", "list", ""}, "agent/bgppeers.go peerObjects.run: BGPPeer informer"},
+	{grant{namespace, "portico.io", "bgppeers", "watch", ""}, "agent/bgppeers.go peerObjects.run: BGPPeer informer"},
+	{grant{namespace, "portico.io", "bfdprofiles", "list", ""}, "agent/bgppeers.go peerObjects.run: BFDProfile informer"},
+	{grant{namespace, "portico.io", "bfdprofiles", "watch", ""}, "agent/bgppeers.go peerObjects.run: BFDProfile informer"},
+	{grant{namespace, "", "secrets", "list", ""}, "agent/bgppeers.go peerObjects.run: Secret informer (BGPPeers' passwordSecret)"},
+	{grant{namespace, "", "secrets", "watch", ""}, "agent/bgppeers.go peerObjects.run: Secret informer (BGPPeers' passwordSecret)"},
+	{grant{namespace, "", "events", "create", ""}, "agent/bgppeers.go peerObjects.run: record.EventBroadcaster (a refused BGPPeer)"},
+	{grant{namespace, "", "events", "patch", ""}, "agent/bgppeers.go peerObjects.run: record.EventBroadcaster (repeated Event)"},
 }...)
 
 // informerNeeds are the control plane's informers, the agents' and the
@@ -122,6 +131,9 @@ var agentMustDeny = []grant{
 	{"tenant-a", "networking.k8s.io", "ingresses", "patch", "x"},
 	{"tenant-a", "networking.k8s.io", "ingresses/status", "update", "x"},
 	{"tenant-a", "", "events", "create", ""},
+	{"tenant-a", "portico.io", "bgppeers", "list", ""},
+	{namespace, "portico.io", "bgppeers", "update", "x"},
+	{namespace, "portico.io", "bfdprofiles", "delete", "x"},
 	{"tenant-a", "portico.io", "ingressclaims", "list", ""},
 	{"tenant-a", "portico.io", "ingressclaims", "delete", "x"},
 	{"tenant-a", "portico.io", "ingressclaims/status", "patch", "x"},

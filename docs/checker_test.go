@@ -763,7 +763,7 @@ func (c *checker) checkObject(apiVersion, kind string, doc []byte) error {
 		return fmt.Errorf("refused by the CRD's schema: %w", errors.Join(res.Errors...))
 	}
 	typed := map[string]any{"VIPPool": &v1alpha1.VIPPool{}, "IngressClaim": &v1alpha1.IngressClaim{},
-		"FederatedIngress": &v1alpha1.FederatedIngress{}}[kind]
+		"FederatedIngress": &v1alpha1.FederatedIngress{}, "BGPPeer": &v1alpha1.BGPPeer{}, "BFDProfile": &v1alpha1.BFDProfile{}}[kind]
 	if typed == nil {
 		return fmt.Errorf("api/v1alpha1 has no type the test knows for it")
 	}

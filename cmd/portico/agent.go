@@ -107,6 +107,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's profiles (/debug/pprof/) on the metrics address")
 	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
 	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see docs/bgp.md)")
+	fs.BoolVar(&c.BGPPeerObjects, "bgp-peer-objects", true, "with -announce=bgp: also peer with the BGPPeer objects of -pod-namespace whose nodeSelectors match this node (with their BFDProfiles and password Secrets), following their changes live; false: the -bgp-config file's peers alone")
 	fs.StringVar(&nextHop6, "bgp-nexthop6", "", "with -announce=bgp: this node's IPv6 next hop, to announce IPv6 VIPs")
 	fs.StringVar(&c.Sites, "federation-peers", "", "with -announce=bgp, in a federation: the file naming the other sites' edges (YAML: site, peers; written by portico federation), for site hand-overs")
 	fs.StringVar(&tunnel, "tunnel-address", "", "with -federation-peers: this node's IPv4 address for tunnels between sites; empty: the edge interface's first IPv4 address")
@@ -235,8 +236,12 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 			}
 		}
 		// Checked now, with a placeholder router id: the agent fills in the node's.
-		if _, err := agent.SpeakerConfig(f, c.Node, netip.MustParseAddr("192.0.2.1"), c.NextHop6); err != nil {
+		sc, err := agent.SpeakerConfig(f, c.Node, netip.MustParseAddr("192.0.2.1"), c.NextHop6)
+		if err != nil {
 			return c, fmt.Errorf("-bgp-config %s: %w", bgpConfig, err)
+		}
+		if len(sc.Peers) == 0 && !c.BGPPeerObjects {
+			return c, fmt.Errorf("-bgp-config %s has no peer for node %s, and -bgp-peer-objects is off", bgpConfig, c.Node)
 		}
 		c.BGP = f
 	default:

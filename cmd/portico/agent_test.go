@@ -44,7 +44,7 @@ func TestParseAgentFlags(t *testing.T) {
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247, L4SteerPort: 10242,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
-					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", ClaimIface: "eth0", ClaimLogLevel: "info",
+					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", BGPPeerObjects: true, ClaimIface: "eth0", ClaimLogLevel: "info",
 					XDPMode: dataplane.XDPBestEffort}
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
@@ -190,8 +190,16 @@ func TestParseAgentFlags(t *testing.T) {
 		{name: "bgp unknown field", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp", "-bgp-config", bgpFile(t, goodBGP+"\nholdtime: 3s\n")}, wantErr: "holdtime"},
 		{name: "bgp unknown profile", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp",
 			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, bfdProfile: nope}\n")}, wantErr: "nope"},
-		{name: "bgp no peer for this node", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n9", "-announce", "bgp",
+		{name: "bgp no peer for this node", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n9", "-announce", "bgp", "-bgp-peer-objects=false",
 			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, nodes: [n1]}\n")}, wantErr: "no peer"},
+		// BGPPeer objects may bring its peers.
+		{name: "bgp no file peer for this node, peer objects", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n9", "-announce", "bgp",
+			"-bgp-config", bgpFile(t, "asn: 64512\npeers: []\n")},
+			check: func(t *testing.T, c agentFlags) {
+				if !c.BGPPeerObjects || c.BGP.ASN != 64512 {
+					t.Errorf("BGPPeerObjects %v, asn %d: want true, 64512", c.BGPPeerObjects, c.BGP.ASN)
+				}
+			}},
 		{name: "bgp bad community", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "bgp",
 			"-bgp-config", bgpFile(t, "asn: 64512\npeers:\n- {address: 10.0.0.1, asn: 65000, communities: [\"x:y\"]}\n")}, wantErr: "communit"},
 		{name: "unknown announcer", args: []string{"-group", "a/b", "-iface", "eth0", "-node-name", "n", "-announce", "ospf"}, wantErr: "-announce"},

@@ -96,6 +96,14 @@ func Start(t testing.TB, ns, dir string, confs map[string]string) *Router {
 	return f
 }
 
+// Vty runs a command (clear bgp ..., an exec command, not a configuration).
+func (f *Router) Vty(cmd string) error {
+	if out, err := exec.Command("vtysh", "-N", f.NS, "-c", cmd).CombinedOutput(); err != nil {
+		return fmt.Errorf("vtysh -N %s -c %q: %w: %s", f.NS, cmd, err, out)
+	}
+	return nil
+}
+
 // VtyJSON runs a show command and decodes its JSON output into v.
 func (f *Router) VtyJSON(cmd string, v any) error {
 	out, err := exec.Command("vtysh", "-N", f.NS, "-c", cmd).Output()

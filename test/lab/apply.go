@@ -43,6 +43,18 @@ func (l *Lab) ApplyFile(ctx context.Context, rel string) error {
 // errors), as `kubectl create -f` would; a kind the API server does not serve
 // yet (a CRD created a moment ago) is waited for, up to 30 s.
 func (l *Lab) ApplyYAML(ctx context.Context, rel string, b []byte) error {
+	return l.writeYAML(ctx, rel, b, false)
+}
+
+// ServerSideApply applies every object of a multi-document YAML document
+// (server-side apply, as `kubectl apply --server-side` would): created if
+// missing, else changed to what it says.
+func (l *Lab) ServerSideApply(ctx context.Context, rel string, b []byte) error {
+	return l.writeYAML(ctx, rel, b, true)
+}
+
+// writeYAML creates (or with apply, applies) every object of b.
+func (l *Lab) writeYAML(ctx context.Context, rel string, b []byte, apply bool) error {
 	dc, err := discovery.NewDiscoveryClientForConfig(l.API.Config)
 	if err != nil {
 		return err
@@ -79,6 +91,12 @@ func (l *Lab) ApplyYAML(ctx context.Context, rel string, b []byte) error {
 		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
 		if ns := obj.GetNamespace(); ns != "" {
 			ri = dyn.Resource(m.Resource).Namespace(ns)
+		}
+		if apply {
+			if _, err := ri.Apply(ctx, obj.GetName(), &obj, metav1.ApplyOptions{FieldManager: "portico-lab", Force: true}); err != nil {
+				return fmt.Errorf("%s: apply %s %s: %w", rel, gvk.Kind, obj.GetName(), err)
+			}
+			continue
 		}
 		if _, err := ri.Create(ctx, &obj, metav1.CreateOptions{}); err != nil {
 			return fmt.Errorf("%s: create %s %s: %w", rel, gvk.Kind, obj.GetName(), err)

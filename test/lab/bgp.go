@@ -54,6 +54,13 @@ type BGPOptions struct {
 	// with resilient ECMP hashing does; otherwise by FRR's own multipath
 	// route (hash-threshold).
 	Resilient bool
+	// PeerObjects: the agents' --bgp-config file has no peer; the router is
+	// the BGPPeer object "rt" (with the BFDProfile "lab" for BFD) in the
+	// agents' namespace, created before they start.
+	PeerObjects bool
+	// Password is the sessions' TCP MD5 password (RFC 2385), "" for none: in
+	// the file, or with PeerObjects in the Secret "rt-bgp" that "rt" names.
+	Password string
 }
 
 // Router is the BGP lab's router namespace.
@@ -158,11 +165,28 @@ func (l *Lab) NewRouter(o *BGPOptions, sp RouterSpec) (*Router, *Node, error) {
 	if err := os.Chmod(dir, 0o755); err != nil {
 		return nil, nil, err
 	}
+	confs := frrConfigs(o, sp, routerAddr)
+	t := o.T
+	if t == nil {
+		return nil, nil, fmt.Errorf("BGPOptions.T is required")
+	}
+	r.FRR = frr.Start(t, rt.NS, dir, confs)
+	r.bfd = o.BFD > 0
+	return r, client, nil
+}
+
+// frrConfigs are the daemons' configurations of router sp (its address
+// routerAddr): bgpd peers with the edges (a peer group, with o's BFD and
+// password) and with sp.Routers, ECMP over up to 8 paths.
+func frrConfigs(o *BGPOptions, sp RouterSpec, routerAddr netip.Addr) map[string]string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "hostname %s\nrouter bgp %d\n bgp router-id %s\n no bgp ebgp-requires-policy\n", sp.Name, sp.ASN, routerAddr)
 	b.WriteString(" bgp bestpath as-path multipath-relax\n neighbor EDGES peer-group\n")
 	fmt.Fprintf(&b, " neighbor EDGES remote-as %d\n neighbor EDGES timers 1 3\n neighbor EDGES timers connect 1\n", edgeASN)
 	b.WriteString(" neighbor EDGES advertisement-interval 0\n")
+	if o.Password != "" {
+		fmt.Fprintf(&b, " neighbor EDGES password %s\n", o.Password)
+	}
 	bfdd := "hostname " + sp.Name + "\n"
 	if o.BFD > 0 {
 		ms := o.BFD.Milliseconds()
@@ -177,14 +201,36 @@ func (l *Lab) NewRouter(o *BGPOptions, sp RouterSpec) (*Router, *Node, error) {
 			p.Addr, p.ASN, p.Addr, p.Addr, p.Addr)
 	}
 	b.WriteString(" address-family ipv4 unicast\n  maximum-paths 8\n exit-address-family\n")
-	zebra := "hostname " + sp.Name + "\n"
-	t := o.T
-	if t == nil {
-		return nil, nil, fmt.Errorf("BGPOptions.T is required")
+	return map[string]string{"zebra": "hostname " + sp.Name + "\n", "bfdd": bfdd, "bgpd": b.String()}
+}
+
+// StartPeerRouter starts another router on the lab's bridge, at 10.<subnet>.0.host,
+// in AS asn, peering with every edge (BFD with o's timers, o's password) and
+// forwarding nothing for the client: a second upstream the edges may peer with.
+func (l *Lab) StartPeerRouter(o *BGPOptions, name string, host byte, asn uint32) (*Router, error) {
+	addr := netip.AddrFrom4([4]byte{10, l.subnet, 0, host})
+	rt, err := l.Net.AddNode(l.name+name, netip.PrefixFrom(addr, 24), net.HardwareAddr{0x02, 0, 10, l.subnet, 0, host})
+	if err != nil {
+		return nil, err
 	}
-	r.FRR = frr.Start(t, rt.NS, dir, map[string]string{"zebra": zebra, "bfdd": bfdd, "bgpd": b.String()})
-	r.bfd = o.BFD > 0
-	return r, client, nil
+	var edges []netip.Addr
+	for i := range l.Edges {
+		edges = append(edges, l.EdgeAddr(i))
+	}
+	dir, err := os.MkdirTemp("", "portico-lab-frr-")
+	if err != nil {
+		return nil, err
+	}
+	l.closers = append(l.closers, func() error { return os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return nil, err
+	}
+	if o.T == nil {
+		return nil, fmt.Errorf("BGPOptions.T is required")
+	}
+	r := &Router{Node: &Node{Node: rt}, asn: asn, bfd: o.BFD > 0}
+	r.FRR = frr.Start(o.T, rt.NS, dir, frrConfigs(o, RouterSpec{Name: name, ASN: asn, Edges: edges}, addr))
+	return r, nil
 }
 
 func (o *BGPOptions) bfdMultiplier() int {
@@ -204,18 +250,54 @@ func (l *Lab) bgpConfig() (string, error) {
 	p := filepath.Join(l.Dir, "bgp.yaml")
 	var b strings.Builder
 	fmt.Fprintf(&b, "asn: %d\nwithdrawAfter: 3s\n", edgeASN)
+	if l.bgp.PeerObjects {
+		b.WriteString("peers: [] # the BGPPeer objects (bgpObjectsYAML)\n")
+		return p, os.WriteFile(p, []byte(b.String()), 0o644)
+	}
 	if l.bgp.BFD > 0 {
 		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: %d}\n", l.bgp.BFD, l.bgp.BFD, l.bgp.bfdMultiplier())
 	}
-	asn := uint32(RouterASN)
-	if l.Router != nil && l.Router.asn != 0 {
-		asn = l.Router.asn
-	}
-	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.RouterAddr(), asn)
+	fmt.Fprintf(&b, "peers:\n- address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n", l.RouterAddr(), l.routerASN())
 	if l.bgp.BFD > 0 {
 		b.WriteString("  bfdProfile: lab\n")
 	}
+	if l.bgp.Password != "" {
+		fmt.Fprintf(&b, "  password: %q\n", l.bgp.Password)
+	}
 	return p, os.WriteFile(p, []byte(b.String()), 0o644)
+}
+
+// routerASN is the lab's router's AS.
+func (l *Lab) routerASN() uint32 {
+	if l.Router != nil && l.Router.asn != 0 {
+		return l.Router.asn
+	}
+	return RouterASN
+}
+
+// bgpObjectsYAML is, with BGPOptions.PeerObjects, the objects that make the
+// router the agents' peer: the BGPPeer "rt" for every edge, with the BFDProfile
+// "lab" and the password Secret "rt-bgp" when the options have them.
+func (l *Lab) bgpObjectsYAML() string {
+	var b strings.Builder
+	if l.bgp.BFD > 0 {
+		ms := l.bgp.BFD.Milliseconds()
+		fmt.Fprintf(&b, "apiVersion: portico.io/v1alpha1\nkind: BFDProfile\nmetadata: {name: lab, namespace: %s}\nspec: {transmitInterval: %d, receiveInterval: %d, detectMultiplier: %d}\n---\n",
+			AgentNamespace, ms, ms, l.bgp.bfdMultiplier())
+	}
+	if l.bgp.Password != "" {
+		fmt.Fprintf(&b, "apiVersion: v1\nkind: Secret\nmetadata: {name: rt-bgp, namespace: %s}\ntype: kubernetes.io/basic-auth\nstringData: {password: %q}\n---\n",
+			AgentNamespace, l.bgp.Password)
+	}
+	fmt.Fprintf(&b, "apiVersion: portico.io/v1alpha1\nkind: BGPPeer\nmetadata: {name: rt, namespace: %s}\nspec:\n  address: %s\n  asn: %d\n  holdTime: 3s\n  keepaliveInterval: 1s\n",
+		AgentNamespace, l.RouterAddr(), l.routerASN())
+	if l.bgp.BFD > 0 {
+		b.WriteString("  bfdProfile: lab\n")
+	}
+	if l.bgp.Password != "" {
+		b.WriteString("  passwordSecret: {name: rt-bgp}\n")
+	}
+	return b.String()
 }
 
 // Nexthops is the set of edge addresses FRR's route to the VIP names (with

@@ -41,6 +41,9 @@ const (
 	// one in deploy/examples/group.yaml, which the lab applies as it is.
 	GroupNamespace = "portico-system"
 	GroupName      = "edge"
+	// AgentNamespace is the agents' own (-pod-namespace's default): their
+	// status Leases, and the BGPPeer objects they follow.
+	AgentNamespace = "portico-system"
 	// ExampleHost is the host of the example Ingress (bound through the
 	// example IngressClass), served by the example Service "web".
 	ExampleHost = "web.example.com"

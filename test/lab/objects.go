@@ -53,6 +53,18 @@ func (l *Lab) createObjects(ctx context.Context) error {
 	if err := l.ApplyYAML(ctx, "the lab's VIPPool", []byte(labPool)); err != nil {
 		return err
 	}
+	// In BGP mode the agents also peer with the BGPPeer objects of their
+	// namespace (with BGPOptions.PeerObjects, the router is one).
+	for _, f := range []string{"crds/bgppeers.portico.io.yaml", "crds/bfdprofiles.portico.io.yaml"} {
+		if err := l.ApplyFile(ctx, f); err != nil {
+			return err
+		}
+	}
+	if l.bgp != nil && l.bgp.PeerObjects {
+		if err := l.ApplyYAML(ctx, "the router's BGPPeer", []byte(l.bgpObjectsYAML())); err != nil {
+			return err
+		}
+	}
 	// No kubelet runs: the lab writes the endpoints of the example's Services.
 	if err := l.writeSlice(ctx, GroupNamespace, "web", l.Pods...); err != nil {
 		return err
