@@ -71,6 +71,7 @@ func TestSiteOverflow(t *testing.T) {
 		outB, inA, inB uint64
 		spilled        float64
 		firstSpill     time.Duration // from the load's start to b's first tunnel packet (-1: none in the ramp)
+		maxRatio       float64       // the highest spill ratio of b's edges after the ramp
 	}
 	counter := func(f func() (uint64, error)) uint64 {
 		t.Helper()
@@ -97,7 +98,14 @@ func TestSiteOverflow(t *testing.T) {
 		inA0 := counter(func() (uint64, error) { return s.Reasons(s.A, dataplane.ReasonSiteIn) })
 		inB0 := counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteIn) })
 		measured := time.Now()
-		time.Sleep(d - ramp)
+		for time.Since(start) < d {
+			for i := range s.B.Edges {
+				if r, err := s.B.Metric(i, "portico_site_spill_ratio"); err == nil {
+					ph.maxRatio = max(ph.maxRatio, r)
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
 		ph.atts = stream.Stop()
 		ph.fromB = int(counter(func() (uint64, error) { return s.NewFlows(s.B) }) - b0)
 		ph.outB = counter(func() (uint64, error) { return s.Reasons(s.B, dataplane.ReasonSiteOut) }) - out0
@@ -175,8 +183,8 @@ func TestSiteOverflow(t *testing.T) {
 	ph = load(100*time.Millisecond, 4*time.Second, time.Second)
 	// Exactly: no packet leaves b through a tunnel (the SYNs b's edges count
 	// include retransmissions, so served vs. directed is only an estimate).
-	t.Logf("low load (10 a second): the router sent b's edges %d SYNs, b's replicas served %d connections, b sent %d packets through the tunnel (%d failed)",
-		ph.fromB, ph.servedB, ph.outB, ph.failed)
+	t.Logf("low load (10 a second): the router sent b's edges %d SYNs, b's replicas served %d connections, b sent %d packets through the tunnel (%d failed); b's edges' spill ratio at most %.2f",
+		ph.fromB, ph.servedB, ph.outB, ph.failed, ph.maxRatio)
 	if ph.outB > 0 || ph.failed > 0 {
 		t.Errorf("below capacity, b still sent %d packets to a; %d new connections failed", ph.outB, ph.failed)
 		tunnel := capture.ShowBetween("ip proto 4 or ip6 proto 41", low, time.Now(), 40)
