@@ -227,16 +227,19 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop) && !(mv && (be->flags & BACKEND_F_DOWN) && in_history(ch, fv->backend_id)) &&
-			   !(sp = stale_pin(ctx, eth, &p, be))) {
+			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be)) &&
+			   !(mv && walked_pin(be) && in_history(ch, fv->backend_id))) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
 			 * frame from a director for one whose earlier ones were
 			 * asked, and one called down since is asked last). So is
-			 * a pin to a replica called down that the chain names: the
-			 * pin may be stale, made for an ended connection on the same
-			 * 5-tuple, its replica dead, and the walk asks the serving
+			 * a pin to a replica of this site that the chain names
+			 * (walked_pin), once this node's own stack said it has not
+			 * the connection (stale_pin): the pin may be stale, made for
+			 * an ended connection on the same 5-tuple, its replica dead
+			 * or without the new one (which would walk the chain from
+			 * its start, back to itself), and the walk asks the serving
 			 * replicas first and the pinned one in its turn. */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
