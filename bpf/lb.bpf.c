@@ -63,7 +63,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
-	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS;
+	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS, walked = 0;
 	__u32 fmark = 0, ftag = 0;
 	__u8 *th;
 
@@ -228,7 +228,7 @@ int xdp_lb(struct xdp_md *ctx)
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
 			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be)) &&
-			   !(mv && walked_pin(be) && in_history(ch, fv->backend_id))) {
+			   !(mv && walked_pin(be) && (walked = in_history(ch, fv->backend_id)))) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
@@ -291,11 +291,12 @@ int xdp_lb(struct xdp_md *ctx)
 			if (fv)
 				count(REASON_FLOW_REPICK, 0);
 			be = mv ? active_backend(pbid) : 0;
-			if (be && pbid != bid && (be->flags & BACKEND_F_SPILL)) {
+			if (be && pbid != bid && (be->flags & BACKEND_F_SPILL) && !walked) {
 				/* The slot spilled to another site before the change
 				 * (and does no longer, or to another edge): a TCP flow
 				 * here started there (older ones were pinned when the
-				 * slot began to spill), and stays. */
+				 * slot began to spill, and one that started here since
+				 * has its pin, which gave way to the walk), and stays. */
 				if (!tunneled && p.flow.proto == IPPROTO_TCP) {
 					bid = pbid;
 					pin = CACHE_PINNED;

@@ -340,8 +340,18 @@ func TestSpill(t *testing.T) {
 				n++
 				edges[a]++
 			}
-			if isSpilled(tcp4(p.SPort, xdptest.ACK).Bytes()) != sp {
-				t.Fatalf("flow %d: SYN spilled %v, its next packet not alike", p.SPort, sp)
+			// The handshake's ACK, and a packet after it that the flow
+			// cache does not answer (another CPU's, or after a ring
+			// change): the first follows new_pins, the next the pin it
+			// became.
+			for _, what := range []string{"next packet", "packet after that"} {
+				if isSpilled(tcp4(p.SPort, xdptest.ACK).Bytes()) != sp {
+					t.Fatalf("ratio %.1f: flow %d: SYN spilled %v, its %s not alike", ratio, p.SPort, sp, what)
+				}
+				dr.d.cfg.Generation++ // every CPU's cache retired, the pins kept
+				if err := dr.d.writeConfig(); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 		t.Logf("ratio %.1f: %d of %d new connections spilled, by edge %v", ratio, n, flows, edges)
@@ -428,6 +438,64 @@ func TestSpill(t *testing.T) {
 			t.Errorf("spill ratio %v to %v (tunnel %v) accepted", bad.Groups[0].SpillRatio, bad.Groups[0].Spill, bad.Tunnel)
 		}
 	}
+}
+
+// TestSpillTakenBack: a transition that starts at a spilling ring and takes
+// slots back. A packet with no pin in such a slot belongs to a connection that
+// spilled before the change, and stays at the other site; a connection opened
+// here since (its SYN followed the new ring, its handshake pinned it) stays
+// here, also when its pin gives way to the walk along its chain (a packet the
+// flow cache does not answer: another CPU's, or after a ring change).
+func TestSpillTakenBack(t *testing.T) {
+	dr := newDirector(t, "b")
+	bs := []Backend{r1, r2}
+	spillsAt := func(p xdptest.Packet, ratio float64) bool {
+		f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+		slot := int(FlowHash(f, testSeed) % testRing)
+		return slices.Contains(spillOrder(testRing)[:spillSlots(ratio, testRing)], slot)
+	}
+	isSpilled := func(p xdptest.Packet) bool {
+		t.Helper()
+		_, o, err := xdptest.Run(dr.d.Program(), p.Bytes())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, sp := spilled(o)
+		return sp
+	}
+	dr.apply(t, withSpill(here, []Remote{s1, s2}, 0.5, bs...))
+	dr.endTransitions(t)
+	dr.apply(t, withSpill(here, []Remote{s1, s2}, 0.2, bs...))
+	older, newer := 0, 0
+	for sport := uint16(20000); sport < 22000; sport++ {
+		if p := tcp4(sport, xdptest.ACK); !spillsAt(p, 0.5) || spillsAt(p, 0.2) {
+			continue
+		}
+		if sport%2 == 0 {
+			older++
+			if !isSpilled(tcp4(sport, xdptest.ACK)) {
+				t.Errorf("flow %d, spilled before its slot was taken back: its packet came back", sport)
+			}
+			continue
+		}
+		newer++
+		if isSpilled(tcp4(sport, xdptest.SYN)) {
+			t.Fatalf("flow %d: a SYN in a slot taken back spilled", sport)
+		}
+		for _, what := range []string{"handshake's ACK", "next packet"} {
+			if isSpilled(tcp4(sport, xdptest.ACK)) {
+				t.Errorf("flow %d, opened here after its slot was taken back: its %s spilled", sport, what)
+			}
+			dr.d.cfg.Generation++ // every CPU's cache retired, the pins kept
+			if err := dr.d.writeConfig(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if older == 0 || newer == 0 {
+		t.Fatalf("flows in slots taken back: %d older, %d newer", older, newer)
+	}
+	t.Logf("slots taken back: %d older connections stayed spilled, %d newer stayed here", older, newer)
 }
 
 // TestSitePeersBeforeTheFirstApply: a restarted agent takes tunnel traffic from
