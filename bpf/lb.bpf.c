@@ -63,7 +63,7 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
-	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS, walked = 0;
+	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS;
 	__u32 fmark = 0, ftag = 0;
 	__u8 *th;
 
@@ -227,19 +227,16 @@ int xdp_lb(struct xdp_md *ctx)
 			fv = 0;
 		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop) && !(sp = stale_pin(ctx, eth, &p, be)) &&
-			   !(mv && walked_pin(be) && (walked = in_history(ch, fv->backend_id)))) {
+			   !(mv && fv->hop) && !(mv && (be->flags & BACKEND_F_DOWN) && in_history(ch, fv->backend_id)) &&
+			   !(sp = stale_pin(ctx, eth, &p, be))) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
 			 * walked again, from its start (a replica along it takes a
 			 * frame from a director for one whose earlier ones were
 			 * asked, and one called down since is asked last). So is
-			 * a pin to a replica of this site that the chain names
-			 * (walked_pin), once this node's own stack said it has not
-			 * the connection (stale_pin): the pin may be stale, made for
-			 * an ended connection on the same 5-tuple, its replica dead
-			 * or without the new one (which would walk the chain from
-			 * its start, back to itself), and the walk asks the serving
+			 * a pin to a replica called down that the chain names: the
+			 * pin may be stale, made for an ended connection on the same
+			 * 5-tuple, its replica dead, and the walk asks the serving
 			 * replicas first and the pinned one in its turn. */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
@@ -291,12 +288,11 @@ int xdp_lb(struct xdp_md *ctx)
 			if (fv)
 				count(REASON_FLOW_REPICK, 0);
 			be = mv ? active_backend(pbid) : 0;
-			if (be && pbid != bid && (be->flags & BACKEND_F_SPILL) && !walked) {
+			if (be && pbid != bid && (be->flags & BACKEND_F_SPILL)) {
 				/* The slot spilled to another site before the change
 				 * (and does no longer, or to another edge): a TCP flow
 				 * here started there (older ones were pinned when the
-				 * slot began to spill, and one that started here since
-				 * has its pin, which gave way to the walk), and stays. */
+				 * slot began to spill), and stays. */
 				if (!tunneled && p.flow.proto == IPPROTO_TCP) {
 					bid = pbid;
 					pin = CACHE_PINNED;

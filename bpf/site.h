@@ -56,15 +56,6 @@ __attribute__((noinline)) int fill_history(struct chain *c, __u32 vip_id, __u32 
 }
 
 
-/* walked_pin reports whether a director's pin to be gives way, in a moved slot,
- * to a walk along the flow's chain when the chain names be: a pin to a replica of
- * this site (it may be stale, and the replica it names is asked in its turn), or
- * to another site's edge called down; a spilled flow's pin to a site holds. */
-static __always_inline int walked_pin(const struct backend *be)
-{
-	return !(be->flags & BACKEND_F_REMOTE) || (be->flags & BACKEND_F_DOWN);
-}
-
 /* in_history reports whether the rings of a flow's transition (c->h, filled)
  * name the replica id. A global function, verified once. */
 __attribute__((noinline)) int in_history(struct chain *c, __u32 id)
