@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.uber.org/zap/zaptest"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -212,7 +213,14 @@ func TestPeerObjectsAPIServer(t *testing.T) {
 	// label changes nothing here).
 	must(oc.peer("r2", v1alpha1.BGPPeerSpec{Address: "10.0.0.3", ASN: 65000,
 		NodeSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"rack": "r2"}}}}))
-	time.Sleep(time.Second) // time to act wrongly
+	// The agent took r2 in (its gauge counts it for other nodes) and left
+	// its peers alone.
+	testenv.Eventually(t, 10*time.Second, func() string {
+		if n := testutil.ToFloat64(po.met.objects.WithLabelValues(peerObjectOtherNodes)); n != 1 {
+			return fmt.Sprintf("portico_bgp_peer_objects{state=%q} = %v, want 1", peerObjectOtherNodes, n)
+		}
+		return ""
+	})
 	peersAre("r2 for other nodes", map[string]string{"10.0.0.1": "0", "10.0.0.2": "50"})
 	relabel := func(name, rack string) {
 		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
