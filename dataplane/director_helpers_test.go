@@ -40,6 +40,17 @@ func newModelDirector(t *testing.T, name string) director {
 	return director{name, d}
 }
 
+// retireCaches retires every CPU's flow cache (a new generation), keeping the
+// pins: the next packet of each flow takes the slow path, as one on another CPU
+// or after a ring change does.
+func (dr director) retireCaches(t *testing.T) {
+	t.Helper()
+	dr.d.cfg.Generation++
+	if err := dr.d.writeConfig(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func (dr director) apply(t *testing.T, want Desired) {
 	t.Helper()
 	if _, err := dr.d.Apply(want); err != nil {

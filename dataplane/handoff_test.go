@@ -283,8 +283,7 @@ func TestLocalConnectionSettles(t *testing.T) {
 		if v, out := run(elsewhere); v != xdptest.Pass {
 			t.Errorf("local connection, pinned to r4 (%s): verdict %s (to %s), want PASS", where, xdptest.VerdictName(v), net.HardwareAddr(out[0:6]))
 		}
-		dr.d.cfg.Generation++ // every CPU's cache retired, the pin kept
-		must(t, dr.d.writeConfig())
+		dr.retireCaches(t) // the pin kept
 	}
 
 	// A packet whose ACK this node's socket never sent for is another
@@ -378,8 +377,7 @@ func TestDownPin(t *testing.T) {
 	// After it, the director sends it to r2, marked, with r1's tag (its
 	// address ends in 0x000b).
 	dr.endTransitions(t)
-	dr.d.cfg.Generation++ // every CPU's flow cache retired, the pin kept
-	must(t, dr.d.writeConfig())
+	dr.retireCaches(t) // the pin kept
 	out = dr.run(t, "pinned to r1, called down", p.Bytes(), xdptest.TX)
 	want := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<8|int(lbLbLimitsLB_MARK_DOWNPIN)), 0x000b)
 	if !slices.Equal(out, want) {

@@ -292,6 +292,26 @@ func spilled(out []byte) (netip.Addr, bool) {
 	return netip.AddrFrom4([4]byte(out[30:34])), true
 }
 
+// spillsAt says whether a flow's slot spills at a ratio (the order Apply uses),
+// to choose flows; what xdp_lb does is what the tests check.
+func spillsAt(p xdptest.Packet, ratio float64) bool {
+	f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
+	slot := int(FlowHash(f, testSeed) % testRing)
+	return slices.Contains(spillOrder(testRing)[:spillSlots(ratio, testRing)], slot)
+}
+
+// spills runs a frame through the director and reports whether it went to the
+// other site.
+func (dr director) spills(t *testing.T, frame []byte) bool {
+	t.Helper()
+	_, out, err := xdptest.Run(dr.d.Program(), frame)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, sp := spilled(out)
+	return sp
+}
+
 // TestSpill: a site above its capacity spills the share of its ring's slots
 // that its ratio says, and only new connections move: a lower ratio keeps the
 // connections that spilled where they are, a higher one keeps the older ones
@@ -308,18 +328,9 @@ func TestSpill(t *testing.T) {
 	}
 	bs := []Backend{r1, r2}
 	const flows = 600
-	// spillsAt says whether a flow's slot spills at a ratio (the order Apply
-	// uses), to choose flows; what xdp_lb does is what is checked.
-	spillsAt := func(p xdptest.Packet, ratio float64) bool {
-		f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
-		slot := int(FlowHash(f, testSeed) % testRing)
-		return slices.Contains(spillOrder(testRing)[:spillSlots(ratio, testRing)], slot)
-	}
 	isSpilled := func(frame []byte) bool {
 		t.Helper()
-		_, o := run(frame)
-		_, sp := spilled(o)
-		return sp
+		return dr.spills(t, frame)
 	}
 	newConns := func(ratio float64, from uint16) {
 		t.Helper()
@@ -348,10 +359,7 @@ func TestSpill(t *testing.T) {
 				if isSpilled(tcp4(p.SPort, xdptest.ACK).Bytes()) != sp {
 					t.Fatalf("ratio %.1f: flow %d: SYN spilled %v, its %s not alike", ratio, p.SPort, sp, what)
 				}
-				dr.d.cfg.Generation++ // every CPU's cache retired, the pins kept
-				if err := dr.d.writeConfig(); err != nil {
-					t.Fatal(err)
-				}
+				dr.retireCaches(t)
 			}
 		}
 		t.Logf("ratio %.1f: %d of %d new connections spilled, by edge %v", ratio, n, flows, edges)
@@ -444,24 +452,14 @@ func TestSpill(t *testing.T) {
 // slots back. A packet with no pin in such a slot belongs to a connection that
 // spilled before the change, and stays at the other site; a connection opened
 // here since (its SYN followed the new ring, its handshake pinned it) stays
-// here, also when its pin gives way to the walk along its chain (a packet the
-// flow cache does not answer: another CPU's, or after a ring change).
+// here, also past the flow cache (another CPU's packet, or one after a ring
+// change): its pin, not the slot's past, decides.
 func TestSpillTakenBack(t *testing.T) {
 	dr := newDirector(t, "b")
 	bs := []Backend{r1, r2}
-	spillsAt := func(p xdptest.Packet, ratio float64) bool {
-		f := Flow{Src: p.Src, Dst: p.Dst, SPort: p.SPort, DPort: p.DPort, Protocol: p.Proto}
-		slot := int(FlowHash(f, testSeed) % testRing)
-		return slices.Contains(spillOrder(testRing)[:spillSlots(ratio, testRing)], slot)
-	}
 	isSpilled := func(p xdptest.Packet) bool {
 		t.Helper()
-		_, o, err := xdptest.Run(dr.d.Program(), p.Bytes())
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, sp := spilled(o)
-		return sp
+		return dr.spills(t, p.Bytes())
 	}
 	dr.apply(t, withSpill(here, []Remote{s1, s2}, 0.5, bs...))
 	dr.endTransitions(t)
@@ -486,10 +484,7 @@ func TestSpillTakenBack(t *testing.T) {
 			if isSpilled(tcp4(sport, xdptest.ACK)) {
 				t.Errorf("flow %d, opened here after its slot was taken back: its %s spilled", sport, what)
 			}
-			dr.d.cfg.Generation++ // every CPU's cache retired, the pins kept
-			if err := dr.d.writeConfig(); err != nil {
-				t.Fatal(err)
-			}
+			dr.retireCaches(t)
 		}
 	}
 	if older == 0 || newer == 0 {
