@@ -214,9 +214,13 @@ func TestPeerObjectsAPIServer(t *testing.T) {
 	must(oc.peer("r2", v1alpha1.BGPPeerSpec{Address: "10.0.0.3", ASN: 65000,
 		NodeSelectors: []metav1.LabelSelector{{MatchLabels: map[string]string{"rack": "r2"}}}}))
 	// The agent took r2 in (its gauge counts it for other nodes) and left
-	// its peers alone.
+	// its peers alone: sync sets the gauge and applies the peers under po.mu,
+	// so a gauge read under it comes after that sync's apply.
 	testenv.Eventually(t, 10*time.Second, func() string {
-		if n := testutil.ToFloat64(po.met.objects.WithLabelValues(peerObjectOtherNodes)); n != 1 {
+		po.mu.Lock()
+		n := testutil.ToFloat64(po.met.objects.WithLabelValues(peerObjectOtherNodes))
+		po.mu.Unlock()
+		if n != 1 {
 			return fmt.Sprintf("portico_bgp_peer_objects{state=%q} = %v, want 1", peerObjectOtherNodes, n)
 		}
 		return ""
