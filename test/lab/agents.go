@@ -82,10 +82,40 @@ func (a *Agent) Kill(sig syscall.Signal, timeout time.Duration) error {
 	case <-a.done:
 		return nil
 	case <-time.After(timeout):
-		a.cmd.Process.Kill()
-		<-a.done
-		return fmt.Errorf("agent on %s did not exit within %v of %v", a.Edge.Name, timeout, sig)
+		// SIGQUIT first: the Go runtime writes every goroutine's stack to the
+		// agent's log (printed when the test fails), which says where it waited.
+		a.cmd.Process.Signal(syscall.SIGQUIT)
+		select {
+		case <-a.done:
+		case <-time.After(3 * time.Second):
+			a.cmd.Process.Kill()
+			<-a.done
+		}
+		return fmt.Errorf("agent on %s did not exit within %v of %v; its goroutines then, Portico's frames:\n%s", a.Edge.Name, timeout, sig, ownFrames(a.Log()))
 	}
+}
+
+// ownFrames shortens the goroutine dump at the end of an agent's log (SIGQUIT)
+// to each goroutine's header and the functions of this module it was in.
+func ownFrames(log string) string {
+	i := strings.LastIndex(log, "SIGQUIT: quit")
+	if i < 0 {
+		return "(no goroutine dump in the log)"
+	}
+	var b strings.Builder
+	for _, g := range strings.Split(log[i:], "\n\n")[1:] {
+		lines := strings.Split(g, "\n")
+		var own []string
+		for _, l := range lines[1:] {
+			if strings.HasPrefix(l, "github.com/portico-edge/portico/") {
+				own = append(own, strings.TrimPrefix(l[:strings.LastIndexByte(l, '(')+1], "github.com/portico-edge/portico/")+")")
+			}
+		}
+		if len(own) > 0 {
+			fmt.Fprintf(&b, "%s %s\n", lines[0], strings.Join(own, " < "))
+		}
+	}
+	return b.String()
 }
 
 // agentClient sends requests to edge i's agent (its metrics address) from
