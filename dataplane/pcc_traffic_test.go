@@ -140,14 +140,19 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 	}
 	f.history = append(f.history, fmt.Sprintf("%s%s: %s", what, lag, trip))
 	class := ""
-	most := trip.mostForwards()
-	if most > 1 {
+	most, pinWalk := trip.mostForwards(w.director(f), pinned)
+	switch {
+	case most > 1:
 		w.stats.twice++
+	case pinWalk:
+		w.stats.pinWalks++
 	}
 	switch {
 	case most > 1:
 		// Along the walk an edge sends a packet on once; the director's tag
-		// keeps the walk from coming back to it (bpf/README.md).
+		// keeps the walk from coming back to it (bpf/README.md). The one
+		// exception is the replica a director's pin named, when its stack
+		// does not have the connection (pinWalk).
 		class = "forwarded-twice"
 	case (trip.end == pccDropped || trip.end == pccLost) && w.late >= 0 && what != "last packet":
 		// Sent while one node had not applied a change: its rings differ
@@ -336,17 +341,26 @@ func (tr pccTrip) String() string {
 }
 
 // mostForwards is how many times the node that sent the frame on most often
-// did (XDP_TX), director included.
-func (tr pccTrip) mostForwards() int {
+// did (XDP_TX), director included; but for the replica the director's pin named
+// (pinned, -1 for none), the frame's second hop, whose first sending on is not
+// counted: its stack did not have the connection (the pin outlived one that
+// ended there, and the client reused the port), and a pin gives no place in the
+// walk's order, so it walked the frame from the chain's start, and the walk may
+// bring it back once (bpf/README.md, "Limits"). pinWalk says it did.
+func (tr pccTrip) mostForwards(director, pinned int) (most int, pinWalk bool) {
 	sent := map[int]int{}
-	most := 0
-	for _, h := range tr.hops {
-		if h.verdict == xdptest.TX {
-			sent[h.node]++
-			most = max(most, sent[h.node])
+	for i, h := range tr.hops {
+		if h.verdict != xdptest.TX {
+			continue
 		}
+		if i == 1 && h.node == pinned && tr.hops[0].node == director {
+			continue
+		}
+		sent[h.node]++
+		most = max(most, sent[h.node])
+		pinWalk = pinWalk || (h.node == pinned && len(tr.hops) > 1 && tr.hops[1].node == pinned && tr.hops[0].node == director)
 	}
-	return most
+	return most, pinWalk
 }
 
 // deliver runs a frame through node to's xdp_lb and on through every node it

@@ -75,6 +75,7 @@ type pccFlow struct {
 type pccStats struct {
 	events, skewed, restarts, rolls, flows, ended, reused, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost, stalePinLost int
 	twice                                                                                                                                        int // packets one edge sent on twice
+	pinWalks                                                                                                                                     int // packets the replica a director's pin named sent on twice (bpf/README.md)
 }
 
 func (s *pccStats) add(o pccStats) {
@@ -89,6 +90,7 @@ func (s *pccStats) add(o pccStats) {
 	s.ended += o.ended
 	s.stalePinLost += o.stalePinLost
 	s.twice += o.twice
+	s.pinWalks += o.pinWalks
 	s.reused += o.reused
 	s.synLost += o.synLost
 	s.synRefused += o.synRefused
@@ -97,8 +99,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked (%d sent on twice by one edge: none may be), %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
-		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.twice, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked (%d sent on twice by one edge: none may be, but for %d by the replica a director's stale pin named, which walked them from the chain's start), %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
+		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.twice, s.pinWalks, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
 }
 
 // pccFailure is a packet that broke its connection.
