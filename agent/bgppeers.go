@@ -29,6 +29,7 @@ import (
 
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/bgp"
+	"github.com/portico-edge/portico/internal/shutdown"
 )
 
 // BGP peers from objects: beside the peers of its --bgp-config file, each agent
@@ -269,9 +270,7 @@ func (po *peerObjects) run(ctx context.Context, client kubernetes.Interface, dyn
 	df.Start(ctx.Done())
 	sf.Start(ctx.Done())
 	nf.Start(ctx.Done())
-	defer df.Shutdown()
-	defer sf.Shutdown()
-	defer nf.Shutdown()
+	defer shutdown.Informers(po.log, df, sf, nf)
 
 	// The objects join once everything is listed (a BGPPeer whose Secret is
 	// not listed yet would be refused for nothing). Without the CRDs (an

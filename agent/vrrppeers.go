@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/portico-edge/portico/api/agentstatus"
+	"github.com/portico-edge/portico/internal/shutdown"
 )
 
 // VRRP by unicast (as keepalived's unicast_peer): a group's agents send their
@@ -120,7 +121,7 @@ func followPeers(ctx context.Context, client kubernetes.Interface, ns string, v 
 		return err
 	}
 	f.Start(ctx.Done())
-	defer f.Shutdown()
+	defer shutdown.Informers(log, f)
 	wait := time.AfterFunc(peerWait, func() {
 		if v.setPeers(ctx, nil, peersMulticast, true) {
 			log.Warn("this node's status Lease was not seen: vrrp starts on multicast, accepting adverts from any source, until the group's peers are known",

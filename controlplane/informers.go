@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/portico-edge/portico/api/v1alpha1"
+	"github.com/portico-edge/portico/internal/shutdown"
 )
 
 // watchCluster adds the informers of what every build reads: IngressClasses,
@@ -142,14 +143,16 @@ func (c *Controller) startInformers(ctx context.Context) (stop func()) {
 		}
 	}
 	return func() {
+		var fs []shutdown.Factory
 		for _, f := range c.factories {
-			f.Shutdown()
+			fs = append(fs, f)
 		}
 		for _, f := range []dynamicinformer.DynamicSharedInformerFactory{c.dynFactory, c.poolFactory} {
 			if f != nil {
-				f.Shutdown()
+				fs = append(fs, f)
 			}
 		}
+		shutdown.Informers(c.log, fs...)
 	}
 }
 

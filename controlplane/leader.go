@@ -30,7 +30,7 @@ func (c *Controller) elect(ctx context.Context) {
 	for ctx.Err() == nil {
 		le, err := leaderelection.NewLeaderElector(leaderelection.LeaderElectionConfig{
 			Lock: lock, LeaseDuration: c.cfg.LeaseDuration, RenewDeadline: c.cfg.RenewDeadline, RetryPeriod: c.cfg.RetryPeriod,
-			ReleaseOnCancel: c.cfg.ReleaseOnCancel, Name: c.cfg.LeaseName,
+			Name: c.cfg.LeaseName, // no ReleaseOnCancel: releaseLease does it, bounded (below)
 			Callbacks: leaderelection.LeaderCallbacks{
 				OnStartedLeading: func(context.Context) {
 					c.log.Info("became leader", zap.String("identity", c.cfg.Identity))
@@ -60,10 +60,13 @@ func (c *Controller) elect(ctx context.Context) {
 	}
 }
 
-// releaseLease gives the Lease up if this instance still holds it. client-go's
-// own release (ReleaseOnCancel) is best effort: a renewal cut short by the
-// cancellation may have reached the API server, and the release then fails on
-// the stale resourceVersion, leaving a successor to wait out LeaseDuration.
+// releaseLease gives the Lease up if this instance still holds it, within 2 s.
+// client-go's own release (ReleaseOnCancel) is not used: it is best effort (a
+// renewal cut short by the cancellation may have reached the API server, and
+// the release then fails on the stale resourceVersion, leaving a successor to
+// wait out LeaseDuration), and it waits up to RenewDeadline (10 s) for an API
+// server that may be gone: an agent whose site's API server was down took more
+// than 10 s to exit on SIGTERM (TestIntegrationLeaderStopsWithAPIDown).
 func (c *Controller) releaseLease() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
