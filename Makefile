@@ -132,7 +132,7 @@ clean: ## remove build output
 kapi: ## build the real kube-apiserver + etcd for integration tests (cached by version)
 	@hack/kapi.sh >/dev/null
 
-kube: ## build kubelet, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~7.5 min cold)
+kube: ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~8.5 min cold)
 	@hack/kube.sh >/dev/null
 
 cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)

@@ -61,7 +61,7 @@ func TestIntegrationVIPAllocation(t *testing.T) {
 			if err != nil {
 				return err.Error()
 			}
-			return cmp.Diff([]corev1.LoadBalancerIngress{{IP: "198.51.100.4", IPMode: ptr(corev1.LoadBalancerIPModeVIP)}}, s.Status.LoadBalancer.Ingress)
+			return cmp.Diff([]corev1.LoadBalancerIngress{{IP: "198.51.100.4", IPMode: ptr(corev1.LoadBalancerIPModeProxy)}}, s.Status.LoadBalancer.Ingress)
 		})
 	})
 	t.Run("VRIDs allocated, unique", func(t *testing.T) {

@@ -111,8 +111,12 @@ func onlyOurVIPs(lb []networkingv1.IngressLoadBalancerIngress, vips map[string]b
 func lbIngress(vips []netip.Addr) []corev1.LoadBalancerIngress {
 	var out []corev1.LoadBalancerIngress
 	for _, a := range vips {
-		// The API server defaults ipMode to VIP; say so, or every sync would differ.
-		out = append(out, corev1.LoadBalancerIngress{IP: a.String(), IPMode: ptrTo(corev1.LoadBalancerIPModeVIP)})
+		// ipMode Proxy (KEP-1860): the traffic must reach the edges. With VIP
+		// (the API server's default), kube-proxy and the replacements that
+		// read it take packets to the address on every node where they run,
+		// in PREROUTING, straight to the Service's endpoints: around the edges'
+		// nginx, its PROXY header and the data plane's consistent hashing.
+		out = append(out, corev1.LoadBalancerIngress{IP: a.String(), IPMode: ptrTo(corev1.LoadBalancerIPModeProxy)})
 	}
 	return out
 }

@@ -68,7 +68,7 @@ func Available() error {
 	if err := kapi.Available(); err != nil {
 		return err
 	}
-	for _, b := range []string{"kubelet", "kube-controller-manager", "kube-scheduler"} {
+	for _, b := range []string{"kubelet", "kube-proxy", "kube-controller-manager", "kube-scheduler"} {
 		if st, err := os.Stat(filepath.Join(BinDir(), b)); err != nil || st.Mode()&0o111 == 0 {
 			return fmt.Errorf("%s not built (run make kube)", b)
 		}

@@ -22,9 +22,11 @@ import (
 	"github.com/portico-edge/portico/test/testenv"
 )
 
-// hostSysctls are the host-wide entries the kubelet would write; the nodes must leave
-// them alone.
-var hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"}
+// hostSysctls are the host-wide entries the kubelet and kube-proxy would write
+// (kube-proxy: the conntrack table's size, which every network namespace shares);
+// the nodes must leave them alone.
+var hostSysctls = []string{"vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+	"net/netfilter/nf_conntrack_max", "net/netfilter/nf_conntrack_buckets"}
 
 func readSysctls(t *testing.T) map[string]string {
 	t.Helper()
@@ -215,6 +217,26 @@ func TestCluster(t *testing.T) {
 				t.Errorf("pod %s answered %q, want %q…", p.Name, body, want)
 			}
 		}
+		// kube-proxy on every node: the Service's cluster IP answers from each
+		// node, once its rules are written.
+		got, err := kube.CoreV1().Services("default").Get(ctx, svc.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range c.Nodes {
+			hc := HTTPClient(n.Net.NS, 2*time.Second)
+			testenv.Eventually(t, 30*time.Second, func() string {
+				body, err := get(hc, fmt.Sprintf("http://%s/", got.Spec.ClusterIP))
+				if err != nil {
+					return fmt.Sprintf("cluster IP %s from %s: %v", got.Spec.ClusterIP, n.Name, err)
+				}
+				if !strings.HasPrefix(body, "pod=echo") {
+					return fmt.Sprintf("cluster IP %s from %s answered %q", got.Spec.ClusterIP, n.Name, body)
+				}
+				return ""
+			})
+		}
+		t.Logf("the Service's cluster IP %s answers from every node (kube-proxy)", got.Spec.ClusterIP)
 	})
 
 	t.Run("NodeDies", func(t *testing.T) {

@@ -40,6 +40,10 @@ func (c *Cluster) startControlPlane(ctx context.Context) error {
 		c.tokens[name] = "node-" + randomHex(16)
 		tokens = append(tokens, fmt.Sprintf("%s,system:node:%s,%s,system:nodes", c.tokens[name], name, name))
 	}
+	// kube-proxy's identity: the API server's bootstrap policy binds
+	// system:node-proxier to the user system:kube-proxy.
+	c.tokens[kubeProxyUser] = "kube-proxy-" + randomHex(16)
+	tokens = append(tokens, fmt.Sprintf("%s,%s,%s", c.tokens[kubeProxyUser], kubeProxyUser, kubeProxyUser))
 	tokenFile := filepath.Join(c.Dir, "tokens.csv")
 	if err := os.WriteFile(tokenFile, []byte(strings.Join(tokens, "\n")+"\n"), 0o600); err != nil {
 		return fmt.Errorf("write token file: %w", err)

@@ -19,9 +19,11 @@ var (
 	// Prefix6 is the bridge's IPv6 subnet: the client and every node have an
 	// address on it, so IPv6 VIPs of the segment are reached on-link.
 	Prefix6 = netip.MustParsePrefix("fd00:251::/64")
-	// ServiceCIDR is the Service cluster-IP range (no kube-proxy runs: cluster IPs
-	// are names, not reachable addresses).
+	// ServiceCIDR is the Service cluster-IP range; kube-proxy on each node makes
+	// cluster IPs reachable from the node and its pods.
 	ServiceCIDR = netip.MustParsePrefix("10.0.0.0/24")
+	// PodRange holds every node's PodCIDR (kube-proxy's clusterCIDR).
+	PodRange = netip.MustParsePrefix("10.252.0.0/16")
 )
 
 const (
@@ -56,8 +58,16 @@ func PodCIDR(i int) netip.Prefix {
 func mac(b byte) net.HardwareAddr { return net.HardwareAddr{0x02, 0x70, 0x63, 0, 0, b} }
 
 // routePods routes each node's pod range to the node, in the switch, the client and
-// the other nodes, so pods are reachable from every namespace of the lab.
+// the other nodes, so pods are reachable from every namespace of the lab; and the
+// Service range out of each node's eth0, as a node's default route would (the
+// nodes have none): kube-proxy rewrites a packet to a cluster IP in OUTPUT, after
+// the route lookup, which must find one.
 func (c *Cluster) routePods() error {
+	for _, n := range c.Nodes {
+		if err := netlab.IP("-n", n.Net.NS, "route", "add", ServiceCIDR.String(), "dev", "eth0"); err != nil {
+			return err
+		}
+	}
 	for _, n := range c.Nodes {
 		via := n.IP.String()
 		nss := []string{c.Net.Switch, c.Client.NS}

@@ -21,7 +21,7 @@ import (
 
 // Node is one kubelet node: a network namespace on the bridge (its name is the node's
 // name and hostname), a mount and UTS namespace held by a sleeping process, and the
-// node's containerd and kubelet inside them.
+// node's containerd, kubelet and kube-proxy inside them.
 type Node struct {
 	Name    string // Kubernetes node name = hostname = network namespace
 	IP      netip.Addr
@@ -33,7 +33,11 @@ type Node struct {
 	holder     *proc    // PID 1 of nothing: keeps the mount and UTS namespaces
 	containerd *proc
 	kubelet    *proc
+	kubeProxy  *proc
 }
+
+// kubeProxyUser is kube-proxy's user name (its static token's).
+const kubeProxyUser = "system:kube-proxy"
 
 func (c *Cluster) nodeName(i int) string { return fmt.Sprintf("%sn%d", c.Prefix, i) }
 
@@ -177,9 +181,29 @@ evictionHard: {memory.available: "100Mi", nodefs.available: "1%%", imagefs.avail
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 `, n.Name, n.socket(), filepath.Join(n.Dir, "manifests"), filepath.Join(n.Dir, "pod-logs"), n.IP),
+		// Kubernetes' own Service proxy, as a kubeadm node runs it: iptables
+		// mode, in the node's network namespace. The conntrack settings it
+		// would write (nf_conntrack_max, the hash size) are host-wide here:
+		// zero leaves them as they are; the timeouts are the kernel's.
+		"kube-proxy.yaml": fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: %[1]q}
+hostnameOverride: %[2]s
+bindAddress: %[3]s
+clusterCIDR: %[4]s
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack: {maxPerCore: 0, min: 0, tcpEstablishedTimeout: 0s, tcpCloseWaitTimeout: 0s, udpTimeout: 0s, udpStreamTimeout: 0s}
+# route_localnet would be set for NodePorts on 127.0.0.1: not needed.
+iptables: {localhostNodePorts: false}
+`, filepath.Join(n.Dir, "kube-proxy.kubeconfig"), n.Name, n.IP, PodRange),
 	}
 	server := fmt.Sprintf("https://%s:%d", APIAddr, apiPort)
 	if err := writeKubeconfig(filepath.Join(n.Dir, "kubelet.kubeconfig"), server, c.pki.CACert, "system:node:"+n.Name, c.tokens[n.Name]); err != nil {
+		return err
+	}
+	if err := writeKubeconfig(filepath.Join(n.Dir, "kube-proxy.kubeconfig"), server, c.pki.CACert, kubeProxyUser, c.tokens[kubeProxyUser]); err != nil {
 		return err
 	}
 	for name, text := range files {
@@ -269,6 +293,11 @@ func (c *Cluster) startNode(ctx context.Context, n *Node) error {
 		n.inNode(filepath.Join(BinDir(), "kubelet"), "--config", filepath.Join(n.Dir, "kubelet.yaml"),
 			"--kubeconfig", filepath.Join(n.Dir, "kubelet.kubeconfig"), "--root-dir", filepath.Join(n.Dir, "kubelet"),
 			"--cert-dir", filepath.Join(n.Dir, "pki"), "--hostname-override", n.Name, "--node-ip", n.IP.String(), "-v=1")...)
+	if err != nil {
+		return err
+	}
+	n.kubeProxy, err = spawn(n.Name+" kube-proxy", filepath.Join(n.Dir, "kube-proxy.log"),
+		n.inNode(filepath.Join(BinDir(), "kube-proxy"), "--config", filepath.Join(n.Dir, "kube-proxy.yaml"), "-v=1")...)
 	return err
 }
 
@@ -291,6 +320,7 @@ func (n *Node) Exec(argv ...string) (string, error) {
 // Close.
 func (c *Cluster) Kill(n *Node) error {
 	n.kubelet.kill()
+	n.kubeProxy.kill()
 	n.containerd.kill()
 	return netlab.IP("-n", c.Net.Switch, "link", "set", n.Net.Port, "down")
 }
@@ -300,6 +330,7 @@ func (c *Cluster) Kill(n *Node) error {
 // removes the node's cgroups.
 func (n *Node) stop() error {
 	n.kubelet.kill()
+	n.kubeProxy.kill()
 	n.containerd.kill()
 	var errs []error
 	if err := n.killCgroups(5 * time.Second); err != nil {

@@ -95,6 +95,7 @@ func TestPortico(t *testing.T) {
 		t.Fatal(err)
 	}
 
+	t.Run("BesideKubeProxy", func(t *testing.T) { testBesideKubeProxy(t, ctx, p, worker) })
 	t.Run("InstallThenOwnerDies", func(t *testing.T) { testInstallThenOwnerDies(t, ctx, p) })
 	// The edge that gets drained also runs backends, so the drain evicts pods
 	// through the real EndpointSlice controller too: a surviving edge that
