@@ -45,10 +45,12 @@ const (
 
 // BuildPorticoImage builds Portico's image from the repository at root as make image
 // does (go run ./build/image), named PorticoRepository:tag, into dir, and returns
-// the OCI archive every node can import (Options.Images).
-func BuildPorticoImage(ctx context.Context, root, dir, tag string) (string, error) {
+// the OCI archive every node can import (Options.Images); env is added to the
+// build's environment.
+func BuildPorticoImage(ctx context.Context, root, dir, tag string, env ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, "go", "run", "./build/image", "-name", PorticoRepository+":"+tag, "-out", dir)
 	cmd.Dir = root
+	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return "", fmt.Errorf("build the image: %w: %s", err, out)
 	}
@@ -72,6 +74,7 @@ func HelmBinary(root string) (string, error) {
 // PorticoOptions say how to install Portico.
 type PorticoOptions struct {
 	Root  string  // the repository: its chart and hack/helm.sh
+	Chart string  // the chart to install, if not Root's (an earlier release's)
 	Tag   string  // the image tag (PorticoRepository:Tag), imported on every node
 	Edges []*Node // the edge nodes: labelled and tainted EdgeLabel
 	Set   []string
@@ -100,9 +103,9 @@ type Portico struct {
 // InstallPortico labels and taints the edge nodes and installs the chart with helm,
 // as the README's quick start says, with the lab's values: the nodes' NIC
 // eth0, GroupVIP and VIPPool, the image imported on the nodes (never pulled), and the
-// API server's address (the lab runs no kube-proxy, so the in-cluster Service address
-// goes nowhere). It returns when every agent and the controller are ready and the
-// VIP answers.
+// API server's address (the in-cluster Service address
+// is kube-proxy's, which an edge should not need to reach its API server). It
+// returns when every agent and the controller are ready and the VIP answers.
 func (c *Cluster) InstallPortico(ctx context.Context, o PorticoOptions) (*Portico, error) {
 	helm, err := HelmBinary(o.Root)
 	if err != nil {
@@ -120,7 +123,11 @@ func (c *Cluster) InstallPortico(ctx context.Context, o PorticoOptions) (*Portic
 			return nil, err
 		}
 	}
-	args := []string{"install", "portico", filepath.Join(o.Root, "deploy/helm/portico"), "-n", PorticoNamespace, "--create-namespace",
+	chart := o.Chart
+	if chart == "" {
+		chart = filepath.Join(o.Root, "deploy/helm/portico")
+	}
+	args := []string{"install", "portico", chart, "-n", PorticoNamespace, "--create-namespace",
 		"--set", "iface=eth0", "--set", "group.vip=" + GroupVIP.String() + `\,` + GroupVIP6.String(), "--set", "vipPool=" + VIPPool.String(),
 		"--set", fmt.Sprintf("apiServer=https://%s:%d", APIAddr, apiPort),
 		"--set", "image.repository=" + PorticoRepository, "--set", "image.tag=" + o.Tag, "--set", "image.pullPolicy=Never"}
