@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -23,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
+	sigsyaml "sigs.k8s.io/yaml"
 
 	"github.com/portico-edge/portico/agent"
 	"github.com/portico-edge/portico/api/bgpfile"
@@ -581,4 +583,44 @@ func hashSeed(ctx context.Context, t *testing.T, cs kubernetes.Interface) string
 		t.Errorf("flow hash seed %q: %v", v, err)
 	}
 	return v
+}
+
+// TestChartRendersWithoutLaterSections: helm upgrade --reuse-values renders the
+// new chart with the old release's values alone, without the new chart's
+// defaults, so a section an earlier release did not have is missing then (an
+// upgrade from before bgpObjects failed: "nil pointer evaluating interface
+// {}.bfdProfiles", TestUpgradeFromPrevious). Every section of values.yaml but
+// those of the chart's first version, removed (--set key=null), must still
+// render; the sections off or empty by default render as their defaults do.
+func TestChartRendersWithoutLaterSections(t *testing.T) {
+	helm := helmBinary(t)
+	// The top-level values of the chart's first version (226e0b5): every
+	// release has them.
+	first := []string{"createNamespace", "image", "iface", "vipPool", "group", "vrrp", "liveness", "resources",
+		"nodeSelector", "tolerations", "priorityClassName", "updateStrategy"}
+	var values map[string]any
+	if err := sigsyaml.Unmarshal(readFile(t, filepath.Join(chart, "values.yaml")), &values); err != nil {
+		t.Fatal(err)
+	}
+	seed := []string{"--set-string", "hashSeed=00000001"} // drawn at each render otherwise
+	want := string(run(t, nil, helm, append([]string{"template", "portico", chart}, seed...)...))
+	later := 0
+	for _, k := range slices.Sorted(maps.Keys(values)) {
+		if slices.Contains(first, k) || k == "hashSeed" {
+			continue
+		}
+		later++
+		t.Run(k, func(t *testing.T) {
+			out, err := exec.Command(helm, append([]string{"template", "portico", chart, "--set", k + "=null"}, seed...)...).CombinedOutput()
+			if err != nil {
+				t.Fatalf("helm template --set %s=null: %v\n%s", k, err, out)
+			}
+			if (k == "metrics" || k == "bgpObjects") && string(out) != want {
+				t.Errorf("helm template --set %s=null renders otherwise than the defaults (off or empty)", k)
+			}
+		})
+	}
+	if later < 10 {
+		t.Errorf("%d sections later than the first chart's, want the 20 or so of values.yaml", later)
+	}
 }

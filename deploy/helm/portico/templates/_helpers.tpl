@@ -34,8 +34,8 @@ namespaces), so the controller's statuses and refusals are what the edges serve.
 # Where those DaemonSets' agents run, and on which NIC: the operator's, never what
 # a claim asks (its agents are privileged hostNetwork pods; a claim's node selector
 # may narrow values.yaml claims.nodeSelector).
-- --claim-iface={{ .Values.claims.iface | default .Values.iface }}
-{{- with .Values.claims.nodeSelector }}
+- --claim-iface={{ dig "claims" "iface" "" .Values.AsMap | default .Values.iface }}
+{{- with dig "claims" "nodeSelector" dict .Values.AsMap }}
 - --claim-node-selector={{ $parts := list }}{{ range $k, $v := . }}{{ $parts = append $parts (printf "%s=%s" $k $v) }}{{ end }}{{ join "," $parts }}
 {{- end }}
 # Prometheus /metrics and the /healthz, /readyz probes below (the agents' port is
