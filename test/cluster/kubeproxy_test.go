@@ -2,7 +2,10 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
 
@@ -33,12 +37,24 @@ func testBesideKubeProxy(t *testing.T, ctx context.Context, p *Portico, worker *
 			t.Errorf("hold Service status %s: ipMode %v, want Proxy", in.IP, in.IPMode)
 		}
 	}
-	rules, err := worker.Exec("iptables-save", "-t", "nat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(rules, "KUBE-SERVICES") || !strings.Contains(rules, svc.Spec.ClusterIP+"/32") {
-		t.Fatalf("kube-proxy's rules on %s lack the hold Service's cluster IP %s:\n%s", worker.Name, svc.Spec.ClusterIP, rules)
+	// kube-proxy writes a Service's NAT rules once it has ready endpoints.
+	var rules string
+	if _, err := testenv.Poll(ctx, 30*time.Second, 500*time.Millisecond, func() error {
+		rules, err = worker.Exec("iptables-save", "-t", "nat")
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(rules, "KUBE-SERVICES") || !strings.Contains(rules, svc.Spec.ClusterIP+"/32") {
+			return fmt.Errorf("kube-proxy's NAT rules on %s lack the hold Service's cluster IP %s", worker.Name, svc.Spec.ClusterIP)
+		}
+		return nil
+	}); err != nil {
+		filter, _ := worker.Exec("iptables-save", "-t", "filter")
+		log, _ := os.ReadFile(filepath.Join(worker.Dir, "kube-proxy.log"))
+		if len(log) > 6000 {
+			log = log[len(log)-6000:]
+		}
+		t.Fatalf("%v\nNAT:\n%s\nfilter:\n%s\nkube-proxy's log (tail):\n%s", err, rules, filter, log)
 	}
 	if strings.Contains(rules, HoldVIP.String()) {
 		t.Errorf("kube-proxy's rules on %s name the VIP %s (ipMode Proxy: they must not)", worker.Name, HoldVIP)
