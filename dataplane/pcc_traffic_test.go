@@ -348,19 +348,16 @@ func (tr pccTrip) String() string {
 // walk's order, so it walked the frame from the chain's start, and the walk may
 // bring it back once (bpf/README.md, "Limits"). pinWalk says it did.
 func (tr pccTrip) mostForwards(director, pinned int) (most int, pinWalk bool) {
+	restart := len(tr.hops) > 1 && tr.hops[0].node == director && tr.hops[1].node == pinned
 	sent := map[int]int{}
 	for i, h := range tr.hops {
-		if h.verdict != xdptest.TX {
-			continue
-		}
-		if i == 1 && h.node == pinned && tr.hops[0].node == director {
+		if h.verdict != xdptest.TX || restart && i == 1 {
 			continue
 		}
 		sent[h.node]++
 		most = max(most, sent[h.node])
-		pinWalk = pinWalk || (h.node == pinned && len(tr.hops) > 1 && tr.hops[1].node == pinned && tr.hops[0].node == director)
 	}
-	return most, pinWalk
+	return most, restart && tr.hops[1].verdict == xdptest.TX && sent[pinned] > 0
 }
 
 // deliver runs a frame through node to's xdp_lb and on through every node it
