@@ -252,7 +252,7 @@ func (l *Lab) bgpConfig() (string, error) {
 	fmt.Fprintf(&b, "asn: %d\nwithdrawAfter: 3s\n", edgeASN)
 	if l.bgp.PeerObjects {
 		b.WriteString("peers: [] # the BGPPeer objects (bgpObjectsYAML)\n")
-		return p, os.WriteFile(p, []byte(b.String()), 0o644)
+		return p, writeAtomically(p, b.String())
 	}
 	if l.bgp.BFD > 0 {
 		fmt.Fprintf(&b, "bfdProfiles:\n- {name: lab, transmitInterval: %s, receiveInterval: %s, detectMultiplier: %d}\n", l.bgp.BFD, l.bgp.BFD, l.bgp.bfdMultiplier())
@@ -264,7 +264,33 @@ func (l *Lab) bgpConfig() (string, error) {
 	if l.bgp.Password != "" {
 		fmt.Fprintf(&b, "  password: %q\n", l.bgp.Password)
 	}
-	return p, os.WriteFile(p, []byte(b.String()), 0o644)
+	return p, writeAtomically(p, b.String())
+}
+
+// writeAtomically replaces the file at p by one with text (a rename), so that an
+// agent starting beside the one that writes it never reads it half written:
+// each agent's start writes the lab's one BGP file (an agent that read it
+// truncated stopped with "asn 0 is not a usable AS number").
+func writeAtomically(p, text string) error {
+	tmp, err := os.CreateTemp(filepath.Dir(p), filepath.Base(p)+".*")
+	if err != nil {
+		return err
+	}
+	if _, err := tmp.WriteString(text); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		os.Remove(tmp.Name())
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		os.Remove(tmp.Name())
+		return err
+	}
+	return os.Rename(tmp.Name(), p)
 }
 
 // routerASN is the lab's router's AS.
