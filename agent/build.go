@@ -6,6 +6,7 @@ import (
 	"github.com/portico-edge/portico/api/agentstatus"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -104,6 +105,7 @@ func (a *agent) buildNginx() error {
 	ropts.HTTPPort, ropts.HTTPSPort, ropts.StatusPort = cfg.HTTPPort, cfg.HTTPSPort, cfg.StatusPort
 	ropts.LivenessPort, ropts.LivenessAddr = cfg.LivenessPort, cfg.NodeIP
 	ropts.DrainTimeout = cfg.NginxDrainTimeout
+	ropts.AccessLog, ropts.AccessLogSample, ropts.Telemetry = cfg.AccessLog, cfg.AccessLogSample, !cfg.NoTelemetry
 	a.served = &servedIngresses{group: cfg.Group, kick: make(chan struct{}, 1)}
 	rcfg := nginx.ReloaderConfig{Dir: cfg.NginxDir, Render: ropts, OnServed: a.served.set}
 	if cfg.L4SteerPort == 0 {
@@ -119,7 +121,7 @@ func (a *agent) buildNginx() error {
 		rcfg.Render.L4Steered = [2]uint16{cfg.L4SteerPort, cfg.L4SteerPort + 1}
 		rcfg.SteerL4 = steerRoutes(st)
 	}
-	reloader, err := nginx.NewReloader(rcfg, nginx.Exec{Log: a.log.Named("nginx.master")}, a.log.Named("nginx"), a.reg)
+	reloader, err := nginx.NewReloader(rcfg, nginx.Exec{Log: a.log.Named("nginx.master"), Stdout: os.Stdout}, a.log.Named("nginx"), a.reg)
 	if err != nil {
 		return err
 	}

@@ -42,6 +42,13 @@ type Config struct {
 	// NginxDrainTimeout bounds how long nginx workers replaced by a reload keep
 	// the connections they hold (nginx.Options.DrainTimeout); "" until they close.
 	NginxDrainTimeout string
+	// AccessLog is where nginx writes its JSON access log ("stdout", a file, or
+	// "" for none) and AccessLogSample the share of requests it logs
+	// (nginx.Options.AccessLog). NoTelemetry turns off the per-Ingress
+	// portico_http_* counts (nginx.Options.Telemetry).
+	AccessLog       string
+	AccessLogSample float64
+	NoTelemetry     bool
 	// L4SteerPort, when not 0, is the first of the two ports of nginx's fixed
 	// listeners for L4 Services' TCP connections (plain, then PROXY), which an
 	// sk_lookup program steers each VIP:port to (nginx.Options.L4Steered): a

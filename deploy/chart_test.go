@@ -78,7 +78,7 @@ var otherValues = []string{
 	"updateStrategy.type=OnDelete", "updateStrategy.rollingUpdate=null",
 	"vrrp.priority=200", "vrrp.degradedPriority=20", "vrrp.version=2", "vrrp.interval=1s", "vrrp.unicast=false",
 	"claims.nodeSelector.pool=shop", "claims.iface=bond1", "liveness.port=0", "apiServer=https://10.0.0.1:6443",
-	"xdpMode=native",
+	"xdpMode=native", "nginx.accessLog=", "nginx.accessLogSample=0.05", "nginx.telemetry=false",
 }
 
 // podValues set every value that reaches the agent and controller pods beyond
@@ -118,7 +118,7 @@ func TestChartLint(t *testing.T) {
 			t.Logf("%s", out)
 		})
 	}
-	for _, bad := range []string{"ifac=eth1", "xdpMode=generic", "xdpMode=", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe", "claims.bogus=1",
+	for _, bad := range []string{"ifac=eth1", "nginx.accessLog=/var/log/x", "nginx.accessLogSample=2", "nginx.accessLogSample=0", "xdpMode=generic", "xdpMode=", "vrrp.version=4", "vrrp.priority=255", "vrrp.interval=100", "vrrp.unicast=maybe", "claims.bogus=1",
 		"liveness.port=70000", "group.name=Edge", "image.pullPolicy=Sometimes", "iface=", "apiServer=http://10.0.0.1",
 		"apiServer=https://k/api", "announce=ospf", "bgp.peers[0].address=10.0.0.1", "bgp.asn=0", "bgp.peers[0].communities[0]=x:y", "federation.members=true",
 		"hashSeed=12345678901", "hashSeed=0x10", "iface=eth0:1", `iface=bond0\,`, "iface=a-name-of-16-byt", "claims.iface=a/b",
@@ -372,7 +372,8 @@ func checkOtherValues(t *testing.T, objs []*unstructured.Unstructured) {
 	wantArgs := append(append([]string{"agent"}, shared...), "--read-only", "--log-level=info", "--iface=bond0,eth0", "--node-name=$(NODE_NAME)", "--node-ip=$(HOST_IP)",
 		"--announce=vrrp", "--vrrp-priority=200", "--vrrp-degraded-priority=20", "--vrrp-version=2", "--vrrp-interval=1s", "--vrrp-unicast=false",
 		"--liveness-interval=20ms", "--liveness-dead-after=200ms", "--liveness-rise=5", "--liveness-reload-grace=1s",
-		"--hash-seed-file=/etc/portico/hash-seed/seed", "--pod=$(POD_NAMESPACE)/$(POD_NAME)", "--state-dir=/run/portico")
+		"--hash-seed-file=/etc/portico/hash-seed/seed", "--pod=$(POD_NAMESPACE)/$(POD_NAME)", "--state-dir=/run/portico",
+		"--access-log=", "--access-log-sample=0.05", "--no-telemetry")
 	if d := cmp.Diff(wantArgs, c.Args); d != "" {
 		t.Errorf("agent args (-want +got):\n%s", d)
 	}

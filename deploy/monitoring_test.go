@@ -355,7 +355,7 @@ func TestQueriesNameExportedMetrics(t *testing.T) {
 	// gauge, a selector without a metric name, an expression that does not
 	// parse.
 	bad := []string{
-		`rate(portico_http_requests_total[5m])`,
+		`rate(portico_nginx_requests_total[5m])`,
 		`portico_bgp_session_up{vip="192.0.2.80"}`,
 		`sum by (peer) (portico_agent_healthy)`,
 		`portico_agent_healthy_bucket`,

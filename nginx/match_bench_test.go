@@ -126,52 +126,66 @@ func BenchmarkMatching(b *testing.B) {
 						}
 						return fmt.Sprintf("http://127.0.0.1:%d/", t.http)
 					}
-					for _, t := range targets {
-						t.reset()
-						runWrk(b, wrk, url(t), script, hosts, wrkWarmUp, restCPU)
-					}
-					var costs, cpuCosts []float64
-					i := 0
-					for b.Loop() {
-						order := targets
-						if i%2 == 1 {
-							order = []*wrkTarget{targets[1], targets[0]}
-						}
-						i++
-						for _, t := range order {
-							cpu0, acc0 := cpuTime(b, t.worker), backendAccepts(b, statusPort)
-							w := runWrk(b, wrk, url(t), script, hosts, wrkRun, restCPU)
-							cpu := cpuTime(b, t.worker) - cpu0
-							t.cpu += cpu
-							t.conns += backendAccepts(b, statusPort) - acc0
-							t.requests += w.requests
-							t.wall += w.duration
-							t.lastRate = float64(w.requests) / w.duration.Seconds()
-							t.lastCPU = cpu.Seconds() / float64(w.requests)
-						}
-						d, n := targets[0], targets[1]
-						costs = append(costs, 100*(1-d.lastRate/n.lastRate))
-						cpuCosts = append(cpuCosts, 100*(d.lastCPU/n.lastCPU-1))
-					}
-					for _, t := range targets {
-						b.ReportMetric(t.rate(), t.name+"-req/s")
-						b.ReportMetric(float64(t.requests)/t.cpu.Seconds(), t.name+"-req/cpu-s")
-						b.ReportMetric(float64(t.cpu.Microseconds())/float64(t.requests), t.name+"-cpu-us/req")
-						b.ReportMetric(100*t.cpu.Seconds()/t.wall.Seconds(), t.name+"-cpu-%")
-						b.ReportMetric(float64(t.conns)/float64(t.requests), t.name+"-upconns/req")
-					}
-					d, n := targets[0], targets[1]
-					b.ReportMetric(100*(1-d.rate()/n.rate()), "cost-%")
-					b.ReportMetric(slices.Min(costs), "cost-%-min")
-					b.ReportMetric(slices.Max(costs), "cost-%-max")
-					b.ReportMetric(100*(d.perRequest()/n.perRequest()-1), "cpu-cost-%")
-					b.ReportMetric(slices.Min(cpuCosts), "cpu-cost-%-min")
-					b.ReportMetric(slices.Max(cpuCosts), "cpu-cost-%-max")
-					b.ReportMetric(0, "ns/op") // an op is a pair of wrk runs: its time says nothing
+					comparePaired(b, wrk, targets, url, script, hosts, statusPort, restCPU)
 				})
 			}
 		})
 	}
+}
+
+// comparePaired measures two nginx under the same wrk load, after a warm-up of
+// each: every iteration runs wrk once against each, in alternating order, so that
+// the comparison is paired. It reports, for each, requests/s (req/s), requests
+// per second of the worker's CPU time (req/cpu-s), the worker's CPU time per
+// request (cpu-us/req), how busy the worker was (cpu-%) and the upstream
+// connections it opened per request (upconns/req); and the cost of the first
+// against the second: the requests/s it loses (cost-%) and the CPU time per
+// request it adds (cpu-cost-%), each with the least and the most of the
+// iterations' pairs.
+func comparePaired(b *testing.B, wrk string, targets []*wrkTarget, url func(*wrkTarget) string, script, hosts string, statusPort uint16, restCPU int) {
+	b.Helper()
+	for _, t := range targets {
+		t.reset()
+		runWrk(b, wrk, url(t), script, hosts, wrkWarmUp, restCPU)
+	}
+	var costs, cpuCosts []float64
+	i := 0
+	for b.Loop() {
+		order := targets
+		if i%2 == 1 {
+			order = []*wrkTarget{targets[1], targets[0]}
+		}
+		i++
+		for _, t := range order {
+			cpu0, acc0 := cpuTime(b, t.worker), backendAccepts(b, statusPort)
+			w := runWrk(b, wrk, url(t), script, hosts, wrkRun, restCPU)
+			cpu := cpuTime(b, t.worker) - cpu0
+			t.cpu += cpu
+			t.conns += backendAccepts(b, statusPort) - acc0
+			t.requests += w.requests
+			t.wall += w.duration
+			t.lastRate = float64(w.requests) / w.duration.Seconds()
+			t.lastCPU = cpu.Seconds() / float64(w.requests)
+		}
+		d, n := targets[0], targets[1]
+		costs = append(costs, 100*(1-d.lastRate/n.lastRate))
+		cpuCosts = append(cpuCosts, 100*(d.lastCPU/n.lastCPU-1))
+	}
+	for _, t := range targets {
+		b.ReportMetric(t.rate(), t.name+"-req/s")
+		b.ReportMetric(float64(t.requests)/t.cpu.Seconds(), t.name+"-req/cpu-s")
+		b.ReportMetric(float64(t.cpu.Microseconds())/float64(t.requests), t.name+"-cpu-us/req")
+		b.ReportMetric(100*t.cpu.Seconds()/t.wall.Seconds(), t.name+"-cpu-%")
+		b.ReportMetric(float64(t.conns)/float64(t.requests), t.name+"-upconns/req")
+	}
+	d, n := targets[0], targets[1]
+	b.ReportMetric(100*(1-d.rate()/n.rate()), "cost-%")
+	b.ReportMetric(slices.Min(costs), "cost-%-min")
+	b.ReportMetric(slices.Max(costs), "cost-%-max")
+	b.ReportMetric(100*(d.perRequest()/n.perRequest()-1), "cpu-cost-%")
+	b.ReportMetric(slices.Min(cpuCosts), "cpu-cost-%-min")
+	b.ReportMetric(slices.Max(cpuCosts), "cpu-cost-%-max")
+	b.ReportMetric(0, "ns/op") // an op is a pair of wrk runs: its time says nothing
 }
 
 // wrkTarget is one nginx under BenchmarkMatching's load and what it served.

@@ -38,9 +38,17 @@ type Options struct {
 	LivenessPort uint16
 	LivenessAddr netip.Addr
 
-	PIDFile   string // nginx's pid file
-	ErrorLog  string // a file or "stderr"
-	AccessLog string // a file, "" for none
+	PIDFile  string // nginx's pid file
+	ErrorLog string // a file or "stderr"
+	// AccessLog is where nginx writes one JSON line per request (with the
+	// Ingress and upstream that served it): "stdout" (the agent's, so the
+	// container's log), a file, or "" for none. AccessLogSample is the share of
+	// requests it logs, from 0.0001 to 1; 0 means every request.
+	AccessLog       string
+	AccessLogSample float64
+	// Telemetry counts every request in Lua by Ingress and upstream, for the
+	// agent's portico_http_* metrics (lua/portico.lua's count and telemetry).
+	Telemetry bool
 	TempDir   string // parent of nginx's body and proxy temporary directories
 	CertDir   string // where WriteCertificates puts the TLS files
 
@@ -88,6 +96,7 @@ func DefaultOptions(dir string) Options {
 		LivenessPort: 10247,
 		PIDFile:      path.Join(dir, "nginx.pid"),
 		ErrorLog:     "stderr",
+		Telemetry:    true,
 		TempDir:      path.Join(dir, "tmp"),
 		CertDir:      path.Join(dir, "certs"),
 
@@ -165,6 +174,9 @@ func (o Options) validate() error {
 	}
 	if o.DrainTimeout != "" && !drainTimeoutRE.MatchString(o.DrainTimeout) {
 		errs = append(errs, fmt.Errorf("option DrainTimeout %q is not an nginx time (\"90s\", \"30m\", \"2h\")", o.DrainTimeout))
+	}
+	if o.AccessLogSample < 0 || o.AccessLogSample > 1 || o.AccessLogSample > 0 && o.AccessLogSample < 0.0001 {
+		errs = append(errs, fmt.Errorf("option AccessLogSample %v is not between 0.0001 and 1", o.AccessLogSample))
 	}
 	if o.WorkerProcesses < 0 || o.WorkerConnections < 0 {
 		errs = append(errs, errors.New("options WorkerProcesses and WorkerConnections must not be negative"))

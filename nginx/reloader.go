@@ -79,6 +79,7 @@ type Reloader struct {
 	m      *metrics
 	client *http.Client
 	ctl    *http.Client // to the control socket
+	tel    *telemetry   // nil without Render.Telemetry
 
 	kick chan struct{}
 
@@ -170,6 +171,12 @@ func NewReloader(cfg ReloaderConfig, runner Runner, log *zap.Logger, reg prometh
 	if err := registerDraining(reg, r.draining); err != nil {
 		return nil, err
 	}
+	if cfg.Render.Telemetry {
+		r.tel = newTelemetry()
+		if err := reg.Register(r.tel); err != nil {
+			return nil, fmt.Errorf("register nginx metrics: %w", err)
+		}
+	}
 	return r, nil
 }
 
@@ -195,6 +202,15 @@ func registerDraining(reg prometheus.Registerer, draining func() (int, int64)) e
 // behind them: for the generated metrics table (hack/metricsdoc).
 func DescribeMetrics(reg prometheus.Registerer) error {
 	if _, err := newMetrics(reg); err != nil {
+		return err
+	}
+	// One series of each kind, so that the table reads each one's type from
+	// what Collect reports.
+	tel := newTelemetry()
+	if err := tel.add(strings.NewReader(telemetrySample())); err != nil {
+		return err
+	}
+	if err := reg.Register(tel); err != nil {
 		return err
 	}
 	return registerDraining(reg, func() (int, int64) { return 0, 0 })

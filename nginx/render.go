@@ -7,6 +7,7 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net/netip"
 	"path"
 	"slices"
@@ -76,10 +77,13 @@ type (
 		HashBucketSize int
 		HashMaxSize    int
 		LuaDigest      string // of the Lua module nginx.conf loads
-		Servers        []tmplServer
-		Default        tmplServer
-		Stream         *tmplStream // nil: no L4 Service, no stream module
-		Checksum       string
+		// AccessLog is the access log's file ("" for none), AccessLogSample the
+		// share of requests it logs as split_clients says it ("1.5%"; "" for all).
+		AccessLog, AccessLogSample string
+		Servers                    []tmplServer
+		Default                    tmplServer
+		Stream                     *tmplStream // nil: no L4 Service, no stream module
+		Checksum                   string
 		// WorkerConnections and RlimitNofile: each connection may need two files
 		// (client and upstream).
 		WorkerConnections int
@@ -142,6 +146,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		d.WorkerConnections = 16384
 	}
 	d.RlimitNofile = 2*d.WorkerConnections + 1024
+	d.AccessLog, d.AccessLogSample = accessLog(opt)
 	d.Listen, d.ListenTLS, d.LivenessListen = listenAddrs(opt)
 	d.StatusListen = netip.AddrPortFrom(netip.AddrFrom4([4]byte{127, 0, 0, 1}), opt.StatusPort).String()
 	d.Default = tmplServer{Return: 444}
@@ -321,6 +326,25 @@ func hostOrDefault(h string) string {
 		return "(default)"
 	}
 	return h
+}
+
+// accessLog is where the access log goes ("" for nowhere) and the share of
+// requests it logs, as split_clients writes it ("" for every request).
+func accessLog(o Options) (file, sample string) {
+	switch o.AccessLog {
+	case "":
+		return "", ""
+	case "stdout":
+		file = "/dev/stdout"
+	default:
+		file = o.AccessLog
+	}
+	if o.AccessLogSample == 0 || o.AccessLogSample >= 1 {
+		return file, ""
+	}
+	// split_clients takes two decimals of a percent: 0.01% at the least.
+	pct := max(math.Round(o.AccessLogSample*10000)/100, 0.01)
+	return file, strconv.FormatFloat(pct, 'f', -1, 64) + "%"
 }
 
 // commentSafe returns s when it can go into a comment ("namespace/name" of a

@@ -60,6 +60,9 @@ type Exec struct {
 	Binary string
 	// Log receives nginx's stderr, one entry per line.
 	Log *zap.Logger
+	// Stdout is nginx's standard output, where an access log "stdout" goes
+	// (Options.AccessLog); nil sends it to Log with stderr.
+	Stdout *os.File
 }
 
 func (e Exec) binary() (string, error) {
@@ -122,6 +125,9 @@ func (e Exec) Start(dir, conf string) (Master, error) {
 	}
 	cmd.Stderr = pw
 	cmd.Stdout = pw
+	if e.Stdout != nil {
+		cmd.Stdout = e.Stdout
+	}
 	err = cmd.Start()
 	pw.Close()
 	if err != nil {

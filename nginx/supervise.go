@@ -79,6 +79,9 @@ func (r *Reloader) Run(ctx context.Context) error {
 		first = &model.Snapshot{}
 	}
 	defer r.stop() // whichever master runs by then, started or adopted
+	if r.tel != nil {
+		go r.runTelemetry(ctx)
+	}
 
 	// A master an earlier agent left behind keeps its listening sockets: take it
 	// over and reload it rather than start a second one that cannot bind.

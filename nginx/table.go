@@ -151,7 +151,7 @@ func upstreamValue(eps []netip.AddrPort) string {
 // hostValue is a host's routes as the table keeps them (see lua/portico.lua):
 // its certificate's id, the HTTPS port plain HTTP redirects to, the status that
 // answers every request, each "-" for none, then its locations' matches and
-// targets.
+// targets, each target followed by "#" and the Ingress that asked for it.
 func hostValue(s tmplServer, redirectPort uint16) string {
 	var b strings.Builder
 	b.WriteString(cmpDash(s.CertID))
@@ -179,8 +179,33 @@ func hostValue(s tmplServer, redirectPort uint16) string {
 		default:
 			b.WriteString(l.Upstream)
 		}
+		if tableSource(l.Source) {
+			b.WriteByte('#')
+			b.WriteString(l.Source)
+		}
 	}
 	return b.String()
+}
+
+// tableSource reports whether a location's source can name it in the table
+// (and in the telemetry's ingress label): "namespace/name", each of
+// [a-z0-9][a-z0-9.-]*, which is every Ingress's.
+func tableSource(s string) bool {
+	ns, name, ok := strings.Cut(s, "/")
+	return ok && tableName(ns) && tableName(name)
+}
+
+func tableName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || i > 0 && (c == '-' || c == '.')) {
+			return false
+		}
+	}
+	return true
 }
 
 func cmpDash(s string) string {

@@ -13,7 +13,9 @@
 -- plain HTTP to or "-", a status to answer every request with or "-", then
 -- pairs of a match and a target. A match is "=/path" (exact) or a prefix
 -- ending in "/"; a target is "@<status>", an upstream name, or
--- "<upstream>|<cookie>|<path>|<max-age>" for cookie affinity.
+-- "<upstream>|<cookie>|<path>|<max-age>" for cookie affinity, each followed
+-- by "#<namespace>/<name>" of the Ingress that asked for the route when
+-- there is one (the telemetry's ingress label).
 --
 -- The agent writes the whole table to a file that load reads whenever a
 -- master starts or reloads, and PUTs each change to the control socket as a
@@ -37,11 +39,13 @@ local byte, sub, find, match, gmatch, gsub, lower = string.byte, string.sub, str
 
 local M = {}
 local dict = ngx.shared.portico
+local tdict = ngx.shared.portico_telemetry -- nil without telemetry
 local max_tries = 3 -- proxy_next_upstream_tries
 local log_keep = 256 -- versions whose log entries stay in the dictionary
 local seen = 0 -- the version this worker's cache is at
 local cache = {} -- parsed values by key; false for a key the table lacks
 local next_index = {} -- round-robin position by upstream name
+local log_vars = false -- route sets $portico_ingress and $portico_upstream (configure)
 
 -- The parser scans bytes with plain finds, which LuaJIT compiles; the
 -- pattern functions would run interpreted. Each function reads s[i..j].
@@ -311,26 +315,42 @@ local function parse_endpoints(s)
     return list
 end
 
--- parse_target reads a route's target: "@503", "up" or "up|cookie|/path|600".
+-- valid_source is an Ingress's "namespace/name": [a-z0-9.-] on each side.
+local function valid_source(s)
+    local slash = find(s, "/", 1, true)
+    return slash and slash > 1 and slash < #s and valid_name(s, 1, slash - 1) and valid_name(s, slash + 1, #s)
+end
+
+-- parse_target reads a route's target: "@503", "up" or "up|cookie|/path|600",
+-- then "#namespace/name" when an Ingress asked for it.
 local function parse_target(s)
+    local src
+    local hash = find(s, "#", 1, true)
+    if hash then
+        src = sub(s, hash + 1)
+        if not valid_source(src) then
+            return nil
+        end
+        s = sub(s, 1, hash - 1)
+    end
     if byte(s, 1) == 64 then -- '@'
         local st = tonumber(sub(s, 2))
         if not st or st < 200 or st > 599 then
             return nil
         end
-        return { status = st }
+        return { status = st, src = src }
     end
     local up, cname, path, age = match(s, "^([^|]+)|([^|]+)|([^|]+)|(%d*)$")
     if up then
         if not valid_name(up, 1, #up) then
             return nil
         end
-        return { up = up, cookie = cname, path = path, age = age }
+        return { up = up, cookie = cname, path = path, age = age, src = src }
     end
     if not valid_name(s, 1, #s) then
         return nil
     end
-    return { up = s }
+    return { up = s, src = src }
 end
 
 -- parse_host reads a host's routes (see the top of this file).
@@ -541,6 +561,13 @@ function M.route()
             return ngx.exit(404)
         end
     end
+    local ctx = ngx.ctx
+    ctx.portico_src = t.src
+    if log_vars then
+        local var = ngx.var
+        var.portico_ingress = t.src or ""
+        var.portico_upstream = t.up or ""
+    end
     if t.status then
         return ngx.exit(t.status)
     end
@@ -548,7 +575,6 @@ function M.route()
     if not list or #list == 0 then
         return ngx.exit(ngx.HTTP_SERVICE_UNAVAILABLE)
     end
-    local ctx = ngx.ctx
     ctx.portico_name = t.up
     ctx.portico_peers = list
     local cname = t.cookie
@@ -581,6 +607,7 @@ function M.balance()
     local i = ctx.portico_index
     if i then
         i = i % n + 1
+        ctx.portico_tries = (ctx.portico_tries or 1) + 1
     else
         i = ctx.portico_sticky
         if not i then
@@ -744,6 +771,186 @@ end
 -- replicas this node's agent calls down.
 function M.live()
     ngx.print("live\n", dict:get("verdicts") or "")
+end
+
+-- Telemetry. Each worker counts its requests in Lua tables of its own (count,
+-- in the log phase: no lock, no shared memory per request), by the Ingress
+-- that asked for the route ("-" for none) and by upstream, and once a second
+-- (and when it exits) pushes what it counted since onto a list in the
+-- portico_telemetry dictionary: one entry a second per worker, whatever the
+-- traffic. The agent takes the entries off that list (GET /telemetry on the
+-- control socket) and adds them up, so that a reload's new workers, or a
+-- master that restarts, lose nothing they pushed. An Ingress's line:
+--   "r <ingress> <1xx> <2xx> <3xx> <4xx> <5xx> <other> <bytes in> <bytes out>
+--    <seconds> <count in each bucket of buckets, then above the last>";
+-- an upstream's:
+--   "u <upstream> <tries> <retries> <tries without a connection> <seconds>
+--    <count in each bucket, then above the last>",
+-- where seconds and the buckets are the request's time (from its first byte
+-- to its log phase) and the upstream's (upstream_response_time: every try's
+-- together).
+local buckets = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
+local nbuckets = #buckets
+local telemetry_queue = 1024 -- entries kept when the agent does not take them
+local by_src, by_up = {}, {} -- this worker's counts since its last push
+local floor, concat = math.floor, table.concat
+
+-- configure says what nginx.conf asks for: telemetry, and the access log's
+-- variables. init_by_lua calls it, in the master, before the workers start.
+function M.configure(access_log)
+    log_vars = access_log
+end
+
+local function record(n)
+    local r = {}
+    for i = 1, n do
+        r[i] = 0
+    end
+    return r
+end
+
+-- bucket returns the index of the bucket x falls in (nbuckets + 1: above
+-- the last).
+local function bucket(x)
+    for i = 1, nbuckets do
+        if x <= buckets[i] then
+            return i
+        end
+    end
+    return nbuckets + 1
+end
+
+-- seconds adds up an $upstream_*_time: "0.004", or one time a try
+-- ("0.001, 0.003", and " : " across internal redirects).
+local function seconds(s)
+    local x = tonumber(s)
+    if x then
+        return x
+    end
+    x = 0
+    for w in gmatch(s or "", "[%d.]+") do
+        x = x + (tonumber(w) or 0)
+    end
+    return x
+end
+
+-- count runs in every request's log phase.
+function M.count()
+    local ctx = ngx.ctx
+    local src = ctx.portico_src or "-"
+    local r = by_src[src]
+    if not r then
+        r = record(10 + nbuckets)
+        by_src[src] = r
+    end
+    local var = ngx.var
+    local st = ngx.status
+    if st < 100 then
+        st = tonumber(var.status) or 0
+    end
+    local k = floor(st / 100)
+    if k < 1 or k > 5 then
+        k = 6
+    end
+    r[k] = r[k] + 1
+    r[7] = r[7] + (tonumber(var.request_length) or 0)
+    r[8] = r[8] + (tonumber(var.bytes_sent) or 0)
+    local d = ngx.now() - ngx.req.start_time()
+    if d < 0 then
+        d = 0
+    end
+    r[9] = r[9] + d
+    k = 9 + bucket(d)
+    r[k] = r[k] + 1
+    local up = ctx.portico_name
+    if not up or not ctx.portico_index then
+        return -- answered without an upstream
+    end
+    local u = by_up[up]
+    if not u then
+        u = record(5 + nbuckets)
+        by_up[up] = u
+    end
+    local tries = ctx.portico_tries or 1
+    u[1] = u[1] + tries
+    u[2] = u[2] + tries - 1
+    if tries > 1 or st >= 502 and st <= 504 then
+        -- "-" for each try that got no connection
+        for w in gmatch(var.upstream_connect_time or "", "[^,:%s]+") do
+            if w == "-" then
+                u[3] = u[3] + 1
+            end
+        end
+    end
+    d = seconds(var.upstream_response_time)
+    u[4] = u[4] + d
+    k = 4 + bucket(d)
+    u[k] = u[k] + 1
+end
+
+local function lines(out, kind, by)
+    for name, r in pairs(by) do
+        out[#out + 1] = kind
+        out[#out + 1] = name
+        for i = 1, #r do
+            out[#out + 1] = r[i]
+        end
+        out[#out] = out[#out] .. "\n"
+    end
+end
+
+-- push puts what this worker counted since its last push on the list.
+local function push(premature)
+    if next(by_src) == nil and next(by_up) == nil then
+        return
+    end
+    local out = {}
+    lines(out, "r", by_src)
+    lines(out, "u", by_up)
+    by_src, by_up = {}, {}
+    local text = concat(out, " "):gsub("\n ", "\n")
+    if tdict:llen("q") >= telemetry_queue then
+        tdict:incr("dropped", 1, 0)
+        return
+    end
+    local n, err = tdict:rpush("q", text)
+    if not n then
+        tdict:incr("dropped", 1, 0)
+        ngx.log(ngx.WARN, "portico: push telemetry: ", err)
+    end
+end
+
+-- init_worker starts the worker's pushes (every second, and once more when
+-- it exits: the timer then runs early).
+function M.init_worker()
+    if not tdict then
+        return
+    end
+    local ok, err = ngx.timer.every(1, push)
+    if not ok then
+        ngx.log(ngx.ERR, "portico: telemetry timer: ", err)
+    end
+end
+
+-- telemetry serves the control socket's /telemetry: GET takes every entry
+-- off the list and answers them, then "dropped <entries dropped so far>".
+function M.telemetry()
+    if ngx.req.get_method() ~= "GET" then
+        return ngx.exit(ngx.HTTP_NOT_ALLOWED)
+    end
+    if not tdict then
+        return ngx.exit(ngx.HTTP_NOT_FOUND)
+    end
+    local out = {}
+    while #out < telemetry_queue do
+        local v = tdict:lpop("q")
+        if not v then
+            break
+        end
+        out[#out + 1] = v
+    end
+    out[#out + 1] = "dropped " .. (tdict:get("dropped") or 0) .. "\n"
+    ngx.print(out)
 end
 
 return M
