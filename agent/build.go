@@ -297,7 +297,8 @@ func (a *agent) publishStatus(ctx context.Context) error {
 	cfg, l4 := a.cfg, a.l4
 	view := nodeView{node: cfg.Node, group: cfg.Group, iface: cfg.Iface, health: a.health.current, vrrp: a.ann.vrrpStates,
 		vips: a.dp.VIPs, replicas: l4.replicas, bgp: a.ann.bgpStatus, served: a.served.get, tunnel: l4.tunnel,
-		spill: l4.spillRatio, vrrpSources: a.ann.vrrpSources, attachMode: a.dp.AttachMode}
+		spill: l4.spillRatio, vrrpSources: a.ann.vrrpSources, attachMode: a.dp.AttachMode,
+		load: newLoadMeter(a.reloader.Work, a.newFlows).sample}
 	publishStatus(ctx, a.client, cfg.PodNamespace, view.collect, a.served.kick, a.log.Named("status"))
 	return nil
 }

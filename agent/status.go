@@ -41,6 +41,7 @@ type nodeView struct {
 	spill              func() float64                       // the spill ratio, in a federation
 	vrrpSources        func() []netip.Addr                  // nil: none published
 	attachMode         func() dataplane.AttachMode          // xdp_lb's; nil or "": unknown
+	load               func(time.Time) *agentstatus.Load    // the edge's work (loadMeter.sample); nil: none
 }
 
 // servedIngresses is what the node's nginx serves of its group's Ingresses
@@ -115,6 +116,9 @@ func (n nodeView) collect() agentstatus.State {
 	}
 	if n.served != nil {
 		st.Served = n.served()
+	}
+	if n.load != nil {
+		st.Load = n.load(time.Now())
 	}
 	vips, err := n.vips()
 	if err != nil {

@@ -48,8 +48,9 @@
 // controller is portico.io/ingress-controller and the class names the group (parameters
 // of kind Service, or the class annotation portico.io/group); or a label selector in the
 // annotation portico.io/group-selector (on the Ingress or its class), in which case the
-// leader picks the matching group with the fewest bound Ingresses (ties by name) and
-// records it in portico.io/group. Bindings are sticky: a recorded group is never
+// leader picks the matching group with the most headroom by the load its edges report
+// (Schedule), then the fewest bound Ingresses, then by name, and records it in
+// portico.io/group. Bindings are sticky: a recorded group is never
 // replaced, and a missing one is reported.
 //
 // An Ingress annotated portico.io/affinity: "cookie" keeps each client on one

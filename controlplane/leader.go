@@ -117,8 +117,8 @@ func (c *Controller) write(ctx context.Context, st State, snap model.Snapshot, b
 	}
 	errs = append(errs, c.writeServiceStatus(ctx, st.Services, snap))
 	// Scheduling.
-	for ing, g := range Schedule(st.Ingresses, bindings, st.Services) {
-		_, err := c.annotate(ctx, "Ingress", ing, v1alpha1.AnnotationGroup, g, "Scheduled", "bound to group "+g+" (fewest bound Ingresses among the matches)")
+	for _, s := range Schedule(st.Ingresses, bindings, st.Services, c.groupLoads(time.Now())) {
+		_, err := c.annotate(ctx, "Ingress", s.Ingress, v1alpha1.AnnotationGroup, s.Group, "Scheduled", s.Reason)
 		errs = append(errs, err)
 	}
 	errs = append(errs, c.writeIngressStatus(ctx, st.Ingresses, bindings, snap))

@@ -1,12 +1,14 @@
 package controlplane
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 
+	"github.com/portico-edge/portico/api/agentstatus"
 	"github.com/portico-edge/portico/api/v1alpha1"
 )
 
@@ -24,7 +26,9 @@ func TestSchedule(t *testing.T) {
 		name      string
 		ingresses []*networkingv1.Ingress
 		classes   []*networkingv1.IngressClass
+		loads     map[string]GroupLoad
 		want      map[string]string
+		reasons   map[string]string // a part of the Event's message, by Ingress
 	}{
 		{
 			name: "fewest bound, ties by name, counting this pass",
@@ -33,6 +37,30 @@ func TestSchedule(t *testing.T) {
 				sel("s1", 1, "tier=edge"), sel("s2", 2, "tier=edge"), sel("s3", 3, "tier=edge"), sel("s4", 4, "tier=edge"),
 			},
 			want: map[string]string{"app/s1": "e/g-b", "app/s2": "e/g-c", "app/s3": "e/g-a", "app/s4": "e/g-b"},
+			reasons: map[string]string{"app/s1": "no load reported), and the fewest bound Ingresses among the matches (0 against 0)"},
+		},
+		{
+			// g-a is busiest by CPU though it has no Ingress; g-b and g-c are
+			// equal by CPU (within a step), and g-c serves fewer requests.
+			name: "most headroom first, Ingress counts only as the tie-break",
+			ingresses: []*networkingv1.Ingress{
+				ingress("app", "bound1", 0, "", nil, v1alpha1.AnnotationGroup, "e/g-c"),
+				ingress("app", "bound2", 0, "", nil, v1alpha1.AnnotationGroup, "e/g-c"),
+				sel("s1", 1, "tier=edge"),
+			},
+			loads: map[string]GroupLoad{
+				"e/g-a": {Edges: 2, Load: agentstatus.Load{NginxCPU: 2, Cores: 4, Requests: 100}},
+				"e/g-b": {Edges: 2, Load: agentstatus.Load{NginxCPU: 0.1, Cores: 4, Requests: 900}},
+				"e/g-c": {Edges: 2, Load: agentstatus.Load{NginxCPU: 0.12, Cores: 4, Requests: 20}},
+			},
+			want:    map[string]string{"app/s1": "e/g-c"},
+			reasons: map[string]string{"app/s1": "the most headroom among the matches (nginx CPU 3% of 4 cores, 10 requests/s, 0 KiB/s and 0 new connections/s per edge (2 edges); next, group e/g-b: nginx CPU 2% of 4 cores, 450 requests/s"},
+		},
+		{
+			name:      "a group without a measurement after the measured ones",
+			ingresses: []*networkingv1.Ingress{sel("s1", 1, "tier=edge")},
+			loads:     map[string]GroupLoad{"e/g-c": {Edges: 1, Load: agentstatus.Load{NginxCPU: 0.9, Cores: 1}}},
+			want:      map[string]string{"app/s1": "e/g-c"},
 		},
 		{
 			name:      "selector matching one group; none matching; bad selector",
@@ -63,7 +91,13 @@ func TestSchedule(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			st := State{Ingresses: tc.ingresses, IngressClasses: tc.classes, Services: groups}
 			_, bindings, _ := Build(st, Options{})
-			got := Schedule(tc.ingresses, bindings, groups)
+			got := map[string]string{}
+			for _, s := range Schedule(tc.ingresses, bindings, groups, tc.loads) {
+				got[s.Ingress] = s.Group
+				if want, ok := tc.reasons[s.Ingress]; ok && !strings.Contains(s.Reason, want) {
+					t.Errorf("%s: reason %q, want it to say %q", s.Ingress, s.Reason, want)
+				}
+			}
 			if d := cmp.Diff(tc.want, got); d != "" {
 				t.Errorf("bindings (-want +got):\n%s", d)
 			}

@@ -39,9 +39,10 @@ const (
 
 // agentReport is the part of an agent's published state the leader reads.
 type agentReport struct {
-	Node   string           `json:"node"`
-	Group  string           `json:"group"`
-	Served map[string]int64 `json:"served"`
+	Node   string            `json:"node"`
+	Group  string            `json:"group"`
+	Served map[string]int64  `json:"served"`
+	Load   *agentstatus.Load `json:"load"`
 }
 
 // reportOf parses a status Lease; ok is false for one that is not an agent's,
@@ -188,6 +189,34 @@ func (c *Controller) readyForAddress(ing *networkingv1.Ingress, g model.Group) b
 	c.recorder.Event(ing, corev1.EventTypeWarning, "EdgesNotServing", msg)
 	c.log.Warn("ingress address written before every edge serves it", zap.String("ingress", w.ingress), zap.Strings("lagging", lag))
 	return true
+}
+
+// groupLoads adds up, by group, the load the agents with a fresh status Lease
+// report (Schedule's headroom).
+func (c *Controller) groupLoads(now time.Time) map[string]GroupLoad {
+	if c.agentLeases == nil {
+		return nil
+	}
+	out := map[string]GroupLoad{}
+	for _, o := range c.agentLeases.List() {
+		l, ok := o.(*coordinationv1.Lease)
+		if !ok {
+			continue
+		}
+		r, ok := c.decoded(l, now)
+		if !ok || r.Load == nil || r.Load.Cores <= 0 {
+			continue
+		}
+		g := out[r.Group]
+		g.Edges++
+		g.Cores += r.Load.Cores
+		g.Requests += r.Load.Requests
+		g.Bytes += r.Load.Bytes
+		g.NginxCPU += r.Load.NginxCPU
+		g.NewConnections += r.Load.NewConnections
+		out[r.Group] = g
+	}
+	return out
 }
 
 // servedWait is one Ingress generation whose address waits for the edges.

@@ -2,9 +2,6 @@ package nginx
 
 import (
 	"fmt"
-	"os"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -53,17 +50,9 @@ func pin(tb testing.TB, pid, cpu int) {
 // cpuTime is the CPU time pid has run (/proc/<pid>/schedstat, in nanoseconds).
 func cpuTime(tb testing.TB, pid int) time.Duration {
 	tb.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if err != nil {
-		tb.Fatal(err)
+	d, ok := schedCPU(pid)
+	if !ok {
+		tb.Fatalf("no CPU time of process %d", pid)
 	}
-	f := strings.Fields(string(b))
-	if len(f) < 1 {
-		tb.Fatalf("schedstat of %d: %q", pid, b)
-	}
-	ns, err := strconv.ParseInt(f[0], 10, 64)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ns)
+	return d
 }

@@ -291,6 +291,50 @@ func startTime(pid int) uint64 {
 	return t
 }
 
+// schedCPU is the CPU time a process ran so far (the first field of
+// /proc/<pid>/schedstat, in nanoseconds); false when it cannot be read.
+func schedCPU(pid int) (time.Duration, bool) {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/schedstat")
+	if err != nil {
+		return 0, false
+	}
+	f := strings.Fields(string(b))
+	if len(f) < 1 {
+		return 0, false
+	}
+	ns, err := strconv.ParseInt(f[0], 10, 64)
+	if err != nil {
+		return 0, false
+	}
+	return time.Duration(ns), true
+}
+
+// Work is what this nginx did so far: the requests its workers answered and
+// their bytes, in and out (from the telemetry: zero without it), and the CPU
+// time of each worker that runs now, by process id.
+func (r *Reloader) Work() (requests, bytes float64, cpu map[int]time.Duration) {
+	if r.tel != nil {
+		requests, bytes = r.tel.totals()
+	}
+	r.mu.Lock()
+	m := r.master
+	r.mu.Unlock()
+	cpu = map[int]time.Duration{}
+	if m == nil {
+		return requests, bytes, cpu
+	}
+	ws, err := m.Workers()
+	if err != nil {
+		return requests, bytes, cpu
+	}
+	for _, w := range ws {
+		if d, ok := schedCPU(w.PID); ok {
+			cpu[w.PID] = d
+		}
+	}
+	return requests, bytes, cpu
+}
+
 // privateMemory is a process's private memory in bytes (Private_Clean plus
 // Private_Dirty of /proc/<pid>/smaps_rollup), 0 when it cannot be read.
 func privateMemory(pid int) int64 {

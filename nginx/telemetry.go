@@ -120,6 +120,20 @@ func (t *telemetry) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(t.droppedDesc, prometheus.CounterValue, t.dropped)
 }
 
+// totals are the requests counted so far, over every Ingress, and their bytes
+// in and out.
+func (t *telemetry) totals() (requests, bytes float64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, c := range t.ingresses {
+		for _, n := range c.status {
+			requests += n
+		}
+		bytes += c.bytesIn + c.bytes
+	}
+	return requests, bytes
+}
+
 // cumulative turns per-bucket counts into Prometheus's cumulative ones by bound.
 func cumulative(b [12]uint64) map[float64]uint64 {
 	m := make(map[float64]uint64, len(telemetryBuckets))

@@ -39,9 +39,28 @@ type State struct {
 	// Served is, for each Ingress bound to the group, the generation the
 	// node's nginx serves ("namespace/name" -> metadata.generation): the
 	// controller writes an Ingress's address once every edge serves it.
-	Served  map[string]int64 `json:"served,omitempty"`
-	Updated time.Time        `json:"updated"`
+	Served map[string]int64 `json:"served,omitempty"`
+	// Load is what the node's edge measured of its own work: the leader
+	// schedules a new Ingress to the group with the most headroom by it. Nil
+	// from agents older than the field and before a first measurement.
+	Load    *Load     `json:"load,omitempty"`
+	Updated time.Time `json:"updated"`
 }
+
+// Load is an edge's work, averaged over about LoadWindow: what its nginx
+// served and the CPU its workers used, and the new connections its xdp_lb
+// steered as a director (to any replica).
+type Load struct {
+	Requests       float64 `json:"requestsPerSecond"`
+	Bytes          float64 `json:"bytesPerSecond"` // requests' and responses'
+	NginxCPU       float64 `json:"nginxCPU"`       // cores busy with nginx's workers
+	NewConnections float64 `json:"newConnectionsPerSecond"`
+	Cores          int     `json:"cores"` // the CPUs the node gives the agent
+}
+
+// LoadWindow is about how far back Load's figures reach: each report moves
+// them a share of the way to what was measured since the last one.
+const LoadWindow = 30 * time.Second
 
 // VRRPMaster is the State.VRRP value of an instance that owns its VIPs.
 const VRRPMaster = "master"

@@ -111,6 +111,7 @@ func TestPortico(t *testing.T) {
 	t.Run("AgentTokenRootOnly", func(t *testing.T) { testAgentTokenRootOnly(t, ctx, p) })
 	t.Run("Drain", func(t *testing.T) { testDrain(t, ctx, p, drained) })
 	t.Run("IngressClaim", func(t *testing.T) { testIngressClaim(t, ctx, p, worker) })
+	t.Run("LoadAwareScheduling", func(t *testing.T) { testLoadAwareScheduling(t, ctx, p, worker) })
 	t.Run("RollingUpdateWithDrain", func(t *testing.T) { testRollingUpdate(t, ctx, p, drained) })
 	// Idle connections for the next two events, opened in the rolling update's
 	// transition (a rolling update restarts every edge's nginx: what was opened
