@@ -7,7 +7,6 @@ import (
 	"embed"
 	"encoding/hex"
 	"fmt"
-	"math"
 	"net/netip"
 	"path"
 	"slices"
@@ -78,7 +77,7 @@ type (
 		HashMaxSize    int
 		LuaDigest      string // of the Lua module nginx.conf loads
 		// AccessLog is the access log's file ("" for none), AccessLogSample the
-		// share of requests it logs as split_clients says it ("1.5%"; "" for all).
+		// share of requests it logs, as Lua reads it ("0.01", "1").
 		AccessLog, AccessLogSample string
 		Servers                    []tmplServer
 		Default                    tmplServer
@@ -329,7 +328,7 @@ func hostOrDefault(h string) string {
 }
 
 // accessLog is where the access log goes ("" for nowhere) and the share of
-// requests it logs, as split_clients writes it ("" for every request).
+// requests it logs, as a Lua number ("1" for every request).
 func accessLog(o Options) (file, sample string) {
 	switch o.AccessLog {
 	case "":
@@ -340,11 +339,9 @@ func accessLog(o Options) (file, sample string) {
 		file = o.AccessLog
 	}
 	if o.AccessLogSample == 0 || o.AccessLogSample >= 1 {
-		return file, ""
+		return file, "1"
 	}
-	// split_clients takes two decimals of a percent: 0.01% at the least.
-	pct := max(math.Round(o.AccessLogSample*10000)/100, 0.01)
-	return file, strconv.FormatFloat(pct, 'f', -1, 64) + "%"
+	return file, strconv.FormatFloat(o.AccessLogSample, 'g', 6, 64)
 }
 
 // commentSafe returns s when it can go into a comment ("namespace/name" of a

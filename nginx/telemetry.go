@@ -74,17 +74,18 @@ func newTelemetry() *telemetry {
 		ingresses: map[string]*ingressCounts{},
 		upstreams: map[string]*upstreamCounts{},
 		requests: d("requests_total", "Requests this edge's nginx answered, by the Ingress whose route answered them "+
-			"(namespace/name; empty for none: an unknown host, a path no rule matches) and status class (1xx..5xx; other: no status sent).",
+			"(namespace/name; empty for none: the catch-all's 404, say) and status class (1xx..5xx; other). "+
+			"Connections closed without an answer (444: an unknown host; 499: the client left first) are not counted.",
 			"ingress", "status_class"),
-		duration: d("request_duration_seconds", "Time from a request's first byte to its last byte sent, by Ingress.", "ingress"),
+		duration: d("request_duration_seconds", "Time from a request's first byte until its response's header went out, by Ingress.", "ingress"),
 		bytesIn:  d("request_bytes_total", "Bytes of requests (line, headers and body), by Ingress.", "ingress"),
-		bytesOut: d("response_bytes_total", "Bytes sent in responses (headers included), by Ingress.", "ingress"),
+		bytesOut: d("response_bytes_total", "Bytes of response bodies by their Content-Length (a response without one, chunked, counts none), by Ingress.", "ingress"),
 		tries: d("upstream_tries_total", "Connections to an upstream's endpoints nginx tried, retries included, "+
 			"by upstream (namespace-service-port).", "upstream"),
 		retries: d("upstream_retries_total", "Tries of an upstream after one failed (proxy_next_upstream: error, timeout), by upstream.", "upstream"),
 		connectErrors: d("upstream_connect_errors_total", "Tries of an upstream that got no connection (refused, unreachable, "+
 			"timed out), by upstream.", "upstream"),
-		upstreamTime: d("upstream_response_duration_seconds", "Time the upstream took to answer a request (every try's together), by upstream.", "upstream"),
+		upstreamTime: d("upstream_response_duration_seconds", "Time until the upstream's response header came (upstream_header_time, every try's together), by upstream.", "upstream"),
 		droppedDesc: d("telemetry_dropped_total", "Counts of one worker's second that nginx dropped because the agent "+
 			"did not take them in time (the portico_http_* series miss them)."),
 	}

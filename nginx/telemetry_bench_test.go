@@ -17,7 +17,7 @@ import (
 // 5,000 series of counts; endpoints shared), served by two nginx of one worker
 // each, pinned to the same CPU: one with telemetry (the counts by Ingress and
 // upstream, and the JSON access log at the share the sub-benchmark names, to a
-// file), one without either. wrk cycles every request through a host and a path
+// file), one without either: counts alone, the log alone (1% and every request), both. wrk cycles every request through a host and a path
 // over plain HTTP and HTTPS. cost-% is the requests/s the telemetry loses,
 // cpu-cost-% the worker CPU per request it adds (comparePaired).
 func BenchmarkTelemetry(b *testing.B) {
@@ -58,13 +58,17 @@ func BenchmarkTelemetry(b *testing.B) {
 	})
 	offTarget := &wrkTarget{name: "off", http: off.opt.HTTPPort, https: off.opt.HTTPSPort, worker: soleWorker(b, off.master(b))}
 	pin(b, offTarget.worker, proxyCPU)
-	for _, sample := range []float64{0, 0.01, 1} {
-		b.Run(fmt.Sprintf("log=%v", sample), func(b *testing.B) {
+	for _, v := range []struct {
+		name      string
+		telemetry bool
+		sample    float64 // of the access log; 0: none
+	}{{"counts", true, 0}, {"log-1pct", false, 0.01}, {"log-all", false, 1}, {"counts-and-log-1pct", true, 0.01}} {
+		b.Run(v.name, func(b *testing.B) {
 			on := startNginx(b, snap, func(o *Options) {
 				o.WorkerProcesses, o.WorkerConnections = 1, 16384
-				o.Telemetry = true
-				if sample > 0 {
-					o.AccessLog, o.AccessLogSample = filepath.Join(b.TempDir(), "access.log"), sample
+				o.Telemetry = v.telemetry
+				if v.sample > 0 {
+					o.AccessLog, o.AccessLogSample = filepath.Join(dir, v.name+".log"), v.sample
 				}
 			})
 			onTarget := &wrkTarget{name: "on", http: on.opt.HTTPPort, https: on.opt.HTTPSPort, worker: soleWorker(b, on.master(b))}
@@ -88,9 +92,13 @@ func BenchmarkTelemetry(b *testing.B) {
 					comparePaired(b, wrk, targets, url, script, hosts, statusPort, restCPU)
 				})
 			}
+			if on.r.tel == nil {
+				return
+			}
 			if got := series(b, on.r.tel); got["portico_http_telemetry_dropped_total{}"] != 0 {
 				b.Errorf("the telemetry dropped %v seconds of counts", got["portico_http_telemetry_dropped_total{}"])
 			}
 		})
 	}
 }
+

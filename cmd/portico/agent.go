@@ -91,7 +91,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&c.NginxDir, "nginx-dir", "/var/lib/portico/nginx", "nginx prefix: configuration, certificates, pid file")
 	fs.StringVar(&c.NginxDrainTimeout, "nginx-drain-timeout", "", `how long nginx workers a reload replaced keep serving the connections they hold ("30m", "12h"); empty: until those close`)
 	fs.StringVar(&c.AccessLog, "access-log", "stdout", `where nginx writes one JSON line per request (time, client, host, method, path, status, bytes, durations, the Ingress and upstream that served it): "stdout" (the agent's standard output: the container's log, beside the agent's own log on standard error), a file, or "" for none`)
-	fs.Float64Var(&c.AccessLogSample, "access-log-sample", 1, "the share of requests the access log writes, from 0.0001 to 1 (every request)")
+	fs.Float64Var(&c.AccessLogSample, "access-log-sample", 0.01, "the share of requests the access log writes, from 0.0001 to 1 (every request; each logged request costs nginx about 3 microseconds more)")
 	fs.BoolVar(&c.NoTelemetry, "no-telemetry", false, "do not count requests by Ingress and upstream in nginx (the portico_http_* metrics)")
 	fs.UintVar(&httpPort, "http-port", 80, "nginx HTTP port")
 	fs.UintVar(&httpsPort, "https-port", 443, "nginx HTTPS port")

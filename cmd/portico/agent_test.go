@@ -41,7 +41,7 @@ func TestParseAgentFlags(t *testing.T) {
 			check: func(t *testing.T, c agentFlags) {
 				want := agent.Config{Group: "edge/web", Iface: "eth0", Node: "n1", PodNamespace: "portico-system",
 					Seed: 7, PinPath: dataplane.DefaultPinPath, RingSize: dataplane.DefaultRingSize, NginxDir: "/var/lib/portico/nginx",
-					AccessLog: "stdout", AccessLogSample: 1,
+					AccessLog: "stdout", AccessLogSample: 0.01,
 					HTTPPort: 80, HTTPSPort: 443, StatusPort: 10248, MetricsAddr: ":9101", LivenessPort: 10247, L4SteerPort: 10242,
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,

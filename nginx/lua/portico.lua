@@ -45,7 +45,9 @@ local log_keep = 256 -- versions whose log entries stay in the dictionary
 local seen = 0 -- the version this worker's cache is at
 local cache = {} -- parsed values by key; false for a key the table lacks
 local next_index = {} -- round-robin position by upstream name
-local log_vars = false -- route sets $portico_ingress and $portico_upstream (configure)
+local log_sample = false -- the share of requests the access log writes (configure); false: no log
+local counting = false -- stick counts every response (configure)
+local count -- the telemetry's, below
 
 -- The parser scans bytes with plain finds, which LuaJIT compiles; the
 -- pattern functions would run interpreted. Each function reads s[i..j].
@@ -531,6 +533,10 @@ end
 -- the one balance tries first.
 function M.route()
     sync()
+    local sampled = log_sample and (log_sample >= 1 or math.random() < log_sample)
+    if sampled then
+        ngx.var.portico_sampled = "1"
+    end
     local host = ngx.var.host or ""
     local https = ngx.var.https == "on"
     local e = host ~= "" and entry(host, https) or get("h:")
@@ -563,7 +569,7 @@ function M.route()
     end
     local ctx = ngx.ctx
     ctx.portico_src = t.src
-    if log_vars then
+    if sampled then
         local var = ngx.var
         var.portico_ingress = t.src or ""
         var.portico_upstream = t.up or ""
@@ -631,12 +637,16 @@ function M.balance()
     end
 end
 
--- stick runs in every response's header filter: when the request had cookie
+-- stick runs in every response's header filter: it counts the response
+-- (with telemetry), then, when the request had cookie
 -- affinity and the endpoint that answered is not the one its cookie named
 -- (none yet, one that left, or one that failed), the response sets the cookie
 -- to it, beside any cookie the upstream set.
 function M.stick()
     local ctx = ngx.ctx
+    if counting then
+        count(ctx)
+    end
     local cname = ctx.portico_cookie
     local i = ctx.portico_index
     if not cname or not i then
@@ -773,32 +783,41 @@ function M.live()
     ngx.print("live\n", dict:get("verdicts") or "")
 end
 
--- Telemetry. Each worker counts its requests in Lua tables of its own (count,
--- in the log phase: no lock, no shared memory per request), by the Ingress
--- that asked for the route ("-" for none) and by upstream, and once a second
--- (and when it exits) pushes what it counted since onto a list in the
--- portico_telemetry dictionary: one entry a second per worker, whatever the
--- traffic. The agent takes the entries off that list (GET /telemetry on the
--- control socket) and adds them up, so that a reload's new workers, or a
--- master that restarts, lose nothing they pushed. An Ingress's line:
+-- Telemetry. Each worker counts its responses in Lua tables of its own
+-- (count, from stick in the header filter, a phase every request already
+-- runs Lua in: no lock, no shared memory, no Lua phase of its own per
+-- request), by the Ingress that asked for the route ("-" for none) and by
+-- upstream, and once a second (and when it exits) pushes what it counted
+-- since onto a list in the portico_telemetry dictionary: one entry a second
+-- per worker, whatever the traffic. The agent takes the entries off that
+-- list (GET /telemetry on the control socket) and adds them up, so that a
+-- reload's new workers, or a master that restarts, lose nothing they pushed.
+-- An Ingress's line:
 --   "r <ingress> <1xx> <2xx> <3xx> <4xx> <5xx> <other> <bytes in> <bytes out>
 --    <seconds> <count in each bucket of buckets, then above the last>";
 -- an upstream's:
 --   "u <upstream> <tries> <retries> <tries without a connection> <seconds>
 --    <count in each bucket, then above the last>",
 -- where seconds and the buckets are the request's time (from its first byte
--- to its log phase) and the upstream's (upstream_response_time: every try's
--- together).
+-- until its response's header goes out) and the upstream's
+-- (upstream_header_time: every try's together). Bytes out are the
+-- responses' Content-Length (a response without one counts none); bytes in
+-- are the requests' lines, headers and bodies. A request nginx closes
+-- without answering (444, or a client gone before the answer: 499) sends no
+-- header and is not counted.
 local buckets = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
 local nbuckets = #buckets
 local telemetry_queue = 1024 -- entries kept when the agent does not take them
 local by_src, by_up = {}, {} -- this worker's counts since its last push
 local floor, concat = math.floor, table.concat
 
--- configure says what nginx.conf asks for: telemetry, and the access log's
--- variables. init_by_lua calls it, in the master, before the workers start.
-function M.configure(access_log)
-    log_vars = access_log
+-- configure says what nginx.conf asks for: the share of requests the access
+-- log writes (false: none), whose variables route then sets (only for those:
+-- setting a variable costs a request about a microsecond), and telemetry.
+-- init_by_lua calls it, in the master, before the workers start.
+function M.configure(access_log_sample, telemetry)
+    log_sample = access_log_sample
+    counting = telemetry
 end
 
 local function record(n)
@@ -821,7 +840,7 @@ local function bucket(x)
 end
 
 -- seconds adds up an $upstream_*_time: "0.004", or one time a try
--- ("0.001, 0.003", and " : " across internal redirects).
+-- ("0.001, 0.003", and " : " across internal redirects; "-" for none).
 local function seconds(s)
     local x = tonumber(s)
     if x then
@@ -834,31 +853,28 @@ local function seconds(s)
     return x
 end
 
--- count runs in every request's log phase.
-function M.count()
-    local ctx = ngx.ctx
+-- count counts a response, as its header goes out. nginx.conf's map makes
+-- $portico_counts of what it needs, in one read ("<status>|<request
+-- length>|<request time>|<content length>|<upstream header times>|<upstream
+-- connect times>"): each read of a variable, interpreted, costs about a
+-- microsecond.
+count = function(ctx)
     local src = ctx.portico_src or "-"
     local r = by_src[src]
     if not r then
-        r = record(10 + nbuckets)
+        r = record(9 + nbuckets + 1)
         by_src[src] = r
     end
-    local var = ngx.var
-    local st = ngx.status
-    if st < 100 then
-        st = tonumber(var.status) or 0
-    end
+    local st, len, rt, cl, uh, uc = match(ngx.var.portico_counts, "^(%d*)|(%d*)|([%d.]*)|(%d*)|([^|]*)|(.*)$")
+    st = tonumber(st) or 0
     local k = floor(st / 100)
     if k < 1 or k > 5 then
         k = 6
     end
     r[k] = r[k] + 1
-    r[7] = r[7] + (tonumber(var.request_length) or 0)
-    r[8] = r[8] + (tonumber(var.bytes_sent) or 0)
-    local d = ngx.now() - ngx.req.start_time()
-    if d < 0 then
-        d = 0
-    end
+    r[7] = r[7] + (tonumber(len) or 0)
+    r[8] = r[8] + (tonumber(cl) or 0)
+    local d = tonumber(rt) or 0
     r[9] = r[9] + d
     k = 9 + bucket(d)
     r[k] = r[k] + 1
@@ -868,7 +884,7 @@ function M.count()
     end
     local u = by_up[up]
     if not u then
-        u = record(5 + nbuckets)
+        u = record(4 + nbuckets + 1)
         by_up[up] = u
     end
     local tries = ctx.portico_tries or 1
@@ -876,13 +892,13 @@ function M.count()
     u[2] = u[2] + tries - 1
     if tries > 1 or st >= 502 and st <= 504 then
         -- "-" for each try that got no connection
-        for w in gmatch(var.upstream_connect_time or "", "[^,:%s]+") do
+        for w in gmatch(uc or "", "[^,:%s]+") do
             if w == "-" then
                 u[3] = u[3] + 1
             end
         end
     end
-    d = seconds(var.upstream_response_time)
+    d = seconds(uh)
     u[4] = u[4] + d
     k = 4 + bucket(d)
     u[k] = u[k] + 1
