@@ -141,7 +141,7 @@ cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubele
 bench-failover: deps ## VIP failover outage, Portico vs keepalived, at 1s/100ms/20ms adverts (root; ~4 min; TRIALS=10)
 	set -o pipefail; PORTICO_BENCH_FAILOVER=1 PORTICO_BENCH_TRIALS=$(or $(TRIALS),10) $(GO) test -count=1 -timeout 20m -run '^TestFailoverBench$$' -v ./vrrp/ | grep -vE '^=== |became the only owner'
 
-bench-nginx: deps ## nginx: render, reload, change to served at 100/1,000/10,000 routes, worker memory over 1,000 changes, req/s per core native vs dynamic matching (real nginx, wrk; ~5 min)
+bench-nginx: deps ## nginx: render, reload, change to served at 100/1,000/10,000 routes, worker memory over 1,000 changes, req/s per core native vs dynamic matching, what telemetry and the access log cost (real nginx, wrk; ~12 min)
 	$(GO) test -count=1 -run '^$$' -bench . -benchtime $(or $(BENCHTIME),5x) -benchmem ./nginx/
 
 bench-bgp: deps kapi ## BGP mode: edge deaths and returns with BFD 50ms/300ms/none: next hop gone (median/max), flows the router moved, connections broken (root; TRIALS=5)

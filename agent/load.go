@@ -94,12 +94,14 @@ func (m *loadMeter) current() *agentstatus.Load {
 	if !m.hasSample {
 		return nil
 	}
-	round := func(x float64, step float64) float64 { return math.Round(x/step) * step }
+	// To 1/per: math.Round(x*per)/per, which JSON prints short, unlike a
+	// multiple of 0.1.
+	round := func(x, per float64) float64 { return math.Round(x*per) / per }
 	l := agentstatus.Load{
-		Requests:       round(m.load.Requests, 0.1),
+		Requests:       round(m.load.Requests, 10),
 		Bytes:          round(m.load.Bytes, 1),
-		NginxCPU:       round(m.load.NginxCPU, 0.001),
-		NewConnections: round(m.load.NewConnections, 0.1),
+		NginxCPU:       round(m.load.NginxCPU, 1000),
+		NewConnections: round(m.load.NewConnections, 10),
 		Cores:          m.cores,
 	}
 	return &l

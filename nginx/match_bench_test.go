@@ -64,15 +64,7 @@ var matchPaths = []string{"/", "/healthz", "/api/v1/users/42", "/static/js/app.j
 // requests/s it loses against native (cost-%) and the CPU time per request it
 // adds (cpu-cost-%), each with the least and the most of the iterations' pairs.
 func BenchmarkMatching(b *testing.B) {
-	wrk := testenv.RequireProgram(b, "wrk")
-	bin := nginxBinary(b)
-	proxyCPU, restCPU := -1, -1
-	if runtime.NumCPU() >= 2 {
-		proxyCPU, restCPU = runtime.NumCPU()-1, 0
-	}
-	ports := testenv.Ports(b, 4)
-	backendPorts, statusPort := ports[:3], ports[3]
-	startReturnBackend(b, bin, backendPorts, statusPort, restCPU)
+	wrk, proxyCPU, restCPU, backendPorts, statusPort := startWrkBench(b)
 	for _, layout := range []string{"shared", "distinct"} {
 		b.Run("endpoints="+layout, func(b *testing.B) {
 			eps := func(i int) []netip.AddrPort {
@@ -88,7 +80,7 @@ func BenchmarkMatching(b *testing.B) {
 			}
 			snap := matchSnapshot(b, eps)
 			dyn := startNginx(b, snap, func(o *Options) { o.WorkerProcesses, o.WorkerConnections = 1, 16384 })
-			nat := startNative(b, bin, snap, 16384)
+			nat := startNative(b, nginxBinary(b), snap, 16384)
 			targets := []*wrkTarget{
 				{name: "dynamic", http: dyn.opt.HTTPPort, https: dyn.opt.HTTPSPort, worker: soleWorker(b, dyn.master(b))},
 				{name: "native", http: nat.http, https: nat.https, worker: soleWorker(b, nat.master)},
@@ -96,39 +88,64 @@ func BenchmarkMatching(b *testing.B) {
 			for _, t := range targets {
 				pin(b, t.worker, proxyCPU)
 			}
-			dir := b.TempDir()
-			script := filepath.Join(dir, "cycle.lua")
-			if err := os.WriteFile(script, []byte(wrkCycleScript()), 0o644); err != nil {
+			compareProtos(b, wrk, targets, snap, statusPort, restCPU)
+		})
+	}
+}
+
+// startWrkBench finds wrk and starts the backend (an nginx that answers
+// "return 200" on three ports, with its status on statusPort), on restCPU;
+// proxyCPU is the CPU for the nginx under test, -1 on one CPU.
+func startWrkBench(b *testing.B) (wrk string, proxyCPU, restCPU int, backendPorts []uint16, statusPort uint16) {
+	b.Helper()
+	wrk = testenv.RequireProgram(b, "wrk")
+	bin := nginxBinary(b)
+	proxyCPU, restCPU = -1, -1
+	if runtime.NumCPU() >= 2 {
+		proxyCPU, restCPU = runtime.NumCPU()-1, 0
+	}
+	ports := testenv.Ports(b, 4)
+	backendPorts, statusPort = ports[:3], ports[3]
+	startReturnBackend(b, bin, backendPorts, statusPort, restCPU)
+	return wrk, proxyCPU, restCPU, backendPorts, statusPort
+}
+
+// compareProtos runs comparePaired on targets over plain HTTP (every host of
+// snap but sniHost) and HTTPS (its hosts with TLS, with SNI sniHost), a
+// sub-benchmark each, with wrk cycling through the hosts and matchPaths.
+func compareProtos(b *testing.B, wrk string, targets []*wrkTarget, snap model.Snapshot, statusPort uint16, restCPU int) {
+	b.Helper()
+	dir := b.TempDir()
+	script := filepath.Join(dir, "cycle.lua")
+	if err := os.WriteFile(script, []byte(wrkCycleScript()), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	var plain, secure []string
+	for _, s := range snap.Servers {
+		if s.Host == sniHost {
+			continue
+		}
+		plain = append(plain, s.Host)
+		if s.TLSCertificate != "" {
+			secure = append(secure, s.Host)
+		}
+	}
+	for _, proto := range []struct {
+		name  string
+		hosts []string
+	}{{"http", plain}, {"https", secure}} {
+		b.Run("proto="+proto.name, func(b *testing.B) {
+			hosts := filepath.Join(dir, proto.name+".hosts")
+			if err := os.WriteFile(hosts, []byte(strings.Join(proto.hosts, "\n")+"\n"), 0o644); err != nil {
 				b.Fatal(err)
 			}
-			var plain, secure []string
-			for _, s := range snap.Servers {
-				if s.Host == sniHost {
-					continue
+			url := func(t *wrkTarget) string {
+				if proto.name == "https" {
+					return fmt.Sprintf("https://%s:%d/", sniHost, t.https)
 				}
-				plain = append(plain, s.Host)
-				if s.TLSCertificate != "" {
-					secure = append(secure, s.Host)
-				}
+				return fmt.Sprintf("http://127.0.0.1:%d/", t.http)
 			}
-			for _, proto := range []struct {
-				name  string
-				hosts []string
-			}{{"http", plain}, {"https", secure}} {
-				b.Run("proto="+proto.name, func(b *testing.B) {
-					hosts := filepath.Join(dir, proto.name+".hosts")
-					if err := os.WriteFile(hosts, []byte(strings.Join(proto.hosts, "\n")+"\n"), 0o644); err != nil {
-						b.Fatal(err)
-					}
-					url := func(t *wrkTarget) string {
-						if proto.name == "https" {
-							return fmt.Sprintf("https://%s:%d/", sniHost, t.https)
-						}
-						return fmt.Sprintf("http://127.0.0.1:%d/", t.http)
-					}
-					comparePaired(b, wrk, targets, url, script, hosts, statusPort, restCPU)
-				})
-			}
+			comparePaired(b, wrk, targets, url, script, hosts, statusPort, restCPU)
 		})
 	}
 }
