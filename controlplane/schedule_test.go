@@ -36,7 +36,7 @@ func TestSchedule(t *testing.T) {
 				ingress("app", "bound", 0, "", nil, v1alpha1.AnnotationGroup, "e/g-a"),
 				sel("s1", 1, "tier=edge"), sel("s2", 2, "tier=edge"), sel("s3", 3, "tier=edge"), sel("s4", 4, "tier=edge"),
 			},
-			want: map[string]string{"app/s1": "e/g-b", "app/s2": "e/g-c", "app/s3": "e/g-a", "app/s4": "e/g-b"},
+			want:    map[string]string{"app/s1": "e/g-b", "app/s2": "e/g-c", "app/s3": "e/g-a", "app/s4": "e/g-b"},
 			reasons: map[string]string{"app/s1": "no load reported), and the fewest bound Ingresses among the matches (0 against 0)"},
 		},
 		{
