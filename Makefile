@@ -102,7 +102,7 @@ verify: generate api manifests metrics-doc ## regenerate the BPF objects, the AP
 	@$(GO) mod tidy -diff || { echo "verify: go.mod/go.sum are not tidy: run go mod tidy and commit" >&2; exit 1; }
 	@cd hack/tools && $(GO) mod tidy -diff || { echo "verify: hack/tools/go.mod is not tidy: run go mod tidy in hack/tools/ and commit" >&2; exit 1; }
 
-test: deps vet unit fuzz verify ## everything CI runs
+test: deps lint unit fuzz verify ## everything CI runs (lint: gofmt and vet)
 
 lint: vet ## static checks (gofmt + vet)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed: $$out" >&2; exit 1; fi
