@@ -39,7 +39,8 @@ var matchPaths = []string{"/", "/healthz", "/api/v1/users/42", "/static/js/app.j
 // Prefix "/" and an Exact "/healthz" path. Two nginx serve the same snapshot:
 // dynamic is what Portico renders; native is testdata/native.conf.tmpl, one
 // server block per host with native upstream blocks (keepalive 32 each) and no
-// Lua. Each has one worker process, pinned to a CPU of its own when the machine
+// Lua; dynamic without telemetry or access log (BenchmarkTelemetry measures
+// what they add). Each has one worker process, pinned to a CPU of its own when the machine
 // has two, so that requests/s is per core; wrk and the backend (an nginx that
 // answers "return 200", so the backend costs little) share the other CPU. wrk
 // (64 connections, kept alive: nginx closes one after 1,000 requests, as
@@ -79,7 +80,10 @@ func BenchmarkMatching(b *testing.B) {
 				return l
 			}
 			snap := matchSnapshot(b, eps)
-			dyn := startNginx(b, snap, func(o *Options) { o.WorkerProcesses, o.WorkerConnections = 1, 16384 })
+			dyn := startNginx(b, snap, func(o *Options) {
+				o.WorkerProcesses, o.WorkerConnections = 1, 16384
+				o.Telemetry, o.AccessLog = false, "" // what they cost: BenchmarkTelemetry
+			})
 			nat := startNative(b, nginxBinary(b), snap, 16384)
 			targets := []*wrkTarget{
 				{name: "dynamic", http: dyn.opt.HTTPPort, https: dyn.opt.HTTPSPort, worker: soleWorker(b, dyn.master(b))},
