@@ -85,7 +85,7 @@ func newTelemetry() *telemetry {
 		retries: d("upstream_retries_total", "Tries of an upstream after one failed (proxy_next_upstream: error, timeout), by upstream.", "upstream"),
 		connectErrors: d("upstream_connect_errors_total", "Tries of an upstream that got no connection (refused, unreachable, "+
 			"timed out), by upstream.", "upstream"),
-		upstreamTime: d("upstream_response_duration_seconds", "Time until the upstream's response header came (upstream_header_time, every try's together), by upstream.", "upstream"),
+		upstreamTime: d("upstream_response_duration_seconds", "Time from the first try's start until the upstream's response header came (every try together), by upstream.", "upstream"),
 		droppedDesc: d("telemetry_dropped_total", "Counts of one worker's second that nginx dropped because the agent "+
 			"did not take them in time (the portico_http_* series miss them)."),
 	}
