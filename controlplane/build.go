@@ -65,6 +65,7 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 	b := newBuilder(st)
 	b.memo = m
 	if m != nil {
+		b.upstreams = make(map[string]*upstreamAcc, len(m.endpoints)) // as many as last time
 		m.begin()
 		defer m.end()
 	}
@@ -91,6 +92,7 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 // keeps only what the last Build used, and serves one Build at a time.
 type Memo struct {
 	endpoints, used map[endpointsKey]endpointsMemo
+	spare           map[endpointsKey]endpointsMemo // the map before last, emptied for the next used
 }
 
 type endpointsKey struct {
@@ -103,9 +105,17 @@ type endpointsMemo struct {
 	eps    []netip.AddrPort             // shared: never modified
 }
 
-func (m *Memo) begin() { m.used = map[endpointsKey]endpointsMemo{} }
+func (m *Memo) begin() {
+	if m.spare == nil {
+		m.spare = make(map[endpointsKey]endpointsMemo, len(m.endpoints))
+	}
+	m.used, m.spare = m.spare, nil
+}
 
-func (m *Memo) end() { m.endpoints, m.used = m.used, nil }
+func (m *Memo) end() {
+	clear(m.endpoints) // keeps its room for the next Build's used
+	m.endpoints, m.used, m.spare = m.used, nil, m.endpoints
+}
 
 type builder struct {
 	st       State
@@ -146,8 +156,12 @@ type locKey struct {
 }
 
 type upstreamAcc struct {
-	base      string           // "namespace-service-port" before collision handling
+	base      string           // "namespace-service-port" before collision handling (sanitized by snapshot)
 	endpoints []netip.AddrPort // may repeat; sorted and compacted at the end
+	// sorted: endpoints are one contribution's, sorted and without repeats
+	// (serviceEndpoints'), shared with the Memo: the snapshot takes them as
+	// they are. A second contribution copies them.
+	sorted bool
 }
 
 func newBuilder(st State) *builder {
@@ -234,10 +248,24 @@ func (b *builder) server(group, host string) *serverAcc {
 // upstream records (or extends) an upstream and returns its identity key; names are
 // assigned at the end, when collisions are known.
 func (b *builder) upstream(base, id string, eps []netip.AddrPort) string {
+	return b.upstreamOf(base, id, eps, false)
+}
+
+// upstreamOf is upstream; sorted says eps are sorted without repeats, and
+// never modified (serviceEndpoints'): the first contribution is then kept
+// without a copy.
+func (b *builder) upstreamOf(base, id string, eps []netip.AddrPort, sorted bool) string {
 	u := b.upstreams[id]
 	if u == nil {
 		u = &upstreamAcc{base: base}
 		b.upstreams[id] = u
+		if sorted && len(eps) > 0 {
+			u.endpoints, u.sorted = eps, true
+			return id
+		}
+	}
+	if u.sorted { // a second contribution: from here on, a copy of our own
+		u.endpoints, u.sorted = slices.Clone(u.endpoints), false
 	}
 	u.endpoints = append(u.endpoints, eps...)
 	return id
@@ -258,19 +286,25 @@ func (b *builder) snapshot() model.Snapshot {
 	}
 	slices.SortFunc(snap.Groups, func(x, y model.Group) int { return cmp.Compare(x.Name, y.Name) })
 
-	byBase := map[string]int{}
+	byBase := make(map[string]int, len(b.upstreams))
 	for _, u := range b.upstreams {
-		byBase[sanitize(u.base)]++
+		u.base = sanitize(u.base)
+		byBase[u.base]++
 	}
-	names := map[string]string{}
+	names := make(map[string]string, len(b.upstreams))
+	snap.Upstreams = make([]model.Upstream, 0, len(b.upstreams))
 	for id, u := range b.upstreams {
-		n := sanitize(u.base)
+		n := u.base
 		if byBase[n] > 1 {
 			n += "-" + shortHash(id)
 		}
 		names[id] = n
 		up := model.Upstream{Name: n}
-		if len(u.endpoints) > 0 {
+		switch {
+		case len(u.endpoints) == 0:
+		case u.sorted:
+			up.Endpoints = u.endpoints // the Memo's, sorted: shared, never modified
+		default:
 			up.Endpoints = u.endpoints // built by append from nil: owned, not shared
 			slices.SortFunc(up.Endpoints, func(x, y netip.AddrPort) int { return x.Compare(y) })
 			up.Endpoints = slices.Clip(slices.Compact(up.Endpoints))
@@ -287,10 +321,14 @@ func (b *builder) snapshot() model.Snapshot {
 		snap.Services = append(snap.Services, svc)
 	}
 
+	snap.Servers = make([]model.Server, 0, len(b.servers))
 	for _, s := range b.servers {
 		srv := s.srv
 		if srv.DefaultUpstream != "" {
 			srv.DefaultUpstream = names[srv.DefaultUpstream]
+		}
+		if len(s.locations) > 0 {
+			srv.Locations = make([]model.Location, 0, len(s.locations))
 		}
 		for _, l := range s.locations {
 			l.Upstream = names[l.Upstream]

@@ -273,15 +273,16 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
 	}
 	port := strconv.Itoa(int(sp.Port))
-	if id := "svc|" + svcKey + "|" + port; b.upstreams[id] != nil {
+	id := "svc|" + svcKey + "|" + port
+	if b.upstreams[id] != nil {
 		return id, true // another path of the same Service port: endpoints known
 	}
-	return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+port, "svc|"+svcKey+"|"+port, b.serviceEndpoints(svcKey, sp)), true
+	return b.upstreamOf(ing.Namespace+"-"+be.Service.Name+"-"+port, id, b.serviceEndpoints(svcKey, sp), true), true
 }
 
 // serviceEndpoints lists the ready endpoints of one Service port from its
-// EndpointSlices (slice ports carry the Service port's name).
-// The result may be the Memo's: it is never modified.
+// EndpointSlices (slice ports carry the Service port's name), sorted and
+// without repeats. The result may be the Memo's: it is never modified.
 func (b *builder) serviceEndpoints(svcKey string, sp *corev1.ServicePort) []netip.AddrPort {
 	proto := sp.Protocol
 	if proto == "" {
@@ -338,5 +339,6 @@ func (b *builder) parseEndpoints(svcKey, portName string, proto corev1.Protocol)
 			}
 		}
 	}
-	return out
+	slices.SortFunc(out, func(x, y netip.AddrPort) int { return x.Compare(y) })
+	return slices.Clip(slices.Compact(out))
 }

@@ -103,8 +103,8 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 				continue
 			}
 			num := strconv.Itoa(int(sp.Port))
-			id := b.upstream(s.Namespace+"-"+s.Name+"-"+num+"-"+strings.ToLower(string(proto)),
-				"l4|"+svc.Name+"|"+string(proto)+"|"+num, b.serviceEndpoints(svc.Name, sp))
+			id := b.upstreamOf(s.Namespace+"-"+s.Name+"-"+num+"-"+strings.ToLower(string(proto)),
+				"l4|"+svc.Name+"|"+string(proto)+"|"+num, b.serviceEndpoints(svc.Name, sp), true)
 			ports = append(ports, port{model.ServicePort{Protocol: proto, Port: uint16(sp.Port)}, id})
 		}
 		slices.SortFunc(ports, func(x, y port) int {

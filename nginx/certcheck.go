@@ -38,6 +38,15 @@ type certCache struct {
 	// locations are the hosts' locations (cachedLocations), by group and host,
 	// of the last render; next those of the render under way.
 	locations, next map[string]*locationsEntry
+	// hashes are the table's entries' shares of its digest (entryHash), by
+	// key, with the value each was computed from: a render hashes only the
+	// entries that changed (table.digestCached).
+	hashes map[string]hashedEntry
+}
+
+type hashedEntry struct {
+	v string
+	h uint64
 }
 
 // keepLocations records a host's locations for the next render.

@@ -259,3 +259,31 @@ func nofileLimit(tb testing.TB) uint64 {
 	}
 	return l.Max
 }
+
+// serverName renders a host as an nginx server_name. An Ingress wildcard matches one
+// label exactly, so "*.example.com" becomes a regular expression; nginx's own
+// "*.example.com" would also match "a.b.example.com".
+func serverName(host string) string {
+	if suffix, ok := strings.CutPrefix(host, "*."); ok {
+		return `"~^[^.]+\.` + strings.ReplaceAll(suffix, ".", `\.`) + `$"`
+	}
+	return host
+}
+
+// serverNamesHash sizes nginx's server-name hash for n exact names of at most
+// longest bytes, so that large configurations build it on the first tries and
+// without warnings.
+func serverNamesHash(n, longest int) (bucket, maxSize int) {
+	// An entry takes a pointer plus the name and two bytes, aligned to 8; a bucket
+	// ends with a pointer. Room for a few entries keeps collisions cheap.
+	need := 8 + (longest+2+7)&^7 + 8
+	bucket = 128
+	for bucket < need {
+		bucket *= 2
+	}
+	maxSize = 1024
+	for maxSize < 4*n {
+		maxSize *= 2
+	}
+	return bucket, maxSize
+}

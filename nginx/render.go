@@ -73,14 +73,11 @@ type (
 		ListenTLS      []string
 		StatusListen   string
 		LivenessListen []string
-		HashBucketSize int
-		HashMaxSize    int
 		LuaDigest      string // of the Lua module nginx.conf loads
 		// AccessLog is the access log's file ("" for none), AccessLogSample the
 		// share of requests it logs, as Lua reads it ("0.01", "1").
 		AccessLog, AccessLogSample string
-		Servers                    []tmplServer
-		Default                    tmplServer
+		Default                    tmplServer  // the catch-all's table entry ("h:")
 		Stream                     *tmplStream // nil: no L4 Service, no stream module
 		Checksum                   string
 		// WorkerConnections and RlimitNofile: each connection may need two files
@@ -127,7 +124,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	if err := opt.validate(); err != nil {
 		return nil, fmt.Errorf("render nginx config: %w", err)
 	}
-	r := renderer{opt: opt, upstreams: map[string]model.Upstream{}, certs: map[string]certResult{}, refused: refused, cache: cache}
+	r := renderer{opt: opt, upstreams: make(map[string]model.Upstream, len(snap.Upstreams)), certs: map[string]certResult{}, refused: refused, cache: cache}
 	if cache != nil {
 		cache.next = nil // what a render that failed half way kept
 	}
@@ -155,9 +152,8 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		}
 	}
 
-	t := table{}
-	seen := map[string]bool{}
-	longest := 0
+	t := make(table, len(snap.Servers)+len(snap.Upstreams)+len(snap.Certificates)+1)
+	seen := make(map[string]bool, len(snap.Servers))
 	var catchAll *model.Server
 	for i := range snap.Servers {
 		s := &snap.Servers[i]
@@ -185,14 +181,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 			continue
 		}
 		seen[s.Host] = true
-		ts := r.server(s)
-		ts.Names = []string{serverName(s.Host)}
-		ts.Comment = s.Host
-		t["h:"+s.Host] = hostValue(ts, opt.HTTPSPort)
-		if !strings.HasPrefix(s.Host, "*.") {
-			longest = max(longest, len(s.Host))
-		}
-		d.Servers = append(d.Servers, ts)
+		t["h:"+s.Host] = hostValue(r.server(s), opt.HTTPSPort)
 	}
 	if catchAll != nil {
 		d.Default = r.server(catchAll)
@@ -204,7 +193,6 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	for n := range r.usedUpstreams {
 		t["u:"+n] = upstreamValue(r.upstreams[n].Endpoints)
 	}
-	d.HashBucketSize, d.HashMaxSize = serverNamesHash(len(d.Servers), longest)
 
 	var buf bytes.Buffer
 	if err := confTemplate.Execute(&buf, d); err != nil {
@@ -220,7 +208,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 			t["c:"+res.file.Name] = certValue(res.file.PEM)
 		}
 	}
-	cfg.Digest = t.digest()
+	cfg.Digest = t.digestCached(cache)
 	if d.Stream != nil {
 		cfg.L4, cfg.L4Routes = d.Stream.Endpoints, d.Stream.Routes
 	}
@@ -354,32 +342,4 @@ func commentSafe(s string) string {
 		}
 	}
 	return s
-}
-
-// serverName renders a host as an nginx server_name. An Ingress wildcard matches one
-// label exactly, so "*.example.com" becomes a regular expression; nginx's own
-// "*.example.com" would also match "a.b.example.com".
-func serverName(host string) string {
-	if suffix, ok := strings.CutPrefix(host, "*."); ok {
-		return `"~^[^.]+\.` + strings.ReplaceAll(suffix, ".", `\.`) + `$"`
-	}
-	return host
-}
-
-// serverNamesHash sizes nginx's server-name hash for n exact names of at most
-// longest bytes, so that large configurations build it on the first tries and
-// without warnings.
-func serverNamesHash(n, longest int) (bucket, maxSize int) {
-	// An entry takes a pointer plus the name and two bytes, aligned to 8; a bucket
-	// ends with a pointer. Room for a few entries keeps collisions cheap.
-	need := 8 + (longest+2+7)&^7 + 8
-	bucket = 128
-	for bucket < need {
-		bucket *= 2
-	}
-	maxSize = 1024
-	for maxSize < 4*n {
-		maxSize *= 2
-	}
-	return bucket, maxSize
 }

@@ -47,6 +47,38 @@ func (t table) digest() string {
 	for k, v := range t {
 		d ^= entryHash(k, v)
 	}
+	return digestString(d)
+}
+
+// digestCached is digest, hashing only the entries whose value is not the one
+// cc hashed last time (nil cc: every entry), and keeping t's hashes in cc.
+func (t table) digestCached(cc *certCache) string {
+	if cc == nil {
+		return t.digest()
+	}
+	if cc.hashes == nil {
+		cc.hashes = make(map[string]hashedEntry, len(t))
+	}
+	var d uint64
+	for k, v := range t {
+		e, ok := cc.hashes[k]
+		if !ok || e.v != v {
+			e = hashedEntry{v: v, h: entryHash(k, v)}
+			cc.hashes[k] = e
+		}
+		d ^= e.h
+	}
+	if len(cc.hashes) > len(t) {
+		for k := range cc.hashes {
+			if _, ok := t[k]; !ok {
+				delete(cc.hashes, k)
+			}
+		}
+	}
+	return digestString(d)
+}
+
+func digestString(d uint64) string {
 	var b [8]byte
 	binary.BigEndian.PutUint64(b[:], d)
 	return hex.EncodeToString(b[:])

@@ -461,3 +461,27 @@ func TestTableTakesLargeValues(t *testing.T) {
 		t.Errorf("e.test/other reached %v, want A", seen)
 	}
 }
+
+// TestDigestCached: the digest from the cache of hashes is the table's digest
+// across entries added, changed and removed, and the cache keeps only the
+// table's keys.
+func TestDigestCached(t *testing.T) {
+	var cc certCache
+	tb := table{"h:a": "- - - / u1", "h:b": "- - - / u2", "u:u1": "10.0.0.1:80"}
+	steps := []func(){
+		func() {},
+		func() { tb["h:c"] = "- - - / u3" },
+		func() { tb["h:a"] = "- - - / u9" },
+		func() { delete(tb, "h:b") },
+		func() { tb = table{"h:z": "- - 404"} },
+	}
+	for i, step := range steps {
+		step()
+		if got, want := tb.digestCached(&cc), tb.digest(); got != want {
+			t.Errorf("step %d: cached digest %s, want %s", i, got, want)
+		}
+		if len(cc.hashes) != len(tb) {
+			t.Errorf("step %d: the cache keeps %d hashes for %d entries", i, len(cc.hashes), len(tb))
+		}
+	}
+}
