@@ -95,6 +95,18 @@ func (c *Controller) watchAgents() error {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = agentstatus.Selector }))
 	i := f.Coordination().V1().Leases().Informer()
 	enqueue := func(any) { c.queue.Add(syncKey) }
+	// The report of each Lease's version the handler saw last, so that an
+	// update decodes its new version only: a report lists every Ingress of
+	// the group, and every agent publishes one every few seconds and after
+	// each change it serves. The informer calls the handler from one goroutine.
+	seen := map[string]decodedReport{}
+	report := func(l *coordinationv1.Lease) agentReport {
+		if e, ok := seen[l.Name]; ok && e.version == l.ResourceVersion {
+			return e.report
+		}
+		r, _ := decodeReport(l)
+		return r
+	}
 	if _, err := i.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: enqueue,
 		UpdateFunc: func(old, cur any) {
@@ -109,15 +121,23 @@ func (c *Controller) watchAgents() error {
 				// of every agent.
 				return
 			}
-			ro, _ := reportOf(o, time.Time{})
-			rn, _ := reportOf(n, time.Time{})
+			ro, rn := report(o), report(n)
+			seen[n.Name] = decodedReport{version: n.ResourceVersion, report: rn}
 			if ro.Group != rn.Group {
 				c.queue.Add(syncKey)
 			} else if !maps.Equal(ro.Served, rn.Served) {
 				c.wantWrite() // only the leader's address writes wait for it
 			}
 		},
-		DeleteFunc: enqueue,
+		DeleteFunc: func(obj any) {
+			if l, ok := obj.(*coordinationv1.Lease); ok {
+				delete(seen, l.Name)
+			} else if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				_, name, _ := cache.SplitMetaNamespaceKey(d.Key)
+				delete(seen, name)
+			}
+			enqueue(obj)
+		},
 	}); err != nil {
 		return fmt.Errorf("add event handler: %w", err)
 	}
