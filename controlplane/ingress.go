@@ -17,8 +17,8 @@ import (
 
 func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 	for _, ing := range ings {
-		group := b.bindings[key(ing)].Group
 		src := key(ing)
+		group := b.bindings[src].Group
 		g := b.groupsOut[group]
 		if g != nil {
 			if g.Ingresses == nil {
@@ -62,7 +62,7 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 		// backend is reported once, for the group's catch-all server below.
 		defUp := ""
 		if db := ing.Spec.DefaultBackend; db != nil {
-			defUp, _ = b.backend(ing, "spec.defaultBackend", *db)
+			defUp, _ = b.backend(ing, func() string { return "spec.defaultBackend" }, *db)
 			if defUp != "" {
 				ups = append(ups, defUp)
 			}
@@ -114,7 +114,8 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 				continue
 			}
 			for pi, p := range rule.HTTP.Paths {
-				field := fmt.Sprintf("spec.rules[%d].http.paths[%d]", ri, pi)
+				// The path's field, for a problem: only one reported builds it.
+				field := func() string { return fmt.Sprintf("spec.rules[%d].http.paths[%d]", ri, pi) }
 				typ := model.PathImplementationSpecific
 				if p.PathType != nil {
 					typ = model.PathType(*p.PathType)
@@ -124,10 +125,10 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 					path = "/"
 				}
 				if !strings.HasPrefix(path, "/") || (typ != model.PathExact && typ != model.PathPrefix && typ != model.PathImplementationSpecific) {
-					b.problem("Ingress", ing, field+".path", model.ReasonInvalidPath, "path %q of type %s is not served", p.Path, typ)
+					b.problem("Ingress", ing, field()+".path", model.ReasonInvalidPath, "path %q of type %s is not served", p.Path, typ)
 					continue
 				}
-				up, ok := b.backend(ing, field+".backend", p.Backend)
+				up, ok := b.backend(ing, func() string { return field() + ".backend" }, p.Backend)
 				if ok {
 					ups = append(ups, up)
 				}
@@ -137,7 +138,7 @@ func (b *builder) ingresses(ings []*networkingv1.Ingress) {
 				s := b.server(group, host)
 				lk := locKey{path, typ}
 				if owner, taken := s.locs[lk]; taken {
-					b.problem("Ingress", ing, field, model.ReasonPathConflict,
+					b.problem("Ingress", ing, field(), model.ReasonPathConflict,
 						"%s path %q of host %q is already routed by %s", typ, path, host, owner)
 					continue
 				}
@@ -240,9 +241,9 @@ func (b *builder) federated(g *model.Group, ing *networkingv1.Ingress, src strin
 	g.Federated[src] = ready
 }
 
-func (b *builder) backend(ing *networkingv1.Ingress, field string, be networkingv1.IngressBackend) (string, bool) {
+func (b *builder) backend(ing *networkingv1.Ingress, field func() string, be networkingv1.IngressBackend) (string, bool) {
 	if be.Service == nil {
-		b.problem("Ingress", ing, field, model.ReasonUnsupportedBackend, "only Service backends are served")
+		b.problem("Ingress", ing, field(), model.ReasonUnsupportedBackend, "only Service backends are served")
 		return "", false
 	}
 	svcKey := ing.Namespace + "/" + be.Service.Name
@@ -252,11 +253,11 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 		portLabel = strconv.Itoa(int(be.Service.Port.Number))
 	}
 	if svc == nil {
-		b.problem("Ingress", ing, field+".service.name", model.ReasonServiceNotFound, "Service %s does not exist; answering 503", svcKey)
+		b.problem("Ingress", ing, field()+".service.name", model.ReasonServiceNotFound, "Service %s does not exist; answering 503", svcKey)
 		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
 	}
 	if svc.Spec.Type == corev1.ServiceTypeExternalName {
-		b.problem("Ingress", ing, field+".service.name", model.ReasonUnsupportedBackend, "ExternalName Service %s is not served", svcKey)
+		b.problem("Ingress", ing, field()+".service.name", model.ReasonUnsupportedBackend, "ExternalName Service %s is not served", svcKey)
 		return "", false
 	}
 	var sp *corev1.ServicePort
@@ -269,7 +270,7 @@ func (b *builder) backend(ing *networkingv1.Ingress, field string, be networking
 		}
 	}
 	if sp == nil {
-		b.problem("Ingress", ing, field+".service.port", model.ReasonPortNotFound, "Service %s has no port %s; answering 503", svcKey, portLabel)
+		b.problem("Ingress", ing, field()+".service.port", model.ReasonPortNotFound, "Service %s has no port %s; answering 503", svcKey, portLabel)
 		return b.upstream(ing.Namespace+"-"+be.Service.Name+"-"+portLabel, "svc|"+svcKey+"|"+portLabel, nil), true
 	}
 	port := strconv.Itoa(int(sp.Port))
