@@ -35,7 +35,8 @@ import (
 // connections finish, and those still reach it, asked after the serving
 // replicas in their chains, while no other replica's connection is ever sent to
 // a draining replica that may really be dead. Liveness never empties a group: when it would leave no
-// replica that takes new flows, Kubernetes' view holds (out is then nil and
+// replica that takes new flows (a ready one, or, when none is ready, a draining one: the data
+// plane's rings then take the draining replicas), Kubernetes' view holds (out is then nil and
 // overruled is set), since a checker that sees every replica dead is more
 // likely broken, or cut off itself, than right.
 func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func(netip.Addr) bool,
@@ -46,16 +47,18 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 			continue
 		}
 		var gout []netip.Addr
-		serving := 0
+		serving, draining := 0, 0
 		for _, r := range g.Replicas {
 			switch {
 			case dead(r.Addr):
 				gout = append(gout, r.Addr)
 			case r.State != model.Draining:
 				serving++
+			default:
+				draining++ // takes new flows when no replica is ready (dataplane's rings)
 			}
 		}
-		if serving == 0 && len(gout) > 0 {
+		if serving == 0 && draining == 0 && len(gout) > 0 {
 			gout, overruled = nil, true
 		}
 		out = append(out, gout...)

@@ -84,7 +84,8 @@ func TestDesiredFor(t *testing.T) {
 
 // Dead replicas leave the ring (Down), keeping their flows while their MAC is
 // known; a draining one stays (its connections finish while a graceful stop has
-// closed its listeners); liveness never empties a group.
+// closed its listeners), and takes new flows when no ready replica lives;
+// liveness never empties a group.
 func TestDesiredForLiveness(t *testing.T) {
 	vip := netip.MustParseAddr("192.0.2.10")
 	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
@@ -125,10 +126,19 @@ func TestDesiredForLiveness(t *testing.T) {
 		t.Errorf("backends (-want +got):\n%s; out %v", diff, out)
 	}
 
-	// Every replica that takes new flows dead: Kubernetes' view holds.
-	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b), mac)
-	if !overruled || len(out) != 0 || len(got.Groups[0].Backends) != 2 {
-		t.Errorf("all ready replicas dead: overruled %v, out %v, backends %+v; want Kubernetes' view", overruled, out, got.Groups[0].Backends)
+	// Every ready replica dead: the draining one takes new flows (the data
+	// plane's rings fall back to it, as kube-proxy does to terminating
+	// endpoints), so the verdicts hold.
+	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b), withC)
+	want = []dataplane.Backend{{Addr: a, Down: true, Local: true}, {Addr: b, Down: true, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
+	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || overruled || !slices.Equal(out, []netip.Addr{a, b}) {
+		t.Errorf("ready replicas dead, one draining: backends (-want +got):\n%s; overruled %v, out %v", diff, overruled, out)
+	}
+
+	// Every replica that could take new flows dead: Kubernetes' view holds.
+	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b, c), withC)
+	if !overruled || len(out) != 0 || len(got.Groups[0].Backends) != 3 {
+		t.Errorf("all replicas dead: overruled %v, out %v, backends %+v; want Kubernetes' view", overruled, out, got.Groups[0].Backends)
 	}
 }
 

@@ -348,13 +348,14 @@ func wantsRings(want Desired) bool {
 }
 
 // localDown is want with this node's own replicas Down (Options.Rejoin), and
-// whether that changes anything. A group whose other replicas do not serve
+// whether that changes anything. A group whose other replicas could take no
+// new flows (every one down: a draining one takes them when none is ready)
 // keeps its own: liveness never empties a ring either.
 func localDown(want Desired) (Desired, bool) {
 	out, changed := want, false
 	out.Groups = slices.Clone(want.Groups)
 	for i, g := range out.Groups {
-		others := slices.ContainsFunc(g.Backends, func(b Backend) bool { return !b.Local && !b.Down && !b.Draining })
+		others := slices.ContainsFunc(g.Backends, func(b Backend) bool { return !b.Local && !b.Down })
 		if !others || !slices.ContainsFunc(g.Backends, func(b Backend) bool { return b.Local && !b.Down }) {
 			continue
 		}

@@ -55,7 +55,7 @@ type Backend struct {
 	MAC      net.HardwareAddr // required unless Local
 	Weight   uint32           // 0 counts as 1
 	Local    bool             // this node: XDP_PASS
-	Draining bool             // keeps its flows, gets no new ones
+	Draining bool             // keeps its flows, gets no new ones (unless no replica of its group serves)
 	// Down: the liveness checks say the replica cannot serve. It gets no new
 	// flows and keeps its place in the table, so no other replica's flows move.
 	// In a flow's chain it comes after every replica that serves: a survivor's
@@ -110,6 +110,8 @@ func (r Remote) check(kind string, tunnel netip.Addr) string {
 }
 
 // serves reports whether a replica gets new flows: neither draining nor down.
+// When no replica of its group serves, the draining ones not down get them
+// (Dataplane.tables).
 func (b Backend) serves() bool { return !b.Draining && !b.Down }
 
 // validate says what is wrong with want, every problem in one error, and

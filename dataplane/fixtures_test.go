@@ -234,7 +234,18 @@ func fixtures() []fixture {
 				{name: "icmp echo still local", in: xdptest.ICMPEcho(clientMAC, nicMAC, client4, vip4), verdict: xdptest.Pass, reasons: reasons(rICMPOther, 1)},
 			}
 		}},
-		{"VIP with only draining backends", desired(draining(r1)), func(t testing.TB) []step {
+		// No replica ready: the draining ones take new flows (as kube-proxy
+		// serves terminating endpoints when none is ready), never one called
+		// down; with every replica down the node's own stack answers.
+		{"VIP with only draining backends", desired(draining(r1), draining(down(r2))), func(t testing.TB) []step {
+			var steps []step
+			for port := uint16(40030); port < 40038; port++ {
+				syn := tcp4(port, xdptest.SYN)
+				steps = append(steps, step{name: fmt.Sprintf("SYN %d", port), in: syn.Bytes(), verdict: xdptest.TX, out: to(syn, r1), reasons: reasons(rTX, 1)})
+			}
+			return steps
+		}},
+		{"VIP with only down backends", desired(down(r1), draining(down(r2))), func(t testing.TB) []step {
 			return []step{{in: tcp4(40030, xdptest.SYN).Bytes(), verdict: xdptest.Pass, reasons: reasons(rNoBackend, 1)}}
 		}},
 		{"truncated headers at every layer", single(r1), func(t testing.TB) []step {

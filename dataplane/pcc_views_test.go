@@ -76,15 +76,23 @@ func (w *pccWorld) ringHistory(f *pccFlow) string {
 	var out []string
 	last := -2
 	for _, r := range w.rings {
-		if r.slots[slot] == last {
+		at := -1 // no ring: no replica took new flows
+		if len(r.slots) > 0 {
+			at = r.slots[slot]
+		}
+		if at == last {
 			continue
 		}
-		last = r.slots[slot]
+		last = at
 		when := fmt.Sprintf("from e%d", r.event)
 		if r.event == 0 {
 			when = "at the start (the previous ring throughout)"
 		}
-		out = append(out, fmt.Sprintf("%s %s", when, w.name(last)))
+		name := "no ring"
+		if at >= 0 {
+			name = w.name(at)
+		}
+		out = append(out, fmt.Sprintf("%s %s", when, name))
 	}
 	return strings.Join(out, ", ")
 }
@@ -158,15 +166,26 @@ func (w *pccWorld) inTransition() bool {
 	return false
 }
 
-// serving counts the replicas that take new connections, but for node skip.
+// serving counts the replicas that take new connections, but for node skip:
+// the ready ones, or, when none is, the draining ones (Apply's rule, as
+// kube-proxy's for terminating endpoints). Neither counts one called down.
 func (w *pccWorld) serving(skip int) int {
-	c := 0
+	ready, draining := 0, 0
 	for i := range w.nodes {
-		if i != skip && w.role[i] == pccReady && !w.dead[i] && !w.down[i] {
-			c++
+		if i == skip || w.dead[i] || w.down[i] {
+			continue
+		}
+		switch w.role[i] {
+		case pccReady:
+			ready++
+		case pccDraining:
+			draining++
 		}
 	}
-	return c
+	if ready > 0 {
+		return ready
+	}
+	return draining
 }
 
 func (w *pccWorld) live(skip int) (nodes, directors int) {

@@ -86,7 +86,7 @@ func (d *Dataplane) planGroup(p *plan, g Group, ids *backendIDs) error {
 	if err != nil {
 		return fmt.Errorf("group %s: %w", g.Name, err)
 	}
-	serves := slices.ContainsFunc(g.Backends, Backend.serves)
+	serves := len(tabs.tab.Slots) > 0 // some replica takes new flows
 	for _, v := range g.VIPs {
 		v = v.Unmap()
 		vipID := p.vipIDs[v]
@@ -115,14 +115,24 @@ func (d *Dataplane) planGroup(p *plan, g Group, ids *backendIDs) error {
 // VIP of the group spreads over the same replicas, so only the backend ids
 // differ between their rings. The table is built from every replica; the slots
 // of draining and down ones go to a table of the serving ones, so that a
-// replica turning draining or down moves no other replica's flows.
+// replica turning draining or down moves no other replica's flows. When no
+// replica serves, the draining ones that are not down take new flows (as
+// kube-proxy falls back to serving terminating endpoints): a rollout whose
+// terminating pods meet a drain leaves every replica draining for a moment,
+// and without a ring each director would take every packet for itself, so
+// that a connection it accepted breaks when another director takes the VIP,
+// and one the others held breaks at once.
 func (d *Dataplane) tables(g Group) (groupTables, error) {
 	var members, ring []MaglevBackend
 	serving := map[netip.Addr]bool{}
+	takes := Backend.serves
+	if !slices.ContainsFunc(g.Backends, Backend.serves) {
+		takes = func(b Backend) bool { return !b.Down }
+	}
 	for _, b := range g.Backends {
 		mb := MaglevBackend{Addr: b.Addr.Unmap(), Weight: b.Weight}
 		members = append(members, mb)
-		if b.serves() {
+		if takes(b) {
 			ring = append(ring, mb)
 			serving[mb.Addr] = true
 		}
