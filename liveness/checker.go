@@ -50,6 +50,10 @@ type Checker struct {
 
 	beat    atomic.Int64 // unix nanoseconds of the last evaluation
 	stalled atomic.Bool  // the last Verdicts saw a stalled loop
+	// stale is the beat a reader last found older than Stall, and when it
+	// first did (unix nanoseconds): see healthy.
+	staleMu          sync.Mutex
+	staleBeat, since int64
 
 	// called is this node's own replicas that most other edges call down,
 	// sorted: what it learned from their answers (see calledLocked).
@@ -431,9 +435,26 @@ func (c *Checker) notify() {
 }
 
 // healthy reports whether the evaluation loop ran recently, and says so
-// loudly when that changes.
+// loudly when that changes. A beat older than Stall counts only once readers
+// have found that same beat stale for Stall/2 more: when the node starves the
+// whole agent of CPU, the loop and its readers pause alike, and the first
+// reader to run again finds the beat stale though the loop is about to run
+// too (and to excuse the pause, excuseLocked). Taking that for a stalled
+// checker puts every replica Kubernetes lists back into the rings, a dead one
+// too, until a reader asks again (the L4 sink: within a second), and new
+// connections in the dead one's slots are lost meanwhile.
 func (c *Checker) healthy() bool {
-	ok := c.cfg.Now().Sub(time.Unix(0, c.beat.Load())) < c.cfg.Stall
+	now := c.cfg.Now().UnixNano()
+	beat := c.beat.Load()
+	ok := now-beat < int64(c.cfg.Stall)
+	if !ok {
+		c.staleMu.Lock()
+		if c.staleBeat != beat {
+			c.staleBeat, c.since = beat, now
+		}
+		ok = now-c.since < int64(c.cfg.Stall/2)
+		c.staleMu.Unlock()
+	}
 	if c.stalled.Swap(!ok) == ok { // changed
 		if ok {
 			c.log.Warn("liveness checker running again")

@@ -235,14 +235,36 @@ func idleChecker(t *testing.T) (c *Checker, a netip.Addr, advance func(time.Dura
 	return c, a, func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
 }
 
-// A stalled evaluation loop falls back to Kubernetes' view for every replica.
+// A stalled evaluation loop falls back to Kubernetes' view for every replica:
+// one that stays silent while its readers run. The whole agent's pause (the
+// node starved it of CPU) stops the loop and its readers alike: the first
+// reader after it keeps the verdicts, and the loop, running again, ends the
+// suspicion; a dead replica never comes back into the rings for a pause.
 func TestCheckerStallFallsBack(t *testing.T) {
 	c, a, advance := idleChecker(t)
 	c.targets[a].rep.live = false
 	if d := c.Dead(); !slices.Equal(d, []netip.Addr{a}) {
 		t.Fatalf("dead %v", d)
 	}
-	advance(2 * time.Second) // no evaluation for 2 s
+	advance(2 * time.Second) // the agent paused for 2 s
+	if d := c.Dead(); !slices.Equal(d, []netip.Addr{a}) {
+		t.Fatalf("dead %v right after a pause of the whole agent, want %v kept", d, a)
+	}
+	advance(100 * time.Millisecond)
+	c.step(c.cfg.Now(), c.cfg.Now().Add(-2100*time.Millisecond)) // the loop runs again
+	advance(2 * time.Second)                                     // and the agent pauses again
+	if d := c.Dead(); !slices.Equal(d, []netip.Addr{a}) {
+		t.Fatalf("dead %v right after a second pause, want %v kept", d, a)
+	}
+	if got := testutil.ToFloat64(c.met.fallback); got != 0 {
+		t.Errorf("fallback gauge %v after pauses, want 0", got)
+	}
+	// The loop stays silent while readers run: stalled.
+	advance(300 * time.Millisecond)
+	if d := c.Dead(); !slices.Equal(d, []netip.Addr{a}) {
+		t.Fatalf("dead %v, want %v: the loop has had only 300 ms", d, a)
+	}
+	advance(300 * time.Millisecond)
 	if d := c.Dead(); len(d) != 0 {
 		t.Fatalf("dead %v from a stalled checker", d)
 	}

@@ -37,6 +37,10 @@ type NodeDeath struct {
 	New, AfterBound traffic.Failures
 	// Unanswered is how many after the bound connected but got no answer in time.
 	Unanswered int
+	// Said is what the surviving agents logged about liveness, rings and VRRP
+	// (and every warning and error) from a second before the first failure
+	// after the bound to a second after the last; empty when none failed.
+	Said string
 }
 
 // HeldAnswer is how soon after the takeover every held connection on a surviving
@@ -66,6 +70,8 @@ func (p *Portico) KillOwner(ctx context.Context, held Held, waitCaughtUp bool) (
 		return NodeDeath{}, err
 	}
 	d := NodeDeath{Node: owner}
+	logs := p.RecordAgentLogs(ctx, "portico-agent")
+	defer logs.Stop()
 	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 5 * time.Millisecond, For: 3 * time.Minute})
 	stopped := false
 	defer func() {
@@ -103,6 +109,11 @@ func (p *Portico) KillOwner(ctx context.Context, held Held, waitCaughtUp bool) (
 	after := traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
 	d.AfterBound = traffic.FailuresAround(traffic.Hard(atts), fault.Add(d.Takeover+LivenessBound))
 	d.Unanswered = after.Unanswered
+	if f := d.AfterBound; f.Failed > 0 {
+		at := fault.Add(d.Takeover + LivenessBound)
+		d.Said = logs.LinesBetween(at.Add(f.First-time.Second), at.Add(f.Last+time.Second),
+			`"level":"warn"`, `"level":"error"`, "liveness", "ring follows", "vrrp state changed", "data plane applied")
+	}
 	d.AtEnd = p.Check(ctx, held, 3*time.Second, owner)
 	return d, nil
 }

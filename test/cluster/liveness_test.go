@@ -114,6 +114,7 @@ func nodeDies(t *testing.T, ctx context.Context, p *Portico, held Held) *Node {
 	if d.AfterBound.Failed > 0 {
 		t.Errorf("%d new connections failed (could not connect, or were reset) after the bound (takeover %v + %v), some when Kubernetes caught up",
 			d.AfterBound.Failed, d.Takeover.Round(time.Millisecond), LivenessBound)
+		t.Logf("what the surviving agents said around those failures:\n%s", d.Said)
 	}
 	if d.Unanswered > d.AfterBound.Total/20 {
 		t.Errorf("%d of %d new connections after the bound connected but were not answered in 500 ms, want < 5%%", d.Unanswered, d.AfterBound.Total)

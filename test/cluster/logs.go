@@ -112,6 +112,19 @@ func (r *LogRecorder) Stop() {
 // Lines returns the recorded lines that contain one of words, of every pod in
 // the order of their timestamps.
 func (r *LogRecorder) Lines(words ...string) string {
+	return r.LinesBetween(time.Time{}, time.Time{}, words...)
+}
+
+// LinesBetween is Lines of the lines stamped from from to to (either zero:
+// unbounded on that side).
+func (r *LogRecorder) LinesBetween(from, to time.Time, words ...string) string {
+	lo, hi := 0.0, 0.0
+	if !from.IsZero() {
+		lo = float64(from.UnixNano()) / 1e9
+	}
+	if !to.IsZero() {
+		hi = float64(to.UnixNano()) / 1e9
+	}
 	r.mu.Lock()
 	lines := slices.Clone(r.lines)
 	lost := r.lost
@@ -119,6 +132,9 @@ func (r *LogRecorder) Lines(words ...string) string {
 	sort.SliceStable(lines, func(i, j int) bool { return lines[i].ts < lines[j].ts })
 	var b strings.Builder
 	for _, l := range lines {
+		if (lo > 0 && l.ts < lo) || (hi > 0 && l.ts > hi) {
+			continue
+		}
 		if slices.ContainsFunc(words, func(w string) bool { return strings.Contains(l.text, w) }) {
 			b.WriteString(l.text + "\n")
 		}

@@ -160,6 +160,9 @@ func run(portico string, hold bool) (err error) {
 	fmt.Printf("  new connections: %v\n", d.New)
 	fmt.Printf("  Kubernetes marked %s NotReady and its agent's endpoint not ready %.1f s after the fault;\n", owner.Name, d.CaughtUp.Seconds())
 	fmt.Printf("  new connections from %v after the fault to the end: %v\n", (d.Takeover + cluster.LivenessBound).Round(time.Millisecond), d.AfterBound)
+	if d.Said != "" {
+		fmt.Printf("  what the surviving agents said around those failures:\n%s", d.Said)
+	}
 	kubectl("get", "nodes")
 	kubectl("-n", cluster.PorticoNamespace, "get", "pods", "-o", "wide")
 
