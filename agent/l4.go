@@ -36,10 +36,14 @@ import (
 // replicas in their chains, while no other replica's connection is ever sent to
 // a draining replica that may really be dead. Liveness never empties a group: when it would leave no
 // replica that takes new flows (a ready one, or, when none is ready, a draining one: the data
-// plane's rings then take the draining replicas), Kubernetes' view holds (out is then nil and
-// overruled is set), since a checker that sees every replica dead is more
-// likely broken, or cut off itself, than right.
-func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func(netip.Addr) bool,
+// plane's rings then take the draining replicas), Kubernetes' view holds for the verdicts of the
+// last burst (overruled is set), since a checker that sees every replica dead at once is more
+// likely starved, broken or cut off itself than right. A verdict older than the burst by more
+// than overruleBurst (deadSince says when each went dead; nil, or a zero time: in the burst)
+// stands: a replica dead for seconds that Kubernetes has not caught up with yet must not come
+// back into the rings because a loaded checker then called the live ones dead too (in a
+// loaded TestPortico, the owner killed 13 s before: 8 new connections sent to it).
+func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func(netip.Addr) bool, deadSince func(netip.Addr) time.Time,
 	mac func(netip.Addr) (net.HardwareAddr, bool)) (want dataplane.Desired, unresolved, out []netip.Addr, overruled bool) {
 	want.Seed = seed
 	for _, g := range snap.Groups {
@@ -59,7 +63,7 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 			}
 		}
 		if serving == 0 && draining == 0 && len(gout) > 0 {
-			gout, overruled = nil, true
+			gout, overruled = lastBurstRevived(gout, deadSince), true
 		}
 		out = append(out, gout...)
 		dg := dataplane.Group{Name: g.Name, VIPs: g.VIPs, Ports: g.Ports}
@@ -202,16 +206,27 @@ func (s *l4Sink) applyLocked() error {
 	}
 	// Dead replicas are left out before their MACs are looked for: a cut-off
 	// replica must not hold the ring up for an ARP timeout.
-	want, missing, out, overruled := desiredFor(s.last, s.group, s.seed, local, isDead, s.neigh.lookup)
+	var deadSince func(netip.Addr) time.Time
+	if s.live != nil && len(s.dead) > 0 {
+		since := map[netip.Addr]time.Time{}
+		for _, r := range s.live.View() {
+			if !r.Live {
+				since[r.Addr] = r.Since
+			}
+		}
+		deadSince = func(a netip.Addr) time.Time { return since[a] }
+	}
+	want, missing, out, overruled := desiredFor(s.last, s.group, s.seed, local, isDead, deadSince, s.neigh.lookup)
 	if len(missing) > 0 {
 		rerr := s.neigh.resolve(missing)
-		want, missing, out, overruled = desiredFor(s.last, s.group, s.seed, local, isDead, s.neigh.lookup)
+		want, missing, out, overruled = desiredFor(s.last, s.group, s.seed, local, isDead, deadSince, s.neigh.lookup)
 		if len(missing) > 0 {
 			s.log.Warn("replica MACs unresolved, left out of the ring", zap.Stringers("backend", missing), zap.Error(rerr))
 		}
 	}
 	if overruled {
-		s.log.Error("liveness checks say no replica can serve: keeping Kubernetes' view rather than an empty ring", zap.Stringers("backend", s.dead))
+		s.log.Error("liveness checks say no replica can serve: keeping Kubernetes' view of the last verdicts rather than an empty ring",
+			zap.Stringers("backend", s.dead), zap.Stringers("still_dead", out))
 	}
 	if !slices.Equal(out, s.deadOut) {
 		s.log.Info("ring follows replica liveness", zap.Stringers("dead", out))
@@ -253,6 +268,36 @@ func (s *l4Sink) applyLocked() error {
 	}
 	s.ok = true
 	return nil
+}
+
+// overruleBurst is how close to the newest dead verdict another must be to
+// count as the same burst when liveness would empty a group (desiredFor): a
+// starved checker's probes time out within a few probe intervals of each
+// other, and Kubernetes takes many seconds to catch up with a real death.
+const overruleBurst = 500 * time.Millisecond
+
+// lastBurstRevived is out without the replicas whose dead verdict came within
+// overruleBurst of the newest (those are taken back); a zero time counts as
+// in the burst.
+func lastBurstRevived(out []netip.Addr, deadSince func(netip.Addr) time.Time) []netip.Addr {
+	if deadSince == nil {
+		return nil
+	}
+	var newest time.Time
+	for _, a := range out {
+		if t := deadSince(a); t.IsZero() {
+			return nil
+		} else if t.After(newest) {
+			newest = t
+		}
+	}
+	var kept []netip.Addr
+	for _, a := range out {
+		if newest.Sub(deadSince(a)) > overruleBurst {
+			kept = append(kept, a)
+		}
+	}
+	return kept
 }
 
 // replicaStates describes the group's replicas as the rings see them: each

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf/rlimit"
 	"github.com/google/go-cmp/cmp"
@@ -36,7 +37,7 @@ func TestDesiredFor(t *testing.T) {
 	mac := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
 
 	none := func(netip.Addr) bool { return false }
-	got, missing, out, overruled := desiredFor(snap, "edge/web", 42, local, none, mac)
+	got, missing, out, overruled := desiredFor(snap, "edge/web", 42, local, none, nil, mac)
 	want := dataplane.Desired{Seed: 42, Groups: []dataplane.Group{{
 		Name: "edge/web", VIPs: []netip.Addr{vip}, Ports: []model.Port{{Protocol: model.TCP, Port: 443}},
 		Backends: []dataplane.Backend{
@@ -64,7 +65,7 @@ func TestDesiredFor(t *testing.T) {
 		{Name: "shop/novip", Group: "edge/web", Ports: []model.ServicePort{{Protocol: model.TCP, Port: 1, Upstream: "x"}}},
 		{Name: "shop/other", Group: "edge/other", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.54")}, Ports: []model.ServicePort{{Protocol: model.TCP, Port: 1, Upstream: "y"}}},
 	}
-	got, _, _, _ = desiredFor(withSvc, "edge/web", 42, local, none, mac)
+	got, _, _, _ = desiredFor(withSvc, "edge/web", 42, local, none, nil, mac)
 	want.Groups = append(want.Groups, dataplane.Group{Name: "service shop/dns", VIPs: []netip.Addr{svcVIP},
 		Ports:    []model.Port{{Protocol: model.TCP, Port: 53}, {Protocol: model.UDP, Port: 53}},
 		Backends: want.Groups[0].Backends})
@@ -74,10 +75,10 @@ func TestDesiredFor(t *testing.T) {
 	if g := announcedGroup(withSvc, "edge/web"); !slices.Equal(g.VIPs, []netip.Addr{vip, svcVIP}) {
 		t.Errorf("announced VIPs %v, want the group's and its Service's", g.VIPs)
 	}
-	if got, _, _, _ := desiredFor(snap, "edge/novip", 42, local, none, mac); len(got.Groups) != 0 {
+	if got, _, _, _ := desiredFor(snap, "edge/novip", 42, local, none, nil, mac); len(got.Groups) != 0 {
 		t.Errorf("a group without VIPs gave %+v", got.Groups)
 	}
-	if got, _, _, _ := desiredFor(snap, "edge/gone", 42, local, none, mac); len(got.Groups) != 0 || got.Seed != 42 {
+	if got, _, _, _ := desiredFor(snap, "edge/gone", 42, local, none, nil, mac); len(got.Groups) != 0 || got.Seed != 42 {
 		t.Errorf("a missing group gave %+v", got)
 	}
 }
@@ -108,7 +109,7 @@ func TestDesiredForLiveness(t *testing.T) {
 	eq := cmpopts.EquateComparable(netip.Addr{})
 
 	// b (ready) is dead: out of the ring, with its MAC (its flows stay).
-	got, missing, out, overruled := desiredFor(snap, "edge/web", 1, local, deadSet(b), mac)
+	got, missing, out, overruled := desiredFor(snap, "edge/web", 1, local, deadSet(b), nil, mac)
 	if diff := cmp.Diff([]dataplane.Backend{{Addr: a, Local: true}, {Addr: b, Down: true, MAC: macB}}, got.Groups[0].Backends, eq); diff != "" {
 		t.Errorf("backends (-want +got):\n%s", diff)
 	}
@@ -120,7 +121,7 @@ func TestDesiredForLiveness(t *testing.T) {
 	// kept); the dead local replica a goes.
 	macs := map[netip.Addr]net.HardwareAddr{b: macB, c: macB}
 	withC := func(x netip.Addr) (net.HardwareAddr, bool) { m, ok := macs[x]; return m, ok }
-	got, _, out, _ = desiredFor(snap, "edge/web", 1, local, deadSet(a, c), withC)
+	got, _, out, _ = desiredFor(snap, "edge/web", 1, local, deadSet(a, c), nil, withC)
 	want := []dataplane.Backend{{Addr: a, Down: true, Local: true}, {Addr: b, MAC: macB}, {Addr: c, MAC: macB, Draining: true, Down: true}}
 	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || !slices.Equal(out, []netip.Addr{a, c}) {
 		t.Errorf("backends (-want +got):\n%s; out %v", diff, out)
@@ -129,16 +130,27 @@ func TestDesiredForLiveness(t *testing.T) {
 	// Every ready replica dead: the draining one takes new flows (the data
 	// plane's rings fall back to it, as kube-proxy does to terminating
 	// endpoints), so the verdicts hold.
-	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b), withC)
+	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b), nil, withC)
 	want = []dataplane.Backend{{Addr: a, Down: true, Local: true}, {Addr: b, Down: true, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
 	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || overruled || !slices.Equal(out, []netip.Addr{a, b}) {
 		t.Errorf("ready replicas dead, one draining: backends (-want +got):\n%s; overruled %v, out %v", diff, overruled, out)
 	}
 
 	// Every replica that could take new flows dead: Kubernetes' view holds.
-	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b, c), withC)
+	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b, c), nil, withC)
 	if !overruled || len(out) != 0 || len(got.Groups[0].Backends) != 3 {
 		t.Errorf("all replicas dead: overruled %v, out %v, backends %+v; want Kubernetes' view", overruled, out, got.Groups[0].Backends)
+	}
+
+	// b died 13 s ago; a loaded checker now calls a and c dead within 9 ms:
+	// their verdicts are taken back, b's stands (Kubernetes has not caught up
+	// with its death yet, and must not bring it back).
+	t0 := time.Unix(1000, 0)
+	since := map[netip.Addr]time.Time{b: t0, a: t0.Add(13 * time.Second), c: t0.Add(13*time.Second + 9*time.Millisecond)}
+	got, _, out, overruled = desiredFor(snap, "edge/web", 1, local, deadSet(a, b, c), func(x netip.Addr) time.Time { return since[x] }, withC)
+	want = []dataplane.Backend{{Addr: a, Local: true}, {Addr: b, Down: true, MAC: macB}, {Addr: c, MAC: macB, Draining: true}}
+	if diff := cmp.Diff(want, got.Groups[0].Backends, eq); diff != "" || !overruled || !slices.Equal(out, []netip.Addr{b}) {
+		t.Errorf("a burst of verdicts after an older one: backends (-want +got):\n%s; overruled %v, out %v", diff, overruled, out)
 	}
 }
 
