@@ -70,6 +70,11 @@ func (w *pccWorld) randomEvent() (string, bool) {
 			return w.switchDirector(i)
 		}, false},
 	}
+	if *pccExpire {
+		changes = append(changes, pccChange{2, func(i int) bool { return alive(i) && w.inTransition() }, func(int) string {
+			return w.endTransitions()
+		}, false})
+	}
 	total := 0
 	var can [][]int
 	for _, c := range changes {
@@ -97,6 +102,22 @@ func (w *pccWorld) randomEvent() (string, bool) {
 		}
 	}
 	panic("no change picked")
+}
+
+// endTransitions plays minutes without a change (-pcc.expire): every live
+// node's transitions end, as Expire ends them once their lease has passed.
+func (w *pccWorld) endTransitions() string {
+	for i, n := range w.nodes {
+		if w.dead[i] {
+			continue
+		}
+		for vip := range n.d.st.prevUntil {
+			if err := n.d.endTransition(vip); err != nil {
+				w.t.Fatalf("end the transition of vip %d on %s: %v", vip, w.name(i), err)
+			}
+		}
+	}
+	return "every transition ends (minutes pass without a change)"
 }
 
 // directing: node i receives the VIP's traffic from the router now.
