@@ -199,6 +199,9 @@ func (w *pccWorld) run() *pccFailure {
 		if f := w.traffic(); f != nil {
 			return f
 		}
+		if *pccHeld {
+			w.syncHeld()
+		}
 	}
 	// The wrong verdicts clear; then every connection still open must answer.
 	cleared := false
@@ -219,4 +222,33 @@ func (w *pccWorld) run() *pccFailure {
 		}
 	}
 	return nil
+}
+
+// syncHeld plays the holders' reports (-pcc.held): every live edge lists the
+// connections its stack holds off the current ring, and every live edge pins
+// them to it.
+func (w *pccWorld) syncHeld() {
+	var held []Held
+	for i, n := range w.nodes {
+		if w.dead[i] {
+			continue
+		}
+		var mine []Flow
+		for _, f := range w.flows {
+			if f.holder == i {
+				mine = append(mine, flowFromKey(f.key))
+			}
+		}
+		for _, f := range n.d.OffRing(n.addr, mine) {
+			held = append(held, Held{Flow: f, Holder: n.addr})
+		}
+	}
+	for i, n := range w.nodes {
+		if w.dead[i] {
+			continue
+		}
+		if _, err := n.d.PinHeld(held); err != nil {
+			w.t.Fatalf("pin held connections on %s: %v", w.name(i), err)
+		}
+	}
 }

@@ -207,11 +207,21 @@ func (d *Dataplane) changed(vip uint32) error {
 // calls it, and an agent calls it now and then between Applies.
 func (d *Dataplane) Expire() error {
 	now := monotonicNow()
+	ended := false
 	for vip, until := range d.st.prevUntil {
 		if until <= now {
 			if err := d.endTransition(vip); err != nil {
 				return err
 			}
+			ended = true
+		}
+	}
+	if ended {
+		// What the CPUs cached in the transition (a walk's mark, a
+		// replica its chain found) was its answer, not the rings' now.
+		d.cfg.Generation++
+		if err := d.writeConfig(); err != nil {
+			return err
 		}
 	}
 	idle := time.Duration(lbLbLimitsLB_PIN_IDLE_SEC) * time.Second
