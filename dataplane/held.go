@@ -53,7 +53,7 @@ func (d *Dataplane) PinHeld(held []Held) (int, error) {
 	wrote := 0
 	for _, h := range held {
 		vip, ok := d.st.vipIDs[h.Flow.Dst.Unmap()]
-		if !ok || h.Flow.Protocol != 6 {
+		if !ok || h.Flow.Protocol != unix.IPPROTO_TCP {
 			continue
 		}
 		id, ok := d.st.backendIDs[backendKey{vip: vip, addr: h.Holder.Unmap()}]
