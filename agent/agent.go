@@ -94,6 +94,9 @@ func run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err := a.buildControlplane(); err != nil {
 		return err
 	}
+	if err := a.buildHeld(); err != nil {
+		return err
+	}
 	a.buildHealth()
 	ln, err := net.Listen("tcp", cfg.MetricsAddr)
 	if err != nil {
@@ -119,6 +122,9 @@ func (a *agent) parts() []part {
 		ps = append(ps, part{"liveness", a.checker.Run}, part{"liveness-follow", a.l4.followLiveness})
 	}
 	ps = append(ps, part{"transitions", a.l4.expireTransitions})
+	if a.held != nil {
+		ps = append(ps, part{"held", a.held.run})
+	}
 	if a.l4.sites != nil {
 		ps = append(ps,
 			part{"sites", func(ctx context.Context) error { return a.l4.sites.watch(ctx, a.l4.reapply, a.l4.handoverDraining) }},
@@ -135,7 +141,11 @@ func (a *agent) parts() []part {
 // cfg.ShutdownDelay, the VIPs released, the parts stopped, the server shut down.
 // It returns the first part's failure.
 func (a *agent) run(ctx context.Context, ln net.Listener) error {
-	srv := &http.Server{Handler: a.health.mux(a.reg, a.cfg.Pprof), ReadHeaderTimeout: 5 * time.Second}
+	mux := a.health.mux(a.reg, a.cfg.Pprof)
+	if a.held != nil {
+		mux.HandleFunc(heldPath, a.held.serveHTTP)
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	// Everything but VRRP stops when ctx ends; VRRP is released first.
 	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancel()

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"github.com/portico-edge/portico/api/agentstatus"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"time"
 
@@ -44,6 +46,7 @@ type agent struct {
 	steer    *steer.Steering // nil: a listener per L4 TCP port (Config.L4SteerPort 0)
 	l4       *l4Sink
 	checker  *liveness.Checker // nil: liveness checks off
+	held     *heldReports      // nil: Config.NoHeld
 	ann      announcement
 	l7       *firstSnapshot // the reloader, until nginx starts
 	ctrl     *controlplane.Controller
@@ -83,7 +86,7 @@ func (a *agent) buildDataplane() error {
 	// In BGP mode the router sends an edge established flows the moment it
 	// announces: a new (or rebooted) edge starts from the ring the others held.
 	dp, err := dataplane.Load(dataplane.Options{PinPath: a.cfg.PinPath, RingSize: a.cfg.RingSize,
-		Arrival: a.cfg.Announce == "bgp", Rejoin: true, XDPMode: a.cfg.XDPMode, Logger: a.log.Named("dataplane")})
+		Arrival: a.cfg.Announce == "bgp", Rejoin: true, XDPMode: a.cfg.XDPMode, Transition: a.cfg.Transition, Logger: a.log.Named("dataplane")})
 	if err != nil {
 		return err
 	}
@@ -145,6 +148,31 @@ func (a *agent) runNginx(ctx context.Context) error {
 func (a *agent) buildL4() {
 	a.l4 = &l4Sink{dp: a.dp, group: a.cfg.Group, seed: a.cfg.Seed, log: a.log.Named("l4"),
 		neigh: &neighbors{ifc: a.ifc, log: a.log.Named("neighbors"), resolved: map[netip.Addr]net.HardwareAddr{}}}
+}
+
+// buildHeld makes the held-connection reports (held.go), served and fetched
+// on the metrics port.
+func (a *agent) buildHeld() error {
+	if a.cfg.NoHeld {
+		return nil
+	}
+	_, port, err := net.SplitHostPort(a.cfg.MetricsAddr)
+	if err != nil {
+		return fmt.Errorf("held connections: metrics address %q: %w", a.cfg.MetricsAddr, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || n == 0 {
+		return fmt.Errorf("held connections: metrics address %q: want a port the peers can reach", a.cfg.MetricsAddr)
+	}
+	met := newHeldMetrics()
+	for _, c := range met.collectors() {
+		if err := a.reg.Register(c); err != nil {
+			return fmt.Errorf("register held-connection metrics: %w", err)
+		}
+	}
+	a.held = &heldReports{sink: a.l4, port: uint16(n), log: a.log.Named("held"), met: met, list: ownConnections,
+		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}}}
+	return nil
 }
 
 // buildSites joins the federation of cfg.Sites: the L4 sink hands flows over to

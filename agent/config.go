@@ -70,6 +70,13 @@ type Config struct {
 	// listens on it alone (MetricsAddr names it too).
 	NodeIP netip.Addr
 	Pprof  bool // also Go's /debug/pprof/ there
+	// Transition is how long a VIP's earlier rings count after its last
+	// change (dataplane.Options.Transition; 0: dataplane.DefaultTransition).
+	Transition time.Duration
+	// NoHeld turns the held-connection reports off (held.go): this agent
+	// neither serves its list nor pins its peers'. Every agent of a group
+	// serves its list on its metrics port, which the others must reach.
+	NoHeld bool
 	// ReservedPorts are ports the node's other daemons listen on, beyond
 	// NodePorts and the agent's own (ReservedPorts): no L4 Service may take them.
 	ReservedPorts []model.Port

@@ -1,6 +1,10 @@
 package agent
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // newSpillGauge is portico_site_spill_ratio (buildSites).
 func newSpillGauge() prometheus.Gauge {
@@ -12,7 +16,7 @@ func newSpillGauge() prometheus.Gauge {
 // packages it builds on have their own DescribeMetrics or NewMetrics), with
 // no values behind them: for the generated metrics table (hack/metricsdoc).
 func DescribeMetrics(reg prometheus.Registerer) error {
-	for _, c := range append([]prometheus.Collector{healthCollector{}}, newPeerMetrics().collectors()...) {
+	for _, c := range slices.Concat([]prometheus.Collector{healthCollector{}}, newPeerMetrics().collectors(), newHeldMetrics().collectors()) {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

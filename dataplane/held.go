@@ -1,9 +1,12 @@
 package dataplane
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
+	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 )
 
@@ -43,26 +46,24 @@ func (d *Dataplane) OffRing(self netip.Addr, flows []Flow) []Flow {
 // it is; a connection whose VIP or holder this node does not know is skipped.
 // It returns how many pins it wrote. Every CPU's flow cache is retired when it
 // wrote one (a cached answer would hide the pin).
+//
+// xdp_lb looks at pins only while one was made or used within
+// LB_PIN_IDLE_SEC (pin_clock): a held connection may be silent for longer
+// (an L4 Service's, for days), so while any report names one PinHeld keeps
+// the clock, and the pins it names, from lapsing (pinRefresh).
 func (d *Dataplane) PinHeld(held []Held) (int, error) {
-	// xdp_lb's clock is the coarse one (bpf_ktime_get_coarse_ns), up to a
-	// tick behind CLOCK_MONOTONIC: a pin clock ahead of it would read as
-	// lapsed.
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC_COARSE, &ts)
-	now := uint64(ts.Nano())
-	wrote := 0
+	now := uint64(coarseNow())
+	wrote, known := 0, 0
 	for _, h := range held {
-		vip, ok := d.st.vipIDs[h.Flow.Dst.Unmap()]
-		if !ok || h.Flow.Protocol != unix.IPPROTO_TCP {
-			continue
-		}
-		id, ok := d.st.backendIDs[backendKey{vip: vip, addr: h.Holder.Unmap()}]
+		id, ok := d.heldID(h)
 		if !ok {
 			continue
 		}
+		known++
 		k := h.Flow.key()
 		var v lbFlowVal
-		if err := d.objs.Flows.Lookup(&k, &v); err == nil && v.BackendId == id && v.Hop == 0 {
+		if err := d.objs.Flows.Lookup(&k, &v); err == nil && v.BackendId == id && v.Hop == 0 &&
+			now-v.LastSeenNs < uint64(pinRefresh) {
 			continue
 		}
 		v = lbFlowVal{BackendId: id, LastSeenNs: now}
@@ -71,12 +72,67 @@ func (d *Dataplane) PinHeld(held []Held) (int, error) {
 		}
 		wrote++
 	}
+	if known == 0 {
+		return 0, nil
+	}
+	var clock uint64
+	if err := d.objs.PinClock.Lookup(uint32(0), &clock); err != nil {
+		return wrote, fmt.Errorf("read map pin_clock: %w", err)
+	}
+	if wrote > 0 || now-clock >= uint64(pinRefresh) {
+		if err := d.objs.PinClock.Put(uint32(0), now); err != nil {
+			return wrote, fmt.Errorf("update map pin_clock: %w", err)
+		}
+	}
 	if wrote == 0 {
 		return 0, nil
 	}
-	if err := d.objs.PinClock.Put(uint32(0), now); err != nil {
-		return wrote, fmt.Errorf("update map pin_clock: %w", err)
-	}
 	d.cfg.Generation++
 	return wrote, d.writeConfig()
+}
+
+// pinRefresh is how old a held connection's pin, or the pin clock, may be
+// before PinHeld writes it again: well inside LB_PIN_IDLE_SEC (an hour), so
+// neither lapses while its holder reports it, and rare enough that a report
+// repeated every second writes nothing.
+const pinRefresh = 10 * time.Minute
+
+// UnpinHeld removes the pins PinHeld made for connections their holder no
+// longer reports (they ended, or the ring gives their slot back to it): each
+// pin of held that still names its holder as a director's pin (hop 0). A pin
+// that names another replica is left alone. It returns how many it removed;
+// every CPU's flow cache is retired when it removed one.
+func (d *Dataplane) UnpinHeld(held []Held) (int, error) {
+	removed := 0
+	for _, h := range held {
+		id, ok := d.heldID(h)
+		if !ok {
+			continue
+		}
+		k := h.Flow.key()
+		var v lbFlowVal
+		if err := d.objs.Flows.Lookup(&k, &v); err != nil || v.BackendId != id || v.Hop != 0 {
+			continue
+		}
+		if err := d.objs.Flows.Delete(&k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return removed, fmt.Errorf("delete from map flows: %w", err)
+		}
+		removed++
+	}
+	if removed == 0 {
+		return 0, nil
+	}
+	d.cfg.Generation++
+	return removed, d.writeConfig()
+}
+
+// heldID is the backend id of a held connection's holder on its VIP, if this
+// node knows both and the connection is TCP.
+func (d *Dataplane) heldID(h Held) (uint32, bool) {
+	vip, ok := d.st.vipIDs[h.Flow.Dst.Unmap()]
+	if !ok || h.Flow.Protocol != unix.IPPROTO_TCP {
+		return 0, false
+	}
+	id, ok := d.st.backendIDs[backendKey{vip: vip, addr: h.Holder.Unmap()}]
+	return id, ok
 }

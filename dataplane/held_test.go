@@ -11,7 +11,9 @@ import (
 // current ring afterwards (bpf/README.md's limit), unless its holder reported
 // it (OffRing there) and this director pinned it (PinHeld): then it reaches its
 // holder, after the transition too. A report of an unknown holder, or of a UDP
-// flow, pins nothing; the same report again writes nothing.
+// flow, pins nothing; the same report again writes nothing. Once the holder
+// stops reporting it (UnpinHeld), the connection follows the ring again; a pin
+// that names another replica is not the holder's to remove.
 func TestPinHeld(t *testing.T) {
 	bpftest.Require(t)
 	dr := newDirector(t, "d")
@@ -44,5 +46,30 @@ func TestPinHeld(t *testing.T) {
 	}
 	if got := dr.send(t, silent, b...); got.Addr != r4.Addr {
 		t.Errorf("after the transition a silent, unreported connection went to %s, want the current ring's %s", got.Addr, r4.Addr)
+	}
+	other := Held{Flow: flowOf(stays), Holder: r4.Addr}
+	if n, err := dr.d.PinHeld([]Held{other}); err != nil || n != 1 {
+		t.Fatalf("PinHeld of r4's report wrote %d pins (%v), want 1", n, err)
+	}
+	// A report repeated writes no pin, but keeps xdp_lb looking at pins: a
+	// held connection may be silent for longer than LB_PIN_IDLE_SEC.
+	if err := dr.d.objs.PinClock.Put(uint32(0), uint64(1)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := dr.d.PinHeld([]Held{other}); err != nil || n != 0 {
+		t.Fatalf("PinHeld of the same report wrote %d pins (%v), want 0", n, err)
+	}
+	var clock uint64
+	if err := dr.d.objs.PinClock.Lookup(uint32(0), &clock); err != nil || clock <= 1 {
+		t.Fatalf("pin clock %d (%v) after a report of a held connection, want it refreshed", clock, err)
+	}
+	if n, err := dr.d.UnpinHeld([]Held{{Flow: flowOf(reported), Holder: r2.Addr}, {Flow: flowOf(stays), Holder: r2.Addr}}); err != nil || n != 1 {
+		t.Fatalf("UnpinHeld removed %d pins (%v), want 1 (r2's own; the other names r4)", n, err)
+	}
+	if got := dr.send(t, reported, b...); got.Addr != r4.Addr {
+		t.Errorf("after its holder stopped reporting it the connection went to %s, want the current ring's %s", got.Addr, r4.Addr)
+	}
+	if got := dr.send(t, stays, b...); got.Addr != r4.Addr {
+		t.Errorf("a connection r4 reports went to %s, want r4", got.Addr)
 	}
 }

@@ -29,11 +29,14 @@ type pccWorld struct {
 	down  []bool    // the liveness checks' verdict
 	self  []bool    // the verdict each node has learned about itself (-pcc.selfview)
 	dead  []bool
-	pool  []int // the directors
-	ecmp  bool
-	owner int    // VRRP: the VIP owner
-	on    []bool // ECMP: announcing
-	late  int    // a node that has not applied the last change yet, or -1
+	// reported is what each holder reported off the ring at the last
+	// syncHeld (-pcc.held): what it stops reporting is unpinned.
+	reported map[int][]Held
+	pool     []int // the directors
+	ecmp     bool
+	owner    int    // VRRP: the VIP owner
+	on       []bool // ECMP: announcing
+	late     int    // a node that has not applied the last change yet, or -1
 	// learner is the node whose verdict the last event changed (it learns it
 	// late, -pcc.selfview=learns), restart the node whose agent it restarted;
 	// -1 for none.
@@ -225,12 +228,17 @@ func (w *pccWorld) run() *pccFailure {
 }
 
 // syncHeld plays the holders' reports (-pcc.held): every live edge lists the
-// connections its stack holds off the current ring, and every live edge pins
-// them to it.
+// connections its stack holds off the current ring, every live edge pins
+// them to it, and unpins what a live holder reported last time and no longer
+// does (a dead holder's last report stands).
 func (w *pccWorld) syncHeld() {
-	var held []Held
+	if w.reported == nil {
+		w.reported = map[int][]Held{}
+	}
+	var held, gone []Held
 	for i, n := range w.nodes {
 		if w.dead[i] {
+			held = append(held, w.reported[i]...)
 			continue
 		}
 		var mine []Flow
@@ -239,13 +247,24 @@ func (w *pccWorld) syncHeld() {
 				mine = append(mine, flowFromKey(f.key))
 			}
 		}
+		var now []Held
 		for _, f := range n.d.OffRing(n.addr, mine) {
-			held = append(held, Held{Flow: f, Holder: n.addr})
+			now = append(now, Held{Flow: f, Holder: n.addr})
 		}
+		for _, h := range w.reported[i] {
+			if !slices.Contains(now, h) {
+				gone = append(gone, h)
+			}
+		}
+		w.reported[i] = now
+		held = append(held, now...)
 	}
 	for i, n := range w.nodes {
 		if w.dead[i] {
 			continue
+		}
+		if _, err := n.d.UnpinHeld(gone); err != nil {
+			w.t.Fatalf("unpin connections no longer held on %s: %v", w.name(i), err)
 		}
 		if _, err := n.d.PinHeld(held); err != nil {
 			w.t.Fatalf("pin held connections on %s: %v", w.name(i), err)

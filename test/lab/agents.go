@@ -46,10 +46,13 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 	args := []string{"--net=/run/netns/" + e.NS, l.Portico, "agent",
 		"-group", GroupNamespace + "/" + GroupName, "-iface", "eth0", "-node-name", e.Name,
 		"-kubeconfig", l.API.Kubeconfig, "-pin-path", a.PinPath, "-nginx-dir", filepath.Join(a.Dir, "nginx"),
-		"-metrics-addr", "127.0.0.1:9101", "-pprof", "-vrrp-interval", "100ms", "-log-level", "debug",
+		"-metrics-addr", ":9101", "-pprof", "-vrrp-interval", "100ms", "-log-level", "debug",
 		"-state-dir", filepath.Join(a.Dir, "state"), "-shutdown-delay", "1500ms",
 		// The access log in a file of its own, not in the agent's log (whose tail a failed test shows).
 		"-access-log", filepath.Join(a.Dir, "access.log")}
+	if l.transition > 0 {
+		args = append(args, "-ring-transition", l.transition.String())
+	}
 	if l.bgp != nil {
 		conf, err := l.bgpConfig()
 		if err != nil {

@@ -79,7 +79,9 @@ type Lab struct {
 	// subnet is the second octet of the nodes' 10.x.0.0/24 (216 unless the
 	// lab is one site of several, test/lab/sites); name prefixes the site's nodes.
 	subnet byte
-	name   string
+	// transition is the agents' -ring-transition (0: their default).
+	transition time.Duration
+	name       string
 	// SitesFile, for a site of several (test/lab/sites), is the agents' --federation-peers.
 	SitesFile string
 	mu        sync.Mutex
@@ -101,6 +103,8 @@ type Options struct {
 	// BGP, if set, puts the client behind a router (FRR) and runs the agents with
 	// --announce=bgp: see BGPOptions.
 	BGP *BGPOptions
+	// Transition is the agents' -ring-transition (0: their default, 2 min).
+	Transition time.Duration
 }
 
 // Start builds the lab. Close removes everything, also after a failed Start.
@@ -126,7 +130,7 @@ func Start(ctx context.Context, o Options) (l *Lab, err error) {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, err
 	}
-	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: o.BGP, subnet: 216}
+	l = &Lab{Portico: o.Portico, Dir: dir, agents: map[int]*Agent{}, bgp: o.BGP, subnet: 216, transition: o.Transition}
 	defer func() {
 		if err != nil {
 			l.Close()

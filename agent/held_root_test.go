@@ -1,0 +1,199 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf/rlimit"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vishvananda/netlink"
+	"go.uber.org/zap"
+
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/test/netlab"
+)
+
+// heldNode is one node of TestHeldReports: its maps, its sink, its reports
+// and the server of its /held.
+type heldNode struct {
+	node *netlab.Node
+	dp   *dataplane.Dataplane
+	sink *l4Sink
+	held *heldReports
+	srv  *http.Server
+}
+
+// TestHeldReports: a connection node a's stack holds, in a slot the ring
+// gives to b, is listed by a (sock_diag, a real socket), served on a's /held,
+// fetched by b over the link and pinned to a on both nodes' maps. While a does
+// not answer, b keeps the pin; once the connection ends, a stops listing it
+// and b removes the pin.
+func TestHeldReports(t *testing.T) {
+	a, b := twoNodes(t, "ph")
+	if err := rlimit.RemoveMemlock(); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr("192.0.2.10")
+	snap := model.Snapshot{Groups: []model.Group{{Name: "edge/web", VIPs: []netip.Addr{vip},
+		Ports:    []model.Port{{Protocol: model.TCP, Port: 80}},
+		Replicas: []model.Replica{{Addr: a.Addr.Addr()}, {Addr: b.Addr.Addr()}}}}}
+	const port = 19101
+	nodes := map[string]*heldNode{}
+	for _, n := range []*netlab.Node{a, b} {
+		hn := &heldNode{node: n}
+		pin := fmt.Sprintf("/sys/fs/bpf/portico-held-test-%d-%s", os.Getpid(), n.Name)
+		err := netlab.Do(n.NS, func() error {
+			ifc, err := net.InterfaceByName("eth0")
+			if err != nil {
+				return err
+			}
+			if hn.dp, err = dataplane.Load(dataplane.Options{PinPath: pin, RingSize: 13}); err != nil {
+				return err
+			}
+			t.Cleanup(func() { hn.dp.Close(); dataplane.Uninstall(pin) })
+			hn.sink = &l4Sink{dp: hn.dp, group: "edge/web", seed: 1, log: zap.NewNop(),
+				neigh: &neighbors{ifc: ifc, log: zap.NewNop(), resolved: map[netip.Addr]net.HardwareAddr{}}}
+			return hn.sink.Apply(context.Background(), snap)
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", n.Name, err)
+		}
+		ns := n.NS
+		hn.held = &heldReports{sink: hn.sink, port: port, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections,
+			client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+				DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+					err = netlab.Do(ns, func() error {
+						c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+						return err
+					})
+					return c, err
+				}}}}
+		nodes[n.Name] = hn
+		hn.serve(t)
+	}
+	ha, hb := nodes[a.Name], nodes[b.Name]
+	round := func(hn *heldNode) {
+		t.Helper()
+		if err := netlab.Do(hn.node.NS, func() error { hn.held.round(context.Background()); return nil }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pinned := func(hn *heldNode, f dataplane.Flow) netip.Addr {
+		t.Helper()
+		tr, err := hn.dp.Trace(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.Pinned == nil || tr.Pinned.Hop != 0 {
+			return netip.Addr{}
+		}
+		return tr.Pinned.Backend.Addr
+	}
+
+	// A client port whose slot the ring gives to b, connected to a's stack.
+	var flow dataplane.Flow
+	for p := uint16(40000); p < 40100 && !flow.Src.IsValid(); p++ {
+		f := dataplane.Flow{Src: a.Addr.Addr(), Dst: vip, SPort: p, DPort: 80, Protocol: 6}
+		if off := ha.dp.OffRing(a.Addr.Addr(), []dataplane.Flow{f}); len(off) == 1 {
+			flow = f
+		}
+	}
+	if !flow.Src.IsValid() {
+		t.Fatal("no client port in 100 whose slot is b's")
+	}
+	var client, server net.Conn
+	err := netlab.Do(a.NS, func() error {
+		lo, err := netlink.LinkByName("lo")
+		if err != nil {
+			return err
+		}
+		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(vip.AsSlice())}); err != nil {
+			return err
+		}
+		ln, err := net.Listen("tcp", netip.AddrPortFrom(vip, 80).String())
+		if err != nil {
+			return err
+		}
+		defer ln.Close()
+		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(flow.Src, flow.SPort))}
+		if client, err = d.Dial("tcp", ln.Addr().String()); err != nil {
+			return err
+		}
+		server, err = ln.Accept()
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+
+	round(ha)
+	if got := pinned(ha, flow); got != a.Addr.Addr() {
+		t.Errorf("a's own held connection pinned to %v on a, want a", got)
+	}
+	round(hb)
+	if got := pinned(hb, flow); got != a.Addr.Addr() {
+		t.Fatalf("a's held connection pinned to %v on b after b fetched a's list, want a", got)
+	}
+	if got := testutil.ToFloat64(hb.held.met.conns.WithLabelValues("peers")); got != 1 {
+		t.Errorf("b's portico_held_connections{holder=peers} = %v, want 1", got)
+	}
+
+	// a does not answer: b keeps what a listed last.
+	ha.srv.Close()
+	round(hb)
+	if got := pinned(hb, flow); got != a.Addr.Addr() {
+		t.Errorf("while a did not answer, b's pin became %v, want a's", got)
+	}
+	if got := testutil.ToFloat64(hb.held.met.errors.WithLabelValues("fetch")); got < 1 {
+		t.Errorf("portico_held_errors_total{reason=fetch} = %v while a did not answer", got)
+	}
+	ha.serve(t)
+
+	// The connection ends: a stops listing it, b unpins it.
+	client.Close()
+	server.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		round(ha)
+		if ha.held.listed() == 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := ha.held.listed(); n != 0 {
+		t.Fatalf("a still lists %d connections after the connection ended", n)
+	}
+	round(hb)
+	if got := pinned(hb, flow); got.IsValid() {
+		t.Errorf("after a stopped listing it, b still pins the connection to %v", got)
+	}
+	if got := pinned(ha, flow); got.IsValid() {
+		t.Errorf("after the connection ended, a still pins it to %v", got)
+	}
+}
+
+// serve starts hn's /held server on its address, in its namespace.
+func (hn *heldNode) serve(t *testing.T) {
+	t.Helper()
+	var ln net.Listener
+	err := netlab.Do(hn.node.NS, func() (err error) {
+		ln, err = net.Listen("tcp", netip.AddrPortFrom(hn.node.Addr.Addr(), hn.held.port).String())
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc(heldPath, hn.held.serveHTTP)
+	hn.srv = &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
+	go hn.srv.Serve(ln)
+	t.Cleanup(func() { hn.srv.Close() })
+}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/portico-edge/portico/dataplane"
+)
+
+// TestParseHeld: a peer's list as /held serves it; what is not a TCP
+// connection between two addresses of one family is counted and skipped, and
+// the rest is kept.
+func TestParseHeld(t *testing.T) {
+	holder := netip.MustParseAddr("10.0.0.2")
+	in := strings.Join([]string{
+		"tcp 198.51.100.7:40000 192.0.2.10:80",
+		"tcp [2001:db8::7]:40001 [2001:db8::10]:443",
+		"udp 198.51.100.7:40000 192.0.2.10:53",      // not TCP
+		"tcp 198.51.100.7:40000 [2001:db8::10]:443", // families differ
+		"tcp 198.51.100.7 192.0.2.10:80",            // no port
+		"tcp 198.51.100.7:0 192.0.2.10:80",          // port 0
+		"garbage",
+		"",
+		"tcp [::ffff:198.51.100.8]:40002 192.0.2.10:80", // a v4-mapped address is the v4 one
+	}, "\n")
+	held, malformed, err := parseHeld(strings.NewReader(in), holder)
+	if err != nil {
+		t.Fatal(err)
+	}
+	flow := func(src, dst string) dataplane.Held {
+		s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
+		return dataplane.Held{Holder: holder, Flow: dataplane.Flow{Src: s.Addr(), Dst: d.Addr(), SPort: s.Port(), DPort: d.Port(), Protocol: 6}}
+	}
+	want := []dataplane.Held{
+		flow("198.51.100.7:40000", "192.0.2.10:80"),
+		flow("[2001:db8::7]:40001", "[2001:db8::10]:443"),
+		flow("198.51.100.8:40002", "192.0.2.10:80"),
+	}
+	if diff := cmp.Diff(want, held, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" || malformed != 5 {
+		t.Errorf("parseHeld: %d malformed (want 5), held (-want +got):\n%s", malformed, diff)
+	}
+}
+
+// TestServeHeld: /held serves what publish made to the group's replicas (and
+// loopback) alone, and a fetch that names the list's ETag gets 304 and no body;
+// publish's output parses back to its input.
+func TestServeHeld(t *testing.T) {
+	h := &heldReports{}
+	own := []dataplane.Flow{
+		{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.10"), SPort: 40000, DPort: 80, Protocol: 6},
+		{Src: netip.MustParseAddr("2001:db8::7"), Dst: netip.MustParseAddr("2001:db8::10"), SPort: 40001, DPort: 443, Protocol: 6},
+	}
+	replica := netip.MustParseAddr("10.0.0.2")
+	h.publish(own, []netip.Addr{replica})
+	get := func(from string) *http.Request {
+		r := httptest.NewRequest(http.MethodGet, heldPath, nil)
+		r.RemoteAddr = from
+		return r
+	}
+	for _, from := range []string{"192.0.2.1:1234", "10.0.0.3:1234", "garbage"} {
+		rec := httptest.NewRecorder()
+		h.serveHTTP(rec, get(from))
+		if rec.Code != http.StatusForbidden {
+			t.Errorf("GET /held from %s: %d, want 403", from, rec.Code)
+		}
+	}
+	rec := httptest.NewRecorder()
+	h.serveHTTP(rec, get("[::1]:1234"))
+	if rec.Code != http.StatusOK {
+		t.Errorf("GET /held from loopback: %d", rec.Code)
+	}
+	rec = httptest.NewRecorder()
+	h.serveHTTP(rec, get("10.0.0.2:1234"))
+	etag := rec.Header().Get("ETag")
+	if rec.Code != http.StatusOK || etag == "" {
+		t.Fatalf("GET /held: %d, ETag %q", rec.Code, etag)
+	}
+	holder := netip.MustParseAddr("10.0.0.1")
+	held, malformed, err := parseHeld(rec.Body, holder)
+	if err != nil || malformed != 0 || len(held) != 2 || held[0].Flow != own[0] || held[1].Flow != own[1] {
+		t.Errorf("served list parses to %v (%d malformed, %v), want %v", held, malformed, err, own)
+	}
+	req := get("10.0.0.2:1234")
+	req.Header.Set("If-None-Match", etag)
+	rec = httptest.NewRecorder()
+	h.serveHTTP(rec, req)
+	if rec.Code != http.StatusNotModified || rec.Body.Len() != 0 {
+		t.Errorf("GET /held with its ETag: %d, %d bytes; want 304 and none", rec.Code, rec.Body.Len())
+	}
+	h.publish(own[:1], []netip.Addr{replica})
+	rec = httptest.NewRecorder()
+	h.serveHTTP(rec, req)
+	if rec.Code != http.StatusOK || rec.Header().Get("ETag") == etag {
+		t.Errorf("GET /held with the old ETag after a change: %d, ETag %q", rec.Code, rec.Header().Get("ETag"))
+	}
+}
