@@ -34,7 +34,7 @@ static __always_inline void touch_flow(const struct flow_key *flow, __u32 bid, _
 
 		bpf_map_update_elem(&flows, flow, &nv, BPF_ANY);
 	}
-	pin_seen(now);
+	pin_used(now);
 }
 
 #define TCP_FIN 0x01

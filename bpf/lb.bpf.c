@@ -124,7 +124,7 @@ int xdp_lb(struct xdp_md *ctx)
 	/* A pinned entry counts only while pins do: a SYN that reuses its 5-tuple
 	 * after they lapsed did not retire it. */
 	if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow) &&
-	    (ce->pin == CACHE_UNPINNED || pins_live(&now))) {
+	    (ce->pin == CACHE_UNPINNED || pins_live(&now) || held_live(&now))) {
 		bid = ce->backend_id;
 		be = active_backend(bid);
 		/* A pin holds while its connection does (stale_pin). */
@@ -225,7 +225,7 @@ int xdp_lb(struct xdp_md *ctx)
 			write = CACHE_PINNED;
 			bpf_map_delete_elem(&new_pins, &p.flow);
 			fv = 0;
-		} else if ((fv = pins ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
+		} else if ((fv = pins || held_live(&now) ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
 			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
 			   !(mv && fv->hop) && !(mv && (be->flags & BACKEND_F_DOWN) && in_history(ch, fv->backend_id)) &&
 			   !(sp = stale_pin(ctx, eth, &p, be))) {
@@ -271,7 +271,7 @@ int xdp_lb(struct xdp_md *ctx)
 				vs->flow_hits++;
 			if (now - fv->last_seen_ns > NSEC_PER_SEC) {
 				fv->last_seen_ns = now;
-				pin_seen(now);
+				pin_used(now);
 			}
 			/* The client ends the connection (FIN or RST): the pin goes,
 			 * and no cache entry keeps it, so that a new connection on the

@@ -118,6 +118,19 @@ struct {
 	__type(value, __u64);
 } pin_clock SEC(".maps");
 
+/* held_clock[0]: when Go last pinned (or kept pinned) a connection another
+ * edge's stack holds off the current ring (its holder's report: Go's PinHeld).
+ * While it is live, flows is looked at for packets of flows (not for SYNs: a
+ * SYN drops a same-tuple pin only while pin_clock is), and a pin's use does not
+ * move pin_clock: held connections live for days, and would keep it, and every
+ * SYN's look at flows, going for good. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} held_clock SEC(".maps");
+
 /* relay_clock[0]: when this node last made or used a hand-off pin (a flows entry
  * with a hop: where it sent on a connection it did not have). While none was
  * touched for LB_PIN_IDLE_SEC, frames from directors do not look at flows. */

@@ -104,6 +104,7 @@ static __always_inline int live(void *clock_map, __u64 *now)
 }
 
 static __always_inline int pins_live(__u64 *now) { return live(&pin_clock, now); }
+static __always_inline int held_live(__u64 *now) { return live(&held_clock, now); }
 
 /* seen moves a pin clock to now, at most once a second (a shared cache line). */
 static __always_inline void seen(void *clock_map, __u64 now)
@@ -116,6 +117,14 @@ static __always_inline void seen(void *clock_map, __u64 now)
 }
 
 static __always_inline void pin_seen(__u64 now) { seen(&pin_clock, now); }
+
+/* pin_used: a pin was used. It keeps the pin clock going, but not while held
+ * connections' pins are live (held_clock): those would keep it going for good. */
+static __always_inline void pin_used(__u64 now)
+{
+	if (!held_live(&now))
+		pin_seen(now);
+}
 
 static __always_inline struct backend *active_backend(__u32 id)
 {

@@ -49,14 +49,16 @@
 // owner, another ECMP edge) finds connections opened at any moment of the
 // transition, which a per-director flow table could not. bpf/README.md has the
 // reasoning, the measurements and the limits (a burst of more changes than the
-// history holds; a flow silent through a whole transition; UDP; an edge that has
-// not applied a change yet).
+// history holds; UDP; an edge that has not applied a change yet). A flow silent
+// through a whole transition is carried afterwards by its holder's report
+// (OffRing there, PinHeld on every edge: the agents' held reports).
 //
 // The per-CPU flow cache (flow_cache) answers repeated packets of a flow without
 // any of this; a SYN is never cached (its next packet fills the entry), so a SYN
 // flood evicts nothing from it. VIP lookups and the peer check are memoized per CPU
 // too (vip_memos, src_macs). Pinned flows are only looked at while some pin was
-// made or used within LB_PIN_IDLE_SEC (pin_clock), so in the steady state a packet
-// that misses the cache costs no hash-table lookup at all. bpf/README.md has the
+// made or used within LB_PIN_IDLE_SEC (pin_clock), or a held connection pinned
+// (held_clock; not for SYNs), so in the steady state a packet that misses the
+// cache costs no hash-table lookup at all. bpf/README.md has the
 // measurements.
 package dataplane

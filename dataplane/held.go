@@ -47,10 +47,11 @@ func (d *Dataplane) OffRing(self netip.Addr, flows []Flow) []Flow {
 // It returns how many pins it wrote. Every CPU's flow cache is retired when it
 // wrote one (a cached answer would hide the pin).
 //
-// xdp_lb looks at pins only while one was made or used within
-// LB_PIN_IDLE_SEC (pin_clock): a held connection may be silent for longer
-// (an L4 Service's, for days), so while any report names one PinHeld keeps
-// the clock, and the pins it names, from lapsing (pinRefresh).
+// xdp_lb looks at these pins while PinHeld wrote or kept one within
+// LB_PIN_IDLE_SEC (held_clock, not the directors' pin_clock: a SYN does not
+// look at flows for them, bpf/README.md). A held connection may be silent for
+// longer (an L4 Service's, for days), so while any report names one PinHeld
+// keeps the clock, and the pins it names, from lapsing (pinRefresh).
 func (d *Dataplane) PinHeld(held []Held) (int, error) {
 	now := uint64(coarseNow())
 	wrote, known := 0, 0
@@ -76,12 +77,12 @@ func (d *Dataplane) PinHeld(held []Held) (int, error) {
 		return 0, nil
 	}
 	var clock uint64
-	if err := d.objs.PinClock.Lookup(uint32(0), &clock); err != nil {
-		return wrote, fmt.Errorf("read map pin_clock: %w", err)
+	if err := d.objs.HeldClock.Lookup(uint32(0), &clock); err != nil {
+		return wrote, fmt.Errorf("read map held_clock: %w", err)
 	}
 	if wrote > 0 || now-clock >= uint64(pinRefresh) {
-		if err := d.objs.PinClock.Put(uint32(0), now); err != nil {
-			return wrote, fmt.Errorf("update map pin_clock: %w", err)
+		if err := d.objs.HeldClock.Put(uint32(0), now); err != nil {
+			return wrote, fmt.Errorf("update map held_clock: %w", err)
 		}
 	}
 	if wrote == 0 {

@@ -22,6 +22,7 @@ func TestPinHeld(t *testing.T) {
 	silent := flowWhere(t, 41000, [][]Backend{a, b}, r2, r4)
 	reported := flowWhere(t, silent.SPort+1, [][]Backend{a, b}, r2, r4)
 	stays := flowWhere(t, reported.SPort+1, [][]Backend{a, b}, r2, r2)
+	var clock uint64
 	dr.apply(t, desired(a...))
 	if off := dr.d.OffRing(r2.Addr, []Flow{flowOf(reported), flowOf(stays)}); len(off) != 0 {
 		t.Fatalf("off the ring before the change: %v", off)
@@ -41,8 +42,28 @@ func TestPinHeld(t *testing.T) {
 		t.Fatalf("PinHeld again wrote %d pins (%v), want 0", n, err)
 	}
 	dr.endTransitions(t)
-	if got := dr.send(t, reported, b...); got.Addr != r2.Addr {
-		t.Errorf("after the transition the reported connection went to %s, want its holder %s", got.Addr, r2.Addr)
+	// The directors' pin clock lapsed (no pin of theirs used for an hour):
+	// the held pins count on their own clock, and their use does not revive
+	// the directors' (which would make every SYN look at flows again).
+	if err := dr.d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
+		t.Fatal(err)
+	}
+	k := flowOf(reported).key()
+	var v lbFlowVal
+	if err := dr.d.objs.Flows.Lookup(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	v.LastSeenNs = 1 // long unused: its use now refreshes it, and a clock
+	if err := dr.d.objs.Flows.Put(&k, &v); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if got := dr.send(t, reported, b...); got.Addr != r2.Addr {
+			t.Errorf("after the transition the reported connection went to %s, want its holder %s", got.Addr, r2.Addr)
+		}
+	}
+	if err := dr.d.objs.PinClock.Lookup(uint32(0), &clock); err != nil || clock != 0 {
+		t.Errorf("pin clock %d (%v) after a held pin's use, want it left lapsed", clock, err)
 	}
 	if got := dr.send(t, silent, b...); got.Addr != r4.Addr {
 		t.Errorf("after the transition a silent, unreported connection went to %s, want the current ring's %s", got.Addr, r4.Addr)
@@ -53,15 +74,14 @@ func TestPinHeld(t *testing.T) {
 	}
 	// A report repeated writes no pin, but keeps xdp_lb looking at pins: a
 	// held connection may be silent for longer than LB_PIN_IDLE_SEC.
-	if err := dr.d.objs.PinClock.Put(uint32(0), uint64(1)); err != nil {
+	if err := dr.d.objs.HeldClock.Put(uint32(0), uint64(1)); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := dr.d.PinHeld([]Held{other}); err != nil || n != 0 {
 		t.Fatalf("PinHeld of the same report wrote %d pins (%v), want 0", n, err)
 	}
-	var clock uint64
-	if err := dr.d.objs.PinClock.Lookup(uint32(0), &clock); err != nil || clock <= 1 {
-		t.Fatalf("pin clock %d (%v) after a report of a held connection, want it refreshed", clock, err)
+	if err := dr.d.objs.HeldClock.Lookup(uint32(0), &clock); err != nil || clock <= 1 {
+		t.Fatalf("held clock %d (%v) after a report of a held connection, want it refreshed", clock, err)
 	}
 	if n, err := dr.d.UnpinHeld([]Held{{Flow: flowOf(reported), Holder: r2.Addr}, {Flow: flowOf(stays), Holder: r2.Addr}}); err != nil || n != 1 {
 		t.Fatalf("UnpinHeld removed %d pins (%v), want 1 (r2's own; the other names r4)", n, err)

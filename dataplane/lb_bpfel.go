@@ -250,6 +250,7 @@ const (
 	lbMapChains             = "chains"
 	lbMapFlowCache          = "flow_cache"
 	lbMapFlows              = "flows"
+	lbMapHeldClock          = "held_clock"
 	lbMapLbCfg              = "lb_cfg"
 	lbMapMacTags            = "mac_tags"
 	lbMapMidRings           = "mid_rings"
@@ -333,6 +334,7 @@ type lbMapSpecs struct {
 	Chains       *ebpf.MapSpec `ebpf:"chains"`
 	FlowCache    *ebpf.MapSpec `ebpf:"flow_cache"`
 	Flows        *ebpf.MapSpec `ebpf:"flows"`
+	HeldClock    *ebpf.MapSpec `ebpf:"held_clock"`
 	LbCfg        *ebpf.MapSpec `ebpf:"lb_cfg"`
 	MacTags      *ebpf.MapSpec `ebpf:"mac_tags"`
 	MidRings     *ebpf.MapSpec `ebpf:"mid_rings"`
@@ -392,6 +394,7 @@ type lbMaps struct {
 	Chains       *ebpf.Map `ebpf:"chains"`
 	FlowCache    *ebpf.Map `ebpf:"flow_cache"`
 	Flows        *ebpf.Map `ebpf:"flows"`
+	HeldClock    *ebpf.Map `ebpf:"held_clock"`
 	LbCfg        *ebpf.Map `ebpf:"lb_cfg"`
 	MacTags      *ebpf.Map `ebpf:"mac_tags"`
 	MidRings     *ebpf.Map `ebpf:"mid_rings"`
@@ -422,6 +425,7 @@ func (m *lbMaps) Close() error {
 		m.Chains,
 		m.FlowCache,
 		m.Flows,
+		m.HeldClock,
 		m.LbCfg,
 		m.MacTags,
 		m.MidRings,

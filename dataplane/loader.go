@@ -220,7 +220,7 @@ func pinnedMaps(opts Options, ringsFit bool) []pins.Map {
 		out = append(out, pins.Map{Name: name, Meaning: ring, State: true, Legacy: ringsFit})
 	}
 	for _, name := range []string{lbMapRingChanged, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins, lbMapPinClock, lbMapRelayClock,
-		lbMapLbCfg, lbMapPeers, lbMapSitePeers, lbMapTunnel} {
+		lbMapHeldClock, lbMapLbCfg, lbMapPeers, lbMapSitePeers, lbMapTunnel} {
 		out = append(out, pins.Map{Name: name, State: true, Legacy: true})
 	}
 	for _, name := range []string{lbMapVipStats, lbMapBackendStats, lbMapReasonStats} {
@@ -307,8 +307,21 @@ func (d *Dataplane) loadVersioned(spec *ebpf.CollectionSpec) (hadRings bool, err
 // loadLegacy pins as versions before pins.Version did: by the maps' names
 // (tests only: the previous release's pins).
 func (d *Dataplane) loadLegacy(spec *ebpf.CollectionSpec) (hadRings bool, err error) {
+	// The Go side expects this version's maps: one the older object lacks
+	// (held_clock) is made beside its program, which never reads it.
+	cur, err := loadLb()
+	if err != nil {
+		return false, err
+	}
+	for name, ms := range cur.Maps {
+		if _, ok := spec.Maps[name]; !ok {
+			spec.Maps[name] = ms.Copy()
+		}
+	}
 	for _, m := range pinnedMaps(d.opts, true) {
-		spec.Maps[m.Name].Pinning = ebpf.PinByName
+		if ms, ok := spec.Maps[m.Name]; ok { // an older object lacks the newer maps
+			ms.Pinning = ebpf.PinByName
+		}
 	}
 	_, err = os.Stat(filepath.Join(d.opts.PinPath, lbMapRings))
 	hadRings = err == nil

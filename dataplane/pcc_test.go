@@ -19,8 +19,8 @@ var (
 	pccSequence  = flag.Int("pcc.sequence", -1, "TestPCCModel: run only this sequence of the seed (a replay)")
 	pccSelfView  = flag.String("pcc.selfview", "learns", "TestPCCModel: how a node comes to call itself down: 'learns' (the agent: from the other edges' answers to its probes, a moment after they decided, and by a cycle when its agent restarts), 'never' (its checks of itself are local only: the open class before it learned), 'at-once' (with the others)")
 	pccAll       = flag.Bool("pcc.all", false, "TestPCCModel: run every sequence and count the failing ones by class, instead of stopping at the first")
-	pccHeld      = flag.Bool("pcc.held", false, "TestPCCModel: after each event every edge reports the connections it holds off the current ring (Dataplane.OffRing) and every edge pins them (Dataplane.PinHeld)")
-	pccExpire    = flag.Bool("pcc.expire", false, "TestPCCModel: also let every transition end between events (minutes pass without a change): a measure of bpf/README.md's limits, which then break sequences (a connection silent through a whole transition, or carried only by the pin of a director that no longer directs)")
+	pccHeld      = flag.Bool("pcc.held", true, "TestPCCModel: after each event every edge reports the connections it holds off the current ring (Dataplane.OffRing) and every edge pins them (Dataplane.PinHeld), and unpins what a holder no longer reports (the agents' held reports); false: a measure of what they add")
+	pccExpire    = flag.Bool("pcc.expire", true, "TestPCCModel: also let every transition end between events (minutes pass without a change); with -pcc.held=false a measure of bpf/README.md's limits, which then break sequences (a connection silent through a whole transition, or carried only by the pin of a director that no longer directs)")
 )
 
 const (

@@ -202,7 +202,7 @@ func (d *Dataplane) changed(vip uint32) error {
 }
 
 // Expire ends the transitions whose lease has passed (their previous rings are
-// freed) and forgets the pin clock once no pin was used for LB_PIN_IDLE_SEC. The
+// freed) and forgets a pin clock once no pin was used for LB_PIN_IDLE_SEC. The
 // program already ignores both then; cleared, they cost it no clock read. Apply
 // calls it, and an agent calls it now and then between Applies.
 func (d *Dataplane) Expire() error {
@@ -225,7 +225,7 @@ func (d *Dataplane) Expire() error {
 		}
 	}
 	idle := time.Duration(lbLbLimitsLB_PIN_IDLE_SEC) * time.Second
-	for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.RelayClock} {
+	for _, m := range []*ebpf.Map{d.objs.PinClock, d.objs.RelayClock, d.objs.HeldClock} {
 		var t uint64
 		if err := m.Lookup(uint32(0), &t); err != nil {
 			return fmt.Errorf("read map %s: %w", m, err)

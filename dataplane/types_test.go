@@ -43,6 +43,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapSelfAddr, uint32(0), lbSelfAddr{}},
 		{lbMapTagMacs, uint32(0), lbTagMac{}},
 		{lbMapMacTags, lbPeerKey{}, uint32(0)},
+		{lbMapHeldClock, uint32(0), uint64(0)},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -164,6 +164,7 @@ type benchCase struct {
 	frame    func(i int) []byte
 	distinct bool   // every call must see a new flow
 	prep     []byte // sent once first (a SYN whose connection the row's frames carry)
+	setup    func() error
 }
 
 func (w *world) cases() []benchCase {
@@ -184,6 +185,15 @@ func (w *world) cases() []benchCase {
 		}},
 		{name: "established TCP v6", prog: w.d.Program(), frame: same(est6)},
 		{name: "non-VIP pass", prog: w.d.Program(), frame: same(other)},
+		// Outside transitions, connections held off the ring (their holders'
+		// reports, PinHeld) keep flows consulted for packets the flow cache
+		// misses, not for SYNs (held_clock). Before any row that makes a
+		// director's pin: those make every SYN look at flows for an hour.
+		{name: "new TCP v4 flow (SYN), held connections pinned", prog: w.d.Program(), distinct: true, setup: w.pinHeld, frame: func(i int) []byte {
+			src := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+			return w.tcp(src, w.vip4, uint16(1024+i%60000), xdptest.SYN)
+		}},
+		{name: "established TCP v4, held connections pinned", prog: w.d.Program(), setup: w.pinHeld, frame: same(est4)},
 		{name: "new TCP v4 flow (SYN) in a ring transition", prog: w.d.Program(), distinct: true, frame: func(i int) []byte {
 			src := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
 			return w.tcp(src, w.vipC, uint16(1024+i%60000), xdptest.SYN)
@@ -196,6 +206,21 @@ func (w *world) cases() []benchCase {
 		// while the director's own stack says it may (a socket lookup).
 		{name: "packet of a connection pinned in a ring transition", prog: w.d.Program(), frame: same(pinned(xdptest.ACK)), prep: pinned(xdptest.SYN)},
 	}
+}
+
+// heldPins is how many held connections pinHeld pins.
+const heldPins = 10_000
+
+// pinHeld pins heldPins connections to vip4 to its first replica, as the
+// holders' reports do.
+func (w *world) pinHeld() error {
+	held := make([]dataplane.Held, heldPins)
+	for i := range held {
+		held[i] = dataplane.Held{Holder: netip.AddrFrom4([4]byte{10, 0, 0, 11}),
+			Flow: dataplane.Flow{Src: netip.AddrFrom4([4]byte{198, 20, byte(i >> 8), byte(i)}), Dst: w.vip4, SPort: 50000, DPort: 443, Protocol: 6}}
+	}
+	_, err := w.d.PinHeld(held)
+	return err
 }
 
 // Run measures xdp_lb's per-packet cost for the standard cases. It needs root;
@@ -215,6 +240,11 @@ func Run(o Options) ([]Result, error) {
 
 	var out []Result
 	for _, c := range w.cases() {
+		if c.setup != nil {
+			if err := c.setup(); err != nil {
+				return nil, fmt.Errorf("%s: %w", c.name, err)
+			}
+		}
 		if c.prep != nil {
 			if _, _, err := c.prog.Test(c.prep); err != nil {
 				return nil, fmt.Errorf("%s: %w", c.name, err)

@@ -19,6 +19,8 @@ func TestRun(t *testing.T) {
 		"established TCP v4":                                 "XDP_TX",
 		"new TCP v4 flow (SYN)":                              "XDP_TX",
 		"new TCP v4 flow (SYN) in a ring transition":         "XDP_TX",
+		"new TCP v4 flow (SYN), held connections pinned":     "XDP_TX",
+		"established TCP v4, held connections pinned":        "XDP_TX",
 		"established TCP v6":                                 "XDP_TX",
 		"non-VIP pass":                                       "XDP_PASS",
 		"non-SYN packet of a flow across a ring change":      "XDP_TX",
@@ -50,6 +52,11 @@ func BenchmarkXDP(b *testing.B) {
 			continue // one repetition per tuple: see Run / portico bench xdp
 		}
 		b.Run(c.name, func(b *testing.B) {
+			if c.setup != nil {
+				if err := c.setup(); err != nil {
+					b.Fatal(err)
+				}
+			}
 			if c.prep != nil {
 				if _, _, err := c.prog.Test(c.prep); err != nil {
 					b.Fatal(err)
