@@ -170,8 +170,9 @@ func (a *agent) buildHeld() error {
 			return fmt.Errorf("register held-connection metrics: %w", err)
 		}
 	}
-	a.held = &heldReports{sink: a.l4, port: uint16(n), log: a.log.Named("held"), met: met, list: ownConnections,
-		client: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}}}
+	h := &heldReports{sink: a.l4, port: uint16(n), log: a.log.Named("held"), met: met, list: ownConnections}
+	h.client = &http.Client{Transport: &http.Transport{DialContext: h.dial, MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}}
+	a.held = h
 	return nil
 }
 

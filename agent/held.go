@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,6 +80,10 @@ type heldReports struct {
 	// readers are the group's replicas, the only addresses /held answers
 	// (besides this node's loopback): the list names clients' addresses.
 	readers map[netip.Addr]bool
+
+	// source is this node's replica address, which its fetches come from
+	// (the peers answer the group's replicas alone).
+	source atomic.Value // netip.Addr
 
 	// Owned by run's goroutine.
 	peers    map[netip.Addr]*peerHeld
@@ -174,6 +179,7 @@ func (h *heldReports) round(ctx context.Context) {
 		own = h.sink.dp.OffRing(self, flows)
 	}
 	h.sink.mu.Unlock()
+	h.source.Store(self)
 	if len(own) > maxHeld {
 		h.met.errors.WithLabelValues("truncated").Inc()
 		own = own[:maxHeld]
@@ -249,6 +255,16 @@ func (h *heldReports) round(ctx context.Context) {
 	if pinned > 0 || unpinned > 0 {
 		h.log.Debug("held connections pinned", zap.Int("pinned", pinned), zap.Int("unpinned", unpinned))
 	}
+}
+
+// dial is the fetches' dialer: from this node's replica address, when it has
+// one, so that a node with several addresses is known to its peers.
+func (h *heldReports) dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{}
+	if self, ok := h.source.Load().(netip.Addr); ok && self.IsValid() {
+		d.LocalAddr = net.TCPAddrFromAddrPort(netip.AddrPortFrom(self, 0))
+	}
+	return d.DialContext(ctx, network, addr)
 }
 
 // publish makes own the list /held serves, to readers.

@@ -66,15 +66,16 @@ func TestHeldReports(t *testing.T) {
 			t.Fatalf("%s: %v", n.Name, err)
 		}
 		ns := n.NS
-		hn.held = &heldReports{sink: hn.sink, port: port, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections,
-			client: &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
-				DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
-					err = netlab.Do(ns, func() error {
-						c, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-						return err
-					})
-					return c, err
-				}}}}
+		h := &heldReports{sink: hn.sink, port: port, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections}
+		h.client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
+				err = netlab.Do(ns, func() error {
+					c, err = h.dial(ctx, network, addr)
+					return err
+				})
+				return c, err
+			}}}
+		hn.held = h
 		nodes[n.Name] = hn
 		hn.serve(t)
 	}
