@@ -18,25 +18,48 @@ import (
 // holder's report does (every agent lists its stack's connections off the
 // ring, every edge pins them). Every held connection on a surviving replica
 // must answer within 1 s of the takeover, and no new connection may fail
-// after it. The agents' transition is 3 s here (2 min by default), so that
+// after it. IPv4 and IPv6 alike. The agents' transition is 3 s here (2 min by default), so that
 // the test waits for its end.
 func TestHeldThroughTransition(t *testing.T) {
 	testenv.RequireRoot(t, "network namespaces, XDP, VRRP")
 	const transition = 3 * time.Second
 	l := startLabWith(t, Options{Portico: porticoBin, Transition: transition})
 	ctx := context.Background()
+	if err := l.addIPv6(ctx); err != nil {
+		t.Fatal(err)
+	}
+	v6 := traffic.Target{NS: l.Client.NS, VIP: VIP6}
+	c6 := v6.HTTPClient(false, 2*time.Second)
+	if _, err := testenv.Poll(ctx, 30*time.Second, 100*time.Millisecond, func() error {
+		_, err := v6.Get(ctx, c6, "echo.lab", "/wait")
+		return err
+	}); err != nil {
+		t.Fatalf("HTTP through %s: %v", VIP6, err)
+	}
 	owner := vipOwner(t, l)
+	// The drained edge owns neither VIP where it can: the IPv6 virtual
+	// router elects its own master.
 	var drained *Node
 	for _, e := range l.Edges {
-		if e != owner {
+		if e == owner {
+			continue
+		}
+		if has6, err := e.holds(VIP6); err != nil {
+			t.Fatal(err)
+		} else if drained == nil || !has6 {
 			drained = e
-			break
 		}
 	}
 	tr := startTraffic(t, l)
-	onDrained := len(tr.held) - len(OnSurvivors(tr.held, drained))
-	if onDrained == 0 {
-		t.Fatalf("no held connection on %s: the test proves nothing", drained.Name)
+	held6, err := v6.OpenKeepConns(ctx, "echo.lab", 60)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(held6.Close)
+	on := func(held traffic.KeepConns, n *Node) int { return len(held) - len(OnSurvivors(held, n)) }
+	onDrained, onDrained6 := on(tr.held, drained), on(held6, drained)
+	if onDrained == 0 || onDrained6 == 0 {
+		t.Fatalf("held connections on %s: %d over IPv4, %d over IPv6; the test proves less than it says", drained.Name, onDrained, onDrained6)
 	}
 
 	// The change: drained's slots go to the others; its connections stay.
@@ -74,8 +97,8 @@ func TestHeldThroughTransition(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if int(v) < onDrained {
-				return fmt.Errorf("%s: %s = %v, want >= %d", n.Name, series, v, onDrained)
+			if int(v) < onDrained+onDrained6 {
+				return fmt.Errorf("%s: %s = %v, want >= %d", n.Name, series, v, onDrained+onDrained6)
 			}
 			reported = append(reported, fmt.Sprintf("%s %v", n.Name, v))
 			left, err := l.transitionLeft(n)
@@ -90,15 +113,15 @@ func TestHeldThroughTransition(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("%s drains; its %d held connections reported on every edge (%v) and every transition over %v after the change",
-		drained.Name, onDrained, reported, time.Since(changed).Round(time.Millisecond))
+	t.Logf("%s drains; its %d+%d held connections (IPv4+IPv6) reported on every edge (%v) and every transition over %v after the change",
+		drained.Name, onDrained, onDrained6, reported, time.Since(changed).Round(time.Millisecond))
 
 	fault := time.Now()
 	newOwner, takeover := l.killOwner(t, owner)
-	survivors := OnSurvivors(tr.held, owner)
+	survivors := append(OnSurvivors(tr.held, owner), OnSurvivors(held6, owner)...)
 	kept, failed := AnswerWithin(survivors, "/after-transition", time.Second)
-	t.Logf("%s died; %s owns the VIP after %v; held connections on surviving replicas: %d of %d answered within 1 s (%d on the draining %s)",
-		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, len(survivors), onDrained, drained.Name)
+	t.Logf("%s died; %s owns the IPv4 VIP after %v; held connections on surviving replicas: %d of %d answered within 1 s (%d+%d on the draining %s)",
+		owner.Name, newOwner.Name, takeover.Round(time.Millisecond), kept, len(survivors), onDrained, onDrained6, drained.Name)
 	if kept != len(survivors) {
 		t.Errorf("%d held connections on surviving replicas broke: %v", len(survivors)-kept, failed)
 	}
