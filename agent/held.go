@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/vishvananda/netlink"
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
@@ -32,7 +31,7 @@ import (
 // it (one that takes over later, or one whose pin the transition never made
 // because the connection was silent throughout) sends it by the ring: it is
 // reset (bpf/README.md, "Limits"). The one place that always knows where such
-// a connection lives is its holder's stack. So every agent, every heldInterval:
+// a connection lives is its holder's stack. So every agent, every heldEvery:
 //   - lists its stack's connections (sock_diag), keeps those the current ring
 //     gives to another replica (Dataplane.OffRing), and serves them on /held of
 //     its metrics port;
@@ -44,11 +43,17 @@ import (
 // behind a cut link, and a dead one's pins cost nothing: the down-pin path asks
 // the ring's replica first). A replica that leaves the group is unpinned.
 
-// heldInterval is how often an agent lists its connections and fetches its
-// peers' lists: well inside a ring transition (2 min), so every connection a
-// change moves off its holder's slot is pinned on every edge before its
-// transition ends.
-const heldInterval = time.Second
+// heldEvery is how often an agent lists its connections and fetches its
+// peers' lists: well inside a ring transition (an eighth of it, at most 5 s: 5 s
+// by default), so every connection a change moves off its holder's slot is
+// pinned on every edge long before its transition ends. Listing costs the
+// kernel a walk of its TCP table (BenchmarkOwnConnections).
+func heldEvery(transition time.Duration) time.Duration {
+	if transition <= 0 {
+		transition = dataplane.DefaultTransition
+	}
+	return min(max(transition/8, 250*time.Millisecond), 5*time.Second)
+}
 
 // maxHeld bounds one holder's list (the rest is dropped, with a metric): every
 // edge pins every list, in flows (LB_DEFAULT_FLOWS entries, shared with the
@@ -65,18 +70,19 @@ const heldPath = "/held"
 
 // heldReports is one agent's side of the held connections.
 type heldReports struct {
-	sink   *l4Sink
-	port   uint16 // the peers' metrics port (every agent's is the same)
-	client *http.Client
-	log    *zap.Logger
-	met    *heldMetrics
+	sink     *l4Sink
+	port     uint16        // the peers' metrics port (every agent's is the same)
+	interval time.Duration // heldEvery
+	client   *http.Client
+	log      *zap.Logger
+	met      *heldMetrics
 	// list is this node's connections in the client's direction
 	// (ownConnections; a fake in unit tests).
 	list func() ([]dataplane.Flow, error)
 
 	mu         sync.Mutex
-	body, etag string // what /held serves
-	count      int    // how many connections body lists
+	body, etag string           // what /held serves
+	own        []dataplane.Flow // what body lists
 	// readers are the group's replicas, the only addresses /held answers
 	// (besides this node's loopback): the list names clients' addresses.
 	readers map[netip.Addr]bool
@@ -141,9 +147,9 @@ func (h *heldReports) serveHTTP(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, body)
 }
 
-// run reports and pins every heldInterval until ctx ends.
+// run reports and pins every interval until ctx ends.
 func (h *heldReports) run(ctx context.Context) error {
-	t := time.NewTicker(heldInterval)
+	t := time.NewTicker(h.interval)
 	defer t.Stop()
 	for {
 		h.round(ctx)
@@ -269,6 +275,16 @@ func (h *heldReports) dial(ctx context.Context, network, addr string) (net.Conn,
 
 // publish makes own the list /held serves, to readers.
 func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr) {
+	h.mu.Lock()
+	h.readers = map[netip.Addr]bool{}
+	for _, a := range readers {
+		h.readers[a.Unmap()] = true
+	}
+	same := h.etag != "" && slices.Equal(h.own, own)
+	h.mu.Unlock()
+	if same {
+		return
+	}
 	var b bytes.Buffer
 	for _, f := range own {
 		fmt.Fprintf(&b, "tcp %s %s\n", netip.AddrPortFrom(f.Src, f.SPort), netip.AddrPortFrom(f.Dst, f.DPort))
@@ -276,11 +292,7 @@ func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr) {
 	sum := fnv.New64a()
 	sum.Write(b.Bytes())
 	h.mu.Lock()
-	h.body, h.etag, h.count = b.String(), `"`+strconv.FormatUint(sum.Sum64(), 16)+`"`, len(own)
-	h.readers = map[netip.Addr]bool{}
-	for _, a := range readers {
-		h.readers[a.Unmap()] = true
-	}
+	h.body, h.etag, h.own = b.String(), `"`+strconv.FormatUint(sum.Sum64(), 16)+`"`, own
 	h.mu.Unlock()
 }
 
@@ -288,7 +300,7 @@ func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr) {
 func (h *heldReports) listed() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.count
+	return len(h.own)
 }
 
 // fetchAll fetches the list of every replica but self, at once, into lists;
@@ -324,7 +336,7 @@ func (h *heldReports) fetchAll(ctx context.Context, replicas []netip.Addr, self 
 // fetch asks holder for its list; old is its last (nil: none), returned as it
 // is when the holder answers that nothing changed.
 func (h *heldReports) fetch(ctx context.Context, holder netip.Addr, old *peerHeld) (*peerHeld, error) {
-	ctx, cancel := context.WithTimeout(ctx, heldInterval*8/10)
+	ctx, cancel := context.WithTimeout(ctx, max(h.interval*8/10, 200*time.Millisecond))
 	defer cancel()
 	url := "http://" + net.JoinHostPort(holder.String(), strconv.Itoa(int(h.port))) + heldPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
@@ -391,48 +403,4 @@ func parseHeldLine(line string) (dataplane.Flow, bool) {
 		return dataplane.Flow{}, false
 	}
 	return dataplane.Flow{Src: s.Addr().Unmap(), Dst: d.Addr().Unmap(), SPort: s.Port(), DPort: d.Port(), Protocol: unix.IPPROTO_TCP}, true
-}
-
-// ownConnections lists this node's TCP connections (the states in which its
-// stack answers a packet of the connection: not listening, closed or in
-// TIME_WAIT) in the client's direction: the remote end as the source.
-func ownConnections() ([]dataplane.Flow, error) {
-	var out []dataplane.Flow
-	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {
-		// A dump the kernel interrupted (the table changed under it) may
-		// lack connections, which the peers would unpin: asked again.
-		socks, err := netlink.SocketDiagTCP(family)
-		for try := 0; try < 3 && errors.Is(err, netlink.ErrDumpInterrupted); try++ {
-			socks, err = netlink.SocketDiagTCP(family)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("sock_diag (family %d): %w", family, err)
-		}
-		for _, s := range socks {
-			switch s.State {
-			case netlink.TCP_LISTEN, netlink.TCP_TIME_WAIT, netlink.TCP_CLOSE, netlink.TCP_SYN_SENT:
-				continue
-			}
-			src, ok1 := netip.AddrFromSlice(s.ID.Destination)
-			dst, ok2 := netip.AddrFromSlice(s.ID.Source)
-			if !ok1 || !ok2 {
-				continue
-			}
-			out = append(out, dataplane.Flow{Src: src.Unmap(), Dst: dst.Unmap(),
-				SPort: s.ID.DestinationPort, DPort: s.ID.SourcePort, Protocol: unix.IPPROTO_TCP})
-		}
-	}
-	slices.SortFunc(out, func(a, b dataplane.Flow) int {
-		if c := a.Dst.Compare(b.Dst); c != 0 {
-			return c
-		}
-		if c := a.Src.Compare(b.Src); c != 0 {
-			return c
-		}
-		if a.DPort != b.DPort {
-			return int(a.DPort) - int(b.DPort)
-		}
-		return int(a.SPort) - int(b.SPort)
-	})
-	return out, nil
 }

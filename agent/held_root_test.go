@@ -18,6 +18,7 @@ import (
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 	"github.com/portico-edge/portico/test/netlab"
+	"github.com/portico-edge/portico/test/testenv"
 )
 
 // heldNode is one node of TestHeldReports: its maps, its sink, its reports
@@ -66,7 +67,7 @@ func TestHeldReports(t *testing.T) {
 			t.Fatalf("%s: %v", n.Name, err)
 		}
 		ns := n.NS
-		h := &heldReports{sink: hn.sink, port: port, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections}
+		h := &heldReports{sink: hn.sink, port: port, interval: time.Second, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections}
 		h.client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 				err = netlab.Do(ns, func() error {
@@ -197,4 +198,62 @@ func (hn *heldNode) serve(t *testing.T) {
 	hn.srv = &http.Server{Handler: mux, ReadHeaderTimeout: time.Second}
 	go hn.srv.Serve(ln)
 	t.Cleanup(func() { hn.srv.Close() })
+}
+
+// BenchmarkOwnConnections: what an agent's list of its stack's connections
+// (sock_diag, every second) costs with n connections on the node (2n sockets:
+// both ends are in the benchmark's namespace).
+func BenchmarkOwnConnections(b *testing.B) {
+	testenv.RequireRoot(b, "network namespaces")
+	lab, err := netlab.New("pb")
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer lab.Close()
+	mac, _ := net.ParseMAC("02:00:0a:d9:00:01")
+	node, err := lab.AddNode("a", netip.MustParsePrefix("10.217.0.1/24"), mac)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var ln net.Listener
+	if err := netlab.Do(node.NS, func() (err error) { ln, err = net.Listen("tcp", "10.217.0.1:80"); return err }); err != nil {
+		b.Fatal(err)
+	}
+	defer ln.Close()
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for _, n := range []int{1000, 4000} {
+		err := netlab.Do(node.NS, func() error {
+			for len(conns) < 2*n {
+				c, err := net.Dial("tcp", "10.217.0.1:80")
+				if err != nil {
+					return err
+				}
+				s, err := ln.Accept()
+				if err != nil {
+					return err
+				}
+				conns = append(conns, c, s)
+			}
+			return nil
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Run(fmt.Sprintf("connections=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				var got []dataplane.Flow
+				if err := netlab.Do(node.NS, func() (err error) { got, err = ownConnections(); return err }); err != nil {
+					b.Fatal(err)
+				}
+				if len(got) < 2*n {
+					b.Fatalf("listed %d connections, want >= %d", len(got), 2*n)
+				}
+			}
+		})
+	}
 }

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 
@@ -97,5 +98,21 @@ func TestServeHeld(t *testing.T) {
 	h.serveHTTP(rec, req)
 	if rec.Code != http.StatusOK || rec.Header().Get("ETag") == etag {
 		t.Errorf("GET /held with the old ETag after a change: %d, ETag %q", rec.Code, rec.Header().Get("ETag"))
+	}
+}
+
+// TestHeldEvery: the reports come well inside a transition, at most every 5 s
+// and at least every 250 ms.
+func TestHeldEvery(t *testing.T) {
+	for _, tc := range []struct{ transition, want time.Duration }{
+		{0, 5 * time.Second}, // the default transition, 2 min
+		{2 * time.Minute, 5 * time.Second},
+		{20 * time.Second, 2500 * time.Millisecond},
+		{3 * time.Second, 375 * time.Millisecond},
+		{time.Second, 250 * time.Millisecond},
+	} {
+		if got := heldEvery(tc.transition); got != tc.want {
+			t.Errorf("heldEvery(%v) = %v, want %v", tc.transition, got, tc.want)
+		}
 	}
 }
