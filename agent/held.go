@@ -190,7 +190,8 @@ func (h *heldReports) round(ctx context.Context) {
 		h.met.errors.WithLabelValues("truncated").Inc()
 		own = own[:maxHeld]
 	}
-	h.publish(own, replicas)
+	// A list that failed is not served: the peers would unpin everything.
+	h.publish(own, replicas, err == nil)
 
 	lists := map[netip.Addr]*peerHeld{}
 	if self.IsValid() && err == nil {
@@ -273,14 +274,15 @@ func (h *heldReports) dial(ctx context.Context, network, addr string) (net.Conn,
 	return d.DialContext(ctx, network, addr)
 }
 
-// publish makes own the list /held serves, to readers.
-func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr) {
+// publish makes own the list /held serves (unless listed is false: the last
+// one stays), to readers.
+func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr, listed bool) {
 	h.mu.Lock()
 	h.readers = map[netip.Addr]bool{}
 	for _, a := range readers {
 		h.readers[a.Unmap()] = true
 	}
-	same := h.etag != "" && slices.Equal(h.own, own)
+	same := !listed || h.etag != "" && slices.Equal(h.own, own)
 	h.mu.Unlock()
 	if same {
 		return

@@ -57,7 +57,7 @@ func TestServeHeld(t *testing.T) {
 		{Src: netip.MustParseAddr("2001:db8::7"), Dst: netip.MustParseAddr("2001:db8::10"), SPort: 40001, DPort: 443, Protocol: 6},
 	}
 	replica := netip.MustParseAddr("10.0.0.2")
-	h.publish(own, []netip.Addr{replica})
+	h.publish(own, []netip.Addr{replica}, true)
 	get := func(from string) *http.Request {
 		r := httptest.NewRequest(http.MethodGet, heldPath, nil)
 		r.RemoteAddr = from
@@ -93,7 +93,14 @@ func TestServeHeld(t *testing.T) {
 	if rec.Code != http.StatusNotModified || rec.Body.Len() != 0 {
 		t.Errorf("GET /held with its ETag: %d, %d bytes; want 304 and none", rec.Code, rec.Body.Len())
 	}
-	h.publish(own[:1], []netip.Addr{replica})
+	// A list that failed leaves the last one served.
+	h.publish(nil, []netip.Addr{replica}, false)
+	rec = httptest.NewRecorder()
+	h.serveHTTP(rec, req)
+	if rec.Code != http.StatusNotModified || h.listed() != 2 {
+		t.Errorf("GET /held after a failed list: %d, %d listed; want 304 and the last list's 2", rec.Code, h.listed())
+	}
+	h.publish(own[:1], []netip.Addr{replica}, true)
 	rec = httptest.NewRecorder()
 	h.serveHTTP(rec, req)
 	if rec.Code != http.StatusOK || rec.Header().Get("ETag") == etag {
