@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -56,8 +57,8 @@ func heldEvery(transition time.Duration) time.Duration {
 }
 
 // maxHeld bounds one holder's list (the rest is dropped, with a metric): every
-// edge pins every list, in flows (LB_DEFAULT_FLOWS entries, shared with the
-// transitions' pins).
+// edge pins every list, in flows (shared with the transitions' pins), and all
+// of them together get at most half of it (heldReports.budget).
 const maxHeld = 65536
 
 // heldResync is how often every list is pinned again in full, not only what
@@ -73,6 +74,7 @@ type heldReports struct {
 	sink     *l4Sink
 	port     uint16        // the peers' metrics port (every agent's is the same)
 	interval time.Duration // heldEvery
+	budget   int           // at most this many connections pinned in all (bound)
 	client   *http.Client
 	log      *zap.Logger
 	met      *heldMetrics
@@ -114,7 +116,7 @@ func newHeldMetrics() *heldMetrics {
 			Help: "Connections held off the current ring (their slot names another replica), pinned by this edge's director: by whose they are (own: this node's stack; peers: the other replicas' lists)."},
 			[]string{"holder"}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "held", Name: "errors_total",
-			Help: "Failures of the held-connection reports, by reason: list (this node's sockets), fetch (a peer's list did not come), malformed (a peer's line was not a connection; skipped), truncated (a list beyond 65536 connections), pin (the maps refused)."},
+			Help: "Failures of the held-connection reports, by reason: list (this node's sockets), fetch (a peer's list did not come), malformed (a peer's line was not a connection; skipped), truncated (a list beyond 65536 connections, or all lists beyond half of the flows table), pin (the maps refused)."},
 			[]string{"reason"}),
 		pins: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "held", Name: "pins_total",
 			Help: "Director pins written for held connections (op=pin) and removed once their holder stopped listing them (op=unpin)."},
@@ -191,19 +193,20 @@ func (h *heldReports) round(ctx context.Context) {
 		own = own[:maxHeld]
 	}
 	// A list that failed is not served: the peers would unpin everything.
-	h.publish(own, replicas, err == nil)
+	changed := h.publish(own, replicas, err == nil)
 
 	lists := map[netip.Addr]*peerHeld{}
-	if self.IsValid() && err == nil {
+	if p := h.peers[self]; self.IsValid() && p != nil && !changed {
+		lists[self] = p // as a peer's 304: nothing to compare
+	} else if self.IsValid() && err == nil {
 		mine := make([]dataplane.Held, len(own))
 		for i, f := range own {
 			mine[i] = dataplane.Held{Flow: f, Holder: self}
 		}
 		lists[self] = &peerHeld{held: mine}
-	} else if p := h.peers[self]; self.IsValid() && p != nil {
-		lists[self] = p
 	}
 	h.fetchAll(ctx, replicas, self, lists)
+	h.bound(lists)
 
 	full := time.Since(h.lastFull) >= heldResync
 	var pin, gone []dataplane.Held
@@ -274,9 +277,25 @@ func (h *heldReports) dial(ctx context.Context, network, addr string) (net.Conn,
 	return d.DialContext(ctx, network, addr)
 }
 
+// bound trims lists (holders in address order) to heldBudget connections in
+// all, counting what it drops: clients on the VIPs make these lists, and every
+// edge pins all of them, so they must leave room in flows for the pins of the
+// transitions.
+func (h *heldReports) bound(lists map[netip.Addr]*peerHeld) {
+	left := h.budget
+	for _, a := range slices.SortedFunc(maps.Keys(lists), netip.Addr.Compare) {
+		p := lists[a]
+		if len(p.held) > left {
+			h.met.errors.WithLabelValues("truncated").Inc()
+			lists[a] = &peerHeld{etag: p.etag, held: p.held[:left]}
+		}
+		left -= len(lists[a].held)
+	}
+}
+
 // publish makes own the list /held serves (unless listed is false: the last
-// one stays), to readers.
-func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr, listed bool) {
+// one stays), to readers, and reports whether the list changed.
+func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr, listed bool) bool {
 	h.mu.Lock()
 	h.readers = map[netip.Addr]bool{}
 	for _, a := range readers {
@@ -285,7 +304,7 @@ func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr, listed
 	same := !listed || h.etag != "" && slices.Equal(h.own, own)
 	h.mu.Unlock()
 	if same {
-		return
+		return false
 	}
 	var b bytes.Buffer
 	for _, f := range own {
@@ -296,6 +315,7 @@ func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr, listed
 	h.mu.Lock()
 	h.body, h.etag, h.own = b.String(), `"`+strconv.FormatUint(sum.Sum64(), 16)+`"`, own
 	h.mu.Unlock()
+	return true
 }
 
 // listed is how many connections this node's list has.

@@ -67,7 +67,7 @@ func TestHeldReports(t *testing.T) {
 			t.Fatalf("%s: %v", n.Name, err)
 		}
 		ns := n.NS
-		h := &heldReports{sink: hn.sink, port: port, interval: time.Second, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections}
+		h := &heldReports{sink: hn.sink, port: port, interval: time.Second, budget: 1000, log: zap.NewNop(), met: newHeldMetrics(), list: ownConnections}
 		h.client = &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, network, addr string) (c net.Conn, err error) {
 				err = netlab.Do(ns, func() error {
@@ -201,7 +201,7 @@ func (hn *heldNode) serve(t *testing.T) {
 }
 
 // BenchmarkOwnConnections: what an agent's list of its stack's connections
-// (sock_diag, every second) costs with n connections on the node (2n sockets:
+// (sock_diag, every heldEvery) costs with n connections on the node (2n sockets:
 // both ends are in the benchmark's namespace).
 func BenchmarkOwnConnections(b *testing.B) {
 	testenv.RequireRoot(b, "network namespaces")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/portico-edge/portico/dataplane"
 )
@@ -121,5 +122,29 @@ func TestHeldEvery(t *testing.T) {
 		if got := heldEvery(tc.transition); got != tc.want {
 			t.Errorf("heldEvery(%v) = %v, want %v", tc.transition, got, tc.want)
 		}
+	}
+}
+
+// TestHeldBound: the lists together are trimmed to the budget, holders in
+// address order, and the trim is counted; lists within it are left as they are.
+func TestHeldBound(t *testing.T) {
+	h := &heldReports{budget: 5, met: newHeldMetrics()}
+	list := func(holder string, n int) *peerHeld {
+		p := &peerHeld{etag: holder}
+		for i := range n {
+			p.held = append(p.held, dataplane.Held{Holder: netip.MustParseAddr(holder),
+				Flow: dataplane.Flow{Src: netip.MustParseAddr("198.51.100.7"), Dst: netip.MustParseAddr("192.0.2.10"), SPort: uint16(1000 + i), DPort: 80, Protocol: 6}})
+		}
+		return p
+	}
+	a, b, c := netip.MustParseAddr("10.0.0.1"), netip.MustParseAddr("10.0.0.2"), netip.MustParseAddr("10.0.0.3")
+	lists := map[netip.Addr]*peerHeld{c: list("10.0.0.3", 2), a: list("10.0.0.1", 2), b: list("10.0.0.2", 3)}
+	keep := lists[a]
+	h.bound(lists)
+	if lists[a] != keep || len(lists[b].held) != 3 || len(lists[c].held) != 0 {
+		t.Errorf("bound to 5: %d, %d, %d connections (a kept as it was: %v); want 2, 3, 0", len(lists[a].held), len(lists[b].held), len(lists[c].held), lists[a] == keep)
+	}
+	if got := testutil.ToFloat64(h.met.errors.WithLabelValues("truncated")); got != 1 {
+		t.Errorf("portico_held_errors_total{reason=truncated} = %v, want 1", got)
 	}
 }

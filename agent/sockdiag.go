@@ -22,7 +22,7 @@ import (
 // SocketDiagTCP, which asks for every state and for each socket's tcp_info
 // and congestion state, and parses them: on this project's VM it took
 // 5.6 ms for 2,000 sockets and 34.7 ms for 8,000, run beside a CI run
-// (BenchmarkOwnConnections); the agent asks every second.
+// (BenchmarkOwnConnections); the agent asks every heldEvery.
 func ownConnections() ([]dataplane.Flow, error) {
 	var out []dataplane.Flow
 	for _, family := range []uint8{unix.AF_INET, unix.AF_INET6} {

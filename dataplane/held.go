@@ -95,8 +95,12 @@ func (d *Dataplane) PinHeld(held []Held) (int, error) {
 // pinRefresh is how old a held connection's pin, or the pin clock, may be
 // before PinHeld writes it again: well inside LB_PIN_IDLE_SEC (an hour), so
 // neither lapses while its holder reports it, and rare enough that a report
-// repeated every second writes nothing.
+// repeated every few seconds writes nothing.
 const pinRefresh = 10 * time.Minute
+
+// FlowEntries is the size of the flows table, which the transitions' pins and
+// PinHeld's share.
+func (d *Dataplane) FlowEntries() int { return int(d.objs.Flows.MaxEntries()) }
 
 // UnpinHeld removes the pins PinHeld made for connections their holder no
 // longer reports (they ended, or the ring gives their slot back to it): each
