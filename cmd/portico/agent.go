@@ -109,7 +109,8 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	fs.StringVar(&groupNS, "group-namespaces", "", "namespaces, beyond the agent's own and its group's, where a Service labelled portico.io/group=true is a group and IngressClaims are served, separated by ','; elsewhere they are refused with an Event")
 	fs.BoolVar(&c.Pprof, "pprof", false, "also serve Go's profiles (/debug/pprof/) on the metrics address")
 	fs.DurationVar(&c.Transition, "ring-transition", dataplane.DefaultTransition, "how long a VIP's earlier rings still count after its last change (a connection that sends nothing for that long is then carried by its holder's report, -no-held-reports)")
-	fs.BoolVar(&c.NoHeld, "no-held-reports", false, "do not report this node's connections held off the ring (/held on the metrics port) nor pin the other replicas' (connections then idle through a whole ring transition may be reset once a director changes)")
+	var held bool
+	fs.BoolVar(&held, "held-reports", false, "report this node's connections held off the ring (/held on the metrics port) and pin the other replicas' (keeps connections idle through a whole ring transition; off by default until a reset seen with it in a loaded TestPortico/LivenessFalsePositive is explained)")
 	fs.StringVar(&c.Announce, "announce", "vrrp", "how the VIPs reach clients: vrrp (one owner answers ARP/ND) or bgp (every edge announces them to the routers of -bgp-config)")
 	fs.StringVar(&bgpConfig, "bgp-config", "", "with -announce=bgp: the BGP configuration file (YAML: asn, peers, bfdProfiles; see docs/bgp.md)")
 	fs.BoolVar(&c.BGPPeerObjects, "bgp-peer-objects", true, "with -announce=bgp: also peer with the BGPPeer objects of -pod-namespace whose nodeSelectors match this node (with their BFDProfiles and password Secrets), following their changes live; false: the -bgp-config file's peers alone")
@@ -133,6 +134,7 @@ func parseFlags(command string, args []string, getenv func(string) string) (agen
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
+	c.NoHeld = !held
 	// Parsing stops at the first argument that is no flag: what follows it
 	// (the chart's extraArgs come last) would be dropped unseen.
 	if fs.NArg() > 0 {
