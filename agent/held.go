@@ -108,6 +108,7 @@ type heldMetrics struct {
 	conns  *prometheus.GaugeVec
 	errors *prometheus.CounterVec
 	pins   *prometheus.CounterVec
+	all    prometheus.Counter
 }
 
 func newHeldMetrics() *heldMetrics {
@@ -121,11 +122,13 @@ func newHeldMetrics() *heldMetrics {
 		pins: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "portico", Subsystem: "held", Name: "pins_total",
 			Help: "Director pins written for held connections (op=pin) and removed once their holder stopped listing them (op=unpin)."},
 			[]string{"op"}),
+		all: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "portico", Subsystem: "held", Name: "all_listed_total",
+			Help: "Reports that listed every connection of this node, not only those off its ring: an edge it hears called another set of replicas down than it does (their rings differ)."}),
 	}
 }
 
 func (m *heldMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.conns, m.errors, m.pins}
+	return []prometheus.Collector{m.conns, m.errors, m.pins, m.all}
 }
 
 // serveHTTP serves this node's list: one connection per line, "tcp
@@ -182,9 +185,15 @@ func (h *heldReports) round(ctx context.Context) {
 	if i := slices.IndexFunc(replicas, local); i >= 0 {
 		self = replicas[i]
 	}
+	// While the edges' verdicts differ their rings do, and a connection on
+	// this node's ring may be off another edge's: every one is listed.
+	all := h.sink.live != nil && h.sink.live.Differ()
 	var own []dataplane.Flow
 	if self.IsValid() && err == nil {
-		own = h.sink.dp.OffRing(self, flows)
+		own = h.sink.dp.OffRing(self, flows, all)
+		if all {
+			h.met.all.Inc()
+		}
 	}
 	h.sink.mu.Unlock()
 	h.source.Store(self)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
+	"github.com/portico-edge/portico/liveness"
 	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/testenv"
 )
@@ -103,37 +105,44 @@ func TestHeldReports(t *testing.T) {
 	var flow dataplane.Flow
 	for p := uint16(40000); p < 40100 && !flow.Src.IsValid(); p++ {
 		f := dataplane.Flow{Src: a.Addr.Addr(), Dst: vip, SPort: p, DPort: 80, Protocol: 6}
-		if off := ha.dp.OffRing(a.Addr.Addr(), []dataplane.Flow{f}); len(off) == 1 {
+		if off := ha.dp.OffRing(a.Addr.Addr(), []dataplane.Flow{f}, false); len(off) == 1 {
 			flow = f
 		}
 	}
 	if !flow.Src.IsValid() {
 		t.Fatal("no client port in 100 whose slot is b's")
 	}
-	var client, server net.Conn
 	err := netlab.Do(a.NS, func() error {
 		lo, err := netlink.LinkByName("lo")
 		if err != nil {
 			return err
 		}
-		if err := netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(vip.AsSlice())}); err != nil {
-			return err
-		}
-		ln, err := net.Listen("tcp", netip.AddrPortFrom(vip, 80).String())
-		if err != nil {
-			return err
-		}
-		defer ln.Close()
-		d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(flow.Src, flow.SPort))}
-		if client, err = d.Dial("tcp", ln.Addr().String()); err != nil {
-			return err
-		}
-		server, err = ln.Accept()
-		return err
+		return netlink.AddrAdd(lo, &netlink.Addr{IPNet: netlink.NewIPNet(vip.AsSlice())})
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
+	connect := func(f dataplane.Flow) (client, server net.Conn) {
+		t.Helper()
+		err := netlab.Do(a.NS, func() error {
+			ln, err := net.Listen("tcp", netip.AddrPortFrom(vip, 80).String())
+			if err != nil {
+				return err
+			}
+			defer ln.Close()
+			d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(f.Src, f.SPort))}
+			if client, err = d.Dial("tcp", ln.Addr().String()); err != nil {
+				return err
+			}
+			server, err = ln.Accept()
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return client, server
+	}
+	client, server := connect(flow)
 	defer client.Close()
 
 	round(ha)
@@ -146,6 +155,43 @@ func TestHeldReports(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(hb.held.met.conns.WithLabelValues("peers")); got != 1 {
 		t.Errorf("b's portico_held_connections{holder=peers} = %v, want 1", got)
+	}
+
+	// A connection on a's own ring is not listed, until a hears an edge
+	// whose verdicts differ from its own: then every one is, and b pins it.
+	var onRing dataplane.Flow
+	for p := uint16(41000); p < 41100 && !onRing.Src.IsValid(); p++ {
+		f := dataplane.Flow{Src: a.Addr.Addr(), Dst: vip, SPort: p, DPort: 80, Protocol: 6}
+		if off := ha.dp.OffRing(a.Addr.Addr(), []dataplane.Flow{f}, false); len(off) == 0 {
+			onRing = f
+		}
+	}
+	c2, s2 := connect(onRing)
+	defer c2.Close()
+	defer s2.Close()
+	round(ha)
+	if n := ha.held.listed(); n != 1 {
+		t.Errorf("a lists %d connections, want the 1 off its ring", n)
+	}
+	differ := &differChecker{}
+	ha.sink.live = differ
+	differ.on.Store(true)
+	round(ha)
+	round(hb)
+	if n := ha.held.listed(); n != 2 {
+		t.Errorf("while verdicts differ a lists %d connections, want both", n)
+	}
+	if got := pinned(hb, onRing); got != a.Addr.Addr() {
+		t.Errorf("while verdicts differ, a's connection on its own ring is pinned to %v on b, want a", got)
+	}
+	if got := testutil.ToFloat64(ha.held.met.all); got < 1 {
+		t.Errorf("portico_held_all_listed_total = %v while verdicts differ", got)
+	}
+	differ.on.Store(false)
+	round(ha)
+	round(hb)
+	if got := pinned(hb, onRing); got.IsValid() {
+		t.Errorf("verdicts agree again, but b still pins a's connection on a's ring to %v", got)
 	}
 
 	// a does not answer: b keeps what a listed last.
@@ -181,6 +227,16 @@ func TestHeldReports(t *testing.T) {
 		t.Errorf("after the connection ended, a still pins it to %v", got)
 	}
 }
+
+// differChecker is a liveness checker that calls nobody down, and says the
+// edges' verdicts differ while on is set.
+type differChecker struct{ on atomic.Bool }
+
+func (*differChecker) SetTargets([]netip.Addr, func(netip.Addr) bool) {}
+func (*differChecker) Dead() []netip.Addr                             { return nil }
+func (*differChecker) Changed() <-chan struct{}                       { return nil }
+func (*differChecker) View() []liveness.Replica                       { return nil }
+func (d *differChecker) Differ() bool                                 { return d.on.Load() }
 
 // serve starts hn's /held server on its address, in its namespace.
 func (hn *heldNode) serve(t *testing.T) {

@@ -177,6 +177,7 @@ type livenessChecker interface {
 	Dead() []netip.Addr
 	Changed() <-chan struct{}
 	View() []liveness.Replica
+	Differ() bool
 }
 
 func (s *l4Sink) Name() string { return "dataplane" }

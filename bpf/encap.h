@@ -48,24 +48,34 @@ static __always_inline __u8 *tcp_hdr(void *data, void *data_end, const struct pa
 static __always_inline int marked(const __u8 *th) { return th[12] & (TCP_MARK_BITS >> 8); }
 
 /* get_mark is a frame's mark: 0 (none), the receiver's class + 1 (1 to
- * LB_CLASSES), LB_MARK_PROBE, LB_MARK_PINNED or LB_MARK_DOWNPIN, with the hand-offs so far in the
- * next byte and LB_MARK_TAG if the director's tag is in the IP header, or
- * LB_MARK_FINAL (also for a mark that names no class, or more hand-offs than
- * LB_MAX_HOPS). */
+ * LB_CLASSES), LB_MARK_PROBE, LB_MARK_PINNED, LB_MARK_DOWNPIN, LB_MARK_RESCUE or
+ * LB_MARK_RESCUE_WAIT, with the hand-offs so far in the next 4 bits, the walk's
+ * downs in the 4 above them (LB_MARK_DOWNS) and LB_MARK_TAG if the director's
+ * tag is in the IP header, or LB_MARK_FINAL (also for a mark that names no
+ * class, or more hand-offs than LB_MAX_HOPS). */
 static __always_inline __u32 get_mark(const __u8 *th)
 {
-	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), hops = th[18], cls = th[19];
+	__u32 bits = th[12] & (TCP_MARK_BITS >> 8), hops = th[18] & 0x0f, cls = th[19];
 
 	if (!bits)
 		return 0;
-	if ((bits != TCP_MARK_HOP >> 8 && bits != TCP_MARK_TAGGED >> 8) || cls == 0 || cls > LB_MARK_DOWNPIN ||
+	if ((bits != TCP_MARK_HOP >> 8 && bits != TCP_MARK_TAGGED >> 8) || cls == 0 || cls > LB_MARK_RESCUE_WAIT ||
 	    hops > LB_MAX_HOPS)
 		return LB_MARK_FINAL;
-	return (bits == TCP_MARK_TAGGED >> 8 ? LB_MARK_TAG : 0) | hops << 8 | cls;
+	return (bits == TCP_MARK_TAGGED >> 8 ? LB_MARK_TAG : 0) | (__u32)th[18] << 8 | cls;
 }
 
 /* mark_hops is the hand-offs a mark counts. */
-static __always_inline __u32 mark_hops(__u32 m) { return (m >> 8) & 0xff; }
+static __always_inline __u32 mark_hops(__u32 m) { return (m >> 8) & 0x0f; }
+
+/* The walk's downs: a 4-bit filter of the replicas the edges a frame passed
+ * call down (down_bit of each), in a mark's bits 12-15 (the urgent pointer's
+ * high nibble). An edge whose own verdicts differ finds there the replicas
+ * those edges placed last in the walk's order, and it placed below itself
+ * (bpf/README.md, "Verdicts that differ"). */
+#define LB_MARK_DOWNS 0xf000U
+
+static __always_inline __u32 mark_downs(__u32 m) { return (m & LB_MARK_DOWNS) >> 12; }
 
 /* can_mark reports whether a frame may carry a class: no URG, no urgent pointer. */
 static __always_inline int can_mark(const __u8 *th)

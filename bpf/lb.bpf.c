@@ -317,7 +317,7 @@ int xdp_lb(struct xdp_md *ctx)
 				 * longer) in this transition knows the frame was
 				 * walked, not steered. */
 				if (fb && !(fb->flags & BACKEND_F_LOCAL) && ch->n > 1)
-					fmark = LB_MARK_TAG | 1 << 8 | (ch->cls[ch->pick & (LB_CHAIN - 1)] + 1);
+					fmark = LB_MARK_TAG | ch->downs << 12 | 1 << 8 | (ch->cls[ch->pick & (LB_CHAIN - 1)] + 1);
 				if (fb && found != cur) {
 					bid = found;
 					pin = CACHE_PINNED;

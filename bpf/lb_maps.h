@@ -243,6 +243,7 @@ struct chain {
 	__u32 pick;          /* out (first_held): the index of the replica picked */
 	__u32 id[LB_CHAIN];  /* out: the chain's replicas */
 	__u32 cls[LB_CHAIN]; /* out: each one's class (0 to LB_CLASSES - 1) */
+	__u32 downs;         /* out: down_bit of each replica of class 1 (down) */
 };
 
 /* This node's own replica address (one entry, not pinned: Go sets it on every

@@ -54,6 +54,15 @@ enum lb_limits {
 				   * current ring's replica first: one without its
 				   * connection sends it to the pinned one, whose
 				   * tag the frame carries (tag_macs) */
+	LB_MARK_RESCUE = 7,       /* a mark's class for a frame that reached the end
+				   * of its chain at an edge whose verdicts differ
+				   * from its director's (the mark's downs): sent to
+				   * one replica that director calls down and this
+				   * edge does not, served there if its stack has
+				   * the connection, never sent on */
+	LB_MARK_RESCUE_WAIT = 8,  /* the same, from an edge within LB_SETTLE_MS of a
+				   * change: dropped there if its stack does not
+				   * have it (TCP sends it again) */
 	LB_SOCK_LIVE = 1,         /* sock_model (the model test's sockets): a connection */
 	LB_SOCK_ENDED = 2,        /* sock_model: a connection that ended (TIME_WAIT) */
 	LB_MAX_HOPS = 8,          /* hand-offs a packet may take in all */
@@ -283,6 +292,10 @@ enum reason {
 	REASON_STRANGER_MARK,    /* a hand-off mark on a frame from no peer edge (a
 				  * new peer not learned yet, or a stranger): one
 				  * more hand-off at most */
+	REASON_HANDOFF_RESCUE,   /* a packet no replica above this node has, sent to
+				  * one the walk's edges call down and this node
+				  * does not (their verdicts differ): served there
+				  * if it has it, never sent on */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

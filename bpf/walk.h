@@ -8,6 +8,10 @@
 #ifndef PORTICO_WALK_H
 #define PORTICO_WALK_H
 
+/* down_bit is a replica's bit in a mark's downs (LB_MARK_DOWNS): by the last
+ * two bits of its address, which tell a segment's neighbours apart. */
+static __always_inline __u32 down_bit(const struct backend *be) { return 1U << (be->addr[15] & 3); }
+
 /* build_chain collects c->h into c->id, each replica once, with its class in
  * c->cls. A global function, verified once and not at every place that calls
  * it. It returns c->n. */
@@ -18,6 +22,7 @@ __attribute__((noinline)) int build_chain(struct chain *c)
 	if (!c)
 		return 0;
 	c->n = 0;
+	c->downs = 0;
 	for (int i = 0; i < LB_CHAIN; i++) {
 		struct backend *be = c->h[i] ? active_backend(c->h[i]) : 0;
 
@@ -25,6 +30,8 @@ __attribute__((noinline)) int build_chain(struct chain *c)
 		if (!be)
 			continue;
 		cls[i] = (be->flags & BACKEND_F_REMOTE) ? 2 : (be->flags & BACKEND_F_DOWN) ? 1 : 0;
+		if (cls[i] == 1)
+			c->downs |= down_bit(be);
 		if (cls[i] == 2 && !c->sites)
 			cls[i] = LB_CLASSES;
 		for (int j = 0; j < i; j++)
@@ -158,6 +165,52 @@ __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, st
 	return c->id[j & (LB_CHAIN - 1)];
 }
 
+/* rescuable: a replica a frame at its chain's end may be rescued to (rescue):
+ * one of this site that the walk's edges (downs) may call down, that this node
+ * calls serving (or pinned the flow to: pinned), and that is neither this
+ * node, the director (tag), nor the edge that walked the frame here. */
+static __always_inline int rescuable(const struct backend *be, __u32 downs, __u32 tag, const __u8 *from,
+				     const struct self_addr *me, int pinned)
+{
+	return be && !(be->flags & (BACKEND_F_LOCAL | BACKEND_F_REMOTE)) && (pinned || !(be->flags & BACKEND_F_DOWN)) &&
+	       (downs & down_bit(be)) && !is_tagged(be, tag, me) && !from_here(be, from);
+}
+
+/* rescue_pick is where a frame walked to its chain's end at this node goes
+ * when an edge before it called down (downs) a replica that another edge,
+ * calling it serving, placed below itself in the walk's order: one placed it
+ * last, the other had passed it, so nobody asked it. This node's pin of the
+ * flow (pin: a director's, a holder's report, or where this node handed it
+ * on before; whatever this node calls it) first, then the current ring's
+ * replica (cur), then the lowest replica of the built chain (c->n of them)
+ * that this node calls serving. A backend id, 0 for none. A global
+ * function. */
+__attribute__((noinline)) int rescue_pick(struct chain *c, __u32 downs, __u32 tag, __u32 pin, __u32 cur)
+{
+	__u32 zero = 0, id = 0;
+	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
+	struct backend *be, *best = 0;
+
+	if (!c || !downs)
+		return 0;
+	if (pin && rescuable(active_backend(pin), downs, tag, c->from, me, 1))
+		return pin;
+	if (cur && rescuable(active_backend(cur), downs, tag, c->from, me, 0))
+		return cur;
+	for (int j = 0; j < LB_CHAIN; j++) {
+		if (j >= c->n)
+			break;
+		be = active_backend(c->id[j]);
+		if (c->cls[j] || !rescuable(be, downs, tag, c->from, me, 0))
+			continue;
+		if (best && addr_cmp(be->addr, best->addr) >= 0)
+			continue;
+		best = be;
+		id = c->id[j];
+	}
+	return id;
+}
+
 /* hand_on sends a frame this node does not serve to be: another site's edge
  * through a tunnel, or another edge of this site marked with mark. */
 static __always_inline int hand_on(struct xdp_md *ctx, struct ethhdr *eth, __u8 *th, const struct backend *be,
@@ -239,6 +292,37 @@ static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 af
 	return above(hop - 1, be, after, me) && (hop != after || (me && me->set));
 }
 
+/* rescue sends a frame that reached its chain's end here, no connection here,
+ * to a replica this node calls serving that the walk's edges may call down
+ * (rescue_pick), marked to be served there and never sent on
+ * (LB_MARK_RESCUE; LB_MARK_RESCUE_WAIT within LB_SETTLE_MS of a change here:
+ * dropped there if not had, as here). Per-edge verdicts differ for as long as
+ * their probes' answers do: an edge that calls a live replica down places it
+ * last in the walk's order, and an edge that calls it serving places it by
+ * its address, below itself; neither asks it. ch is the built chain (ch->n 0
+ * outside a transition), ch->from set; hops the hand-offs so far (the budget's
+ * last for a stranger's frame). The XDP verdict, or -1: none to send it to. */
+static __always_inline int rescue(struct xdp_md *ctx, struct ethhdr *eth, __u8 *th, const struct parsed *p,
+				  const struct lb_config *cfg, struct chain *ch, __u32 vip_id, __u32 m, __u32 hops,
+				  __u32 tag, __u64 *now)
+{
+	struct flow_val *fv;
+	struct backend *be;
+	__u32 pin = 0, id;
+
+	if (!ch || !mark_downs(m) || hops >= LB_MAX_HOPS || (m & 0xff) > LB_CLASSES)
+		return -1;
+	fv = bpf_map_lookup_elem(&flows, &p->flow);
+	if (fv)
+		pin = fv->backend_id;
+	id = rescue_pick(ch, mark_downs(m), tag, pin, pick_from_ring(&rings, vip_id, flow_hash(&p->flow, cfg->seed), cfg));
+	be = id ? active_backend(id) : 0;
+	if (!be)
+		return -1;
+	count(REASON_HANDOFF_RESCUE, 0);
+	return hand_on(ctx, eth, th, be, settling(vip_id, now) ? LB_MARK_RESCUE_WAIT : LB_MARK_RESCUE, cfg);
+}
+
 /* from_director handles a frame another edge sent here: a director that chose
  * this node, or an edge handing on a packet it did not have (marked). This node
  * serves it, unless it is a packet of a TCP connection its stack does not have.
@@ -258,12 +342,22 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	struct backend *be;
 	struct flow_val *fv;
 	__u64 now = 0;
-	int relays, j;
+	int relays, j, inside = 1;
 
 	if (th && (m = get_mark(th)))
 		put_mark(th, 0);
 	if (m == LB_MARK_FINAL)
 		return count(REASON_HANDOFF_IN, XDP_PASS);
+	/* A walk's last chance (rescue): served if this node has it; else as at
+	 * a chain's end, never sent on. */
+	if (th && ((m & 0xff) == LB_MARK_RESCUE || (m & 0xff) == LB_MARK_RESCUE_WAIT)) {
+		if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th)))
+			return count(REASON_HANDOFF_IN, XDP_PASS);
+		if ((m & 0xff) == LB_MARK_RESCUE_WAIT ||
+		    (lookup_vip(&p->flow, cfg, &vip_id) == 1 && settling(vip_id, &now)))
+			return count(REASON_HANDOFF_WAIT, XDP_DROP);
+		return count(REASON_HANDOFF_END, XDP_PASS);
+	}
 	hops = mark_hops(m);
 	/* A mark from no peer edge: a new peer's, which this node has not
 	 * learned yet, or reserved bits a stranger set. Either way it buys one
@@ -323,7 +417,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 			}
 			if (tag)
 				put_tag(eth, data_end, tag - 1);
-			return hand_on(ctx, eth, th, be, (m & LB_MARK_TAG) | (hops + 1) << 8 | fv->hop, cfg);
+			return hand_on(ctx, eth, th, be, (m & (LB_MARK_TAG | LB_MARK_DOWNS)) | (hops + 1) << 8 | fv->hop, cfg);
 		}
 		/* A frame a director steered here by a pin, of a connection this
 		 * node does not have: the pin is stale (the connection ended here,
@@ -337,23 +431,25 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 			if (be && !(be->flags & (BACKEND_F_LOCAL | BACKEND_F_REMOTE)))
 				return hand_on(ctx, eth, th, be, LB_MARK_FINAL, cfg);
 		}
+		/* A director steered it here by its ring: served. */
+		if (!m)
+			return count(REASON_FROM_PEER, XDP_PASS);
 		/* A frame another edge walked along a chain this node's rings do
 		 * not give (it has not applied the change yet, or its transition
-		 * ended first): served if the stack has it; else, right after a
-		 * change, dropped, to be sent again once the rings agree. */
-		if (m && settling(vip_id, &now) && !has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th)))
-			return count(REASON_HANDOFF_WAIT, XDP_DROP);
-		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
+		 * ended first, or its verdicts differ): on along the chain of
+		 * this node's one ring, below. */
+		inside = 0;
 	}
 	if (has_connection(ctx, eth->h_proto == bpf_htons(ETH_P_IP), &p->flow, pkt_ack(th)))
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
 	/* In the transition, along the chain its rings give now (a pin made
-	 * under other rings may name a replica they no longer give). */
+	 * under other rings may name a replica they no longer give); outside
+	 * one, its one ring's replica, if that is above this node. */
 	ch = bpf_map_lookup_elem(&chains, &zero);
 	if (!ch)
 		return count(REASON_FROM_PEER, XDP_PASS);
 	hash = flow_hash(&p->flow, cfg->seed);
-	ch->h[0] = pick_from_ring(&prev_rings, vip_id, hash, cfg);
+	ch->h[0] = inside ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : 0;
 	ch->h[1] = pick_from_ring(&rings, vip_id, hash, cfg);
 	ch->sites = 1;
 	/* An edge that walked the frame here asked its own stack; a director
@@ -362,7 +458,22 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 		__builtin_memcpy(ch->from, eth->h_source, ETH_ALEN);
 	else
 		__builtin_memset(ch->from, 0, sizeof(ch->from));
-	fill_history(ch, vip_id, hash);
+	if (inside)
+		fill_history(ch, vip_id, hash);
+	else
+		__builtin_memset(&ch->h[2], 0, sizeof(ch->h) - 2 * sizeof(ch->h[0]));
+	/* This node's pin of the flow (its director's, a holder's report, or
+	 * where it handed the flow on before) is in the chain too, where there
+	 * is room: its rings may never have named where the connection lives
+	 * (its verdicts differed then, or its transition ended), and the walk
+	 * goes there in its turn. */
+	fv = bpf_map_lookup_elem(&flows, &p->flow);
+	if (fv && fv->backend_id) {
+		if (!inside)
+			ch->h[0] = fv->backend_id;
+		else if (!ch->h[LB_CHAIN - 1])
+			ch->h[LB_CHAIN - 1] = fv->backend_id;
+	}
 	build_chain(ch);
 	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff, tag) : -1;
 	if (j >= 0) {
@@ -374,12 +485,17 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 			seen(&relay_clock, now);
 			if (tag)
 				put_tag(eth, data_end, tag - 1);
-			return hand_on(ctx, eth, th, be, (m & LB_MARK_TAG) | (hops + 1) << 8 | cls, cfg);
+			return hand_on(ctx, eth, th, be,
+				       (m & (LB_MARK_TAG | LB_MARK_DOWNS)) | ch->downs << 12 | (hops + 1) << 8 | cls, cfg);
 		}
 	}
-	/* No later replica: the connection is nowhere this node can see. Right
-	 * after a change that may be because another edge's rings are not yet
-	 * this node's (a retransmission finds them settled); later it is gone. */
+	/* No later replica: the connection is nowhere this node can see, but
+	 * maybe at a replica the edges before it call down and it does not
+	 * (rescue). Right after a change it may be that another edge's rings
+	 * are not yet this node's (a retransmission finds them settled); later
+	 * it is gone. */
+	if (m && (j = rescue(ctx, eth, th, p, cfg, ch, vip_id, m, hops, tag, &now)) >= 0)
+		return j;
 	if (settling(vip_id, &now))
 		return count(REASON_HANDOFF_WAIT, XDP_DROP);
 	return count(m ? REASON_HANDOFF_END : REASON_FROM_PEER, XDP_PASS);

@@ -368,11 +368,12 @@ func TestDownPin(t *testing.T) {
 	// r1 is down. In the transition its verdict started, where the slot
 	// moved and the chain names r1, the pin is not trusted: the chain is
 	// walked, its serving replica r2 first (marked as serving, with this
-	// director's tag: r3's address ends in 0x000d), and r1 in its turn.
+	// director's tag: r3's address ends in 0x000d, and the walk's downs: r1,
+	// whose address ends in 3, bit 3), and r1 in its turn.
 	out := dr.run(t, "pinned to r1, called down, in the transition", p.Bytes(), xdptest.TX)
-	if want := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<8|1), 0x000d); !slices.Equal(out, want) {
+	if want := xdptest.WithTag(xdptest.WithTCPMark(to(p, r2), xdptest.MarkTagged|1<<15|1<<8|1), 0x000d); !slices.Equal(out, want) {
 		m, _ := xdptest.TCPMark(out)
-		t.Fatalf("in the transition: sent to %s with mark %#x, want r2, walked as serving (0x10101)", net.HardwareAddr(out[:6]), m)
+		t.Fatalf("in the transition: sent to %s with mark %#x, want r2, walked as serving, r1 down (0x18101)", net.HardwareAddr(out[:6]), m)
 	}
 	// After it, the director sends it to r2, marked, with r1's tag (its
 	// address ends in 0x000b).

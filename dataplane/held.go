@@ -22,8 +22,10 @@ type Held struct {
 // direction) whose slot the current ring gives to another replica: the ones
 // that only a pin or a transition's history can carry to this node. Every
 // edge's rings are the same, so the other edges' directors would send them
-// elsewhere too.
-func (d *Dataplane) OffRing(self netip.Addr, flows []Flow) []Flow {
+// elsewhere too. With all, it returns every connection to a VIP with a ring
+// instead: while the edges' liveness verdicts differ their rings do, and one
+// on this node's ring may be off another's.
+func (d *Dataplane) OffRing(self netip.Addr, flows []Flow, all bool) []Flow {
 	var out []Flow
 	for _, f := range flows {
 		vip, ok := d.st.vipIDs[f.Dst.Unmap()]
@@ -32,7 +34,7 @@ func (d *Dataplane) OffRing(self netip.Addr, flows []Flow) []Flow {
 			continue
 		}
 		id := ring[FlowHash(f, d.cfg.Seed)%uint32(len(ring))]
-		if be, ok := d.st.backends[id]; ok && addrFrom16(be.Addr) != self.Unmap() {
+		if be, ok := d.st.backends[id]; all || ok && addrFrom16(be.Addr) != self.Unmap() {
 			out = append(out, f)
 		}
 	}

@@ -24,13 +24,20 @@ func TestPinHeld(t *testing.T) {
 	stays := flowWhere(t, reported.SPort+1, [][]Backend{a, b}, r2, r2)
 	var clock uint64
 	dr.apply(t, desired(a...))
-	if off := dr.d.OffRing(r2.Addr, []Flow{flowOf(reported), flowOf(stays)}); len(off) != 0 {
+	if off := dr.d.OffRing(r2.Addr, []Flow{flowOf(reported), flowOf(stays)}, false); len(off) != 0 {
 		t.Fatalf("off the ring before the change: %v", off)
 	}
 	dr.apply(t, desired(b...))
-	off := dr.d.OffRing(r2.Addr, []Flow{flowOf(reported), flowOf(stays)})
+	off := dr.d.OffRing(r2.Addr, []Flow{flowOf(reported), flowOf(stays)}, false)
 	if len(off) != 1 || off[0] != flowOf(reported) {
 		t.Fatalf("off the ring after r4 joined: %v, want only %v", off, flowOf(reported))
+	}
+	// While the edges' verdicts differ, every connection to a VIP is listed
+	// (not one to an address that is no VIP).
+	notVIP := flowOf(reported)
+	notVIP.Dst = netip.MustParseAddr("198.51.100.77")
+	if all := dr.d.OffRing(r2.Addr, []Flow{flowOf(reported), flowOf(stays), notVIP}, true); len(all) != 2 {
+		t.Fatalf("every connection to a VIP: %v, want %v and %v", all, flowOf(reported), flowOf(stays))
 	}
 	held := []Held{{Flow: off[0], Holder: r2.Addr}, {Flow: flowOf(silent), Holder: netip.MustParseAddr("10.0.0.99")}}
 	udp := flowOf(udp4(41999))

@@ -56,6 +56,7 @@ type lbChain struct {
 	Pick  uint32
 	Id    [16]uint32
 	Cls   [16]uint32
+	Downs uint32
 }
 
 type lbFlowCacheEntry struct {
@@ -98,34 +99,36 @@ type lbLbConfig struct {
 type lbLbLimits uint32
 
 const (
-	lbLbLimitsLB_MAX_VIPS      lbLbLimits = 256
-	lbLbLimitsLB_MAX_VIP_KEYS  lbLbLimits = 1024
-	lbLbLimitsLB_MAX_BACKENDS  lbLbLimits = 4096
-	lbLbLimitsLB_DEFAULT_FLOWS lbLbLimits = 262144
-	lbLbLimitsLB_NEW_PINS      lbLbLimits = 65536
-	lbLbLimitsLB_DEFAULT_RING  lbLbLimits = 4099
-	lbLbLimitsLB_RING_CHUNK    lbLbLimits = 32
-	lbLbLimitsLB_RING_LAYOUT   lbLbLimits = 3
-	lbLbLimitsLB_FLOW_CACHE    lbLbLimits = 4096
-	lbLbLimitsLB_MAX_PEERS     lbLbLimits = 1024
-	lbLbLimitsLB_MAC_MEMO      lbLbLimits = 16
-	lbLbLimitsLB_VIP_MEMO      lbLbLimits = 64
-	lbLbLimitsLB_PIN_IDLE_SEC  lbLbLimits = 3600
-	lbLbLimitsLB_MAX_REASONS   lbLbLimits = 32
-	lbLbLimitsLB_SPILL_PROBES  lbLbLimits = 8
-	lbLbLimitsLB_MID_RINGS     lbLbLimits = 14
-	lbLbLimitsLB_CHAIN         lbLbLimits = 16
-	lbLbLimitsLB_SLOT_MOVED    lbLbLimits = 32768
-	lbLbLimitsLB_MARK_FINAL    lbLbLimits = 255
-	lbLbLimitsLB_CLASSES       lbLbLimits = 3
-	lbLbLimitsLB_MARK_PROBE    lbLbLimits = 4
-	lbLbLimitsLB_MARK_PINNED   lbLbLimits = 5
-	lbLbLimitsLB_MARK_DOWNPIN  lbLbLimits = 6
-	lbLbLimitsLB_SOCK_LIVE     lbLbLimits = 1
-	lbLbLimitsLB_SOCK_ENDED    lbLbLimits = 2
-	lbLbLimitsLB_MAX_HOPS      lbLbLimits = 8
-	lbLbLimitsLB_SETTLE_MS     lbLbLimits = 500
-	lbLbLimitsLB_PIN_GUESS     lbLbLimits = 254
+	lbLbLimitsLB_MAX_VIPS         lbLbLimits = 256
+	lbLbLimitsLB_MAX_VIP_KEYS     lbLbLimits = 1024
+	lbLbLimitsLB_MAX_BACKENDS     lbLbLimits = 4096
+	lbLbLimitsLB_DEFAULT_FLOWS    lbLbLimits = 262144
+	lbLbLimitsLB_NEW_PINS         lbLbLimits = 65536
+	lbLbLimitsLB_DEFAULT_RING     lbLbLimits = 4099
+	lbLbLimitsLB_RING_CHUNK       lbLbLimits = 32
+	lbLbLimitsLB_RING_LAYOUT      lbLbLimits = 3
+	lbLbLimitsLB_FLOW_CACHE       lbLbLimits = 4096
+	lbLbLimitsLB_MAX_PEERS        lbLbLimits = 1024
+	lbLbLimitsLB_MAC_MEMO         lbLbLimits = 16
+	lbLbLimitsLB_VIP_MEMO         lbLbLimits = 64
+	lbLbLimitsLB_PIN_IDLE_SEC     lbLbLimits = 3600
+	lbLbLimitsLB_MAX_REASONS      lbLbLimits = 32
+	lbLbLimitsLB_SPILL_PROBES     lbLbLimits = 8
+	lbLbLimitsLB_MID_RINGS        lbLbLimits = 14
+	lbLbLimitsLB_CHAIN            lbLbLimits = 16
+	lbLbLimitsLB_SLOT_MOVED       lbLbLimits = 32768
+	lbLbLimitsLB_MARK_FINAL       lbLbLimits = 255
+	lbLbLimitsLB_CLASSES          lbLbLimits = 3
+	lbLbLimitsLB_MARK_PROBE       lbLbLimits = 4
+	lbLbLimitsLB_MARK_PINNED      lbLbLimits = 5
+	lbLbLimitsLB_MARK_DOWNPIN     lbLbLimits = 6
+	lbLbLimitsLB_MARK_RESCUE      lbLbLimits = 7
+	lbLbLimitsLB_MARK_RESCUE_WAIT lbLbLimits = 8
+	lbLbLimitsLB_SOCK_LIVE        lbLbLimits = 1
+	lbLbLimitsLB_SOCK_ENDED       lbLbLimits = 2
+	lbLbLimitsLB_MAX_HOPS         lbLbLimits = 8
+	lbLbLimitsLB_SETTLE_MS        lbLbLimits = 500
+	lbLbLimitsLB_PIN_GUESS        lbLbLimits = 254
 )
 
 type lbMacVerdict struct {
@@ -145,32 +148,33 @@ type lbPeerKey struct {
 type lbReason uint32
 
 const (
-	lbReasonREASON_NOT_IP        lbReason = 0
-	lbReasonREASON_NOT_VIP       lbReason = 1
-	lbReasonREASON_MALFORMED     lbReason = 2
-	lbReasonREASON_FRAGMENT      lbReason = 3
-	lbReasonREASON_IP_OPTIONS    lbReason = 4
-	lbReasonREASON_IPV6EXT       lbReason = 5
-	lbReasonREASON_ICMP_STEERED  lbReason = 6
-	lbReasonREASON_ICMP_OTHER    lbReason = 7
-	lbReasonREASON_NO_BACKEND    lbReason = 8
-	lbReasonREASON_LOCAL         lbReason = 9
-	lbReasonREASON_TX            lbReason = 10
-	lbReasonREASON_FLOW_REPICK   lbReason = 11
-	lbReasonREASON_OTHER_HOST    lbReason = 12
-	lbReasonREASON_FROM_PEER     lbReason = 13
-	lbReasonREASON_PINNED        lbReason = 14
-	lbReasonREASON_NEW_PINNED    lbReason = 15
-	lbReasonREASON_HANDOFF       lbReason = 16
-	lbReasonREASON_HANDOFF_IN    lbReason = 17
-	lbReasonREASON_SITE_OUT      lbReason = 18
-	lbReasonREASON_SITE_IN       lbReason = 19
-	lbReasonREASON_HANDOFF_END   lbReason = 20
-	lbReasonREASON_HANDOFF_WAIT  lbReason = 21
-	lbReasonREASON_VIP_CLOSED    lbReason = 22
-	lbReasonREASON_SITE_STRANGER lbReason = 23
-	lbReasonREASON_STRANGER_MARK lbReason = 24
-	lbReasonREASON_MAX           lbReason = 25
+	lbReasonREASON_NOT_IP         lbReason = 0
+	lbReasonREASON_NOT_VIP        lbReason = 1
+	lbReasonREASON_MALFORMED      lbReason = 2
+	lbReasonREASON_FRAGMENT       lbReason = 3
+	lbReasonREASON_IP_OPTIONS     lbReason = 4
+	lbReasonREASON_IPV6EXT        lbReason = 5
+	lbReasonREASON_ICMP_STEERED   lbReason = 6
+	lbReasonREASON_ICMP_OTHER     lbReason = 7
+	lbReasonREASON_NO_BACKEND     lbReason = 8
+	lbReasonREASON_LOCAL          lbReason = 9
+	lbReasonREASON_TX             lbReason = 10
+	lbReasonREASON_FLOW_REPICK    lbReason = 11
+	lbReasonREASON_OTHER_HOST     lbReason = 12
+	lbReasonREASON_FROM_PEER      lbReason = 13
+	lbReasonREASON_PINNED         lbReason = 14
+	lbReasonREASON_NEW_PINNED     lbReason = 15
+	lbReasonREASON_HANDOFF        lbReason = 16
+	lbReasonREASON_HANDOFF_IN     lbReason = 17
+	lbReasonREASON_SITE_OUT       lbReason = 18
+	lbReasonREASON_SITE_IN        lbReason = 19
+	lbReasonREASON_HANDOFF_END    lbReason = 20
+	lbReasonREASON_HANDOFF_WAIT   lbReason = 21
+	lbReasonREASON_VIP_CLOSED     lbReason = 22
+	lbReasonREASON_SITE_STRANGER  lbReason = 23
+	lbReasonREASON_STRANGER_MARK  lbReason = 24
+	lbReasonREASON_HANDOFF_RESCUE lbReason = 25
+	lbReasonREASON_MAX            lbReason = 26
 )
 
 type lbRingMeta struct {

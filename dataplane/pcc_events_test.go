@@ -44,6 +44,7 @@ func (w *pccWorld) randomEvent() (string, bool) {
 			return alive(i) && nodes >= 2 && directors >= 1 && w.serving(i) > 0 && w.otherDirector(i)
 		}, func(i int) string {
 			w.dead[i], w.down[i], w.on[i] = true, true, false
+			w.unskew(i) // every edge's probes fail now
 			return w.name(i) + " dies (liveness: down)" + w.close(i) + w.keepDirectors()
 		}, true},
 		{2, func(i int) bool { return alive(i) && w.role[i] == pccReady && !w.down[i] && w.serving(i) > 0 }, func(i int) string {
@@ -69,6 +70,24 @@ func (w *pccWorld) randomEvent() (string, bool) {
 		{3, func(i int) bool { return alive(i) && slices.Contains(w.pool, i) && w.switchable(i) }, func(i int) string {
 			return w.switchDirector(i)
 		}, false},
+	}
+	if *pccSkew {
+		changes = append(changes,
+			pccChange{2, func(i int) bool { return alive(i) && w.skewable(i) >= 0 }, func(i int) string {
+				j := w.skewable(i)
+				w.stats.skews++
+				if w.down[j] {
+					w.skew[[2]int{i, j}] = -1
+					return w.name(i) + " alone still calls " + w.name(j) + " up (its probes pass, the others' failed)"
+				}
+				w.skew[[2]int{i, j}] = 1
+				return w.name(i) + " alone calls " + w.name(j) + " down (its probes failed, the others' passed)"
+			}, true},
+			pccChange{2, func(i int) bool { return w.skewed(i) >= 0 }, func(i int) string {
+				j := w.skewed(i)
+				delete(w.skew, [2]int{i, j})
+				return w.name(i) + "'s verdict on " + w.name(j) + " agrees with the others' again"
+			}, true})
 	}
 	if *pccExpire {
 		changes = append(changes, pccChange{2, func(i int) bool { return alive(i) && w.inTransition() }, func(int) string {
@@ -104,6 +123,54 @@ func (w *pccWorld) randomEvent() (string, bool) {
 	panic("no change picked")
 }
 
+// skewable is a live replica whose verdict node i may come to see alone
+// (-pcc.skew), one it does not already; -1 for none. The pick is random.
+func (w *pccWorld) skewable(i int) int {
+	var can []int
+	for j := range w.nodes {
+		if j != i && !w.dead[j] && w.role[j] != pccNone && w.skew[[2]int{i, j}] == 0 {
+			can = append(can, j)
+		}
+	}
+	if len(can) == 0 {
+		return -1
+	}
+	return can[w.rng.IntN(len(can))]
+}
+
+// skewed is a replica node i sees a verdict on alone, -1 for none.
+func (w *pccWorld) skewed(i int) int {
+	for j := range w.nodes {
+		if w.skew[[2]int{i, j}] != 0 {
+			return j
+		}
+	}
+	return -1
+}
+
+// unskew: every edge's verdict on replica j agrees (it died: every probe
+// fails).
+func (w *pccWorld) unskew(j int) {
+	for k := range w.skew {
+		if k[1] == j {
+			delete(w.skew, k)
+		}
+	}
+}
+
+// freshChecks: node i's agent restarts, and its new liveness checks start
+// with every replica live (liveness.Checker.SetTargets): what it alone called
+// down it calls up now, and what it alone still called up it calls as the
+// others do. Its nginx stops too, which every edge's probes see.
+func (w *pccWorld) freshChecks(i int) {
+	for k := range w.skew {
+		if k[0] == i {
+			delete(w.skew, k)
+		}
+	}
+	w.unskew(i) // and its nginx stops: every edge's probes of it fail
+}
+
 // endTransitions plays minutes without a change (-pcc.expire): every live
 // node's transition leases pass, and Expire ends them.
 func (w *pccWorld) endTransitions() string {
@@ -135,6 +202,7 @@ func (w *pccWorld) directing(i int) bool {
 // down it missed: the agent's restart cycle).
 func (w *pccWorld) restartAgent(i int) *pccFailure {
 	learns := *pccSelfView != "never"
+	w.freshChecks(i)
 	w.stats.restarts++
 	w.down[i] = true
 	w.applyAll(i)
@@ -196,6 +264,7 @@ func (w *pccWorld) newAgent(i int, rejoin bool) {
 // replica is not in the group yet), and the new pod turns ready.
 func (w *pccWorld) rollPod(i int) *pccFailure {
 	w.stats.rolls++
+	w.freshChecks(i)
 	step := func(what string, except int) *pccFailure {
 		w.applyAll(except)
 		w.recordRing(except)

@@ -2,6 +2,7 @@ package dataplane
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -28,6 +29,14 @@ func (w *pccWorld) state() string {
 	s := "replicas " + strings.Join(reps, " ")
 	if len(others) > 0 {
 		s += "; others " + strings.Join(others, " ")
+	}
+	var skews []string
+	for k, v := range w.skew {
+		skews = append(skews, fmt.Sprintf("%s alone calls %s %s", w.name(k[0]), w.name(k[1]), map[int]string{1: "down", -1: "up"}[v]))
+	}
+	if len(skews) > 0 {
+		slices.Sort(skews)
+		s += "; " + strings.Join(skews, ", ")
 	}
 	if !w.ecmp {
 		return s + "; VRRP owner " + w.name(w.owner)

@@ -141,14 +141,21 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 	f.history = append(f.history, fmt.Sprintf("%s%s: %s", what, lag, trip))
 	class := ""
 	most, pinWalk := trip.mostForwards(w.director(f), pinned)
+	// While the edges' verdicts differ, one that calls a replica down
+	// places it in the walk's second class, and one that does not in the
+	// first: positions still rise at every hop (no loop), but an edge may
+	// stand once in each class (bpf/README.md, "Verdicts that differ").
+	skewTwice := most == 2 && w.verdictsDiffer()
 	switch {
+	case skewTwice:
+		w.stats.twiceSkew++
 	case most > 1:
 		w.stats.twice++
 	case pinWalk:
 		w.stats.pinWalks++
 	}
 	switch {
-	case most > 1:
+	case most > 1 && !skewTwice:
 		// Along the walk an edge sends a packet on once; the director's tag
 		// keeps the walk from coming back to it (bpf/README.md). The one
 		// exception is the replica a director's pin named, when its stack
@@ -173,7 +180,7 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 		// wrongly: then its packets may go to a dead replica called down
 		// first while the verdict holds, below.)
 		w.stats.stalePinLost++
-		if w.down[f.holder] && !w.dead[f.holder] {
+		if w.wronglyDown(f.holder) {
 			break
 		}
 		again := w.send(f, flags, payload)
@@ -181,7 +188,7 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 		if again.end != pccPassed || again.at != f.holder {
 			return w.failure("hang", f, what+", sent again", again)
 		}
-	case trip.end == pccLost && w.down[f.holder] && !w.dead[f.holder]:
+	case trip.end == pccLost && w.wronglyDown(f.holder):
 		// Its holder is called dead wrongly, and the packet went to a node
 		// that is: lost while the verdict holds (TCP sends it again), but
 		// every packet after the verdict cleared must arrive.
@@ -199,6 +206,22 @@ func (w *pccWorld) check(f *pccFlow, what string) *pccFailure {
 		return w.failure(class, f, what, trip)
 	}
 	return nil
+}
+
+// wronglyDown: live replica h is called down, by every edge or by one alone.
+func (w *pccWorld) wronglyDown(h int) bool {
+	if w.dead[h] {
+		return false
+	}
+	if w.down[h] {
+		return true
+	}
+	for k, v := range w.skew {
+		if k[1] == h && v > 0 && !w.dead[k[0]] {
+			return true
+		}
+	}
+	return false
 }
 
 func (w *pccWorld) failure(class string, f *pccFlow, what string, trip pccTrip) *pccFailure {
@@ -380,6 +403,9 @@ func (w *pccWorld) deliver(frame []byte, to int) pccTrip {
 		}
 		if slices.Contains(reasons, lbReasonREASON_HANDOFF) {
 			w.stats.handoffs++
+		}
+		if slices.Contains(reasons, lbReasonREASON_HANDOFF_RESCUE) {
+			w.stats.rescues++
 		}
 		trip.hops = append(trip.hops, pccHop{node: to, verdict: verdict, reasons: reasons})
 		trip.frame, trip.at = out, to

@@ -20,6 +20,9 @@ func (w *pccWorld) desired(i int) Desired {
 		// the network fault that makes the others call it down wrongly leaves
 		// its own verdict alone, and its rings differ from theirs.
 		b.Down = w.down[j]
+		if k := w.skew[[2]int{i, j}]; k != 0 && !w.dead[j] && w.skewServes(i) {
+			b.Down = k > 0
+		}
 		if j == i && !w.dead[j] && *pccSelfView != "at-once" {
 			b.Down = w.self[j]
 		}
@@ -31,6 +34,31 @@ func (w *pccWorld) desired(i int) Desired {
 		bs = append(bs, b)
 	}
 	return Desired{Seed: testSeed, Groups: []Group{{Name: "edge/pcc", VIPs: []netip.Addr{vip4, vip6}, Backends: bs}}}
+}
+
+// skewServes: with its own verdicts, node i still has a replica that takes
+// new flows. Liveness never empties a group (agent's desiredFor: the last
+// burst of verdicts is overruled), so where they would, the others' hold.
+func (w *pccWorld) skewServes(i int) bool {
+	ready, draining := 0, 0
+	for j := range w.nodes {
+		down := w.down[j]
+		if k := w.skew[[2]int{i, j}]; k != 0 && !w.dead[j] {
+			down = k > 0
+		}
+		if j == i && !w.dead[j] && *pccSelfView != "at-once" {
+			down = w.self[j]
+		}
+		if down || w.role[j] == pccNone {
+			continue
+		}
+		if w.role[j] == pccReady {
+			ready++
+		} else {
+			draining++
+		}
+	}
+	return ready+draining > 0
 }
 
 // applyAll applies the model to every live node but one (-1: none).

@@ -29,6 +29,12 @@ type pccWorld struct {
 	down  []bool    // the liveness checks' verdict
 	self  []bool    // the verdict each node has learned about itself (-pcc.selfview)
 	dead  []bool
+	// skew is where one edge's verdict on a live replica differs from the
+	// others' (-pcc.skew): +1 it alone calls the replica down (its probes
+	// failed, theirs did not: a stalled host, a lossy link), -1 it alone
+	// still calls it up while they call it down. Per-edge verdicts differ
+	// so for as long as their probes' answers do, longer than LB_SETTLE_MS.
+	skew map[[2]int]int
 	// reported is what each holder reported off the ring at the last
 	// syncHeld (-pcc.held): what it stops reporting is unpinned.
 	reported map[int][]Held
@@ -78,6 +84,8 @@ type pccFlow struct {
 type pccStats struct {
 	events, skewed, restarts, rolls, flows, ended, reused, inTransition, packets, handoffs, synLost, synRefused, downLost, lagLost, stalePinLost int
 	twice                                                                                                                                        int // packets one edge sent on twice
+	twiceSkew                                                                                                                                    int // the same while verdicts differed (once per class)
+	skews, rescues                                                                                                                               int // verdicts one edge saw alone (-pcc.skew); packets a chain's end handed on once more (REASON_HANDOFF_RESCUE)
 	pinWalks                                                                                                                                     int // packets the replica a director's pin named sent on twice (bpf/README.md)
 }
 
@@ -93,6 +101,9 @@ func (s *pccStats) add(o pccStats) {
 	s.ended += o.ended
 	s.stalePinLost += o.stalePinLost
 	s.twice += o.twice
+	s.twiceSkew += o.twiceSkew
+	s.skews += o.skews
+	s.rescues += o.rescues
 	s.pinWalks += o.pinWalks
 	s.reused += o.reused
 	s.synLost += o.synLost
@@ -102,8 +113,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked (%d sent on twice by one edge: none may be, but for %d by the replica a director's stale pin named, which walked them from the chain's start), %d hand-offs, SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
-		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.twice, s.pinWalks, s.handoffs, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked (%d sent on twice by one edge: none may be, but for %d by the replica a director's stale pin named, which walked them from the chain's start, and %d while verdicts differed, once in each class of the walk), %d hand-offs (%d rescues at a chain's end, %d verdicts one edge saw alone), SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
+		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.twice, s.pinWalks, s.twiceSkew, s.handoffs, s.rescues, s.skews, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
 }
 
 // pccFailure is a packet that broke its connection.
@@ -119,7 +130,7 @@ func newPCCWorld(t *testing.T, all []*pccNode, seed uint64, seq int) *pccWorld {
 	rng := rand.New(rand.NewPCG(seed, uint64(seq)))
 	n := 3 + rng.IntN(pccMaxNodes-2)
 	w := &pccWorld{t: t, rng: rng, seed: seed, seq: seq, nodes: all[:n], role: make([]pccRole, n),
-		down: make([]bool, n), self: make([]bool, n), dead: make([]bool, n), on: make([]bool, n), late: -1, learner: -1, restart: -1, roll: -1, seen: map[lbFlowKey]bool{}}
+		down: make([]bool, n), self: make([]bool, n), dead: make([]bool, n), on: make([]bool, n), late: -1, learner: -1, restart: -1, roll: -1, seen: map[lbFlowKey]bool{}, skew: map[[2]int]int{}}
 	for _, i := range rng.Perm(n)[:2+rng.IntN(n-1)] {
 		w.role[i] = pccReady
 	}
@@ -207,7 +218,8 @@ func (w *pccWorld) run() *pccFailure {
 		}
 	}
 	// The wrong verdicts clear; then every connection still open must answer.
-	cleared := false
+	cleared := len(w.skew) > 0
+	clear(w.skew)
 	for i := range w.nodes {
 		if w.down[i] && !w.dead[i] {
 			w.down[i], w.self[i], cleared = false, false, true
@@ -225,6 +237,17 @@ func (w *pccWorld) run() *pccFailure {
 		}
 	}
 	return nil
+}
+
+// verdictsDiffer: some live edge's verdict on a live replica differs from the
+// others' (-pcc.skew).
+func (w *pccWorld) verdictsDiffer() bool {
+	for k, v := range w.skew {
+		if v != 0 && !w.dead[k[0]] && !w.dead[k[1]] {
+			return true
+		}
+	}
+	return false
 }
 
 // syncHeld plays the holders' reports (-pcc.held): every live edge lists the
@@ -247,8 +270,13 @@ func (w *pccWorld) syncHeld() {
 				mine = append(mine, flowFromKey(f.key))
 			}
 		}
+		// While the edges' verdicts differ, their rings do, and what is on
+		// this node's ring may be off another's: a holder whose peers'
+		// verdicts differ from its own (liveness.Checker.Differ) lists
+		// every connection it has.
+		off := n.d.OffRing(n.addr, mine, w.verdictsDiffer())
 		var now []Held
-		for _, f := range n.d.OffRing(n.addr, mine) {
+		for _, f := range off {
 			now = append(now, Held{Flow: f, Holder: n.addr})
 		}
 		for _, h := range w.reported[i] {

@@ -39,7 +39,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapSrcMacs, uint32(0), [12]byte{}},  // struct mac_verdict: BPF-only
 		{lbMapVipMemos, uint32(0), [36]byte{}}, // struct vip_memo: BPF-only
 		{lbMapSockModel, lbFlowKey{}, uint32(0)},
-		{lbMapChains, uint32(0), [212]byte{}}, // struct chain: BPF-only
+		{lbMapChains, uint32(0), [216]byte{}}, // struct chain: BPF-only
 		{lbMapSelfAddr, uint32(0), lbSelfAddr{}},
 		{lbMapTagMacs, uint32(0), lbTagMac{}},
 		{lbMapMacTags, lbPeerKey{}, uint32(0)},

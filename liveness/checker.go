@@ -487,6 +487,29 @@ func (c *Checker) Dead() []netip.Addr {
 	return dead
 }
 
+// Differ reports whether an edge this node hears (a live replica's node, by
+// its last good answer) calls another set of replicas down than this node
+// does (Dead). Their rings differ meanwhile: a connection this node's ring
+// gives to a replica may be off that edge's ring, and the reverse
+// (bpf/README.md, "Verdicts that differ"), so the agent's held reports list
+// every connection while it lasts.
+func (c *Checker) Differ() bool {
+	mine := c.Dead()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, t := range c.targets {
+		if t.local || t.fault != nil || !t.rep.live {
+			continue
+		}
+		theirs := slices.Clone(t.report)
+		slices.SortFunc(theirs, netip.Addr.Compare)
+		if !slices.Equal(slices.Compact(theirs), mine) {
+			return true
+		}
+	}
+	return false
+}
+
 // View lists every replica checked, sorted by address.
 func (c *Checker) View() []Replica {
 	stalled := !c.healthy()

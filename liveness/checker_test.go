@@ -391,3 +391,38 @@ func TestCheckerLearnsOthersVerdict(t *testing.T) {
 		t.Errorf("called_down_transitions_total = %v, want at least 4", got)
 	}
 }
+
+// TestCheckerDiffer: Differ says whether an edge this node hears calls
+// another set of replicas down than this node does (their rings differ: the
+// agent's held reports then list every connection).
+func TestCheckerDiffer(t *testing.T) {
+	port := testenv.Ports(t, 1)[0]
+	self := newReplicaServer(t, "127.0.0.4", port)
+	a := newReplicaServer(t, "127.0.0.2", port)
+	b := newReplicaServer(t, "127.0.0.3", port)
+	c, _ := startChecker(t, Config{Port: port})
+	c.SetTargets([]netip.Addr{self.addr, a.addr, b.addr}, func(x netip.Addr) bool { return x == self.addr })
+	waitDiffer := func(want bool, why string) {
+		t.Helper()
+		deadline := time.Now().Add(2 * time.Second)
+		for c.Differ() != want {
+			if time.Now().After(deadline) {
+				t.Fatalf("Differ() = %v, want %v: %s (dead here %v)", !want, want, why, c.Dead())
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	waitDiffer(false, "every edge calls nobody down")
+	// One edge alone calls b down (its probes failed, this node's passed).
+	a.setReport("down 127.0.0.3\n")
+	waitDiffer(true, "a calls b down, this node does not")
+	a.setReport("")
+	waitDiffer(false, "a's verdict agrees again")
+	// This node alone calls a replica down: b's answers stop.
+	b.stop()
+	waitDead(t, c, []netip.Addr{b.addr}, 3*time.Second)
+	waitDiffer(true, "this node calls b down, a does not")
+	// a agrees (its report, in any order, with b's own verdicts unheard).
+	a.setReport("down 127.0.0.3\ndown 127.0.0.3\n")
+	waitDiffer(false, "a calls b down too")
+}

@@ -46,7 +46,7 @@ func TestParseAgentFlags(t *testing.T) {
 					Liveness:     liveness.Timing{Interval: 20 * time.Millisecond, DeadAfter: 200 * time.Millisecond, Rise: 3, FlapWindow: 10 * time.Second, ReloadGrace: time.Second},
 					VRRPPriority: 150, VRRPDegraded: 20, VRRPVersion: 2, VRRPInterval: 100 * time.Millisecond, VRRPUnicast: true,
 					StateDir: agent.DefaultStateDir, ShutdownDelay: 5 * time.Second, Announce: "vrrp", BGPPeerObjects: true, ClaimIface: "eth0", ClaimLogLevel: "info",
-					XDPMode: dataplane.XDPBestEffort, Transition: dataplane.DefaultTransition, NoHeld: true}
+					XDPMode: dataplane.XDPBestEffort, Transition: dataplane.DefaultTransition}
 				if diff := cmp.Diff(want, c.Config, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
 					t.Errorf("config (-want +got):\n%s", diff)
 				}

@@ -250,9 +250,10 @@ const markFinal = 255
 
 // TCPMark is the hand-off mark edges write into a TCP frame they hand to each
 // other, and whether frame is TCP: 0 for none; the receiver's place in the
-// flow's chain plus one, with the hand-offs so far in the next byte (reserved
-// bits 001, the mark in the urgent pointer; 011 and MarkTagged: the director's
-// tag in the IP header); or 255 (to be served: reserved bits
+// flow's chain plus one, with the hand-offs so far in the next 4 bits and the
+// walk's downs (a filter of the replicas its edges call down) in the 4 above
+// them (reserved bits 001, the mark in the urgent pointer; 011 and MarkTagged:
+// the director's tag in the IP header); or 255 (to be served: reserved bits
 // 111, or a mark that names no place).
 func TCPMark(frame []byte) (int, bool) {
 	off := tcpOffset(frame)
@@ -263,7 +264,7 @@ func TCPMark(frame []byte) (int, bool) {
 	switch {
 	case bits == 0:
 		return 0, true
-	case (bits != 1 && bits != 3) || place == 0 || place > 16 || hops > 8:
+	case (bits != 1 && bits != 3) || place == 0 || place > 16 || hops&0x0f > 8:
 		return markFinal, true
 	case bits == 3:
 		return MarkTagged | hops<<8 | place, true

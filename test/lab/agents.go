@@ -50,7 +50,6 @@ func (l *Lab) StartAgent(i int) (*Agent, error) {
 		"-state-dir", filepath.Join(a.Dir, "state"), "-shutdown-delay", "1500ms",
 		// The access log in a file of its own, not in the agent's log (whose tail a failed test shows).
 		"-access-log", filepath.Join(a.Dir, "access.log")}
-	args = append(args, "-held-reports")
 	if l.transition > 0 {
 		args = append(args, "-ring-transition", l.transition.String())
 	}
