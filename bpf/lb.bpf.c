@@ -121,8 +121,9 @@ int xdp_lb(struct xdp_md *ctx)
 	 * entry could answer otherwise (see below). */
 	slot = cache_slot(&p.flow);
 	ce = p.syn ? 0 : bpf_map_lookup_elem(&flow_cache, &slot);
-	/* A pinned entry counts only while pins do: a SYN that reuses its 5-tuple
-	 * after they lapsed did not retire it. */
+	/* A pinned entry counts only while pins do (a director's, or a holder's
+	 * report: held_clock): a SYN that reuses its 5-tuple after they lapsed
+	 * did not retire it. */
 	if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow) &&
 	    (ce->pin == CACHE_UNPINNED || pins_live(&now) || held_live(&now))) {
 		bid = ce->backend_id;
