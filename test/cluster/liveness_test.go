@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -72,15 +74,50 @@ func testFalsePositive(t *testing.T, ctx context.Context, p *Portico, idle Held,
 	}
 	// The verdict happened: an edge's ring left the replica out.
 	said := p.AgentLogs(ctx, "portico-agent", "ring follows replica liveness")
-	if !strings.Contains(said, node.IP.String()) {
+	callers, edges := calledDownBy(t, ctx, p, said, node, start)
+	if len(callers) == 0 {
 		t.Errorf("no edge called %s down: the false positive did not happen\n%s", node.Name, said)
 	}
-	// And it learned that the others called it down: its own rings followed.
+	// Where most of the other edges called it down, it learned that from
+	// their answers, and its own rings followed (liveness.Checker). On a
+	// loaded host some edges' probes may not miss 300 ms: then its own view
+	// rightly stands, and the edges' verdicts differ (bpf/README.md,
+	// "Verdicts that differ"), which the connections above survived.
 	learned := p.AgentLogs(ctx, "portico-agent", "verdict on this node's replica changed")
-	if !strings.Contains(learned, `"called down":["`+node.IP.String()+`"]`) {
-		t.Errorf("%s never learned that the other edges called it down (its rings would differ from theirs)\n%s", node.Name, learned)
+	if 2*len(callers) > edges-1 {
+		if !strings.Contains(learned, `"called down":["`+node.IP.String()+`"]`) {
+			t.Errorf("%v of the %d other edges called %s down, but it never learned it (its rings would differ from theirs)\n%s", callers, edges-1, node.Name, learned)
+		}
+	} else {
+		t.Logf("%v of the %d other edges called %s down: no majority, so it kept its own view (the edges' verdicts differed)", callers, edges-1, node.Name)
 	}
 	t.Logf("%s called down wrongly, %d held connections through it; what the agents said:\n%s%s", node.Name, on, said, learned)
+}
+
+// calledDownBy lists the edges whose rings left node out since start, by
+// their agents' "ring follows replica liveness" lines (said), and how many
+// edges run an agent.
+func calledDownBy(t *testing.T, ctx context.Context, p *Portico, said string, node *Node, start time.Time) (callers []string, edges int) {
+	t.Helper()
+	agents, err := p.Agents(ctx, "portico-agent")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(said, "\n") {
+		var line struct {
+			TS   float64  `json:"ts"`
+			Node string   `json:"node"`
+			Dead []string `json:"dead"`
+		}
+		if !strings.HasPrefix(l, "{") || json.Unmarshal([]byte(l), &line) != nil || line.TS < float64(start.UnixNano())/1e9 {
+			continue
+		}
+		if line.Node != node.Name && slices.Contains(line.Dead, node.IP.String()) && !slices.Contains(callers, line.Node) {
+			callers = append(callers, line.Node)
+		}
+	}
+	slices.Sort(callers)
+	return callers, len(agents)
 }
 
 // testNodeDies: the VIP owner dies within the transition of a rolling update
