@@ -300,22 +300,19 @@ static __always_inline int onwards(__u32 hop, const struct backend *be, __u32 af
  * their probes' answers do: an edge that calls a live replica down places it
  * last in the walk's order, and an edge that calls it serving places it by
  * its address, below itself; neither asks it. ch is the built chain (ch->n 0
- * outside a transition), ch->from set; hops the hand-offs so far (the budget's
- * last for a stranger's frame). The XDP verdict, or -1: none to send it to. */
-static __always_inline int rescue(struct xdp_md *ctx, struct ethhdr *eth, __u8 *th, const struct parsed *p,
-				  const struct lb_config *cfg, struct chain *ch, __u32 vip_id, __u32 m, __u32 hops,
-				  __u32 tag, __u64 *now)
+ * outside a transition), ch->from set, ch->h[1] the current ring's replica;
+ * pin this node's pin of the flow (0: none); hops the hand-offs so far (the
+ * budget's last for a stranger's frame). The XDP verdict, or -1: none to send
+ * it to. */
+static __always_inline int rescue(struct xdp_md *ctx, struct ethhdr *eth, __u8 *th, const struct lb_config *cfg,
+				  struct chain *ch, __u32 vip_id, __u32 m, __u32 hops, __u32 tag, __u32 pin, __u64 *now)
 {
-	struct flow_val *fv;
 	struct backend *be;
-	__u32 pin = 0, id;
+	__u32 id;
 
 	if (!ch || !mark_downs(m) || hops >= LB_MAX_HOPS || (m & 0xff) > LB_CLASSES)
 		return -1;
-	fv = bpf_map_lookup_elem(&flows, &p->flow);
-	if (fv)
-		pin = fv->backend_id;
-	id = rescue_pick(ch, mark_downs(m), tag, pin, pick_from_ring(&rings, vip_id, flow_hash(&p->flow, cfg->seed), cfg));
+	id = rescue_pick(ch, mark_downs(m), tag, pin, ch->h[1]);
 	be = id ? active_backend(id) : 0;
 	if (!be)
 		return -1;
@@ -336,7 +333,7 @@ static __always_inline int rescue(struct xdp_md *ctx, struct ethhdr *eth, __u8 *
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg, int stranger)
 {
-	__u32 vip_id, hash, m = 0, zero = 0, hops, tag;
+	__u32 vip_id, hash, m = 0, zero = 0, hops, tag, pin;
 	__u8 *th = tcp_hdr(eth, data_end, p);
 	struct chain *ch;
 	struct backend *be;
@@ -468,11 +465,12 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	 * (its verdicts differed then, or its transition ended), and the walk
 	 * goes there in its turn. */
 	fv = bpf_map_lookup_elem(&flows, &p->flow);
-	if (fv && fv->backend_id) {
+	pin = fv ? fv->backend_id : 0;
+	if (pin) {
 		if (!inside)
-			ch->h[0] = fv->backend_id;
+			ch->h[0] = pin;
 		else if (!ch->h[LB_CHAIN - 1])
-			ch->h[LB_CHAIN - 1] = fv->backend_id;
+			ch->h[LB_CHAIN - 1] = pin;
 	}
 	build_chain(ch);
 	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff, tag) : -1;
@@ -494,7 +492,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	 * (rescue). Right after a change it may be that another edge's rings
 	 * are not yet this node's (a retransmission finds them settled); later
 	 * it is gone. */
-	if (m && (j = rescue(ctx, eth, th, p, cfg, ch, vip_id, m, hops, tag, &now)) >= 0)
+	if (m && (j = rescue(ctx, eth, th, cfg, ch, vip_id, m, hops, tag, pin, &now)) >= 0)
 		return j;
 	if (settling(vip_id, &now))
 		return count(REASON_HANDOFF_WAIT, XDP_DROP);

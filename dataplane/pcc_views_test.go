@@ -19,13 +19,7 @@ func (w *pccWorld) desired(i int) Desired {
 		// -pcc.selfview a node checks its own nginx locally, as the agent does:
 		// the network fault that makes the others call it down wrongly leaves
 		// its own verdict alone, and its rings differ from theirs.
-		b.Down = w.down[j]
-		if k := w.skew[[2]int{i, j}]; k != 0 && !w.dead[j] && w.skewServes(i) {
-			b.Down = k > 0
-		}
-		if j == i && !w.dead[j] && *pccSelfView != "at-once" {
-			b.Down = w.self[j]
-		}
+		b.Down = w.downAt(i, j, w.skewServes(i))
 		if j == i {
 			b.Local = true
 		} else {
@@ -40,25 +34,26 @@ func (w *pccWorld) desired(i int) Desired {
 // new flows. Liveness never empties a group (agent's desiredFor: the last
 // burst of verdicts is overruled), so where they would, the others' hold.
 func (w *pccWorld) skewServes(i int) bool {
-	ready, draining := 0, 0
 	for j := range w.nodes {
-		down := w.down[j]
-		if k := w.skew[[2]int{i, j}]; k != 0 && !w.dead[j] {
-			down = k > 0
-		}
-		if j == i && !w.dead[j] && *pccSelfView != "at-once" {
-			down = w.self[j]
-		}
-		if down || w.role[j] == pccNone {
-			continue
-		}
-		if w.role[j] == pccReady {
-			ready++
-		} else {
-			draining++
+		if w.role[j] != pccNone && !w.downAt(i, j, true) {
+			return true
 		}
 	}
-	return ready+draining > 0
+	return false
+}
+
+// downAt is node i's verdict on replica j: the others' (down), its own where
+// it alone sees another (skew, when skewed), and, for itself, what it has
+// learned (-pcc.selfview).
+func (w *pccWorld) downAt(i, j int, skewed bool) bool {
+	down := w.down[j]
+	if k := w.skew[[2]int{i, j}]; skewed && k != 0 && !w.dead[j] {
+		down = k > 0
+	}
+	if j == i && !w.dead[j] && *pccSelfView != "at-once" {
+		down = w.self[j]
+	}
+	return down
 }
 
 // applyAll applies the model to every live node but one (-1: none).
