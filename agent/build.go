@@ -170,7 +170,7 @@ func (a *agent) buildHeld() error {
 			return fmt.Errorf("register held-connection metrics: %w", err)
 		}
 	}
-	h := &heldReports{sink: a.l4, port: uint16(n), interval: heldEvery(a.cfg.Transition), budget: a.dp.FlowEntries() / 2, log: a.log.Named("held"), met: met, list: ownConnections}
+	h := &heldReports{sink: a.l4, port: uint16(n), interval: heldEvery(a.cfg.Transition), budget: a.dp.FlowEntries() / 2, log: a.log.Named("held"), met: met, list: ownConnections, listUDP: a.dp.OwnUDP}
 	h.client = &http.Client{Transport: &http.Transport{DialContext: h.dial, MaxIdleConnsPerHost: 1, IdleConnTimeout: 30 * time.Second}}
 	a.held = h
 	return nil

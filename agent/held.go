@@ -3,6 +3,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 )
 
@@ -81,6 +83,9 @@ type heldReports struct {
 	// list is this node's connections in the client's direction
 	// (ownConnections; a fake in unit tests).
 	list func() ([]dataplane.Flow, error)
+	// listUDP is the UDP flows this node served that lived at least lived
+	// and sent within idle (Dataplane.OwnUDP; nil: none listed).
+	listUDP func(lived, idle time.Duration) ([]dataplane.Flow, error)
 
 	mu         sync.Mutex
 	body, etag string           // what /held serves
@@ -96,6 +101,25 @@ type heldReports struct {
 	// Owned by run's goroutine.
 	peers    map[netip.Addr]*peerHeld
 	lastFull time.Time
+}
+
+// udpLived is how long a UDP flow must have lived (its first datagram to its
+// last) for its holder to list it: a DNS query's one or two datagrams do not,
+// and a spoofed source must keep sending for that long to be pinned.
+const udpLived = time.Second
+
+// udpIdle is how long a UDP flow of group's L4 Services may be silent and still
+// be in an nginx session (the longest portico.io/udp-idle-timeout of its UDP
+// ports); 0: the group serves no UDP.
+func udpIdle(snap model.Snapshot, group string) time.Duration {
+	var idle time.Duration
+	for _, svc := range snap.Services {
+		if svc.Group != group || !slices.ContainsFunc(svc.Ports, func(p model.ServicePort) bool { return p.Protocol == model.UDP }) {
+			continue
+		}
+		idle = max(idle, time.Duration(cmp.Or(svc.UDPIdleTimeout, model.DefaultUDPIdleTimeout))*time.Second)
+	}
+	return idle
 }
 
 // peerHeld is what one holder listed last.
@@ -195,6 +219,21 @@ func (h *heldReports) round(ctx context.Context) {
 			h.met.all.Inc()
 		}
 	}
+	// UDP leaves no socket per flow: the flows xdp_lb saw this node serve
+	// stand for them, while one may still be in nginx's session. Each is
+	// listed, on the ring or off it: a UDP walk asks no replica called down
+	// (bpf/README.md, "UDP"), so a replica called down wrongly keeps its
+	// flows by these pins alone. Last, so that a bound trims them first
+	// (a spoofed source can make them; a TCP connection needs a handshake).
+	if idle := udpIdle(h.sink.last, h.sink.group); self.IsValid() && err == nil && idle > 0 && h.listUDP != nil {
+		udp, uerr := h.listUDP(udpLived, idle)
+		if uerr != nil {
+			h.met.errors.WithLabelValues("list").Inc()
+			h.log.Warn("listing the UDP flows this node serves failed", zap.Error(uerr))
+			err = uerr
+		}
+		own = append(own, udp...)
+	}
 	h.sink.mu.Unlock()
 	h.source.Store(self)
 	if len(own) > maxHeld {
@@ -286,19 +325,31 @@ func (h *heldReports) dial(ctx context.Context, network, addr string) (net.Conn,
 	return d.DialContext(ctx, network, addr)
 }
 
-// bound trims lists (holders in address order) to heldBudget connections in
-// all, counting what it drops: clients on the VIPs make these lists, and every
-// edge pins all of them, so they must leave room in flows for the pins of the
-// transitions.
+// bound trims lists (holders in address order, TCP before UDP) to heldBudget
+// connections in all, counting what it drops: clients on the VIPs make these
+// lists, and every edge pins all of them, so they must leave room in flows for
+// the pins of the transitions.
 func (h *heldReports) bound(lists map[netip.Addr]*peerHeld) {
+	holders := slices.SortedFunc(maps.Keys(lists), netip.Addr.Compare)
 	left := h.budget
-	for _, a := range slices.SortedFunc(maps.Keys(lists), netip.Addr.Compare) {
-		p := lists[a]
-		if len(p.held) > left {
-			h.met.errors.WithLabelValues("truncated").Inc()
-			lists[a] = &peerHeld{etag: p.etag, held: p.held[:left]}
+	kept := map[netip.Addr][]dataplane.Held{}
+	// TCP connections first (each took a handshake), then UDP flows (a
+	// spoofed source makes those), each in the holders' order.
+	for _, udp := range []bool{false, true} {
+		for _, a := range holders {
+			for _, held := range lists[a].held {
+				if (held.Flow.Protocol == unix.IPPROTO_UDP) == udp && left > 0 {
+					kept[a] = append(kept[a], held)
+					left--
+				}
+			}
 		}
-		left -= len(lists[a].held)
+	}
+	for _, a := range holders {
+		if p := lists[a]; len(kept[a]) < len(p.held) {
+			h.met.errors.WithLabelValues("truncated").Inc()
+			lists[a] = &peerHeld{etag: p.etag, held: kept[a]}
+		}
 	}
 }
 
@@ -317,7 +368,11 @@ func (h *heldReports) publish(own []dataplane.Flow, readers []netip.Addr, listed
 	}
 	var b bytes.Buffer
 	for _, f := range own {
-		fmt.Fprintf(&b, "tcp %s %s\n", netip.AddrPortFrom(f.Src, f.SPort), netip.AddrPortFrom(f.Dst, f.DPort))
+		proto := "tcp"
+		if f.Protocol == unix.IPPROTO_UDP {
+			proto = "udp"
+		}
+		fmt.Fprintf(&b, "%s %s %s\n", proto, netip.AddrPortFrom(f.Src, f.SPort), netip.AddrPortFrom(f.Dst, f.DPort))
 	}
 	sum := fnv.New64a()
 	sum.Write(b.Bytes())
@@ -425,7 +480,7 @@ func parseHeld(r io.Reader, holder netip.Addr) (held []dataplane.Held, malformed
 
 func parseHeldLine(line string) (dataplane.Flow, bool) {
 	var proto, src, dst string
-	if n, err := fmt.Sscanf(line, "%s %s %s", &proto, &src, &dst); err != nil || n != 3 || proto != "tcp" {
+	if n, err := fmt.Sscanf(line, "%s %s %s", &proto, &src, &dst); err != nil || n != 3 || proto != "tcp" && proto != "udp" {
 		return dataplane.Flow{}, false
 	}
 	s, err1 := netip.ParseAddrPort(src)
@@ -433,5 +488,9 @@ func parseHeldLine(line string) (dataplane.Flow, bool) {
 	if err1 != nil || err2 != nil || s.Addr().Unmap().Is4() != d.Addr().Unmap().Is4() || s.Port() == 0 || d.Port() == 0 {
 		return dataplane.Flow{}, false
 	}
-	return dataplane.Flow{Src: s.Addr().Unmap(), Dst: d.Addr().Unmap(), SPort: s.Port(), DPort: d.Port(), Protocol: unix.IPPROTO_TCP}, true
+	p := uint8(unix.IPPROTO_TCP)
+	if proto == "udp" {
+		p = unix.IPPROTO_UDP
+	}
+	return dataplane.Flow{Src: s.Addr().Unmap(), Dst: d.Addr().Unmap(), SPort: s.Port(), DPort: d.Port(), Protocol: p}, true
 }

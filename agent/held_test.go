@@ -11,18 +11,20 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/portico-edge/portico/controlplane/model"
 	"github.com/portico-edge/portico/dataplane"
 )
 
 // TestParseHeld: a peer's list as /held serves it; what is not a TCP
-// connection between two addresses of one family is counted and skipped, and
+// connection or UDP flow between two addresses of one family is counted and skipped, and
 // the rest is kept.
 func TestParseHeld(t *testing.T) {
 	holder := netip.MustParseAddr("10.0.0.2")
 	in := strings.Join([]string{
 		"tcp 198.51.100.7:40000 192.0.2.10:80",
 		"tcp [2001:db8::7]:40001 [2001:db8::10]:443",
-		"udp 198.51.100.7:40000 192.0.2.10:53",      // not TCP
+		"udp 198.51.100.7:40000 192.0.2.10:53",      // a UDP flow
+		"sctp 198.51.100.7:40000 192.0.2.10:53",     // neither TCP nor UDP
 		"tcp 198.51.100.7:40000 [2001:db8::10]:443", // families differ
 		"tcp 198.51.100.7 192.0.2.10:80",            // no port
 		"tcp 198.51.100.7:0 192.0.2.10:80",          // port 0
@@ -34,13 +36,15 @@ func TestParseHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	flow := func(src, dst string) dataplane.Held {
+	flowOf := func(proto uint8, src, dst string) dataplane.Held {
 		s, d := netip.MustParseAddrPort(src), netip.MustParseAddrPort(dst)
-		return dataplane.Held{Holder: holder, Flow: dataplane.Flow{Src: s.Addr(), Dst: d.Addr(), SPort: s.Port(), DPort: d.Port(), Protocol: 6}}
+		return dataplane.Held{Holder: holder, Flow: dataplane.Flow{Src: s.Addr(), Dst: d.Addr(), SPort: s.Port(), DPort: d.Port(), Protocol: proto}}
 	}
+	flow := func(src, dst string) dataplane.Held { return flowOf(6, src, dst) }
 	want := []dataplane.Held{
 		flow("198.51.100.7:40000", "192.0.2.10:80"),
 		flow("[2001:db8::7]:40001", "[2001:db8::10]:443"),
+		flowOf(17, "198.51.100.7:40000", "192.0.2.10:53"),
 		flow("198.51.100.8:40002", "192.0.2.10:80"),
 	}
 	if diff := cmp.Diff(want, held, cmp.Comparer(func(a, b netip.Addr) bool { return a == b })); diff != "" || malformed != 5 {
@@ -146,5 +150,36 @@ func TestHeldBound(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(h.met.errors.WithLabelValues("truncated")); got != 1 {
 		t.Errorf("portico_held_errors_total{reason=truncated} = %v, want 1", got)
+	}
+	// UDP flows go first, whoever holds them: a spoofed source makes them.
+	udp := list("10.0.0.1", 3)
+	for i := range udp.held {
+		udp.held[i].Flow.Protocol = 17
+	}
+	lists = map[netip.Addr]*peerHeld{a: udp, b: list("10.0.0.2", 3), c: list("10.0.0.3", 1)}
+	h.bound(lists)
+	if len(lists[a].held) != 1 || len(lists[b].held) != 3 || len(lists[c].held) != 1 {
+		t.Errorf("bound to 5 with a's 3 UDP flows: %d, %d, %d listed, want 1 (UDP), 3, 1 (TCP)", len(lists[a].held), len(lists[b].held), len(lists[c].held))
+	}
+}
+
+// TestUDPIdle: a group's UDP flows are listed while they may still be in an
+// nginx session: the longest idle timeout of its L4 Services' UDP ports.
+func TestUDPIdle(t *testing.T) {
+	snap := model.Snapshot{Services: []model.Service{
+		{Name: "a/tcp", Group: "edge/web", Ports: []model.ServicePort{{Protocol: model.TCP, Port: 5432}}, UDPIdleTimeout: 3600},
+		{Name: "a/dns", Group: "edge/web", Ports: []model.ServicePort{{Protocol: model.UDP, Port: 53}}},
+		{Name: "a/game", Group: "edge/web", Ports: []model.ServicePort{{Protocol: model.UDP, Port: 7777}}, UDPIdleTimeout: 120},
+		{Name: "b/game", Group: "edge/other", Ports: []model.ServicePort{{Protocol: model.UDP, Port: 7777}}, UDPIdleTimeout: 900},
+	}}
+	if got := udpIdle(snap, "edge/web"); got != 2*time.Minute {
+		t.Errorf("edge/web: %v, want 2m (a/game's; a/tcp has no UDP port)", got)
+	}
+	snap.Services = snap.Services[:2]
+	if got := udpIdle(snap, "edge/web"); got != model.DefaultUDPIdleTimeout*time.Second {
+		t.Errorf("edge/web with a/dns alone: %v, want the default %ds", got, model.DefaultUDPIdleTimeout)
+	}
+	if got := udpIdle(snap, "edge/none"); got != 0 {
+		t.Errorf("a group without UDP: %v, want 0", got)
 	}
 }

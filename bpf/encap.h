@@ -133,6 +133,17 @@ static __always_inline __u32 self_tag(void)
 	return me && me->set && me->tags ? addr_tag(me->addr) + 1 : 0;
 }
 
+/* udp_tags reports whether a UDP frame of this node's carries its tag: where
+ * tags of that width tell every replica apart (self_addr.tags; v4: an IPv4
+ * frame, whose tag is 12 bits). */
+static __always_inline int udp_tags(int v4)
+{
+	__u32 zero = 0;
+	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
+
+	return me && me->set && (me->tags & (v4 ? SELF_TAGS_SHORT : SELF_TAGS));
+}
+
 /* tag_word is the 16-bit word of the IP header that carries a tag, 0 if none. */
 static __always_inline __u8 *tag_word(void *data, void *data_end)
 {
@@ -195,6 +206,114 @@ static __always_inline __u32 sender_tag(struct ethhdr *eth, __u32 *m)
 		return 0;
 	*m |= LB_MARK_TAG;
 	return *t + 1;
+}
+
+/* The UDP walk's mark (bpf/README.md, "UDP"). UDP has no bits a stack ignores,
+ * so 4 bits ride in the IP header, between the edges of a site only, beside the
+ * director's tag: in IPv4 the reserved flag (RFC 791: zero) says the frame is
+ * marked, and the identification carries the mark in its top 4 bits and the
+ * tag's last 12 (a shorter tag: UDP_TAG_SHORT); in IPv6 the flow label's top
+ * 4 bits (its low 16 are the tag; only ECMP hashes and a reflecting stack read
+ * it). A director writes them on every UDP frame it sends another edge (0, or
+ * no reserved flag, for none), so a client's label or flag is never taken for
+ * a mark, and the receiving edge clears them before its stack sees the frame.
+ * An edge of an earlier version reads none of it: it serves the frame. 0: none
+ * (a director chose the receiver: it serves it); 1 to UDP_MAX_HOPS: walked, the
+ * hand-offs so far, with UDP_MARK_TAGGED if the director's tag is there;
+ * UDP_MARK_FINAL: serve it (a new flow: nobody along its chain had it). */
+#define UDP_MARK_TAGGED 8
+#define UDP_MARK_FINAL 15
+#define UDP_MAX_HOPS 6
+#define IPV4_RESERVED 0x8000
+#define UDP_TAG_SHORT (1U << 20) /* in a tag + 1: it names the last 12 bits */
+
+/* udp_mark_word is the 16-bit word of the IP header a UDP frame's mark is in
+ * (the IPv4 identification, the IPv6 header's first), or 0 if the frame is no
+ * UDP datagram of IPv4 or IPv6 (v4: an IPv4 one). */
+static __always_inline __u8 *udp_mark_word(void *data, void *data_end, int *v4)
+{
+	struct ethhdr *eth = data;
+	__u8 *ip = (__u8 *)(eth + 1);
+
+	*v4 = 0;
+	if (eth->h_proto == bpf_htons(ETH_P_IP)) {
+		*v4 = 1;
+		return (void *)(ip + 20) <= data_end && ip[9] == IPPROTO_UDP ? ip + 4 : 0;
+	}
+	if (eth->h_proto == bpf_htons(ETH_P_IPV6))
+		return (void *)(ip + 40) <= data_end && ip[6] == IPPROTO_UDP ? ip : 0; /* the label's top bits: ip[1] */
+	return 0;
+}
+
+/* udp_mark reads a UDP frame's mark (0 for none, or a frame that cannot carry
+ * one). */
+static __always_inline __u32 udp_mark(void *data, void *data_end)
+{
+	int v4;
+	__u8 *w = udp_mark_word(data, data_end, &v4);
+
+	if (!w)
+		return 0;
+	if (v4)
+		return w[2] & (IPV4_RESERVED >> 8) ? w[0] >> 4 : 0;
+	return w[1] & 0x0f;
+}
+
+/* udp_tag is the director's tag + 1 a UDP frame marked m carries (IPv4: its
+ * last 12 bits, with UDP_TAG_SHORT), 0 for none. */
+static __always_inline __u32 udp_tag(void *data, void *data_end, __u32 m)
+{
+	int v4;
+	__u8 *w = udp_mark_word(data, data_end, &v4);
+
+	if (!w || !(m & UDP_MARK_TAGGED) || m == UDP_MARK_FINAL)
+		return 0;
+	if (v4)
+		return ((((__u32)w[0] & 0x0f) << 8 | w[1]) + 1) | UDP_TAG_SHORT;
+	return get_tag(data, data_end, LB_MARK_TAG);
+}
+
+/* put_udp_mark writes mark (0 clears it) and, with mark & UDP_MARK_TAGGED,
+ * tag (a tag + 1, 0 for none) into a UDP frame's IP header, the IPv4 header
+ * checksum kept right. An IPv4 frame without a mark is left as it came but for
+ * the reserved flag. */
+static __always_inline void put_udp_mark(void *data, void *data_end, __u32 mark, __u32 tag)
+{
+	struct ethhdr *eth = data;
+	__u8 *ip = (__u8 *)(eth + 1);
+	int v4;
+	__u8 *w = udp_mark_word(data, data_end, &v4);
+	__u16 oid, nid, oflags, nflags, check;
+
+	if (!w)
+		return;
+	if (!v4) {
+		w[1] = (w[1] & 0xf0) | (mark & 0x0f);
+		if ((mark & UDP_MARK_TAGGED) && mark != UDP_MARK_FINAL && tag)
+			put_tag(data, data_end, tag - 1);
+		return;
+	}
+	if ((void *)(ip + 20) > data_end)
+		return;
+	oid = (__u16)ip[4] << 8 | ip[5];
+	oflags = (__u16)ip[6] << 8 | ip[7];
+	nid = oid;
+	nflags = oflags & ~IPV4_RESERVED;
+	if (mark) {
+		nflags |= IPV4_RESERVED;
+		nid = (mark & 0x0f) << 12 | (nid & 0x0fff);
+		if ((mark & UDP_MARK_TAGGED) && mark != UDP_MARK_FINAL && tag)
+			nid = (nid & 0xf000) | ((tag - 1) & 0x0fff);
+	}
+	if (oid == nid && oflags == nflags)
+		return;
+	check = csum16(csum16((__u16)ip[10] << 8 | ip[11], oid, nid), oflags, nflags);
+	ip[4] = nid >> 8;
+	ip[5] = nid & 0xff;
+	ip[6] = nflags >> 8;
+	ip[7] = nflags & 0xff;
+	ip[10] = check >> 8;
+	ip[11] = check & 0xff;
 }
 
 /* to_site sends a packet to another site's edge (a BACKEND_F_REMOTE backend) in

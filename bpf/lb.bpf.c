@@ -63,21 +63,21 @@ int xdp_lb(struct xdp_md *ctx)
 	struct vip_counters *vs;
 	struct backend_counters *bs;
 	__u64 now = 0, len = data_end - data;
-	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS;
+	int rc, pins, mv = 0, guess = 0, tunneled = 0, sp = PIN_HOLDS, udp = 0;
 	__u32 fmark = 0, ftag = 0;
 	__u8 *th;
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
+	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
+	if (!cfg)
+		return count(REASON_NO_BACKEND, XDP_PASS);
 	if (eth->h_proto == bpf_htons(ETH_P_IP))
 		rc = parse_ipv4(eth + 1, data_end, &p);
 	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
 		rc = parse_ipv6(eth + 1, data_end, &p);
 	else
 		return count(REASON_NOT_IP, XDP_PASS);
-	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
-	if (!cfg)
-		return count(REASON_NO_BACKEND, XDP_PASS);
 	if (rc != PARSE_OK) {
 		/* Another site's edge sent here, in a tunnel, a packet of a connection
 		 * this site holds: steered here as if it came from a router, but
@@ -227,8 +227,8 @@ int xdp_lb(struct xdp_md *ctx)
 			bpf_map_delete_elem(&new_pins, &p.flow);
 			fv = 0;
 		} else if ((fv = pins || held_live(&now) ? bpf_map_lookup_elem(&flows, &p.flow) : 0) &&
-			   (be = active_backend(fv->backend_id)) && kept(be, &p.flow) &&
-			   !(mv && fv->hop) && !(mv && (be->flags & BACKEND_F_DOWN) && in_history(ch, fv->backend_id)) &&
+			   (be = active_backend(fv->backend_id)) && !(mv && fv->hop) &&
+			   !(mv && (be->flags & BACKEND_F_DOWN) && p.flow.proto == IPPROTO_TCP && in_history(ch, fv->backend_id)) &&
 			   !(sp = stale_pin(ctx, eth, &p, be))) {
 			/* A pin counts, but for a guess (or where this node handed
 			 * the flow on) while the flow's chain is known: the chain is
@@ -238,7 +238,10 @@ int xdp_lb(struct xdp_md *ctx)
 			 * a pin to a replica called down that the chain names: the
 			 * pin may be stale, made for an ended connection on the same
 			 * 5-tuple, its replica dead, and the walk asks the serving
-			 * replicas first and the pinned one in its turn. */
+			 * replicas first and the pinned one in its turn. A UDP
+			 * flow's pin holds whatever its replica is called: only
+			 * its holder's report makes one, and a UDP walk asks
+			 * none called down (udp_walk). */
 			bid = fv->backend_id;
 			pin = CACHE_PINNED;
 			/* Its replica learns the frame came by a pin: one without the
@@ -299,14 +302,15 @@ int xdp_lb(struct xdp_md *ctx)
 					pin = CACHE_PINNED;
 					write = CACHE_PINNED;
 				}
-			} else if (mv && ch && p.flow.proto == IPPROTO_TCP) {
+			} else if (mv && ch && (p.flow.proto == IPPROTO_TCP || (udp = p.flow.proto == IPPROTO_UDP && !tunneled && !p.icmp_error))) {
 				/* Along its chain: this node's stack settles its own
 				 * replica; the first other one is asked (its node
 				 * hands on what it does not have, from_director). A
-				 * site's edge comes last, never for what a site sent. */
+				 * site's edge comes last, never for what a site sent,
+				 * nor for UDP (udp_walk). */
 				__u32 found;
 
-				ch->sites = !tunneled;
+				ch->upto = udp ? 1 : tunneled ? 2 : LB_CLASSES;
 				__builtin_memset(ch->from, 0, sizeof(ch->from));
 				build_chain(ch);
 				struct backend *fb;
@@ -325,10 +329,25 @@ int xdp_lb(struct xdp_md *ctx)
 					write = CACHE_PINNED;
 					guess = !(fb->flags & BACKEND_F_LOCAL);
 				}
-			} else if (be && pbid != bid && kept(be, &p.flow) && !(be->flags & BACKEND_F_REMOTE)) {
-				/* A UDP flow cannot be told from a new one: in a moved
-				 * slot it is taken for an older one (never another
-				 * site's: only TCP is handed over). */
+				/* A walked UDP flow is walked at every datagram while
+				 * the transition lasts (nothing tells where its walk
+				 * ends): neither pinned nor cached. One that is not
+				 * (no other replica of its chain to ask, or this
+				 * node's stack served it) is pinned where it goes, as
+				 * a new connection is: a chain that names others later
+				 * (a replica back) must not walk it away. */
+				if (udp && fmark) {
+					write = CACHE_UNPINNED;
+					ce = 0;
+				} else if (udp) {
+					pin = CACHE_PINNED;
+					write = CACHE_PINNED;
+				}
+			} else if (be && pbid != bid && !(be->flags & (BACKEND_F_REMOTE | BACKEND_F_DOWN))) {
+				/* A UDP datagram that is not walked (another site
+				 * sent it, or it is an ICMP error): in a moved slot it
+				 * is taken for an older flow's, if its replica serves
+				 * (never another site's: only TCP is handed over). */
 				bid = pbid;
 				pin = CACHE_PINNED;
 				write = CACHE_PINNED;
@@ -420,8 +439,10 @@ forward:
 	/* What a client set in the mark's bits is no mark (reserved bits, which
 	 * a stack ignores), and what another site sent is served where it goes,
 	 * not handed on. */
-	if (be->flags & BACKEND_F_LOCAL)
+	if (be->flags & BACKEND_F_LOCAL) {
+		saw_udp(&p, &now);
 		return serve_here(data, data_end, &p);
+	}
 	th = tcp_hdr(data, data_end, &p);
 	/* The parser's reads proved at least an Ethernet header is there. */
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
@@ -436,6 +457,13 @@ forward:
 		put_mark(th, tunneled ? LB_MARK_FINAL : walked ? fmark : 0);
 		if (walked && (fmark & LB_MARK_TAG))
 			put_tag(data, data_end, ftag - 1);
+	} else if (!th && p.flow.proto == IPPROTO_UDP && !p.icmp_error && !tunneled) {
+		/* Every UDP frame to another edge says whether it is walked
+		 * (a client's flow label or reserved flag is no mark), with
+		 * this node's tag where tags of its width are on (udp_tags). */
+		int tagged = udp && (fmark & LB_MARK_TAG) && udp_tags(eth->h_proto == bpf_htons(ETH_P_IP));
+
+		put_udp_mark(data, data_end, udp && fmark ? 1 | (tagged ? UDP_MARK_TAGGED : 0) : 0, tagged ? ftag : 0);
 	}
 	return count(REASON_TX, XDP_TX);
 }

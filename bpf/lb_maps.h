@@ -109,6 +109,17 @@ struct {
 	__type(value, struct flow_val);
 } new_pins SEC(".maps");
 
+/* UDP flows this node's stack served (struct udp_seen_val), for its holder's
+ * report (agent/held.go): a table of its own, so a flood of spoofed datagrams
+ * evicts only its like. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, LB_UDP_SEEN);
+	__uint(map_flags, BPF_F_NO_COMMON_LRU);
+	__type(key, struct flow_key);
+	__type(value, struct udp_seen_val);
+} udp_seen SEC(".maps");
+
 /* pin_clock[0]: when a flow was last pinned, or a pinned flow last seen (coarse
  * ns). While no pin was touched for LB_PIN_IDLE_SEC, flows is not even looked at. */
 struct {
@@ -232,11 +243,13 @@ struct {
  * that serve, then the ones the liveness checks call down (a replica called dead
  * wrongly keeps its connections; one that is dead is asked last, so no
  * survivor's connection is ever sent to it), then another site's edge (a
- * hand-over; only with sites). A chain is walked in the order (class, address),
+ * hand-over; as upto says). A chain is walked in the order (class, address),
  * which needs no two edges to hold the same history: see chain_next. */
 struct chain {
 	__u32 h[LB_CHAIN];   /* in: what each ring holds for the flow, 0 for none */
-	__u32 sites;         /* in: another site's edge may be in it */
+	__u32 upto;          /* in: the classes it may hold: LB_CLASSES (another
+			      * site's edge too), 2 (this site's), 1 (replicas
+			      * called serving only: a UDP walk's) */
 	__u8 from[8];        /* in: the MAC of the edge that sent the frame on
 			      * (zero for a client's): never walked back to */
 	__u32 n;             /* out: replicas in id */

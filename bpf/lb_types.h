@@ -17,6 +17,7 @@ enum lb_limits {
 	LB_MAX_BACKENDS = 4096,  /* backends (one per VIP address and replica) */
 	LB_DEFAULT_FLOWS = 262144,  /* pinned flows (flows) */
 	LB_NEW_PINS = 65536,        /* new connections remembered in a ring transition */
+	LB_UDP_SEEN = 65536,        /* UDP flows this node's stack served (udp_seen) */
 	LB_DEFAULT_RING = 4099,   /* Maglev ring slots (a prime): dataplane.DefaultRingSize */
 	LB_RING_CHUNK = 32,       /* ring slots per element of a ring map */
 	LB_RING_LAYOUT = 3,       /* lb_config.ring_layout of this version's rings (2: a slot
@@ -76,13 +77,20 @@ enum lb_limits {
 
 /* self_addr: this node's own replica address, set by Go: where it stands in the
  * order a chain is walked. */
+enum self_tags {
+	SELF_TAGS = 1,
+	SELF_TAGS_SHORT = 2,
+};
+
 struct self_addr {
 	__u8 addr[16];
 	__u32 set;  /* 0 until Go knows it */
-	__u32 tags; /* 1: the last 16 bits of an address tell apart every replica
-		     * and edge this node knows (addr_tag): a walk carries its
-		     * director's, and skips it */
+	enum self_tags tags; /* SELF_TAGS: the last 16 bits of an address tell apart every
+		     * replica and edge this node knows (addr_tag): a walk carries
+		     * its director's, and skips it; SELF_TAGS_SHORT: the last 12
+		     * do too (an IPv4 UDP walk's tag) */
 };
+
 
 /* tag_macs: tag (addr_tag) -> the MAC of the other edge of this site with that
  * tag. */
@@ -198,6 +206,15 @@ struct flow_val {
 			     * path every 64 packets */
 };
 
+/* udp_seen: a UDP flow this node's stack served, in the client's direction: when
+ * its first and its last packet came (coarse ns; the last refreshed at most once
+ * a second). UDP leaves no socket per flow to list (nginx's listeners are
+ * unconnected), so this is what a holder's report lists for UDP. */
+struct udp_seen_val {
+	__u64 first_ns;
+	__u64 last_ns;
+};
+
 /* rings_meta: per VIP id, the previous ring's lease. prev_rings[id] is consulted
  * while bpf_ktime_get_coarse_ns() < prev_until_ns (Go writes it with the ring).
  * The mid rings are a circle of LB_MID_RINGS places per VIP: the k-th newest
@@ -296,6 +313,9 @@ enum reason {
 				  * one the walk's edges call down and this node
 				  * does not (their verdicts differ): served there
 				  * if it has it, never sent on */
+	REASON_UDP_NEW,          /* a UDP datagram no replica of its chain served
+				  * before (a new flow, or its holder is gone): sent
+				  * to the current ring's replica, served there */
 	REASON_MAX,              /* <= LB_MAX_REASONS */
 };
 

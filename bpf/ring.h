@@ -133,15 +133,4 @@ static __always_inline struct backend *active_backend(__u32 id)
 	return be && (be->flags & BACKEND_F_ACTIVE) ? be : 0;
 }
 
-/* kept reports whether a flow that names backend be stays with it. A replica the
- * liveness checks call down keeps its TCP connections (they are lost either way
- * if it is dead, and kept if the check was wrong), but not other flows: without
- * a handshake nothing tells a new UDP flow from an old one, so keeping them would
- * send every new flow of its slots to a dead node for as long as the transition
- * lasts; picked again, a DNS query or a new QUIC connection is answered. */
-static __always_inline int kept(const struct backend *be, const struct flow_key *f)
-{
-	return !(be->flags & BACKEND_F_DOWN) || f->proto == IPPROTO_TCP;
-}
-
 #endif /* PORTICO_RING_H */

@@ -32,8 +32,8 @@ __attribute__((noinline)) int build_chain(struct chain *c)
 		cls[i] = (be->flags & BACKEND_F_REMOTE) ? 2 : (be->flags & BACKEND_F_DOWN) ? 1 : 0;
 		if (cls[i] == 1)
 			c->downs |= down_bit(be);
-		if (cls[i] == 2 && !c->sites)
-			cls[i] = LB_CLASSES;
+		if (cls[i] >= c->upto && !(be->flags & BACKEND_F_LOCAL))
+			cls[i] = LB_CLASSES; /* (this node's own is asked of its stack) */
 		for (int j = 0; j < i; j++)
 			if (c->h[j] == c->h[i])
 				cls[i] = LB_CLASSES;
@@ -78,6 +78,8 @@ static __always_inline int above(__u32 cl, const struct backend *be, __u32 after
  * what this node (me) knows: only where tags tell every replica apart. */
 static __always_inline int is_tagged(const struct backend *be, __u32 tag, const struct self_addr *me)
 {
+	if (tag & UDP_TAG_SHORT) /* an IPv4 UDP walk's: its last 12 bits */
+		return me && (me->tags & SELF_TAGS_SHORT) && (addr_tag(be->addr) & 0x0fff) + 1 == (tag & ~UDP_TAG_SHORT);
 	return tag && me && me->tags && addr_tag(be->addr) + 1 == tag;
 }
 
@@ -132,9 +134,9 @@ __attribute__((noinline)) int chain_next(struct chain *c, __u32 after, __u32 tag
 	return pick;
 }
 
-/* first_held is where a director sends a TCP packet of a flow along its built
+/* first_held is where a director sends a packet of a flow along its built
  * chain: this node's own replica if its stack has the connection (v4: an IPv4
- * flow), else the first other replica in the order chains are walked, which
+ * flow; a UDP flow: if it served it, udp_seen), else the first other replica in the order chains are walked, which
  * walks on from there if it does not have it. 0 if the chain names only this
  * node; c->pick is the index of the one picked. A global function, like
  * build_chain. */
@@ -153,7 +155,7 @@ __attribute__((noinline)) int first_held(struct xdp_md *ctx, struct chain *c, st
 		be = active_backend(c->id[i]);
 		if (!be || !(be->flags & BACKEND_F_LOCAL))
 			continue;
-		if (has_connection(ctx, v4, f, ack)) {
+		if (f->proto == IPPROTO_UDP ? bpf_map_lookup_elem(&udp_seen, f) != 0 : has_connection(ctx, v4, f, ack)) {
 			c->pick = i;
 			return c->id[i];
 		}
@@ -263,14 +265,37 @@ static __always_inline int stale_pin(struct xdp_md *ctx, const struct ethhdr *et
 	return local ? PIN_ENDED : PIN_HERE;
 }
 
+/* saw_udp records a UDP datagram of a VIP flow that this node's stack serves
+ * (udp_seen), for its holder's report: one lookup, and a write at most once a
+ * second per flow. */
+static __always_inline void saw_udp(const struct parsed *p, __u64 *now)
+{
+	struct udp_seen_val *v;
+
+	if (p->flow.proto != IPPROTO_UDP || p->icmp_error)
+		return;
+	v = bpf_map_lookup_elem(&udp_seen, &p->flow);
+	if (!v) {
+		struct udp_seen_val nv = { .first_ns = clock(now), .last_ns = clock(now) };
+
+		bpf_map_update_elem(&udp_seen, &p->flow, &nv, BPF_NOEXIST);
+	} else if (clock(now) - v->last_ns > NSEC_PER_SEC) {
+		v->last_ns = *now;
+	}
+}
+
 /* serve_here passes a frame to this node's stack, without the mark bits a
- * client may have set (reserved bits, which a stack ignores). */
+ * client may have set (reserved bits, which a stack ignores), or an edge this
+ * node does not know as a peer yet (an IPv4 UDP walk's reserved flag). */
 static __always_inline int serve_here(void *data, void *data_end, const struct parsed *p)
 {
 	__u8 *th = tcp_hdr(data, data_end, p);
+	struct ethhdr *eth = data;
 
 	if (th && marked(th))
 		put_mark(th, 0);
+	else if (!th && p->flow.proto == IPPROTO_UDP && eth->h_proto == bpf_htons(ETH_P_IP))
+		put_udp_mark(data, data_end, 0, 0);
 	return count(REASON_LOCAL, XDP_PASS);
 }
 
@@ -320,6 +345,103 @@ static __always_inline int rescue(struct xdp_md *ctx, struct ethhdr *eth, __u8 *
 	return hand_on(ctx, eth, th, be, settling(vip_id, now) ? LB_MARK_RESCUE_WAIT : LB_MARK_RESCUE, cfg);
 }
 
+/* chain_here builds in ch the chain of a flow another edge sent here, as this
+ * node's rings give it: the transition's rings (inside), else its one ring's
+ * replica; the classes it may hold: upto (chain.upto); from the edge that walked it here
+ * (0: a director steered it, unmarked). This node's pin of the flow (its
+ * director's, a holder's report, or where it handed the flow on before) is in
+ * the chain too, where there is room: its rings may never have named where the
+ * connection lives (its verdicts differed then, or its transition ended), and
+ * the walk goes there in its turn. It returns that pin (0: none), its entry in
+ * *pv. */
+static __always_inline __u32 chain_here(struct chain *ch, const struct flow_key *flow, __u32 vip_id,
+					const struct lb_config *cfg, int inside, __u32 upto, const __u8 *from,
+					struct flow_val **pv)
+{
+	__u32 hash = flow_hash(flow, cfg->seed), pin;
+	struct flow_val *fv;
+
+	ch->h[0] = inside ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : 0;
+	ch->h[1] = pick_from_ring(&rings, vip_id, hash, cfg);
+	ch->upto = upto;
+	if (from)
+		__builtin_memcpy(ch->from, from, ETH_ALEN);
+	else
+		__builtin_memset(ch->from, 0, sizeof(ch->from));
+	if (inside)
+		fill_history(ch, vip_id, hash);
+	else
+		__builtin_memset(&ch->h[2], 0, sizeof(ch->h) - 2 * sizeof(ch->h[0]));
+	fv = bpf_map_lookup_elem(&flows, flow);
+	*pv = fv;
+	pin = fv ? fv->backend_id : 0;
+	if (pin) {
+		if (!inside)
+			ch->h[0] = pin;
+		else if (!ch->h[LB_CHAIN - 1])
+			ch->h[LB_CHAIN - 1] = pin;
+	}
+	build_chain(ch);
+	return pin;
+}
+
+/* udp_walk handles a UDP datagram of a VIP flow another edge sent here, its
+ * mark (udp_mark) taken off. UDP leaves no socket per flow, so udp_seen (the
+ * flows this node's stack served) stands for one. Served here if it is not
+ * walked (a director chose this node: a new flow, or one it holds), is to be
+ * served (UDP_MARK_FINAL), or was seen here; else on along the chain its rings
+ * give (chain_here), from where this node stands in it (its own class) upwards,
+ * never to the director (the tag) nor the edge that walked it here, one
+ * hand-off more (UDP_MAX_HOPS at most). At the chain's end nobody had it: a new
+ * flow (or one whose holder is gone), sent to the current ring's replica to be
+ * served there, where every director sends it once the transition is over.
+ * Never dropped: a new flow's first datagram (a DNS query) is not sent again
+ * soon. */
+static __always_inline int udp_walk(struct ethhdr *eth, void *data_end, const struct parsed *p,
+				    const struct lb_config *cfg, __u32 vip_id)
+{
+	__u32 zero = 0, m = udp_mark(eth, data_end), hops = m & (UDP_MARK_TAGGED - 1), tag, after = 1;
+	struct flow_val *fv;
+	struct chain *ch;
+	struct backend *be;
+	__u64 now = 0;
+	int j;
+
+	tag = udp_tag(eth, data_end, m);
+	if (!m || m == UDP_MARK_FINAL || !hops || hops > UDP_MAX_HOPS ||
+	    bpf_map_lookup_elem(&udp_seen, &p->flow) || !(ch = bpf_map_lookup_elem(&chains, &zero))) {
+		put_udp_mark(eth, data_end, 0, 0);
+		saw_udp(p, &now);
+		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
+	}
+	chain_here(ch, &p->flow, vip_id, cfg, prev_live(vip_id, &now), 1, eth->h_source, &fv);
+	for (int i = 0; i < LB_CHAIN; i++) {
+		if (i >= ch->n)
+			break;
+		be = active_backend(ch->id[i]);
+		if (be && (be->flags & BACKEND_F_LOCAL))
+			after = ch->cls[i] + 1;
+	}
+	j = hops < UDP_MAX_HOPS ? chain_next(ch, after, tag) : -1;
+	be = j >= 0 ? active_backend(ch->id[(__u32)j & (LB_CHAIN - 1)]) : 0;
+	if (be) {
+		put_udp_mark(eth, data_end, (m & UDP_MARK_TAGGED) | (hops + 1), tag);
+		count(REASON_HANDOFF, 0);
+	} else {
+		be = ch->h[1] ? active_backend(ch->h[1]) : 0;
+		if (!be || (be->flags & (BACKEND_F_LOCAL | BACKEND_F_REMOTE | BACKEND_F_DOWN))) {
+			put_udp_mark(eth, data_end, 0, 0);
+			saw_udp(p, &now);
+			return count(REASON_HANDOFF_END, XDP_PASS);
+		}
+		put_udp_mark(eth, data_end, UDP_MARK_FINAL, 0);
+		count(REASON_UDP_NEW, 0);
+	}
+	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
+	__builtin_memcpy(eth->h_source, cfg->mac, ETH_ALEN);
+	return count(REASON_TX, XDP_TX);
+}
+
 /* from_director handles a frame another edge sent here: a director that chose
  * this node, or an edge handing on a packet it did not have (marked). This node
  * serves it, unless it is a packet of a TCP connection its stack does not have.
@@ -333,7 +455,7 @@ static __always_inline int rescue(struct xdp_md *ctx, struct ethhdr *eth, __u8 *
 static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth, void *data_end,
 					 const struct parsed *p, const struct lb_config *cfg, int stranger)
 {
-	__u32 vip_id, hash, m = 0, zero = 0, hops, tag, pin;
+	__u32 vip_id, m = 0, zero = 0, hops, tag, pin;
 	__u8 *th = tcp_hdr(eth, data_end, p);
 	struct chain *ch;
 	struct backend *be;
@@ -341,6 +463,8 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	__u64 now = 0;
 	int relays, j, inside = 1;
 
+	if (!th && !p->icmp_error && p->flow.proto == IPPROTO_UDP && lookup_vip(&p->flow, cfg, &vip_id) == 1)
+		return udp_walk(eth, data_end, p, cfg, vip_id);
 	if (th && (m = get_mark(th)))
 		put_mark(th, 0);
 	if (m == LB_MARK_FINAL)
@@ -445,41 +569,20 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	ch = bpf_map_lookup_elem(&chains, &zero);
 	if (!ch)
 		return count(REASON_FROM_PEER, XDP_PASS);
-	hash = flow_hash(&p->flow, cfg->seed);
-	ch->h[0] = inside ? pick_from_ring(&prev_rings, vip_id, hash, cfg) : 0;
-	ch->h[1] = pick_from_ring(&rings, vip_id, hash, cfg);
-	ch->sites = 1;
 	/* An edge that walked the frame here asked its own stack; a director
 	 * that steered it unmarked did not, and may have it. */
-	if (m)
-		__builtin_memcpy(ch->from, eth->h_source, ETH_ALEN);
-	else
-		__builtin_memset(ch->from, 0, sizeof(ch->from));
-	if (inside)
-		fill_history(ch, vip_id, hash);
-	else
-		__builtin_memset(&ch->h[2], 0, sizeof(ch->h) - 2 * sizeof(ch->h[0]));
-	/* This node's pin of the flow (its director's, a holder's report, or
-	 * where it handed the flow on before) is in the chain too, where there
-	 * is room: its rings may never have named where the connection lives
-	 * (its verdicts differed then, or its transition ended), and the walk
-	 * goes there in its turn. */
-	fv = bpf_map_lookup_elem(&flows, &p->flow);
-	pin = fv ? fv->backend_id : 0;
-	if (pin) {
-		if (!inside)
-			ch->h[0] = pin;
-		else if (!ch->h[LB_CHAIN - 1])
-			ch->h[LB_CHAIN - 1] = pin;
-	}
-	build_chain(ch);
+	pin = chain_here(ch, &p->flow, vip_id, cfg, inside, LB_CLASSES, m ? eth->h_source : 0, &fv);
 	j = hops < LB_MAX_HOPS ? chain_next(ch, m & 0xff, tag) : -1;
 	if (j >= 0) {
 		__u32 k = (__u32)j & (LB_CHAIN - 1), id = ch->id[k], cls = ch->cls[k] + 1;
 		struct flow_val nv = { .backend_id = id, .hop = cls, .last_seen_ns = clock(&now) };
 
 		if ((be = active_backend(id))) {
-			bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
+			/* A pin without a hop (a holder's report, or this
+			 * node's own as a director) says where the connection
+			 * is, more than where a walk went on: it stays. */
+			if (!fv || fv->hop)
+				bpf_map_update_elem(&flows, &p->flow, &nv, BPF_ANY);
 			seen(&relay_clock, now);
 			if (tag)
 				put_tag(eth, data_end, tag - 1);

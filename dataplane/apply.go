@@ -46,9 +46,9 @@ type applied struct {
 	handing map[uint32][]uint32
 	tunnel  netip.Addr
 	// self: this node's own replica address, as self_addr holds it, and
-	// whether tags are on (selfAddrOf).
+	// which tags are on (tagsExact).
 	self netip.Addr
-	tags bool
+	tags lbSelfTags
 	// tagMACs: what tag_macs holds (not pinned: empty after a restart).
 	tagMACs map[uint32]lbTagMac
 }
@@ -83,7 +83,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	// A backend whose tag is another's turns tags off before any ring names it.
 	self := selfOf(want, d.st.self)
 	if self.IsValid() {
-		if err := d.setSelf(&d.st, self, d.st.tags && tagsExact(self, d.st.backends, plan.backends)); err != nil {
+		if err := d.setSelf(&d.st, self, d.st.tags&tagsExact(self, d.st.backends, plan.backends)); err != nil {
 			return stats, err
 		}
 	}

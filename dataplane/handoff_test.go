@@ -130,8 +130,8 @@ func TestHandoff(t *testing.T) {
 // packet of its slot to the serving replica first, whose node, without the
 // connection, hands it on to the down replica (so a wrong verdict breaks no
 // connection, and no survivor's connection is ever sent to a node that may be
-// dead). Once its MAC is unknown its flows are picked again; its UDP flows are
-// picked again at once (a draining replica keeps them).
+// dead). Once its MAC is unknown its flows are picked again; a UDP datagram is
+// not sent to it at all (bpf/README.md, "UDP").
 func TestDownIsAskedLast(t *testing.T) {
 	dr := newDirector(t, "d1")
 	r2node := newDirector(t, "r2's node")
@@ -154,20 +154,23 @@ func TestDownIsAskedLast(t *testing.T) {
 	if got := dr.send(t, syn(f), all...); got.Addr == r1.Addr {
 		t.Errorf("a new connection went to the down replica")
 	}
-	// A UDP flow cannot be told from a new one: one that the previous ring put
-	// on the down replica is picked again, not sent to a node that may be dead.
+	// A UDP walk asks no replica called down (a dead one would take every new
+	// flow's datagrams): a datagram of the down replica's slot goes to a
+	// serving one, which its director pins (it sent it by its ring alone),
+	// and it stays there once the replica only drains.
 	var u xdptest.Packet
 	for sport := uint16(23000); sport < 28000; sport++ {
 		if u = udp4(sport); pick(t, u, all...) == r1.Addr {
 			break
 		}
 	}
-	if got := dr.send(t, u, all...); got.Addr == r1.Addr {
-		t.Errorf("a UDP flow of the down replica's slot went to it (%s), want it picked again", got.Addr)
+	held := dr.send(t, u, all...)
+	if held.Addr == r1.Addr {
+		t.Errorf("a UDP flow of the down replica's slot went to it (%s), want a serving replica", held.Addr)
 	}
 	dr.apply(t, desired(draining(r1), r2, r4))
-	if got := dr.send(t, u, all...); got.Addr != r1.Addr {
-		t.Errorf("a UDP flow of a draining replica went to %s, want it kept on %s", got.Addr, r1.Addr)
+	if got := dr.send(t, u, all...); got.Addr != held.Addr {
+		t.Errorf("the UDP flow went to %s once r1 only drains, want it kept on %s (its director's pin)", got.Addr, held.Addr)
 	}
 	g := flowWhere(t, f.SPort+1, [][]Backend{all, {r2, r4}}, r1, r4)
 	noMAC := down(r1)

@@ -41,6 +41,31 @@ func (d *Dataplane) OffRing(self netip.Addr, flows []Flow, all bool) []Flow {
 	return out
 }
 
+// OwnUDP returns the UDP flows this node's stack served (xdp_lb's udp_seen),
+// in the client's direction, that lived at least lived (their first and last
+// datagrams that far apart: a DNS query's one or two do not) and sent one
+// within idle. UDP leaves no socket per flow (nginx's listeners are
+// unconnected), so these stand for its connections in the holder's report.
+func (d *Dataplane) OwnUDP(lived, idle time.Duration) ([]Flow, error) {
+	now := uint64(coarseNow())
+	var (
+		k   lbFlowKey
+		v   lbUdpSeenVal
+		out []Flow
+	)
+	it := d.objs.UdpSeen.Iterate()
+	for it.Next(&k, &v) {
+		if v.LastNs < v.FirstNs || v.LastNs-v.FirstNs < uint64(lived) || now > v.LastNs && now-v.LastNs > uint64(idle) {
+			continue
+		}
+		out = append(out, flowFromKey(k))
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read map udp_seen: %w", err)
+	}
+	return out, nil
+}
+
 // PinHeld makes each connection another edge reports holding (OffRing there)
 // a director's pin here, so that this node, directing it now or later, sends
 // its packets to its holder whatever the rings say: after its transition has
@@ -137,7 +162,7 @@ func (d *Dataplane) UnpinHeld(held []Held) (int, error) {
 // node knows both and the connection is TCP.
 func (d *Dataplane) heldID(h Held) (uint32, bool) {
 	vip, ok := d.st.vipIDs[h.Flow.Dst.Unmap()]
-	if !ok || h.Flow.Protocol != unix.IPPROTO_TCP {
+	if !ok || h.Flow.Protocol != unix.IPPROTO_TCP && h.Flow.Protocol != unix.IPPROTO_UDP {
 		return 0, false
 	}
 	id, ok := d.st.backendIDs[backendKey{vip: vip, addr: h.Holder.Unmap()}]

@@ -50,7 +50,7 @@ const (
 type lbChain struct {
 	_     structs.HostLayout
 	H     [16]uint32
-	Sites uint32
+	Upto  uint32
 	From  [8]uint8
 	N     uint32
 	Pick  uint32
@@ -104,6 +104,7 @@ const (
 	lbLbLimitsLB_MAX_BACKENDS     lbLbLimits = 4096
 	lbLbLimitsLB_DEFAULT_FLOWS    lbLbLimits = 262144
 	lbLbLimitsLB_NEW_PINS         lbLbLimits = 65536
+	lbLbLimitsLB_UDP_SEEN         lbLbLimits = 65536
 	lbLbLimitsLB_DEFAULT_RING     lbLbLimits = 4099
 	lbLbLimitsLB_RING_CHUNK       lbLbLimits = 32
 	lbLbLimitsLB_RING_LAYOUT      lbLbLimits = 3
@@ -174,7 +175,8 @@ const (
 	lbReasonREASON_SITE_STRANGER  lbReason = 23
 	lbReasonREASON_STRANGER_MARK  lbReason = 24
 	lbReasonREASON_HANDOFF_RESCUE lbReason = 25
-	lbReasonREASON_MAX            lbReason = 26
+	lbReasonREASON_UDP_NEW        lbReason = 26
+	lbReasonREASON_MAX            lbReason = 27
 )
 
 type lbRingMeta struct {
@@ -188,8 +190,15 @@ type lbSelfAddr struct {
 	_    structs.HostLayout
 	Addr [16]uint8
 	Set  uint32
-	Tags uint32
+	Tags lbSelfTags
 }
+
+type lbSelfTags uint32
+
+const (
+	lbSelfTagsSELF_TAGS       lbSelfTags = 1
+	lbSelfTagsSELF_TAGS_SHORT lbSelfTags = 2
+)
 
 type lbSitePeerKey struct {
 	_    structs.HostLayout
@@ -206,6 +215,12 @@ type lbTunnelCfg struct {
 	_    structs.HostLayout
 	Src4 [4]uint8
 	Pad  uint32
+}
+
+type lbUdpSeenVal struct {
+	_       structs.HostLayout
+	FirstNs uint64
+	LastNs  uint64
 }
 
 type lbVipCounters struct {
@@ -273,6 +288,7 @@ const (
 	lbMapSrcMacs            = "src_macs"
 	lbMapTagMacs            = "tag_macs"
 	lbMapTunnel             = "tunnel"
+	lbMapUdpSeen            = "udp_seen"
 	lbMapVipMemos           = "vip_memos"
 	lbMapVipStats           = "vip_stats"
 	lbMapVips               = "vips"
@@ -357,6 +373,7 @@ type lbMapSpecs struct {
 	SrcMacs      *ebpf.MapSpec `ebpf:"src_macs"`
 	TagMacs      *ebpf.MapSpec `ebpf:"tag_macs"`
 	Tunnel       *ebpf.MapSpec `ebpf:"tunnel"`
+	UdpSeen      *ebpf.MapSpec `ebpf:"udp_seen"`
 	VipMemos     *ebpf.MapSpec `ebpf:"vip_memos"`
 	VipStats     *ebpf.MapSpec `ebpf:"vip_stats"`
 	Vips         *ebpf.MapSpec `ebpf:"vips"`
@@ -417,6 +434,7 @@ type lbMaps struct {
 	SrcMacs      *ebpf.Map `ebpf:"src_macs"`
 	TagMacs      *ebpf.Map `ebpf:"tag_macs"`
 	Tunnel       *ebpf.Map `ebpf:"tunnel"`
+	UdpSeen      *ebpf.Map `ebpf:"udp_seen"`
 	VipMemos     *ebpf.Map `ebpf:"vip_memos"`
 	VipStats     *ebpf.Map `ebpf:"vip_stats"`
 	Vips         *ebpf.Map `ebpf:"vips"`
@@ -448,6 +466,7 @@ func (m *lbMaps) Close() error {
 		m.SrcMacs,
 		m.TagMacs,
 		m.Tunnel,
+		m.UdpSeen,
 		m.VipMemos,
 		m.VipStats,
 		m.Vips,

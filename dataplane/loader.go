@@ -220,7 +220,7 @@ func pinnedMaps(opts Options, ringsFit bool) []pins.Map {
 		out = append(out, pins.Map{Name: name, Meaning: ring, State: true, Legacy: ringsFit})
 	}
 	for _, name := range []string{lbMapRingChanged, lbMapVips, lbMapBackends, lbMapFlows, lbMapNewPins, lbMapPinClock, lbMapRelayClock,
-		lbMapHeldClock, lbMapLbCfg, lbMapPeers, lbMapSitePeers, lbMapTunnel} {
+		lbMapHeldClock, lbMapLbCfg, lbMapPeers, lbMapSitePeers, lbMapTunnel, lbMapUdpSeen} {
 		out = append(out, pins.Map{Name: name, State: true, Legacy: true})
 	}
 	for _, name := range []string{lbMapVipStats, lbMapBackendStats, lbMapReasonStats} {

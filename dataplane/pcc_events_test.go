@@ -364,6 +364,10 @@ func (w *pccWorld) close(i int) string {
 		if f.holder != i {
 			return false
 		}
+		if f.udp { // its nginx session ends
+			n++
+			return true
+		}
 		if err := w.nodes[i].d.objs.SockModel.Delete(&f.key); err != nil {
 			w.t.Fatalf("delete socket: %v", err)
 		}

@@ -71,6 +71,11 @@ func (n *pccNode) reset() error {
 			return fmt.Errorf("delete from sock_model: %w", err)
 		}
 	}
+	for d.objs.UdpSeen.NextKey(nil, &k) == nil {
+		if err := d.objs.UdpSeen.Delete(&k); err != nil {
+			return fmt.Errorf("delete from udp_seen: %w", err)
+		}
+	}
 	if err := d.objs.PinClock.Put(uint32(0), uint64(0)); err != nil {
 		return err
 	}
@@ -81,7 +86,7 @@ func (n *pccNode) reset() error {
 // checkFresh says what a node holds that a freshly loaded one does not.
 func (n *pccNode) checkFresh() error {
 	d := n.d
-	for _, m := range []*ebpf.Map{d.objs.Vips, d.objs.Flows, d.objs.NewPins, d.objs.SockModel, d.objs.Peers} {
+	for _, m := range []*ebpf.Map{d.objs.Vips, d.objs.Flows, d.objs.NewPins, d.objs.SockModel, d.objs.Peers, d.objs.UdpSeen} {
 		k, err := m.NextKeyBytes(nil)
 		if err != nil {
 			return err

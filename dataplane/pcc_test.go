@@ -21,6 +21,7 @@ var (
 	pccAll       = flag.Bool("pcc.all", false, "TestPCCModel: run every sequence and count the failing ones by class, instead of stopping at the first")
 	pccHeld      = flag.Bool("pcc.held", true, "TestPCCModel: after each event every edge reports the connections it holds off the current ring (Dataplane.OffRing) and every edge pins them (Dataplane.PinHeld), and unpins what a holder no longer reports (the agents' held reports); false: a measure of what they add")
 	pccSkew      = flag.Bool("pcc.skew", true, "TestPCCModel: also let one edge's verdict on a live replica differ from the others' for a while (it alone calls it down, or alone still calls it up): per-edge liveness verdicts differ for as long as their probes' answers do")
+	pccUDP       = flag.Bool("pcc.udp", true, "TestPCCModel: also open UDP flows (an L4 Service's): every datagram must reach the node its first went to")
 	pccExpire    = flag.Bool("pcc.expire", true, "TestPCCModel: also let every transition end between events (minutes pass without a change); with -pcc.held=false a measure of bpf/README.md's limits, which then break sequences (a connection silent through a whole transition, or carried only by the pin of a director that no longer directs)")
 )
 

@@ -67,18 +67,20 @@ type pccRingAt struct {
 
 // pccFlow is one client connection.
 type pccFlow struct {
-	id      int
-	pkt     xdptest.Packet
-	key     lbFlowKey
-	hash    uint32 // the router's ECMP hash
-	holder  int
-	via     int      // the director its SYN went to
-	after   int      // the event it was opened after (0: before the first)
-	closing bool     // its next packet is the client's FIN
-	reuses  *pccFlow // the ended connection whose 5-tuple it reuses, if any
-	late    int      // the node that lagged then, or -1
-	sent    int
-	history []string
+	id       int
+	pkt      xdptest.Packet
+	key      lbFlowKey
+	hash     uint32 // the router's ECMP hash
+	holder   int
+	via      int      // the director its SYN went to
+	after    int      // the event it was opened after (0: before the first)
+	closing  bool     // its next packet is the client's FIN
+	udp      bool     // a UDP flow (-pcc.udp): its holder is where its first datagram went
+	reported bool     // a UDP flow its holder has reported (syncHeld) since its first datagram
+	reuses   *pccFlow // the ended connection whose 5-tuple it reuses, if any
+	late     int      // the node that lagged then, or -1
+	sent     int
+	history  []string
 }
 
 type pccStats struct {
@@ -86,6 +88,8 @@ type pccStats struct {
 	twice                                                                                                                                        int // packets one edge sent on twice
 	twiceSkew                                                                                                                                    int // the same while verdicts differed (once per class)
 	skews, rescues                                                                                                                               int // verdicts one edge saw alone (-pcc.skew); packets a chain's end handed on once more (REASON_HANDOFF_RESCUE)
+	udpFlows                                                                                                                                     int // UDP flows opened (-pcc.udp)
+	udpLagMoved, udpDownMoved                                                                                                                    int // UDP flows moved: while an edge lagged; before their report, from a replica called down wrongly (bpf/README.md)
 	pinWalks                                                                                                                                     int // packets the replica a director's pin named sent on twice (bpf/README.md)
 }
 
@@ -104,6 +108,9 @@ func (s *pccStats) add(o pccStats) {
 	s.twiceSkew += o.twiceSkew
 	s.skews += o.skews
 	s.rescues += o.rescues
+	s.udpFlows += o.udpFlows
+	s.udpLagMoved += o.udpLagMoved
+	s.udpDownMoved += o.udpDownMoved
 	s.pinWalks += o.pinWalks
 	s.reused += o.reused
 	s.synLost += o.synLost
@@ -113,8 +120,8 @@ func (s *pccStats) add(o pccStats) {
 }
 
 func (s pccStats) String() string {
-	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d packets checked (%d sent on twice by one edge: none may be, but for %d by the replica a director's stale pin named, which walked them from the chain's start, and %d while verdicts differed, once in each class of the walk), %d hand-offs (%d rescues at a chain's end, %d verdicts one edge saw alone), SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
-		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.packets, s.twice, s.pinWalks, s.twiceSkew, s.handoffs, s.rescues, s.skews, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
+	return fmt.Sprintf("%d events (%d skewed, %d agent restarts, %d pods replaced), %d connections opened (%d in a transition; %d ended, %d reused a 5-tuple), %d UDP flows (moved: %d while an edge lagged, %d before their report from a replica called down wrongly), %d packets checked (%d sent on twice by one edge: none may be, but for %d by the replica a director's stale pin named, which walked them from the chain's start, and %d while verdicts differed, once in each class of the walk), %d hand-offs (%d rescues at a chain's end, %d verdicts one edge saw alone), SYNs lost %d, refused %d; packets lost (sent again by TCP) while an edge lagged %d, of a replica called down wrongly %d, by a stale pin to a dead node %d",
+		s.events, s.skewed, s.restarts, s.rolls, s.flows, s.inTransition, s.ended, s.reused, s.udpFlows, s.udpLagMoved, s.udpDownMoved, s.packets, s.twice, s.pinWalks, s.twiceSkew, s.handoffs, s.rescues, s.skews, s.synLost, s.synRefused, s.lagLost, s.downLost, s.stalePinLost)
 }
 
 // pccFailure is a packet that broke its connection.
@@ -266,7 +273,7 @@ func (w *pccWorld) syncHeld() {
 		}
 		var mine []Flow
 		for _, f := range w.flows {
-			if f.holder == i {
+			if f.holder == i && !f.udp {
 				mine = append(mine, flowFromKey(f.key))
 			}
 		}
@@ -275,6 +282,16 @@ func (w *pccWorld) syncHeld() {
 		// verdicts differ from its own (liveness.Checker.Differ) lists
 		// every connection it has.
 		off := n.d.OffRing(n.addr, mine, w.verdictsDiffer())
+		// UDP: every flow its xdp_lb saw its stack serve (udp_seen), on
+		// the ring or off it, as the agent lists them (Dataplane.OwnUDP).
+		udp, err := n.d.OwnUDP(0, 1<<62)
+		if err != nil {
+			w.t.Fatalf("list the UDP flows of %s: %v", w.name(i), err)
+		}
+		off = append(off, udp...)
+		for _, f := range w.flows {
+			f.reported = f.reported || f.udp && f.holder == i
+		}
 		var now []Held
 		for _, f := range off {
 			now = append(now, Held{Flow: f, Holder: n.addr})

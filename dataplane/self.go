@@ -9,16 +9,13 @@ import (
 )
 
 // setSelf writes this node's own replica address to self_addr, where chains
-// are walked from (chain_next), and whether tags are on, if st does not hold
-// them already.
-func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags bool) error {
+// are walked from (chain_next), and which tags are on (tagsExact), if st does
+// not hold them already.
+func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags lbSelfTags) error {
 	if st.self == self && st.tags == tags {
 		return nil
 	}
-	sa := lbSelfAddr{Addr: addr16(self), Set: 1}
-	if tags {
-		sa.Tags = 1
-	}
+	sa := lbSelfAddr{Addr: addr16(self), Set: 1, Tags: tags}
 	if err := d.objs.SelfAddr.Put(uint32(0), &sa); err != nil {
 		return fmt.Errorf("update map self_addr: %w", err)
 	}
@@ -32,7 +29,7 @@ func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags bool) error {
 // MAC: whose tag a frame a director sent by its pin carries on a walk.
 func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 	want := map[uint32]lbTagMac{}
-	if d.st.tags {
+	if d.st.tags != 0 {
 		for _, be := range backends {
 			if be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL|lbBackendFlagsBACKEND_F_REMOTE) != 0 || be.Mac == ([6]uint8{}) {
 				continue
@@ -81,21 +78,29 @@ func (d *Dataplane) setTagMACs(backends map[uint32]lbBackend) error {
 // addrTag is an address's tag, as xdp_lb's addr_tag reads it: its last 16 bits.
 func addrTag(a [16]byte) uint16 { return uint16(a[14])<<8 | uint16(a[15]) }
 
-// tagsExact reports whether the last 16 bits of an address (xdp_lb's
-// addr_tag) tell apart this node (self) and every backend of the maps: only
-// then does a walked frame carry its director's tag, for the edges along the
-// walk to skip (bpf/README.md). On a segment of a /16 or less it always holds.
-func tagsExact(self netip.Addr, sets ...map[uint32]lbBackend) bool {
-	tags := map[uint16]netip.Addr{addrTag(self.Unmap().As16()): self.Unmap()}
-	for _, set := range sets {
-		for _, be := range set {
-			a := addrFrom16(be.Addr).Unmap()
-			tag := addrTag(be.Addr)
-			if other, ok := tags[tag]; ok && other != a {
-				return false
+// tagsExact says which tags tell apart this node (self) and every backend of
+// the maps: SELF_TAGS where the last 16 bits of their addresses do (xdp_lb's
+// addr_tag), SELF_TAGS_SHORT too where the last 12 do (an IPv4 UDP walk's
+// tag). Only then does a walked frame carry its director's tag, for the edges
+// along the walk to skip (bpf/README.md). On a segment of a /20 or less both
+// always hold.
+func tagsExact(self netip.Addr, sets ...map[uint32]lbBackend) lbSelfTags {
+	out := lbSelfTagsSELF_TAGS | lbSelfTagsSELF_TAGS_SHORT
+	for _, tc := range []struct {
+		bit  lbSelfTags
+		mask uint16
+	}{{lbSelfTagsSELF_TAGS, 0xffff}, {lbSelfTagsSELF_TAGS_SHORT, 0x0fff}} {
+		tags := map[uint16]netip.Addr{addrTag(self.Unmap().As16()) & tc.mask: self.Unmap()}
+		for _, set := range sets {
+			for _, be := range set {
+				a := addrFrom16(be.Addr).Unmap()
+				tag := addrTag(be.Addr) & tc.mask
+				if other, ok := tags[tag]; ok && other != a {
+					out &^= tc.bit
+				}
+				tags[tag] = a
 			}
-			tags[tag] = a
 		}
 	}
-	return true
+	return out
 }

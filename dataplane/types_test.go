@@ -44,6 +44,7 @@ func TestMapSizesMatchGoTypes(t *testing.T) {
 		{lbMapTagMacs, uint32(0), lbTagMac{}},
 		{lbMapMacTags, lbPeerKey{}, uint32(0)},
 		{lbMapHeldClock, uint32(0), uint64(0)},
+		{lbMapUdpSeen, lbFlowKey{}, lbUdpSeenVal{}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

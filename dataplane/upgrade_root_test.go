@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/dataplane/pins"
 	"github.com/portico-edge/portico/test/netlab"
@@ -111,8 +112,21 @@ func TestNamespaceUpgrade(t *testing.T) {
 			wait("one replica")
 			_, err = old.Apply(l.udpVIP(l.rep1, l.rep2))
 			must(t, err)
-			step(1) // in the transition: moved flows stay on rep1, pinned
+			step(1) // in the transition: moved flows stay on rep1
 			wait("in the transition")
+			// rep1's report (agent/held.go): the flows it holds, pinned to
+			// it (those the new ring gives to rep2 are what matter here).
+			var moved []Held
+			for _, c := range conns {
+				a := c.LocalAddr().(*net.UDPAddr).AddrPort()
+				f := Flow{Src: a.Addr().Unmap(), Dst: l.vip, SPort: a.Port(), DPort: 9000, Protocol: unix.IPPROTO_UDP}
+				if len(old.OffRing(l.rep1.Addr.Addr(), []Flow{f}, false)) == 1 {
+					moved = append(moved, Held{Flow: f, Holder: l.rep1.Addr.Addr()})
+				}
+			}
+			if _, err := old.PinHeld(moved); err != nil {
+				t.Fatalf("pin rep1's flows: %v", err)
+			}
 			director{"old", old}.endTransitions(t)
 			pinned := entries(t, old.objs.Flows)
 			if pinned == 0 || pinned == flows {

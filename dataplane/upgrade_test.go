@@ -84,10 +84,13 @@ func TestUpgradeCarriesPinnedFlows(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			dr := newDirector(t, "old")
 			dr.apply(t, desired(a...))
-			// A UDP flow: in a moved slot it stays with the previous ring's
-			// replica, pinned in flows.
+			// A UDP flow whose slot the change moves, pinned in flows to the
+			// replica that reports holding it (as agents do: PinHeld).
 			older := flowWhereOf(t, udp4, 42000, [][]Backend{a, b}, r2, r4)
 			dr.apply(t, desired(b...))
+			if n, err := dr.d.PinHeld([]Held{{Flow: flowOf(older), Holder: r2.Addr}}); err != nil || n != 1 {
+				t.Fatalf("PinHeld wrote %d pins (%v), want 1", n, err)
+			}
 			if got := dr.send(t, older, b...); got.Addr != r2.Addr {
 				t.Fatalf("before the upgrade the older flow went to %s, want %s", got.Addr, r2.Addr)
 			}

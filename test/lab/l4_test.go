@@ -30,7 +30,8 @@ const (
 
 // serveL4 starts, in every pod namespace, a TCP line echo on l4TCPPort and a UDP
 // echo on l4UDPPort. Each answer is "pod=<name> peer=<address the pod sees>
-// client=<address a PROXY protocol header gave, or ->". The TCP echo closes a
+// client=<address a PROXY protocol header gave, or ->" (the UDP echo's also
+// "session=<address:port the pod sees>"). The TCP echo closes a
 // connection idle for podLifetime.
 func (l *Lab) serveL4(t *testing.T) {
 	t.Helper()
@@ -87,7 +88,8 @@ func (l *Lab) serveL4(t *testing.T) {
 				if d := buf[:n]; n >= 28 && bytes.Equal(d[:12], []byte("\r\n\r\n\x00\r\nQUIT\n")) && d[13] == 0x12 {
 					client = netip.AddrFrom4([4]byte(d[16:20])).String()
 				}
-				pc.WriteTo([]byte(fmt.Sprintf("pod=%s peer=%s client=%s\n", name, peer, client)), from)
+				// session: nginx's upstream socket, one per UDP session.
+				pc.WriteTo([]byte(fmt.Sprintf("pod=%s peer=%s client=%s session=%s\n", name, peer, client, from)), from)
 			}
 		}()
 	}
