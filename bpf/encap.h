@@ -259,6 +259,30 @@ static __always_inline __u32 udp_mark(void *data, void *data_end)
 	return w[1] & 0x0f;
 }
 
+/* udp_stranger_mark reports whether a UDP frame from no peer edge carries a
+ * walk's mark: a new peer's, which this node has not learned yet (a client
+ * sets no reserved flag; in IPv6 the label must name the tag of an edge this
+ * node knows, tag_macs, or for UDP_MARK_FINAL this node's own, which a
+ * client's does by chance once in 65,536 at most). Such a frame buys one
+ * hand-off at most, as a TCP one does (one to be served: none). */
+static __always_inline int udp_stranger_mark(void *data, void *data_end)
+{
+	__u32 m = udp_mark(data, data_end), key;
+	struct ethhdr *eth = data;
+	__u8 *w;
+
+	if (!m || (m != UDP_MARK_FINAL && (m & (UDP_MARK_TAGGED - 1)) > UDP_MAX_HOPS))
+		return 0;
+	if (eth->h_proto == bpf_htons(ETH_P_IP))
+		return 1;
+	if (!(m & UDP_MARK_TAGGED) || !(w = tag_word(data, data_end)))
+		return 0;
+	key = (__u32)w[0] << 8 | w[1];
+	if (m == UDP_MARK_FINAL) /* it names its receiver: this node */
+		return key + 1 == self_tag();
+	return bpf_map_lookup_elem(&tag_macs, &key) != 0;
+}
+
 /* udp_tag is the director's tag + 1 a UDP frame marked m carries (IPv4: its
  * last 12 bits, with UDP_TAG_SHORT), 0 for none. */
 static __always_inline __u32 udp_tag(void *data, void *data_end, __u32 m)
@@ -274,8 +298,9 @@ static __always_inline __u32 udp_tag(void *data, void *data_end, __u32 m)
 }
 
 /* put_udp_mark writes mark (0 clears it) and, with mark & UDP_MARK_TAGGED,
- * tag (a tag + 1, 0 for none) into a UDP frame's IP header, the IPv4 header
- * checksum kept right. An IPv4 frame without a mark is left as it came but for
+ * tag (a tag + 1, 0 for none: the director's, or for UDP_MARK_FINAL its
+ * receiver's) into a UDP frame's IP header, the IPv4 header checksum kept
+ * right. An IPv4 frame without a mark is left as it came but for
  * the reserved flag. */
 static __always_inline void put_udp_mark(void *data, void *data_end, __u32 mark, __u32 tag)
 {
@@ -289,7 +314,7 @@ static __always_inline void put_udp_mark(void *data, void *data_end, __u32 mark,
 		return;
 	if (!v4) {
 		w[1] = (w[1] & 0xf0) | (mark & 0x0f);
-		if ((mark & UDP_MARK_TAGGED) && mark != UDP_MARK_FINAL && tag)
+		if ((mark & UDP_MARK_TAGGED) && tag)
 			put_tag(data, data_end, tag - 1);
 		return;
 	}
@@ -302,7 +327,7 @@ static __always_inline void put_udp_mark(void *data, void *data_end, __u32 mark,
 	if (mark) {
 		nflags |= IPV4_RESERVED;
 		nid = (mark & 0x0f) << 12 | (nid & 0x0fff);
-		if ((mark & UDP_MARK_TAGGED) && mark != UDP_MARK_FINAL && tag)
+		if ((mark & UDP_MARK_TAGGED) && tag)
 			nid = (nid & 0xf000) | ((tag - 1) & 0x0fff);
 	}
 	if (oid == nid && oflags == nflags)

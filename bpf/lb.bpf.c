@@ -111,7 +111,7 @@ int xdp_lb(struct xdp_md *ctx)
 		if (from_peer(eth, cfg))
 			return from_director(ctx, eth, data_end, &p, cfg, 0);
 		th = tcp_hdr(data, data_end, &p);
-		if (th && !p.syn && marked(th))
+		if ((th && !p.syn && marked(th)) || (!th && !p.icmp_error && udp_stranger_mark(data, data_end)))
 			return from_director(ctx, eth, data_end, &p, cfg, 1);
 	}
 	/* Fast path: this CPU saw the flow since the maps last changed. A SYN opens

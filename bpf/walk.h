@@ -392,13 +392,14 @@ static __always_inline __u32 chain_here(struct chain *ch, const struct flow_key 
  * served (UDP_MARK_FINAL), or was seen here; else on along the chain its rings
  * give (chain_here), from where this node stands in it (its own class) upwards,
  * never to the director (the tag) nor the edge that walked it here, one
- * hand-off more (UDP_MAX_HOPS at most). At the chain's end nobody had it: a new
+ * hand-off more (UDP_MAX_HOPS at most; a stranger's mark, udp_stranger_mark:
+ * none, as at the chain's end). At the chain's end nobody had it: a new
  * flow (or one whose holder is gone), sent to the current ring's replica to be
  * served there, where every director sends it once the transition is over.
  * Never dropped: a new flow's first datagram (a DNS query) is not sent again
  * soon. */
 static __always_inline int udp_walk(struct ethhdr *eth, void *data_end, const struct parsed *p,
-				    const struct lb_config *cfg, __u32 vip_id)
+				    const struct lb_config *cfg, __u32 vip_id, int stranger)
 {
 	__u32 zero = 0, m = udp_mark(eth, data_end), hops = m & (UDP_MARK_TAGGED - 1), tag, after = 1;
 	struct flow_val *fv;
@@ -413,6 +414,11 @@ static __always_inline int udp_walk(struct ethhdr *eth, void *data_end, const st
 		put_udp_mark(eth, data_end, 0, 0);
 		saw_udp(p, &now);
 		return count(m ? REASON_HANDOFF_IN : REASON_FROM_PEER, XDP_PASS);
+	}
+	/* A mark from no peer edge: to the current ring's replica at most. */
+	if (stranger) {
+		hops = UDP_MAX_HOPS;
+		count(REASON_STRANGER_MARK, 0);
 	}
 	chain_here(ch, &p->flow, vip_id, cfg, prev_live(vip_id, &now), 1, eth->h_source, &fv);
 	for (int i = 0; i < LB_CHAIN; i++) {
@@ -434,7 +440,9 @@ static __always_inline int udp_walk(struct ethhdr *eth, void *data_end, const st
 			saw_udp(p, &now);
 			return count(REASON_HANDOFF_END, XDP_PASS);
 		}
-		put_udp_mark(eth, data_end, UDP_MARK_FINAL, 0);
+		/* It names its receiver, so that one that does not know this
+		 * node as a peer yet still serves it (udp_stranger_mark). */
+		put_udp_mark(eth, data_end, UDP_MARK_FINAL, self_tag() ? addr_tag(be->addr) + 1 : 0);
 		count(REASON_UDP_NEW, 0);
 	}
 	__builtin_memcpy(eth->h_dest, be->mac, ETH_ALEN);
@@ -464,7 +472,7 @@ static __always_inline int from_director(struct xdp_md *ctx, struct ethhdr *eth,
 	int relays, j, inside = 1;
 
 	if (!th && !p->icmp_error && p->flow.proto == IPPROTO_UDP && lookup_vip(&p->flow, cfg, &vip_id) == 1)
-		return udp_walk(eth, data_end, p, cfg, vip_id);
+		return udp_walk(eth, data_end, p, cfg, vip_id, stranger);
 	if (th && (m = get_mark(th)))
 		put_mark(th, 0);
 	if (m == LB_MARK_FINAL)

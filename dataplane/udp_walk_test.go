@@ -36,8 +36,9 @@ func withUDPMark(frame []byte, mark int) []byte {
 // stack ignores): the replica that served the flow (udp_seen) keeps it, one
 // that did not sends it on with one hand-off more, the chain's end sends it to
 // the current ring's replica to be served there (a new flow), and every
-// receiver clears the mark before its stack sees the frame. What a client set
-// in those bits is no mark.
+// receiver clears the mark before its stack sees the frame. An IPv4 mark from
+// no peer (a new peer's, or a stranger's: no client sets the reserved flag)
+// buys one hand-off at most; an IPv6 client's flow label is no mark.
 func TestUDPWalk(t *testing.T) {
 	defer onOneCPU(t)()
 	for _, fam := range []struct {
@@ -121,18 +122,30 @@ func TestUDPWalk(t *testing.T) {
 			intact("a walked frame of a flow served here", got)
 
 			q := fam.mk(sportFrom(t, p.SPort+1, fam.mk, r2, r1, r2))
-			// A client's reserved flag or flow label is no mark: steered as
-			// any datagram, the director's own mark written over it.
-			verdict, out, _ = run("a client's mark bits", withUDPMark(q.Bytes(), 2))
-			if m, ok := udpMarkOf(out); verdict != xdptest.TX || !ok || m != 1 {
-				t.Fatalf("a client's mark bits: %s mark %d (%v), want TX walked by the director (mark 1)", xdptest.VerdictName(verdict), m, ok)
+			verdict, out, reasons = run("a stranger's mark", withUDPMark(q.Bytes(), 2))
+			if fam.name == "v4" {
+				// The reserved flag, which no client sets: a new peer's
+				// walk (or a stranger's), one hand-off at most: to the
+				// current ring's replica, to be served.
+				if m, _ := udpMarkOf(out); reasons[int(lbReasonREASON_STRANGER_MARK)] != 1 || verdict != xdptest.TX || m != 15 || !macIs(out, r2MAC) {
+					t.Fatalf("a stranger's IPv4 mark: %s to %x mark %d, reasons %v, want one stranger_mark and TX to r2 to be served (mark 15)", xdptest.VerdictName(verdict), out[:6], m, reasons)
+				}
+			} else {
+				// A client's flow label (its tag names no edge this node
+				// knows): steered as any datagram, the director's own
+				// mark written over it.
+				if m, _ := udpMarkOf(out); reasons[int(lbReasonREASON_STRANGER_MARK)] != 0 || verdict != xdptest.TX || m != 1 {
+					t.Fatalf("an IPv6 client's flow label: %s mark %d, reasons %v, want TX walked by the director (mark 1)", xdptest.VerdictName(verdict), m, reasons)
+				}
 			}
-			// An unwalked datagram (its slot did not move) leaves with no
-			// mark, whatever the client set.
+			// A datagram of a slot that did not move goes to its ring's
+			// replica: an IPv4 stranger's mark to be served there, an
+			// IPv6 client's flow label with no mark.
 			r := fam.mk(sportFrom(t, q.SPort+1, fam.mk, r1, r1, r2))
-			verdict, out, _ = run("a client's mark bits, unmoved slot", withUDPMark(r.Bytes(), 3))
-			if m, ok := udpMarkOf(out); verdict != xdptest.TX || (fam.name == "v4" && ok) || (fam.name == "v6" && m != 0) {
-				t.Fatalf("a client's mark bits in an unmoved slot: %s mark %d (%v), want TX unmarked", xdptest.VerdictName(verdict), m, ok)
+			verdict, out, _ = run("a stranger's mark bits, unmoved slot", withUDPMark(r.Bytes(), 3))
+			want := map[string]int{"v4": 15, "v6": 0}[fam.name]
+			if m, _ := udpMarkOf(out); verdict != xdptest.TX || !macIs(out, r1MAC) || m != want {
+				t.Fatalf("a stranger's mark bits in an unmoved slot: %s to %x mark %d, want TX to r1 with mark %d", xdptest.VerdictName(verdict), out[:6], m, want)
 			}
 		})
 	}
