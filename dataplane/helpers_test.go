@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/portico-edge/portico/dataplane/bpftest"
+	"github.com/portico-edge/portico/dataplane/xdptest"
 )
 
 // loadForTest loads xdp_lb with small maps pinned in a directory of its own,
@@ -76,4 +77,29 @@ func pinOf(t testing.TB, d *Dataplane, name string) string {
 	}
 	t.Fatalf("map %s is not pinned", name)
 	return ""
+}
+
+// runCounted runs a frame through d's program once and returns its verdict,
+// the frame it leaves, and by how much each reason counter grew.
+func runCounted(t *testing.T, d *Dataplane, in []byte) (uint32, []byte, map[int]uint64) {
+	t.Helper()
+	before, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	verdict, out, err := xdptest.Run(d.Program(), in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := d.Counters()
+	if err != nil {
+		t.Fatal(err)
+	}
+	delta := map[int]uint64{}
+	for r := range after.Reasons {
+		if n := after.Reasons[r] - before.Reasons[r]; n > 0 {
+			delta[r] = n
+		}
+	}
+	return verdict, out, delta
 }

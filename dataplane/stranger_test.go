@@ -31,19 +31,8 @@ func TestStrangerMark(t *testing.T) {
 	}
 	run := func(in []byte) (uint32, []byte, uint64) {
 		t.Helper()
-		before, err := d.Counters()
-		if err != nil {
-			t.Fatal(err)
-		}
-		verdict, out, err := xdptest.Run(d.Program(), in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		after, err := d.Counters()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return verdict, out, after.Reasons[lbReasonREASON_STRANGER_MARK] - before.Reasons[lbReasonREASON_STRANGER_MARK]
+		verdict, out, reasons := runCounted(t, d, in)
+		return verdict, out, reasons[int(lbReasonREASON_STRANGER_MARK)]
 	}
 	hops := func(frame []byte) int {
 		m, _ := xdptest.TCPMark(frame)

@@ -56,27 +56,9 @@ func TestUDPWalk(t *testing.T) {
 			if _, err := d.Apply(desired(r1, r2)); err != nil {
 				t.Fatal(err)
 			}
-			run := func(what string, in []byte) (uint32, []byte, map[int]uint64) {
+			run := func(_ string, in []byte) (uint32, []byte, map[int]uint64) {
 				t.Helper()
-				before, err := d.Counters()
-				if err != nil {
-					t.Fatal(err)
-				}
-				verdict, out, err := xdptest.Run(d.Program(), in)
-				if err != nil {
-					t.Fatalf("%s: %v", what, err)
-				}
-				after, err := d.Counters()
-				if err != nil {
-					t.Fatal(err)
-				}
-				delta := map[int]uint64{}
-				for r := range after.Reasons {
-					if n := after.Reasons[r] - before.Reasons[r]; n > 0 {
-						delta[r] = n
-					}
-				}
-				return verdict, out, delta
+				return runCounted(t, d, in)
 			}
 			intact := func(what string, got []byte) {
 				t.Helper()

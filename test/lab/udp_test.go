@@ -32,7 +32,6 @@ type udpFlow struct {
 	sent    int
 }
 
-
 // ask sends one datagram and waits wait for its answer, up to tries times
 // (UDP resends nothing: a datagram lost in flight is sent again); it records
 // where the answer came from.
