@@ -30,6 +30,11 @@ func FuzzXDP(f *testing.F) {
 	}
 	// A frame walked along a chain, marked with a place.
 	f.Add(xdptest.WithTCPMark(tcp4(40000, xdptest.ACK).Bytes(), 1<<8|2))
+	// UDP datagrams another edge walked here, and one to be served.
+	for _, mk := range []func(uint16) xdptest.Packet{udp4, udp6} {
+		f.Add(withMACs(withUDPMark(mk(41000).Bytes(), 2), r1MAC, nicMAC))
+		f.Add(withMACs(withUDPMark(mk(41001).Bytes(), 15), r1MAC, nicMAC))
+	}
 	backendMACs := map[string]bool{r1MAC.String(): true, r2MAC.String(): true}
 	f.Fuzz(func(t *testing.T, frame []byte) {
 		if len(frame) < 14 || len(frame) > 1514 {
@@ -45,15 +50,17 @@ func FuzzXDP(f *testing.F) {
 		switch verdict {
 		case xdptest.Pass:
 			// Only the hand-off mark of a TCP frame may be cleared (one from
-			// another edge, or bits a client set there).
-			if !bytes.Equal(out, in) && !bytes.Equal(out, xdptest.WithTCPMark(in, 0)) {
+			// another edge, or bits a client set there), or a UDP walk's
+			// (bpf/encap.h).
+			if !bytes.Equal(out, in) && !bytes.Equal(out, xdptest.WithTCPMark(in, 0)) && !(bytes.Equal(out[:12], in[:12]) && sameButUDPMark(t, in[12:], out[12:])) {
 				t.Fatalf("XDP_PASS changed the frame:\nin  %x\nout %x", in, out)
 			}
 		case xdptest.TX:
 			// Besides the MACs, only the hand-off mark of a TCP frame may
-			// change (a director clears what a client set there).
+			// change (a director clears what a client set there), or a UDP
+			// walk's.
 			m, _ := xdptest.TCPMark(out)
-			if len(out) != len(in) || !bytes.Equal(out[12:], xdptest.WithTCPMark(in, m)[12:]) {
+			if len(out) != len(in) || !bytes.Equal(out[12:], xdptest.WithTCPMark(in, m)[12:]) && !sameButUDPMark(t, in[12:], out[12:]) {
 				t.Fatalf("XDP_TX changed more than the MACs and the mark:\nin  %x\nout %x", in, out)
 			}
 			if dst := net.HardwareAddr(out[0:6]).String(); !backendMACs[dst] {
@@ -89,4 +96,36 @@ func closedCount(t *testing.T, d *Dataplane) uint64 {
 		n += v
 	}
 	return n
+}
+
+// sameButUDPMark reports whether two frames (from their EtherType on) are one
+// UDP datagram but for where a UDP walk's mark and tag go (bpf/encap.h): in
+// IPv4 the identification, the reserved flag and the header checksum, which
+// must stay right if it was; in IPv6 the flow label.
+func sameButUDPMark(t *testing.T, in, out []byte) bool {
+	t.Helper()
+	if len(in) != len(out) || len(in) < 2 {
+		return false
+	}
+	a, b := bytes.Clone(in), bytes.Clone(out)
+	switch {
+	case a[0] == 0x08 && a[1] == 0x00 && len(a) >= 2+20 && a[2] == 0x45 && a[2+9] == 17:
+		if ipv4Checksum(in[2:22]) == 0 && ipv4Checksum(out[2:22]) != 0 {
+			t.Errorf("the IPv4 header checksum went wrong:\nin  %x\nout %x", in, out)
+		}
+		for _, i := range []int{2 + 4, 2 + 5, 2 + 10, 2 + 11} {
+			a[i], b[i] = 0, 0
+		}
+		a[2+6] &^= 0x80
+		b[2+6] &^= 0x80
+	case a[0] == 0x86 && a[1] == 0xdd && len(a) >= 2+40 && a[2+6] == 17:
+		a[2+1] &^= 0x0f
+		b[2+1] &^= 0x0f
+		for _, i := range []int{2 + 2, 2 + 3} {
+			a[i], b[i] = 0, 0
+		}
+	default:
+		return false
+	}
+	return bytes.Equal(a, b)
 }
