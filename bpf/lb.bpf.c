@@ -69,15 +69,15 @@ int xdp_lb(struct xdp_md *ctx)
 
 	if ((void *)(eth + 1) > data_end)
 		return count(REASON_MALFORMED, XDP_PASS);
-	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
-	if (!cfg)
-		return count(REASON_NO_BACKEND, XDP_PASS);
 	if (eth->h_proto == bpf_htons(ETH_P_IP))
 		rc = parse_ipv4(eth + 1, data_end, &p);
 	else if (eth->h_proto == bpf_htons(ETH_P_IPV6))
 		rc = parse_ipv6(eth + 1, data_end, &p);
 	else
 		return count(REASON_NOT_IP, XDP_PASS);
+	cfg = bpf_map_lookup_elem(&lb_cfg, &zero);
+	if (!cfg)
+		return count(REASON_NO_BACKEND, XDP_PASS);
 	if (rc != PARSE_OK) {
 		/* Another site's edge sent here, in a tunnel, a packet of a connection
 		 * this site holds: steered here as if it came from a router, but
