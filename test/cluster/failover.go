@@ -35,8 +35,10 @@ type NodeDeath struct {
 	// load, not a lost flow: a flow sent to a replica without it is reset, and
 	// one sent to the dead node never connects).
 	New, AfterBound traffic.Failures
-	// Unanswered is how many after the bound connected but got no answer in time.
-	Unanswered int
+	// Unanswered is how many after the bound connected but got no answer in time,
+	// and LateAnswers when their answers came after all (traffic.LateAnswers).
+	Unanswered  int
+	LateAnswers string
 	// Said is what the surviving agents logged about liveness, rings and VRRP
 	// (and every warning and error) from a second before the first failure
 	// after the bound to a second after the last; empty when none failed.
@@ -53,6 +55,9 @@ func (d NodeDeath) String() string {
 	if d.CaughtUp > 0 {
 		s += fmt.Sprintf("; Kubernetes saw it %.1f s after the fault, and from %v after it %v (and %d answered late)",
 			d.CaughtUp.Seconds(), (d.Takeover + LivenessBound).Round(time.Millisecond), d.AfterBound, d.Unanswered)
+	}
+	if d.LateAnswers != "" {
+		s += "; " + d.LateAnswers
 	}
 	return s
 }
@@ -72,7 +77,7 @@ func (p *Portico) KillOwner(ctx context.Context, held Held, waitCaughtUp bool) (
 	d := NodeDeath{Node: owner}
 	logs := p.RecordAgentLogs(ctx, "portico-agent")
 	defer logs.Stop()
-	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 5 * time.Millisecond, For: 3 * time.Minute})
+	stream := p.StartStream(ctx, "web.example", traffic.StreamOptions{Every: 5 * time.Millisecond, For: 3 * time.Minute, Late: 8 * time.Second})
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -109,6 +114,7 @@ func (p *Portico) KillOwner(ctx context.Context, held Held, waitCaughtUp bool) (
 	after := traffic.FailuresAround(atts, fault.Add(d.Takeover+LivenessBound))
 	d.AfterBound = traffic.FailuresAround(traffic.Hard(atts), fault.Add(d.Takeover+LivenessBound))
 	d.Unanswered = after.Unanswered
+	d.LateAnswers = traffic.LateAnswers(atts, fault.Add(d.Takeover+LivenessBound))
 	if f := d.AfterBound; f.Failed > 0 {
 		at := fault.Add(d.Takeover + LivenessBound)
 		d.Said = logs.LinesBetween(at.Add(f.First-time.Second), at.Add(f.Last+time.Second),

@@ -45,6 +45,21 @@ func (k *KeepConn) Do(host, path string, timeout time.Duration) (Reply, error) {
 	if _, err := fmt.Fprintf(k.c, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", path, host); err != nil {
 		return Reply{}, err
 	}
+	return k.read()
+}
+
+// ReadLate reads the reply of a request whose Do timed out before any of the
+// reply came, waiting at most timeout more; it fails at once if part of the
+// reply had come.
+func (k *KeepConn) ReadLate(timeout time.Duration) (Reply, error) {
+	if k.br.Buffered() > 0 {
+		return Reply{}, fmt.Errorf("part of the reply came in time")
+	}
+	k.c.SetDeadline(time.Now().Add(timeout))
+	return k.read()
+}
+
+func (k *KeepConn) read() (Reply, error) {
 	resp, err := http.ReadResponse(k.br, nil)
 	if err != nil {
 		return Reply{}, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -21,6 +22,11 @@ type Attempt struct {
 	// astray); a reset after it means its packets reached a replica that did not
 	// have the connection.
 	Connected bool
+	// Late is when the answer of such a request came after all (from Start), and
+	// LateEdge the replica that gave it; 0 if none came within
+	// StreamOptions.Late (or it was not asked for). The attempt failed anyway.
+	Late     time.Duration
+	LateEdge string
 }
 
 // Stream is a bounded stream of new connections through the VIP: every Every a
@@ -29,11 +35,13 @@ type Attempt struct {
 // replica counts as a failure, not as a slow success). At most Max attempts and
 // For; at most 200 in flight.
 type Stream struct {
-	stop chan struct{}
-	once sync.Once
-	wg   sync.WaitGroup
-	mu   sync.Mutex
-	atts []Attempt
+	stop  chan struct{}
+	once  sync.Once
+	wg    sync.WaitGroup
+	mu    sync.Mutex
+	atts  []Attempt
+	late  time.Duration // StreamOptions.Late
+	waits chan struct{} // the late waits under way
 }
 
 // StreamOptions shape a Stream; zero values take the defaults.
@@ -42,6 +50,10 @@ type StreamOptions struct {
 	Timeout time.Duration // default 500 ms
 	Max     int           // default 30,000
 	For     time.Duration // default 2 min, at most 10 min
+	// Late, when set, is how much longer an attempt that connected and got no
+	// answer in time waits for it, to tell when it came (Attempt.Late): a
+	// diagnosis, not a second chance. At most 400 wait at once.
+	Late time.Duration
 }
 
 // StartStream starts new connections to host through the VIP until Stop.
@@ -59,7 +71,7 @@ func (l Target) StartStream(ctx context.Context, host string, o StreamOptions) *
 		o.For = 2 * time.Minute
 	}
 	o.For = min(o.For, 10*time.Minute)
-	s := &Stream{stop: make(chan struct{})}
+	s := &Stream{stop: make(chan struct{}), late: o.Late, waits: make(chan struct{}, 400)}
 	slots := make(chan struct{}, 200)
 	s.wg.Add(1)
 	go func() {
@@ -85,23 +97,54 @@ func (l Target) StartStream(ctx context.Context, host string, o StreamOptions) *
 			go func() {
 				defer s.wg.Done()
 				defer func() { <-slots }()
-				s.record(l.attempt(ctx, host, o.Timeout))
+				a, k := l.attempt(ctx, host, o.Timeout, s.late > 0)
+				if i := s.record(a); k != nil {
+					s.waitLate(i, k)
+				}
 			}()
 		}
 	}()
 	return s
 }
 
-func (l Target) attempt(ctx context.Context, host string, timeout time.Duration) Attempt {
+// waitLate waits, on a goroutine of its own (its attempt's slot is free
+// again), for the answer of the attempt at index i, which connected and got
+// none in time, and notes when it came; then closes the connection.
+func (s *Stream) waitLate(i int, k *KeepConn) {
+	select {
+	case s.waits <- struct{}{}:
+	default:
+		k.Close()
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.waits }()
+		defer k.Close()
+		r, err := k.ReadLate(s.late)
+		if err != nil {
+			return
+		}
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		a := &s.atts[i]
+		a.Late, a.LateEdge = time.Since(a.Start), r.Edge
+	}()
+}
+
+// attempt makes one new connection with one request. When the request
+// connected and timed out and wait is set, it returns the connection, open,
+// for waitLate.
+func (l Target) attempt(ctx context.Context, host string, timeout time.Duration, wait bool) (Attempt, *KeepConn) {
 	a := Attempt{Start: time.Now()}
 	actx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c, err := l.Dial(actx, "tcp", l.httpAddr())
 	if err != nil {
 		a.Err = err
-		return a
+		return a, nil
 	}
-	defer c.Close()
 	if ta, ok := c.LocalAddr().(*net.TCPAddr); ok {
 		a.SPort = uint16(ta.Port)
 	}
@@ -109,13 +152,19 @@ func (l Target) attempt(ctx context.Context, host string, timeout time.Duration)
 	r, err := k.Do(host, "/stream", time.Until(a.Start.Add(timeout)))
 	a.Connected = true
 	a.Edge, a.Err = r.Edge, err
-	return a
+	if wait && a.unanswered() {
+		return a, k
+	}
+	c.Close()
+	return a, nil
 }
 
-func (s *Stream) record(a Attempt) {
+// record notes an attempt and returns its index (which Stop's sort changes).
+func (s *Stream) record(a Attempt) int {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.atts = append(s.atts, a)
-	s.mu.Unlock()
+	return len(s.atts) - 1
 }
 
 // Stop ends the stream, waits for the attempts in flight and returns them all,
@@ -192,4 +241,35 @@ func Hard(atts []Attempt) []Attempt {
 func (a Attempt) unanswered() bool {
 	var ne net.Error
 	return a.Err != nil && a.Connected && errors.As(a.Err, &ne) && ne.Timeout()
+}
+
+// LateAnswers tells, for the attempts started at or after from that connected
+// and got no answer in time, when their answers came after all (with
+// StreamOptions.Late): how many came, the median and the longest wait, by
+// replica, and how many never came. "" when there were none.
+func LateAnswers(atts []Attempt, from time.Time) string {
+	var waits []time.Duration
+	byEdge := map[string]int{}
+	never := 0
+	for _, a := range atts {
+		if a.Start.Before(from) || !a.unanswered() {
+			continue
+		}
+		if a.Late == 0 {
+			never++
+			continue
+		}
+		waits = append(waits, a.Late)
+		byEdge[a.LateEdge]++
+	}
+	if len(waits) == 0 && never == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("%d of %d requests unanswered in time were answered later", len(waits), len(waits)+never)
+	if len(waits) > 0 {
+		slices.Sort(waits)
+		s += fmt.Sprintf(" (after %v median, %v at most; by replica %v)",
+			waits[len(waits)/2].Round(time.Millisecond), waits[len(waits)-1].Round(time.Millisecond), byEdge)
+	}
+	return s
 }
