@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -17,17 +18,18 @@ import (
 )
 
 // telemetryBuckets are the latency histograms' bounds, in seconds: lua/portico.lua's
-// buckets, which count checks against them.
+// bucket_ms, in milliseconds, which count checks against them.
 var telemetryBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10}
 
 // statusClasses are the status_class label's values, in the order of an Ingress
 // line's counts: "other" is a status outside 100..599 (none sent).
 var statusClasses = [6]string{"1xx", "2xx", "3xx", "4xx", "5xx", "other"}
 
-// The fields of the telemetry's lines after the kind and the name.
+// The fields of the telemetry's records (a line names them by number, from 1, with
+// their counts: the ones that are not 0).
 const (
-	ingressFields  = 9 + 12 // six status classes, bytes in and out, seconds, 12 buckets
-	upstreamFields = 4 + 12 // tries, retries, tries without a connection, seconds, 12 buckets
+	ingressFields  = 9 + 12 // six status classes, bytes in and out, milliseconds, 12 buckets
+	upstreamFields = 4 + 12 // tries, retries, tries without a connection, milliseconds, 12 buckets
 )
 
 // ingressCounts is what every worker counted for one Ingress, added up.
@@ -157,7 +159,7 @@ func (t *telemetry) add(r io.Reader) error {
 	defer t.mu.Unlock()
 	for sc.Scan() {
 		line := sc.Text()
-		if line == "" {
+		if strings.TrimSpace(line) == "" {
 			continue
 		}
 		if err := t.addLine(line); err != nil && len(errs) < 3 {
@@ -170,11 +172,14 @@ func (t *telemetry) add(r io.Reader) error {
 	return errors.Join(errs...)
 }
 
+// addLine adds one line: "dropped <n>", or a record's kind ("r" for an Ingress,
+// "u" for an upstream) and name, then pairs of a field's number and its count
+// (lua/portico.lua's lines).
 func (t *telemetry) addLine(line string) error {
 	f := strings.Fields(line)
 	if len(f) == 2 && f[0] == "dropped" {
 		n, err := strconv.ParseFloat(f[1], 64)
-		if err != nil || n < 0 {
+		if err != nil || !(n >= 0) || math.IsInf(n, 0) {
 			return fmt.Errorf("telemetry: bad line %.80q", line)
 		}
 		if n < t.nginxDrop { // a new master counts from 0
@@ -191,16 +196,20 @@ func (t *telemetry) addLine(line string) error {
 	if f[0] == "u" {
 		want = upstreamFields
 	}
-	if len(f)-2 != want {
-		return fmt.Errorf("telemetry: %s line of %s has %d counts, want %d", f[0], f[1], len(f)-2, want)
+	if len(f)%2 != 0 {
+		return fmt.Errorf("telemetry: %s line of %.80s: a field without its count", f[0], f[1])
 	}
-	v := make([]float64, want)
-	for i, s := range f[2:] {
-		x, err := strconv.ParseFloat(s, 64)
-		if err != nil || x < 0 {
-			return fmt.Errorf("telemetry: %s line of %s: bad count %q", f[0], f[1], s)
+	var v [ingressFields]float64
+	for i := 2; i < len(f); i += 2 {
+		k, err := strconv.Atoi(f[i])
+		if err != nil || k < 1 || k > want {
+			return fmt.Errorf("telemetry: %s line of %.80s: bad field %.20q", f[0], f[1], f[i])
 		}
-		v[i] = x
+		x, err := strconv.ParseFloat(f[i+1], 64)
+		if err != nil || !(x >= 0) || math.IsInf(x, 0) { // NaN too
+			return fmt.Errorf("telemetry: %s line of %.80s: bad count %.20q", f[0], f[1], f[i+1])
+		}
+		v[k-1] += x
 	}
 	name := f[1]
 	if f[0] == "r" {
@@ -219,7 +228,7 @@ func (t *telemetry) addLine(line string) error {
 		}
 		c.bytesIn += v[6]
 		c.bytes += v[7]
-		c.seconds += v[8]
+		c.seconds += v[8] / 1000
 		for i := range c.buckets {
 			c.buckets[i] += uint64(v[9+i])
 			c.requests += uint64(v[9+i])
@@ -238,7 +247,7 @@ func (t *telemetry) addLine(line string) error {
 	c.tries += v[0]
 	c.retries += v[1]
 	c.connectErrors += v[2]
-	c.seconds += v[3]
+	c.seconds += v[3] / 1000
 	for i := range c.buckets {
 		c.buckets[i] += uint64(v[4+i])
 		c.responses += uint64(v[4+i])
@@ -266,10 +275,9 @@ func (t *telemetry) prune(ingresses, upstreams map[string]bool) {
 	}
 }
 
-// telemetrySample is one Ingress's and one upstream's line of zeros.
+// telemetrySample is one Ingress's and one upstream's line, with no counts.
 func telemetrySample() string {
-	zeros := func(n int) string { return strings.Repeat(" 0", n) }
-	return "r -" + zeros(ingressFields) + "\nu sample" + zeros(upstreamFields) + "\n"
+	return "r -\nu sample\n"
 }
 
 // telemetryURL is where the control socket answers the workers' counts.

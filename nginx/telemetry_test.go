@@ -306,22 +306,36 @@ func TestAccessLogSample(t *testing.T) {
 // with a new master.
 func TestTelemetryLines(t *testing.T) {
 	tel := newTelemetry()
-	counts := func(n int) string { return strings.TrimSpace(strings.Repeat("1 ", n)) }
+	// every field of n, each counting 1 (2 for the milliseconds' field ms)
+	counts := func(n, ms int) string {
+		var b strings.Builder
+		for i := 1; i <= n; i++ {
+			v := 1
+			if i == ms {
+				v = 2
+			}
+			fmt.Fprintf(&b, " %d %d", i, v)
+		}
+		return b.String()
+	}
 	in := strings.Join([]string{
-		"r shop/web " + counts(ingressFields),
-		"r Shop/Web " + counts(ingressFields), // not an Ingress name
-		"r shop/web " + counts(ingressFields-1),
-		"u t-a-80 " + counts(upstreamFields),
-		"u t-a-80 " + counts(upstreamFields-1) + " -1",
+		"r shop/web" + counts(ingressFields, 9),
+		"r Shop/Web" + counts(ingressFields, 9), // not an Ingress name
+		"r shop/web 22 1",                       // no such field
+		"r shop/web 2",                          // a field without its count
+		"r shop/web 2 NaN",
+		" u t-a-80" + counts(upstreamFields, 4) + " ", // as Lua's concat puts them
+		"u t-a-80 2 -1",
 		"x whatever",
 		"dropped 5",
+		" ",
 		"",
 	}, "\n")
 	err := tel.add(strings.NewReader(in))
 	if err == nil || !strings.Contains(err.Error(), "Shop/Web") {
 		t.Errorf("add: %v, want the bad lines reported", err)
 	}
-	if err := tel.add(strings.NewReader("r - " + counts(ingressFields) + "\ndropped 2\n")); err != nil {
+	if err := tel.add(strings.NewReader("r - 5 1\ndropped 2\n")); err != nil {
 		t.Fatal(err)
 	}
 	got := series(t, tel)
@@ -333,6 +347,9 @@ func TestTelemetryLines(t *testing.T) {
 		"portico_http_upstream_response_duration_seconds_count{upstream=t-a-80}":           12,
 		"portico_http_upstream_response_duration_seconds_bucket{upstream=t-a-80,le=0.005}": 1,
 		"portico_http_telemetry_dropped_total{}":                                           7,
+		"portico_http_request_duration_seconds_sum{ingress=shop/web}":                      0.002,
+		"portico_http_request_bytes_total{ingress=shop/web}":                               1,
+		"portico_http_upstream_response_duration_seconds_sum{upstream=t-a-80}":             0.002,
 	} {
 		if got[k] != v {
 			t.Errorf("%s = %v, want %v", k, got[k], v)

@@ -795,24 +795,41 @@ end
 -- per worker, whatever the traffic. The agent takes the entries off that
 -- list (GET /telemetry on the control socket) and adds them up, so that a
 -- reload's new workers, or a master that restarts, lose nothing they pushed.
--- An Ingress's line:
---   "r <ingress> <1xx> <2xx> <3xx> <4xx> <5xx> <other> <bytes in> <bytes out>
---    <seconds> <count in each bucket of buckets, then above the last>";
--- an upstream's:
---   "u <upstream> <tries> <retries> <tries without a connection> <seconds>
---    <count in each bucket, then above the last>",
--- where seconds and the buckets are the request's time (from its first byte
--- until its response's header goes out) and the upstream's
--- (upstream_header_time: every try's together). Bytes out are the
--- responses' Content-Length (a response without one counts none); bytes in
--- are the requests' lines, headers and bodies. A request nginx closes
+-- A line is its kind and name, then pairs of a field's number and its
+-- count, for the fields that are not 0 (most are: one status class, one or
+-- two buckets); an Ingress's ("r <ingress> ..."), by number:
+--   1..6 requests by status class (1xx..5xx, other), 7 bytes in, 8 bytes
+--   out, 9 milliseconds, 10..21 requests in each bucket of bucket_ms, then
+--   above the last;
+-- an upstream's ("u <upstream> ..."):
+--   1 tries, 2 retries, 3 tries without a connection, 4 milliseconds,
+--   5..16 responses in each bucket, then above the last,
+-- where the milliseconds and the buckets are the request's time (from its
+-- first byte until its response's header goes out) and the upstream's
+-- (upstream_header_time: every try's together), to the millisecond nginx
+-- caches. Every count is a whole number, which formats fast. Bytes out are
+-- the responses' Content-Length (a response without one counts none); bytes
+-- in are the requests' lines, headers and bodies. A request nginx closes
 -- without answering (444, or a client gone before the answer: 499) sends no
 -- header and is not counted.
-local buckets = { 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10 }
-local nbuckets = #buckets
+local bucket_ms = { 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000 }
+local nbuckets = #bucket_ms
+local ingress_fields, upstream_fields = 9 + nbuckets + 1, 4 + nbuckets + 1
 local telemetry_queue = 1024 -- entries kept when the agent does not take them
 local by_src, by_up = {}, {} -- this worker's counts since its last push
+-- Records a push has emptied, for the next ones to reuse: a busy worker
+-- counts for thousands of Ingresses a second, and making their records anew
+-- each second cost it more than the counting (spare_keep bounds the lists).
+local spare_src, spare_up, spare_keep = {}, {}, 8192
 local floor, concat = math.floor, table.concat
+local ok_clear, clear = pcall(require, "table.clear")
+if not ok_clear then
+    clear = function(t)
+        for k in pairs(t) do
+            t[k] = nil
+        end
+    end
+end
 
 -- configure says what nginx.conf asks for: the share of requests the access
 -- log writes (false: none), whose variables route then sets (only for those:
@@ -823,7 +840,14 @@ function M.configure(access_log_sample, telemetry)
     counting = telemetry
 end
 
-local function record(n)
+-- record returns a record of n zeros: a spare one if there is.
+local function record(spare, n)
+    local k = #spare
+    if k > 0 then
+        local r = spare[k]
+        spare[k] = nil
+        return r
+    end
     local r = {}
     for i = 1, n do
         r[i] = 0
@@ -831,11 +855,11 @@ local function record(n)
     return r
 end
 
--- bucket returns the index of the bucket x falls in (nbuckets + 1: above
+-- bucket returns the index of the bucket ms falls in (nbuckets + 1: above
 -- the last).
-local function bucket(x)
+local function bucket(ms)
     for i = 1, nbuckets do
-        if x <= buckets[i] then
+        if ms <= bucket_ms[i] then
             return i
         end
     end
@@ -852,7 +876,7 @@ count = function(ctx)
     local src = ctx.portico_src or "-"
     local r = by_src[src]
     if not r then
-        r = record(9 + nbuckets + 1)
+        r = record(spare_src, ingress_fields)
         by_src[src] = r
     end
     local now = ngx.now()
@@ -865,9 +889,9 @@ count = function(ctx)
     r[k] = r[k] + 1
     r[7] = r[7] + (tonumber(var.request_length) or 0)
     r[8] = r[8] + (tonumber(var.sent_http_content_length) or 0)
-    local d = now - ngx.req.start_time()
-    r[9] = r[9] + d
-    k = 9 + bucket(d)
+    local ms = floor((now - ngx.req.start_time()) * 1000 + 0.5)
+    r[9] = r[9] + ms
+    k = 9 + bucket(ms)
     r[k] = r[k] + 1
     local up = ctx.portico_name
     if not up or not ctx.portico_index then
@@ -875,7 +899,7 @@ count = function(ctx)
     end
     local u = by_up[up]
     if not u then
-        u = record(4 + nbuckets + 1)
+        u = record(spare_up, upstream_fields)
         by_up[up] = u
     end
     local tries = ctx.portico_tries or 1
@@ -889,21 +913,38 @@ count = function(ctx)
             end
         end
     end
-    d = now - (ctx.portico_sent or now)
-    u[4] = u[4] + d
-    k = 4 + bucket(d)
+    ms = floor((now - (ctx.portico_sent or now)) * 1000 + 0.5)
+    u[4] = u[4] + ms
+    k = 4 + bucket(ms)
     u[k] = u[k] + 1
 end
 
-local function lines(out, kind, by)
+-- lines puts by's records on out, as the pairs of their fields that are
+-- not 0 (table.concat formats the numbers and puts a space between
+-- everything, so a line after the first starts with one), empties them
+-- onto spare and empties by.
+local function lines(out, kind, by, spare)
+    local n = #out
     for name, r in pairs(by) do
-        out[#out + 1] = kind
-        out[#out + 1] = name
+        out[n + 1] = kind
+        out[n + 2] = name
+        n = n + 2
         for i = 1, #r do
-            out[#out + 1] = r[i]
+            local v = r[i]
+            if v ~= 0 then
+                out[n + 1] = i
+                out[n + 2] = v
+                n = n + 2
+                r[i] = 0
+            end
         end
-        out[#out] = out[#out] .. "\n"
+        out[n + 1] = "\n"
+        n = n + 1
+        if #spare < spare_keep then
+            spare[#spare + 1] = r
+        end
     end
+    clear(by)
 end
 
 -- push puts what this worker counted since its last push on the list.
@@ -912,10 +953,9 @@ local function push(premature)
         return
     end
     local out = {}
-    lines(out, "r", by_src)
-    lines(out, "u", by_up)
-    by_src, by_up = {}, {}
-    local text = concat(out, " "):gsub("\n ", "\n")
+    lines(out, "r", by_src, spare_src)
+    lines(out, "u", by_up, spare_up)
+    local text = concat(out, " ")
     if tdict:llen("q") >= telemetry_queue then
         tdict:incr("dropped", 1, 0)
         return
