@@ -1,6 +1,7 @@
 package ocitar
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -10,16 +11,25 @@ import (
 )
 
 // WriteLayout writes img as the one image of a new OCI image layout at dir, named
-// ref (as written: docker.io/x:y stays that, where the parsed name would say
+// each of refs (as written: docker.io/x:y stays that, where the parsed name would say
 // index.docker.io), and returns its manifest digest. containerd and Docker name the image
 // after the io.containerd.image.name annotation; skopeo's oci-archive:FILE:TAG and
-// umoci look for the tag in org.opencontainers.image.ref.name. The descriptor is
+// umoci look for the tag in org.opencontainers.image.ref.name. Each name is a
+// descriptor of its own, all of the same manifest: `ctr images import` makes an image
+// of each, so one archive serves every tag a program is known by. The descriptors are
 // written by hand: layout.AppendImage would add an artifactType, which marks
 // artifacts, not images. Write then makes the layout one archive.
-func WriteLayout(dir string, img v1.Image, ref string) (v1.Hash, error) {
-	tag, err := name.NewTag(ref, name.StrictValidation)
-	if err != nil {
-		return v1.Hash{}, fmt.Errorf("image name %q: %w", ref, err)
+func WriteLayout(dir string, img v1.Image, refs ...string) (v1.Hash, error) {
+	if len(refs) == 0 {
+		return v1.Hash{}, errors.New("an image needs a name")
+	}
+	tags := make([]name.Tag, len(refs))
+	for i, ref := range refs {
+		tag, err := name.NewTag(ref, name.StrictValidation)
+		if err != nil {
+			return v1.Hash{}, fmt.Errorf("image name %q: %w", ref, err)
+		}
+		tags[i] = tag
 	}
 	digest, err := img.Digest()
 	if err != nil {
@@ -40,12 +50,14 @@ func WriteLayout(dir string, img v1.Image, ref string) (v1.Hash, error) {
 	if err := lp.WriteImage(img); err != nil {
 		return v1.Hash{}, fmt.Errorf("write OCI layout: %w", err)
 	}
-	if err := lp.AppendDescriptor(v1.Descriptor{MediaType: mt, Size: size, Digest: digest,
-		Annotations: map[string]string{
-			"io.containerd.image.name":          ref,
-			"org.opencontainers.image.ref.name": tag.TagStr(),
-		}}); err != nil {
-		return v1.Hash{}, fmt.Errorf("write OCI layout: %w", err)
+	for i, ref := range refs {
+		if err := lp.AppendDescriptor(v1.Descriptor{MediaType: mt, Size: size, Digest: digest,
+			Annotations: map[string]string{
+				"io.containerd.image.name":          ref,
+				"org.opencontainers.image.ref.name": tags[i].TagStr(),
+			}}); err != nil {
+			return v1.Hash{}, fmt.Errorf("write OCI layout: %w", err)
+		}
 	}
 	return digest, nil
 }
