@@ -135,6 +135,13 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 kube: ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~8.5 min cold)
 	@hack/kube.sh >/dev/null
 
+.PHONY: conformance
+conformance: ## build the Gateway API conformance suite's backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~6.5 min cold; test/cluster packs them as the images the suite names)
+	@hack/conformance.sh >/dev/null
+
+# test/cluster's TestConformanceImagesServe packs and runs them.
+unit: conformance
+
 cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
 	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3) $(foreach i,$(IMAGES),-image $(i))
 
