@@ -50,7 +50,7 @@ func BuildImages(dir string) ([]string, error) {
 			return nil, fmt.Errorf("build the %s image's command: %w: %s", img.cmd, err, out)
 		}
 		archive := filepath.Join(dir, img.cmd+".oci.tar")
-		if err := writeImage(archive, img.name, bin, "/"+img.cmd); err != nil {
+		if err := writeImage(archive, bin, "/"+img.cmd, img.name); err != nil {
 			return nil, fmt.Errorf("write image %s: %w", img.name, err)
 		}
 		archives = append(archives, archive)
@@ -59,9 +59,9 @@ func BuildImages(dir string) ([]string, error) {
 }
 
 // writeImage writes an OCI archive (a tar of an OCI image layout) holding one image
-// named name for linux/amd64: one layer with the file bin at path dst, dst as entry
-// point.
-func writeImage(archive, name, bin, dst string) error {
+// for linux/amd64, under each of names: one layer with the file bin at path dst, dst
+// as entry point.
+func writeImage(archive, bin, dst string, names ...string) error {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return err
@@ -111,7 +111,7 @@ func writeImage(archive, name, bin, dst string) error {
 		return err
 	}
 	defer os.RemoveAll(lay)
-	if _, err := ocitar.WriteLayout(filepath.Join(lay, "oci"), img, name); err != nil {
+	if _, err := ocitar.WriteLayout(filepath.Join(lay, "oci"), img, names...); err != nil {
 		return err
 	}
 	return ocitar.Write(archive, filepath.Join(lay, "oci"), nil, imageTime)
