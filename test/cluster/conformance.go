@@ -26,8 +26,9 @@ const (
 
 // EchoBasicImages are the names the suite's manifests give echo-basic: upstream they
 // are builds of different commits; here each is the echo-basic of GatewayAPIVersion's
-// own sources, which has what the older tags served and what the newer ones added
-// (the TCP and UDP echo servers of v1.6.0-dev.2, the retry handler of v1.6.0-dev.3).
+// own sources, which serves everything the suite's pods ask of any of them (the TCP
+// and UDP echo servers the TCPRoute and UDPRoute tests start from v1.6.0-dev.2, the
+// retry handler infra-backend-v3 runs from v1.6.0-dev.3).
 // TestConformanceImageNames fails when the suite's manifests name another.
 var EchoBasicImages = []string{
 	"registry.k8s.io/gateway-api/echo-basic:v1.5.1",
