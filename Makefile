@@ -17,7 +17,7 @@ IMAGE_REPO ?= ghcr.io/portico-edge/portico
 IMAGE ?= $(IMAGE_REPO):$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab bench-propagation bench-bgp demo-dataplane lab image image-name
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab bench-propagation bench-bgp demo-dataplane lab image image-name conformance-images
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -135,12 +135,8 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 kube: ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~8.5 min cold)
 	@hack/kube.sh >/dev/null
 
-.PHONY: conformance
-conformance: ## build the Gateway API conformance suite's backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~6.5 min cold; test/cluster packs them as the images the suite names)
+conformance-images: ## build the Gateway API conformance suite's backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~6.5 min cold; test/cluster packs them as the images the suite names; make test does not build them yet)
 	@hack/conformance.sh >/dev/null
-
-# test/cluster's TestConformanceImagesServe packs and runs them.
-unit: conformance
 
 cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
 	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3) $(foreach i,$(IMAGES),-image $(i))
