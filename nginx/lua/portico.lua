@@ -567,8 +567,13 @@ function M.route()
             return ngx.exit(404)
         end
     end
+    -- The route goes into the request's context whole: its Ingress (src)
+    -- and upstream (up) are what balance and count read. One key, not two:
+    -- a context has room for four before it must grow, and a request routed
+    -- to an upstream sets exactly four (with portico_peers, portico_index
+    -- and portico_sent).
     local ctx = ngx.ctx
-    ctx.portico_src = t.src
+    ctx.portico_t = t
     if sampled then
         local var = ngx.var
         var.portico_ingress = t.src or ""
@@ -581,7 +586,6 @@ function M.route()
     if not list or #list == 0 then
         return ngx.exit(ngx.HTTP_SERVICE_UNAVAILABLE)
     end
-    ctx.portico_name = t.up
     ctx.portico_peers = list
     local cname = t.cookie
     if cname then
@@ -617,7 +621,7 @@ function M.balance()
     else
         i = ctx.portico_sticky
         if not i then
-            local name = ctx.portico_name
+            local name = ctx.portico_t.up
             i = (next_index[name] or ngx.worker.pid()) % n + 1
             next_index[name] = i
         end
@@ -873,7 +877,8 @@ end
 -- (each read of a variable costs about half a microsecond), and the
 -- connections tries did not get are read only when a try failed.
 count = function(ctx)
-    local src = ctx.portico_src or "-"
+    local t = ctx.portico_t
+    local src = t and t.src or "-"
     local r = by_src[src]
     if not r then
         r = record(spare_src, ingress_fields)
@@ -911,7 +916,7 @@ count = function(ctx)
     r[9] = r[9] + ms
     k = 9 + bucket(ms)
     r[k] = r[k] + 1
-    local up = ctx.portico_name
+    local up = t and t.up
     if not up or not ctx.portico_index then
         return -- answered without an upstream
     end
