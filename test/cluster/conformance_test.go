@@ -3,7 +3,6 @@ package cluster
 import (
 	"archive/tar"
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -214,17 +213,7 @@ func TestConformanceImagesServe(t *testing.T) {
 		t.Fatalf("archives %v and %v, want 2 each", first, second)
 	}
 	for i := range first {
-		x, err := os.ReadFile(first[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		y, err := os.ReadFile(second[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(x, y) {
-			t.Errorf("%s differs between two builds", filepath.Base(first[i]))
-		}
+		sameBuild(t, first[i], second[i])
 	}
 	bin := t.TempDir()
 	echo := imageEntrypoint(t, first[0], bin, EchoBasicImages...)

@@ -33,17 +33,7 @@ func TestBuildImages(t *testing.T) {
 		t.Fatalf("archives %v and %v, want %d each", first, second, len(names))
 	}
 	for i := range first {
-		x, err := os.ReadFile(first[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		y, err := os.ReadFile(second[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.Equal(x, y) {
-			t.Errorf("%s differs between two builds", filepath.Base(first[i]))
-		}
+		x := sameBuild(t, first[i], second[i])
 		var index struct {
 			Manifests []struct {
 				Annotations map[string]string `json:"annotations"`
@@ -95,4 +85,22 @@ func TestVersionMatchesWrapper(t *testing.T) {
 	if KubeVersion != kapi.KubeVersion {
 		t.Errorf("kubelet and controllers %s, API server %s: keep them equal", KubeVersion, kapi.KubeVersion)
 	}
+}
+
+// sameBuild fails the test unless the archives a and b, one image's two builds, hold
+// the same bytes, and returns a's.
+func sameBuild(t *testing.T, a, b string) []byte {
+	t.Helper()
+	x, err := os.ReadFile(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	y, err := os.ReadFile(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(x, y) {
+		t.Errorf("%s differs between two builds", filepath.Base(a))
+	}
+	return x
 }
