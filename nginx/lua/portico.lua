@@ -821,19 +821,7 @@ local nbuckets = #bucket_ms
 local ingress_fields, upstream_fields = 9 + nbuckets + 1, 4 + nbuckets + 1
 local telemetry_queue = 1024 -- entries kept when the agent does not take them
 local by_src, by_up = {}, {} -- this worker's counts since its last push
--- Records a push has emptied, for the next ones to reuse: a busy worker
--- counts for thousands of Ingresses a second, and making their records anew
--- each second cost it more than the counting (spare_keep bounds the lists).
-local spare_src, spare_up, spare_keep = {}, {}, 8192
 local floor, concat = math.floor, table.concat
-local ok_clear, clear = pcall(require, "table.clear")
-if not ok_clear then
-    clear = function(t)
-        for k in pairs(t) do
-            t[k] = nil
-        end
-    end
-end
 
 -- configure says what nginx.conf asks for: the share of requests the access
 -- log writes (false: none), whose variables route then sets (only for those:
@@ -844,14 +832,7 @@ function M.configure(access_log_sample, telemetry)
     counting = telemetry
 end
 
--- record returns a record of n zeros: a spare one if there is.
-local function record(spare, n)
-    local k = #spare
-    if k > 0 then
-        local r = spare[k]
-        spare[k] = nil
-        return r
-    end
+local function record(n)
     local r = {}
     for i = 1, n do
         r[i] = 0
@@ -873,16 +854,15 @@ end
 -- count counts a response, as its header goes out. What costs little comes
 -- from nginx's C through the FFI (the status, the time, which nginx caches
 -- per event: request time is now less the request's start, upstream time now
--- less the first try's start, which balance notes); bytes in and out are
--- one variable, $portico_bytes (each variable read costs a name's lookup
--- and a new string, about half a microsecond), and the connections tries
--- did not get are read only when a try failed.
+-- less the first try's start, which balance notes); bytes are two variables
+-- (each read of a variable costs about half a microsecond), and the
+-- connections tries did not get are read only when a try failed.
 count = function(ctx)
     local t = ctx.portico_t
     local src = t and t.src or "-"
     local r = by_src[src]
     if not r then
-        r = record(spare_src, ingress_fields)
+        r = record(ingress_fields)
         by_src[src] = r
     end
     local now = ngx.now()
@@ -893,26 +873,8 @@ count = function(ctx)
         k = 6
     end
     r[k] = r[k] + 1
-    -- "<request length> <Content-Length, or nothing>", read digit by digit:
-    -- a loop LuaJIT compiles, where sub and tonumber would make strings
-    local b = var.portico_bytes or ""
-    local n, i = 0, 1
-    local c = byte(b, 1)
-    while c and c >= 48 and c <= 57 do
-        n = n * 10 + c - 48
-        i = i + 1
-        c = byte(b, i)
-    end
-    r[7] = r[7] + n
-    n = 0
-    i = i + 1 -- past the space
-    c = byte(b, i)
-    while c and c >= 48 and c <= 57 do
-        n = n * 10 + c - 48
-        i = i + 1
-        c = byte(b, i)
-    end
-    r[8] = r[8] + n
+    r[7] = r[7] + (tonumber(var.request_length) or 0)
+    r[8] = r[8] + (tonumber(var.sent_http_content_length) or 0)
     local ms = floor((now - ngx.req.start_time()) * 1000 + 0.5)
     r[9] = r[9] + ms
     k = 9 + bucket(ms)
@@ -923,7 +885,7 @@ count = function(ctx)
     end
     local u = by_up[up]
     if not u then
-        u = record(spare_up, upstream_fields)
+        u = record(upstream_fields)
         by_up[up] = u
     end
     local tries = ctx.portico_tries or 1
@@ -945,9 +907,8 @@ end
 
 -- lines puts by's records on out, as the pairs of their fields that are
 -- not 0 (table.concat formats the numbers and puts a space between
--- everything, so a line after the first starts with one), empties them
--- onto spare and empties by.
-local function lines(out, kind, by, spare)
+-- everything, so a line after the first starts with one).
+local function lines(out, kind, by)
     local n = #out
     for name, r in pairs(by) do
         out[n + 1] = kind
@@ -959,16 +920,11 @@ local function lines(out, kind, by, spare)
                 out[n + 1] = i
                 out[n + 2] = v
                 n = n + 2
-                r[i] = 0
             end
         end
         out[n + 1] = "\n"
         n = n + 1
-        if #spare < spare_keep then
-            spare[#spare + 1] = r
-        end
     end
-    clear(by)
 end
 
 -- push puts what this worker counted since its last push on the list.
@@ -977,8 +933,9 @@ local function push(premature)
         return
     end
     local out = {}
-    lines(out, "r", by_src, spare_src)
-    lines(out, "u", by_up, spare_up)
+    lines(out, "r", by_src)
+    lines(out, "u", by_up)
+    by_src, by_up = {}, {}
     local text = concat(out, " ")
     if tdict:llen("q") >= telemetry_queue then
         tdict:incr("dropped", 1, 0)
