@@ -252,6 +252,9 @@ func (s *l4Sink) applyLocked() error {
 			}
 		}
 	}
+	// While this node's verdicts differ from another edge's, their rings do
+	// where no transition shows it: every new connection is pinned.
+	want.Differ = s.live != nil && s.live.Differ()
 	if _, err := s.dp.Apply(want); err != nil {
 		return err
 	}
@@ -347,7 +350,7 @@ func (s *l4Sink) followLiveness(ctx context.Context) error {
 				ticked = true
 			}
 		}
-		dead := s.live.Dead()
+		dead, differ := s.live.Dead(), s.live.Differ()
 		if s.publish != nil && (first || ticked || !slices.Equal(dead, published)) {
 			err := s.publish(ctx, dead)
 			if (err == nil) != (publishErr == nil) {
@@ -363,7 +366,7 @@ func (s *l4Sink) followLiveness(ctx context.Context) error {
 			}
 		}
 		s.mu.Lock()
-		if len(s.last.Groups) > 0 && !slices.Equal(dead, s.dead) {
+		if len(s.last.Groups) > 0 && (!slices.Equal(dead, s.dead) || differ != s.given.Differ) {
 			if err := s.applyLocked(); err != nil {
 				s.log.Warn("re-apply after a liveness change failed", zap.Error(err))
 			}

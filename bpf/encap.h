@@ -133,6 +133,17 @@ static __always_inline __u32 self_tag(void)
 	return me && me->set && me->tags ? addr_tag(me->addr) + 1 : 0;
 }
 
+/* pin_new reports whether a new connection is pinned in any slot, moved or
+ * not (self_addr.differ): while this node's verdicts differ from another
+ * edge's, its ring and theirs differ where no ring of its transition does. */
+static __always_inline int pin_new(void)
+{
+	__u32 zero = 0;
+	struct self_addr *me = bpf_map_lookup_elem(&self_addr, &zero);
+
+	return me && me->differ;
+}
+
 /* udp_tags reports whether a UDP frame of this node's carries its tag: where
  * tags of that width tell every replica apart (self_addr.tags; v4: an IPv4
  * frame, whose tag is 12 bits). */

@@ -201,7 +201,10 @@ int xdp_lb(struct xdp_md *ctx)
 	if (p.syn) {
 		/* A new connection follows the current ring. Where the transition moved
 		 * its slot it is remembered, or its next packets would be taken for an
-		 * older flow's. An old pin of a reused 5-tuple is dropped, with this
+		 * older flow's; so it is in every slot while this node's verdicts
+		 * differ from another edge's (pin_new): its ring may name a replica
+		 * theirs do not, and after its verdict changes back its chain and
+		 * theirs may not meet there. An old pin of a reused 5-tuple is dropped, with this
 		 * CPU's cache entry of it: only a pin makes an entry differ from the
 		 * rings, so without pins neither is looked at. */
 		if (pins) {
@@ -210,12 +213,12 @@ int xdp_lb(struct xdp_md *ctx)
 			if (ce && ce->generation == cfg->generation && flow_key_eq(&ce->key, &p.flow))
 				ce->generation = 0;
 		}
-		if (mv)
+		if (mv || pin_new())
 			write = CACHE_NEW; /* a SYN is never cached: pin stays unused */
 	} else {
 		/* A packet of a flow: remembered as new in the transition, pinned, or
 		 * found along its chain (older than a change), or the current ring's. */
-		fv = mv ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
+		fv = mv || pin_new() ? bpf_map_lookup_elem(&new_pins, &p.flow) : 0;
 		if (fv && active_backend(fv->backend_id)) {
 			/* Its first packet after the SYN (the handshake's ACK): a real
 			 * connection, pinned for good. A spoofed SYN never gets here, so a

@@ -89,6 +89,11 @@ struct self_addr {
 		     * replica and edge this node knows (addr_tag): a walk carries
 		     * its director's, and skips it; SELF_TAGS_SHORT: the last 12
 		     * do too (an IPv4 UDP walk's tag) */
+	__u32 differ; /* this node's liveness verdicts differ from another edge's
+		       * (Go: Desired.Differ): its ring may give a replica's slots
+		       * to others where theirs do not, and no transition of its
+		       * own shows it; every new connection is pinned where it
+		       * goes (new_pins), as in a moved slot (pin_new) */
 };
 
 

@@ -49,6 +49,8 @@ type applied struct {
 	// which tags are on (tagsExact).
 	self netip.Addr
 	tags lbSelfTags
+	// differ: self_addr pins every new connection (Desired.Differ).
+	differ bool
 	// tagMACs: what tag_macs holds (not pinned: empty after a restart).
 	tagMACs map[uint32]lbTagMac
 }
@@ -81,9 +83,11 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 	// router's (it would steer its SYN back: a restarted agent did, and the
 	// connection opened at a replica no ring named, TestBGPReplicaChange).
 	// A backend whose tag is another's turns tags off before any ring names it.
+	// Pinning every new connection (Desired.Differ) starts before the rings
+	// that differ from the other edges' and ends after them.
 	self := selfOf(want, d.st.self)
 	if self.IsValid() {
-		if err := d.setSelf(&d.st, self, d.st.tags&tagsExact(self, d.st.backends, plan.backends)); err != nil {
+		if err := d.setSelf(&d.st, self, d.st.tags&tagsExact(self, d.st.backends, plan.backends), d.st.differ || want.Differ); err != nil {
 			return stats, err
 		}
 	}
@@ -103,7 +107,7 @@ func (d *Dataplane) Apply(want Desired) (ApplyStats, error) {
 		return stats, err
 	}
 	if self.IsValid() {
-		if err := d.setSelf(&d.st, self, tagsExact(self, plan.backends)); err != nil {
+		if err := d.setSelf(&d.st, self, tagsExact(self, plan.backends), want.Differ); err != nil {
 			return stats, err
 		}
 	}

@@ -20,6 +20,15 @@ type Desired struct {
 	// it, and packets other sites send to it are steered here. Required with
 	// Remotes.
 	Tunnel netip.Addr
+	// Differ: this node's liveness verdicts differ from another edge's
+	// (liveness.Checker.Differ). Its ring then gives a replica's slots to
+	// others where theirs do not (or the other way round), and no transition
+	// of its own shows it: a connection it opens there is off the other
+	// edges' rings, and once its verdict agrees again its chain for that
+	// connection and theirs may not meet. So every new connection it directs
+	// is pinned where it goes, as in a slot a transition moved (bpf/README.md,
+	// "Verdicts that differ"): per-flow state while verdicts differ only.
+	Differ bool
 }
 
 // Group is a set of VIP addresses served by the same replicas.

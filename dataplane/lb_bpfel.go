@@ -187,10 +187,11 @@ type lbRingMeta struct {
 }
 
 type lbSelfAddr struct {
-	_    structs.HostLayout
-	Addr [16]uint8
-	Set  uint32
-	Tags lbSelfTags
+	_      structs.HostLayout
+	Addr   [16]uint8
+	Set    uint32
+	Tags   lbSelfTags
+	Differ uint32
 }
 
 type lbSelfTags uint32

@@ -27,7 +27,30 @@ func (w *pccWorld) desired(i int) Desired {
 		}
 		bs = append(bs, b)
 	}
-	return Desired{Seed: testSeed, Groups: []Group{{Name: "edge/pcc", VIPs: []netip.Addr{vip4, vip6}, Backends: bs}}}
+	return Desired{Seed: testSeed, Groups: []Group{{Name: "edge/pcc", VIPs: []netip.Addr{vip4, vip6}, Backends: bs}}, Differ: w.differs(i)}
+}
+
+// differs is liveness.Checker.Differ at node i: the verdicts of another
+// replica it calls live (its answers to i's probes) differ from i's own.
+func (w *pccWorld) differs(i int) bool {
+	mine := w.verdicts(i)
+	for k := range w.nodes {
+		if k != i && !w.dead[k] && w.role[k] != pccNone && !w.downAt(i, k, w.skewServes(i)) && !slices.Equal(w.verdicts(k), mine) {
+			return true
+		}
+	}
+	return false
+}
+
+// verdicts are the replicas node i calls down.
+func (w *pccWorld) verdicts(i int) []int {
+	var out []int
+	for j := range w.nodes {
+		if w.role[j] != pccNone && w.downAt(i, j, w.skewServes(i)) {
+			out = append(out, j)
+		}
+	}
+	return out
 }
 
 // skewServes: with its own verdicts, node i still has a replica that takes

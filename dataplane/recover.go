@@ -82,7 +82,7 @@ func (d *Dataplane) recover() error {
 	for _, be := range pinned.backends {
 		if be.Flags&uint16(lbBackendFlagsBACKEND_F_LOCAL) != 0 {
 			self := addrFrom16(be.Addr)
-			if err := d.setSelf(&st, self, tagsExact(self, pinned.backends)); err != nil {
+			if err := d.setSelf(&st, self, tagsExact(self, pinned.backends), false); err != nil {
 				return err
 			}
 			break

@@ -9,17 +9,21 @@ import (
 )
 
 // setSelf writes this node's own replica address to self_addr, where chains
-// are walked from (chain_next), and which tags are on (tagsExact), if st does
-// not hold them already.
-func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags lbSelfTags) error {
-	if st.self == self && st.tags == tags {
+// are walked from (chain_next), which tags are on (tagsExact) and whether
+// every new connection is pinned (Desired.Differ), if st does not hold them
+// already.
+func (d *Dataplane) setSelf(st *applied, self netip.Addr, tags lbSelfTags, differ bool) error {
+	if st.self == self && st.tags == tags && st.differ == differ {
 		return nil
 	}
 	sa := lbSelfAddr{Addr: addr16(self), Set: 1, Tags: tags}
+	if differ {
+		sa.Differ = 1
+	}
 	if err := d.objs.SelfAddr.Put(uint32(0), &sa); err != nil {
 		return fmt.Errorf("update map self_addr: %w", err)
 	}
-	st.self, st.tags = self, tags
+	st.self, st.tags, st.differ = self, tags, differ
 	return nil
 }
 

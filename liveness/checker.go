@@ -121,8 +121,8 @@ func New(cfg Config) (*Checker, error) {
 	return c, nil
 }
 
-// Changed is signalled (without blocking, coalesced) whenever a verdict may
-// have changed. Readers also call Dead now and then: a stalled checker cannot
+// Changed is signalled (without blocking, coalesced) whenever a verdict, or
+// another edge's verdicts (Differ), may have changed. Readers also call Dead now and then: a stalled checker cannot
 // signal.
 func (c *Checker) Changed() <-chan struct{} { return c.wake }
 
@@ -313,7 +313,9 @@ func (c *Checker) record(a netip.Addr, t *targetState, res Result, err error, re
 		// replica, and the count is over every pair).
 		relearn := false
 		if res == OK && !t.local && !slices.Equal(t.report, report) {
-			t.report, relearn = report, true
+			// Differ may have changed too: the agent pins every new
+			// connection while it holds.
+			t.report, relearn, changed = report, true, true
 		}
 		if t.rep.answer(c.cfg.Timing, now, res == OK) {
 			why := string(res)
@@ -492,7 +494,8 @@ func (c *Checker) Dead() []netip.Addr {
 // does (Dead). Their rings differ meanwhile: a connection this node's ring
 // gives to a replica may be off that edge's ring, and the reverse
 // (bpf/README.md, "Verdicts that differ"), so the agent's held reports list
-// every connection while it lasts.
+// every connection while it lasts, and its data plane pins every new
+// connection it directs (dataplane.Desired.Differ).
 func (c *Checker) Differ() bool {
 	mine := c.Dead()
 	c.mu.Lock()

@@ -414,8 +414,22 @@ func TestCheckerDiffer(t *testing.T) {
 	}
 	waitDiffer(false, "every edge calls nobody down")
 	// One edge alone calls b down (its probes failed, this node's passed).
+	// Changed says so: the agent pins every new connection while verdicts
+	// differ, and nothing else changes here to wake it.
+	for drained := false; !drained; {
+		select {
+		case <-c.Changed():
+		default:
+			drained = true
+		}
+	}
 	a.setReport("down 127.0.0.3\n")
 	waitDiffer(true, "a calls b down, this node does not")
+	select {
+	case <-c.Changed():
+	case <-time.After(time.Second):
+		t.Fatal("another edge's verdicts changed (Differ), Changed was not signalled")
+	}
 	a.setReport("")
 	waitDiffer(false, "a's verdict agrees again")
 	// This node alone calls a replica down: b's answers stop.
