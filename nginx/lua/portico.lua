@@ -914,8 +914,9 @@ require "resty.core.var"
 local get_request = require("resty.core.base").get_request
 local var_value, var_len = ffi.new("char *[1]"), ffi.new("size_t[1]")
 local var_err, var_low = ffi.new("char *[1]"), ffi.new("char[32]")
+local var_get = ffi.C.ngx_http_lua_ffi_var_get
 local function var_num(r, name)
-    if ffi.C.ngx_http_lua_ffi_var_get(r, name, #name, var_low, 0, var_value, var_len, var_err) ~= 0 then
+    if var_get(r, name, #name, var_low, 0, var_value, var_len, var_err) ~= 0 then
         return 0
     end
     local p, v = var_value[0], 0
