@@ -24,12 +24,18 @@ func pathRank(t model.PathType) int {
 	}
 }
 
-// locations renders a server's paths. Each Ingress path becomes one or two nginx
-// locations; when two paths want the same location, the stronger type wins (Exact,
-// Prefix, ImplementationSpecific), then the first in model order.
+// locations renders a server's paths. Each path becomes one or two matches ("= /p"
+// exact, "/p/" prefix), and each match a chain of candidates that a request tries
+// in order, taking the first whose conditions (model.RequestMatch) it meets: by
+// path type (Exact, Prefix, ImplementationSpecific), then Rank, then model order.
+// A candidate without conditions ends its chain; when two such want the same match
+// and neither is Exact over the other's Prefix (the Ingress rule, or Gateway API's
+// precedence by Rank), the later is reported as a conflict. A chain that ends
+// without one lets the request try the next shorter prefix; "/" always ends with
+// one.
 //
-// An Exact path ending in '/' ("/p/") also gets "location = /p", unless another path
-// owns it, answering as "/p" would without it. Otherwise nginx, which redirects a
+// An Exact path ending in '/' ("/p/") also gets "= /p", unless another path owns
+// it, answering as "/p" would without it. Otherwise nginx, which redirects a
 // request for "/p" to "/p/" when a proxying location's name ends in '/' (its
 // auto_redirect), would answer "/p" with 301 and then serve "/p/"; the Ingress
 // specification says Exact "/p/" does not match "/p".
@@ -37,45 +43,24 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 	type cand struct {
 		loc  tmplLocation
 		rank int
+		l    *model.Location
 		src  string
 	}
-	byMatch := map[string]cand{}
+	byMatch := map[string][]cand{}
 	var order []string
 	var exactSlash []string // Exact paths ending in '/', without it
-	add := func(match string, rank int, l model.Location, obj string) {
-		tl := tmplLocation{Match: match, Source: commentSafe(l.Source)}
-		tl.Upstream, tl.Status = r.upstream(l.Upstream, obj)
-		if a := l.Affinity; a.Cookie != "" && tl.Upstream != "" {
-			if !model.CookieNameRE.MatchString(a.Cookie) || a.MaxAge > model.MaxCookieAge {
-				r.problem(obj, "affinity", model.ReasonInvalidAnnotation, fmt.Sprintf("affinity cookie %q, max-age %d: not applied", a.Cookie, a.MaxAge))
-			} else {
-				tl.Affinity, tl.AffinityPath = a.Cookie, cmp.Or(strings.TrimRight(l.Path, "/"), "/")
-				if a.MaxAge > 0 {
-					tl.AffinityMaxAge = strconv.Itoa(int(a.MaxAge))
-				}
-			}
+	add := func(match string, rank int, l *model.Location, obj string) {
+		tl, ok := r.target(match, l, obj)
+		if !ok {
+			return
 		}
-		c, ok := byMatch[match]
-		if ok {
-			// Exact over Prefix is the Ingress rule, not a conflict; two paths of the
-			// same kind (or Prefix against ImplementationSpecific) are.
-			conflict := c.rank == rank || (c.rank != 0 && rank != 0)
-			winner, loser := c.src, obj
-			if rank < c.rank {
-				winner, loser = obj, c.src
-			}
-			if conflict {
-				r.problem(loser, "path", model.ReasonPathConflict, fmt.Sprintf("location %q of host %s is taken by %s", match, hostOrDefault(s.Host), winner))
-			}
-			if rank >= c.rank {
-				return
-			}
-		} else {
+		if _, seen := byMatch[match]; !seen {
 			order = append(order, match)
 		}
-		byMatch[match] = cand{loc: tl, rank: rank, src: obj}
+		byMatch[match] = append(byMatch[match], cand{loc: tl, rank: rank, l: l, src: obj})
 	}
-	for _, l := range s.Locations {
+	for i := range s.Locations {
+		l := &s.Locations[i]
 		obj := l.Source
 		if obj == "" {
 			obj = "Server " + hostOrDefault(s.Host)
@@ -103,15 +88,37 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 			r.problem(obj, "pathType", model.ReasonInvalidPathType, fmt.Sprintf("host %s path %q: unknown path type %q", hostOrDefault(s.Host), l.Path, l.Type))
 		}
 	}
-	if _, ok := byMatch["/"]; !ok {
+	// Each chain in precedence order, cut after its first candidate without
+	// conditions.
+	for m, cs := range byMatch {
+		slices.SortStableFunc(cs, func(a, b cand) int { return cmp.Or(cmp.Compare(a.rank, b.rank), cmp.Compare(a.l.Rank, b.l.Rank)) })
+		for i, c := range cs {
+			if !c.l.Match.IsZero() {
+				continue
+			}
+			for _, d := range cs[i+1:] {
+				// Exact over Prefix is the Ingress rule, not a conflict; two paths of
+				// the same kind (or Prefix against ImplementationSpecific) are.
+				if d.l.Match.IsZero() && (d.rank == c.rank || c.rank != 0 && d.rank != 0) {
+					r.problem(d.src, "path", model.ReasonPathConflict, fmt.Sprintf("location %q of host %s is taken by %s", m, hostOrDefault(s.Host), c.src))
+				}
+			}
+			cs = cs[:i+1]
+			break
+		}
+		byMatch[m] = cs
+	}
+	if cs := byMatch["/"]; len(cs) == 0 || !cs[len(cs)-1].l.Match.IsZero() {
 		// Paths no rule matches go to the default backend, or get a 404 (never to
 		// nginx's own document root).
 		tl := tmplLocation{Match: "/", Status: 404}
 		if s.DefaultUpstream != "" {
 			tl.Upstream, tl.Status = r.upstream(s.DefaultUpstream, "Server "+hostOrDefault(s.Host))
 		}
-		byMatch["/"] = cand{loc: tl}
-		order = append(order, "/")
+		if len(cs) == 0 {
+			order = append(order, "/")
+		}
+		byMatch["/"] = append(cs, cand{loc: tl, l: &model.Location{}})
 	}
 	for _, p := range exactSlash {
 		if _, ok := byMatch["= "+p]; ok {
@@ -126,10 +133,12 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 				best = m
 			}
 		}
-		loc := byMatch[best].loc
-		loc.Match = "= " + p
-		byMatch[loc.Match] = cand{loc: loc}
-		order = append(order, loc.Match)
+		cs := slices.Clone(byMatch[best])
+		for i := range cs {
+			cs[i].loc.Match = "= " + p
+		}
+		byMatch["= "+p] = cs
+		order = append(order, "= "+p)
 	}
 	// Sorted by the path, then exact before prefix, for a stable and readable file.
 	slices.SortFunc(order, func(a, b string) int {
@@ -141,7 +150,9 @@ func (r *renderer) locations(s *model.Server) []tmplLocation {
 	})
 	out := make([]tmplLocation, 0, len(order))
 	for _, m := range order {
-		out = append(out, byMatch[m].loc)
+		for _, c := range byMatch[m] {
+			out = append(out, c.loc)
+		}
 	}
 	return out
 }
@@ -167,7 +178,7 @@ func (r *renderer) cachedLocations(s *model.Server) []tmplLocation {
 		return r.locations(s)
 	}
 	k := s.Group + "|" + s.Host
-	if e, ok := r.cache.locations[k]; ok && e.defaultUpstream == s.DefaultUpstream && slices.Equal(e.paths, s.Locations) {
+	if e, ok := r.cache.locations[k]; ok && e.defaultUpstream == s.DefaultUpstream && slices.EqualFunc(e.paths, s.Locations, sameLocation) {
 		same := true
 		for _, c := range e.upstreams {
 			if up, status := r.resolve(c.name, c.obj); up != c.up || status != c.status {

@@ -106,6 +106,9 @@ type (
 		// its Path attribute (the Ingress path); its Max-Age, "" for a session
 		// cookie. All validated.
 		Affinity, AffinityPath, AffinityMaxAge string
+		// Backends, when set, share the requests by weight (rules.go's
+		// backends); Options are the conditions and filters (options).
+		Backends, Options string
 	}
 )
 
@@ -154,6 +157,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 
 	t := make(table, len(snap.Servers)+len(snap.Upstreams)+len(snap.Certificates)+1)
 	seen := make(map[string]bool, len(snap.Servers))
+	depths := map[int]bool{} // label counts of the suffixes of "**." hosts
 	var catchAll *model.Server
 	for i := range snap.Servers {
 		s := &snap.Servers[i]
@@ -182,6 +186,12 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		}
 		seen[s.Host] = true
 		t["h:"+s.Host] = hostValue(r.server(s), opt.HTTPSPort)
+		if suffix, ok := strings.CutPrefix(s.Host, "**."); ok {
+			depths[strings.Count(suffix, ".")+1] = true
+		}
+	}
+	if len(depths) > 0 {
+		t["w:"] = depthsValue(depths)
 	}
 	if catchAll != nil {
 		d.Default = r.server(catchAll)

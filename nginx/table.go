@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -183,7 +184,8 @@ func upstreamValue(eps []netip.AddrPort) string {
 // hostValue is a host's routes as the table keeps them (see lua/portico.lua):
 // its certificate's id, the HTTPS port plain HTTP redirects to, the status that
 // answers every request, each "-" for none, then its locations' matches and
-// targets, each target followed by "#" and the Ingress that asked for it.
+// targets (a match given again is the next candidate of its chain), each target
+// followed by its options (rules.go) and by "#" and the object that asked for it.
 func hostValue(s tmplServer, redirectPort uint16) string {
 	var b strings.Builder
 	b.WriteString(cmpDash(s.CertID))
@@ -204,6 +206,8 @@ func hostValue(s tmplServer, redirectPort uint16) string {
 		b.WriteString(strings.Replace(l.Match, "= ", "=", 1))
 		b.WriteByte(' ')
 		switch {
+		case l.Backends != "":
+			b.WriteString(l.Backends)
 		case l.Upstream == "":
 			b.WriteString("@" + strconv.Itoa(l.Status))
 		case l.Affinity != "":
@@ -211,12 +215,24 @@ func hostValue(s tmplServer, redirectPort uint16) string {
 		default:
 			b.WriteString(l.Upstream)
 		}
+		b.WriteString(l.Options)
 		if tableSource(l.Source) {
 			b.WriteByte('#')
 			b.WriteString(l.Source)
 		}
 	}
 	return b.String()
+}
+
+// depthsValue is "w:" as the table keeps it: the label counts, most first.
+func depthsValue(depths map[int]bool) string {
+	ds := slices.Sorted(maps.Keys(depths))
+	slices.Reverse(ds)
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = strconv.Itoa(d)
+	}
+	return strings.Join(parts, " ")
 }
 
 // tableSource reports whether a location's source can name it in the table

@@ -13,9 +13,13 @@ const maxHostLen = 253
 // maxPathLen bounds an Ingress path; longer ones are rejected rather than rendered.
 const maxPathLen = 1024
 
-// validateHost checks a lower-case RFC 1123 DNS name, or "*." followed by one.
+// validateHost checks a lower-case RFC 1123 DNS name, or "*." or "**." (a wildcard
+// of any number of labels, model.Server) followed by one.
 func validateHost(h string) error {
 	name := strings.TrimPrefix(h, "*.")
+	if n, ok := strings.CutPrefix(h, "**."); ok {
+		name = n
+	}
 	if name == "" {
 		return errors.New("empty host")
 	}

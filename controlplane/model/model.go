@@ -161,24 +161,121 @@ const (
 
 // Server is one virtual host served by a group's nginx.
 type Server struct {
-	Group           string     // Group.Name that serves this host
-	Host            string     // lower-case DNS name or "*.suffix" wildcard
+	Group string // Group.Name that serves this host
+	// Host is a lower-case DNS name, a "*.suffix" wildcard (one label, the
+	// Ingress rule) or a "**.suffix" wildcard (any number of labels, Gateway
+	// API's "*.suffix"); "" is the catch-all.
+	Host            string
 	TLSCertificate  string     // Certificate.Name, "" for plain HTTP only
 	SSLRedirect     bool       // redirect HTTP to HTTPS (portico.io/ssl-redirect)
-	Locations       []Location // sorted by (Path, Type)
+	Locations       []Location // sorted by (Path, Type, Rank)
 	DefaultUpstream string     // Upstream.Name answering paths no Location matches; "" = 404
 }
 
 // Location routes one path of a host to an upstream.
 type Location struct {
-	Path     string
-	Type     PathType
-	Upstream string // Upstream.Name
-	Source   string // "namespace/name" of the Ingress or Pod that asked for it
+	Path string
+	Type PathType
+	// Rank orders the Locations of one path and type, lower first: a request
+	// takes the first whose Match it meets (Gateway API's precedence, which the
+	// builder computes); Ingress paths leave it 0.
+	Rank     uint32
+	Upstream string // Upstream.Name; "" when Backends or Status say where
+	Source   string // "namespace/name" of the Ingress, Pod or route that asked for it
 	// Affinity keeps a client on one endpoint of the upstream by a cookie
 	// (portico.io/affinity: cookie); its zero value is none.
 	Affinity CookieAffinity
+	// Match narrows the location to requests with this method, headers and
+	// query parameters; its zero value matches every request.
+	Match RequestMatch
+	// Backends share the location's requests by weight, when Upstream is "".
+	Backends []Backend
+	// Status, when neither Upstream nor Backends is set, answers every
+	// request with it (with Filters.Redirect, a 3xx redirect).
+	Status int
+	// Filters change the request before it is proxied, or the answer.
+	Filters Filters
 }
+
+// RequestMatch is what a request must carry, besides its path, for a Location
+// to take it (Gateway API's HTTPRouteMatch): every condition set must hold.
+type RequestMatch struct {
+	Method  string      // upper-case HTTP method; "" for any
+	Headers []NameValue // header name (lower-case) and exact value
+	Query   []NameValue // query parameter name and exact value
+}
+
+// IsZero reports whether m matches every request.
+func (m RequestMatch) IsZero() bool {
+	return m.Method == "" && len(m.Headers) == 0 && len(m.Query) == 0
+}
+
+// NameValue is a header or query parameter and its value.
+type NameValue struct {
+	Name, Value string
+}
+
+// Backend is one upstream of a Location's weighted share, or, when Upstream
+// is "", a status its share of requests is answered with (Gateway API's 500
+// for a backend reference that does not resolve).
+type Backend struct {
+	Upstream string
+	Status   int
+	Weight   uint32 // 0 takes no requests
+}
+
+// Filters are Gateway API's HTTPRoute filters that a Location applies.
+type Filters struct {
+	// RequestHeaders and ResponseHeaders change the request before it is
+	// proxied and the answer before it is sent.
+	RequestHeaders, ResponseHeaders HeaderChanges
+	// Redirect, with Location.Status a 3xx, answers with a Location built from
+	// the request and these replacements.
+	Redirect *Redirect
+	// Rewrite changes the request's host or path before it is proxied.
+	Rewrite *Rewrite
+}
+
+// HeaderChanges sets, appends to and removes headers, in that order of
+// precedence (Gateway API's HTTPHeaderFilter).
+type HeaderChanges struct {
+	Set, Add []NameValue
+	Remove   []string
+}
+
+// IsZero reports whether h changes nothing.
+func (h HeaderChanges) IsZero() bool { return len(h.Set) == 0 && len(h.Add) == 0 && len(h.Remove) == 0 }
+
+// Redirect is the parts of a redirect's Location that replace the request's:
+// each zero value keeps the request's (Port 0: the scheme's well-known port
+// when Scheme is set, else the port the request came to).
+type Redirect struct {
+	Scheme, Host string
+	Port         uint16
+	Path         PathChange
+}
+
+// Rewrite is Gateway API's URLRewrite filter.
+type Rewrite struct {
+	Host string
+	Path PathChange
+}
+
+// PathChange replaces a request's whole path (PathChangeFull) or the prefix its
+// Location matched (PathChangePrefix, for Prefix locations) with Value; its
+// zero value keeps the path.
+type PathChange struct {
+	Type  PathChangeType
+	Value string
+}
+
+// PathChangeType is how a PathChange applies.
+type PathChangeType string
+
+const (
+	PathChangeFull   PathChangeType = "Full"
+	PathChangePrefix PathChangeType = "Prefix"
+)
 
 // CookieAffinity is session affinity by cookie: the cookie names the client's
 // endpoint by an opaque id derived from the endpoint's address alone, so every

@@ -48,12 +48,16 @@ const (
 
 // Reasons of nginx (parts of a snapshot it leaves out of its configuration).
 const (
-	ReasonInvalidHost             Reason = "InvalidHost"
-	ReasonDuplicateHost           Reason = "DuplicateHost"
-	ReasonInvalidPathType         Reason = "InvalidPathType"
-	ReasonUpstreamNotFound        Reason = "UpstreamNotFound"
-	ReasonInvalidUpstream         Reason = "InvalidUpstream"
-	ReasonInvalidEndpoint         Reason = "InvalidEndpoint"
+	ReasonInvalidHost      Reason = "InvalidHost"
+	ReasonDuplicateHost    Reason = "DuplicateHost"
+	ReasonInvalidPathType  Reason = "InvalidPathType"
+	ReasonUpstreamNotFound Reason = "UpstreamNotFound"
+	ReasonInvalidUpstream  Reason = "InvalidUpstream"
+	ReasonInvalidEndpoint  Reason = "InvalidEndpoint"
+	// ReasonInvalidRule: a location's conditions or filters that nginx cannot
+	// apply as written (a header name that is not a token, a redirect scheme
+	// other than http or https).
+	ReasonInvalidRule             Reason = "InvalidRule"
 	ReasonCertificateNotFound     Reason = "CertificateNotFound"
 	ReasonInvalidCertificate      Reason = "InvalidCertificate"
 	ReasonCertificateHostMismatch Reason = "CertificateHostMismatch"

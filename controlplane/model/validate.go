@@ -182,15 +182,18 @@ func (v Server) validate(groups, upstreams, certs map[string]bool) error {
 		errs = append(errs, fmt.Errorf("default upstream %q does not exist", v.DefaultUpstream))
 	}
 	errs = appendErr(errs, ordered("locations", v.Locations, func(x, y Location) int {
-		return cmp.Or(cmp.Compare(x.Path, y.Path), cmp.Compare(x.Type, y.Type))
-	}, func(l Location) string { return string(l.Type) + " " + l.Path }))
+		return cmp.Or(cmp.Compare(x.Path, y.Path), cmp.Compare(x.Type, y.Type), cmp.Compare(x.Rank, y.Rank))
+	}, func(l Location) string {
+		if l.Rank > 0 {
+			return string(l.Type) + " " + l.Path + " rank " + strconv.Itoa(int(l.Rank))
+		}
+		return string(l.Type) + " " + l.Path
+	}))
 	for _, l := range v.Locations {
 		if l.Type != PathExact && l.Type != PathPrefix && l.Type != PathImplementationSpecific {
 			errs = append(errs, fmt.Errorf("path %q has type %q", l.Path, l.Type))
 		}
-		if !upstreams[l.Upstream] {
-			errs = append(errs, fmt.Errorf("path %q: upstream %q does not exist", l.Path, l.Upstream))
-		}
+		errs = appendErr(errs, l.validateTarget(upstreams))
 		if a := l.Affinity; (a.Cookie != "" && !CookieNameRE.MatchString(a.Cookie)) || (a.Cookie == "" && a.MaxAge != 0) || a.MaxAge > MaxCookieAge {
 			errs = append(errs, fmt.Errorf("path %q: affinity cookie %q with max-age %d", l.Path, a.Cookie, a.MaxAge))
 		}
@@ -233,4 +236,43 @@ func prefixed(what string, errs []error) error {
 		}
 	}
 	return errors.Join(out...)
+}
+
+// validateTarget checks where a Location sends a request: exactly one of an
+// upstream, weighted backends and a status, each naming what exists.
+func (l Location) validateTarget(upstreams map[string]bool) error {
+	targets := 0
+	for _, set := range []bool{l.Upstream != "", len(l.Backends) > 0, l.Status != 0} {
+		if set {
+			targets++
+		}
+	}
+	if targets != 1 {
+		return fmt.Errorf("path %q: %d of upstream, backends and status set, want 1", l.Path, targets)
+	}
+	if l.Upstream != "" && !upstreams[l.Upstream] {
+		return fmt.Errorf("path %q: upstream %q does not exist", l.Path, l.Upstream)
+	}
+	for _, b := range l.Backends {
+		if (b.Upstream == "") == (b.Status == 0) {
+			return fmt.Errorf("path %q: a backend names both or neither of an upstream and a status", l.Path)
+		}
+		if b.Upstream != "" && !upstreams[b.Upstream] {
+			return fmt.Errorf("path %q: upstream %q does not exist", l.Path, b.Upstream)
+		}
+		if b.Status != 0 && (b.Status < 200 || b.Status > 599) {
+			return fmt.Errorf("path %q: backend status %d", l.Path, b.Status)
+		}
+	}
+	if l.Status != 0 && (l.Status < 200 || l.Status > 599) {
+		return fmt.Errorf("path %q: status %d", l.Path, l.Status)
+	}
+	if l.Filters.Redirect != nil && (l.Status < 300 || l.Status > 399) {
+		return fmt.Errorf("path %q: a redirect answers status %d, not a 3xx", l.Path, l.Status)
+	}
+	if (l.Filters.Redirect != nil && l.Filters.Redirect.Path.Type == PathChangePrefix ||
+		l.Filters.Rewrite != nil && l.Filters.Rewrite.Path.Type == PathChangePrefix) && l.Type != PathPrefix {
+		return fmt.Errorf("path %q: a prefix replacement needs a Prefix path, not %s", l.Path, l.Type)
+	}
+	return nil
 }

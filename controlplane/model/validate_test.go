@@ -67,6 +67,26 @@ func TestValidate(t *testing.T) {
 		{"missing default upstream", func(s *Snapshot) { s.Servers[0].DefaultUpstream = "gone" }, `server edge/a "": default upstream "gone" does not exist`},
 		{"missing upstream", func(s *Snapshot) { s.Servers[1].Locations[0].Upstream = "gone" }, `path "/": upstream "gone" does not exist`},
 		{"location twice", func(s *Snapshot) { s.Servers[1].Locations[2].Type = PathExact }, `locations: "Exact /api" twice`},
+		{"location rank twice", func(s *Snapshot) {
+			s.Servers[1].Locations = append(s.Servers[1].Locations, Location{Path: "/api", Type: PathPrefix, Upstream: "app-api-80"})
+			s.Servers[1].Locations[2].Rank, s.Servers[1].Locations[3].Rank = 2, 2
+		}, `locations: "Prefix /api rank 2" twice`},
+		{"two targets", func(s *Snapshot) { s.Servers[1].Locations[0].Status = 500 }, `path "/": 2 of upstream, backends and status set, want 1`},
+		{"backend missing upstream", func(s *Snapshot) {
+			s.Servers[1].Locations[0].Upstream = ""
+			s.Servers[1].Locations[0].Backends = []Backend{{Upstream: "app-web-80", Weight: 1}, {Upstream: "gone", Weight: 1}}
+		}, `path "/": upstream "gone" does not exist`},
+		{"backend both", func(s *Snapshot) {
+			s.Servers[1].Locations[0].Upstream = ""
+			s.Servers[1].Locations[0].Backends = []Backend{{Upstream: "app-web-80", Status: 500, Weight: 1}}
+		}, `path "/": a backend names both or neither`},
+		{"redirect not 3xx", func(s *Snapshot) {
+			s.Servers[1].Locations[0].Upstream, s.Servers[1].Locations[0].Status = "", 200
+			s.Servers[1].Locations[0].Filters.Redirect = &Redirect{Scheme: "https"}
+		}, `path "/": a redirect answers status 200, not a 3xx`},
+		{"prefix rewrite on exact", func(s *Snapshot) {
+			s.Servers[1].Locations[1].Filters.Rewrite = &Rewrite{Path: PathChange{Type: PathChangePrefix, Value: "/v2"}}
+		}, `path "/api": a prefix replacement needs a Prefix path, not Exact`},
 		{"unknown path type", func(s *Snapshot) { s.Servers[1].Locations[0].Type = "Regex" }, `path "/" has type "Regex"`},
 		{"endpoints out of order", func(s *Snapshot) {
 			e := s.Upstreams[1].Endpoints

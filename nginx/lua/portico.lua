@@ -8,14 +8,24 @@
 -- values in the shared dictionary:
 --   "h:<host>"  a host's routes ("h:" is the catch-all, always present);
 --   "u:<name>"  an upstream's endpoints ("10.0.0.1:80 [fd00::1]:80");
---   "c:<id>"    a certificate chain and its key, PEM with "!" for newlines.
+--   "c:<id>"    a certificate chain and its key, PEM with "!" for newlines;
+--   "w:"        the label counts of the suffixes of "h:**.<suffix>" hosts
+--               (wildcards of any depth, Gateway API's), most first.
 -- A host's routes: its certificate's id or "-", the HTTPS port to redirect
 -- plain HTTP to or "-", a status to answer every request with or "-", then
 -- pairs of a match and a target. A match is "=/path" (exact) or a prefix
--- ending in "/"; a target is "@<status>", an upstream name, or
--- "<upstream>|<cookie>|<path>|<max-age>" for cookie affinity, each followed
--- by "#<namespace>/<name>" of the Ingress that asked for the route when
--- there is one (the telemetry's ingress label).
+-- ending in "/"; a match given more than once is a chain of candidates, which
+-- a request tries in order (see route). A target is "@<status>", an upstream
+-- name, "<upstream>|<cookie>|<path>|<max-age>" for cookie affinity, or
+-- weighted backends "<upstream or @status>*<weight>,..."; then options, each
+-- ";<key>=<value>" with the value %-escaped: conditions (m a method, h a
+-- header and q a query parameter "<name>:<value>"), request headers set (s),
+-- appended to (a) and removed (d), the same for the response (S, A, D), a
+-- redirect (r, empty) and its scheme, host, port, full path and prefix (rs,
+-- rh, rp, rf, rx; the status is the target's), a rewrite's host, full path
+-- and prefix (wh, wf, wx), and the length of the prefix a replaced prefix is
+-- (pl); last "#<namespace>/<name>" of the object that asked for the
+-- route when there is one (the telemetry's ingress label).
 --
 -- The agent writes the whole table to a file that load reads whenever a
 -- master starts or reloads, and PUTs each change to the control socket as a
@@ -115,17 +125,22 @@ local function parse_endpoint(s, i, j)
 end
 
 
--- A key: "h:" and a host, "u:" and an upstream name, or "c:" and a
--- certificate id; at most 260 bytes of [a-z0-9.*_-].
+-- A key: "h:" and a host, "u:" and an upstream name, "c:" and a
+-- certificate id, or "w:"; at most 260 bytes of [a-z0-9.*_-].
 local function valid_key(s, i, j)
     if j - i < 1 or j - i > 259 or byte(s, i + 1) ~= 58 then
         return false
     end
     local kind = byte(s, i)
-    if kind ~= 104 and kind ~= 117 and kind ~= 99 then -- h, u, c
+    if kind ~= 104 and kind ~= 117 and kind ~= 99 and kind ~= 119 then -- h, u, c, w
         return false
     end
-    if kind ~= 104 and j < i + 2 then -- only hosts have an empty one
+    local empty = j < i + 2
+    if kind == 119 then -- "w:" has no name
+        if not empty then
+            return false
+        end
+    elseif empty and kind ~= 104 then -- only hosts have an empty one
         return false
     end
     for k = i + 2, j do
@@ -324,8 +339,114 @@ local function valid_source(s)
     return slash and slash > 1 and slash < #s and valid_name(s, 1, slash - 1) and valid_name(s, slash + 1, #s)
 end
 
--- parse_target reads a route's target: "@503", "up" or "up|cookie|/path|600",
--- then "#namespace/name" when an Ingress asked for it.
+-- parse_status reads "@<status>" (200-599).
+local function parse_status(s)
+    local st = tonumber(sub(s, 2))
+    if not st or st < 200 or st > 599 or st % 1 ~= 0 then
+        return nil
+    end
+    return st
+end
+
+-- parse_weighted reads weighted backends ("up*3,@500*1") into a list of
+-- targets (each with its weight, w, and cw, the smooth round robin's
+-- current weight) and their total weight.
+local function parse_weighted(s, src)
+    local list, total = {}, 0
+    for item in gmatch(s, "[^,]+") do
+        local name, w = match(item, "^([^*]+)%*(%d+)$")
+        w = tonumber(w)
+        if not name or not w or w < 1 or w > 1000000 then
+            return nil
+        end
+        local t
+        if byte(name, 1) == 64 then -- '@'
+            local st = parse_status(name)
+            if not st then
+                return nil
+            end
+            t = { status = st, src = src, w = w, cw = 0 }
+        elseif valid_name(name, 1, #name) then
+            t = { up = name, src = src, w = w, cw = 0 }
+        else
+            return nil
+        end
+        list[#list + 1] = t
+        total = total + w
+    end
+    if #list == 0 then
+        return nil
+    end
+    return list, total
+end
+
+-- header_var is the nginx variable that reads a request header, or nil when
+-- the name has characters no variable's name takes.
+local function header_var(name)
+    if find(name, "^[a-z0-9-]+$") then
+        return "http_" .. gsub(name, "-", "_")
+    end
+    return nil
+end
+
+-- parse_options reads a target's options (";k=v;k=v") into its conditions
+-- (t.c) and filters (t.f); false when one does not parse.
+local function parse_options(t, s)
+    local c, f
+    for k, v in gmatch(s, ";([%a]+)=([^;]*)") do
+        local name, val = match(v, "^([^:]*):(.*)$")
+        if name then
+            name, val = ngx.unescape_uri(name), ngx.unescape_uri(val)
+        end
+        v = ngx.unescape_uri(v)
+        if k == "m" then
+            c = c or {}
+            c.method = v
+        elseif k == "h" or k == "q" then
+            if not name or name == "" then
+                return false
+            end
+            c = c or {}
+            local list = k == "h" and "h" or "q"
+            c[list] = c[list] or {}
+            c[list][#c[list] + 1] = { name, val, k == "h" and header_var(name) or nil }
+        elseif k == "s" or k == "a" or k == "S" or k == "A" then
+            if not name or name == "" then
+                return false
+            end
+            f = f or {}
+            f[k] = f[k] or {}
+            f[k][#f[k] + 1] = { name, val }
+        elseif k == "d" or k == "D" then
+            f = f or {}
+            f[k] = f[k] or {}
+            f[k][#f[k] + 1] = v
+        elseif k == "r" then
+            f = f or {}
+            f.r = true
+        elseif k == "rp" or k == "pl" then
+            f = f or {}
+            f[k] = tonumber(v)
+            if not f[k] then
+                return false
+            end
+        elseif k == "rs" or k == "rh" or k == "rf" or k == "rx" or k == "wh" or k == "wf" or k == "wx" then
+            f = f or {}
+            f[k] = v
+        else
+            return false
+        end
+    end
+    t.c, t.f = c, f
+    if f then
+        f.redirect = f.r
+        f.req = f.s or f.a or f.d or f.wh or f.wf or f.wx
+        f.resp = f.S or f.A or f.D
+    end
+    return true
+end
+
+-- parse_target reads a route's target (see the top of this file).
 local function parse_target(s)
     local src
     local hash = find(s, "#", 1, true)
@@ -336,9 +457,30 @@ local function parse_target(s)
         end
         s = sub(s, 1, hash - 1)
     end
+    local semi = find(s, ";", 1, true)
+    if semi then
+        local t = parse_target(sub(s, 1, semi - 1))
+        if not t or not parse_options(t, sub(s, semi)) then
+            return nil
+        end
+        t.src = src
+        if t.ws then
+            for i = 1, #t.ws do
+                t.ws[i].src, t.ws[i].f = src, t.f
+            end
+        end
+        return t
+    end
+    if find(s, "*", 1, true) then
+        local ws, total = parse_weighted(s, src)
+        if not ws then
+            return nil
+        end
+        return { ws = ws, total = total, src = src }
+    end
     if byte(s, 1) == 64 then -- '@'
-        local st = tonumber(sub(s, 2))
-        if not st or st < 200 or st > 599 then
+        local st = parse_status(s)
+        if not st then
             return nil
         end
         return { status = st, src = src }
@@ -387,18 +529,47 @@ local function parse_host(s)
         if not t or byte(m, 1) ~= 47 and byte(m, 1) ~= 61 then
             return nil, "bad route " .. m
         end
+        local set
         if byte(m, 1) == 61 then -- '='
-            e.exact[sub(m, 2)] = t
+            set, m = e.exact, sub(m, 2)
         elseif byte(m, #m) == 47 then
-            e.prefix[m] = t
+            set = e.prefix
             if #m > e.longest then
                 e.longest = #m
             end
         else
             return nil, "bad prefix " .. m
         end
+        -- A match given again is the next candidate of its chain.
+        local last = set[m]
+        if not last then
+            set[m] = t
+        else
+            while last.nxt do
+                last = last.nxt
+            end
+            last.nxt = t
+            set[m].chain = true
+        end
+        if t.c or t.ws or t.f then
+            set[m].chain = true
+        end
     end
     return e
+end
+
+-- parse_depths reads "w:": label counts, most first.
+local function parse_depths(s)
+    local list = {}
+    for w in gmatch(s, "%S+") do
+        local n = tonumber(w)
+        if not n or n < 1 or n > 127 then
+            return nil, "bad depth " .. w
+        end
+        list[#list + 1] = n
+    end
+    table.sort(list, function(a, b) return a > b end)
+    return list
 end
 
 -- pem_lines turns a stored certificate back into PEM.
@@ -421,7 +592,7 @@ local function parse_cert(s)
     return { chain = chain, key = key }
 end
 
-local parsers = { [104] = parse_host, [117] = parse_endpoints, [99] = parse_cert }
+local parsers = { [104] = parse_host, [117] = parse_endpoints, [99] = parse_cert, [119] = parse_depths }
 
 -- get returns a key's parsed value (nil when the table lacks it or it does
 -- not parse), from this worker's cache when the key did not change since. A
@@ -453,10 +624,35 @@ local function entry(host, tls)
         return e
     end
     local dot = find(host, ".", 1, true)
-    if dot and dot > 1 then
-        e = get("h:*" .. sub(host, dot))
-        if e and (not tls or e.cert) then
-            return e
+    if not dot or dot == 1 then
+        return nil
+    end
+    e = get("h:*" .. sub(host, dot))
+    if e and (not tls or e.cert) then
+        return e
+    end
+    -- Wildcards of any depth ("h:**.<suffix>"), the longest suffix first:
+    -- one key per depth the table has, whatever the host's length.
+    local depths = #host <= 253 and get("w:")
+    if not depths then
+        return nil
+    end
+    for i = 1, #depths do
+        local d, k = depths[i], #host
+        while k > 0 do
+            if byte(host, k) == 46 then
+                d = d - 1
+                if d == 0 then
+                    break
+                end
+            end
+            k = k - 1
+        end
+        if k > 1 then
+            e = get("h:**" .. sub(host, k))
+            if e and (not tls or e.cert) then
+                return e
+            end
         end
     end
     return nil
@@ -523,6 +719,205 @@ local function cookie(name)
 end
 
 
+-- meets reports whether the request meets a candidate's conditions.
+local function meets(c)
+    local var = ngx.var
+    if c.method and var.request_method ~= c.method then
+        return false
+    end
+    local hs = c.h
+    if hs then
+        local all
+        for i = 1, #hs do
+            local h = hs[i]
+            local v
+            if h[3] then
+                v = var[h[3]]
+            else
+                all = all or ngx.req.get_headers(100)
+                v = all[h[1]]
+            end
+            if type(v) == "table" then
+                v = v[1]
+            end
+            if v ~= h[2] then
+                return false
+            end
+        end
+    end
+    local qs = c.q
+    if qs then
+        local args = ngx.req.get_uri_args(100)
+        for i = 1, #qs do
+            local v = args[qs[i][1]]
+            if type(v) == "table" then
+                v = v[1]
+            end
+            if v ~= qs[i][2] then
+                return false
+            end
+        end
+    end
+    return true
+end
+
+-- pick returns the first candidate of a chain whose conditions the request
+-- meets, nil when none does.
+local function pick(t)
+    if not t.chain then
+        return t
+    end
+    repeat
+        if not t.c or meets(t.c) then
+            return t
+        end
+        t = t.nxt
+    until not t
+    return nil
+end
+
+-- weighted picks one of a target's weighted backends: smooth weighted round
+-- robin, per worker.
+local function weighted(t)
+    local ws, best = t.ws, nil
+    for i = 1, #ws do
+        local w = ws[i]
+        w.cw = w.cw + w.w
+        if not best or w.cw > best.cw then
+            best = w
+        end
+    end
+    best.cw = best.cw - t.total
+    return best
+end
+
+-- replace_prefix replaces the first n bytes of path (the prefix its route
+-- matched) with p: "/foo/bar" with "/foo" replaced by "/x" is "/x/bar", by
+-- "/" is "/bar".
+local function replace_prefix(path, n, p)
+    if byte(p, -1) == 47 then
+        p = sub(p, 1, -2)
+    end
+    local s = p .. sub(path, n + 1)
+    if s == "" then
+        return "/"
+    end
+    if byte(s, 1) ~= 47 then
+        s = "/" .. s
+    end
+    return s
+end
+
+-- escape_path escapes what a Location header's path may not hold raw.
+local function escape_path(p)
+    return (gsub(p, "[^%w%-%._~/!$&'()*+,;=:@]", function(c)
+        return string.format("%%%02X", byte(c))
+    end))
+end
+
+-- redirect answers a route's redirect (Gateway API's RequestRedirect): the
+-- request's URL with the filter's scheme, host, port and path. A port the
+-- filter does not set is its scheme's (when it sets one) or the one the
+-- request came to; the scheme's default port is left out.
+local function redirect(f, host, uri, https, status)
+    local var = ngx.var
+    local scheme = f.rs or (https and "https" or "http")
+    local port = f.rp
+    if not port then
+        port = f.rs and (f.rs == "https" and 443 or 80) or tonumber(var.server_port)
+    end
+    local url = scheme .. "://" .. (f.rh or host)
+    if not (scheme == "http" and port == 80 or scheme == "https" and port == 443) then
+        url = url .. ":" .. port
+    end
+    if f.rf or f.rx then
+        url = url .. escape_path(f.rf or replace_prefix(uri, f.pl or 0, f.rx))
+        local args = var.args
+        if args and args ~= "" then
+            url = url .. "?" .. args
+        end
+    else
+        url = url .. var.request_uri
+    end
+    return ngx.redirect(url, status)
+end
+
+-- add_header is a header's values with v appended (RFC 9110's list form).
+local function add_header(old, v)
+    if type(old) == "table" then
+        old = table.concat(old, ",")
+    end
+    return old and old .. "," .. v or v
+end
+
+-- modify_request applies a route's request filters: headers set, appended
+-- to and removed, then the rewrite's host and path.
+local function modify_request(f, uri)
+    local req = ngx.req
+    local list = f.s
+    if list then
+        for i = 1, #list do
+            req.set_header(list[i][1], list[i][2])
+        end
+    end
+    list = f.a
+    if list then
+        local hs = req.get_headers(100)
+        for i = 1, #list do
+            local n = lower(list[i][1])
+            local v = add_header(hs[n], list[i][2])
+            hs[n] = v
+            req.set_header(n, v)
+        end
+    end
+    list = f.d
+    if list then
+        for i = 1, #list do
+            req.clear_header(list[i])
+        end
+    end
+    if f.wh then
+        req.set_header("Host", f.wh)
+    end
+    if f.wf then
+        req.set_uri(f.wf)
+    elseif f.wx then
+        req.set_uri(replace_prefix(uri, f.pl or 0, f.wx))
+    end
+end
+
+-- modify_response applies a route's response header filters.
+local function modify_response(f)
+    local h = ngx.header
+    local list = f.S
+    if list then
+        for i = 1, #list do
+            h[list[i][1]] = list[i][2]
+        end
+    end
+    list = f.A
+    if list then
+        for i = 1, #list do
+            local n = list[i][1]
+            local old = h[n]
+            if old == nil then
+                h[n] = list[i][2]
+            elseif type(old) == "table" then
+                old[#old + 1] = list[i][2]
+                h[n] = old
+            else
+                h[n] = { old, list[i][2] }
+            end
+        end
+    end
+    list = f.D
+    if list then
+        for i = 1, #list do
+            h[list[i]] = nil
+        end
+    end
+end
+
 -- route runs in every request's rewrite phase. It finds the host's routes
 -- (on the HTTPS port, only a host with a certificate; else the catch-all),
 -- redirects plain HTTP when the host asks for it, and picks the route as
@@ -552,21 +947,31 @@ function M.route()
     end
     local uri = ngx.var.uri
     local t = e.exact[uri]
+    if t then
+        t = pick(t)
+    end
     if not t then
         local prefix = e.prefix
         -- From the longest prefix the host has, not the URI's end: a URI of
-        -- many slashes costs no more than the host's paths.
+        -- many slashes costs no more than the host's paths. A chain none of
+        -- whose candidates takes the request leaves it to a shorter prefix.
         for i = math.min(#uri, e.longest), 1, -1 do
             if byte(uri, i) == 47 then
                 t = prefix[sub(uri, 1, i)]
                 if t then
-                    break
+                    t = pick(t)
+                    if t then
+                        break
+                    end
                 end
             end
         end
         if not t then
             return ngx.exit(404)
         end
+    end
+    if t.ws then
+        t = weighted(t)
     end
     -- The route goes into the request's context whole: its Ingress (src)
     -- and upstream (up) are what balance and count read. One key, not two:
@@ -579,6 +984,15 @@ function M.route()
         local var = ngx.var
         var.portico_ingress = t.src or ""
         var.portico_upstream = t.up or ""
+    end
+    local f = t.f
+    if f then
+        if f.redirect and t.status and t.status >= 300 and t.status < 400 then
+            return redirect(f, host, uri, https, t.status)
+        end
+        if f.req then
+            modify_request(f, uri)
+        end
     end
     if t.status then
         return ngx.exit(t.status)
@@ -654,6 +1068,11 @@ function M.stick()
     local ctx = ngx.ctx
     if counting then
         count(ctx)
+    end
+    local t = ctx.portico_t
+    local f = t and t.f
+    if f and f.resp then
+        modify_response(f)
     end
     local cname = ctx.portico_cookie
     local i = ctx.portico_index

@@ -1,0 +1,278 @@
+package nginx
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// target renders what one location does with a request it takes: its upstream
+// (with cookie affinity), weighted backends or status, and its conditions and
+// filters as the table's options (see lua/portico.lua). ok is false when the
+// location cannot be served as asked (reported): a request then tries the next
+// candidate, as if the location were not there.
+func (r *renderer) target(match string, l *model.Location, obj string) (tl tmplLocation, ok bool) {
+	tl = tmplLocation{Match: match, Source: commentSafe(l.Source)}
+	opts, err := options(l)
+	if err != nil {
+		r.problem(obj, "rule", model.ReasonInvalidRule, fmt.Sprintf("path %q: %v; not served", l.Path, err))
+		return tl, false
+	}
+	tl.Options = opts
+	switch {
+	case len(l.Backends) > 0:
+		tl.Backends = r.backends(l.Backends, obj)
+	case l.Status != 0:
+		tl.Status = l.Status
+	default:
+		tl.Upstream, tl.Status = r.upstream(l.Upstream, obj)
+	}
+	if a := l.Affinity; a.Cookie != "" && tl.Upstream != "" {
+		if !model.CookieNameRE.MatchString(a.Cookie) || a.MaxAge > model.MaxCookieAge {
+			r.problem(obj, "affinity", model.ReasonInvalidAnnotation, fmt.Sprintf("affinity cookie %q, max-age %d: not applied", a.Cookie, a.MaxAge))
+		} else {
+			tl.Affinity, tl.AffinityPath = a.Cookie, cmp.Or(strings.TrimRight(l.Path, "/"), "/")
+			if a.MaxAge > 0 {
+				tl.AffinityMaxAge = strconv.Itoa(int(a.MaxAge))
+			}
+		}
+	}
+	return tl, true
+}
+
+// backends renders weighted backends as "<upstream>*<weight>" or
+// "@<status>*<weight>", comma-separated; a backend of weight 0 is left out, and
+// when every one is, the location answers 500 (Gateway API's rule).
+func (r *renderer) backends(bs []model.Backend, obj string) string {
+	var b strings.Builder
+	for _, be := range bs {
+		if be.Weight == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		status := be.Status
+		if be.Upstream != "" {
+			var up string
+			up, status = r.upstream(be.Upstream, obj)
+			b.WriteString(up)
+		}
+		if status != 0 {
+			b.WriteString("@" + strconv.Itoa(status))
+		}
+		b.WriteString("*" + strconv.FormatUint(uint64(be.Weight), 10))
+	}
+	if b.Len() == 0 {
+		return "@500*1"
+	}
+	return b.String()
+}
+
+// options renders a location's conditions and filters as the table's
+// options, each ";<key>=<value>" with every value escaped (escape): m the
+// method; h and q a header and a query parameter that must have a value
+// ("<name>:<value>"); s, a, d request headers set, appended to and removed; S,
+// A, D the same for the response; rs, rh, rp, rf and rx the redirect's scheme,
+// host, port, full path and prefix; wh, wf and wx the rewrite's host, full
+// path and prefix.
+func options(l *model.Location) (string, error) {
+	var b strings.Builder
+	opt := func(k, v string) {
+		b.WriteString(";" + k + "=" + escape(v))
+	}
+	pair := func(k, n, v string) {
+		b.WriteString(";" + k + "=" + escape(n) + ":" + escape(v))
+	}
+	m := l.Match
+	if m.Method != "" {
+		if err := validateToken(m.Method); err != nil || strings.ToUpper(m.Method) != m.Method {
+			return "", fmt.Errorf("method %q is not an upper-case token", m.Method)
+		}
+		opt("m", m.Method)
+	}
+	for _, h := range m.Headers {
+		if err := validateHeader(h.Name, h.Value); err != nil {
+			return "", err
+		}
+		pair("h", strings.ToLower(h.Name), h.Value)
+	}
+	for _, q := range m.Query {
+		if q.Name == "" || !printable(q.Name) || !printable(q.Value) {
+			return "", fmt.Errorf("query parameter %q=%q: empty, or a control character", q.Name, q.Value)
+		}
+		pair("q", q.Name, q.Value)
+	}
+	f := l.Filters
+	for _, hc := range []struct {
+		set, add, del string
+		h             model.HeaderChanges
+	}{{"s", "a", "d", f.RequestHeaders}, {"S", "A", "D", f.ResponseHeaders}} {
+		for _, h := range hc.h.Set {
+			if err := validateHeader(h.Name, h.Value); err != nil {
+				return "", err
+			}
+			pair(hc.set, h.Name, h.Value)
+		}
+		for _, h := range hc.h.Add {
+			if err := validateHeader(h.Name, h.Value); err != nil {
+				return "", err
+			}
+			pair(hc.add, h.Name, h.Value)
+		}
+		for _, n := range hc.h.Remove {
+			if err := validateHeader(n, ""); err != nil {
+				return "", err
+			}
+			opt(hc.del, n)
+		}
+	}
+	if rd := f.Redirect; rd != nil {
+		if l.Status < 300 || l.Status > 399 {
+			return "", fmt.Errorf("a redirect with status %d", l.Status)
+		}
+		switch rd.Scheme {
+		case "", "http", "https":
+		default:
+			return "", fmt.Errorf("redirect scheme %q is not http or https", rd.Scheme)
+		}
+		b.WriteString(";r=")
+		if rd.Scheme != "" {
+			opt("rs", rd.Scheme)
+		}
+		if rd.Host != "" {
+			if err := validateHost(rd.Host); err != nil || strings.HasPrefix(rd.Host, "*") {
+				return "", fmt.Errorf("redirect host %q is not a host name", rd.Host)
+			}
+			opt("rh", rd.Host)
+		}
+		if rd.Port != 0 {
+			opt("rp", strconv.Itoa(int(rd.Port)))
+		}
+		if err := pathOption(&b, "rf", "rx", rd.Path, l); err != nil {
+			return "", fmt.Errorf("redirect: %w", err)
+		}
+	}
+	if rw := f.Rewrite; rw != nil {
+		if rw.Host != "" {
+			if err := validateHost(rw.Host); err != nil || strings.HasPrefix(rw.Host, "*") {
+				return "", fmt.Errorf("rewrite host %q is not a host name", rw.Host)
+			}
+			opt("wh", rw.Host)
+		}
+		if err := pathOption(&b, "wf", "wx", rw.Path, l); err != nil {
+			return "", fmt.Errorf("rewrite: %w", err)
+		}
+	}
+	return b.String(), nil
+}
+
+// pathOption renders a path change under full or prefix.
+// (with the length of the prefix replaced, pl, which the redirect and the
+// rewrite share: both replace the prefix the location matched).
+func pathOption(b *strings.Builder, full, prefix string, pc model.PathChange, l *model.Location) error {
+	k := ""
+	switch pc.Type {
+	case "":
+		return nil
+	case model.PathChangeFull:
+		k = full
+	case model.PathChangePrefix:
+		if l.Type != model.PathPrefix {
+			return fmt.Errorf("a prefix replacement on a %s path", l.Type)
+		}
+		k = prefix
+		if !strings.Contains(b.String(), ";pl=") {
+			b.WriteString(";pl=" + strconv.Itoa(len(strings.TrimRight(l.Path, "/"))))
+		}
+	default:
+		return fmt.Errorf("path change %q", pc.Type)
+	}
+	if err := validatePath(pc.Value); err != nil {
+		return fmt.Errorf("path %q: %w", pc.Value, err)
+	}
+	b.WriteString(";" + k + "=" + escape(pc.Value))
+	return nil
+}
+
+// validateHeader checks a header's name (an RFC 9110 token) and value (no
+// control character but tab).
+func validateHeader(name, value string) error {
+	if err := validateToken(name); err != nil {
+		return fmt.Errorf("header name %q: %w", name, err)
+	}
+	for i := 0; i < len(value); i++ {
+		if c := value[i]; c < 0x20 && c != '\t' || c == 0x7f {
+			return fmt.Errorf("header %s: value has control character %q", name, c)
+		}
+	}
+	return nil
+}
+
+// validateToken checks an RFC 9110 token: 1 to 256 of [A-Za-z0-9!#$%&'*+.^_`|~-].
+func validateToken(s string) error {
+	if s == "" || len(s) > 256 {
+		return errors.New("must be 1 to 256 characters")
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+.^_`|~-", c) >= 0) {
+			return fmt.Errorf("character %q outside a token", c)
+		}
+	}
+	return nil
+}
+
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// escape writes s with every byte outside [A-Za-z0-9._~/-] as %XX, so that no
+// value holds the table's separators (space, ';', '#', ':', ',', '*', '=').
+func escape(s string) string {
+	const hex = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("._~/-", c) >= 0 {
+			b.WriteByte(c)
+			continue
+		}
+		b.WriteByte('%')
+		b.WriteByte(hex[c>>4])
+		b.WriteByte(hex[c&15])
+	}
+	return b.String()
+}
+
+// sameLocation reports whether two locations are equal, field for field.
+func sameLocation(a, b model.Location) bool {
+	if a.Path != b.Path || a.Type != b.Type || a.Rank != b.Rank || a.Upstream != b.Upstream || a.Source != b.Source ||
+		a.Affinity != b.Affinity || a.Status != b.Status || a.Match.Method != b.Match.Method {
+		return false
+	}
+	if !slices.Equal(a.Match.Headers, b.Match.Headers) || !slices.Equal(a.Match.Query, b.Match.Query) || !slices.Equal(a.Backends, b.Backends) {
+		return false
+	}
+	fa, fb := a.Filters, b.Filters
+	return sameHeaders(fa.RequestHeaders, fb.RequestHeaders) && sameHeaders(fa.ResponseHeaders, fb.ResponseHeaders) &&
+		samePtr(fa.Redirect, fb.Redirect) && samePtr(fa.Rewrite, fb.Rewrite)
+}
+
+func sameHeaders(a, b model.HeaderChanges) bool {
+	return slices.Equal(a.Set, b.Set) && slices.Equal(a.Add, b.Add) && slices.Equal(a.Remove, b.Remove)
+}
+
+func samePtr[T comparable](a, b *T) bool {
+	return a == b || a != nil && b != nil && *a == *b
+}

@@ -1,0 +1,250 @@
+package nginx
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// echoed is what echoBackend answers: the request as the backend saw it.
+type echoed struct {
+	Name, Method, Host, Path, Query string
+	Headers                         map[string][]string
+}
+
+// echoBackend answers every request with echoed, as JSON.
+func echoBackend(t *testing.T, name string) netip.AddrPort {
+	t.Helper()
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Backend", name)
+		w.Header().Set("X-Backend-Set", "from-backend")
+		w.Header().Set("X-Backend-Remove", "from-backend")
+		json.NewEncoder(w).Encode(echoed{Name: name, Method: r.Method, Host: r.Host, Path: r.URL.Path, Query: r.URL.RawQuery, Headers: r.Header})
+	}))
+	t.Cleanup(s.Close)
+	return netip.MustParseAddrPort(s.Listener.Addr().String())
+}
+
+// do sends one request and decodes the echo (Name "" when the answer is not
+// one).
+func do(t *testing.T, c *http.Client, method, url string, hdr ...string) (*http.Response, echoed) {
+	t.Helper()
+	req, err := http.NewRequest(method, url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	var e echoed
+	json.NewDecoder(resp.Body).Decode(&e)
+	return resp, e
+}
+
+// TestServeRules checks Gateway API's rules in a real nginx: conditions and
+// their precedence, weights, header filters, redirects and rewrites, and
+// wildcards of any depth.
+func TestServeRules(t *testing.T) {
+	a, b, c := echoBackend(t, "a"), echoBackend(t, "b"), echoBackend(t, "c")
+	hdr := func(n, v string) []model.NameValue { return []model.NameValue{{Name: n, Value: v}} }
+	snap := model.Snapshot{
+		Servers: []model.Server{
+			{Host: "**.deep.test", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "t-c-80"}}},
+			{Host: "m.test", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Match: model.RequestMatch{Headers: hdr("version", "two")}, Upstream: "t-b-80"},
+				{Path: "/", Type: model.PathPrefix, Rank: 1, Upstream: "t-a-80"},
+				{Path: "/api", Type: model.PathExact, Match: model.RequestMatch{Method: "POST"}, Upstream: "t-c-80"},
+				{Path: "/api", Type: model.PathPrefix, Match: model.RequestMatch{Query: hdr("q", "a b")}, Upstream: "t-b-80"},
+				// Higher precedence (Rank 0) than the one above it in the file, and two
+				// conditions: both must hold.
+				{Path: "/api", Type: model.PathPrefix, Rank: 1, Match: model.RequestMatch{Method: "GET", Headers: []model.NameValue{{Name: "x-a", Value: "1"}, {Name: "X-B", Value: "2"}}}, Upstream: "t-c-80"},
+			}},
+			{Host: "w.test", Locations: []model.Location{
+				{Path: "/", Type: model.PathPrefix, Backends: []model.Backend{{Upstream: "t-a-80", Weight: 3}, {Upstream: "t-b-80", Weight: 1}, {Upstream: "t-c-80", Weight: 0}}},
+				{Path: "/half", Type: model.PathPrefix, Backends: []model.Backend{{Upstream: "t-a-80", Weight: 1}, {Status: 500, Weight: 1}}},
+				{Path: "/none", Type: model.PathPrefix, Backends: []model.Backend{{Upstream: "t-a-80", Weight: 0}}},
+			}},
+			{Host: "f.test", Locations: []model.Location{
+				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{RequestHeaders: model.HeaderChanges{
+					Set: hdr("X-Set", "new value; with=separators#"), Add: []model.NameValue{{Name: "X-Add", Value: "added"}, {Name: "X-New", Value: "n"}}, Remove: []string{"X-Remove"}}}},
+				{Path: "/resp", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{ResponseHeaders: model.HeaderChanges{
+					Set: hdr("X-Backend-Set", "changed"), Add: hdr("X-Resp-Add", "r"), Remove: []string{"X-Backend-Remove"}}}},
+				{Path: "/moved", Type: model.PathPrefix, Status: 301, Filters: model.Filters{Redirect: &model.Redirect{Scheme: "https", Host: "new.test"}}},
+				{Path: "/port", Type: model.PathPrefix, Status: 302, Filters: model.Filters{Redirect: &model.Redirect{Port: 8443, Path: model.PathChange{Type: model.PathChangeFull, Value: "/elsewhere"}}}},
+				{Path: "/same", Type: model.PathPrefix, Status: 302, Filters: model.Filters{Redirect: &model.Redirect{}}},
+				{Path: "/old", Type: model.PathPrefix, Status: 302, Filters: model.Filters{Redirect: &model.Redirect{Scheme: "http", Path: model.PathChange{Type: model.PathChangePrefix, Value: "/new"}}}},
+				{Path: "/v1", Type: model.PathPrefix, Upstream: "t-b-80", Filters: model.Filters{Rewrite: &model.Rewrite{Host: "inner.test", Path: model.PathChange{Type: model.PathChangePrefix, Value: "/v2/"}}}},
+				{Path: "/strip", Type: model.PathPrefix, Upstream: "t-b-80", Filters: model.Filters{Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangePrefix, Value: "/"}}}},
+				{Path: "/full", Type: model.PathPrefix, Upstream: "t-b-80", Filters: model.Filters{Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangeFull, Value: "/one"}}}},
+			}},
+		},
+		Upstreams: []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}}},
+	}
+	n := startNginx(t, snap)
+	cl := n.client(false)
+
+	t.Run("conditions", func(t *testing.T) {
+		for _, tc := range []struct {
+			method, url string
+			hdr         []string
+			want        string
+		}{
+			{"GET", "http://m.test/", nil, "a"},
+			{"GET", "http://m.test/x", []string{"Version", "two"}, "b"},
+			{"GET", "http://m.test/x", []string{"Version", "three"}, "a"},
+			{"POST", "http://m.test/api", nil, "c"},                                       // Exact with its method
+			{"GET", "http://m.test/api", nil, "a"},                                        // Exact's method fails, no Prefix /api condition holds: "/"
+			{"GET", "http://m.test/api/x?q=a%20b", nil, "b"},                              // query, decoded
+			{"GET", "http://m.test/api/x?q=a", nil, "a"},                                  // wrong value: the shorter prefix
+			{"GET", "http://m.test/api/x?q=a%20b", []string{"x-a", "1", "x-b", "2"}, "b"}, // rank 0 before rank 1
+			{"GET", "http://m.test/api/x", []string{"x-a", "1", "x-b", "2"}, "c"},
+			{"GET", "http://m.test/api/x", []string{"x-a", "1"}, "a"},              // one of two headers
+			{"HEAD", "http://m.test/api/x", []string{"x-a", "1", "x-b", "2"}, "a"}, // the GET rule does not take HEAD
+			{"GET", "http://m.test/apix", []string{"x-a", "1", "x-b", "2"}, "a"},   // path elements only
+		} {
+			resp, _ := do(t, cl, tc.method, tc.url, tc.hdr...)
+			if got := resp.Header.Get("X-Backend"); resp.StatusCode != 200 || got != tc.want {
+				t.Errorf("%s %s %v = %d from %q, want 200 from %q", tc.method, tc.url, tc.hdr, resp.StatusCode, got, tc.want)
+			}
+		}
+	})
+
+	t.Run("weights", func(t *testing.T) {
+		got := map[string]int{}
+		for range 400 {
+			_, e := do(t, cl, "GET", "http://w.test/")
+			got[e.Name]++
+		}
+		// Smooth weighted round robin in each of two workers: each takes a and b
+		// 3:1 exactly, whatever share of the requests it gets, to within one
+		// cycle of 4 requests per worker.
+		if got["a"] < 292 || got["a"] > 308 || got["a"]+got["b"] != 400 || got["c"] != 0 {
+			t.Errorf("400 requests went %v, want about 300 to a and 100 to b, none to c (weight 0)", got)
+		}
+		statuses := map[int]int{}
+		for range 100 {
+			resp, _ := do(t, cl, "GET", "http://w.test/half")
+			statuses[resp.StatusCode]++
+		}
+		if statuses[200] < 46 || statuses[200] > 54 || statuses[200]+statuses[500] != 100 {
+			t.Errorf("half to a, half answered 500: got %v", statuses)
+		}
+		if resp, _ := do(t, cl, "GET", "http://w.test/none"); resp.StatusCode != 500 {
+			t.Errorf("every backend of weight 0: %d, want 500", resp.StatusCode)
+		}
+	})
+
+	t.Run("header filters", func(t *testing.T) {
+		_, e := do(t, cl, "GET", "http://f.test/req", "X-Set", "old", "X-Add", "first", "X-Remove", "gone", "X-Keep", "kept")
+		h := http.Header(e.Headers)
+		for name, want := range map[string]string{"X-Set": "new value; with=separators#", "X-Add": "first,added", "X-New": "n", "X-Remove": "", "X-Keep": "kept"} {
+			if got := strings.Join(h.Values(name), ","); got != want {
+				t.Errorf("request header %s = %q at the backend, want %q", name, got, want)
+			}
+		}
+		resp, _ := do(t, cl, "GET", "http://f.test/resp")
+		for name, want := range map[string]string{"X-Backend-Set": "changed", "X-Resp-Add": "r", "X-Backend-Remove": ""} {
+			if got := strings.Join(resp.Header.Values(name), ","); got != want {
+				t.Errorf("response header %s = %q, want %q", name, got, want)
+			}
+		}
+	})
+
+	t.Run("redirects", func(t *testing.T) {
+		for _, tc := range []struct {
+			url, want string
+			status    int
+		}{
+			{"http://f.test/moved/x?a=1", "https://new.test/moved/x?a=1", 301},
+			{"http://f.test/port/x?a=1", "http://f.test:8443/elsewhere?a=1", 302},
+			{"http://f.test/same", fmt.Sprintf("http://f.test:%d/same", n.opt.HTTPPort), 302},
+			{"http://f.test/old/x/y", "http://f.test/new/x/y", 302},
+			{"http://f.test/old", "http://f.test/new", 302},
+		} {
+			resp, _ := do(t, cl, "GET", tc.url)
+			if resp.StatusCode != tc.status || resp.Header.Get("Location") != tc.want {
+				t.Errorf("GET %s = %d Location %q, want %d %q", tc.url, resp.StatusCode, resp.Header.Get("Location"), tc.status, tc.want)
+			}
+		}
+	})
+
+	t.Run("rewrites", func(t *testing.T) {
+		for _, tc := range []struct{ url, host, path, query string }{
+			{"http://f.test/v1/users?id=7", "inner.test", "/v2/users", "id=7"},
+			{"http://f.test/v1", "inner.test", "/v2", ""},
+			{"http://f.test/strip/a/b", "f.test", "/a/b", ""},
+			{"http://f.test/strip", "f.test", "/", ""},
+			{"http://f.test/full/x?k=v", "f.test", "/one", "k=v"},
+		} {
+			resp, e := do(t, cl, "GET", tc.url)
+			if resp.StatusCode != 200 || e.Host != tc.host || e.Path != tc.path || e.Query != tc.query {
+				t.Errorf("GET %s reached %q %q ?%q (%d), want %q %q ?%q", tc.url, e.Host, e.Path, e.Query, resp.StatusCode, tc.host, tc.path, tc.query)
+			}
+		}
+	})
+
+	t.Run("wildcard of any depth", func(t *testing.T) {
+		for _, host := range []string{"a.deep.test", "a.b.c.deep.test"} {
+			if _, e := do(t, cl, "GET", "http://"+host+"/"); e.Name != "c" {
+				t.Errorf("%s reached %q, want c", host, e.Name)
+			}
+		}
+		expectClosed(t, n, "deep.test")
+		expectClosed(t, n, "xdeep.test")
+	})
+}
+
+// TestRuleOptions checks how the table writes rules, and that a rule nginx
+// cannot serve as written is reported and left out, its host served.
+func TestRuleOptions(t *testing.T) {
+	l := model.Location{Path: "/p/", Type: model.PathPrefix, Upstream: "u",
+		Match:   model.RequestMatch{Method: "PUT", Headers: []model.NameValue{{Name: "X-Y", Value: "a b;c#d"}}, Query: []model.NameValue{{Name: "k:1", Value: "=,*"}}},
+		Filters: model.Filters{Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangePrefix, Value: "/q"}}}}
+	got, err := options(&l)
+	want := ";m=PUT;h=x-y:a%20b%3Bc%23d;q=k%3A1:%3D%2C%2A;pl=2;wx=/q"
+	if err != nil || got != want {
+		t.Errorf("options = %q, %v; want %q", got, err, want)
+	}
+	for _, bad := range []model.Location{
+		{Match: model.RequestMatch{Method: "get"}},
+		{Match: model.RequestMatch{Headers: []model.NameValue{{Name: "a b", Value: "v"}}}},
+		{Filters: model.Filters{RequestHeaders: model.HeaderChanges{Set: []model.NameValue{{Name: "X", Value: "a\r\nInjected: 1"}}}}},
+		{Status: 302, Filters: model.Filters{Redirect: &model.Redirect{Scheme: "ftp"}}},
+		{Status: 200, Filters: model.Filters{Redirect: &model.Redirect{}}},
+		{Type: model.PathExact, Filters: model.Filters{Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangePrefix, Value: "/x"}}}},
+		{Type: model.PathPrefix, Filters: model.Filters{Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangeFull, Value: "/a/../b"}}}},
+	} {
+		if got, err := options(&bad); err == nil {
+			t.Errorf("options(%+v) = %q, want an error", bad, got)
+		}
+	}
+
+	snap := model.Snapshot{
+		Servers: []model.Server{{Host: "a.test", Locations: []model.Location{
+			{Path: "/", Type: model.PathPrefix, Upstream: "u"},
+			{Path: "/x", Type: model.PathPrefix, Upstream: "u", Source: "ns/bad", Match: model.RequestMatch{Headers: []model.NameValue{{Name: "bad name", Value: "v"}}}},
+		}}},
+		Upstreams: []model.Upstream{{Name: "u", Endpoints: []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:80")}}},
+	}
+	cfg, err := Render(snap, DefaultOptions(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := cfg.Table["h:a.test"]; v != "- - - / u" {
+		t.Errorf("h:a.test = %q, want the bad rule left out", v)
+	}
+	if len(cfg.Problems) != 1 || cfg.Problems[0].Reason != model.ReasonInvalidRule || cfg.Problems[0].Object != "ns/bad" {
+		t.Errorf("problems = %v, want one InvalidRule for ns/bad", cfg.Problems)
+	}
+}
