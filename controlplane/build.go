@@ -12,6 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
@@ -31,6 +32,11 @@ type State struct {
 	// labels the pools' selectors read.
 	VIPPools   []*v1alpha1.VIPPool
 	Namespaces []*corev1.Namespace
+	// Gateway API's objects (gateway.go).
+	GatewayClasses  []*gatewayv1.GatewayClass
+	Gateways        []*gatewayv1.Gateway
+	HTTPRoutes      []*gatewayv1.HTTPRoute
+	ReferenceGrants []*gatewayv1.ReferenceGrant
 }
 
 // Options are the settings Build depends on besides the objects.
@@ -62,6 +68,21 @@ func Build(st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
 // BuildWith is Build with a Memo of the last Build's derived data (nil: none),
 // which it updates: the result is Build's, only cheaper to get.
 func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []model.Problem) {
+	r := BuildAll(m, st, opts)
+	return r.Snapshot, r.Bindings, r.Problems
+}
+
+// Result is everything a build derives from the cluster state.
+type Result struct {
+	Snapshot model.Snapshot
+	Bindings Bindings
+	Problems []model.Problem
+	// Gateways are the statuses of Portico's Gateway API objects.
+	Gateways GatewayStatuses
+}
+
+// BuildAll is BuildWith, with the Gateway API objects' statuses.
+func BuildAll(m *Memo, st State, opts Options) Result {
 	b := newBuilder(st)
 	b.memo = m
 	if m != nil {
@@ -74,6 +95,7 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 	b.owners = b.hostOwners(ings, b.routedPods(opts.PodRouteGroup))
 	b.ingresses(ings)
 	b.podRoutes(opts.PodRouteGroup)
+	b.gateways(opts.PodRouteGroup)
 	pools, poolProblems := vipPools(opts.Pools, st.VIPPools, st.Namespaces)
 	b.problems = append(b.problems, poolProblems...)
 	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts, func(s *corev1.Service) *Pools {
@@ -82,7 +104,7 @@ func BuildWith(m *Memo, st State, opts Options) (model.Snapshot, Bindings, []mod
 		}
 		return &pools
 	})
-	return b.snapshot(), b.bindings, b.problems
+	return Result{Snapshot: b.snapshot(), Bindings: b.bindings, Problems: b.problems, Gateways: b.gw}
 }
 
 // Memo keeps what a Build derived from objects that have not changed since, for
@@ -138,6 +160,7 @@ type builder struct {
 	servers   map[serverKey]*serverAcc
 	upstreams map[string]*upstreamAcc // by identity key
 	certs     map[string]model.Certificate
+	gw        GatewayStatuses
 }
 
 type serverKey struct{ group, host string }
@@ -332,10 +355,16 @@ func (b *builder) snapshot() model.Snapshot {
 		}
 		for _, l := range s.locations {
 			l.Upstream = names[l.Upstream]
+			if len(l.Backends) > 0 {
+				l.Backends = slices.Clone(l.Backends) // a rule's are shared by its matches and hosts
+				for i := range l.Backends {
+					l.Backends[i].Upstream = names[l.Backends[i].Upstream]
+				}
+			}
 			srv.Locations = append(srv.Locations, l)
 		}
 		slices.SortFunc(srv.Locations, func(x, y model.Location) int {
-			return cmp.Or(cmp.Compare(x.Path, y.Path), cmp.Compare(x.Type, y.Type))
+			return cmp.Or(cmp.Compare(x.Path, y.Path), cmp.Compare(x.Type, y.Type), cmp.Compare(x.Rank, y.Rank))
 		})
 		snap.Servers = append(snap.Servers, srv)
 	}

@@ -28,8 +28,6 @@ func meta(ns, name string, age int, kv ...string) metav1.ObjectMeta {
 	return m
 }
 
-func ptr[T any](v T) *T { return &v }
-
 // groupSvc is a group Service with ports 80 and 443 and the given annotations.
 func groupSvc(ns, name string, age int, kv ...string) *corev1.Service {
 	s := &corev1.Service{ObjectMeta: meta(ns, name, age, kv...)}

@@ -6,6 +6,9 @@ package v1alpha1
 const (
 	// ControllerName is the IngressClass spec.controller Portico serves.
 	ControllerName = "portico.io/ingress-controller"
+	// GatewayControllerName is the GatewayClass spec.controllerName Portico
+	// serves (Gateway API).
+	GatewayControllerName = "portico.io/gateway-controller"
 	// LoadBalancerClass marks a LoadBalancer Service as an L4 Service Portico
 	// serves (a group when it is also labelled portico.io/group=true).
 	LoadBalancerClass = "portico.io/vip"

@@ -1,0 +1,851 @@
+package controlplane
+
+import (
+	"cmp"
+	"crypto/tls"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// Gateway API: the GatewayClasses whose controllerName is Portico's, their
+// Gateways and the HTTPRoutes attached to them, translated into the same
+// Servers and Locations as Ingresses (the reload-free table), and the status
+// each object should have.
+//
+// A Gateway is served by a group (portico.io/group on the Gateway, else the
+// default group, Options.PodRouteGroup): its addresses are the group's VIPs,
+// its HTTP and HTTPS listeners the group's nginx ports. Listeners of other
+// protocols, or on other ports, are not accepted (yet); nor are addresses that
+// are not the group's.
+
+const (
+	gatewayGroup  = gatewayv1.GroupName // "gateway.networking.k8s.io"
+	kindGateway   = "Gateway"
+	kindHTTPRoute = "HTTPRoute"
+)
+
+// GatewayStatuses are the statuses a build computed for the Gateway API
+// objects Portico serves, by name ("namespace/name"; a GatewayClass's name
+// alone). Routes hold only the parents that are Portico's Gateways.
+type GatewayStatuses struct {
+	Classes  map[string][]metav1.Condition
+	Gateways map[string]gatewayv1.GatewayStatus
+	Routes   map[string][]gatewayv1.RouteParentStatus
+}
+
+// gwListener is one listener of a Gateway as the build sees it.
+type gwListener struct {
+	l        *gatewayv1.Listener
+	status   gatewayv1.ListenerStatus
+	accepted bool     // routes may attach
+	cert     string   // HTTPS: its certificate's name
+	group    string   // its Gateway's group
+	routes   []string // the routes attached to it
+}
+
+// gwAcc is one of Portico's Gateways.
+type gwAcc struct {
+	gw        *gatewayv1.Gateway
+	group     string
+	listeners []*gwListener
+	status    gatewayv1.GatewayStatus
+}
+
+// condition builds a condition of an object's generation; the writer sets
+// its transition time.
+func condition(t string, ok bool, reason, msg string, gen int64) metav1.Condition {
+	st := metav1.ConditionFalse
+	if ok {
+		st = metav1.ConditionTrue
+	}
+	return metav1.Condition{Type: t, Status: st, Reason: reason, Message: msg, ObservedGeneration: gen}
+}
+
+// gateways translates the Gateway API objects, once the Ingresses have been:
+// an Ingress keeps the Locations it had (Rank 0 before every route's).
+func (b *builder) gateways(defaultGroup string) {
+	b.gw = GatewayStatuses{Classes: map[string][]metav1.Condition{}, Gateways: map[string]gatewayv1.GatewayStatus{}, Routes: map[string][]gatewayv1.RouteParentStatus{}}
+	ours := map[string]bool{}
+	for _, c := range b.st.GatewayClasses {
+		if string(c.Spec.ControllerName) != v1alpha1.GatewayControllerName {
+			continue
+		}
+		ours[c.Name] = true
+		b.gw.Classes[c.Name] = []metav1.Condition{condition(string(gatewayv1.GatewayClassConditionStatusAccepted), true,
+			string(gatewayv1.GatewayClassReasonAccepted), "served by Portico", c.Generation)}
+	}
+	if len(ours) == 0 {
+		return
+	}
+	var gws []*gatewayv1.Gateway
+	for _, g := range b.st.Gateways {
+		if ours[string(g.Spec.GatewayClassName)] {
+			gws = append(gws, g)
+		}
+	}
+	slices.SortFunc(gws, func(x, y *gatewayv1.Gateway) int { return older(x, y) })
+	accs := map[string]*gwAcc{}
+	for _, g := range gws {
+		accs[key(g)] = b.gateway(g, defaultGroup)
+	}
+	routes := slices.Clone(b.st.HTTPRoutes)
+	slices.SortFunc(routes, func(x, y *gatewayv1.HTTPRoute) int { return older(x, y) })
+	rt := &routeTable{}
+	for order, r := range routes {
+		b.httpRoute(r, order, accs, rt)
+	}
+	rt.rank(b)
+	for k, a := range accs {
+		for _, l := range a.listeners {
+			a.status.Listeners = append(a.status.Listeners, l.status)
+		}
+		b.gw.Gateways[k] = a.status
+	}
+}
+
+// gateway checks a Gateway and its listeners.
+func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string) *gwAcc {
+	gen := gw.Generation
+	a := &gwAcc{gw: gw, group: defaultGroup}
+	if v := gw.Annotations[v1alpha1.AnnotationGroup]; v != "" {
+		a.group = groupRef(v, gw.Namespace)
+	}
+	g := b.groupsOut[a.group]
+	accepted := condition(string(gatewayv1.GatewayConditionAccepted), true, string(gatewayv1.GatewayReasonAccepted), "", gen)
+	programmed := condition(string(gatewayv1.GatewayConditionProgrammed), true, string(gatewayv1.GatewayReasonProgrammed), "", gen)
+	httpPort, httpsPort := uint16(80), uint16(443)
+	switch {
+	case a.group == "" || g == nil:
+		msg := fmt.Sprintf("no Portico group serves it: group %q does not exist", a.group)
+		accepted = condition(accepted.Type, false, string(gatewayv1.GatewayReasonNoResources), msg, gen)
+		programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonNoResources), msg, gen)
+		g = nil
+	default:
+		httpPort, httpsPort = cmp.Or(g.HTTPPort, httpPort), cmp.Or(g.HTTPSPort, httpsPort)
+		for _, v := range g.VIPs {
+			a.status.Addresses = append(a.status.Addresses, gatewayv1.GatewayStatusAddress{Type: ptr(gatewayv1.IPAddressType), Value: v.String()})
+		}
+		for i, sa := range gw.Spec.Addresses {
+			ip, err := netip.ParseAddr(sa.Value)
+			if (sa.Type != nil && *sa.Type != gatewayv1.IPAddressType) || err != nil || !slices.Contains(g.VIPs, ip.Unmap()) {
+				msg := fmt.Sprintf("spec.addresses[%d] %q: only the group %s's VIPs (%v) can be a Gateway's address", i, sa.Value, a.group, g.VIPs)
+				accepted = condition(accepted.Type, false, string(gatewayv1.GatewayReasonUnsupportedAddress), msg, gen)
+				programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonAddressNotUsable), msg, gen)
+				break
+			}
+		}
+		if len(g.VIPs) == 0 && programmed.Status == metav1.ConditionTrue {
+			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonAddressNotAssigned),
+				fmt.Sprintf("group %s has no VIP yet", a.group), gen)
+		}
+	}
+	valid := 0
+	for i := range gw.Spec.Listeners {
+		l := b.listener(gw, &gw.Spec.Listeners[i], httpPort, httpsPort)
+		l.group = a.group
+		a.listeners = append(a.listeners, l)
+		if l.accepted {
+			valid++
+		}
+	}
+	b.conflicts(a)
+	if valid < len(a.listeners) && accepted.Status == metav1.ConditionTrue {
+		accepted.Reason = string(gatewayv1.GatewayReasonListenersNotValid)
+		accepted.Message = fmt.Sprintf("%d of %d listeners are not valid", len(a.listeners)-valid, len(a.listeners))
+		if valid == 0 {
+			accepted.Status = metav1.ConditionFalse
+			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonInvalid), "no valid listener", gen)
+		}
+	}
+	if g == nil {
+		for _, l := range a.listeners {
+			l.accepted = false
+		}
+	}
+	a.status.Conditions = []metav1.Condition{accepted, programmed}
+	return a
+}
+
+// listener checks one listener: its protocol and port (the group's nginx
+// serves HTTP and HTTPS on its two ports), the route kinds it allows and its
+// certificates.
+func (b *builder) listener(gw *gatewayv1.Gateway, l *gatewayv1.Listener, httpPort, httpsPort uint16) *gwListener {
+	gen := gw.Generation
+	out := &gwListener{l: l, accepted: true}
+	out.status.Name = l.Name
+	accepted := condition(string(gatewayv1.ListenerConditionAccepted), true, string(gatewayv1.ListenerReasonAccepted), "", gen)
+	resolved := condition(string(gatewayv1.ListenerConditionResolvedRefs), true, string(gatewayv1.ListenerReasonResolvedRefs), "", gen)
+	refuse := func(reason, msg string) {
+		if out.accepted {
+			accepted = condition(accepted.Type, false, reason, msg, gen)
+			out.accepted = false
+		}
+	}
+	switch l.Protocol {
+	case gatewayv1.HTTPProtocolType:
+		if uint16(l.Port) != httpPort {
+			refuse(string(gatewayv1.ListenerReasonPortUnavailable), fmt.Sprintf("this group's nginx serves HTTP on port %d", httpPort))
+		}
+	case gatewayv1.HTTPSProtocolType:
+		if uint16(l.Port) != httpsPort {
+			refuse(string(gatewayv1.ListenerReasonPortUnavailable), fmt.Sprintf("this group's nginx serves HTTPS on port %d", httpsPort))
+		}
+	default:
+		refuse(string(gatewayv1.ListenerReasonUnsupportedProtocol), fmt.Sprintf("protocol %q is not served (HTTP and HTTPS are)", l.Protocol))
+		out.status.SupportedKinds = []gatewayv1.RouteGroupKind{}
+	}
+	if l.Protocol == gatewayv1.HTTPProtocolType || l.Protocol == gatewayv1.HTTPSProtocolType {
+		out.status.SupportedKinds = []gatewayv1.RouteGroupKind{}
+		kinds := []gatewayv1.RouteGroupKind{{Kind: kindHTTPRoute}}
+		if l.AllowedRoutes != nil && len(l.AllowedRoutes.Kinds) > 0 {
+			kinds = l.AllowedRoutes.Kinds
+		}
+		for _, k := range kinds {
+			if (k.Group == nil || *k.Group == gatewayGroup) && k.Kind == kindHTTPRoute {
+				out.status.SupportedKinds = append(out.status.SupportedKinds, gatewayv1.RouteGroupKind{Group: ptr(gatewayv1.Group(gatewayGroup)), Kind: kindHTTPRoute})
+				continue
+			}
+			resolved = condition(resolved.Type, false, string(gatewayv1.ListenerReasonInvalidRouteKinds),
+				fmt.Sprintf("route kind %s is not served (HTTPRoute is)", k.Kind), gen)
+		}
+	}
+	if l.Protocol == gatewayv1.HTTPSProtocolType {
+		switch {
+		case l.TLS == nil || len(l.TLS.CertificateRefs) == 0:
+			resolved = condition(resolved.Type, false, string(gatewayv1.ListenerReasonInvalidCertificateRef), "an HTTPS listener needs a certificate", gen)
+		case l.TLS.Mode != nil && *l.TLS.Mode != gatewayv1.TLSModeTerminate:
+			refuse(string(gatewayv1.ListenerReasonUnsupportedValue), "an HTTPS listener terminates TLS (mode Terminate)")
+		default:
+			for i, ref := range l.TLS.CertificateRefs {
+				name, reason, msg := b.listenerCert(gw, ref)
+				if name != "" {
+					if out.cert == "" {
+						out.cert = name
+					}
+					continue
+				}
+				if resolved.Status == metav1.ConditionTrue {
+					resolved = condition(resolved.Type, false, reason, fmt.Sprintf("tls.certificateRefs[%d]: %s", i, msg), gen)
+				}
+			}
+		}
+	}
+	programmed := condition(string(gatewayv1.ListenerConditionProgrammed), true, string(gatewayv1.ListenerReasonProgrammed), "", gen)
+	if !out.accepted || resolved.Status == metav1.ConditionFalse {
+		programmed = condition(programmed.Type, false, string(gatewayv1.ListenerReasonInvalid), "", gen)
+	}
+	if l.Protocol == gatewayv1.HTTPSProtocolType && out.cert == "" {
+		out.accepted = false // nothing to serve it with
+	}
+	out.status.Conditions = []metav1.Condition{accepted, programmed, resolved,
+		condition(string(gatewayv1.ListenerConditionConflicted), false, string(gatewayv1.ListenerReasonNoConflicts), "", gen)}
+	return out
+}
+
+// conflicts marks listeners that share a port with another protocol, or a
+// port, protocol and hostname with another listener; neither is served.
+func (b *builder) conflicts(a *gwAcc) {
+	for i, x := range a.listeners {
+		for j, y := range a.listeners {
+			if i == j || x.l.Port != y.l.Port {
+				continue
+			}
+			reason := ""
+			switch {
+			case x.l.Protocol != y.l.Protocol:
+				reason = string(gatewayv1.ListenerReasonProtocolConflict)
+			case hostnameOf(x.l.Hostname) == hostnameOf(y.l.Hostname):
+				reason = string(gatewayv1.ListenerReasonHostnameConflict)
+			default:
+				continue
+			}
+			x.accepted = false
+			c := &x.status.Conditions[3]
+			c.Status, c.Reason, c.Message = metav1.ConditionTrue, reason, fmt.Sprintf("listener %s uses the same port", y.l.Name)
+			p := &x.status.Conditions[1]
+			p.Status, p.Reason = metav1.ConditionFalse, string(gatewayv1.ListenerReasonInvalid)
+			break
+		}
+	}
+}
+
+func hostnameOf(h *gatewayv1.Hostname) string {
+	if h == nil {
+		return ""
+	}
+	return strings.ToLower(string(*h))
+}
+
+// listenerCert resolves a listener's certificate reference to a Certificate
+// name; else why not (a listener condition's reason).
+func (b *builder) listenerCert(gw *gatewayv1.Gateway, ref gatewayv1.SecretObjectReference) (name, reason, msg string) {
+	if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Secret") {
+		return "", string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("%s is not a Secret", refKind(ref.Group, ref.Kind))
+	}
+	ns := gw.Namespace
+	if ref.Namespace != nil && *ref.Namespace != "" {
+		ns = string(*ref.Namespace)
+	}
+	k := ns + "/" + string(ref.Name)
+	if ns != gw.Namespace && !b.granted(gatewayGroup, kindGateway, gw.Namespace, "", "Secret", ns, string(ref.Name)) {
+		return "", string(gatewayv1.ListenerReasonRefNotPermitted), fmt.Sprintf("no ReferenceGrant in %s lets Gateways of %s use Secret %s", ns, gw.Namespace, ref.Name)
+	}
+	sec := b.secrets[k]
+	if sec == nil {
+		return "", string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s does not exist", k)
+	}
+	crt, key := sec.Data[corev1.TLSCertKey], sec.Data[corev1.TLSPrivateKeyKey]
+	if sec.Type != corev1.SecretTypeTLS || len(crt) == 0 || len(key) == 0 {
+		return "", string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s is not a kubernetes.io/tls Secret with %s and %s", k, corev1.TLSCertKey, corev1.TLSPrivateKeyKey)
+	}
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return "", string(gatewayv1.ListenerReasonInvalidCertificateRef), fmt.Sprintf("Secret %s: %v", k, err)
+	}
+	if _, ok := b.certs[k]; !ok {
+		b.certs[k] = model.Certificate{Name: k, CertPEM: slices.Clone(crt), KeyPEM: slices.Clone(key)}
+	}
+	return k, "", ""
+}
+
+func refKind(g *gatewayv1.Group, k *gatewayv1.Kind) string {
+	s := ""
+	if k != nil {
+		s = string(*k)
+	}
+	if g != nil && *g != "" {
+		s += "." + string(*g)
+	}
+	return s
+}
+
+// granted reports whether a ReferenceGrant in toNS lets objects of fromGroup
+// and fromKind in fromNS refer to the object toName (any name when the grant
+// names none) of toGroup and toKind.
+func (b *builder) granted(fromGroup, fromKind, fromNS, toGroup, toKind, toNS, toName string) bool {
+	for _, g := range b.st.ReferenceGrants {
+		if g.Namespace != toNS {
+			continue
+		}
+		from := slices.ContainsFunc(g.Spec.From, func(f gatewayv1.ReferenceGrantFrom) bool {
+			return string(f.Group) == fromGroup && string(f.Kind) == fromKind && string(f.Namespace) == fromNS
+		})
+		to := slices.ContainsFunc(g.Spec.To, func(t gatewayv1.ReferenceGrantTo) bool {
+			return string(t.Group) == toGroup && string(t.Kind) == toKind && (t.Name == nil || *t.Name == "" || string(*t.Name) == toName)
+		})
+		if from && to {
+			return true
+		}
+	}
+	return false
+}
+
+// routeLoc is one location an HTTPRoute asks for, before ranking.
+type routeLoc struct {
+	srv   *serverAcc
+	loc   model.Location
+	order int // the route's place, oldest first
+	rule  int
+	match int
+}
+
+// routeTable collects the routes' locations, to rank them by Gateway API's
+// precedence once every route is read.
+type routeTable struct{ locs []routeLoc }
+
+// rank gives each route's location its Rank, per server: the method first,
+// then the most headers, the most query parameters, the oldest route, its rule
+// and match order. (The path's precedence, Exact and then the longest prefix,
+// is the table's own.) Ranks start at 1: an Ingress's location (0) comes first.
+func (rt *routeTable) rank(b *builder) {
+	slices.SortStableFunc(rt.locs, func(x, y routeLoc) int {
+		mx, my := x.loc.Match, y.loc.Match
+		return cmp.Or(
+			-cmp.Compare(boolInt(mx.Method != ""), boolInt(my.Method != "")),
+			-cmp.Compare(len(mx.Headers), len(my.Headers)),
+			-cmp.Compare(len(mx.Query), len(my.Query)),
+			cmp.Compare(x.order, y.order), cmp.Compare(x.rule, y.rule), cmp.Compare(x.match, y.match))
+	})
+	next := map[*serverAcc]uint32{}
+	for _, rl := range rt.locs {
+		next[rl.srv]++
+		rl.loc.Rank = next[rl.srv]
+		rl.srv.locations = append(rl.srv.locations, rl.loc)
+	}
+}
+
+func boolInt(v bool) int {
+	if v {
+		return 1
+	}
+	return 0
+}
+
+// attachment is a listener a route attaches to, and the hosts it serves there.
+type attachment struct {
+	l     *gwListener
+	hosts []string
+}
+
+// httpRoute attaches a route to the listeners of Portico's Gateways its
+// parentRefs name, and adds its rules to their hosts.
+func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*gwAcc, rt *routeTable) {
+	gen := r.Generation
+	src := key(r)
+	var parents []gatewayv1.RouteParentStatus
+	var atts []attachment
+	for _, pr := range r.Spec.ParentRefs {
+		if (pr.Group != nil && *pr.Group != gatewayGroup) || (pr.Kind != nil && *pr.Kind != kindGateway) {
+			continue
+		}
+		ns := r.Namespace
+		if pr.Namespace != nil && *pr.Namespace != "" {
+			ns = string(*pr.Namespace)
+		}
+		a := accs[ns+"/"+string(pr.Name)]
+		if a == nil {
+			continue // not Portico's
+		}
+		accepted, more := b.attach(r, pr, a)
+		atts = append(atts, more...)
+		parents = append(parents, gatewayv1.RouteParentStatus{ParentRef: pr, ControllerName: v1alpha1.GatewayControllerName,
+			Conditions: []metav1.Condition{accepted}})
+	}
+	if len(parents) == 0 {
+		return
+	}
+	rules, resolved, partial := b.routeRules(r)
+	if len(rules) == 0 && len(r.Spec.Rules) > 0 {
+		atts = nil
+	}
+	for i := range parents {
+		c := &parents[i].Conditions
+		if len(rules) == 0 && len(r.Spec.Rules) > 0 && (*c)[0].Status == metav1.ConditionTrue {
+			(*c)[0] = condition((*c)[0].Type, false, string(gatewayv1.RouteReasonUnsupportedValue), partial.Message, gen)
+		}
+		*c = append(*c, resolved)
+		if partial.Status == metav1.ConditionTrue && len(rules) > 0 {
+			*c = append(*c, partial)
+		}
+	}
+	b.gw.Routes[src] = parents
+	// Each host once per group, with the certificate of the first HTTPS
+	// listener that serves it.
+	type hostKey struct{ group, host string }
+	done := map[hostKey]bool{}
+	for _, at := range atts {
+		group := at.l.group
+		for _, h := range at.hosts {
+			if ok, o := b.mayRoute(h, r.Namespace); !ok {
+				b.problem(kindHTTPRoute, r, "spec.hostnames", model.ReasonHostTaken,
+					"host %q belongs to namespace %s (%s claimed it first); not served", h, o.namespace, o.by)
+				continue
+			}
+			s := b.server(group, modelHost(h))
+			if at.l.cert != "" && s.srv.TLSCertificate == "" {
+				s.srv.TLSCertificate, s.certFrom = at.l.cert, src
+			}
+			hk := hostKey{group, h}
+			if done[hk] {
+				continue
+			}
+			done[hk] = true
+			for _, rl := range rules {
+				rl.srv = s
+				rl.order = order
+				rt.locs = append(rt.locs, rl)
+			}
+		}
+	}
+}
+
+// modelHost is a Gateway API hostname as a Server's Host: "*.x" matches any
+// number of labels there ("**.x").
+func modelHost(h string) string {
+	if rest, ok := strings.CutPrefix(h, "*."); ok {
+		return "**." + rest
+	}
+	return h
+}
+
+// attach finds the listeners of a a parentRef attaches r to, and the hosts r
+// serves on each; the Accepted condition says why none, when none.
+func (b *builder) attach(r *gatewayv1.HTTPRoute, pr gatewayv1.ParentReference, a *gwAcc) (metav1.Condition, []attachment) {
+	gen := r.Generation
+	var out []attachment
+	matched, allowed := false, false
+	for _, l := range a.listeners {
+		if pr.SectionName != nil && *pr.SectionName != l.l.Name {
+			continue
+		}
+		if pr.Port != nil && *pr.Port != l.l.Port {
+			continue
+		}
+		matched = true
+		if !b.allows(a.gw, l, r) {
+			continue
+		}
+		// Attached: by the parentRef and the listener's allowedRoutes alone,
+		// whatever the listener's or the route's other conditions (the
+		// specification's attachedRoutes).
+		if !slices.Contains(l.routes, key(r)) {
+			l.routes = append(l.routes, key(r))
+			l.status.AttachedRoutes++
+		}
+		if !l.accepted {
+			continue
+		}
+		allowed = true
+		if hosts := intersect(hostnameOf(l.l.Hostname), r.Spec.Hostnames); len(hosts) > 0 {
+			out = append(out, attachment{l: l, hosts: hosts})
+		}
+	}
+	switch {
+	case !matched:
+		return condition(string(gatewayv1.RouteConditionAccepted), false, string(gatewayv1.RouteReasonNoMatchingParent),
+			"no listener of the Gateway matches the parentRef's sectionName and port", gen), nil
+	case !allowed:
+		return condition(string(gatewayv1.RouteConditionAccepted), false, string(gatewayv1.RouteReasonNotAllowedByListeners),
+			"no listener of the Gateway allows this route", gen), nil
+	case len(out) == 0:
+		return condition(string(gatewayv1.RouteConditionAccepted), false, string(gatewayv1.RouteReasonNoMatchingListenerHostname),
+			"no hostname of the route matches a listener's", gen), nil
+	}
+	return condition(string(gatewayv1.RouteConditionAccepted), true, string(gatewayv1.RouteReasonAccepted), "", gen), out
+}
+
+// allows reports whether listener l of gw lets route r attach: its kinds
+// include HTTPRoute and its namespaces r's.
+func (b *builder) allows(gw *gatewayv1.Gateway, l *gwListener, r *gatewayv1.HTTPRoute) bool {
+	if !slices.ContainsFunc(l.status.SupportedKinds, func(k gatewayv1.RouteGroupKind) bool { return k.Kind == kindHTTPRoute }) {
+		return false
+	}
+	from := gatewayv1.NamespacesFromSame
+	var sel *metav1.LabelSelector
+	if ar := l.l.AllowedRoutes; ar != nil && ar.Namespaces != nil {
+		if ar.Namespaces.From != nil {
+			from = *ar.Namespaces.From
+		}
+		sel = ar.Namespaces.Selector
+	}
+	switch from {
+	case gatewayv1.NamespacesFromAll:
+		return true
+	case gatewayv1.NamespacesFromSame:
+		return r.Namespace == gw.Namespace
+	case gatewayv1.NamespacesFromSelector:
+		s, err := metav1.LabelSelectorAsSelector(sel)
+		if err != nil || sel == nil {
+			return false
+		}
+		for _, ns := range b.st.Namespaces {
+			if ns.Name == r.Namespace {
+				return s.Matches(labels.Set(ns.Labels))
+			}
+		}
+	}
+	return false
+}
+
+// intersect is the hosts a route serves on a listener: its hostnames that
+// the listener's matches (or the listener's when it is the narrower
+// wildcard); every host ("") when neither names one.
+func intersect(listener string, route []gatewayv1.Hostname) []string {
+	if len(route) == 0 {
+		return []string{listener}
+	}
+	var out []string
+	add := func(h string) {
+		if !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	for _, rh := range route {
+		h := strings.ToLower(string(rh))
+		switch {
+		case listener == "":
+			add(h)
+		case hostMatches(listener, h):
+			add(h)
+		case hostMatches(h, listener):
+			add(listener)
+		}
+	}
+	return out
+}
+
+// hostMatches reports whether pattern (a hostname or "*.suffix", any number
+// of labels) covers h (a hostname, or a wildcard all of whose hosts it covers).
+func hostMatches(pattern, h string) bool {
+	if pattern == h {
+		return true
+	}
+	suffix, ok := strings.CutPrefix(pattern, "*")
+	if !ok {
+		return false
+	}
+	rest := strings.TrimPrefix(h, "*")
+	return strings.HasSuffix(rest, suffix) && len(rest) > len(suffix)
+}
+
+// routeRules translates a route's rules into locations (without their
+// server, route order and rank), and says whether its backends resolved and
+// whether rules had to be left out (PartiallyInvalid).
+func (b *builder) routeRules(r *gatewayv1.HTTPRoute) (locs []routeLoc, resolved, partial metav1.Condition) {
+	gen := r.Generation
+	src := key(r)
+	resolved = condition(string(gatewayv1.RouteConditionResolvedRefs), true, string(gatewayv1.RouteReasonResolvedRefs), "", gen)
+	partial = condition(string(gatewayv1.RouteConditionPartiallyInvalid), false, string(gatewayv1.RouteReasonUnsupportedValue), "", gen)
+	for ri, rule := range r.Spec.Rules {
+		field := fmt.Sprintf("spec.rules[%d]", ri)
+		base, err := routeFilters(rule.Filters)
+		if err != nil {
+			b.problem(kindHTTPRoute, r, field+".filters", model.ReasonInvalidRule, "%v; rule not served", err)
+			partial = condition(partial.Type, true, string(gatewayv1.RouteReasonUnsupportedValue), field+": "+err.Error(), gen)
+			continue
+		}
+		// Where the rule sends requests: its redirect, else its backends.
+		var target model.Location
+		switch {
+		case base.Status != 0:
+			target = base
+		default:
+			target.Filters = base.Filters
+			var bes []model.Backend
+			for bi, be := range rule.BackendRefs {
+				bk, reason, msg := b.routeBackend(r, be)
+				if reason != "" {
+					b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.backendRefs[%d]", field, bi), model.ReasonServiceNotFound, "%s; its share answers 500", msg)
+					if resolved.Status == metav1.ConditionTrue {
+						resolved = condition(resolved.Type, false, reason, msg, gen)
+					}
+				}
+				if len(be.Filters) > 0 {
+					b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.backendRefs[%d].filters", field, bi), model.ReasonInvalidRule, "filters on a backend are not applied")
+				}
+				bes = append(bes, bk)
+			}
+			switch {
+			case len(bes) == 0:
+				target.Status = 500 // no backend: Gateway API's answer
+			case len(bes) == 1 && bes[0].Weight > 0:
+				target.Upstream, target.Status = bes[0].Upstream, bes[0].Status
+			default:
+				target.Backends = bes
+			}
+		}
+		matches := rule.Matches
+		if len(matches) == 0 {
+			matches = []gatewayv1.HTTPRouteMatch{{}}
+		}
+		for mi, m := range matches {
+			loc, err := routeMatch(m)
+			if err != nil {
+				b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.matches[%d]", field, mi), model.ReasonInvalidRule, "%v; match not served", err)
+				partial = condition(partial.Type, true, string(gatewayv1.RouteReasonUnsupportedValue), fmt.Sprintf("%s.matches[%d]: %v", field, mi, err), gen)
+				continue
+			}
+			if (target.Filters.Redirect != nil && target.Filters.Redirect.Path.Type == model.PathChangePrefix ||
+				target.Filters.Rewrite != nil && target.Filters.Rewrite.Path.Type == model.PathChangePrefix) && loc.Type != model.PathPrefix {
+				b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.matches[%d]", field, mi), model.ReasonInvalidRule, "ReplacePrefixMatch needs a PathPrefix match; match not served")
+				partial = condition(partial.Type, true, string(gatewayv1.RouteReasonUnsupportedValue), fmt.Sprintf("%s.matches[%d]: ReplacePrefixMatch needs a PathPrefix match", field, mi), gen)
+				continue
+			}
+			loc.Upstream, loc.Backends, loc.Status, loc.Filters = target.Upstream, target.Backends, target.Status, target.Filters
+			loc.Source = src
+			locs = append(locs, routeLoc{loc: loc, rule: ri, match: mi})
+		}
+	}
+	return locs, resolved, partial
+}
+
+// routeMatch translates a match's path, method, headers and query.
+func routeMatch(m gatewayv1.HTTPRouteMatch) (model.Location, error) {
+	loc := model.Location{Path: "/", Type: model.PathPrefix}
+	if p := m.Path; p != nil {
+		if p.Value != nil {
+			loc.Path = *p.Value
+		}
+		switch t := ptrOr(p.Type, gatewayv1.PathMatchPathPrefix); t {
+		case gatewayv1.PathMatchExact:
+			loc.Type = model.PathExact
+		case gatewayv1.PathMatchPathPrefix:
+		default:
+			return loc, fmt.Errorf("path match type %s is not served", t)
+		}
+	}
+	if m.Method != nil {
+		loc.Match.Method = string(*m.Method)
+	}
+	seen := map[string]bool{}
+	for _, h := range m.Headers {
+		if t := ptrOr(h.Type, gatewayv1.HeaderMatchExact); t != gatewayv1.HeaderMatchExact {
+			return loc, fmt.Errorf("header match type %s is not served", t)
+		}
+		n := strings.ToLower(string(h.Name))
+		if seen[n] {
+			continue // the first of equivalent names counts
+		}
+		seen[n] = true
+		loc.Match.Headers = append(loc.Match.Headers, model.NameValue{Name: n, Value: h.Value})
+	}
+	seen = map[string]bool{}
+	for _, q := range m.QueryParams {
+		if t := ptrOr(q.Type, gatewayv1.QueryParamMatchExact); t != gatewayv1.QueryParamMatchExact {
+			return loc, fmt.Errorf("query match type %s is not served", t)
+		}
+		if seen[string(q.Name)] {
+			continue
+		}
+		seen[string(q.Name)] = true
+		loc.Match.Query = append(loc.Match.Query, model.NameValue{Name: string(q.Name), Value: q.Value})
+	}
+	return loc, nil
+}
+
+// routeFilters translates a rule's filters: header modifiers, a redirect
+// (which sets the location's Status) and a rewrite.
+func routeFilters(fs []gatewayv1.HTTPRouteFilter) (model.Location, error) {
+	var loc model.Location
+	f := &loc.Filters
+	for i, flt := range fs {
+		switch flt.Type {
+		case gatewayv1.HTTPRouteFilterRequestHeaderModifier:
+			if flt.RequestHeaderModifier != nil {
+				f.RequestHeaders = headerChanges(*flt.RequestHeaderModifier)
+			}
+		case gatewayv1.HTTPRouteFilterResponseHeaderModifier:
+			if flt.ResponseHeaderModifier != nil {
+				f.ResponseHeaders = headerChanges(*flt.ResponseHeaderModifier)
+			}
+		case gatewayv1.HTTPRouteFilterRequestRedirect:
+			rr := flt.RequestRedirect
+			if rr == nil {
+				continue
+			}
+			rd := &model.Redirect{}
+			if rr.Scheme != nil {
+				rd.Scheme = *rr.Scheme
+			}
+			if rr.Hostname != nil {
+				rd.Host = strings.ToLower(string(*rr.Hostname))
+			}
+			if rr.Port != nil {
+				rd.Port = uint16(*rr.Port)
+			}
+			pc, err := pathChange(rr.Path)
+			if err != nil {
+				return loc, fmt.Errorf("filters[%d]: %w", i, err)
+			}
+			rd.Path = pc
+			f.Redirect = rd
+			loc.Status = ptrOr(rr.StatusCode, 302)
+		case gatewayv1.HTTPRouteFilterURLRewrite:
+			rw := flt.URLRewrite
+			if rw == nil {
+				continue
+			}
+			w := &model.Rewrite{}
+			if rw.Hostname != nil {
+				w.Host = strings.ToLower(string(*rw.Hostname))
+			}
+			pc, err := pathChange(rw.Path)
+			if err != nil {
+				return loc, fmt.Errorf("filters[%d]: %w", i, err)
+			}
+			w.Path = pc
+			f.Rewrite = w
+		default:
+			return loc, fmt.Errorf("filters[%d]: filter %s is not served", i, flt.Type)
+		}
+	}
+	return loc, nil
+}
+
+func pathChange(p *gatewayv1.HTTPPathModifier) (model.PathChange, error) {
+	if p == nil {
+		return model.PathChange{}, nil
+	}
+	switch p.Type {
+	case gatewayv1.FullPathHTTPPathModifier:
+		return model.PathChange{Type: model.PathChangeFull, Value: ptrOr(p.ReplaceFullPath, "/")}, nil
+	case gatewayv1.PrefixMatchHTTPPathModifier:
+		return model.PathChange{Type: model.PathChangePrefix, Value: cmp.Or(ptrOr(p.ReplacePrefixMatch, "/"), "/")}, nil
+	}
+	return model.PathChange{}, fmt.Errorf("path modifier %s is not served", p.Type)
+}
+
+func headerChanges(h gatewayv1.HTTPHeaderFilter) model.HeaderChanges {
+	var c model.HeaderChanges
+	for _, s := range h.Set {
+		c.Set = append(c.Set, model.NameValue{Name: string(s.Name), Value: s.Value})
+	}
+	for _, a := range h.Add {
+		c.Add = append(c.Add, model.NameValue{Name: string(a.Name), Value: a.Value})
+	}
+	c.Remove = slices.Clone(h.Remove)
+	return c
+}
+
+// routeBackend resolves a backendRef to an upstream; when it does not
+// resolve, to a share answered 500, with the ResolvedRefs reason and why.
+func (b *builder) routeBackend(r *gatewayv1.HTTPRoute, be gatewayv1.HTTPBackendRef) (bk model.Backend, reason, msg string) {
+	bk.Weight = uint32(ptrOr(be.Weight, 1))
+	fail := func(reason gatewayv1.RouteConditionReason, format string, args ...any) (model.Backend, string, string) {
+		return model.Backend{Status: 500, Weight: bk.Weight}, string(reason), fmt.Sprintf(format, args...)
+	}
+	ref := be.BackendObjectReference
+	if (ref.Group != nil && *ref.Group != "") || (ref.Kind != nil && *ref.Kind != "Service") {
+		return fail(gatewayv1.RouteReasonInvalidKind, "backend %s %s is not a Service", refKind(ref.Group, ref.Kind), ref.Name)
+	}
+	ns := r.Namespace
+	if ref.Namespace != nil && *ref.Namespace != "" {
+		ns = string(*ref.Namespace)
+	}
+	if ns != r.Namespace && !b.granted(gatewayGroup, kindHTTPRoute, r.Namespace, "", "Service", ns, string(ref.Name)) {
+		return fail(gatewayv1.RouteReasonRefNotPermitted, "no ReferenceGrant in %s lets HTTPRoutes of %s use Service %s", ns, r.Namespace, ref.Name)
+	}
+	svcKey := ns + "/" + string(ref.Name)
+	svc := b.services[svcKey]
+	if svc == nil {
+		return fail(gatewayv1.RouteReasonBackendNotFound, "Service %s does not exist", svcKey)
+	}
+	if ref.Port == nil {
+		return fail(gatewayv1.RouteReasonBackendNotFound, "backend Service %s names no port", svcKey)
+	}
+	var sp *corev1.ServicePort
+	for i := range svc.Spec.Ports {
+		if p := &svc.Spec.Ports[i]; p.Port == int32(*ref.Port) && (p.Protocol == "" || p.Protocol == corev1.ProtocolTCP) {
+			sp = p
+		}
+	}
+	if sp == nil || svc.Spec.Type == corev1.ServiceTypeExternalName {
+		return fail(gatewayv1.RouteReasonBackendNotFound, "Service %s has no TCP port %d", svcKey, *ref.Port)
+	}
+	port := strconv.Itoa(int(sp.Port))
+	id := "svc|" + svcKey + "|" + port
+	if b.upstreams[id] == nil {
+		b.upstreamOf(ns+"-"+string(ref.Name)+"-"+port, id, b.serviceEndpoints(svcKey, sp), true)
+	}
+	bk.Upstream = id
+	return bk, "", ""
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}

@@ -1,0 +1,364 @@
+package controlplane
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
+
+	"github.com/portico-edge/portico/api/v1alpha1"
+	"github.com/portico-edge/portico/controlplane/model"
+	"github.com/portico-edge/portico/test/testcert"
+)
+
+// Gateway API objects for the tests.
+
+func gwClass(name, controller string) *gatewayv1.GatewayClass {
+	return &gatewayv1.GatewayClass{ObjectMeta: metav1.ObjectMeta{Name: name, Generation: 1},
+		Spec: gatewayv1.GatewayClassSpec{ControllerName: gatewayv1.GatewayController(controller)}}
+}
+
+func gateway(ns, name string, age int, listeners ...gatewayv1.Listener) *gatewayv1.Gateway {
+	g := &gatewayv1.Gateway{ObjectMeta: meta(ns, name, age), Spec: gatewayv1.GatewaySpec{GatewayClassName: "portico", Listeners: listeners}}
+	g.Generation = 3
+	return g
+}
+
+func listener(name string, proto gatewayv1.ProtocolType, port int32, host string) gatewayv1.Listener {
+	l := gatewayv1.Listener{Name: gatewayv1.SectionName(name), Protocol: proto, Port: gatewayv1.PortNumber(port)}
+	if host != "" {
+		l.Hostname = ptr(gatewayv1.Hostname(host))
+	}
+	return l
+}
+
+func allowAll(l gatewayv1.Listener) gatewayv1.Listener {
+	l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr(gatewayv1.NamespacesFromAll)}}
+	return l
+}
+
+func withCert(l gatewayv1.Listener, ns, name string) gatewayv1.Listener {
+	ref := gatewayv1.SecretObjectReference{Name: gatewayv1.ObjectName(name)}
+	if ns != "" {
+		ref.Namespace = ptr(gatewayv1.Namespace(ns))
+	}
+	l.TLS = &gatewayv1.ListenerTLSConfig{CertificateRefs: []gatewayv1.SecretObjectReference{ref}}
+	return l
+}
+
+func parent(ns, name, section string) gatewayv1.ParentReference {
+	p := gatewayv1.ParentReference{Name: gatewayv1.ObjectName(name)}
+	if ns != "" {
+		p.Namespace = ptr(gatewayv1.Namespace(ns))
+	}
+	if section != "" {
+		p.SectionName = ptr(gatewayv1.SectionName(section))
+	}
+	return p
+}
+
+func backendRef(ns, name string, port int32, weight int32) gatewayv1.HTTPBackendRef {
+	r := gatewayv1.HTTPBackendRef{BackendRef: gatewayv1.BackendRef{BackendObjectReference: gatewayv1.BackendObjectReference{
+		Name: gatewayv1.ObjectName(name), Port: ptr(gatewayv1.PortNumber(port))}, Weight: ptr(weight)}}
+	if ns != "" {
+		r.Namespace = ptr(gatewayv1.Namespace(ns))
+	}
+	return r
+}
+
+func httpRoute(ns, name string, age int, parents []gatewayv1.ParentReference, hosts []string, rules ...gatewayv1.HTTPRouteRule) *gatewayv1.HTTPRoute {
+	r := &gatewayv1.HTTPRoute{ObjectMeta: meta(ns, name, age)}
+	r.Generation = 2
+	r.Spec.ParentRefs = parents
+	for _, h := range hosts {
+		r.Spec.Hostnames = append(r.Spec.Hostnames, gatewayv1.Hostname(h))
+	}
+	r.Spec.Rules = rules
+	return r
+}
+
+func prefixMatch(p string) gatewayv1.HTTPRouteMatch {
+	return gatewayv1.HTTPRouteMatch{Path: &gatewayv1.HTTPPathMatch{Type: ptr(gatewayv1.PathMatchPathPrefix), Value: ptr(p)}}
+}
+
+func realTLSSecret(t *testing.T, ns, name, host string) *corev1.Secret {
+	t.Helper()
+	crt, key, err := testcert.ECDSA(host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &corev1.Secret{ObjectMeta: meta(ns, name, 0), Type: corev1.SecretTypeTLS, Data: map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key}}
+}
+
+// gatewayState is a group edge/g with VIP 192.0.2.10, the class portico (and
+// another controller's), and the Services the routes name.
+func gatewayState(t *testing.T) State {
+	return State{
+		Services: []*corev1.Service{
+			groupSvc("edge", "g", 0, v1alpha1.AnnotationVIP, "192.0.2.10"),
+			backendSvc("app", "v1", sport("http", 8080)), backendSvc("app", "v2", sport("http", 8080)),
+			backendSvc("other", "svc", sport("http", 80)),
+		},
+		EndpointSlices: []*discoveryv1.EndpointSlice{
+			slice("app", "v1", "v1-a", "http", 8080, ep{addr: "10.1.0.1", ready: true}),
+			slice("app", "v2", "v2-a", "http", 8080, ep{addr: "10.1.0.2", ready: true}),
+			slice("other", "svc", "svc-a", "http", 80, ep{addr: "10.2.0.1", ready: true}),
+		},
+		Secrets:        []*corev1.Secret{realTLSSecret(t, "infra", "tls", "*.example.com"), tlsSecret("infra", "broken"), realTLSSecret(t, "other", "tls", "x.test")},
+		GatewayClasses: []*gatewayv1.GatewayClass{gwClass("portico", v1alpha1.GatewayControllerName), gwClass("else", "example.com/other")},
+		Namespaces: []*corev1.Namespace{
+			{ObjectMeta: metav1.ObjectMeta{Name: "app", Labels: map[string]string{"team": "a"}}},
+			{ObjectMeta: metav1.ObjectMeta{Name: "other"}},
+		},
+	}
+}
+
+func conds(cs []metav1.Condition) map[string]string {
+	out := map[string]string{}
+	for _, c := range cs {
+		out[c.Type] = string(c.Status) + "/" + c.Reason
+	}
+	return out
+}
+
+func TestGatewayRoutes(t *testing.T) {
+	st := gatewayState(t)
+	st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 0,
+		allowAll(listener("http", gatewayv1.HTTPProtocolType, 80, "")),
+		allowAll(withCert(listener("https", gatewayv1.HTTPSProtocolType, 443, "*.example.com"), "", "tls")))}
+	st.HTTPRoutes = []*gatewayv1.HTTPRoute{
+		// Newer, but its rule has a header: it comes first on "/".
+		httpRoute("app", "b", 2, []gatewayv1.ParentReference{parent("infra", "gw", "")}, []string{"a.example.com"},
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{Headers: []gatewayv1.HTTPHeaderMatch{{Name: "Version", Value: "2"}}}},
+				BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v2", 8080, 1)}}),
+		httpRoute("app", "a", 1, []gatewayv1.ParentReference{parent("infra", "gw", "")}, []string{"a.example.com"},
+			gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}},
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/split")},
+				BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 3), backendRef("", "v2", 8080, 1), backendRef("", "gone", 80, 1)}},
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/old")},
+				Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+					Scheme: ptr("https"), StatusCode: ptr(301), Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr("/new")}}}}}),
+		// Every host of the HTTP listener (no hostname on either side).
+		httpRoute("app", "c", 3, []gatewayv1.ParentReference{parent("infra", "gw", "http")}, nil,
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr(gatewayv1.PathMatchExact), Value: ptr("/x")}, Method: ptr(gatewayv1.HTTPMethodPost)}},
+				BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}}),
+	}
+	res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g"})
+	if err := res.Snapshot.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	srv := map[string]model.Server{}
+	for _, s := range res.Snapshot.Servers {
+		srv[s.Host] = s
+	}
+	up := func(name string) string { return name }
+	want := model.Server{Group: "edge/g", Host: "a.example.com", TLSCertificate: "infra/tls", Locations: []model.Location{
+		{Path: "/", Type: model.PathPrefix, Rank: 1, Upstream: up("app-v2-8080"), Source: "app/b", Match: model.RequestMatch{Headers: []model.NameValue{{Name: "version", Value: "2"}}}},
+		{Path: "/", Type: model.PathPrefix, Rank: 2, Upstream: up("app-v1-8080"), Source: "app/a"},
+		{Path: "/old", Type: model.PathPrefix, Rank: 4, Source: "app/a", Status: 301, Filters: model.Filters{Redirect: &model.Redirect{Scheme: "https", Path: model.PathChange{Type: model.PathChangePrefix, Value: "/new"}}}},
+		{Path: "/split", Type: model.PathPrefix, Rank: 3, Source: "app/a", Backends: []model.Backend{{Upstream: "app-v1-8080", Weight: 3}, {Upstream: "app-v2-8080", Weight: 1}, {Status: 500, Weight: 1}}},
+	}}
+	if d := cmp.Diff(want, srv["a.example.com"]); d != "" {
+		t.Errorf("a.example.com (-want +got):\n%s", d)
+	}
+	wantAll := model.Server{Group: "edge/g", Host: "", Locations: []model.Location{
+		{Path: "/x", Type: model.PathExact, Rank: 1, Upstream: "app-v1-8080", Source: "app/c", Match: model.RequestMatch{Method: "POST"}}}}
+	if d := cmp.Diff(wantAll, srv[""]); d != "" {
+		t.Errorf("catch-all (-want +got):\n%s", d)
+	}
+
+	gs := res.Gateways.Gateways["infra/gw"]
+	if got := conds(gs.Conditions); got["Accepted"] != "True/Accepted" || got["Programmed"] != "True/Programmed" {
+		t.Errorf("Gateway conditions %v", got)
+	}
+	if len(gs.Addresses) != 1 || gs.Addresses[0].Value != "192.0.2.10" {
+		t.Errorf("Gateway addresses %v, want the group's VIP", gs.Addresses)
+	}
+	attached := map[string]int32{}
+	for _, l := range gs.Listeners {
+		attached[string(l.Name)] = l.AttachedRoutes
+		if got := conds(l.Conditions); got["Accepted"] != "True/Accepted" || got["ResolvedRefs"] != "True/ResolvedRefs" || got["Conflicted"] != "False/NoConflicts" {
+			t.Errorf("listener %s conditions %v", l.Name, got)
+		}
+	}
+	if d := cmp.Diff(map[string]int32{"http": 3, "https": 2}, attached); d != "" {
+		t.Errorf("attached routes (-want +got):\n%s", d)
+	}
+	for name, want := range map[string]map[string]string{
+		"app/a": {"Accepted": "True/Accepted", "ResolvedRefs": "False/BackendNotFound"},
+		"app/b": {"Accepted": "True/Accepted", "ResolvedRefs": "True/ResolvedRefs"},
+		"app/c": {"Accepted": "True/Accepted", "ResolvedRefs": "True/ResolvedRefs"},
+	} {
+		ps := res.Gateways.Routes[name]
+		if len(ps) != 1 || ps[0].ControllerName != v1alpha1.GatewayControllerName {
+			t.Fatalf("%s parents %+v, want one of Portico's", name, ps)
+		}
+		if d := cmp.Diff(want, conds(ps[0].Conditions)); d != "" {
+			t.Errorf("%s conditions (-want +got):\n%s", name, d)
+		}
+	}
+	if c := res.Gateways.Classes["portico"]; len(c) != 1 || c[0].Status != metav1.ConditionTrue {
+		t.Errorf("class portico: %v", c)
+	}
+	if _, ok := res.Gateways.Classes["else"]; ok {
+		t.Error("another controller's class got a status")
+	}
+}
+
+func TestGatewayStatusReasons(t *testing.T) {
+	st := gatewayState(t)
+	st.Gateways = []*gatewayv1.Gateway{
+		gateway("infra", "gw", 0,
+			listener("same", gatewayv1.HTTPProtocolType, 80, "same.test"),
+			func() gatewayv1.Listener {
+				l := listener("selected", gatewayv1.HTTPProtocolType, 80, "sel.test")
+				l.AllowedRoutes = &gatewayv1.AllowedRoutes{Namespaces: &gatewayv1.RouteNamespaces{From: ptr(gatewayv1.NamespacesFromSelector),
+					Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "a"}}}}
+				return l
+			}(),
+			listener("tcp", gatewayv1.TCPProtocolType, 9000, ""),
+			listener("other-port", gatewayv1.HTTPProtocolType, 8080, ""),
+			func() gatewayv1.Listener {
+				l := listener("kinds", gatewayv1.HTTPProtocolType, 80, "kinds.test")
+				l.AllowedRoutes = &gatewayv1.AllowedRoutes{Kinds: []gatewayv1.RouteGroupKind{{Kind: "TCPRoute"}}}
+				return l
+			}(),
+			withCert(listener("missing", gatewayv1.HTTPSProtocolType, 443, "m.test"), "", "nothing"),
+			withCert(listener("malformed", gatewayv1.HTTPSProtocolType, 443, "b.test"), "", "broken"),
+			withCert(listener("elsewhere", gatewayv1.HTTPSProtocolType, 443, "x.test"), "other", "tls"),
+		),
+		gateway("infra", "none", 1, listener("udp", gatewayv1.UDPProtocolType, 53, "")),
+	}
+	st.HTTPRoutes = []*gatewayv1.HTTPRoute{
+		httpRoute("app", "wrong-section", 1, []gatewayv1.ParentReference{parent("infra", "gw", "nope")}, nil),
+		httpRoute("app", "not-same", 2, []gatewayv1.ParentReference{parent("infra", "gw", "same")}, nil),
+		httpRoute("app", "selected", 3, []gatewayv1.ParentReference{parent("infra", "gw", "selected")}, []string{"sel.test", "other.test"},
+			gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("other", "svc", 80, 1)}}),
+		httpRoute("other", "unselected", 4, []gatewayv1.ParentReference{parent("infra", "gw", "selected")}, nil),
+		httpRoute("infra", "hostless", 5, []gatewayv1.ParentReference{parent("", "gw", "same")}, []string{"elsewhere.test"}),
+		httpRoute("infra", "redirect-exact", 6, []gatewayv1.ParentReference{parent("", "gw", "same")}, nil,
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr(gatewayv1.PathMatchExact), Value: ptr("/e")}}},
+				Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
+					Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr("/x")}}}}},
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/mirror")},
+				Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}}}),
+		httpRoute("infra", "unsupported", 7, []gatewayv1.ParentReference{parent("", "gw", "same")}, nil,
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr(gatewayv1.PathMatchRegularExpression), Value: ptr("/.*")}}}}),
+		httpRoute("infra", "invalid-kind", 8, []gatewayv1.ParentReference{parent("", "gw", "same")}, nil,
+			gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{func() gatewayv1.HTTPBackendRef {
+				r := backendRef("", "x", 80, 1)
+				r.Kind = ptr(gatewayv1.Kind("Pod"))
+				return r
+			}()}}),
+		// Another controller's Gateway: no status from Portico.
+		httpRoute("app", "foreign", 9, []gatewayv1.ParentReference{parent("infra", "theirs", "")}, nil),
+	}
+	res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g"})
+	if err := res.Snapshot.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	gs := res.Gateways.Gateways["infra/gw"]
+	if got := conds(gs.Conditions); got["Accepted"] != "True/ListenersNotValid" {
+		t.Errorf("gw conditions %v, want Accepted True/ListenersNotValid", got)
+	}
+	got := map[string]map[string]string{}
+	for _, l := range gs.Listeners {
+		got[string(l.Name)] = conds(l.Conditions)
+		got[string(l.Name)]["attached"] = string(rune('0' + l.AttachedRoutes))
+	}
+	for name, want := range map[string]map[string]string{
+		"same":       {"Accepted": "True/Accepted", "ResolvedRefs": "True/ResolvedRefs", "attached": "4"},
+		"selected":   {"Accepted": "True/Accepted", "attached": "1"},
+		"tcp":        {"Accepted": "False/UnsupportedProtocol", "Programmed": "False/Invalid", "attached": "0"},
+		"other-port": {"Accepted": "False/PortUnavailable", "attached": "0"},
+		"kinds":      {"ResolvedRefs": "False/InvalidRouteKinds", "Programmed": "False/Invalid"},
+		"missing":    {"ResolvedRefs": "False/InvalidCertificateRef"},
+		"malformed":  {"ResolvedRefs": "False/InvalidCertificateRef"},
+		"elsewhere":  {"ResolvedRefs": "False/RefNotPermitted"},
+	} {
+		for k, v := range want {
+			if got[name][k] != v {
+				t.Errorf("listener %s %s = %q, want %q", name, k, got[name][k], v)
+			}
+		}
+	}
+	if got := conds(res.Gateways.Gateways["infra/none"].Conditions); got["Accepted"] != "False/ListenersNotValid" {
+		t.Errorf("a Gateway without a valid listener: %v", got)
+	}
+	for name, want := range map[string]map[string]string{
+		"app/wrong-section":    {"Accepted": "False/NoMatchingParent", "ResolvedRefs": "True/ResolvedRefs"},
+		"app/not-same":         {"Accepted": "False/NotAllowedByListeners", "ResolvedRefs": "True/ResolvedRefs"},
+		"app/selected":         {"Accepted": "True/Accepted", "ResolvedRefs": "False/RefNotPermitted"},
+		"other/unselected":     {"Accepted": "False/NotAllowedByListeners", "ResolvedRefs": "True/ResolvedRefs"},
+		"infra/hostless":       {"Accepted": "False/NoMatchingListenerHostname", "ResolvedRefs": "True/ResolvedRefs"},
+		"infra/redirect-exact": {"Accepted": "False/UnsupportedValue", "ResolvedRefs": "True/ResolvedRefs"},
+		"infra/unsupported":    {"Accepted": "False/UnsupportedValue", "ResolvedRefs": "True/ResolvedRefs"},
+		"infra/invalid-kind":   {"Accepted": "True/Accepted", "ResolvedRefs": "False/InvalidKind"},
+	} {
+		ps := res.Gateways.Routes[name]
+		if len(ps) != 1 {
+			t.Errorf("%s: %d parent statuses, want 1", name, len(ps))
+			continue
+		}
+		if d := cmp.Diff(want, conds(ps[0].Conditions)); d != "" {
+			t.Errorf("%s conditions (-want +got):\n%s", name, d)
+		}
+	}
+	if _, ok := res.Gateways.Routes["app/foreign"]; ok {
+		t.Error("a route of another controller's Gateway got a status from Portico")
+	}
+	// The route whose backend another namespace does not grant answers 500
+	// there; granted, it reaches the Service.
+	hosts := func(res Result) map[string]model.Server {
+		m := map[string]model.Server{}
+		for _, s := range res.Snapshot.Servers {
+			m[s.Host] = s
+		}
+		return m
+	}
+	if l := hosts(res)["sel.test"].Locations; len(l) != 1 || l[0].Status != 500 {
+		t.Errorf("sel.test locations %+v, want one answering 500", l)
+	}
+	if _, ok := hosts(res)["other.test"]; ok {
+		t.Error("other.test is not the listener's hostname, but is served")
+	}
+	st.ReferenceGrants = []*gatewayv1.ReferenceGrant{{ObjectMeta: meta("other", "grant", 0), Spec: gatewayv1.ReferenceGrantSpec{
+		From: []gatewayv1.ReferenceGrantFrom{{Group: gatewayGroup, Kind: kindHTTPRoute, Namespace: "app"}},
+		To:   []gatewayv1.ReferenceGrantTo{{Kind: "Service"}}}}}
+	res = BuildAll(nil, st, Options{PodRouteGroup: "edge/g"})
+	if l := hosts(res)["sel.test"].Locations; len(l) != 1 || l[0].Upstream != "other-svc-80" {
+		t.Errorf("granted: sel.test locations %+v, want other-svc-80", l)
+	}
+	if got := conds(res.Gateways.Routes["app/selected"][0].Conditions); got["ResolvedRefs"] != "True/ResolvedRefs" {
+		t.Errorf("granted: %v", got)
+	}
+}
+
+func TestIntersectHostnames(t *testing.T) {
+	for _, tc := range []struct {
+		listener string
+		route    []gatewayv1.Hostname
+		want     []string
+	}{
+		{"", nil, []string{""}},
+		{"a.test", nil, []string{"a.test"}},
+		{"", []gatewayv1.Hostname{"A.test", "*.b.test"}, []string{"a.test", "*.b.test"}},
+		{"*.example.com", []gatewayv1.Hostname{"a.example.com", "a.b.example.com", "example.com", "x.test"}, []string{"a.example.com", "a.b.example.com"}},
+		{"*.example.com", []gatewayv1.Hostname{"*.example.com", "*.a.example.com", "*.com"}, []string{"*.example.com", "*.a.example.com"}},
+		{"a.example.com", []gatewayv1.Hostname{"*.example.com", "*.com", "b.example.com"}, []string{"a.example.com"}},
+	} {
+		got := intersect(tc.listener, tc.route)
+		slices.Sort(got)
+		slices.Sort(tc.want)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("intersect(%q, %v) = %v, want %v", tc.listener, tc.route, got, tc.want)
+		}
+	}
+	if modelHost("*.a.test") != "**.a.test" || modelHost("a.test") != "a.test" {
+		t.Error("modelHost")
+	}
+}
