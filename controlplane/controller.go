@@ -122,7 +122,10 @@ type Controller struct {
 	poolFactory   dynamicinformer.DynamicSharedInformerFactory // cluster-scoped VIPPools
 	vipPools      cache.Indexer                                // nil: the CRD is not served
 	namespaces    cache.Indexer
-	agentLeases   cache.Indexer // the agents' status Leases
+	// Gateway API's (nil: its CRDs are not served), typed.
+	gwFactories                                []dynamicinformer.DynamicSharedInformerFactory
+	gwClasses, gateways, httpRoutes, refGrants cache.Indexer
+	agentLeases                                cache.Indexer // the agents' status Leases
 	// waits: since when each Ingress generation's first address waits for
 	// the edges to serve it (leader's sync only).
 	waits map[servedWait]time.Time
@@ -233,6 +236,9 @@ func (c *Controller) Run(ctx context.Context) error {
 		}
 	}
 	if err := c.watchPools(); err != nil {
+		return err
+	}
+	if err := c.watchGateways(); err != nil {
 		return err
 	}
 	defer c.startInformers(ctx)()

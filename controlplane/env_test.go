@@ -187,13 +187,15 @@ var (
 	crdErr  error
 )
 
-// installCRD creates the CRDs of deploy/crds (IngressClaim, VIPPool) once per
+// installCRD creates the CRDs of deploy/crds (IngressClaim, VIPPool, Gateway API's) once per
 // server and waits until they are served.
 func (e *env) installCRD() {
 	e.t.Helper()
 	crdOnce.Do(func() {
 		crds := e.dyn.Resource(schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"})
-		for _, f := range []string{"ingressclaims.portico.io.yaml", "vippools.portico.io.yaml"} {
+		for _, f := range []string{"ingressclaims.portico.io.yaml", "vippools.portico.io.yaml",
+			"gateway-api/gateway.networking.k8s.io_gatewayclasses.yaml", "gateway-api/gateway.networking.k8s.io_gateways.yaml",
+			"gateway-api/gateway.networking.k8s.io_httproutes.yaml", "gateway-api/gateway.networking.k8s.io_referencegrants.yaml"} {
 			data, err := os.ReadFile("../deploy/crds/" + f)
 			if err != nil {
 				crdErr = err
@@ -212,7 +214,9 @@ func (e *env) installCRD() {
 		served := func() bool {
 			_, err := e.dyn.Resource(v1alpha1.IngressClaimResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
 			_, perr := e.dyn.Resource(v1alpha1.VIPPoolResource).List(e.ctx, metav1.ListOptions{})
-			return err == nil && perr == nil
+			_, gerr := e.dyn.Resource(httpRoutesResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
+			_, rerr := e.dyn.Resource(referenceGrantsResource).Namespace("default").List(e.ctx, metav1.ListOptions{})
+			return err == nil && perr == nil && gerr == nil && rerr == nil
 		}
 		if _, err := testenv.Poll(context.Background(), 30*time.Second, 100*time.Millisecond, served); err != nil {
 			crdErr = fmt.Errorf("CRDs not served after 30s")

@@ -5,6 +5,7 @@ import (
 
 	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/controlplane/model"
@@ -48,7 +49,9 @@ func problemRef(p model.Problem) *corev1.ObjectReference {
 func objRef(kind, ns, name string) *corev1.ObjectReference {
 	api := map[string]string{"Ingress": "networking.k8s.io/v1", "IngressClass": "networking.k8s.io/v1",
 		"Service": "v1", "Pod": "v1", "Secret": "v1", "Node": "v1",
-		"IngressClaim": v1alpha1.IngressClaimResource.GroupVersion().String(), "VIPPool": v1alpha1.GroupVersion.String()}[kind]
+		"IngressClaim": v1alpha1.IngressClaimResource.GroupVersion().String(), "VIPPool": v1alpha1.GroupVersion.String(),
+		"GatewayClass": gatewayv1.SchemeGroupVersion.String(), "Gateway": gatewayv1.SchemeGroupVersion.String(),
+		"HTTPRoute": gatewayv1.SchemeGroupVersion.String()}[kind]
 	if api == "" {
 		return nil
 	}

@@ -107,6 +107,9 @@ func (b *builder) gateways(defaultGroup string) {
 	}
 	rt.rank(b)
 	for k, a := range accs {
+		if g := b.groupsOut[a.group]; g != nil {
+			served(g, kindGateway+" "+k, a.gw.Generation)
+		}
 		for _, l := range a.listeners {
 			a.status.Listeners = append(a.status.Listeners, l.status)
 		}
@@ -439,6 +442,11 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 		}
 	}
 	b.gw.Routes[src] = parents
+	for _, at := range atts {
+		if g := b.groupsOut[at.l.group]; g != nil {
+			served(g, kindHTTPRoute+" "+src, gen)
+		}
+	}
 	// Each host once per group, with the certificate of the first HTTPS
 	// listener that serves it.
 	type hostKey struct{ group, host string }
@@ -467,6 +475,15 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 			}
 		}
 	}
+}
+
+// served has g's edges report generation gen of the object k ("Kind
+// namespace/name") once they serve it (model.Group.Ingresses).
+func served(g *model.Group, k string, gen int64) {
+	if g.Ingresses == nil {
+		g.Ingresses = map[string]int64{}
+	}
+	g.Ingresses[k] = gen
 }
 
 // modelHost is a Gateway API hostname as a Server's Host: "*.x" matches any

@@ -19,6 +19,7 @@ import (
 	"k8s.io/client-go/dynamic/dynamicinformer"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/portico-edge/portico/api/v1alpha1"
 	"github.com/portico-edge/portico/internal/shutdown"
@@ -77,15 +78,88 @@ func (c *Controller) watchPools() error {
 	}
 	c.poolFactory = dynamicinformer.NewDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod)
 	pools := c.poolFactory.ForResource(v1alpha1.VIPPoolResource).Informer()
-	namespaces := informers.NewSharedInformerFactory(c.cfg.Client, c.cfg.ResyncPeriod)
-	c.factories = append(c.factories, namespaces)
-	ns := namespaces.Core().V1().Namespaces().Informer()
-	for _, i := range []cache.SharedIndexInformer{pools, ns} {
-		if err := c.watch(i); err != nil {
+	if err := c.watch(pools); err != nil {
+		return err
+	}
+	c.vipPools = pools.GetIndexer()
+	return c.watchNamespaces()
+}
+
+// Gateway API's resources (v1).
+var (
+	gatewayClassesResource  = gatewayv1.SchemeGroupVersion.WithResource("gatewayclasses")
+	gatewaysResource        = gatewayv1.SchemeGroupVersion.WithResource("gateways")
+	httpRoutesResource      = gatewayv1.SchemeGroupVersion.WithResource("httproutes")
+	referenceGrantsResource = gatewayv1.SchemeGroupVersion.WithResource("referencegrants")
+)
+
+// watchGateways adds the Gateway API informers when its CRDs are served
+// (GatewayClasses, Gateways, HTTPRoutes and ReferenceGrants), and the
+// Namespace informer listeners' selectors read. Objects are kept typed: each
+// is converted once, when it changes, not at every build. CRDs installed later
+// need a restart.
+func (c *Controller) watchGateways() error {
+	for _, r := range []schema.GroupVersionResource{gatewayClassesResource, gatewaysResource, httpRoutesResource, referenceGrantsResource} {
+		if ok, err := c.served(r, "Gateway API CRDs not installed (v1): Gateways are not served"); !ok {
 			return err
 		}
 	}
-	c.vipPools, c.namespaces = pools.GetIndexer(), ns.GetIndexer()
+	cluster := dynamicinformer.NewDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod)
+	namespaced := dynamicinformer.NewFilteredDynamicSharedInformerFactory(c.cfg.Dynamic, c.cfg.ResyncPeriod, c.cfg.Namespace, nil)
+	c.gwFactories = []dynamicinformer.DynamicSharedInformerFactory{cluster, namespaced}
+	for _, inf := range []struct {
+		i   cache.SharedIndexInformer
+		new func() runtime.Object
+		dst *cache.Indexer
+	}{
+		{cluster.ForResource(gatewayClassesResource).Informer(), func() runtime.Object { return &gatewayv1.GatewayClass{} }, &c.gwClasses},
+		{namespaced.ForResource(gatewaysResource).Informer(), func() runtime.Object { return &gatewayv1.Gateway{} }, &c.gateways},
+		{namespaced.ForResource(httpRoutesResource).Informer(), func() runtime.Object { return &gatewayv1.HTTPRoute{} }, &c.httpRoutes},
+		{namespaced.ForResource(referenceGrantsResource).Informer(), func() runtime.Object { return &gatewayv1.ReferenceGrant{} }, &c.refGrants},
+	} {
+		if err := inf.i.SetTransform(c.typed(inf.new)); err != nil {
+			return fmt.Errorf("set transform: %w", err)
+		}
+		if err := c.watch(inf.i); err != nil {
+			return err
+		}
+		*inf.dst = inf.i.GetIndexer()
+	}
+	return c.watchNamespaces()
+}
+
+// typed converts an informer's unstructured objects to the type newT
+// makes; one that does not convert (the CRD's schema should not let it in) is
+// logged and kept as it is, which no build reads.
+func (c *Controller) typed(newT func() runtime.Object) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		u, ok := obj.(*unstructured.Unstructured)
+		if !ok {
+			return obj, nil
+		}
+		t := newT()
+		if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, t); err != nil {
+			c.log.Warn("object does not decode; not used", zap.String("kind", u.GetKind()), zap.String("namespace", u.GetNamespace()),
+				zap.String("name", u.GetName()), zap.Error(err))
+			return obj, nil
+		}
+		return t, nil
+	}
+}
+
+// watchNamespaces adds the Namespace informer (once): the VIP pools' and
+// listeners' selectors read namespaces' labels.
+func (c *Controller) watchNamespaces() error {
+	if c.namespaces != nil {
+		return nil
+	}
+	f := informers.NewSharedInformerFactory(c.cfg.Client, c.cfg.ResyncPeriod)
+	c.factories = append(c.factories, f)
+	ns := f.Core().V1().Namespaces().Informer()
+	if err := c.watch(ns); err != nil {
+		return err
+	}
+	c.namespaces = ns.GetIndexer()
 	return nil
 }
 
@@ -137,23 +211,30 @@ func (c *Controller) startInformers(ctx context.Context) (stop func()) {
 	for _, f := range c.factories {
 		f.Start(ctx.Done())
 	}
-	for _, f := range []dynamicinformer.DynamicSharedInformerFactory{c.dynFactory, c.poolFactory} {
-		if f != nil {
-			f.Start(ctx.Done())
-		}
+	for _, f := range c.dynFactories() {
+		f.Start(ctx.Done())
 	}
 	return func() {
 		var fs []shutdown.Factory
 		for _, f := range c.factories {
 			fs = append(fs, f)
 		}
-		for _, f := range []dynamicinformer.DynamicSharedInformerFactory{c.dynFactory, c.poolFactory} {
-			if f != nil {
-				fs = append(fs, f)
-			}
+		for _, f := range c.dynFactories() {
+			fs = append(fs, f)
 		}
 		shutdown.Informers(c.log, fs...)
 	}
+}
+
+// dynFactories are the dynamic informer factories in use.
+func (c *Controller) dynFactories() []dynamicinformer.DynamicSharedInformerFactory {
+	var out []dynamicinformer.DynamicSharedInformerFactory
+	for _, f := range append([]dynamicinformer.DynamicSharedInformerFactory{c.dynFactory, c.poolFactory}, c.gwFactories...) {
+		if f != nil {
+			out = append(out, f)
+		}
+	}
+	return out
 }
 
 // statusOnly reports whether an update of an Ingress or a Service changed its
@@ -167,6 +248,12 @@ func statusOnly(old, cur any) bool {
 	case *corev1.Service:
 		n, ok := cur.(*corev1.Service)
 		return ok && sameMeta(&o.ObjectMeta, &n.ObjectMeta) && equality.Semantic.DeepEqual(o.Spec, n.Spec)
+	case *gatewayv1.GatewayClass, *gatewayv1.Gateway, *gatewayv1.HTTPRoute:
+		// Their spec is under the generation (a status subresource).
+		om, ok1 := old.(metav1.Object)
+		nm, ok2 := cur.(metav1.Object)
+		return ok1 && ok2 && om.GetGeneration() == nm.GetGeneration() && maps.Equal(om.GetAnnotations(), nm.GetAnnotations()) &&
+			maps.Equal(om.GetLabels(), nm.GetLabels()) && om.GetDeletionTimestamp().IsZero() == nm.GetDeletionTimestamp().IsZero()
 	}
 	return false
 }
@@ -194,15 +281,19 @@ func list[T any](i cache.Indexer) []T {
 // state lists the caches. The objects are shared with the informers: read only.
 func (c *Controller) state() State {
 	return State{
-		IngressClasses: list[*networkingv1.IngressClass](c.classes),
-		Ingresses:      list[*networkingv1.Ingress](c.ingresses),
-		Services:       list[*corev1.Service](c.services),
-		EndpointSlices: list[*discoveryv1.EndpointSlice](c.slices),
-		Secrets:        list[*corev1.Secret](c.secrets),
-		Pods:           list[*corev1.Pod](c.pods),
-		Nodes:          list[*corev1.Node](c.nodes),
-		VIPPools:       c.listPools(),
-		Namespaces:     list[*corev1.Namespace](c.namespaces),
+		IngressClasses:  list[*networkingv1.IngressClass](c.classes),
+		Ingresses:       list[*networkingv1.Ingress](c.ingresses),
+		Services:        list[*corev1.Service](c.services),
+		EndpointSlices:  list[*discoveryv1.EndpointSlice](c.slices),
+		Secrets:         list[*corev1.Secret](c.secrets),
+		Pods:            list[*corev1.Pod](c.pods),
+		Nodes:           list[*corev1.Node](c.nodes),
+		VIPPools:        c.listPools(),
+		Namespaces:      list[*corev1.Namespace](c.namespaces),
+		GatewayClasses:  list[*gatewayv1.GatewayClass](c.gwClasses),
+		Gateways:        list[*gatewayv1.Gateway](c.gateways),
+		HTTPRoutes:      list[*gatewayv1.HTTPRoute](c.httpRoutes),
+		ReferenceGrants: list[*gatewayv1.ReferenceGrant](c.refGrants),
 	}
 }
 

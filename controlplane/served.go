@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 
@@ -151,7 +152,7 @@ func (c *Controller) watchAgents() error {
 // how many edges it waited for: those whose replica is ready in the snapshot
 // (they get new connections) and whose agent reports. An agent's own health is
 // not asked: it is published every few seconds and lags its nginx.
-func (c *Controller) lagging(ing *networkingv1.Ingress, g model.Group, now time.Time) (lag []string, edges int) {
+func (c *Controller) lagging(k string, gen int64, g model.Group, now time.Time) (lag []string, edges int) {
 	if c.agentLeases == nil {
 		return nil, 0
 	}
@@ -161,7 +162,6 @@ func (c *Controller) lagging(ing *networkingv1.Ingress, g model.Group, now time.
 			ready[r.Node] = true
 		}
 	}
-	k := key(ing)
 	for _, o := range c.agentLeases.List() {
 		l, ok := o.(*coordinationv1.Lease)
 		if !ok {
@@ -172,7 +172,7 @@ func (c *Controller) lagging(ing *networkingv1.Ingress, g model.Group, now time.
 			continue
 		}
 		edges++
-		if r.Served[k] < ing.Generation {
+		if r.Served[k] < gen {
 			lag = append(lag, r.Node)
 		}
 	}
@@ -180,17 +180,24 @@ func (c *Controller) lagging(ing *networkingv1.Ingress, g model.Group, now time.
 	return lag, edges
 }
 
-// readyForAddress reports whether ing's first address may be written now. While
-// edges lag it records since when, and asks for a sync when the bound ends.
+// readyForAddress reports whether ing's first address may be written now.
 func (c *Controller) readyForAddress(ing *networkingv1.Ingress, g model.Group) bool {
+	return c.everyEdgeServes(key(ing), ing.Generation, g, ing)
+}
+
+// everyEdgeServes reports whether every edge of g serves generation gen of the
+// object the agents report as k (obj, for an Event). While edges lag it records
+// since when, and asks for a sync when the bound ends; after it, it says yes
+// all the same, with a Warning Event on obj.
+func (c *Controller) everyEdgeServes(k string, gen int64, g model.Group, obj runtime.Object) bool {
 	now := time.Now()
-	lag, edges := c.lagging(ing, g, now)
-	w := servedWait{key(ing), ing.Generation}
+	lag, edges := c.lagging(k, gen, g, now)
+	w := servedWait{k, gen}
 	since, waiting := c.waits[w]
 	if len(lag) == 0 {
 		if waiting {
 			delete(c.waits, w)
-			c.log.Info("ingress served by every edge: address written", zap.String("ingress", w.ingress),
+			c.log.Info("served by every edge", zap.String("object", w.ingress),
 				zap.Int64("generation", w.generation), zap.Int("edges", edges), zap.Duration("waited", now.Sub(since)))
 		}
 		return true
@@ -205,9 +212,9 @@ func (c *Controller) readyForAddress(ing *networkingv1.Ingress, g model.Group) b
 		return false
 	}
 	delete(c.waits, w)
-	msg := fmt.Sprintf("edges %s did not serve generation %d within %v: address written anyway", strings.Join(lag, ", "), ing.Generation, timeout)
-	c.recorder.Event(ing, corev1.EventTypeWarning, "EdgesNotServing", msg)
-	c.log.Warn("ingress address written before every edge serves it", zap.String("ingress", w.ingress), zap.Strings("lagging", lag))
+	msg := fmt.Sprintf("edges %s did not serve generation %d within %v: status written anyway", strings.Join(lag, ", "), gen, timeout)
+	c.recorder.Event(obj, corev1.EventTypeWarning, "EdgesNotServing", msg)
+	c.log.Warn("status written before every edge serves it", zap.String("object", w.ingress), zap.Strings("lagging", lag))
 	return true
 }
 
@@ -241,6 +248,6 @@ func (c *Controller) groupLoads(now time.Time) map[string]GroupLoad {
 
 // servedWait is one Ingress generation whose address waits for the edges.
 type servedWait struct {
-	ingress    string
+	ingress    string // the Ingress's "namespace/name", or another kind's "Kind namespace/name"
 	generation int64
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -67,7 +68,7 @@ func (c *Controller) writeIngressStatus(ctx context.Context, ingresses []*networ
 	seen := map[servedWait]bool{}
 	defer func() {
 		for w := range c.waits {
-			if !seen[w] {
+			if !seen[w] && !strings.Contains(w.ingress, " ") { // an Ingress's (not a Gateway's)
 				delete(c.waits, w) // deleted, changed again, or written
 			}
 		}

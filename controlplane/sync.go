@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"slices"
 	"time"
@@ -95,6 +96,7 @@ type writeJob struct {
 	snap     model.Snapshot
 	bindings Bindings
 	problems []model.Problem // of the build and the allocation
+	gateways GatewayStatuses
 }
 
 // build builds the snapshot, publishes it when it changed, and returns what the
@@ -105,8 +107,9 @@ func (c *Controller) build() *writeJob {
 	// One state for the whole sync: the cache with this leader's writes that it
 	// does not show yet, so that nothing is allocated or scheduled twice.
 	st, notAllowed := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
-	snap, bindings, problems := BuildWith(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup, ReservedPorts: c.cfg.ReservedPorts,
+	res := BuildAll(&c.memo, st, Options{PodRouteGroup: c.cfg.PodRouteGroup, ReservedPorts: c.cfg.ReservedPorts,
 		Pools: c.cfg.Pools, OperatorNamespaces: c.cfg.GroupNamespaces})
+	snap, bindings, problems := res.Snapshot, res.Bindings, res.Problems
 	if err := snap.Validate(); err != nil {
 		// A bug in Build, not a bad object: the sinks keep the last snapshot, and
 		// nothing is written from this one.
@@ -139,7 +142,7 @@ func (c *Controller) build() *writeJob {
 	}
 	c.observe(st, all)
 	c.observePools(pools, snap)
-	job := &writeJob{snap: snap, bindings: bindings, problems: problems}
+	job := &writeJob{snap: snap, bindings: bindings, problems: problems, gateways: res.Gateways}
 	c.mu.Lock()
 	c.lastJob = job
 	c.mu.Unlock()
@@ -154,6 +157,7 @@ func (c *Controller) writeOut(ctx context.Context, job *writeJob) error {
 	// user's own portico.io/vip written since must not be overwritten.
 	st, _ := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
 	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st, nil))
+	err = errors.Join(err, c.writeGatewayStatus(ctx, st, job.gateways, job.snap))
 	all := append(slices.Clone(job.problems), claimProblems...)
 	c.report(all)
 	if err != nil {

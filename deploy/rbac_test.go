@@ -53,6 +53,9 @@ var controllerNeeds = append(slices.Clone(informerNeeds), []need{
 	{grant{"", "", "services", "get", ""}, "claim.go reclaim: Services().Get"},
 	{grant{"", "", "services", "delete", ""}, "claim.go reclaim: Services().Delete"},
 	{grant{"", "", "services/status", "update", ""}, "leader.go write: Services().UpdateStatus"},
+	{grant{"", "gateway.networking.k8s.io", "gatewayclasses/status", "update", ""}, "gatewaystatus.go writeGatewayStatus: UpdateStatus"},
+	{grant{"", "gateway.networking.k8s.io", "gateways/status", "update", ""}, "gatewaystatus.go writeGatewayStatus: UpdateStatus"},
+	{grant{"", "gateway.networking.k8s.io", "httproutes/status", "update", ""}, "gatewaystatus.go writeGatewayStatus: UpdateStatus"},
 	{grant{"", "", "events", "create", ""}, "controller.go Run: record.EventBroadcaster (new Event)"},
 	{grant{"", "", "events", "patch", ""}, "controller.go Run: record.EventBroadcaster (repeated Event)"},
 	{grant{"", "portico.io", "ingressclaims", "list", ""}, "informers.go watchClaims: dynamic informer"},
@@ -114,6 +117,14 @@ var informerNeeds = []need{
 	{grant{"", "portico.io", "vippools", "watch", ""}, "informers.go watchPools: dynamic informer"},
 	{grant{"", "", "namespaces", "list", ""}, "informers.go watchPools: Namespace informer"},
 	{grant{"", "", "namespaces", "watch", ""}, "informers.go watchPools: Namespace informer"},
+	{grant{"", "gateway.networking.k8s.io", "gatewayclasses", "list", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "gatewayclasses", "watch", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "gateways", "list", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "gateways", "watch", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "httproutes", "list", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "httproutes", "watch", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "referencegrants", "list", ""}, "informers.go watchGateways: dynamic informer"},
+	{grant{"", "gateway.networking.k8s.io", "referencegrants", "watch", ""}, "informers.go watchGateways: dynamic informer"},
 }
 
 // agentMustDeny are what the controller may do and an agent may not: every

@@ -40,9 +40,10 @@ type Group struct {
 	// names when it has no catch-all Server (portico.io/unmatched-host).
 	UnmatchedHost UnmatchedHost
 	// Ingresses are the Ingresses bound to the group, "namespace/name" ->
-	// metadata.generation: an agent whose nginx serves this snapshot reports
-	// them, and the controller writes an Ingress's address once every edge of
-	// its group serves its generation.
+	// metadata.generation, and the Gateways and HTTPRoutes it serves, "Kind
+	// namespace/name": an agent whose nginx serves this snapshot reports them,
+	// and the controller writes an Ingress's address (a Gateway's Programmed)
+	// once every edge of its group serves its generation.
 	Ingresses map[string]int64
 	// Federated are the group's Ingresses a federation propagated (labelled
 	// portico.io/federated-ingress), "namespace/name" -> whether a backend it names

@@ -38,6 +38,18 @@ var files = map[string]string{
 	"templates/group.yaml":               "examples/group.yaml",
 }
 
+// dst is where a chart file's objects go under deploy/: files' entry, or, for
+// the CRDs a chart copies from upstream (crds/gateway-api/), the same path.
+func dst(src string) (string, bool) {
+	if d, ok := files[src]; ok {
+		return d, true
+	}
+	if strings.HasPrefix(src, "crds/gateway-api/") {
+		return src, true
+	}
+	return "", false
+}
+
 // setFlags collects repeated -set flags.
 type setFlags []string
 
@@ -81,12 +93,15 @@ func run(helm, chart, out, namespace string, sets []string) error {
 	if err != nil {
 		return err
 	}
-	for src, dst := range files {
+	for src, d := range files {
 		if len(docs[src]) == 0 {
-			return fmt.Errorf("%s renders nothing with these values; %s needs it", src, dst)
+			return fmt.Errorf("%s renders nothing with these values; %s needs it", src, d)
 		}
-		text := header + "\n" + strings.Join(docs[src], "---\n")
-		p := filepath.Join(out, filepath.FromSlash(dst))
+	}
+	for src, ds := range docs {
+		d, _ := dst(src)
+		text := header + "\n" + strings.Join(ds, "---\n")
+		p := filepath.Join(out, filepath.FromSlash(d))
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
 			return err
 		}
@@ -111,7 +126,7 @@ func split(rendered []byte) (map[string][]string, error) {
 		if !ok {
 			return nil, fmt.Errorf("a rendered document without a # Source line: %q", first)
 		}
-		if _, known := files[src]; !known {
+		if _, known := dst(src); !known {
 			return nil, fmt.Errorf("%s has no place under deploy/ (manifests.files)", src)
 		}
 		var lines []string
