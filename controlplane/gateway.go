@@ -24,7 +24,8 @@ import (
 // each object should have.
 //
 // A Gateway is served by a group (portico.io/group on the Gateway, else the
-// default group, Options.PodRouteGroup): its addresses are the group's VIPs,
+// group Service its GatewayClass's parametersRef names, else the default
+// group, Options.PodRouteGroup): its addresses are the group's VIPs,
 // its HTTP and HTTPS listeners the group's nginx ports. Listeners of other
 // protocols, or on other ports, are not accepted (yet); nor are addresses that
 // are not the group's.
@@ -42,6 +43,8 @@ type GatewayStatuses struct {
 	Classes  map[string][]metav1.Condition
 	Gateways map[string]gatewayv1.GatewayStatus
 	Routes   map[string][]gatewayv1.RouteParentStatus
+	// Groups are the group that serves each Gateway.
+	Groups map[string]string
 }
 
 // gwListener is one listener of a Gateway as the build sees it.
@@ -76,12 +79,19 @@ func condition(t string, ok bool, reason, msg string, gen int64) metav1.Conditio
 // an Ingress keeps the Locations it had (Rank 0 before every route's).
 func (b *builder) gateways(defaultGroup string) {
 	b.gw = GatewayStatuses{Classes: map[string][]metav1.Condition{}, Gateways: map[string]gatewayv1.GatewayStatus{}, Routes: map[string][]gatewayv1.RouteParentStatus{}}
-	ours := map[string]bool{}
+	b.gw.Groups = map[string]string{}
+	ours := map[string]string{} // class -> its group ("" for the default)
 	for _, c := range b.st.GatewayClasses {
 		if string(c.Spec.ControllerName) != v1alpha1.GatewayControllerName {
 			continue
 		}
-		ours[c.Name] = true
+		group, err := b.classGroup(c)
+		if err != nil {
+			b.gw.Classes[c.Name] = []metav1.Condition{condition(string(gatewayv1.GatewayClassConditionStatusAccepted), false,
+				string(gatewayv1.GatewayClassReasonInvalidParameters), err.Error(), c.Generation)}
+			continue
+		}
+		ours[c.Name] = group
 		b.gw.Classes[c.Name] = []metav1.Condition{condition(string(gatewayv1.GatewayClassConditionStatusAccepted), true,
 			string(gatewayv1.GatewayClassReasonAccepted), "served by Portico", c.Generation)}
 	}
@@ -90,14 +100,16 @@ func (b *builder) gateways(defaultGroup string) {
 	}
 	var gws []*gatewayv1.Gateway
 	for _, g := range b.st.Gateways {
-		if ours[string(g.Spec.GatewayClassName)] {
+		if _, ok := ours[string(g.Spec.GatewayClassName)]; ok {
 			gws = append(gws, g)
 		}
 	}
 	slices.SortFunc(gws, func(x, y *gatewayv1.Gateway) int { return older(x, y) })
 	accs := map[string]*gwAcc{}
 	for _, g := range gws {
-		accs[key(g)] = b.gateway(g, defaultGroup)
+		a := b.gateway(g, cmp.Or(ours[string(g.Spec.GatewayClassName)], defaultGroup))
+		accs[key(g)] = a
+		b.gw.Groups[key(g)] = a.group
 	}
 	routes := slices.Clone(b.st.HTTPRoutes)
 	slices.SortFunc(routes, func(x, y *gatewayv1.HTTPRoute) int { return older(x, y) })
@@ -115,6 +127,23 @@ func (b *builder) gateways(defaultGroup string) {
 		}
 		b.gw.Gateways[k] = a.status
 	}
+}
+
+// classGroup is the group a GatewayClass's parametersRef names (a group
+// Service), "" when it names none.
+func (b *builder) classGroup(c *gatewayv1.GatewayClass) (string, error) {
+	p := c.Spec.ParametersRef
+	if p == nil {
+		return "", nil
+	}
+	if p.Group != "" || p.Kind != "Service" || p.Namespace == nil || *p.Namespace == "" {
+		return "", fmt.Errorf("parametersRef must name a group Service (kind Service, with its namespace), not %s %s", refKind(&p.Group, &p.Kind), p.Name)
+	}
+	k := string(*p.Namespace) + "/" + p.Name
+	if b.groupsOut[k] == nil {
+		return "", fmt.Errorf("parametersRef: Service %s is not a Portico group", k)
+	}
+	return k, nil
 }
 
 // gateway checks a Gateway and its listeners.

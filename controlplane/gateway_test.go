@@ -362,3 +362,27 @@ func TestIntersectHostnames(t *testing.T) {
 		t.Error("modelHost")
 	}
 }
+
+func TestGatewayClassParameters(t *testing.T) {
+	st := gatewayState(t)
+	st.GatewayClasses = []*gatewayv1.GatewayClass{gwClass("portico", v1alpha1.GatewayControllerName), gwClass("bad", v1alpha1.GatewayControllerName)}
+	st.GatewayClasses[0].Spec.ParametersRef = &gatewayv1.ParametersReference{Kind: "Service", Name: "g", Namespace: ptr(gatewayv1.Namespace("edge"))}
+	st.GatewayClasses[1].Spec.ParametersRef = &gatewayv1.ParametersReference{Kind: "Service", Name: "v1", Namespace: ptr(gatewayv1.Namespace("app"))}
+	bad := gateway("infra", "bad", 1, listener("http", gatewayv1.HTTPProtocolType, 80, ""))
+	bad.Spec.GatewayClassName = "bad"
+	st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 0, listener("http", gatewayv1.HTTPProtocolType, 80, "")), bad}
+	// No default group: the class's parametersRef names it.
+	res := BuildAll(nil, st, Options{})
+	if got := conds(res.Gateways.Classes["portico"]); got["Accepted"] != "True/Accepted" {
+		t.Errorf("class portico: %v", got)
+	}
+	if got := conds(res.Gateways.Classes["bad"]); got["Accepted"] != "False/InvalidParameters" {
+		t.Errorf("class bad (its parameters a plain Service): %v", got)
+	}
+	if got := conds(res.Gateways.Gateways["infra/gw"].Conditions); got["Accepted"] != "True/Accepted" || res.Gateways.Groups["infra/gw"] != "edge/g" {
+		t.Errorf("gw: %v, group %q; want accepted on edge/g", got, res.Gateways.Groups["infra/gw"])
+	}
+	if _, ok := res.Gateways.Gateways["infra/bad"]; ok {
+		t.Error("a Gateway of a class that is not accepted got a status")
+	}
+}

@@ -55,7 +55,7 @@ func (c *Controller) writeGatewayStatus(ctx context.Context, st State, gs Gatewa
 		}
 		want = *want.DeepCopy()
 		k := kindGateway + " " + key(gw)
-		if g, ok := groups[gatewayGroupOf(gw, c.cfg.PodRouteGroup)]; ok {
+		if g, ok := groups[gs.Groups[key(gw)]]; ok {
 			for i := range want.Conditions {
 				pc := &want.Conditions[i]
 				if pc.Type != string(gatewayv1.GatewayConditionProgrammed) || pc.Status != metav1.ConditionTrue {
@@ -118,14 +118,6 @@ func (c *Controller) writeGatewayStatus(ctx context.Context, st State, gs Gatewa
 		errs = append(errs, c.updateStatus(ctx, httpRoutesResource, kindHTTPRoute, cp, "httproute-status"))
 	}
 	return errors.Join(errs...)
-}
-
-// gatewayGroupOf is the group that serves gw (the build's rule).
-func gatewayGroupOf(gw *gatewayv1.Gateway, defaultGroup string) string {
-	if v := gw.Annotations[v1alpha1.AnnotationGroup]; v != "" {
-		return groupRef(v, gw.Namespace)
-	}
-	return defaultGroup
 }
 
 // mergeConditions is want, each condition keeping old's transition time while

@@ -36,6 +36,7 @@ var files = map[string]string{
 	"templates/agent.yaml":               "agent.yaml",
 	"templates/controller.yaml":          "controller.yaml",
 	"templates/group.yaml":               "examples/group.yaml",
+	"templates/gatewayclass.yaml":        "gatewayclass.yaml",
 }
 
 // dst is where a chart file's objects go under deploy/: files' entry, or, for
