@@ -17,7 +17,7 @@ IMAGE_REPO ?= ghcr.io/portico-edge/portico
 IMAGE ?= $(IMAGE_REPO):$(VERSION)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 1700000000)
 
-.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab bench-propagation bench-bgp demo-dataplane lab image image-name conformance-images
+.PHONY: help deps generate build vet test unit fuzz verify lint bench demo demo-cluster demo-quick clean kapi kube cluster bench-failover bench-nginx bench-lab bench-propagation bench-bgp demo-dataplane lab image image-name conformance-images conformance
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -136,8 +136,17 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 kube: ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~8.5 min cold)
 	@hack/kube.sh >/dev/null
 
-conformance-images: ## build the Gateway API conformance suite's backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~6.5 min cold; test/cluster packs them as the images the suite names; make test does not build them yet)
+conformance-images: ## build the Gateway API conformance suite (its own test) and its backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~10 min cold; test/cluster packs the backends as the images the suite names)
 	@hack/conformance.sh >/dev/null
+
+# Where make conformance writes the suite's report (upstream's layout:
+# conformance/reports/<version>/<project>/).
+CONFORMANCE_REPORT ?= $(CURDIR)/conformance/reports/v1.6.3/portico/standard-main-default-report.yaml
+conformance: deps kapi kube helm conformance-images ## run Gateway API's conformance suite v1.6.3, unmodified, against Portico on the real-kubelet cluster (root; PROFILES, default GATEWAY-HTTP; RUN=<one test>); writes CONFORMANCE_REPORT
+	@mkdir -p $(dir $(CONFORMANCE_REPORT)) bin
+	PORTICO_CONFORMANCE=1 PORTICO_CONFORMANCE_PROFILES=$(or $(PROFILES),GATEWAY-HTTP) PORTICO_CONFORMANCE_RUN=$(RUN) \
+	  PORTICO_CONFORMANCE_REPORT=$(CONFORMANCE_REPORT) PORTICO_CONFORMANCE_LOG=$(CURDIR)/bin/conformance.log \
+	  $(GO) test -count=1 -timeout 90m -run '^TestGatewayConformance$$' -v ./test/cluster
 
 cluster: deps kapi kube ## bring up a real cluster (control plane + NODES kubelet nodes, default 3; IMAGES: OCI archives to import) and keep it until Ctrl-C (root)
 	$(GO) run ./test/cluster/up -nodes $(or $(NODES),3) $(foreach i,$(IMAGES),-image $(i))

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Builds the backends of the Gateway API conformance suite, echo-basic and CoreDNS,
-# from the Go module proxy only, and caches them by version:
+# and the suite itself (its own test, compiled unmodified with go test -c), from
+# the Go module proxy only, and caches them by version:
 #
 #   ${PORTICO_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/cluster}/gateway-api-<ver>/echo-basic
 #   ${PORTICO_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/cluster}/coredns-<ver>/coredns
+#   ${PORTICO_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/cluster}/gateway-api-<ver>/conformance.test
 #
 # The versions are the ones the wrapper modules beside this script require
 # (conformance/echo-basic/go.mod: tool sigs.k8s.io/gateway-api/conformance/echo-basic;
@@ -18,8 +20,8 @@
 # more to download CoreDNS's), measured on 2 cores shared with other tests (load ~13):
 # echo-basic 37 s, CoreDNS 356 s.
 #
-#   conformance.sh          build what is missing, print the two binaries' paths
-#                           (echo-basic's, then CoreDNS's), one a line
+#   conformance.sh          build what is missing, print the three binaries' paths
+#                           (echo-basic's, CoreDNS's, the suite's), one a line
 #   conformance.sh path     print the paths only
 set -euo pipefail
 
@@ -40,8 +42,10 @@ cv=$(version github.com/coredns/coredns coredns)
 cache=${PORTICO_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/portico/cluster}
 
 # wrapper   package                                          version  binary (in <folder>-<version>)
+# (the suite: its own test, compiled with go test -c, from hack/conformance/suite)
 builds="echo-basic sigs.k8s.io/gateway-api/conformance/echo-basic gateway-api $gv echo-basic
-coredns    github.com/coredns/coredns                       coredns $cv coredns"
+coredns    github.com/coredns/coredns                       coredns $cv coredns
+suite      sigs.k8s.io/gateway-api/conformance              gateway-api $gv conformance.test"
 
 paths() {
   echo "$builds" | while read -r _ _ folder ver name; do echo "$cache/$folder-$ver/$name"; done
@@ -58,7 +62,11 @@ echo "$builds" | while read -r wrapper pkg folder ver name; do
   t0=$SECONDS
   log "building $name $ver (cold: echo-basic ~40 s, CoreDNS ~6 min on 2 busy cores)"
   mkdir -p "$dir"
-  (cd "$here/conformance/$wrapper" && nice -n 10 go build -trimpath -ldflags "-s -w -buildid=" -o "$dir/.$name.tmp" "$pkg")
+  if [ "$wrapper" = suite ]; then
+    (cd "$here/conformance/$wrapper" && nice -n 10 go test -c -trimpath -ldflags "-s -w -buildid=" -o "$dir/.$name.tmp" "$pkg")
+  else
+    (cd "$here/conformance/$wrapper" && nice -n 10 go build -trimpath -ldflags "-s -w -buildid=" -o "$dir/.$name.tmp" "$pkg")
+  fi
   mv -f "$dir/.$name.tmp" "$dir/$name"
   echo "$stamp" >"$dir/.$name.version"
   log "built $name in $((SECONDS - t0)) s"

@@ -1,0 +1,172 @@
+package cluster
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/test/testenv"
+)
+
+// The Gateway API features Portico claims beyond each profile's core ones
+// (the suite's -supported-features; the core features are implied by the
+// profiles).
+var conformanceFeatures = []string{
+	"Gateway", "HTTPRoute", "ReferenceGrant",
+	"HTTPRouteQueryParamMatching", "HTTPRouteMethodMatching", "HTTPRouteResponseHeaderModification",
+	"HTTPRoutePortRedirect", "HTTPRouteSchemeRedirect", "HTTPRoutePathRedirect",
+	"HTTPRouteHostRewrite", "HTTPRoutePathRewrite", "HTTPRouteParentRefPort",
+	"HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+}
+
+// TestGatewayConformance runs Gateway API's conformance suite, v1.6.3, unmodified
+// (hack/conformance.sh compiles its own test), against Portico installed by its
+// chart on a real cluster: three kubelet nodes, two of them edges, the suite's
+// backends (echo-basic, CoreDNS) built from their sources and imported into every
+// node under the names its manifests use. The suite runs from the client's
+// network namespace, which reaches both the API server and the Gateways' VIPs.
+//
+// make conformance runs it (PORTICO_CONFORMANCE=1): PORTICO_CONFORMANCE_PROFILES
+// (default GATEWAY-HTTP), PORTICO_CONFORMANCE_RUN (one test, the suite's
+// -run-test), PORTICO_CONFORMANCE_REPORT (where the suite writes its report).
+func TestGatewayConformance(t *testing.T) {
+	if os.Getenv("PORTICO_CONFORMANCE") == "" {
+		t.Skip("make conformance runs the Gateway API conformance suite (PORTICO_CONFORMANCE=1)")
+	}
+	Require(t)
+	if _, err := HelmBinary(root); err != nil {
+		testenv.Unavailable(t, "%v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 85*time.Minute)
+	defer cancel()
+	bins, err := conformanceBinaries()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	archive, err := BuildPorticoImage(ctx, root, filepath.Join(dir, "image"), "conformance")
+	if err != nil {
+		t.Fatal(err)
+	}
+	images, err := BuildConformanceImages(filepath.Join(dir, "conformance-images"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := Start(ctx, Options{Nodes: 3, Images: append([]string{archive}, images...)})
+	if err != nil {
+		t.Fatalf("start the cluster: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.Close(); err != nil {
+			t.Errorf("close: %v", err)
+		}
+	})
+	if _, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "conformance", Edges: c.Nodes[:2]}); err != nil {
+		t.Fatalf("install Portico: %v\n%s", err, c.tails())
+	}
+	profiles := cmpOr(os.Getenv("PORTICO_CONFORMANCE_PROFILES"), "GATEWAY-HTTP")
+	report := os.Getenv("PORTICO_CONFORMANCE_REPORT")
+	if report == "" {
+		report = filepath.Join(dir, "report.yaml")
+	}
+	args := []string{"nsenter", "--net=/run/netns/" + c.Client.NS, "--", bins["conformance.test"],
+		"-test.v", "-test.run", "^TestConformance$", "-test.timeout", "80m",
+		"-kubeconfig", c.Kubeconfig, "-gateway-class", "portico",
+		"-conformance-profiles", profiles, "-supported-features", strings.Join(conformanceFeatures, ","),
+		"-organization", "portico-edge", "-project", "portico", "-url", "https://github.com/portico-edge/portico",
+		"-version", "main", "-contact", "https://github.com/portico-edge/portico/issues", "-mode", "default",
+		"-report-output", report}
+	if one := os.Getenv("PORTICO_CONFORMANCE_RUN"); one != "" {
+		args = append(args, "-run-test", one)
+	}
+	log := filepath.Join(dir, "suite.log")
+	if d := os.Getenv("PORTICO_CONFORMANCE_LOG"); d != "" {
+		log = d
+	}
+	t.Logf("running the suite (%s), its log in %s", profiles, log)
+	res, err := runSuite(ctx, args, log)
+	t.Logf("suite: %d passed, %d failed, %d skipped (%v)", len(res.passed), len(res.failed), len(res.skipped), err)
+	t.Logf("passed: %s", strings.Join(res.passed, " "))
+	t.Logf("skipped: %s", strings.Join(res.skipped, " "))
+	if len(res.failed) > 0 || err != nil {
+		t.Errorf("failed: %s; %v\n%s", strings.Join(res.failed, " "), err, res.tail)
+	}
+	if b, err := os.ReadFile(report); err == nil {
+		t.Logf("report %s:\n%s", report, b)
+	}
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// suiteResult is what the suite's verbose output says of each of its tests
+// (TestConformance/<ShortName>).
+type suiteResult struct {
+	passed, failed, skipped []string
+	tail                    string // the output's last lines
+}
+
+var suiteLine = regexp.MustCompile(`^\s*--- (PASS|FAIL|SKIP): TestConformance/([A-Za-z0-9]+) `)
+
+// runSuite runs the suite's binary (argv), its output to log, and reads each
+// test's result from it.
+func runSuite(ctx context.Context, argv []string, log string) (suiteResult, error) {
+	var res suiteResult
+	f, err := os.Create(log)
+	if err != nil {
+		return res, err
+	}
+	defer f.Close()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Dir = filepath.Dir(log)
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		return res, err
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait(); pw.Close() }()
+	var tail []string
+	sc := bufio.NewScanner(pr)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		fmt.Fprintln(f, line)
+		tail = append(tail, line)
+		if len(tail) > 60 {
+			tail = tail[1:]
+		}
+		m := suiteLine.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		switch m[1] {
+		case "PASS":
+			res.passed = append(res.passed, m[2])
+		case "FAIL":
+			res.failed = append(res.failed, m[2])
+		case "SKIP":
+			res.skipped = append(res.skipped, m[2])
+		}
+	}
+	err = <-done
+	for _, l := range []*[]string{&res.passed, &res.failed, &res.skipped} {
+		slices.Sort(*l)
+		*l = slices.Compact(*l)
+	}
+	res.tail = strings.Join(tail, "\n")
+	return res, err
+}
