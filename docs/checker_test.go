@@ -20,6 +20,7 @@ import (
 	"k8s.io/kube-openapi/pkg/validation/spec"
 	"k8s.io/kube-openapi/pkg/validation/strfmt"
 	"k8s.io/kube-openapi/pkg/validation/validate"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 	sjson "sigs.k8s.io/json"
 	"sigs.k8s.io/yaml"
 
@@ -740,7 +741,16 @@ func (c *checker) checkYAML(r *result, where string, b block) {
 	}
 }
 
-var strict = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, scheme.Scheme, scheme.Scheme,
+// docScheme is client-go's kinds and Gateway API's (v1).
+var docScheme = func() *runtime.Scheme {
+	s := runtime.NewScheme()
+	if err := errors.Join(scheme.AddToScheme(s), gatewayv1.Install(s)); err != nil {
+		panic(err)
+	}
+	return s
+}()
+
+var strict = kjson.NewSerializerWithOptions(kjson.DefaultMetaFactory, docScheme, docScheme,
 	kjson.SerializerOptions{Yaml: true, Strict: true})
 
 func (c *checker) checkObject(apiVersion, kind string, doc []byte) error {
