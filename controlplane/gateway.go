@@ -36,6 +36,16 @@ const (
 	kindHTTPRoute = "HTTPRoute"
 )
 
+// GatewayFeatures are the Gateway API features Portico's GatewayClasses
+// support (their status.supportedFeatures; make conformance claims them),
+// sorted.
+var GatewayFeatures = []string{
+	"Gateway", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+	"HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteParentRefPort", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite",
+	"HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
+	"ReferenceGrant",
+}
+
 // GatewayStatuses are the statuses a build computed for the Gateway API
 // objects Portico serves, by name ("namespace/name"; a GatewayClass's name
 // alone). Routes hold only the parents that are Portico's Gateways.

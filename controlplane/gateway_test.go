@@ -386,3 +386,9 @@ func TestGatewayClassParameters(t *testing.T) {
 		t.Error("a Gateway of a class that is not accepted got a status")
 	}
 }
+
+func TestGatewayFeaturesSorted(t *testing.T) {
+	if !slices.IsSorted(GatewayFeatures) {
+		t.Errorf("GatewayFeatures are not sorted (the specification asks it of supportedFeatures): %v", GatewayFeatures)
+	}
+}

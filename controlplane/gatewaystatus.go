@@ -40,11 +40,17 @@ func (c *Controller) writeGatewayStatus(ctx context.Context, st State, gs Gatewa
 			continue
 		}
 		conds := mergeConditions(gc.Status.Conditions, want, now)
-		if equality.Semantic.DeepEqual(conds, gc.Status.Conditions) {
+		var features []gatewayv1.SupportedFeature
+		if conds[0].Status == metav1.ConditionTrue {
+			for _, f := range GatewayFeatures {
+				features = append(features, gatewayv1.SupportedFeature{Name: gatewayv1.FeatureName(f)})
+			}
+		}
+		if equality.Semantic.DeepEqual(conds, gc.Status.Conditions) && equality.Semantic.DeepEqual(features, gc.Status.SupportedFeatures) {
 			continue
 		}
 		cp := gc.DeepCopy()
-		cp.Status.Conditions = conds
+		cp.Status.Conditions, cp.Status.SupportedFeatures = conds, features
 		errs = append(errs, c.updateStatus(ctx, gatewayClassesResource, "GatewayClass", cp, "gatewayclass-status"))
 	}
 	seen := map[servedWait]bool{}

@@ -116,7 +116,8 @@ func TestIntegrationGateway(t *testing.T) {
 			if err := e.gwGet(httpRoutesResource, e.ns, "web", &hr); err != nil {
 				return err.Error()
 			}
-			got := map[string]string{"class": conds(gc.Status.Conditions)["Accepted"], "programmed": conds(g.Status.Conditions)["Programmed"]}
+			got := map[string]string{"class": conds(gc.Status.Conditions)["Accepted"], "programmed": conds(g.Status.Conditions)["Programmed"],
+				"features": fmt.Sprint(len(gc.Status.SupportedFeatures))}
 			if len(g.Status.Addresses) == 1 {
 				got["address"] = g.Status.Addresses[0].Value
 			}
@@ -136,7 +137,7 @@ func TestIntegrationGateway(t *testing.T) {
 			return ""
 		}
 	}
-	testenv.Eventually(t, converge, status(map[string]string{"class": "True/Accepted", "programmed": "True/Programmed",
+	testenv.Eventually(t, converge, status(map[string]string{"class": "True/Accepted", "features": fmt.Sprint(len(GatewayFeatures)), "programmed": "True/Programmed",
 		"address": "192.0.2.40", "attached": "1", "route": "True/Accepted True/ResolvedRefs", "observed": "1"}))
 
 	// A header match and a backend that does not exist: both reach the

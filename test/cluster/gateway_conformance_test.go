@@ -14,19 +14,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/portico-edge/portico/controlplane"
 	"github.com/portico-edge/portico/test/testenv"
 )
-
-// The Gateway API features Portico claims beyond each profile's core ones
-// (the suite's -supported-features; the core features are implied by the
-// profiles).
-var conformanceFeatures = []string{
-	"Gateway", "HTTPRoute", "ReferenceGrant",
-	"HTTPRouteQueryParamMatching", "HTTPRouteMethodMatching", "HTTPRouteResponseHeaderModification",
-	"HTTPRoutePortRedirect", "HTTPRouteSchemeRedirect", "HTTPRoutePathRedirect",
-	"HTTPRouteHostRewrite", "HTTPRoutePathRewrite", "HTTPRouteParentRefPort",
-	"HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-}
 
 // TestGatewayConformance runs Gateway API's conformance suite, v1.6.3, unmodified
 // (hack/conformance.sh compiles its own test), against Portico installed by its
@@ -81,7 +71,7 @@ func TestGatewayConformance(t *testing.T) {
 	args := []string{"nsenter", "--net=/run/netns/" + c.Client.NS, "--", bins["conformance.test"],
 		"-test.v", "-test.run", "^TestConformance$", "-test.timeout", "80m",
 		"-kubeconfig", c.Kubeconfig, "-gateway-class", "portico",
-		"-conformance-profiles", profiles, "-supported-features", strings.Join(conformanceFeatures, ","),
+		"-conformance-profiles", profiles, "-supported-features", strings.Join(controlplane.GatewayFeatures, ","),
 		"-organization", "portico-edge", "-project", "portico", "-url", "https://github.com/portico-edge/portico",
 		"-version", "main", "-contact", "https://github.com/portico-edge/portico/issues", "-mode", "default",
 		"-report-output", report}
