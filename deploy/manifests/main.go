@@ -78,7 +78,9 @@ func main() {
 func run(helm, chart, out, namespace string, sets []string) error {
 	// No flow hash seed Secret: one drawn here would be every plain install's,
 	// public, and change at each render (docs/security.md says how to make one).
+	// The CRDs are in the manifests: the GatewayClass with them.
 	args := []string{"template", "portico", chart, "--namespace", namespace, "--include-crds",
+		"--api-versions", "gateway.networking.k8s.io/v1/GatewayClass",
 		"--set", "createNamespace=true", "--set", "hashSeed=legacy"}
 	for _, s := range sets {
 		args = append(args, "--set", s)
