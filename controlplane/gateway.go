@@ -131,6 +131,11 @@ func (b *builder) gateways(defaultGroup string) {
 	for k, a := range accs {
 		if g := b.groupsOut[a.group]; g != nil {
 			served(g, kindGateway+" "+k, a.gw.Generation)
+			// A request no route takes gets 404 (Gateway API's answer), unless the
+			// group's annotation says how to answer it.
+			if svc := b.services[a.group]; svc != nil && svc.Annotations[v1alpha1.AnnotationUnmatchedHost] == "" {
+				g.UnmatchedHost = model.UnmatchedHostNotFound
+			}
 		}
 		for _, l := range a.listeners {
 			a.status.Listeners = append(a.status.Listeners, l.status)

@@ -171,6 +171,9 @@ func TestGatewayRoutes(t *testing.T) {
 		t.Errorf("catch-all (-want +got):\n%s", d)
 	}
 
+	if g := res.Snapshot.Groups[0]; g.UnmatchedHost != model.UnmatchedHostNotFound {
+		t.Errorf("group %s answers unmatched hosts %q, want 404 (it serves a Gateway)", g.Name, g.UnmatchedHost)
+	}
 	gs := res.Gateways.Gateways["infra/gw"]
 	if got := conds(gs.Conditions); got["Accepted"] != "True/Accepted" || got["Programmed"] != "True/Programmed" {
 		t.Errorf("Gateway conditions %v", got)
