@@ -794,16 +794,8 @@ func routeFilters(fs []gatewayv1.HTTPRouteFilter) (model.Location, error) {
 			if rr == nil {
 				continue
 			}
-			rd := &model.Redirect{}
-			if rr.Scheme != nil {
-				rd.Scheme = *rr.Scheme
-			}
-			if rr.Hostname != nil {
-				rd.Host = strings.ToLower(string(*rr.Hostname))
-			}
-			if rr.Port != nil {
-				rd.Port = uint16(*rr.Port)
-			}
+			rd := &model.Redirect{Scheme: ptrOr(rr.Scheme, ""), Host: strings.ToLower(string(ptrOr(rr.Hostname, ""))),
+				Port: uint16(ptrOr(rr.Port, 0))}
 			pc, err := pathChange(rr.Path)
 			if err != nil {
 				return loc, fmt.Errorf("filters[%d]: %w", i, err)
@@ -816,10 +808,7 @@ func routeFilters(fs []gatewayv1.HTTPRouteFilter) (model.Location, error) {
 			if rw == nil {
 				continue
 			}
-			w := &model.Rewrite{}
-			if rw.Hostname != nil {
-				w.Host = strings.ToLower(string(*rw.Hostname))
-			}
+			w := &model.Rewrite{Host: strings.ToLower(string(ptrOr(rw.Hostname, "")))}
 			pc, err := pathChange(rw.Path)
 			if err != nil {
 				return loc, fmt.Errorf("filters[%d]: %w", i, err)
