@@ -41,7 +41,7 @@ const (
 // sorted.
 var GatewayFeatures = []string{
 	"Gateway", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-	"HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteParentRefPort", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite",
+	"HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite",
 	"HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
 	"ReferenceGrant",
 }
@@ -126,6 +126,18 @@ func (b *builder) gateways(defaultGroup string) {
 	rt := &routeTable{}
 	for order, r := range routes {
 		b.httpRoute(r, order, accs, rt)
+	}
+	// An HTTPS listener's certificate answers every name its hostname covers,
+	// routed or not (a request no route takes then gets its 404 over TLS),
+	// when no route's listener gave the host one.
+	for _, g := range gws {
+		for _, l := range accs[key(g)].listeners {
+			if l.accepted && l.cert != "" {
+				if s := b.server(l.group, modelHost(hostnameOf(l.l.Hostname))); s.srv.TLSCertificate == "" {
+					s.srv.TLSCertificate, s.certFrom = l.cert, key(g)
+				}
+			}
+		}
 	}
 	rt.rank(b)
 	for k, a := range accs {
@@ -556,10 +568,11 @@ func (b *builder) attach(r *gatewayv1.HTTPRoute, pr gatewayv1.ParentReference, a
 		if !b.allows(a.gw, l, r) {
 			continue
 		}
-		// Attached: by the parentRef and the listener's allowedRoutes alone,
-		// whatever the listener's or the route's other conditions (the
-		// specification's attachedRoutes).
-		if !slices.Contains(l.routes, key(r)) {
+		hosts := intersect(hostnameOf(l.l.Hostname), r.Spec.Hostnames)
+		// Attached: by the parentRef, the listener's allowedRoutes and a
+		// hostname in common, whatever the listener's other conditions and the
+		// route's rules (the specification's attachedRoutes).
+		if len(hosts) > 0 && !slices.Contains(l.routes, key(r)) {
 			l.routes = append(l.routes, key(r))
 			l.status.AttachedRoutes++
 		}
@@ -567,7 +580,7 @@ func (b *builder) attach(r *gatewayv1.HTTPRoute, pr gatewayv1.ParentReference, a
 			continue
 		}
 		allowed = true
-		if hosts := intersect(hostnameOf(l.l.Hostname), r.Spec.Hostnames); len(hosts) > 0 {
+		if len(hosts) > 0 {
 			out = append(out, attachment{l: l, hosts: hosts})
 		}
 	}

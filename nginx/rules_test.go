@@ -194,6 +194,21 @@ func TestServeRules(t *testing.T) {
 		}
 	})
 
+	t.Run("host header with its port", func(t *testing.T) {
+		req, _ := http.NewRequest("GET", "http://f.test/req", nil)
+		req.Host = "f.test:1234"
+		resp, err := cl.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e echoed
+		json.NewDecoder(resp.Body).Decode(&e)
+		if e.Host != "f.test:1234" {
+			t.Errorf("the backend saw Host %q, want the client's f.test:1234", e.Host)
+		}
+	})
+
 	t.Run("wildcard of any depth", func(t *testing.T) {
 		for _, host := range []string{"a.deep.test", "a.b.c.deep.test"} {
 			if _, e := do(t, cl, "GET", "http://"+host+"/"); e.Name != "c" {

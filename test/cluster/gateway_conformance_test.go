@@ -47,7 +47,7 @@ func TestGatewayConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	images, err := BuildConformanceImages(filepath.Join(dir, "conformance-images"))
+	images, err := BuildConformanceImages(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
