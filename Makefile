@@ -136,7 +136,7 @@ kapi: ## build the real kube-apiserver + etcd for integration tests (cached by v
 kube: ## build kubelet, kube-proxy, kube-controller-manager, kube-scheduler for the real-cluster lab (cached by version; ~8.5 min cold)
 	@hack/kube.sh >/dev/null
 
-conformance-images: ## build the Gateway API conformance suite (its own test) and its backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~10 min cold; test/cluster packs the backends as the images the suite names)
+conformance-images: ## build the Gateway API conformance suite (its own test) and its backends, echo-basic and CoreDNS, from the Go module proxy (cached by version; ~10 min cold; test/cluster packs the backends as the images the suite names; TestGatewayConformance, in make test, builds what is missing)
 	@hack/conformance.sh >/dev/null
 
 # Where make conformance writes the suite's report (upstream's layout:

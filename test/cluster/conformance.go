@@ -70,7 +70,7 @@ func BuildConformanceImages(dir string) ([]string, error) {
 }
 
 // conformanceBinaries runs hack/conformance.sh and returns the paths it prints, by
-// program name: echo-basic and coredns.
+// program name: echo-basic, coredns and conformance.test (the suite).
 func conformanceBinaries() (map[string]string, error) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -88,7 +88,7 @@ func conformanceBinaries() (map[string]string, error) {
 	for _, p := range strings.Fields(string(out)) {
 		bins[filepath.Base(p)] = p
 	}
-	for _, name := range []string{"echo-basic", "coredns"} {
+	for _, name := range []string{"echo-basic", "coredns", "conformance.test"} {
 		if bins[name] == "" {
 			return nil, fmt.Errorf("%s printed no path of %s: %q", script, name, out)
 		}

@@ -18,6 +18,13 @@ import (
 	"github.com/portico-edge/portico/test/testenv"
 )
 
+// knownFailures are the suite's tests make test skips, each with why, until
+// Portico passes them (make conformance runs them all):
+//   - HTTPRouteMultipleGateways: two Gateways of one group share the group's
+//     VIPs, so each one's "/" route answers on the other's address too (each
+//     Gateway its own VIP: issue 25's next step).
+var knownFailures = []string{"HTTPRouteMultipleGateways"}
+
 // TestGatewayConformance runs Gateway API's conformance suite, v1.6.3, unmodified
 // (hack/conformance.sh compiles its own test), against Portico installed by its
 // chart on a real cluster: three kubelet nodes, two of them edges, the suite's
@@ -25,19 +32,28 @@ import (
 // node under the names its manifests use. The suite runs from the client's
 // network namespace, which reaches both the API server and the Gateways' VIPs.
 //
-// make conformance runs it (PORTICO_CONFORMANCE=1): PORTICO_CONFORMANCE_PROFILES
-// (default GATEWAY-HTTP), PORTICO_CONFORMANCE_RUN (one test, the suite's
-// -run-test), PORTICO_CONFORMANCE_REPORT (where the suite writes its report).
+// make test runs the GATEWAY-HTTP profile, knownFailures skipped. make
+// conformance (PORTICO_CONFORMANCE=1) runs every test of
+// PORTICO_CONFORMANCE_PROFILES (default GATEWAY-HTTP), or PORTICO_CONFORMANCE_RUN
+// alone, and writes the suite's report to PORTICO_CONFORMANCE_REPORT.
 func TestGatewayConformance(t *testing.T) {
-	if os.Getenv("PORTICO_CONFORMANCE") == "" {
-		t.Skip("make conformance runs the Gateway API conformance suite (PORTICO_CONFORMANCE=1)")
-	}
 	Require(t)
 	if _, err := HelmBinary(root); err != nil {
 		testenv.Unavailable(t, "%v", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 85*time.Minute)
+	full := os.Getenv("PORTICO_CONFORMANCE") != ""
+	profiles := cmpOr(os.Getenv("PORTICO_CONFORMANCE_PROFILES"), "GATEWAY-HTTP")
+	if !full {
+		profiles = "GATEWAY-HTTP"
+	}
+	timeout := 20 * time.Minute
+	if full {
+		timeout = 85 * time.Minute
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
+	// Every profile needs both backends: the suite's base manifests start CoreDNS
+	// too, and wait for every pod.
 	bins, err := conformanceBinaries()
 	if err != nil {
 		t.Fatal(err)
@@ -63,9 +79,8 @@ func TestGatewayConformance(t *testing.T) {
 	if _, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "conformance", Edges: c.Nodes[:2]}); err != nil {
 		t.Fatalf("install Portico: %v\n%s", err, c.tails())
 	}
-	profiles := cmpOr(os.Getenv("PORTICO_CONFORMANCE_PROFILES"), "GATEWAY-HTTP")
 	report := os.Getenv("PORTICO_CONFORMANCE_REPORT")
-	if report == "" {
+	if report == "" || !full {
 		report = filepath.Join(dir, "report.yaml")
 	}
 	args := []string{"nsenter", "--net=/run/netns/" + c.Client.NS, "--", bins["conformance.test"],
@@ -75,11 +90,14 @@ func TestGatewayConformance(t *testing.T) {
 		"-organization", "portico-edge", "-project", "portico", "-url", "https://github.com/portico-edge/portico",
 		"-version", "main", "-contact", "https://github.com/portico-edge/portico/issues", "-mode", "default",
 		"-report-output", report}
-	if one := os.Getenv("PORTICO_CONFORMANCE_RUN"); one != "" {
+	if one := os.Getenv("PORTICO_CONFORMANCE_RUN"); one != "" && full {
 		args = append(args, "-run-test", one)
 	}
+	if !full {
+		args = append(args, "-skip-tests", strings.Join(knownFailures, ","))
+	}
 	log := filepath.Join(dir, "suite.log")
-	if d := os.Getenv("PORTICO_CONFORMANCE_LOG"); d != "" {
+	if d := os.Getenv("PORTICO_CONFORMANCE_LOG"); d != "" && full {
 		log = d
 	}
 	t.Logf("running the suite (%s), its log in %s", profiles, log)
@@ -89,6 +107,9 @@ func TestGatewayConformance(t *testing.T) {
 	t.Logf("skipped: %s", strings.Join(res.skipped, " "))
 	if len(res.failed) > 0 || err != nil {
 		t.Errorf("failed: %s; %v\n%s", strings.Join(res.failed, " "), err, res.tail)
+	}
+	if os.Getenv("PORTICO_CONFORMANCE_RUN") == "" && len(res.passed) < 40 {
+		t.Errorf("%d of the suite's tests passed, want 40 or more (GATEWAY-HTTP: 35 core and 11 extended of the 36 and 11 Portico runs)", len(res.passed))
 	}
 	if b, err := os.ReadFile(report); err == nil {
 		t.Logf("report %s:\n%s", report, b)
