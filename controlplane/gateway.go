@@ -41,9 +41,9 @@ const (
 // sorted.
 var GatewayFeatures = []string{
 	"Gateway", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-	"HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRoutePathRedirect", "HTTPRoutePathRewrite",
-	"HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect",
-	"ReferenceGrant",
+	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule",
+	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching",
+	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
 }
 
 // GatewayStatuses are the statuses a build computed for the Gateway API
@@ -704,15 +704,21 @@ func (b *builder) routeRules(r *gatewayv1.HTTPRoute) (locs []routeLoc, resolved,
 						resolved = condition(resolved.Type, false, reason, msg, gen)
 					}
 				}
-				if len(be.Filters) > 0 {
-					b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.backendRefs[%d].filters", field, bi), model.ReasonInvalidRule, "filters on a backend are not applied")
+				for fi, bf := range be.Filters {
+					if bf.Type == gatewayv1.HTTPRouteFilterRequestHeaderModifier && bf.RequestHeaderModifier != nil {
+						bk.RequestHeaders = headerChanges(*bf.RequestHeaderModifier)
+						continue
+					}
+					msg := fmt.Sprintf("%s.backendRefs[%d].filters[%d]: filter %s on a backend is not served", field, bi, fi, bf.Type)
+					b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.backendRefs[%d].filters[%d]", field, bi, fi), model.ReasonInvalidRule, "filter %s on a backend is not served", bf.Type)
+					partial = condition(partial.Type, true, string(gatewayv1.RouteReasonUnsupportedValue), msg, gen)
 				}
 				bes = append(bes, bk)
 			}
 			switch {
 			case len(bes) == 0:
 				target.Status = 500 // no backend: Gateway API's answer
-			case len(bes) == 1 && bes[0].Weight > 0:
+			case len(bes) == 1 && bes[0].Weight > 0 && bes[0].RequestHeaders.IsZero():
 				target.Upstream, target.Status = bes[0].Upstream, bes[0].Status
 			default:
 				target.Backends = bes

@@ -395,3 +395,37 @@ func TestGatewayFeaturesSorted(t *testing.T) {
 		t.Errorf("GatewayFeatures are not sorted (the specification asks it of supportedFeatures): %v", GatewayFeatures)
 	}
 }
+
+func TestGatewayBackendFilters(t *testing.T) {
+	st := gatewayState(t)
+	st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 0, allowAll(listener("http", gatewayv1.HTTPProtocolType, 80, "")))}
+	one := backendRef("", "v1", 8080, 1)
+	one.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestHeaderModifier,
+		RequestHeaderModifier: &gatewayv1.HTTPHeaderFilter{Set: []gatewayv1.HTTPHeader{{Name: "Backend", Value: "v1"}}}}}
+	mirror := backendRef("", "v2", 8080, 1)
+	mirror.Filters = []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}}
+	st.HTTPRoutes = []*gatewayv1.HTTPRoute{httpRoute("app", "r", 0, []gatewayv1.ParentReference{parent("infra", "gw", "")}, []string{"f.test"},
+		gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/one")}, BackendRefs: []gatewayv1.HTTPBackendRef{one}},
+		gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/two")}, BackendRefs: []gatewayv1.HTTPBackendRef{one, mirror}})}
+	res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g"})
+	if err := res.Snapshot.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	set := model.HeaderChanges{Set: []model.NameValue{{Name: "Backend", Value: "v1"}}}
+	var locs []model.Location
+	for _, s := range res.Snapshot.Servers {
+		if s.Host == "f.test" {
+			locs = s.Locations
+		}
+	}
+	want := []model.Location{
+		{Path: "/one", Type: model.PathPrefix, Rank: 1, Source: "app/r", Backends: []model.Backend{{Upstream: "app-v1-8080", Weight: 1, RequestHeaders: set}}},
+		{Path: "/two", Type: model.PathPrefix, Rank: 2, Source: "app/r", Backends: []model.Backend{{Upstream: "app-v1-8080", Weight: 1, RequestHeaders: set}, {Upstream: "app-v2-8080", Weight: 1}}},
+	}
+	if d := cmp.Diff(want, locs); d != "" {
+		t.Errorf("f.test (-want +got):\n%s", d)
+	}
+	if got := conds(res.Gateways.Routes["app/r"][0].Conditions); got["PartiallyInvalid"] != "True/UnsupportedValue" || got["Accepted"] != "True/Accepted" {
+		t.Errorf("a mirror on a backend: %v, want accepted and PartiallyInvalid", got)
+	}
+}

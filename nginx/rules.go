@@ -26,7 +26,10 @@ func (r *renderer) target(match string, l *model.Location, obj string) (tl tmplL
 	tl.Options = opts
 	switch {
 	case len(l.Backends) > 0:
-		tl.Backends = r.backends(l.Backends, obj)
+		if tl.Backends, err = r.backends(l.Backends, obj); err != nil {
+			r.problem(obj, "rule", model.ReasonInvalidRule, fmt.Sprintf("path %q: backend: %v; not served", l.Path, err))
+			return tl, false
+		}
 	case l.Status != 0:
 		tl.Status = l.Status
 	default:
@@ -48,11 +51,14 @@ func (r *renderer) target(match string, l *model.Location, obj string) (tl tmplL
 // backends renders weighted backends as "<upstream>*<weight>" or
 // "@<status>*<weight>", comma-separated; a backend of weight 0 is left out, and
 // when every one is, the location answers 500 (Gateway API's rule).
-func (r *renderer) backends(bs []model.Backend, obj string) string {
+func (r *renderer) backends(bs []model.Backend, obj string) (string, error) {
 	var b strings.Builder
 	for _, be := range bs {
 		if be.Weight == 0 {
 			continue
+		}
+		if err := validateHeaderChanges(be.RequestHeaders); err != nil {
+			return "", err
 		}
 		if b.Len() > 0 {
 			b.WriteByte(',')
@@ -67,11 +73,37 @@ func (r *renderer) backends(bs []model.Backend, obj string) string {
 			b.WriteString("@" + strconv.Itoa(status))
 		}
 		b.WriteString("*" + strconv.FormatUint(uint64(be.Weight), 10))
+		// The backend's own request headers: options, '!' for ';' (no
+		// escaped value holds either).
+		for _, h := range be.RequestHeaders.Set {
+			b.WriteString("!s=" + escape(h.Name) + ":" + escape(h.Value))
+		}
+		for _, h := range be.RequestHeaders.Add {
+			b.WriteString("!a=" + escape(h.Name) + ":" + escape(h.Value))
+		}
+		for _, n := range be.RequestHeaders.Remove {
+			b.WriteString("!d=" + escape(n))
+		}
 	}
 	if b.Len() == 0 {
-		return "@500*1"
+		return "@500*1", nil
 	}
-	return b.String()
+	return b.String(), nil
+}
+
+// validateHeaderChanges checks every header a HeaderChanges names.
+func validateHeaderChanges(h model.HeaderChanges) error {
+	for _, nv := range append(slices.Clone(h.Set), h.Add...) {
+		if err := validateHeader(nv.Name, nv.Value); err != nil {
+			return err
+		}
+	}
+	for _, n := range h.Remove {
+		if err := validateHeader(n, ""); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // options renders a location's conditions and filters as the table's
@@ -261,7 +293,10 @@ func sameLocation(a, b model.Location) bool {
 		a.Affinity != b.Affinity || a.Status != b.Status || a.Match.Method != b.Match.Method {
 		return false
 	}
-	if !slices.Equal(a.Match.Headers, b.Match.Headers) || !slices.Equal(a.Match.Query, b.Match.Query) || !slices.Equal(a.Backends, b.Backends) {
+	if !slices.Equal(a.Match.Headers, b.Match.Headers) || !slices.Equal(a.Match.Query, b.Match.Query) ||
+		!slices.EqualFunc(a.Backends, b.Backends, func(x, y model.Backend) bool {
+			return x.Upstream == y.Upstream && x.Status == y.Status && x.Weight == y.Weight && sameHeaders(x.RequestHeaders, y.RequestHeaders)
+		}) {
 		return false
 	}
 	fa, fb := a.Filters, b.Filters

@@ -74,6 +74,10 @@ func TestServeRules(t *testing.T) {
 				{Path: "/", Type: model.PathPrefix, Backends: []model.Backend{{Upstream: "t-a-80", Weight: 3}, {Upstream: "t-b-80", Weight: 1}, {Upstream: "t-c-80", Weight: 0}}},
 				{Path: "/half", Type: model.PathPrefix, Backends: []model.Backend{{Upstream: "t-a-80", Weight: 1}, {Status: 500, Weight: 1}}},
 				{Path: "/none", Type: model.PathPrefix, Backends: []model.Backend{{Upstream: "t-a-80", Weight: 0}}},
+				{Path: "/each", Type: model.PathPrefix, Filters: model.Filters{RequestHeaders: model.HeaderChanges{Set: hdr("X-Rule", "r")}},
+					Backends: []model.Backend{
+						{Upstream: "t-a-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "a, the first")}},
+						{Upstream: "t-b-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "b"), Remove: []string{"X-Rule"}}}}},
 			}},
 			{Host: "f.test", Locations: []model.Location{
 				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{RequestHeaders: model.HeaderChanges{
@@ -142,6 +146,20 @@ func TestServeRules(t *testing.T) {
 		}
 		if resp, _ := do(t, cl, "GET", "http://w.test/none"); resp.StatusCode != 500 {
 			t.Errorf("every backend of weight 0: %d, want 500", resp.StatusCode)
+		}
+		// Each backend's own request headers, after the rule's.
+		seen := map[string]int{}
+		for range 20 {
+			_, e := do(t, cl, "GET", "http://w.test/each")
+			h := http.Header(e.Headers)
+			want := map[string]string{"a": "a, the first|r", "b": "b|"}[e.Name]
+			if got := h.Get("X-Which") + "|" + h.Get("X-Rule"); got != want {
+				t.Errorf("backend %q saw X-Which|X-Rule %q, want %q", e.Name, got, want)
+			}
+			seen[e.Name]++
+		}
+		if seen["a"] == 0 || seen["b"] == 0 {
+			t.Errorf("20 requests went %v, want both backends", seen)
 		}
 	})
 
@@ -230,6 +248,14 @@ func TestRuleOptions(t *testing.T) {
 	want := ";m=PUT;h=x-y:a%20b%3Bc%23d;q=k%3A1:%3D%2C%2A;pl=2;wx=/q"
 	if err != nil || got != want {
 		t.Errorf("options = %q, %v; want %q", got, err, want)
+	}
+	r := &renderer{upstreams: map[string]model.Upstream{"u": {Name: "u"}}}
+	if got, err := r.backends([]model.Backend{{Upstream: "u", Weight: 2, RequestHeaders: model.HeaderChanges{Set: []model.NameValue{{Name: "B", Value: "x!y,z"}}, Remove: []string{"C"}}},
+		{Status: 500, Weight: 1}}, "ns/r"); err != nil || got != "u*2!s=B:x%21y%2Cz!d=C,@500*1" {
+		t.Errorf("backends = %q, %v", got, err)
+	}
+	if _, err := r.backends([]model.Backend{{Upstream: "u", Weight: 1, RequestHeaders: model.HeaderChanges{Add: []model.NameValue{{Name: "a b", Value: "v"}}}}}, "ns/r"); err == nil {
+		t.Error("a backend's header name that is not a token was taken")
 	}
 	for _, bad := range []model.Location{
 		{Match: model.RequestMatch{Method: "get"}},

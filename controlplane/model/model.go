@@ -223,6 +223,9 @@ type Backend struct {
 	Upstream string
 	Status   int
 	Weight   uint32 // 0 takes no requests
+	// RequestHeaders change the requests this backend takes, after the
+	// Location's own filters (Gateway API's filters on a backendRef).
+	RequestHeaders HeaderChanges
 }
 
 // Filters are Gateway API's HTTPRoute filters that a Location applies.

@@ -17,7 +17,9 @@
 -- ending in "/"; a match given more than once is a chain of candidates, which
 -- a request tries in order (see route). A target is "@<status>", an upstream
 -- name, "<upstream>|<cookie>|<path>|<max-age>" for cookie affinity, or
--- weighted backends "<upstream or @status>*<weight>,..."; then options, each
+-- weighted backends "<upstream or @status>*<weight>,..." (each weight may be
+-- followed by the backend's own request headers, "!s=...", "!a=...", "!d=...");
+-- then options, each
 -- ";<key>=<value>" with the value %-escaped: conditions (m a method, h a
 -- header and q a query parameter "<name>:<value>"), request headers set (s),
 -- appended to (a) and removed (d), the same for the response (S, A, D), a
@@ -348,38 +350,6 @@ local function parse_status(s)
     return st
 end
 
--- parse_weighted reads weighted backends ("up*3,@500*1") into a list of
--- targets (each with its weight, w, and cw, the smooth round robin's
--- current weight) and their total weight.
-local function parse_weighted(s, src)
-    local list, total = {}, 0
-    for item in gmatch(s, "[^,]+") do
-        local name, w = match(item, "^([^*]+)%*(%d+)$")
-        w = tonumber(w)
-        if not name or not w or w < 1 or w > 1000000 then
-            return nil
-        end
-        local t
-        if byte(name, 1) == 64 then -- '@'
-            local st = parse_status(name)
-            if not st then
-                return nil
-            end
-            t = { status = st, src = src, w = w, cw = 0 }
-        elseif valid_name(name, 1, #name) then
-            t = { up = name, src = src, w = w, cw = 0 }
-        else
-            return nil
-        end
-        list[#list + 1] = t
-        total = total + w
-    end
-    if #list == 0 then
-        return nil
-    end
-    return list, total
-end
-
 -- header_var is the nginx variable that reads a request header, or nil when
 -- the name has characters no variable's name takes.
 local function header_var(name)
@@ -444,6 +414,54 @@ local function parse_options(t, s)
         f.resp = f.S or f.A or f.D
     end
     return true
+end
+
+-- parse_weighted reads weighted backends ("up*3,@500*1") into a list of
+-- targets (each with its weight, w, and cw, the smooth round robin's
+-- current weight) and their total weight.
+local function parse_weighted(s, src)
+    local list, total = {}, 0
+    for item in gmatch(s, "[^,]+") do
+        -- A backend's own request headers follow its weight: "!k=v", the
+        -- options' form with '!' for ';'.
+        local own
+        local bang = find(item, "!", 1, true)
+        if bang then
+            own = gsub(sub(item, bang), "!", ";")
+            item = sub(item, 1, bang - 1)
+        end
+        local name, w = match(item, "^([^*]+)%*(%d+)$")
+        w = tonumber(w)
+        if not name or not w or w < 1 or w > 1000000 then
+            return nil
+        end
+        local t
+        if byte(name, 1) == 64 then -- '@'
+            local st = parse_status(name)
+            if not st then
+                return nil
+            end
+            t = { status = st, src = src, w = w, cw = 0 }
+        elseif valid_name(name, 1, #name) then
+            t = { up = name, src = src, w = w, cw = 0 }
+        else
+            return nil
+        end
+        if own then
+            -- parse_options fills c and f; a backend has f alone, kept as bf.
+            local o = {}
+            if not parse_options(o, own) or o.c or not o.f or o.f.redirect or o.f.resp then
+                return nil
+            end
+            t.bf = o.f
+        end
+        list[#list + 1] = t
+        total = total + w
+    end
+    if #list == 0 then
+        return nil
+    end
+    return list, total
 end
 
 -- parse_target reads a route's target (see the top of this file).
@@ -993,6 +1011,10 @@ function M.route()
         if f.req then
             modify_request(f, uri)
         end
+    end
+    local bf = t.bf
+    if bf then
+        modify_request(bf, uri)
     end
     if t.status then
         return ngx.exit(t.status)
