@@ -130,12 +130,21 @@ func (b *builder) gateways(defaultGroup string) {
 	// An HTTPS listener's certificate answers every name its hostname covers,
 	// routed or not (a request no route takes then gets its 404 over TLS),
 	// when no route's listener gave the host one.
+	// A listener's hostname is a host like a route's: one another namespace
+	// owns (mayRoute) gets no certificate from it.
 	for _, g := range gws {
 		for _, l := range accs[key(g)].listeners {
-			if l.accepted && l.cert != "" {
-				if s := b.server(l.group, modelHost(hostnameOf(l.l.Hostname))); s.srv.TLSCertificate == "" {
-					s.srv.TLSCertificate, s.certFrom = l.cert, key(g)
-				}
+			host := hostnameOf(l.l.Hostname)
+			if !l.accepted || l.cert == "" {
+				continue
+			}
+			if ok, o := b.mayRoute(host, g.Namespace); !ok {
+				b.problem(kindGateway, g, "spec.listeners["+string(l.l.Name)+"].hostname", model.ReasonHostTaken,
+					"host %q belongs to namespace %s (%s claimed it first); its certificate is not served", host, o.namespace, o.by)
+				continue
+			}
+			if s := b.server(l.group, modelHost(host)); s.srv.TLSCertificate == "" {
+				s.srv.TLSCertificate, s.certFrom = l.cert, key(g)
 			}
 		}
 	}

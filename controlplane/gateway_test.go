@@ -429,3 +429,21 @@ func TestGatewayBackendFilters(t *testing.T) {
 		t.Errorf("a mirror on a backend: %v, want accepted and PartiallyInvalid", got)
 	}
 }
+
+// TestGatewayListenerHostTaken: a Gateway in a tenant's namespace cannot put
+// its certificate on a host another namespace's Ingress owns.
+func TestGatewayListenerHostTaken(t *testing.T) {
+	st := gatewayState(t)
+	st.Ingresses = append(st.Ingresses, ingress("app", "owner", 0, "shop.test", []path{{"/", "Prefix", "v1", 8080}}, v1alpha1.AnnotationGroup, "edge/g"))
+	st.Secrets = append(st.Secrets, realTLSSecret(t, "other", "evil", "shop.test"))
+	st.Gateways = []*gatewayv1.Gateway{gateway("other", "gw", 0, withCert(listener("https", gatewayv1.HTTPSProtocolType, 443, "shop.test"), "", "evil"))}
+	res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g"})
+	for _, s := range res.Snapshot.Servers {
+		if s.Host == "shop.test" && s.TLSCertificate != "" {
+			t.Errorf("shop.test, owned by namespace app, serves certificate %s from namespace other's Gateway", s.TLSCertificate)
+		}
+	}
+	if !slices.ContainsFunc(res.Problems, func(p model.Problem) bool { return p.Reason == model.ReasonHostTaken && p.Object == "Gateway other/gw" }) {
+		t.Errorf("no HostTaken problem for the Gateway: %v", res.Problems)
+	}
+}
