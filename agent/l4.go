@@ -108,6 +108,13 @@ func desiredFor(snap model.Snapshot, group string, seed uint32, local, dead func
 			}
 			want.Groups = append(want.Groups, sg)
 		}
+		// Its Views (Gateways with addresses of their own) likewise, on their
+		// HTTP and HTTPS ports.
+		for _, v := range snap.Views {
+			if v.Group == g.Name && len(v.VIPs) > 0 && len(v.Ports) > 0 {
+				want.Groups = append(want.Groups, dataplane.Group{Name: "gateway " + v.Name, VIPs: v.VIPs, Ports: v.Ports, Backends: dg.Backends})
+			}
+		}
 	}
 	return want, unresolved, out, overruled
 }

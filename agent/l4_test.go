@@ -75,6 +75,22 @@ func TestDesiredFor(t *testing.T) {
 	if g := announcedGroup(withSvc, "edge/web"); !slices.Equal(g.VIPs, []netip.Addr{vip, svcVIP}) {
 		t.Errorf("announced VIPs %v, want the group's and its Service's", g.VIPs)
 	}
+	// So do its Views (Gateways with addresses of their own), on their ports;
+	// another group's View is not steered here.
+	gwVIP := netip.MustParseAddr("192.0.2.80")
+	withSvc.Views = []model.View{
+		{Name: "infra/gw", Group: "edge/web", VIPs: []netip.Addr{gwVIP}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}}},
+		{Name: "infra/other", Group: "edge/other", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.81")}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+	}
+	got, _, _, _ = desiredFor(withSvc, "edge/web", 42, local, none, nil, mac)
+	want.Groups = append(want.Groups, dataplane.Group{Name: "gateway infra/gw", VIPs: []netip.Addr{gwVIP},
+		Ports: withSvc.Views[0].Ports, Backends: want.Groups[0].Backends})
+	if diff := cmp.Diff(want, got, cmpopts.EquateComparable(netip.Addr{})); diff != "" {
+		t.Errorf("desired with Views (-want +got):\n%s", diff)
+	}
+	if g := announcedGroup(withSvc, "edge/web"); !slices.Equal(g.VIPs, []netip.Addr{vip, svcVIP, gwVIP}) {
+		t.Errorf("announced VIPs %v, want the group's, its Service's and its View's", g.VIPs)
+	}
 	if got, _, _, _ := desiredFor(snap, "edge/novip", 42, local, none, nil, mac); len(got.Groups) != 0 {
 		t.Errorf("a group without VIPs gave %+v", got.Groups)
 	}

@@ -258,9 +258,9 @@ func (v *vrrpSink) setVIPsLocked(ctx context.Context, g model.Group) bool {
 	return true
 }
 
-// announcedGroup returns the named group with the VIPs of the L4 Services it
-// serves added to its own (sorted): the addresses its announcer claims and its
-// replicas hold on lo.
+// announcedGroup returns the named group with the VIPs of the L4 Services and
+// Views (Gateways) it serves added to its own (sorted): the addresses its
+// announcer claims and its replicas hold on lo.
 func announcedGroup(snap model.Snapshot, name string) model.Group {
 	for _, g := range snap.Groups {
 		if g.Name != name {
@@ -270,6 +270,11 @@ func announcedGroup(snap model.Snapshot, name string) model.Group {
 		for _, s := range snap.Services {
 			if s.Group == name {
 				vips = append(vips, s.VIPs...)
+			}
+		}
+		for _, v := range snap.Views {
+			if v.Group == name {
+				vips = append(vips, v.VIPs...)
 			}
 		}
 		slices.SortFunc(vips, netip.Addr.Compare)

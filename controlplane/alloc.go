@@ -121,11 +121,15 @@ func lastAddr(p netip.Prefix) netip.Addr {
 // annotation at all), oldest first, one per address family that has a pool
 // allowing the Service (not Manual), the lowest free address of the first such
 // pool first. Addresses in every such Service's annotation count as used, and so
-// do the nodes' addresses. It returns the new VIPs by Service and a problem for
-// each Service a family's pools could not serve, or no pool allows.
-func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools Pools) (map[string][]netip.Addr, []model.Problem) {
+// do the nodes' addresses and taken (the Gateways' addresses). It returns the
+// new VIPs by Service and a problem for each Service a family's pools could not
+// serve, or no pool allows.
+func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools Pools, taken ...netip.Addr) (map[string][]netip.Addr, []model.Problem) {
 	groups := sortedVIPHolders(services)
 	used := map[netip.Addr]bool{}
+	for _, a := range taken {
+		used[a] = true
+	}
 	for _, n := range nodes {
 		for _, a := range n.Status.Addresses {
 			if ip, err := netip.ParseAddr(a.Address); err == nil {

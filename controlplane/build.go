@@ -95,15 +95,17 @@ func BuildAll(m *Memo, st State, opts Options) Result {
 	b.owners = b.hostOwners(ings, b.routedPods(opts.PodRouteGroup))
 	b.ingresses(ings)
 	b.podRoutes(opts.PodRouteGroup)
-	b.gateways(opts.PodRouteGroup)
 	pools, poolProblems := vipPools(opts.Pools, st.VIPPools, st.Namespaces)
 	b.problems = append(b.problems, poolProblems...)
-	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts, func(s *corev1.Service) *Pools {
-		if len(opts.OperatorNamespaces) == 0 || slices.Contains(opts.OperatorNamespaces, s.Namespace) {
+	b.pools = pools
+	poolsFor := func(o metav1.Object) *Pools {
+		if len(opts.OperatorNamespaces) == 0 || slices.Contains(opts.OperatorNamespaces, o.GetNamespace()) {
 			return nil
 		}
 		return &pools
-	})
+	}
+	b.gateways(opts.PodRouteGroup, poolsFor)
+	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts, func(s *corev1.Service) *Pools { return poolsFor(s) })
 	return Result{Snapshot: b.snapshot(), Bindings: b.bindings, Problems: b.problems, Gateways: b.gw}
 }
 
@@ -155,6 +157,10 @@ type builder struct {
 	vipOwner  map[netip.Addr]string // group or L4 Service ("ns/name") each VIP is applied to
 	owners    map[string]*hostOwner // hosts' namespaces (hostOwners)
 	l4        []l4Acc               // L4 Services, by name
+	views     []model.View          // Gateways with VIPs of their own
+	loads     map[string]*groupLoad // by group: its VIPs, its Views' and its L4 Services'
+	pools     Pools                 // the operator's VIP pools
+	annotated map[netip.Addr]string // annotatedVIPs, once computed
 	bindings  Bindings
 
 	servers   map[serverKey]*serverAcc
@@ -163,7 +169,7 @@ type builder struct {
 	gw        GatewayStatuses
 }
 
-type serverKey struct{ group, host string }
+type serverKey struct{ group, view, host string }
 
 type serverAcc struct {
 	srv       model.Server
@@ -259,10 +265,15 @@ func (b *builder) problem(kind string, o metav1.Object, field string, reason mod
 }
 
 func (b *builder) server(group, host string) *serverAcc {
-	k := serverKey{group, host}
+	return b.serverIn(group, "", host)
+}
+
+// serverIn is server in a view of the group ("" for its own VIPs).
+func (b *builder) serverIn(group, view, host string) *serverAcc {
+	k := serverKey{group, view, host}
 	s := b.servers[k]
 	if s == nil {
-		s = &serverAcc{srv: model.Server{Group: group, Host: host}, locs: map[locKey]string{}}
+		s = &serverAcc{srv: model.Server{Group: group, View: view, Host: host}, locs: map[locKey]string{}}
 		b.servers[k] = s
 	}
 	return s
@@ -368,8 +379,9 @@ func (b *builder) snapshot() model.Snapshot {
 		})
 		snap.Servers = append(snap.Servers, srv)
 	}
+	snap.Views = slices.SortedFunc(slices.Values(b.views), func(x, y model.View) int { return cmp.Compare(x.Name, y.Name) })
 	slices.SortFunc(snap.Servers, func(x, y model.Server) int {
-		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.Host, y.Host))
+		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.View, y.View), cmp.Compare(x.Host, y.Host))
 	})
 	// Only the certificates a server uses (a losing TLS entry's Secret is not served).
 	inUse := map[string]bool{}

@@ -25,10 +25,16 @@ import (
 //
 // A Gateway is served by a group (portico.io/group on the Gateway, else the
 // group Service its GatewayClass's parametersRef names, else the default
-// group, Options.PodRouteGroup): its addresses are the group's VIPs,
-// its HTTP and HTTPS listeners the group's nginx ports. Listeners of other
-// protocols, or on other ports, are not accepted (yet); nor are addresses that
-// are not the group's.
+// group, Options.PodRouteGroup), its HTTP and HTTPS listeners on the group's
+// nginx ports. Its addresses are its own (a model.View: announced and steered
+// over the group's replicas like an L4 Service's, and the hosts its routes
+// name are served on them alone): its spec.addresses, else the addresses its
+// status already gives (the record of an earlier allocation, as MetalLB keeps
+// a Service's), else the lowest free address of each family of the first VIP
+// pool that allows it. A Gateway whose spec.addresses are its group's VIPs,
+// or any Gateway when the operator has no VIP pool at all, shares the group's
+// VIPs and hosts with its Ingresses. Listeners of other protocols, or on
+// other ports, are not accepted (yet).
 
 const (
 	gatewayGroup  = gatewayv1.GroupName // "gateway.networking.k8s.io"
@@ -64,6 +70,8 @@ type gwListener struct {
 	accepted bool     // routes may attach
 	cert     string   // HTTPS: its certificate's name
 	group    string   // its Gateway's group
+	view     string   // its Gateway's view ("" for the group's VIPs)
+	nowhere  bool     // its Gateway has no address: its routes are served nowhere
 	routes   []string // the routes attached to it
 }
 
@@ -71,6 +79,9 @@ type gwListener struct {
 type gwAcc struct {
 	gw        *gatewayv1.Gateway
 	group     string
+	view      string       // key(gw) when it has addresses of its own, else ""
+	vips      []netip.Addr // its addresses (its group's when view is "")
+	nowhere   bool         // it has no address of its own yet, and shares none
 	listeners []*gwListener
 	status    gatewayv1.GatewayStatus
 }
@@ -87,7 +98,7 @@ func condition(t string, ok bool, reason, msg string, gen int64) metav1.Conditio
 
 // gateways translates the Gateway API objects, once the Ingresses have been:
 // an Ingress keeps the Locations it had (Rank 0 before every route's).
-func (b *builder) gateways(defaultGroup string) {
+func (b *builder) gateways(defaultGroup string, poolsFor func(metav1.Object) *Pools) {
 	b.gw = GatewayStatuses{Classes: map[string][]metav1.Condition{}, Gateways: map[string]gatewayv1.GatewayStatus{}, Routes: map[string][]gatewayv1.RouteParentStatus{}}
 	b.gw.Groups = map[string]string{}
 	ours := map[string]string{} // class -> its group ("" for the default)
@@ -117,7 +128,7 @@ func (b *builder) gateways(defaultGroup string) {
 	slices.SortFunc(gws, func(x, y *gatewayv1.Gateway) int { return older(x, y) })
 	accs := map[string]*gwAcc{}
 	for _, g := range gws {
-		a := b.gateway(g, cmp.Or(ours[string(g.Spec.GatewayClassName)], defaultGroup))
+		a := b.gateway(g, cmp.Or(ours[string(g.Spec.GatewayClassName)], defaultGroup), poolsFor(g))
 		accs[key(g)] = a
 		b.gw.Groups[key(g)] = a.group
 	}
@@ -135,7 +146,7 @@ func (b *builder) gateways(defaultGroup string) {
 	for _, g := range gws {
 		for _, l := range accs[key(g)].listeners {
 			host := hostnameOf(l.l.Hostname)
-			if !l.accepted || l.cert == "" {
+			if !l.accepted || l.cert == "" || l.nowhere {
 				continue
 			}
 			if ok, o := b.mayRoute(host, g.Namespace); !ok {
@@ -143,7 +154,7 @@ func (b *builder) gateways(defaultGroup string) {
 					"host %q belongs to namespace %s (%s claimed it first); its certificate is not served", host, o.namespace, o.by)
 				continue
 			}
-			if s := b.server(l.group, modelHost(host)); s.srv.TLSCertificate == "" {
+			if s := b.serverIn(l.group, l.view, modelHost(host)); s.srv.TLSCertificate == "" {
 				s.srv.TLSCertificate, s.certFrom = l.cert, key(g)
 			}
 		}
@@ -152,9 +163,9 @@ func (b *builder) gateways(defaultGroup string) {
 	for k, a := range accs {
 		if g := b.groupsOut[a.group]; g != nil {
 			served(g, kindGateway+" "+k, a.gw.Generation)
-			// A request no route takes gets 404 (Gateway API's answer), unless the
-			// group's annotation says how to answer it.
-			if svc := b.services[a.group]; svc != nil && svc.Annotations[v1alpha1.AnnotationUnmatchedHost] == "" {
+			// A request no route takes gets 404 (Gateway API's answer; a view's
+			// always), unless the group's annotation says how to answer it.
+			if svc := b.services[a.group]; a.view == "" && svc != nil && svc.Annotations[v1alpha1.AnnotationUnmatchedHost] == "" {
 				g.UnmatchedHost = model.UnmatchedHostNotFound
 			}
 		}
@@ -183,7 +194,7 @@ func (b *builder) classGroup(c *gatewayv1.GatewayClass) (string, error) {
 }
 
 // gateway checks a Gateway and its listeners.
-func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string) *gwAcc {
+func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string, pools *Pools) *gwAcc {
 	gen := gw.Generation
 	a := &gwAcc{gw: gw, group: defaultGroup}
 	if v := gw.Annotations[v1alpha1.AnnotationGroup]; v != "" {
@@ -201,27 +212,32 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string) *gwAcc {
 		g = nil
 	default:
 		httpPort, httpsPort = cmp.Or(g.HTTPPort, httpPort), cmp.Or(g.HTTPSPort, httpsPort)
-		for _, v := range g.VIPs {
-			a.status.Addresses = append(a.status.Addresses, gatewayv1.GatewayStatusAddress{Type: ptr(gatewayv1.IPAddressType), Value: v.String()})
-		}
-		for i, sa := range gw.Spec.Addresses {
-			ip, err := netip.ParseAddr(sa.Value)
-			if (sa.Type != nil && *sa.Type != gatewayv1.IPAddressType) || err != nil || !slices.Contains(g.VIPs, ip.Unmap()) {
-				msg := fmt.Sprintf("spec.addresses[%d] %q: only the group %s's VIPs (%v) can be a Gateway's address", i, sa.Value, a.group, g.VIPs)
-				accepted = condition(accepted.Type, false, string(gatewayv1.GatewayReasonUnsupportedAddress), msg, gen)
-				programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonAddressNotUsable), msg, gen)
-				break
-			}
-		}
-		if len(g.VIPs) == 0 && programmed.Status == metav1.ConditionTrue {
+		vips, shared, reason, msg := b.gatewayAddresses(gw, g, pools)
+		switch {
+		case reason == string(gatewayv1.GatewayReasonUnsupportedAddress):
+			accepted = condition(accepted.Type, false, reason, msg, gen)
+			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonAddressNotUsable), msg, gen)
+		case reason != "":
+			programmed = condition(programmed.Type, false, reason, msg, gen)
+		case len(vips) == 0:
 			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonAddressNotAssigned),
 				fmt.Sprintf("group %s has no VIP yet", a.group), gen)
 		}
+		switch {
+		case !shared && len(vips) > 0:
+			a.view = key(gw)
+		case !shared:
+			a.nowhere = true // its routes go to no host until it has addresses
+		}
+		for _, v := range vips {
+			a.status.Addresses = append(a.status.Addresses, gatewayv1.GatewayStatusAddress{Type: ptr(gatewayv1.IPAddressType), Value: v.String()})
+		}
+		a.vips = vips
 	}
 	valid := 0
 	for i := range gw.Spec.Listeners {
 		l := b.listener(gw, &gw.Spec.Listeners[i], httpPort, httpsPort)
-		l.group = a.group
+		l.group, l.view = a.group, a.view
 		a.listeners = append(a.listeners, l)
 		if l.accepted {
 			valid++
@@ -239,6 +255,18 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string) *gwAcc {
 	if g == nil {
 		for _, l := range a.listeners {
 			l.accepted = false
+		}
+	}
+	for _, l := range a.listeners {
+		l.nowhere = a.nowhere
+	}
+	if a.view != "" {
+		if why := b.gatewayView(a); why != "" {
+			b.problem(kindGateway, gw, "spec", model.ReasonGroupFull, "%s; not served", why)
+			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonNoResources), why, gen)
+			for _, l := range a.listeners {
+				l.nowhere = true
+			}
 		}
 	}
 	a.status.Conditions = []metav1.Condition{accepted, programmed}
@@ -512,23 +540,26 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 			served(g, kindHTTPRoute+" "+src, gen)
 		}
 	}
-	// Each host once per group, with the certificate of the first HTTPS
-	// listener that serves it.
-	type hostKey struct{ group, host string }
+	// Each host once per group and view, with the certificate of the first
+	// HTTPS listener that serves it.
+	type hostKey struct{ group, view, host string }
 	done := map[hostKey]bool{}
 	for _, at := range atts {
 		group := at.l.group
+		if at.l.nowhere {
+			continue
+		}
 		for _, h := range at.hosts {
 			if ok, o := b.mayRoute(h, r.Namespace); !ok {
 				b.problem(kindHTTPRoute, r, "spec.hostnames", model.ReasonHostTaken,
 					"host %q belongs to namespace %s (%s claimed it first); not served", h, o.namespace, o.by)
 				continue
 			}
-			s := b.server(group, modelHost(h))
+			s := b.serverIn(group, at.l.view, modelHost(h))
 			if at.l.cert != "" && s.srv.TLSCertificate == "" {
 				s.srv.TLSCertificate, s.certFrom = at.l.cert, src
 			}
-			hk := hostKey{group, h}
+			hk := hostKey{group, at.l.view, h}
 			if done[hk] {
 				continue
 			}

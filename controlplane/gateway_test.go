@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -446,4 +447,180 @@ func TestGatewayListenerHostTaken(t *testing.T) {
 	if !slices.ContainsFunc(res.Problems, func(p model.Problem) bool { return p.Reason == model.ReasonHostTaken && p.Object == "Gateway other/gw" }) {
 		t.Errorf("no HostTaken problem for the Gateway: %v", res.Problems)
 	}
+}
+
+// TestGatewayAddresses checks that each Gateway gets addresses of its own (a
+// View): from its spec, kept from its status, or the lowest free of a pool,
+// and that its routes are served on them alone.
+func TestGatewayAddresses(t *testing.T) {
+	pool := mustPool(t, "192.0.2.64/29")
+	route := func(name string, age int, path string, parents ...string) *gatewayv1.HTTPRoute {
+		var ps []gatewayv1.ParentReference
+		for _, p := range parents {
+			ps = append(ps, parent("infra", p, ""))
+		}
+		return httpRoute("app", name, age, ps, nil, gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch(path)},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}})
+	}
+	l4 := func(name string, age int, kv ...string) *corev1.Service {
+		s := backendSvc("infra", name, sport("dns", 53))
+		s.ObjectMeta = meta("infra", name, age, kv...)
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
+		return s
+	}
+	http := func() gatewayv1.Listener { return allowAll(listener("http", gatewayv1.HTTPProtocolType, 80, "")) }
+	withAddrs := func(g *gatewayv1.Gateway, as ...string) *gatewayv1.Gateway {
+		for _, a := range as {
+			g.Spec.Addresses = append(g.Spec.Addresses, gatewayv1.GatewaySpecAddress{Value: a})
+		}
+		return g
+	}
+	build := func(st State, opts Options) Result {
+		t.Helper()
+		if opts.PodRouteGroup == "" {
+			opts.PodRouteGroup = "edge/g"
+		}
+		res := BuildAll(nil, st, opts)
+		if err := res.Snapshot.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	addrsOf := func(res Result, gw string) []string {
+		var out []string
+		for _, a := range res.Gateways.Gateways[gw].Addresses {
+			out = append(out, a.Value)
+		}
+		return out
+	}
+
+	t.Run("two Gateways, one route on both", func(t *testing.T) {
+		st := gatewayState(t)
+		st.Gateways = []*gatewayv1.Gateway{gateway("infra", "one", 1, http()), gateway("infra", "two", 2, http())}
+		st.HTTPRoutes = []*gatewayv1.HTTPRoute{route("shared", 1, "/shared", "one", "two"), route("only-one", 2, "/", "one"), route("only-two", 3, "/", "two")}
+		res := build(st, Options{Pools: []Pool{pool}})
+		if d := cmp.Diff([]string{"192.0.2.65"}, addrsOf(res, "infra/one")); d != "" {
+			t.Errorf("one's addresses (-want +got):\n%s", d)
+		}
+		if d := cmp.Diff([]string{"192.0.2.66"}, addrsOf(res, "infra/two")); d != "" {
+			t.Errorf("two's addresses (-want +got):\n%s", d)
+		}
+		wantViews := []model.View{
+			{Name: "infra/one", Group: "edge/g", VIPs: addrs("192.0.2.65"), Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+			{Name: "infra/two", Group: "edge/g", VIPs: addrs("192.0.2.66"), Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+		}
+		if d := cmp.Diff(wantViews, res.Snapshot.Views, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); d != "" {
+			t.Errorf("views (-want +got):\n%s", d)
+		}
+		paths := map[string][]string{}
+		for _, s := range res.Snapshot.Servers {
+			for _, l := range s.Locations {
+				paths[s.View] = append(paths[s.View], l.Source+" "+l.Path)
+			}
+		}
+		want := map[string][]string{"infra/one": {"app/only-one /", "app/shared /shared"}, "infra/two": {"app/only-two /", "app/shared /shared"}}
+		if d := cmp.Diff(want, paths); d != "" {
+			t.Errorf("locations by view (-want +got):\n%s", d)
+		}
+		if g := res.Snapshot.Groups[0]; g.UnmatchedHost != "" {
+			t.Errorf("group answers unmatched hosts %q: its own VIPs serve no Gateway", g.UnmatchedHost)
+		}
+		// A new L4 Service is not given a Gateway's address.
+		st.Services = append(st.Services, l4("dns", 9))
+		alloc, _ := AllocateVIPs(st.Services, nil, Pools{List: []Pool{pool}}, GatewayAddresses(res.Gateways)...)
+		if got := alloc["infra/dns"]; len(got) != 1 || got[0] != netip.MustParseAddr("192.0.2.67") {
+			t.Errorf("L4 Service allocated %v, want 192.0.2.67 (the Gateways hold .65 and .66)", got)
+		}
+	})
+
+	t.Run("kept from status", func(t *testing.T) {
+		st := gatewayState(t)
+		two := gateway("infra", "two", 2, http())
+		two.Status.Addresses = []gatewayv1.GatewayStatusAddress{{Type: ptr(gatewayv1.IPAddressType), Value: "192.0.2.70"}}
+		st.Gateways = []*gatewayv1.Gateway{gateway("infra", "one", 1, http()), two}
+		res := build(st, Options{Pools: []Pool{pool}})
+		if got := addrsOf(res, "infra/two"); !slices.Equal(got, []string{"192.0.2.70"}) {
+			t.Errorf("two's addresses %v, want its status's 192.0.2.70", got)
+		}
+		// The older one goes: the other keeps its address.
+		st.Gateways = []*gatewayv1.Gateway{two}
+		if got := addrsOf(build(st, Options{Pools: []Pool{pool}}), "infra/two"); !slices.Equal(got, []string{"192.0.2.70"}) {
+			t.Errorf("after the older Gateway left, two's addresses %v, want 192.0.2.70 still", got)
+		}
+		// A status address another Gateway asks for in its spec is given up.
+		st.Gateways = []*gatewayv1.Gateway{withAddrs(gateway("infra", "one", 1, http()), "192.0.2.70"), two}
+		res = build(st, Options{Pools: []Pool{pool}})
+		if got := addrsOf(res, "infra/two"); !slices.Equal(got, []string{"192.0.2.65"}) {
+			t.Errorf("two's addresses %v, want 192.0.2.65 (one asked for .70)", got)
+		}
+	})
+
+	t.Run("spec.addresses", func(t *testing.T) {
+		for _, tc := range []struct {
+			name       string
+			addrs      []string
+			hostname   bool
+			tenant     bool
+			want       []string
+			view       bool
+			programmed string
+			accepted   string
+		}{
+			{name: "own, in the pool", addrs: []string{"192.0.2.69"}, want: []string{"192.0.2.69"}, view: true, programmed: "True/Programmed", accepted: "True/Accepted"},
+			{name: "the group's VIP: shared", addrs: []string{"192.0.2.10"}, want: []string{"192.0.2.10"}, programmed: "True/Programmed", accepted: "True/Accepted"},
+			{name: "own, outside every pool, operator's namespace", addrs: []string{"198.51.100.1"}, want: []string{"198.51.100.1"}, view: true, programmed: "True/Programmed", accepted: "True/Accepted"},
+			{name: "own, outside every pool, tenant", addrs: []string{"198.51.100.1"}, tenant: true, programmed: "False/AddressNotUsable", accepted: "True/Accepted"},
+			{name: "a node's", addrs: []string{"10.0.0.1"}, programmed: "False/AddressNotUsable", accepted: "True/Accepted"},
+			{name: "an L4 Service's", addrs: []string{"192.0.2.53"}, programmed: "False/AddressNotUsable", accepted: "True/Accepted"},
+			{name: "the group's and its own", addrs: []string{"192.0.2.10", "192.0.2.69"}, programmed: "False/AddressNotUsable", accepted: "False/UnsupportedAddress"},
+			{name: "not an address", addrs: []string{"nope"}, programmed: "False/AddressNotUsable", accepted: "False/UnsupportedAddress"},
+			{name: "a hostname", addrs: []string{"gw.example.com"}, hostname: true, programmed: "False/AddressNotUsable", accepted: "False/UnsupportedAddress"},
+		} {
+			t.Run(tc.name, func(t *testing.T) {
+				st := gatewayState(t)
+				st.Nodes = []*corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: "10.0.0.1"}}}}}
+				st.Services = append(st.Services, l4("dns", 9, v1alpha1.AnnotationVIP, "192.0.2.53"))
+				ns := "infra"
+				if tc.tenant {
+					ns = "app"
+				}
+				gw := withAddrs(gateway(ns, "gw", 1, http()), tc.addrs...)
+				if tc.hostname {
+					gw.Spec.Addresses[0].Type = ptr(gatewayv1.HostnameAddressType)
+				}
+				st.Gateways = []*gatewayv1.Gateway{gw}
+				res := build(st, Options{Pools: []Pool{pool}, OperatorNamespaces: []string{"edge", "infra"}})
+				gs := res.Gateways.Gateways[ns+"/gw"]
+				c := conds(gs.Conditions)
+				if c["Programmed"] != tc.programmed || c["Accepted"] != tc.accepted {
+					t.Errorf("conditions %v, want Accepted %s, Programmed %s", c, tc.accepted, tc.programmed)
+				}
+				if got := addrsOf(res, ns+"/gw"); !slices.Equal(got, tc.want) {
+					t.Errorf("addresses %v, want %v", got, tc.want)
+				}
+				if got := len(res.Snapshot.Views) == 1; got != tc.view {
+					t.Errorf("views %v, want a view: %v", res.Snapshot.Views, tc.view)
+				}
+			})
+		}
+	})
+
+	t.Run("no pool allows a tenant", func(t *testing.T) {
+		st := gatewayState(t)
+		infraOnly := pool
+		infraOnly.Restricted, infraOnly.Namespaces = true, []string{"infra"}
+		st.Gateways = []*gatewayv1.Gateway{gateway("app", "gw", 1, http())}
+		st.HTTPRoutes = []*gatewayv1.HTTPRoute{httpRoute("app", "r", 1, []gatewayv1.ParentReference{parent("", "gw", "")}, nil,
+			gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}})}
+		res := build(st, Options{Pools: []Pool{infraOnly}, OperatorNamespaces: []string{"edge", "infra"}})
+		if c := conds(res.Gateways.Gateways["app/gw"].Conditions); c["Programmed"] != "False/AddressNotAssigned" {
+			t.Errorf("conditions %v, want Programmed False/AddressNotAssigned", c)
+		}
+		for _, s := range res.Snapshot.Servers {
+			if len(s.Locations) > 0 {
+				t.Errorf("server %q (view %q) serves %v: the Gateway has no address", s.Host, s.View, s.Locations)
+			}
+		}
+	})
 }

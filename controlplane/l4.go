@@ -33,7 +33,6 @@ type l4Acc struct {
 // Service that poolsFor gives pools (outside the operator's namespaces) must
 // be in one that allows the Service.
 func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string, poolsFor func(*corev1.Service) *Pools) {
-	loads := map[string]*groupLoad{}
 	for _, s := range sortedServices(b.st.Services, IsL4Service) {
 		svc := model.Service{Name: key(s), ClientIPAffinity: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP}
 		group := defaultGroup
@@ -113,12 +112,7 @@ func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string
 		if len(ports) == 0 {
 			continue // nothing to serve (each port's refusal is reported): its VIPs stay free
 		}
-		load := loads[group]
-		if load == nil {
-			load = newGroupLoad(g)
-			loads[group] = load
-		}
-		if full := load.add(svc.VIPs, len(ports)); full != "" {
+		if full := b.load(group).add(svc.VIPs, len(ports)); full != "" {
 			b.problem("Service", s, "spec", model.ReasonGroupFull,
 				"group %s's edges cannot hold it beside the older Services (%s); not served", group, full)
 			continue
@@ -154,6 +148,19 @@ func reservedBy(reserved map[model.Port]string, g *model.Group, p model.Port) st
 type groupLoad struct {
 	addrs, keys, replicas int
 	family                [2]int // VIP addresses: IPv4, IPv6
+}
+
+// load is what group's edges hold so far (its own VIPs first).
+func (b *builder) load(group string) *groupLoad {
+	if b.loads == nil {
+		b.loads = map[string]*groupLoad{}
+	}
+	l := b.loads[group]
+	if l == nil {
+		l = newGroupLoad(b.groupsOut[group])
+		b.loads[group] = l
+	}
+	return l
 }
 
 // newGroupLoad is the load of g's own VIPs and ports.

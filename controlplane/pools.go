@@ -107,17 +107,17 @@ func selectors(ls []metav1.LabelSelector) ([]labels.Selector, error) {
 	return out, nil
 }
 
-// allows reports whether Service s may take addresses of p: its namespace is
-// listed or selected (when the pool names namespaces), and it is selected (when
-// the pool selects Services).
-func (p Pool) allows(s *corev1.Service, nsLabels map[string]labels.Set) bool {
+// allows reports whether Service s (or Gateway) may take addresses of p: its
+// namespace is listed or selected (when the pool names namespaces), and it is
+// selected (when the pool selects Services; a Gateway by its labels too).
+func (p Pool) allows(s metav1.Object, nsLabels map[string]labels.Set) bool {
 	if !p.Restricted {
 		return true
 	}
 	if len(p.Namespaces) > 0 || len(p.NamespaceSelectors) > 0 {
-		in := slices.Contains(p.Namespaces, s.Namespace)
+		in := slices.Contains(p.Namespaces, s.GetNamespace())
 		for _, sel := range p.NamespaceSelectors {
-			in = in || sel.Matches(nsLabels[s.Namespace])
+			in = in || sel.Matches(nsLabels[s.GetNamespace()])
 		}
 		if !in {
 			return false
@@ -127,7 +127,7 @@ func (p Pool) allows(s *corev1.Service, nsLabels map[string]labels.Set) bool {
 		return true
 	}
 	for _, sel := range p.ServiceSelectors {
-		if sel.Matches(labels.Set(s.Labels)) {
+		if sel.Matches(labels.Set(s.GetLabels())) {
 			return true
 		}
 	}
@@ -136,7 +136,7 @@ func (p Pool) allows(s *corev1.Service, nsLabels map[string]labels.Set) bool {
 
 // pooled returns the pool that lets s have address a ("" with ok for a
 // --vip-pool's), or false when none does.
-func (ps Pools) pooled(a netip.Addr, s *corev1.Service) (string, bool) {
+func (ps Pools) pooled(a netip.Addr, s metav1.Object) (string, bool) {
 	for _, p := range ps.List {
 		if p.usable(a) && p.allows(s, ps.NamespaceLabels) {
 			return p.Name, true

@@ -121,7 +121,7 @@ func (c *Controller) build() *writeJob {
 	// Problems() and the metrics everywhere; only the leader writes the result.
 	// The pools are parsed once per sync: Build parses its own copy (it is pure).
 	pools, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces) // reported by the build
-	alloc := c.allocate(st, &pools)
+	alloc := c.allocate(st, &pools, GatewayAddresses(res.Gateways))
 	problems = append(append(notAllowed, problems...), alloc.problems...)
 
 	c.mu.Lock()
@@ -156,7 +156,7 @@ func (c *Controller) writeOut(ctx context.Context, job *writeJob) error {
 	// allocate: the build may be older than the writer's last writes, and a
 	// user's own portico.io/vip written since must not be overwritten.
 	st, _ := allowedGroups(c.withWritten(c.state()), c.cfg.GroupNamespaces)
-	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st, nil))
+	claimProblems, err := c.write(ctx, st, job.snap, job.bindings, c.allocate(st, nil, GatewayAddresses(job.gateways)))
 	err = errors.Join(err, c.writeGatewayStatus(ctx, st, job.gateways, job.snap))
 	all := append(slices.Clone(job.problems), claimProblems...)
 	c.report(all)
@@ -176,12 +176,12 @@ type allocation struct {
 	problems []model.Problem
 }
 
-func (c *Controller) allocate(st State, pools *Pools) allocation {
+func (c *Controller) allocate(st State, pools *Pools, gateways []netip.Addr) allocation {
 	if pools == nil {
 		p, _ := vipPools(c.cfg.Pools, st.VIPPools, st.Namespaces) // reported by the build
 		pools = &p
 	}
 	vrids, problems := AllocateVRIDs(st.Services)
-	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, *pools)
+	vips, vipProblems := AllocateVIPs(st.Services, st.Nodes, *pools, gateways...)
 	return allocation{vrids: vrids, vips: vips, problems: append(problems, vipProblems...)}
 }

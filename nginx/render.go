@@ -156,9 +156,10 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	}
 
 	t := make(table, len(snap.Servers)+len(snap.Upstreams)+len(snap.Certificates)+1)
+	views := r.views(snap, t)
 	seen := make(map[string]bool, len(snap.Servers))
-	depths := map[int]bool{} // label counts of the suffixes of "**." hosts
-	var catchAll *model.Server
+	depths := map[string]map[int]bool{} // by view prefix: label counts of the suffixes of "**." hosts
+	catchAll := map[string]*model.Server{}
 	for i := range snap.Servers {
 		s := &snap.Servers[i]
 		if opt.Group != "" && s.Group != opt.Group {
@@ -168,35 +169,52 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		if commentSafe(s.Host) != s.Host {
 			obj = "Server " + strconv.Quote(s.Host)
 		}
+		prefix, ok := views[s.View]
+		if !ok {
+			r.problem(obj, "view", model.ReasonInvalidHost, "view "+strconv.Quote(s.View)+" is not one of the group's; not served")
+			continue
+		}
 		if s.Host == "" {
-			if catchAll != nil {
+			if catchAll[prefix] != nil {
 				r.problem(obj, "host", model.ReasonDuplicateHost, "more than one catch-all server; the first is used")
 				continue
 			}
-			catchAll = s
+			catchAll[prefix] = s
 			continue
 		}
 		if err := validateHost(s.Host); err != nil {
 			r.problem(obj, "host", model.ReasonInvalidHost, err.Error())
 			continue
 		}
-		if seen[s.Host] {
+		if seen[prefix+s.Host] {
 			r.problem(obj, "host", model.ReasonDuplicateHost, "host appears in more than one server; the first is used")
 			continue
 		}
-		seen[s.Host] = true
-		t["h:"+s.Host] = hostValue(r.server(s), opt.HTTPSPort)
+		seen[prefix+s.Host] = true
+		t["h:"+prefix+s.Host] = hostValue(r.server(s), opt.HTTPSPort)
 		if suffix, ok := strings.CutPrefix(s.Host, "**."); ok {
-			depths[strings.Count(suffix, ".")+1] = true
+			if depths[prefix] == nil {
+				depths[prefix] = map[int]bool{}
+			}
+			depths[prefix][strings.Count(suffix, ".")+1] = true
 		}
 	}
-	if len(depths) > 0 {
-		t["w:"] = depthsValue(depths)
+	for prefix, ds := range depths {
+		t["w:"+prefix] = depthsValue(ds)
 	}
-	if catchAll != nil {
-		d.Default = r.server(catchAll)
+	for _, prefix := range views {
+		def := tmplServer{Return: 404} // a Gateway's answer to a host no route takes
+		if prefix == "" {
+			def = d.Default
+		}
+		if s := catchAll[prefix]; s != nil {
+			def = r.server(s)
+		}
+		if prefix == "" {
+			d.Default = def
+		}
+		t["h:"+prefix] = hostValue(def, opt.HTTPSPort)
 	}
-	t["h:"] = hostValue(d.Default, opt.HTTPSPort)
 
 	d.Stream = r.stream(snap)
 
@@ -245,6 +263,32 @@ type renderer struct {
 	rec           *locationsEntry       // what locations is doing, for the cache
 	refusedSeen   []string
 	problems      []model.Problem
+}
+
+// views gives each View of the rendered group its prefix in the table's host
+// keys ("<n>/", n counting from 1 in the Views' order; a host never holds a
+// "/", so no request's host can name another view's), by View name, "" the
+// prefix of the Servers of no View; and writes "a:", which maps each View's
+// VIPs (their text and the hex of their bytes) to its prefix: the Lua picks a
+// request's view by the address it came to.
+func (r *renderer) views(snap model.Snapshot, t table) map[string]string {
+	out := map[string]string{"": ""}
+	var a []string
+	for _, v := range snap.Views {
+		if r.opt.Group != "" && v.Group != r.opt.Group {
+			continue
+		}
+		p := strconv.Itoa(len(out)) + "/"
+		out[v.Name] = p
+		for _, vip := range v.VIPs {
+			a = append(a, vip.String()+"|"+hex.EncodeToString(vip.AsSlice())+"="+p)
+		}
+	}
+	if len(a) > 0 {
+		slices.Sort(a)
+		t["a:"] = strings.Join(a, " ")
+	}
+	return out
 }
 
 // groupPorts returns the options with the HTTP and HTTPS ports of the rendered

@@ -15,10 +15,11 @@ import (
 // sorted by its documented key so that equal inputs give equal snapshots.
 type Snapshot struct {
 	Groups       []Group       // sorted by Name
-	Servers      []Server      // sorted by (Group, Host)
+	Servers      []Server      // sorted by (Group, View, Host)
 	Upstreams    []Upstream    // sorted by Name
 	Certificates []Certificate // sorted by Name
 	Services     []Service     // sorted by Name
+	Views        []View        // sorted by Name
 }
 
 // Equal reports whether two snapshots describe the same desired state.
@@ -160,9 +161,24 @@ const (
 	PathImplementationSpecific PathType = "ImplementationSpecific"
 )
 
+// View is a set of a group's VIPs whose HTTP and HTTPS hosts are their own: a
+// Gateway with addresses of its own. Its VIPs are announced and steered like
+// the group's, over the group's replicas, on Ports; the replicas' nginx
+// answers a request that came to one of them from the View's Servers alone,
+// and a request to any other address of the node from the Servers of no View.
+type View struct {
+	Name  string       // "namespace/name" of the Gateway
+	Group string       // Group.Name whose replicas serve it
+	VIPs  []netip.Addr // sorted; at most MaxVIPsPerFamily of each address family
+	Ports []Port       // sorted by (Protocol, Port); TCP, the group's HTTP and HTTPS ports
+}
+
 // Server is one virtual host served by a group's nginx.
 type Server struct {
 	Group string // Group.Name that serves this host
+	// View is the View.Name whose VIPs the host is served on, "" for the
+	// group's own VIPs (and every other address of its replicas).
+	View string
 	// Host is a lower-case DNS name, a "*.suffix" wildcard (one label, the
 	// Ingress rule) or a "**.suffix" wildcard (any number of labels, Gateway
 	// API's "*.suffix"); "" is the catch-all.

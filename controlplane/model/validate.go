@@ -39,11 +39,25 @@ func (s Snapshot) Validate() error {
 	for _, c := range s.Certificates {
 		certs[c.Name] = true
 	}
+	views := make(map[string]string, len(s.Views))
+	add(ordered("views", s.Views, func(x, y View) int { return cmp.Compare(x.Name, y.Name) }, func(v View) string { return v.Name }))
+	for _, v := range s.Views {
+		views[v.Name] = v.Group
+		add(v.validate(groups))
+	}
 	add(ordered("servers", s.Servers, func(x, y Server) int {
-		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.Host, y.Host))
-	}, func(v Server) string { return v.Group + " " + v.Host }))
+		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.View, y.View), cmp.Compare(x.Host, y.Host))
+	}, func(v Server) string {
+		if v.View != "" {
+			return v.Group + " view " + v.View + " " + v.Host
+		}
+		return v.Group + " " + v.Host
+	}))
 	for _, v := range s.Servers {
 		add(v.validate(groups, upstreams, certs))
+		if g, ok := views[v.View]; v.View != "" && (!ok || g != v.Group) {
+			errs = append(errs, fmt.Errorf("server %s %q: view %q is not one of group %s's", v.Group, v.Host, v.View, v.Group))
+		}
 	}
 	add(ordered("services", s.Services, func(x, y Service) int { return cmp.Compare(x.Name, y.Name) }, func(v Service) string { return v.Name }))
 	for _, v := range s.Services {
@@ -63,7 +77,41 @@ func (s Snapshot) Validate() error {
 			vipOf[a] = "service " + v.Name
 		}
 	}
+	for _, v := range s.Views {
+		for _, a := range v.VIPs {
+			if other, ok := vipOf[a]; ok {
+				errs = append(errs, fmt.Errorf("view %s: vip %s is also %s's", v.Name, a, other))
+			}
+			vipOf[a] = "view " + v.Name
+		}
+	}
 	return errors.Join(errs...)
+}
+
+func (v View) validate(groups map[string]bool) error {
+	var errs []error
+	if !groups[v.Group] {
+		errs = append(errs, fmt.Errorf("group %q does not exist", v.Group))
+	}
+	if len(v.VIPs) == 0 {
+		errs = append(errs, errors.New("no vip"))
+	}
+	errs = appendErr(errs, validVIPs(v.VIPs))
+	errs = appendErr(errs, ordered("ports", v.Ports, func(x, y Port) int {
+		return cmp.Or(cmp.Compare(x.Protocol, y.Protocol), cmp.Compare(x.Port, y.Port))
+	}, func(p Port) string { return string(p.Protocol) + "/" + strconv.Itoa(int(p.Port)) }))
+	if len(v.Ports) == 0 {
+		errs = append(errs, errors.New("no port")) // an empty list would steer every port
+	}
+	for _, p := range v.Ports {
+		if p.Protocol != TCP || p.Port == 0 {
+			errs = append(errs, fmt.Errorf("port %s/%d is not a TCP port", p.Protocol, p.Port))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("view %s: %w", v.Name, err)
+	}
+	return nil
 }
 
 func (v Service) validate(groups, upstreams map[string]bool) error {

@@ -7,6 +7,11 @@
 -- nginx.conf so that no such change needs a reload. It is a set of keys and
 -- values in the shared dictionary:
 --   "h:<host>"  a host's routes ("h:" is the catch-all, always present);
+--   "h:<n>/<host>" the same for view n (a Gateway's own VIPs; "h:<n>/"
+--               its catch-all, always present), "w:<n>/" its "w:";
+--   "a:"        the views' VIPs, "<address>|<hex of its bytes>=<n>/" each:
+--               a request to one of them is routed by its view's hosts
+--               alone, any other request by the hosts of no view;
 --   "u:<name>"  an upstream's endpoints ("10.0.0.1:80 [fd00::1]:80");
 --   "c:<id>"    a certificate chain and its key, PEM with "!" for newlines;
 --   "w:"        the label counts of the suffixes of "h:**.<suffix>" hosts
@@ -127,19 +132,22 @@ local function parse_endpoint(s, i, j)
 end
 
 
--- A key: "h:" and a host, "u:" and an upstream name, "c:" and a
--- certificate id, or "w:"; at most 260 bytes of [a-z0-9.*_-].
+-- A key: "h:" and a host (after a view's "<n>/"), "u:" and an upstream
+-- name, "c:" and a certificate id, "w:" (after a view's "<n>/"), or "a:"; at
+-- most 260 bytes of [a-z0-9.*_-/].
 local function valid_key(s, i, j)
     if j - i < 1 or j - i > 259 or byte(s, i + 1) ~= 58 then
         return false
     end
     local kind = byte(s, i)
-    if kind ~= 104 and kind ~= 117 and kind ~= 99 and kind ~= 119 then -- h, u, c, w
+    if kind ~= 104 and kind ~= 117 and kind ~= 99 and kind ~= 119 and kind ~= 97 then -- h, u, c, w, a
         return false
     end
     local empty = j < i + 2
-    if kind == 119 then -- "w:" has no name
-        if not empty then
+    if kind == 97 then -- "a:" has no name
+        return empty
+    elseif kind == 119 then -- "w:" has a view's prefix or nothing
+        if not empty and not find(sub(s, i + 2, j), "^%d+/$") then
             return false
         end
     elseif empty and kind ~= 104 then -- only hosts have an empty one
@@ -147,7 +155,7 @@ local function valid_key(s, i, j)
     end
     for k = i + 2, j do
         local c = byte(s, k)
-        if not (c >= 97 and c <= 122 or c >= 48 and c <= 57 or c == 45 or c == 46 or c == 42 or c == 95) then
+        if not (c >= 97 and c <= 122 or c >= 48 and c <= 57 or c == 45 or c == 46 or c == 42 or c == 95 or c == 47 and kind ~= 117) then
             return false
         end
     end
@@ -590,6 +598,20 @@ local function parse_depths(s)
     return list
 end
 
+-- parse_views reads "a:": each view's VIPs, by their text (nginx's
+-- $server_addr) and by their bytes (ngx.ssl's raw_server_addr), to its prefix.
+local function parse_views(s)
+    local m = {}
+    for text, hex, p in gmatch(s, "([^%s|]+)|(%x+)=(%d+/)") do
+        if #hex ~= 8 and #hex ~= 32 then
+            return nil, "bad address " .. text
+        end
+        m[text] = p
+        m[gsub(hex, "%x%x", function(h) return string.char(tonumber(h, 16)) end)] = p
+    end
+    return m
+end
+
 -- pem_lines turns a stored certificate back into PEM.
 local function pem_lines(s)
     return (gsub(s, "!", "\n"))
@@ -610,7 +632,7 @@ local function parse_cert(s)
     return { chain = chain, key = key }
 end
 
-local parsers = { [104] = parse_host, [117] = parse_endpoints, [99] = parse_cert, [119] = parse_depths }
+local parsers = { [104] = parse_host, [117] = parse_endpoints, [99] = parse_cert, [119] = parse_depths, [97] = parse_views }
 
 -- get returns a key's parsed value (nil when the table lacks it or it does
 -- not parse), from this worker's cache when the key did not change since. A
@@ -633,11 +655,22 @@ local function get(key)
     return v or nil
 end
 
--- entry returns the routes of host (exact name first, then the wildcard
--- one label up), those of a host with a certificate when tls is set; nil
--- when there are none.
-local function entry(host, tls)
-    local e = get("h:" .. host)
+-- view is the prefix of the view whose VIP addr is ("" for none, and for
+-- every address when the table has no view).
+local function view(addr)
+    local m = cache["a:"]
+    if m == nil then
+        m = get("a:") or false
+        cache["a:"] = m -- the table lacking it too: a change to it is forgotten
+    end
+    return m and addr and m[addr] or ""
+end
+
+-- entry returns the routes of host in view v (its prefix; exact name
+-- first, then the wildcard one label up), those of a host with a certificate
+-- when tls is set; nil when there are none.
+local function entry(v, host, tls)
+    local e = get("h:" .. v .. host)
     if e and (not tls or e.cert) then
         return e
     end
@@ -645,13 +678,13 @@ local function entry(host, tls)
     if not dot or dot == 1 then
         return nil
     end
-    e = get("h:*" .. sub(host, dot))
+    e = get("h:" .. v .. "*" .. sub(host, dot))
     if e and (not tls or e.cert) then
         return e
     end
     -- Wildcards of any depth ("h:**.<suffix>"), the longest suffix first:
     -- one key per depth the table has, whatever the host's length.
-    local depths = #host <= 253 and get("w:")
+    local depths = #host <= 253 and get("w:" .. v)
     if not depths then
         return nil
     end
@@ -667,7 +700,7 @@ local function entry(host, tls)
             k = k - 1
         end
         if k > 1 then
-            e = get("h:**" .. sub(host, k))
+            e = get("h:" .. v .. "**" .. sub(host, k))
             if e and (not tls or e.cert) then
                 return e
             end
@@ -685,9 +718,12 @@ function M.certificate()
     if name and byte(name, -1) == 46 then -- "example.com.", as nginx reads it
         name = sub(name, 1, -2)
     end
-    local e = name and name ~= "" and entry(lower(name), true)
+    local v = view((ssl.raw_server_addr()))
+    -- A name with "/" could name another view's host: nginx refuses such a
+    -- Host header, and the handshake gets the catch-all's certificate.
+    local e = name and name ~= "" and not find(name, "/", 1, true) and entry(v, lower(name), true)
     if not e then
-        e = get("h:")
+        e = get("h:" .. v)
         if e and not e.cert then
             e = nil
         end
@@ -953,7 +989,8 @@ function M.route()
     end
     local host = ngx.var.host or ""
     local https = ngx.var.https == "on"
-    local e = host ~= "" and entry(host, https) or get("h:")
+    local v = view(ngx.var.server_addr)
+    local e = host ~= "" and entry(v, host, https) or get("h:" .. v)
     if not e then
         return ngx.exit(444)
     end

@@ -1,0 +1,150 @@
+package nginx
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/portico-edge/portico/controlplane/model"
+)
+
+// TestServeViews checks, in a real nginx, that a View (a Gateway with VIPs of
+// its own) answers from its own hosts alone: the same host is three different
+// routes on the group's address and on two views' VIPs, each view has its own
+// catch-all and certificates, a host with "/" cannot reach another view's
+// keys, and a change to one view's hosts is a table change (no reload).
+func TestServeViews(t *testing.T) {
+	a, b, c := echoBackend(t, "a"), echoBackend(t, "b"), echoBackend(t, "c")
+	own, v1, v2 := netip.MustParseAddr("127.0.0.1"), netip.MustParseAddr("127.0.0.2"), netip.MustParseAddr("127.0.0.3")
+	listen := []netip.Addr{own, v1, v2}
+	if ipv6Available() {
+		listen = append(listen, netip.IPv6Loopback())
+	}
+	certOwn, cert2 := selfSigned(t, "shop.test"), selfSigned(t, "shop.test")
+	cert2.Name = "test/view-2"
+	loc := func(path, up string) []model.Location {
+		return []model.Location{{Path: path, Type: model.PathPrefix, Upstream: up}}
+	}
+	snap := model.Snapshot{
+		Views: []model.View{
+			{Name: "infra/one", VIPs: []netip.Addr{v1}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+			{Name: "infra/two", VIPs: listen[2:], Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+		},
+		Servers: []model.Server{
+			{Host: "shop.test", TLSCertificate: certOwn.Name, Locations: loc("/", "t-a-80")},
+			{View: "infra/one", Host: "", Locations: loc("/", "t-c-80")},
+			{View: "infra/one", Host: "shop.test", Locations: loc("/", "t-b-80")},
+			{View: "infra/two", Host: "**.test", Locations: loc("/deep", "t-a-80")},
+			{View: "infra/two", Host: "shop.test", TLSCertificate: cert2.Name, Locations: loc("/", "t-c-80")},
+		},
+		Upstreams:    []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}}},
+		Certificates: []model.Certificate{certOwn, cert2},
+	}
+	n := startNginx(t, snap, func(o *Options) { o.ListenAddrs = listen })
+	at := func(addr netip.Addr) *http.Client {
+		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, netip.AddrPortFrom(addr, n.opt.HTTPPort).String())
+			}}}
+	}
+	check := func(t *testing.T, addr netip.Addr, host, path string, wantStatus int, want string) {
+		t.Helper()
+		req, _ := http.NewRequest("GET", "http://x"+path, nil)
+		req.Host = host
+		resp, err := at(addr).Do(req)
+		if wantStatus == 0 { // 444: closed without an answer
+			if err == nil {
+				resp.Body.Close()
+				t.Errorf("%s %s%s = %d, want the connection closed", addr, host, path, resp.StatusCode)
+			}
+			return
+		}
+		if err != nil {
+			t.Errorf("%s %s%s: %v", addr, host, path, err)
+			return
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("X-Backend"); resp.StatusCode != wantStatus || got != want {
+			t.Errorf("%s %s%s = %d from %q, want %d from %q", addr, host, path, resp.StatusCode, got, wantStatus, want)
+		}
+	}
+	t.Run("hosts", func(t *testing.T) {
+		check(t, own, "shop.test", "/", 200, "a")
+		check(t, v1, "shop.test", "/", 200, "b")
+		check(t, v2, "shop.test", "/", 200, "c")
+		check(t, v1, "other.test", "/", 200, "c")     // view one's catch-all
+		check(t, v2, "other.test", "/", 404, "")      // view two has none: 404
+		check(t, v2, "x.y.test", "/deep/1", 200, "a") // its deep wildcard
+		check(t, own, "x.y.test", "/deep/1", 0, "")   // not the group's: closed (444)
+		check(t, v1, "x.y.test", "/deep/1", 200, "c") // nor view one's: its catch-all
+		if len(listen) == 4 {
+			check(t, netip.IPv6Loopback(), "shop.test", "/", 200, "c")
+		}
+	})
+	t.Run("host naming another view", func(t *testing.T) {
+		conn, err := net.Dial("tcp", netip.AddrPortFrom(own, n.opt.HTTPPort).String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		fmt.Fprintf(conn, "GET / HTTP/1.1\r\nHost: 1/shop.test\r\nConnection: close\r\n\r\n")
+		buf := make([]byte, 64)
+		k, _ := conn.Read(buf)
+		if got := string(buf[:k]); len(got) < 12 || got[:12] != "HTTP/1.1 400" {
+			t.Errorf("Host 1/shop.test = %q, want nginx's 400", got)
+		}
+	})
+	t.Run("certificates", func(t *testing.T) {
+		for _, tc := range []struct {
+			addr netip.Addr
+			sni  string
+			want string // the certificate's name, "" for a refused handshake
+		}{
+			{own, "shop.test", certOwn.Name},
+			{v2, "shop.test", cert2.Name},
+			{v1, "shop.test", ""},    // view one has no certificate
+			{own, "2/shop.test", ""}, // "/" names no host
+		} {
+			conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", netip.AddrPortFrom(tc.addr, n.opt.HTTPSPort).String(),
+				&tls.Config{ServerName: tc.sni, InsecureSkipVerify: true})
+			got := ""
+			if err == nil {
+				got = certName(snap.Certificates, conn.ConnectionState().PeerCertificates[0].Raw)
+				conn.Close()
+			}
+			if got != tc.want {
+				t.Errorf("%s SNI %q: certificate %q (%v), want %q", tc.addr, tc.sni, got, err, tc.want)
+			}
+		}
+	})
+	t.Run("change one view without a reload", func(t *testing.T) {
+		snap.Servers[2].Locations = loc("/", "t-a-80")
+		snap.Servers = append(snap.Servers, model.Server{View: "infra/two", Host: "new.test", Locations: loc("/", "t-b-80")})
+		if res, err := n.r.ApplyNow(context.Background(), snap); err != nil || res.Result != ResultTable {
+			t.Fatalf("change: %s, %v; want %s (no reload)", res.Result, err, ResultTable)
+		}
+		check(t, v1, "shop.test", "/", 200, "a")
+		check(t, v2, "new.test", "/", 200, "b")
+		check(t, v1, "new.test", "/", 200, "c") // view one's catch-all still
+		check(t, own, "new.test", "/", 0, "")
+	})
+}
+
+// certName is the name of the certificate in certs whose chain starts with der.
+func certName(certs []model.Certificate, der []byte) string {
+	for _, c := range certs {
+		b, _ := pem.Decode(c.CertPEM)
+		if b != nil && bytes.Equal(b.Bytes, der) {
+			return c.Name
+		}
+	}
+	return "unknown"
+}
