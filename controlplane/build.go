@@ -169,7 +169,11 @@ type builder struct {
 	gw        GatewayStatuses
 }
 
-type serverKey struct{ group, view, host string }
+type serverKey struct {
+	group, view string
+	port        uint16
+	host        string
+}
 
 type serverAcc struct {
 	srv       model.Server
@@ -265,15 +269,16 @@ func (b *builder) problem(kind string, o metav1.Object, field string, reason mod
 }
 
 func (b *builder) server(group, host string) *serverAcc {
-	return b.serverIn(group, "", host)
+	return b.serverIn(group, "", 0, host)
 }
 
-// serverIn is server in a view of the group ("" for its own VIPs).
-func (b *builder) serverIn(group, view, host string) *serverAcc {
-	k := serverKey{group, view, host}
+// serverIn is server in a view of the group and one of its ports ("" and 0
+// for the group's own VIPs).
+func (b *builder) serverIn(group, view string, port uint16, host string) *serverAcc {
+	k := serverKey{group, view, port, host}
 	s := b.servers[k]
 	if s == nil {
-		s = &serverAcc{srv: model.Server{Group: group, View: view, Host: host}, locs: map[locKey]string{}}
+		s = &serverAcc{srv: model.Server{Group: group, View: view, Port: port, Host: host}, locs: map[locKey]string{}}
 		b.servers[k] = s
 	}
 	return s
@@ -381,7 +386,7 @@ func (b *builder) snapshot() model.Snapshot {
 	}
 	snap.Views = slices.SortedFunc(slices.Values(b.views), func(x, y model.View) int { return cmp.Compare(x.Name, y.Name) })
 	slices.SortFunc(snap.Servers, func(x, y model.Server) int {
-		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.View, y.View), cmp.Compare(x.Host, y.Host))
+		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.View, y.View), cmp.Compare(x.Port, y.Port), cmp.Compare(x.Host, y.Host))
 	})
 	// Only the certificates a server uses (a losing TLS entry's Secret is not served).
 	inUse := map[string]bool{}

@@ -46,7 +46,7 @@ const (
 // support (their status.supportedFeatures; make conformance claims them),
 // sorted.
 var GatewayFeatures = []string{
-	"Gateway", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+	"Gateway", "GatewayHTTPListenerIsolation", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule",
 	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching",
 	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
@@ -71,6 +71,8 @@ type gwListener struct {
 	cert     string   // HTTPS: its certificate's name
 	group    string   // its Gateway's group
 	view     string   // its Gateway's view ("" for the group's VIPs)
+	port     uint16   // its port in the view (0 outside one)
+	of       *gwAcc   // its Gateway
 	nowhere  bool     // its Gateway has no address: its routes are served nowhere
 	routes   []string // the routes attached to it
 }
@@ -154,8 +156,21 @@ func (b *builder) gateways(defaultGroup string, poolsFor func(metav1.Object) *Po
 					"host %q belongs to namespace %s (%s claimed it first); its certificate is not served", host, o.namespace, o.by)
 				continue
 			}
-			if s := b.serverIn(l.group, l.view, modelHost(host)); s.srv.TLSCertificate == "" {
+			if s := b.serverIn(l.group, l.view, l.port, modelHost(host)); s.srv.TLSCertificate == "" {
 				s.srv.TLSCertificate, s.certFrom = l.cert, key(g)
+			}
+		}
+	}
+	// In a view, each listener's hostname is a host of its own, with no route
+	// (404) or only those attached to it: a request goes to the most specific
+	// listener its host matches, and no less specific one's routes take it
+	// (Gateway API's listener isolation).
+	for _, g := range gws {
+		for _, l := range accs[key(g)].listeners {
+			if host := hostnameOf(l.l.Hostname); l.accepted && l.view != "" && !l.nowhere && host != "" {
+				if ok, _ := b.mayRoute(host, g.Namespace); ok {
+					b.serverIn(l.group, l.view, l.port, modelHost(host))
+				}
 			}
 		}
 	}
@@ -237,7 +252,10 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string, pools *Poo
 	valid := 0
 	for i := range gw.Spec.Listeners {
 		l := b.listener(gw, &gw.Spec.Listeners[i], httpPort, httpsPort)
-		l.group, l.view = a.group, a.view
+		l.group, l.view, l.of = a.group, a.view, a
+		if a.view != "" {
+			l.port = uint16(l.l.Port)
+		}
 		a.listeners = append(a.listeners, l)
 		if l.accepted {
 			valid++
@@ -542,7 +560,11 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 	}
 	// Each host once per group and view, with the certificate of the first
 	// HTTPS listener that serves it.
-	type hostKey struct{ group, view, host string }
+	type hostKey struct {
+		group, view string
+		port        uint16
+		host        string
+	}
 	done := map[hostKey]bool{}
 	for _, at := range atts {
 		group := at.l.group
@@ -555,11 +577,14 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 					"host %q belongs to namespace %s (%s claimed it first); not served", h, o.namespace, o.by)
 				continue
 			}
-			s := b.serverIn(group, at.l.view, modelHost(h))
+			if shadowed(at.l, h) {
+				continue
+			}
+			s := b.serverIn(group, at.l.view, at.l.port, modelHost(h))
 			if at.l.cert != "" && s.srv.TLSCertificate == "" {
 				s.srv.TLSCertificate, s.certFrom = at.l.cert, src
 			}
-			hk := hostKey{group, at.l.view, h}
+			hk := hostKey{group, at.l.view, at.l.port, h}
 			if done[hk] {
 				continue
 			}
@@ -571,6 +596,37 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 			}
 		}
 	}
+}
+
+// shadowed reports whether another accepted listener of l's Gateway, on its
+// port, takes every request for host h (a hostname of a route attached to l)
+// because its hostname is more specific than l's: isolation, in a view.
+func shadowed(l *gwListener, h string) bool {
+	if l.view == "" {
+		return false
+	}
+	mine := specificity(hostnameOf(l.l.Hostname))
+	for _, o := range l.of.listeners {
+		if o == l || !o.accepted || o.l.Port != l.l.Port {
+			continue
+		}
+		if oh := hostnameOf(o.l.Hostname); oh != "" && specificity(oh) > mine && hostMatches(oh, h) {
+			return true
+		}
+	}
+	return false
+}
+
+// specificity orders listener hostnames: none, then wildcards by their
+// number of labels, then exact names.
+func specificity(h string) int {
+	switch {
+	case h == "":
+		return 0
+	case strings.HasPrefix(h, "*."):
+		return 1 + strings.Count(h, ".")
+	}
+	return 1 << 10
 }
 
 // served has g's edges report generation gen of the object k ("Kind

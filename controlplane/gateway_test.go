@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"fmt"
 	"net/netip"
 	"slices"
 	"testing"
@@ -623,4 +624,46 @@ func TestGatewayAddresses(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestGatewayListenerIsolation checks Gateway API's listener isolation in a
+// view: a request goes to the most specific listener its host matches, and
+// routes attached to less specific listeners never take it (the suite's
+// GatewayHTTPListenerIsolation, as hosts and paths).
+func TestGatewayListenerIsolation(t *testing.T) {
+	st := gatewayState(t)
+	names := []string{"", "*.example.com", "*.foo.example.com", "abc.foo.example.com"}
+	var ls []gatewayv1.Listener
+	for i, h := range names {
+		ls = append(ls, allowAll(listener(fmt.Sprintf("l%d", i), gatewayv1.HTTPProtocolType, 80, h)))
+	}
+	st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 1, ls...)}
+	for i := range names {
+		st.HTTPRoutes = append(st.HTTPRoutes, httpRoute("app", fmt.Sprintf("r%d", i), i, []gatewayv1.ParentReference{parent("infra", "gw", fmt.Sprintf("l%d", i))},
+			[]string{"bar.com", "*.example.com", "*.foo.example.com", "abc.foo.example.com"},
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch(fmt.Sprintf("/l%d", i))}, BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}}))
+	}
+	res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g", Pools: []Pool{mustPool(t, "192.0.2.64/29")}})
+	if err := res.Snapshot.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string][]string{}
+	for _, s := range res.Snapshot.Servers {
+		if s.View != "infra/gw" {
+			continue
+		}
+		got[s.Host] = []string{}
+		for _, l := range s.Locations {
+			got[s.Host] = append(got[s.Host], l.Path)
+		}
+	}
+	want := map[string][]string{
+		"bar.com":             {"/l0"},
+		"**.example.com":      {"/l1"},
+		"**.foo.example.com":  {"/l2"},
+		"abc.foo.example.com": {"/l3"},
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("hosts and their paths in the view (-want +got):\n%s", d)
+	}
 }

@@ -169,12 +169,16 @@ func (b *builder) gatewayView(a *gwAcc) string {
 		p := model.Port{Protocol: model.TCP, Port: uint16(l.l.Port)}
 		if l.accepted && !slices.Contains(v.Ports, p) {
 			v.Ports = append(v.Ports, p)
+			if l.l.Protocol == gatewayv1.HTTPSProtocolType {
+				v.TLSPorts = append(v.TLSPorts, p.Port)
+			}
 		}
 	}
 	if len(v.Ports) == 0 {
 		return ""
 	}
 	slices.SortFunc(v.Ports, func(x, y model.Port) int { return int(x.Port) - int(y.Port) })
+	slices.Sort(v.TLSPorts)
 	if full := b.load(a.group).add(v.VIPs, len(v.Ports)); full != "" {
 		return fmt.Sprintf("group %s's edges cannot hold it beside the older Gateways (%s)", a.group, full)
 	}

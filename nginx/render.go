@@ -169,9 +169,9 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 		if commentSafe(s.Host) != s.Host {
 			obj = "Server " + strconv.Quote(s.Host)
 		}
-		prefix, ok := views[s.View]
+		prefix, ok := views[viewPort{s.View, s.Port}]
 		if !ok {
-			r.problem(obj, "view", model.ReasonInvalidHost, "view "+strconv.Quote(s.View)+" is not one of the group's; not served")
+			r.problem(obj, "view", model.ReasonInvalidHost, fmt.Sprintf("view %q port %d is not one of the group's; not served", s.View, s.Port))
 			continue
 		}
 		if s.Host == "" {
@@ -265,23 +265,26 @@ type renderer struct {
 	problems      []model.Problem
 }
 
-// views gives each View of the rendered group its prefix in the table's host
-// keys ("<n>/", n counting from 1 in the Views' order; a host never holds a
-// "/", so no request's host can name another view's), by View name, "" the
-// prefix of the Servers of no View; and writes "a:", which maps each View's
-// VIPs (their text and the hex of their bytes) to its prefix: the Lua picks a
-// request's view by the address it came to.
-func (r *renderer) views(snap model.Snapshot, t table) map[string]string {
-	out := map[string]string{"": ""}
+// views gives each port of each View of the rendered group its prefix in the
+// table's host keys ("<n>/", n counting from 1 in the Views' and their ports'
+// order; a host never holds a "/", so no request's host can name another
+// view's), by View name and port, "" and 0 the prefix of the Servers of no
+// View; and writes "a:", which maps each View's VIPs (their text and the hex
+// of their bytes) and ports to its prefix: the Lua picks a request's view by
+// the address and port it came to.
+func (r *renderer) views(snap model.Snapshot, t table) map[viewPort]string {
+	out := map[viewPort]string{{}: ""}
 	var a []string
 	for _, v := range snap.Views {
 		if r.opt.Group != "" && v.Group != r.opt.Group {
 			continue
 		}
-		p := strconv.Itoa(len(out)) + "/"
-		out[v.Name] = p
-		for _, vip := range v.VIPs {
-			a = append(a, vip.String()+"|"+hex.EncodeToString(vip.AsSlice())+"="+p)
+		for _, port := range v.Ports {
+			p := strconv.Itoa(len(out)) + "/"
+			out[viewPort{v.Name, port.Port}] = p
+			for _, vip := range v.VIPs {
+				a = append(a, vip.String()+"|"+hex.EncodeToString(vip.AsSlice())+"|"+strconv.Itoa(int(port.Port))+"="+p)
+			}
 		}
 	}
 	if len(a) > 0 {
@@ -289,6 +292,12 @@ func (r *renderer) views(snap model.Snapshot, t table) map[string]string {
 		t["a:"] = strings.Join(a, " ")
 	}
 	return out
+}
+
+// viewPort is a View's name and one of its ports.
+type viewPort struct {
+	view string
+	port uint16
 }
 
 // groupPorts returns the options with the HTTP and HTTPS ports of the rendered

@@ -101,25 +101,27 @@ func goldenCases(t testing.TB) map[string]model.Snapshot {
 			}}},
 			Upstreams: []model.Upstream{web},
 		},
-		// Views (Gateways with VIPs of their own): each has its own hosts,
-		// catch-all (404 when it has none) and wildcard depths, keyed by its
-		// prefix; "a:" maps their VIPs (text and bytes) to it. The same host in
+		// Views (Gateways with VIPs of their own): each port of each has its
+		// own hosts, catch-all (404 when it has none) and wildcard depths,
+		// keyed by its prefix; "a:" maps their VIPs (text and bytes) and
+		// ports to it. The same host in
 		// the group's own hosts and in two views is three entries; another
 		// group's view is not rendered.
 		"views": {
 			Groups: []model.Group{{Name: "edge/a", UnmatchedHost: model.UnmatchedHostNotFound}, {Name: "edge/b"}},
 			Views: []model.View{
-				{Name: "infra/gw-1", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+				{Name: "infra/gw-1", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")},
+					Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 8443}}, TLSPorts: []uint16{8443}},
 				{Name: "infra/gw-2", Group: "edge/a", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.11")}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
 				{Name: "infra/gw-3", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.12")}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
 			},
 			Servers: []model.Server{
 				{Group: "edge/a", Host: "shop.example.com", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/web"}}},
-				{Group: "edge/a", View: "infra/gw-1", Host: "", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-1"}}},
-				{Group: "edge/a", View: "infra/gw-1", Host: "**.example.com", Locations: []model.Location{{Path: "/deep", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-1"}}},
-				{Group: "edge/a", View: "infra/gw-1", Host: "shop.example.com", Locations: []model.Location{{Path: "/one", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-1"}}},
-				{Group: "edge/a", View: "infra/gw-2", Host: "shop.example.com", Locations: []model.Location{{Path: "/two", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-2"}}},
-				{Group: "edge/b", View: "infra/gw-3", Host: "shop.example.com", Locations: []model.Location{{Path: "/three", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-3"}}},
+				{Group: "edge/a", View: "infra/gw-1", Port: 80, Host: "", Locations: []model.Location{{Path: "/", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-1"}}},
+				{Group: "edge/a", View: "infra/gw-1", Port: 80, Host: "**.example.com", Locations: []model.Location{{Path: "/deep", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-1"}}},
+				{Group: "edge/a", View: "infra/gw-1", Port: 80, Host: "shop.example.com", Locations: []model.Location{{Path: "/one", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-1"}}},
+				{Group: "edge/a", View: "infra/gw-2", Port: 80, Host: "shop.example.com", Locations: []model.Location{{Path: "/two", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-2"}}},
+				{Group: "edge/b", View: "infra/gw-3", Port: 80, Host: "shop.example.com", Locations: []model.Location{{Path: "/three", Type: model.PathPrefix, Upstream: "shop-web-80", Source: "shop/route-3"}}},
 			},
 			Upstreams: []model.Upstream{web},
 		},

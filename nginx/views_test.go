@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/portico-edge/portico/test/testenv"
+
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -27,6 +29,8 @@ func TestServeViews(t *testing.T) {
 	if ipv6Available() {
 		listen = append(listen, netip.IPv6Loopback())
 	}
+	ports := testenv.Ports(t, 2)
+	httpPort, httpsPort := ports[0], ports[1]
 	certOwn, cert2 := selfSigned(t, "shop.test"), selfSigned(t, "shop.test")
 	cert2.Name = "test/view-2"
 	loc := func(path, up string) []model.Location {
@@ -34,20 +38,22 @@ func TestServeViews(t *testing.T) {
 	}
 	snap := model.Snapshot{
 		Views: []model.View{
-			{Name: "infra/one", VIPs: []netip.Addr{v1}, Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
-			{Name: "infra/two", VIPs: listen[2:], Ports: []model.Port{{Protocol: model.TCP, Port: 80}}},
+			{Name: "infra/one", VIPs: []netip.Addr{v1}, Ports: []model.Port{{Protocol: model.TCP, Port: httpPort}, {Protocol: model.TCP, Port: httpsPort}}, TLSPorts: []uint16{httpsPort}},
+			{Name: "infra/two", VIPs: listen[2:], Ports: []model.Port{{Protocol: model.TCP, Port: httpPort}, {Protocol: model.TCP, Port: httpsPort}}, TLSPorts: []uint16{httpsPort}},
 		},
 		Servers: []model.Server{
 			{Host: "shop.test", TLSCertificate: certOwn.Name, Locations: loc("/", "t-a-80")},
-			{View: "infra/one", Host: "", Locations: loc("/", "t-c-80")},
-			{View: "infra/one", Host: "shop.test", Locations: loc("/", "t-b-80")},
-			{View: "infra/two", Host: "**.test", Locations: loc("/deep", "t-a-80")},
-			{View: "infra/two", Host: "shop.test", TLSCertificate: cert2.Name, Locations: loc("/", "t-c-80")},
+			{View: "infra/one", Port: httpPort, Host: "", Locations: loc("/", "t-c-80")},
+			{View: "infra/one", Port: httpPort, Host: "shop.test", Locations: loc("/", "t-b-80")},
+			{View: "infra/two", Port: httpPort, Host: "**.test", Locations: loc("/deep", "t-a-80")},
+			{View: "infra/two", Port: httpPort, Host: "shop.test", Locations: loc("/", "t-c-80")},
+			// On view two's HTTPS port: another route, and a certificate.
+			{View: "infra/two", Port: httpsPort, Host: "shop.test", TLSCertificate: cert2.Name, Locations: loc("/", "t-b-80")},
 		},
 		Upstreams:    []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}}},
 		Certificates: []model.Certificate{certOwn, cert2},
 	}
-	n := startNginx(t, snap, func(o *Options) { o.ListenAddrs = listen })
+	n := startNginx(t, snap, func(o *Options) { o.ListenAddrs, o.HTTPPort, o.HTTPSPort = listen, httpPort, httpsPort })
 	at := func(addr netip.Addr) *http.Client {
 		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
@@ -86,6 +92,21 @@ func TestServeViews(t *testing.T) {
 		check(t, v1, "x.y.test", "/deep/1", 200, "c") // nor view one's: its catch-all
 		if len(listen) == 4 {
 			check(t, netip.IPv6Loopback(), "shop.test", "/", 200, "c")
+		}
+	})
+	t.Run("a view's ports", func(t *testing.T) {
+		c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+			TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: "shop.test"},
+			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+				return (&net.Dialer{}).DialContext(ctx, network, netip.AddrPortFrom(v2, httpsPort).String())
+			}}}
+		resp, err := c.Get("https://shop.test/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("X-Backend"); got != "b" {
+			t.Errorf("view two's HTTPS port: shop.test from %q, want b (its HTTP port's route is c's)", got)
 		}
 	})
 	t.Run("host naming another view", func(t *testing.T) {
@@ -127,7 +148,7 @@ func TestServeViews(t *testing.T) {
 	})
 	t.Run("change one view without a reload", func(t *testing.T) {
 		snap.Servers[2].Locations = loc("/", "t-a-80")
-		snap.Servers = append(snap.Servers, model.Server{View: "infra/two", Host: "new.test", Locations: loc("/", "t-b-80")})
+		snap.Servers = append(snap.Servers, model.Server{View: "infra/two", Port: httpPort, Host: "new.test", Locations: loc("/", "t-b-80")})
 		if res, err := n.r.ApplyNow(context.Background(), snap); err != nil || res.Result != ResultTable {
 			t.Fatalf("change: %s, %v; want %s (no reload)", res.Result, err, ResultTable)
 		}

@@ -15,7 +15,7 @@ import (
 // sorted by its documented key so that equal inputs give equal snapshots.
 type Snapshot struct {
 	Groups       []Group       // sorted by Name
-	Servers      []Server      // sorted by (Group, View, Host)
+	Servers      []Server      // sorted by (Group, View, Port, Host)
 	Upstreams    []Upstream    // sorted by Name
 	Certificates []Certificate // sorted by Name
 	Services     []Service     // sorted by Name
@@ -164,21 +164,27 @@ const (
 // View is a set of a group's VIPs whose HTTP and HTTPS hosts are their own: a
 // Gateway with addresses of its own. Its VIPs are announced and steered like
 // the group's, over the group's replicas, on Ports; the replicas' nginx
-// answers a request that came to one of them from the View's Servers alone,
-// and a request to any other address of the node from the Servers of no View.
+// answers a request that came to one of them on a port from the View's
+// Servers of that port alone, and a request to any other address of the
+// node from the Servers of no View.
 type View struct {
 	Name  string       // "namespace/name" of the Gateway
 	Group string       // Group.Name whose replicas serve it
 	VIPs  []netip.Addr // sorted; at most MaxVIPsPerFamily of each address family
-	Ports []Port       // sorted by (Protocol, Port); TCP, the group's HTTP and HTTPS ports
+	Ports []Port       // sorted by (Protocol, Port); TCP
+	// TLSPorts are those of Ports that serve HTTPS (sorted); the others serve
+	// HTTP.
+	TLSPorts []uint16
 }
 
 // Server is one virtual host served by a group's nginx.
 type Server struct {
 	Group string // Group.Name that serves this host
 	// View is the View.Name whose VIPs the host is served on, "" for the
-	// group's own VIPs (and every other address of its replicas).
+	// group's own VIPs (and every other address of its replicas); Port, in a
+	// View, the one of its Ports it is served on (0 outside Views: every port).
 	View string
+	Port uint16
 	// Host is a lower-case DNS name, a "*.suffix" wildcard (one label, the
 	// Ingress rule) or a "**.suffix" wildcard (any number of labels, Gateway
 	// API's "*.suffix"); "" is the catch-all.

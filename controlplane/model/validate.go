@@ -39,24 +39,30 @@ func (s Snapshot) Validate() error {
 	for _, c := range s.Certificates {
 		certs[c.Name] = true
 	}
-	views := make(map[string]string, len(s.Views))
+	views := make(map[string]View, len(s.Views))
 	add(ordered("views", s.Views, func(x, y View) int { return cmp.Compare(x.Name, y.Name) }, func(v View) string { return v.Name }))
 	for _, v := range s.Views {
-		views[v.Name] = v.Group
+		views[v.Name] = v
 		add(v.validate(groups))
 	}
 	add(ordered("servers", s.Servers, func(x, y Server) int {
-		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.View, y.View), cmp.Compare(x.Host, y.Host))
+		return cmp.Or(cmp.Compare(x.Group, y.Group), cmp.Compare(x.View, y.View), cmp.Compare(x.Port, y.Port), cmp.Compare(x.Host, y.Host))
 	}, func(v Server) string {
 		if v.View != "" {
-			return v.Group + " view " + v.View + " " + v.Host
+			return v.Group + " view " + v.View + ":" + strconv.Itoa(int(v.Port)) + " " + v.Host
 		}
 		return v.Group + " " + v.Host
 	}))
 	for _, v := range s.Servers {
 		add(v.validate(groups, upstreams, certs))
-		if g, ok := views[v.View]; v.View != "" && (!ok || g != v.Group) {
+		view, ok := views[v.View]
+		switch {
+		case v.View == "" && v.Port != 0:
+			errs = append(errs, fmt.Errorf("server %s %q: port %d outside a view", v.Group, v.Host, v.Port))
+		case v.View != "" && (!ok || view.Group != v.Group):
 			errs = append(errs, fmt.Errorf("server %s %q: view %q is not one of group %s's", v.Group, v.Host, v.View, v.Group))
+		case v.View != "" && !slices.Contains(view.Ports, Port{TCP, v.Port}):
+			errs = append(errs, fmt.Errorf("server %s %q: port %d is not one of view %s's", v.Group, v.Host, v.Port, v.View))
 		}
 	}
 	add(ordered("services", s.Services, func(x, y Service) int { return cmp.Compare(x.Name, y.Name) }, func(v Service) string { return v.Name }))
@@ -106,6 +112,12 @@ func (v View) validate(groups map[string]bool) error {
 	for _, p := range v.Ports {
 		if p.Protocol != TCP || p.Port == 0 {
 			errs = append(errs, fmt.Errorf("port %s/%d is not a TCP port", p.Protocol, p.Port))
+		}
+	}
+	errs = appendErr(errs, ordered("tls ports", v.TLSPorts, cmp.Compare[uint16], func(p uint16) string { return strconv.Itoa(int(p)) }))
+	for _, p := range v.TLSPorts {
+		if !slices.Contains(v.Ports, Port{TCP, p}) {
+			errs = append(errs, fmt.Errorf("tls port %d is not one of its ports", p))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -7,11 +7,12 @@
 -- nginx.conf so that no such change needs a reload. It is a set of keys and
 -- values in the shared dictionary:
 --   "h:<host>"  a host's routes ("h:" is the catch-all, always present);
---   "h:<n>/<host>" the same for view n (a Gateway's own VIPs; "h:<n>/"
---               its catch-all, always present), "w:<n>/" its "w:";
---   "a:"        the views' VIPs, "<address>|<hex of its bytes>=<n>/" each:
---               a request to one of them is routed by its view's hosts
---               alone, any other request by the hosts of no view;
+--   "h:<n>/<host>" the same for view n (one port of a Gateway's own VIPs;
+--               "h:<n>/" its catch-all, always present), "w:<n>/" its "w:";
+--   "a:"        the views' VIPs and ports, "<address>|<hex of its
+--               bytes>|<port>=<n>/" each: a request to one of them is routed
+--               by its view's hosts alone, any other request by the hosts of
+--               no view;
 --   "u:<name>"  an upstream's endpoints ("10.0.0.1:80 [fd00::1]:80");
 --   "c:<id>"    a certificate chain and its key, PEM with "!" for newlines;
 --   "w:"        the label counts of the suffixes of "h:**.<suffix>" hosts
@@ -599,15 +600,22 @@ local function parse_depths(s)
 end
 
 -- parse_views reads "a:": each view's VIPs, by their text (nginx's
--- $server_addr) and by their bytes (ngx.ssl's raw_server_addr), to its prefix.
+-- $server_addr) and by their bytes (ngx.ssl's raw_server_addr), then by
+-- port (a number and its text), to its prefix.
 local function parse_views(s)
     local m = {}
-    for text, hex, p in gmatch(s, "([^%s|]+)|(%x+)=(%d+/)") do
-        if #hex ~= 8 and #hex ~= 32 then
-            return nil, "bad address " .. text
+    for text, hex, port, p in gmatch(s, "([^%s|]+)|(%x+)|(%d+)=(%d+/)") do
+        local n = tonumber(port)
+        if #hex ~= 8 and #hex ~= 32 or n < 1 or n > 65535 then
+            return nil, "bad address " .. text .. " port " .. port
         end
-        m[text] = p
-        m[gsub(hex, "%x%x", function(h) return string.char(tonumber(h, 16)) end)] = p
+        local ports = m[text]
+        if not ports then
+            ports = {}
+            m[text] = ports
+            m[gsub(hex, "%x%x", function(h) return string.char(tonumber(h, 16)) end)] = ports
+        end
+        ports[port], ports[n] = p, p
     end
     return m
 end
@@ -655,15 +663,16 @@ local function get(key)
     return v or nil
 end
 
--- view is the prefix of the view whose VIP addr is ("" for none, and for
--- every address when the table has no view).
-local function view(addr)
+-- view is the prefix of the view whose VIP addr is and whose port port is
+-- ("" for none, and for every address when the table has no view).
+local function view(addr, port)
     local m = cache["a:"]
     if m == nil then
         m = get("a:") or false
         cache["a:"] = m -- the table lacking it too: a change to it is forgotten
     end
-    return m and addr and m[addr] or ""
+    local ports = m and addr and m[addr]
+    return ports and ports[port] or ""
 end
 
 -- entry returns the routes of host in view v (its prefix; exact name
@@ -718,7 +727,7 @@ function M.certificate()
     if name and byte(name, -1) == 46 then -- "example.com.", as nginx reads it
         name = sub(name, 1, -2)
     end
-    local v = view((ssl.raw_server_addr()))
+    local v = view((ssl.raw_server_addr()), ssl.server_port())
     -- A name with "/" could name another view's host: nginx refuses such a
     -- Host header, and the handshake gets the catch-all's certificate.
     local e = name and name ~= "" and not find(name, "/", 1, true) and entry(v, lower(name), true)
@@ -989,7 +998,7 @@ function M.route()
     end
     local host = ngx.var.host or ""
     local https = ngx.var.https == "on"
-    local v = view(ngx.var.server_addr)
+    local v = view(ngx.var.server_addr, ngx.var.server_port)
     local e = host ~= "" and entry(v, host, https) or get("h:" .. v)
     if not e then
         return ngx.exit(444)
