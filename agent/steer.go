@@ -31,7 +31,7 @@ func steerRoutes(st *steer.Steering) func(pid int, routes []nginx.L4Route) error
 	return func(pid int, routes []nginx.L4Route) error {
 		rs := make([]steer.Route, len(routes))
 		for i, r := range routes {
-			rs[i] = steer.Route{VIP: r.VIP, Class: steer.Class(r.Class)}
+			rs[i] = steer.Route{VIP: r.VIP, Class: steer.Class(r.Class), Listen: r.Listen}
 		}
 		return st.Sync(pid, rs)
 	}

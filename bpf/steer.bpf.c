@@ -3,7 +3,9 @@
  * sk_steer: the sk_lookup program that gives every TCP connection to an L4
  * Service's VIP and port to one of nginx's few fixed stream listeners, so that
  * a new, changed or removed L4 Service is a map update, never a new listen
- * socket and an nginx reload (whose old workers would have to drain).
+ * socket and an nginx reload (whose old workers would have to drain); and
+ * every connection to a Gateway's listener on a port nginx does not listen on
+ * to nginx's HTTP or HTTPS listener, likewise.
  *
  * The agent attaches it to the network namespace nginx listens in, keeps
  * steer_routes (VIP:port -> listener class) equal to the L4 Services that have
@@ -12,8 +14,9 @@
  * $server_addr and $server_port name the Service's VIP and port.
  *
  * Anything else is left to the kernel's own lookup (SK_PASS), except a
- * connection straight to a listener's port: the listeners are reachable only
- * through a route, never on the node's own addresses.
+ * connection straight to a stream listener's port: those are reachable only
+ * through a route, never on the node's own addresses (the HTTP and HTTPS
+ * listeners are nginx's own, on every address).
  */
 #include <linux/bpf.h>
 #include <linux/in.h>
@@ -98,7 +101,7 @@ int sk_steer(struct bpf_sk_lookup *ctx)
 		cfg = bpf_map_lookup_elem(&steer_config, &zero);
 		if (!cfg)
 			return SK_PASS;
-		for (c = 0; c < STEER_CLASSES; c++) {
+		for (c = 0; c < STEER_FIXED; c++) {
 			if (cfg->ports[c] && cfg->ports[c] == key.port) {
 				count(STEER_DIRECT);
 				return SK_DROP;

@@ -9,15 +9,18 @@
 #include <linux/types.h>
 
 enum steer_limits {
-	STEER_MAX_ROUTES = 4096, /* VIP:port routes (L4 Service ports) */
-	STEER_CLASSES = 2,       /* listener classes: steer_class */
-	STEER_SLOTS = 4,         /* steer_socks: a listener per class and family */
+	STEER_MAX_ROUTES = 4096, /* VIP:port routes (L4 Service ports, Gateway listeners) */
+	STEER_CLASSES = 4,       /* listener classes: steer_class */
+	STEER_FIXED = 2,         /* the first classes, whose ports nobody asks directly */
+	STEER_SLOTS = 8,         /* steer_socks: a listener per class and family */
 };
 
 /* What nginx does with a connection it accepts, by listener. */
 enum steer_class {
 	STEER_PLAIN = 0, /* proxies the bytes */
 	STEER_PROXY = 1, /* sends a PROXY protocol header first */
+	STEER_HTTP = 2,  /* serves HTTP: its HTTP listener (a Gateway's listener on another port) */
+	STEER_HTTPS = 3, /* serves HTTPS: its HTTPS listener */
 };
 
 /* steer_stats slots. */
@@ -37,7 +40,8 @@ struct steer_key {
 	__u8 pad;
 };
 
-/* The listeners' ports, by class, in host byte order (0: none). */
+/* The listeners' ports, by class, in host byte order (0: none); those of the
+ * STEER_FIXED first classes are refused when asked directly. */
 struct steer_cfg {
 	__u16 ports[STEER_CLASSES];
 };

@@ -97,7 +97,7 @@ func BuildAll(m *Memo, st State, opts Options) Result {
 	b.podRoutes(opts.PodRouteGroup)
 	pools, poolProblems := vipPools(opts.Pools, st.VIPPools, st.Namespaces)
 	b.problems = append(b.problems, poolProblems...)
-	b.pools = pools
+	b.pools, b.reserved = pools, opts.ReservedPorts
 	poolsFor := func(o metav1.Object) *Pools {
 		if len(opts.OperatorNamespaces) == 0 || slices.Contains(opts.OperatorNamespaces, o.GetNamespace()) {
 			return nil
@@ -160,6 +160,7 @@ type builder struct {
 	views     []model.View          // Gateways with VIPs of their own
 	loads     map[string]*groupLoad // by group: its VIPs, its Views' and its L4 Services'
 	pools     Pools                 // the operator's VIP pools
+	reserved  map[model.Port]string // Options.ReservedPorts
 	annotated map[netip.Addr]string // annotatedVIPs, once computed
 	bindings  Bindings
 

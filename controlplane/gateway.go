@@ -46,8 +46,8 @@ const (
 // support (their status.supportedFeatures; make conformance claims them),
 // sorted.
 var GatewayFeatures = []string{
-	"Gateway", "GatewayHTTPListenerIsolation", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule",
+	"Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080", "GatewayStaticAddresses", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
 	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching",
 	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
 }
@@ -251,7 +251,7 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string, pools *Poo
 	}
 	valid := 0
 	for i := range gw.Spec.Listeners {
-		l := b.listener(gw, &gw.Spec.Listeners[i], httpPort, httpsPort)
+		l := b.listener(gw, &gw.Spec.Listeners[i], httpPort, httpsPort, a.view != "" || a.nowhere)
 		l.group, l.view, l.of = a.group, a.view, a
 		if a.view != "" {
 			l.port = uint16(l.l.Port)
@@ -294,7 +294,13 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string, pools *Poo
 // listener checks one listener: its protocol and port (the group's nginx
 // serves HTTP and HTTPS on its two ports), the route kinds it allows and its
 // certificates.
-func (b *builder) listener(gw *gatewayv1.Gateway, l *gatewayv1.Listener, httpPort, httpsPort uint16) *gwListener {
+//
+// A Gateway with addresses of its own (own) may listen on any port not
+// reserved on the edges (Options.ReservedPorts): nginx's HTTP and HTTPS
+// listeners serve every one of them (the agents' sk_lookup program steers
+// the others to them); one that shares its group's VIPs has the group's
+// two ports alone.
+func (b *builder) listener(gw *gatewayv1.Gateway, l *gatewayv1.Listener, httpPort, httpsPort uint16, own bool) *gwListener {
 	gen := gw.Generation
 	out := &gwListener{l: l, accepted: true}
 	out.status.Name = l.Name
@@ -307,12 +313,18 @@ func (b *builder) listener(gw *gatewayv1.Gateway, l *gatewayv1.Listener, httpPor
 		}
 	}
 	switch l.Protocol {
+	case gatewayv1.HTTPProtocolType, gatewayv1.HTTPSProtocolType:
+		if by := b.reserved[model.Port{Protocol: model.TCP, Port: uint16(l.Port)}]; own && by != "" {
+			refuse(string(gatewayv1.ListenerReasonPortUnavailable), fmt.Sprintf("port %d is reserved on the edges (%s)", l.Port, by))
+		}
+	}
+	switch l.Protocol {
 	case gatewayv1.HTTPProtocolType:
-		if uint16(l.Port) != httpPort {
+		if uint16(l.Port) != httpPort && !own {
 			refuse(string(gatewayv1.ListenerReasonPortUnavailable), fmt.Sprintf("this group's nginx serves HTTP on port %d", httpPort))
 		}
 	case gatewayv1.HTTPSProtocolType:
-		if uint16(l.Port) != httpsPort {
+		if uint16(l.Port) != httpsPort && !own {
 			refuse(string(gatewayv1.ListenerReasonPortUnavailable), fmt.Sprintf("this group's nginx serves HTTPS on port %d", httpsPort))
 		}
 	default:

@@ -607,6 +607,40 @@ func TestGatewayAddresses(t *testing.T) {
 		}
 	})
 
+	t.Run("listeners on other ports", func(t *testing.T) {
+		st := gatewayState(t)
+		st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 1, http(), allowAll(listener("alt", gatewayv1.HTTPProtocolType, 8080, "")),
+			allowAll(withCert(listener("tls", gatewayv1.HTTPSProtocolType, 8443, "*.example.com"), "", "tls")),
+			allowAll(listener("kubelet", gatewayv1.HTTPProtocolType, 10250, "")))}
+		res := build(st, Options{Pools: []Pool{pool}, ReservedPorts: map[model.Port]string{{Protocol: model.TCP, Port: 10250}: "kubelet"}})
+		want := []model.View{{Name: "infra/gw", Group: "edge/g", VIPs: addrs("192.0.2.65"),
+			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 8080}, {Protocol: model.TCP, Port: 8443}}, TLSPorts: []uint16{8443}}}
+		if d := cmp.Diff(want, res.Snapshot.Views, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); d != "" {
+			t.Errorf("views (-want +got):\n%s", d)
+		}
+		for _, l := range res.Gateways.Gateways["infra/gw"].Listeners {
+			want := "True/Accepted"
+			if l.Name == "kubelet" {
+				want = "False/PortUnavailable"
+			}
+			if got := conds(l.Conditions)["Accepted"]; got != want {
+				t.Errorf("listener %s: Accepted %s, want %s", l.Name, got, want)
+			}
+		}
+		// Sharing its group's VIPs, a Gateway has the group's two ports alone.
+		st.Gateways[0].Spec.Addresses = []gatewayv1.GatewaySpecAddress{{Value: "192.0.2.10"}}
+		res = build(st, Options{Pools: []Pool{pool}})
+		for _, l := range res.Gateways.Gateways["infra/gw"].Listeners {
+			want := "False/PortUnavailable"
+			if l.Name == "http" {
+				want = "True/Accepted"
+			}
+			if got := conds(l.Conditions)["Accepted"]; got != want {
+				t.Errorf("shared: listener %s: Accepted %s, want %s", l.Name, got, want)
+			}
+		}
+	})
+
 	t.Run("no pool allows a tenant", func(t *testing.T) {
 		st := gatewayState(t)
 		infraOnly := pool

@@ -45,8 +45,9 @@ type Config struct {
 	// inside Options.L4Dir.
 	L4 map[string][]byte
 	// L4Routes are the TCP VIPs and ports that the steered listeners serve
-	// (Options.L4Steered), each with its file in L4: the routes of package
-	// dataplane/steer, which ReloaderConfig.SteerL4 gets.
+	// (Options.L4Steered), each with its file in L4, and the Views' ports
+	// nginx's HTTP and HTTPS listeners serve without listening on them: the
+	// routes of package dataplane/steer, which ReloaderConfig.SteerL4 gets.
 	L4Routes []L4Route
 	// Certificates are the certificates Table holds, as files, for OpenSSL's
 	// check (checkWithNginx) before nginx gets them.
@@ -240,6 +241,7 @@ func render(snap model.Snapshot, opt Options, refused map[string]string, cache *
 	if d.Stream != nil {
 		cfg.L4, cfg.L4Routes = d.Stream.Endpoints, d.Stream.Routes
 	}
+	cfg.L4Routes = append(cfg.L4Routes, r.viewRoutes(snap)...)
 	slices.SortFunc(cfg.Certificates, func(a, b CertFile) int { return strings.Compare(a.Name, b.Name) })
 	// In one order whatever the order they were found in (cachedLocations).
 	slices.SortFunc(r.problems, func(a, b model.Problem) int {
@@ -290,6 +292,39 @@ func (r *renderer) views(snap model.Snapshot, t table) map[viewPort]string {
 	if len(a) > 0 {
 		slices.Sort(a)
 		t["a:"] = strings.Join(a, " ")
+	}
+	return out
+}
+
+// viewRoutes are the routes that give the rendered group's Views' ports
+// other than nginx's HTTP and HTTPS ports to those listeners (an HTTP port
+// served over TLS, or the other way round, too): the steered listeners'
+// sk_lookup program takes them, so that a Gateway's listener on a new port
+// is a route, never a listen directive and a reload. Without steering
+// (Options.L4Steered) they are reported and not served.
+func (r *renderer) viewRoutes(snap model.Snapshot) []L4Route {
+	var out []L4Route
+	for _, v := range snap.Views {
+		if r.opt.Group != "" && v.Group != r.opt.Group {
+			continue
+		}
+		for _, p := range v.Ports {
+			class, listen := HTTPRoute, r.opt.HTTPPort
+			if slices.Contains(v.TLSPorts, p.Port) {
+				class, listen = HTTPSRoute, r.opt.HTTPSPort
+			}
+			if p.Port == listen {
+				continue // nginx listens on it
+			}
+			if r.opt.L4Steered[0] == 0 || listen == 0 {
+				r.problem("Gateway "+v.Name, fmt.Sprintf("port %d", p.Port), model.ReasonPortReserved,
+					"this edge's nginx serves HTTP and HTTPS on its own ports alone (its agent runs without -l4-steer-port); not served")
+				continue
+			}
+			for _, vip := range v.VIPs {
+				out = append(out, L4Route{VIP: netip.AddrPortFrom(vip, p.Port), Class: class, Listen: listen})
+			}
+		}
 	}
 	return out
 }

@@ -128,7 +128,7 @@ func TestSteeredL4ServicesNeedNoReload(t *testing.T) {
 	for _, pid := routes(); pid == 0 && time.Now().Before(deadline); _, pid = routes() {
 		time.Sleep(10 * time.Millisecond)
 	}
-	if r, pid := routes(); !slices.Equal(r, []L4Route{{plain, PlainRoute}}) || pid == 0 {
+	if r, pid := routes(); !slices.Equal(r, []L4Route{{VIP: plain, Class: PlainRoute}}) || pid == 0 {
 		t.Fatalf("SteerL4 got %v from pid %d, want %v from nginx's master", r, pid, plain)
 	}
 
@@ -145,13 +145,13 @@ func TestSteeredL4ServicesNeedNoReload(t *testing.T) {
 		newA, newB string // what a new connection to each answers first ("" refused or closed)
 		files      []string
 	}{
-		{"another Service, new endpoints", snap(a(e2), b(true)), []L4Route{{plain, PlainRoute}, {proxy, ProxyRoute}}, "e2 x", "e1 PROXY TCP4 127.0.0.1 127.0.0.1",
+		{"another Service, new endpoints", snap(a(e2), b(true)), []L4Route{{VIP: plain, Class: PlainRoute}, {VIP: proxy, Class: ProxyRoute}}, "e2 x", "e1 PROXY TCP4 127.0.0.1 127.0.0.1",
 			[]string{"127.0.0.1_" + fmt.Sprint(steered[0]), "127.0.0.1_" + fmt.Sprint(steered[1])}},
 		// The listener a connection reaches is the route's class; a direct
 		// connection here cannot show it, the routes do.
-		{"the PROXY protocol off", snap(a(e2), b(false)), []L4Route{{plain, PlainRoute}, {proxy, PlainRoute}}, "e2 x", "-",
+		{"the PROXY protocol off", snap(a(e2), b(false)), []L4Route{{VIP: plain, Class: PlainRoute}, {VIP: proxy, Class: PlainRoute}}, "e2 x", "-",
 			[]string{"127.0.0.1_" + fmt.Sprint(steered[0]), "127.0.0.1_" + fmt.Sprint(steered[1])}},
-		{"a Service removed", snap(b(true)), []L4Route{{proxy, ProxyRoute}}, "", "e1 PROXY TCP4 127.0.0.1 127.0.0.1",
+		{"a Service removed", snap(b(true)), []L4Route{{VIP: proxy, Class: ProxyRoute}}, "", "e1 PROXY TCP4 127.0.0.1 127.0.0.1",
 			[]string{"127.0.0.1_" + fmt.Sprint(steered[1])}},
 	} {
 		res, err := n.r.ApplyNow(ctx, step.snap)

@@ -138,16 +138,22 @@ func (r *renderer) stream(snap model.Snapshot) *tmplStream {
 }
 
 // L4Route is a TCP VIP and port that a steered listener serves
-// (Options.L4Steered), and which: PlainRoute or ProxyRoute.
+// (Options.L4Steered), and which: PlainRoute or ProxyRoute; or that nginx's
+// HTTP or HTTPS listener serves (a Gateway's listener on another port),
+// HTTPRoute or HTTPSRoute, and Listen is that listener's port.
 type L4Route struct {
-	VIP   netip.AddrPort
-	Class uint32
+	VIP    netip.AddrPort
+	Class  uint32
+	Listen uint16
 }
 
-// The listener classes of L4Route, the indices of Options.L4Steered.
+// The listener classes of L4Route: the indices of Options.L4Steered, then
+// nginx's HTTP and HTTPS listeners.
 const (
 	PlainRoute uint32 = 0
 	ProxyRoute uint32 = 1
+	HTTPRoute  uint32 = 2
+	HTTPSRoute uint32 = 3
 )
 
 // steeredDir is the subdirectory of Options.L4Dir with the steered routes'

@@ -14,6 +14,8 @@ import (
 
 	"github.com/portico-edge/portico/test/testenv"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/portico-edge/portico/controlplane/model"
 )
 
@@ -168,4 +170,42 @@ func certName(certs []model.Certificate, der []byte) string {
 		}
 	}
 	return "unknown"
+}
+
+// TestViewRoutes checks the routes that give a View's ports other than
+// nginx's own to its HTTP and HTTPS listeners (through the agent's sk_lookup
+// program): one per VIP and port, by the port's protocol, none for the ports
+// nginx listens on; without steering, a problem each.
+func TestViewRoutes(t *testing.T) {
+	vip4, vip6 := netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")
+	snap := model.Snapshot{
+		Groups: []model.Group{{Name: "edge/a"}, {Name: "edge/b"}},
+		Views: []model.View{
+			{Name: "infra/gw", Group: "edge/a", VIPs: []netip.Addr{vip4, vip6},
+				Ports:    []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 443}, {Protocol: model.TCP, Port: 8080}, {Protocol: model.TCP, Port: 8443}},
+				TLSPorts: []uint16{443, 8443}},
+			{Name: "infra/other", Group: "edge/b", VIPs: []netip.Addr{netip.MustParseAddr("192.0.2.11")}, Ports: []model.Port{{Protocol: model.TCP, Port: 8080}}},
+		},
+	}
+	opt := DefaultOptions("")
+	opt.Group = "edge/a"
+	opt.L4Steered = [2]uint16{10242, 10243}
+	cfg, err := Render(snap, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []L4Route{
+		{VIP: netip.AddrPortFrom(vip4, 8080), Class: HTTPRoute, Listen: 80}, {VIP: netip.AddrPortFrom(vip6, 8080), Class: HTTPRoute, Listen: 80},
+		{VIP: netip.AddrPortFrom(vip4, 8443), Class: HTTPSRoute, Listen: 443}, {VIP: netip.AddrPortFrom(vip6, 8443), Class: HTTPSRoute, Listen: 443},
+	}
+	if d := cmp.Diff(want, cfg.L4Routes, cmp.Comparer(func(x, y netip.AddrPort) bool { return x == y })); d != "" {
+		t.Errorf("routes (-want +got):\n%s", d)
+	}
+	opt.L4Steered = [2]uint16{}
+	if cfg, err = Render(snap, opt); err != nil {
+		t.Fatal(err)
+	}
+	if len(cfg.L4Routes) != 0 || len(cfg.Problems) != 2 {
+		t.Errorf("without steering: routes %v, problems %v; want none and two", cfg.L4Routes, cfg.Problems)
+	}
 }

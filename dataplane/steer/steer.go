@@ -38,16 +38,25 @@ const (
 	Plain = Class(steerSteerClassSTEER_PLAIN)
 	// Proxy: nginx sends a PROXY protocol header first.
 	Proxy = Class(steerSteerClassSTEER_PROXY)
+	// HTTP and HTTPS: nginx's HTTP and HTTPS listeners serve it (a Gateway's
+	// listener on a port nginx does not listen on).
+	HTTP  = Class(steerSteerClassSTEER_HTTP)
+	HTTPS = Class(steerSteerClassSTEER_HTTPS)
 )
 
-// classes is how many classes there are (listeners per address family).
-const classes = 2
+// classes is how many classes there are (listeners per address family); the
+// first fixed are the stream listeners, which no connection reaches directly.
+const (
+	classes = 4
+	fixed   = 2
+)
 
 // Route steers TCP connections to VIP (an address and port) to the listener of
-// Class.
+// Class. Listen is the port of nginx's listener of an HTTP or HTTPS route.
 type Route struct {
-	VIP   netip.AddrPort
-	Class Class
+	VIP    netip.AddrPort
+	Class  Class
+	Listen uint16
 }
 
 // Options configure Load.
@@ -55,9 +64,10 @@ type Options struct {
 	// PinPath is the bpffs directory the program's maps and link are pinned in
 	// (the data plane's, so that 'portico uninstall' removes them too).
 	PinPath string
-	// Ports are the listeners' ports by Class (Ports[Plain], Ports[Proxy]),
-	// where nginx listens on the wildcard addresses of both families.
-	Ports [classes]uint16
+	// Ports are the stream listeners' ports (Ports[Plain], Ports[Proxy]),
+	// where nginx listens on the wildcard addresses of both families; the
+	// HTTP and HTTPS listeners' come with their routes (Route.Listen).
+	Ports [fixed]uint16
 	// NetNS is the network namespace file to attach to; empty means the
 	// agent's own (/proc/self/ns/net).
 	NetNS  string
@@ -68,6 +78,7 @@ type Options struct {
 type Steering struct {
 	objs  steerObjects
 	ports [classes]uint16
+	pid   int // the nginx master whose listeners were registered last
 	log   *zap.Logger
 
 	mu sync.Mutex // Sync
@@ -108,14 +119,14 @@ func Load(opts Options) (*Steering, error) {
 		return nil, fmt.Errorf("load sk_steer: %w", err)
 	}
 	defer set.Close()
-	s := &Steering{ports: opts.Ports, log: opts.Logger}
+	s := &Steering{log: opts.Logger}
+	copy(s.ports[:], opts.Ports[:])
 	err = spec.LoadAndAssign(&s.objs, &ebpf.CollectionOptions{MapReplacements: set.Maps})
 	set.CloseMaps()
 	if err != nil {
 		return nil, fmt.Errorf("load sk_steer (sk_lookup programs need Linux 5.9): %w", err)
 	}
-	cfg := steerSteerCfg{Ports: opts.Ports}
-	if err := s.objs.SteerConfig.Put(uint32(0), cfg); err != nil {
+	if err := s.objs.SteerConfig.Put(uint32(0), steerSteerCfg{Ports: s.ports}); err != nil {
 		s.objs.Close()
 		return nil, fmt.Errorf("write steer_config: %w", err)
 	}
@@ -171,18 +182,34 @@ func (s *Steering) Sync(pid int, routes []Route) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var errs []error
+	want := make(map[steerSteerKey]steerSteerClass, len(routes))
+	ports := s.ports
+	for _, r := range routes {
+		if r.Class >= classes || !r.VIP.Addr().IsValid() || r.Class >= fixed && r.Listen == 0 {
+			errs = append(errs, fmt.Errorf("route %s: invalid", r.VIP))
+			continue
+		}
+		if r.Class >= fixed {
+			ports[r.Class] = r.Listen // nginx's HTTP or HTTPS listener: its port may change with its group
+		}
+		want[routeKey(r.VIP)] = steerSteerClass(r.Class)
+	}
+	if ports != s.ports {
+		// Listeners of new ports: found again in the master they were last
+		// looked for in, when the caller does not name one.
+		s.ports = ports
+		if err := s.objs.SteerConfig.Put(uint32(0), steerSteerCfg{Ports: s.ports}); err != nil {
+			errs = append(errs, fmt.Errorf("write steer_config: %w", err))
+		}
+		if pid <= 0 {
+			pid = s.pid
+		}
+	}
 	if pid > 0 {
 		if err := s.register(pid); err != nil {
 			errs = append(errs, err)
 		}
-	}
-	want := make(map[steerSteerKey]steerSteerClass, len(routes))
-	for _, r := range routes {
-		if r.Class >= classes || !r.VIP.Addr().IsValid() {
-			errs = append(errs, fmt.Errorf("route %s: invalid", r.VIP))
-			continue
-		}
-		want[routeKey(r.VIP)] = steerSteerClass(r.Class)
+		s.pid = pid
 	}
 	have := map[steerSteerKey]steerSteerClass{}
 	var k steerSteerKey

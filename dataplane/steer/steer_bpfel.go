@@ -15,7 +15,7 @@ import (
 
 type steerSteerCfg struct {
 	_     structs.HostLayout
-	Ports [2]uint16
+	Ports [4]uint16
 }
 
 type steerSteerClass uint32
@@ -23,6 +23,8 @@ type steerSteerClass uint32
 const (
 	steerSteerClassSTEER_PLAIN steerSteerClass = 0
 	steerSteerClassSTEER_PROXY steerSteerClass = 1
+	steerSteerClassSTEER_HTTP  steerSteerClass = 2
+	steerSteerClassSTEER_HTTPS steerSteerClass = 3
 )
 
 type steerSteerKey struct {

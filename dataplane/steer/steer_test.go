@@ -20,9 +20,10 @@ import (
 
 // TestSteering runs sk_steer in a namespace of its own, against listeners of
 // this process on the wildcard addresses: a routed VIP:port reaches its class's
-// listener, whose accepted socket names the VIP and port; an unrouted port and a
-// removed route are refused as without the program; the listeners' own ports are
-// not reachable directly; and a second Load (an agent restart) keeps steering
+// listener, whose accepted socket names the VIP and port (a Gateway listener's
+// port too, to the HTTP listener); an unrouted port and a removed route are
+// refused as without the program; the stream listeners' own ports are not
+// reachable directly, the HTTP listener's is; and a second Load (an agent restart) keeps steering
 // through the pinned link.
 func TestSteering(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -49,7 +50,7 @@ func TestSteering(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	const plain, proxy = 10242, 10243
+	const plain, proxy, httpPort = 10242, 10243, 8080
 	type listener struct {
 		class Class
 		ln    net.Listener
@@ -62,10 +63,14 @@ func TestSteering(t *testing.T) {
 			addr  string
 		}{
 			{Plain, "tcp4", "0.0.0.0"}, {Plain, "tcp6", "[::]"}, {Proxy, "tcp4", "0.0.0.0"}, {Proxy, "tcp6", "[::]"},
+			{HTTP, "tcp4", "0.0.0.0"},
 		} {
 			port := plain
-			if l.class == Proxy {
+			switch l.class {
+			case Proxy:
 				port = proxy
+			case HTTP:
+				port = httpPort
 			}
 			// Plain TCP, as nginx's: Go listens with MPTCP by default, whose
 			// sockets a socket map does not take.
@@ -99,7 +104,7 @@ func TestSteering(t *testing.T) {
 
 	pin := fmt.Sprintf("/sys/fs/bpf/portico-steer-test-%d", os.Getpid())
 	t.Cleanup(func() { os.RemoveAll(pin) })
-	opts := Options{PinPath: pin, Ports: [classes]uint16{plain, proxy}, NetNS: "/run/netns/" + node.NS}
+	opts := Options{PinPath: pin, Ports: [fixed]uint16{plain, proxy}, NetNS: "/run/netns/" + node.NS}
 	s, err := Load(opts)
 	if err != nil {
 		t.Fatal(err)
@@ -108,11 +113,11 @@ func TestSteering(t *testing.T) {
 
 	web4, web6 := netip.AddrPortFrom(vip4, 5432), netip.AddrPortFrom(vip6, 5432)
 	pp4 := netip.AddrPortFrom(vip4, 1883)
-	if err := s.Sync(os.Getpid(), []Route{{web4, Plain}, {web6, Plain}, {pp4, Proxy}}); err != nil {
+	if err := s.Sync(os.Getpid(), []Route{{VIP: web4, Class: Plain}, {VIP: web6, Class: Plain}, {VIP: pp4, Class: Proxy}}); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Listeners(); fmt.Sprint(got) != "[true true true true]" {
-		t.Fatalf("listeners in steer_socks: %v, want all four", got)
+	if got := s.Listeners(); fmt.Sprint(got) != "[true true true true false false false false]" {
+		t.Fatalf("listeners in steer_socks: %v, want the four stream ones", got)
 	}
 	dial := func(to netip.AddrPort) (string, error) {
 		var reply string
@@ -149,6 +154,18 @@ func TestSteering(t *testing.T) {
 	expect(web6, fmt.Sprintf("0 %s\n", web6))
 	expect(pp4, fmt.Sprintf("1 %s\n", pp4))
 	refused(netip.AddrPortFrom(vip4, 5433), "no route")
+	// A Gateway's listener on port 9000: to nginx's HTTP listener (port 8080),
+	// found when its first route comes (in the master registered last),
+	// which is still reachable directly.
+	gw := netip.AddrPortFrom(vip4, 9000)
+	if err := s.Sync(0, []Route{{VIP: web4, Class: Plain}, {VIP: web6, Class: Plain}, {VIP: pp4, Class: Proxy}, {VIP: gw, Class: HTTP, Listen: httpPort}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Listeners(); fmt.Sprint(got) != "[true true true true true false false false]" {
+		t.Fatalf("listeners in steer_socks: %v, want the HTTP one too", got)
+	}
+	expect(gw, fmt.Sprintf("2 %s\n", gw))
+	expect(netip.AddrPortFrom(vip4, httpPort), fmt.Sprintf("2 %s\n", netip.AddrPortFrom(vip4, httpPort)))
 	refused(netip.AddrPortFrom(vip6, 1883), "no route for IPv6")
 	for _, direct := range []netip.AddrPort{
 		netip.AddrPortFrom(vip4, plain), netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), proxy),
@@ -165,7 +182,7 @@ func TestSteering(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(web4, fmt.Sprintf("0 %s\n", web4))
-	if err := s.Sync(0, []Route{{web6, Plain}, {pp4, Plain}}); err != nil {
+	if err := s.Sync(0, []Route{{VIP: web6, Class: Plain}, {VIP: pp4, Class: Plain}}); err != nil {
 		t.Fatal(err)
 	}
 	refused(web4, "route removed")
@@ -174,8 +191,8 @@ func TestSteering(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.Steered != 5 || c.Direct != 4 || c.AssignFailed != 0 {
-		t.Errorf("counts %+v, want 5 steered, 4 direct, no failed assignment", c)
+	if c.Steered != 6 || c.Direct != 4 || c.AssignFailed != 0 {
+		t.Errorf("counts %+v, want 6 steered, 4 direct, no failed assignment", c)
 	}
 
 	// A listener that closes leaves the socket map by itself: its routes are
@@ -196,13 +213,13 @@ func TestSteering(t *testing.T) {
 		}
 	}()
 	for _, l := range lns {
-		if l.class == Proxy {
+		if l.class != Plain {
 			continue
 		}
 		l.ln.Close()
 	}
 	refused(pp4, "listener closed")
-	if got := s.Listeners(); fmt.Sprint(got) != "[false false true true]" {
+	if got := s.Listeners(); fmt.Sprint(got) != "[false false true true true false false false]" {
 		t.Errorf("listeners after the plain ones closed: %v", got)
 	}
 }

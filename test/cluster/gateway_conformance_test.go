@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -73,7 +74,9 @@ func TestGatewayConformance(t *testing.T) {
 			t.Errorf("close: %v", err)
 		}
 	})
-	if _, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "conformance", Edges: c.Nodes[:2]}); err != nil {
+	// Every Gateway has an address of its own: a VIP pool with room for all
+	// those the suite creates (the lab's /28 has 14).
+	if _, err := c.InstallPortico(ctx, PorticoOptions{Root: root, Tag: "conformance", Edges: c.Nodes[:2], Set: []string{"vipPool=" + conformancePool.String()}}); err != nil {
 		t.Fatalf("install Portico: %v\n%s", err, c.tails())
 	}
 	report := os.Getenv("PORTICO_CONFORMANCE_REPORT")
@@ -86,7 +89,10 @@ func TestGatewayConformance(t *testing.T) {
 		"-conformance-profiles", profiles, "-supported-features", strings.Join(controlplane.GatewayFeatures, ","),
 		"-organization", "portico-edge", "-project", "portico", "-url", "https://github.com/portico-edge/portico",
 		"-version", "main", "-contact", "https://github.com/portico-edge/portico/issues", "-mode", "default",
-		"-report-output", report}
+		"-report-output", report,
+		// GatewayStaticAddresses: an address of the chart's VIP pool, and a
+		// node's (never a VIP).
+		"-usable-address", lastUsable(conformancePool).String(), "-unusable-address", c.Nodes[0].IP.String()}
 	if one := os.Getenv("PORTICO_CONFORMANCE_RUN"); one != "" && full {
 		args = append(args, "-run-test", one)
 	}
@@ -111,6 +117,22 @@ func TestGatewayConformance(t *testing.T) {
 	if b, err := os.ReadFile(report); err == nil {
 		t.Logf("report %s:\n%s", report, b)
 	}
+}
+
+// conformancePool is the chart's vipPool for the suite: free addresses of the
+// bridge's subnet (nodes are .11 up, the client .100, GroupVIP .200, VIPPool
+// .208/28).
+var conformancePool = netip.MustParsePrefix("10.251.0.128/26")
+
+// lastUsable is the last address of an IPv4 prefix but its broadcast address:
+// one the Gateways the suite creates before its static-address test do not
+// take (the pool hands out its lowest free addresses first).
+func lastUsable(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().As4()
+	n := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	n |= 1<<(32-p.Bits()) - 1
+	n--
+	return netip.AddrFrom4([4]byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
 }
 
 func cmpOr(a, b string) string {
