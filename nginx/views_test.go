@@ -55,7 +55,12 @@ func TestServeViews(t *testing.T) {
 		Upstreams:    []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}}},
 		Certificates: []model.Certificate{certOwn, cert2},
 	}
-	n := startNginx(t, snap, func(o *Options) { o.ListenAddrs, o.HTTPPort, o.HTTPSPort = listen, httpPort, httpsPort })
+	// On the wildcard addresses, as on an edge: nginx learns the address a
+	// connection came to from the socket (getsockname), in the TLS handshake
+	// too.
+	n := startNginx(t, snap, func(o *Options) {
+		o.ListenAddrs, o.HTTPPort, o.HTTPSPort, o.ListenIPv6 = nil, httpPort, httpsPort, len(listen) == 4
+	})
 	at := func(addr netip.Addr) *http.Client {
 		return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {

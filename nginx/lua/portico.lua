@@ -727,6 +727,8 @@ function M.certificate()
     if name and byte(name, -1) == 46 then -- "example.com.", as nginx reads it
         name = sub(name, 1, -2)
     end
+    -- raw_server_addr first: on a wildcard listener it asks the socket for
+    -- the address the client came to, which server_port then reads.
     local v = view((ssl.raw_server_addr()), ssl.server_port())
     -- A name with "/" could name another view's host: nginx refuses such a
     -- Host header, and the handshake gets the catch-all's certificate.
