@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -47,8 +48,8 @@ const (
 // sorted.
 var GatewayFeatures = []string{
 	"Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080", "GatewayStaticAddresses", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
-	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching",
+	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
+	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout",
 	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
 }
 
@@ -798,6 +799,11 @@ func (b *builder) routeRules(r *gatewayv1.HTTPRoute) (locs []routeLoc, resolved,
 		}
 		// Where the rule sends requests: its redirect, else its backends.
 		var target model.Location
+		timeouts, err := routeTimeouts(rule.Timeouts)
+		if err != nil {
+			b.problem(kindHTTPRoute, r, field+".timeouts", model.ReasonInvalidRule, "%v; nginx's are used", err)
+			partial = condition(partial.Type, true, string(gatewayv1.RouteReasonUnsupportedValue), field+".timeouts: "+err.Error(), gen)
+		}
 		switch {
 		case base.Status != 0:
 			target = base
@@ -850,11 +856,39 @@ func (b *builder) routeRules(r *gatewayv1.HTTPRoute) (locs []routeLoc, resolved,
 				continue
 			}
 			loc.Upstream, loc.Backends, loc.Status, loc.Filters = target.Upstream, target.Backends, target.Status, target.Filters
+			loc.Timeouts = timeouts
 			loc.Source = src
 			locs = append(locs, routeLoc{loc: loc, rule: ri, match: mi})
 		}
 	}
 	return locs, resolved, partial
+}
+
+// routeTimeouts translates a rule's timeouts ("0s": none).
+func routeTimeouts(t *gatewayv1.HTTPRouteTimeouts) (model.Timeouts, error) {
+	var out model.Timeouts
+	if t == nil {
+		return out, nil
+	}
+	for _, d := range []struct {
+		name string
+		v    *gatewayv1.Duration
+		to   *uint32
+	}{{"request", t.Request, &out.Request}, {"backendRequest", t.BackendRequest, &out.Backend}} {
+		if d.v == nil {
+			continue
+		}
+		v, err := time.ParseDuration(string(*d.v))
+		switch {
+		case err != nil || v < 0:
+			return model.Timeouts{}, fmt.Errorf("%s %q is not a duration", d.name, *d.v)
+		case v == 0 || v >= model.NoTimeout*time.Millisecond:
+			*d.to = model.NoTimeout
+		default:
+			*d.to = uint32(max(v/time.Millisecond, 1))
+		}
+	}
+	return out, nil
 }
 
 // routeMatch translates a match's path, method, headers and query.

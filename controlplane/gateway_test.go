@@ -701,3 +701,23 @@ func TestGatewayListenerIsolation(t *testing.T) {
 		t.Errorf("hosts and their paths in the view (-want +got):\n%s", d)
 	}
 }
+
+func TestRouteTimeouts(t *testing.T) {
+	d := func(s string) *gatewayv1.Duration { v := gatewayv1.Duration(s); return &v }
+	for _, tc := range []struct {
+		in   *gatewayv1.HTTPRouteTimeouts
+		want model.Timeouts
+		err  bool
+	}{
+		{nil, model.Timeouts{}, false},
+		{&gatewayv1.HTTPRouteTimeouts{Request: d("500ms")}, model.Timeouts{Request: 500}, false},
+		{&gatewayv1.HTTPRouteTimeouts{Request: d("1h"), BackendRequest: d("0s")}, model.Timeouts{Request: 3600000, Backend: model.NoTimeout}, false},
+		{&gatewayv1.HTTPRouteTimeouts{Request: d("48h")}, model.Timeouts{Request: model.NoTimeout}, false},
+		{&gatewayv1.HTTPRouteTimeouts{BackendRequest: d("nope")}, model.Timeouts{}, true},
+	} {
+		got, err := routeTimeouts(tc.in)
+		if got != tc.want || (err != nil) != tc.err {
+			t.Errorf("routeTimeouts(%+v) = %+v, %v; want %+v, error %v", tc.in, got, err, tc.want, tc.err)
+		}
+	}
+}

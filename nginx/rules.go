@@ -112,7 +112,7 @@ func validateHeaderChanges(h model.HeaderChanges) error {
 // ("<name>:<value>"); s, a, d request headers set, appended to and removed; S,
 // A, D the same for the response; rs, rh, rp, rf and rx the redirect's scheme,
 // host, port, full path and prefix; wh, wf and wx the rewrite's host, full
-// path and prefix.
+// path and prefix; tr and tb the request and backend timeouts (milliseconds).
 func options(l *model.Location) (string, error) {
 	var b strings.Builder
 	opt := func(k, v string) {
@@ -188,6 +188,17 @@ func options(l *model.Location) (string, error) {
 		}
 		if err := pathOption(&b, "rf", "rx", rd.Path, l); err != nil {
 			return "", fmt.Errorf("redirect: %w", err)
+		}
+	}
+	if to := l.Timeouts; to.Request != 0 || to.Backend != 0 {
+		if to.Request > model.NoTimeout || to.Backend > model.NoTimeout {
+			return "", fmt.Errorf("timeouts %+v: more than a day", to)
+		}
+		if to.Request != 0 {
+			opt("tr", strconv.Itoa(int(to.Request)))
+		}
+		if to.Backend != 0 {
+			opt("tb", strconv.Itoa(int(to.Backend)))
 		}
 	}
 	if rw := f.Rewrite; rw != nil {

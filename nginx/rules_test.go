@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/portico-edge/portico/controlplane/model"
 )
@@ -22,6 +23,9 @@ type echoed struct {
 func echoBackend(t *testing.T, name string) netip.AddrPort {
 	t.Helper()
 	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if d, err := time.ParseDuration(r.URL.Query().Get("delay")); err == nil && d > 0 && d < 5*time.Second {
+			time.Sleep(d) // as the conformance suite's echo backend does
+		}
 		w.Header().Set("X-Backend", name)
 		w.Header().Set("X-Backend-Set", "from-backend")
 		w.Header().Set("X-Backend-Remove", "from-backend")
@@ -79,6 +83,11 @@ func TestServeRules(t *testing.T) {
 						{Upstream: "t-a-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "a, the first")}},
 						{Upstream: "t-b-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "b"), Remove: []string{"X-Rule"}}}}},
 			}},
+			{Host: "t.test", Locations: []model.Location{
+				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Request: 300}},
+				{Path: "/be", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Backend: 300, Request: model.NoTimeout}},
+				{Path: "/none", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Request: model.NoTimeout, Backend: model.NoTimeout}},
+			}},
 			{Host: "f.test", Locations: []model.Location{
 				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{RequestHeaders: model.HeaderChanges{
 					Set: hdr("X-Set", "new value; with=separators#"), Add: []model.NameValue{{Name: "X-Add", Value: "added"}, {Name: "X-New", Value: "n"}}, Remove: []string{"X-Remove"}}}},
@@ -120,6 +129,23 @@ func TestServeRules(t *testing.T) {
 			resp, _ := do(t, cl, tc.method, tc.url, tc.hdr...)
 			if got := resp.Header.Get("X-Backend"); resp.StatusCode != 200 || got != tc.want {
 				t.Errorf("%s %s %v = %d from %q, want 200 from %q", tc.method, tc.url, tc.hdr, resp.StatusCode, got, tc.want)
+			}
+		}
+	})
+
+	t.Run("timeouts", func(t *testing.T) {
+		for _, tc := range []struct {
+			url  string
+			want int
+		}{
+			{"http://t.test/req", 200}, {"http://t.test/req?delay=800ms", 504},
+			{"http://t.test/be", 200}, {"http://t.test/be?delay=800ms", 504},
+			{"http://t.test/none?delay=800ms", 200},
+		} {
+			start := time.Now()
+			resp, _ := do(t, cl, "GET", tc.url)
+			if resp.StatusCode != tc.want {
+				t.Errorf("GET %s = %d after %v, want %d", tc.url, resp.StatusCode, time.Since(start).Round(time.Millisecond), tc.want)
 			}
 		}
 	})

@@ -218,7 +218,20 @@ type Location struct {
 	Status int
 	// Filters change the request before it is proxied, or the answer.
 	Filters Filters
+	// Timeouts bound the time its requests may take.
+	Timeouts Timeouts
 }
+
+// Timeouts are Gateway API's HTTPRoute timeouts, in milliseconds: Request
+// bounds each wait on the backend by what is left of the request's time since
+// nginx read it, Backend each wait on one try; 0 leaves nginx's (60 s between
+// two reads), NoTimeout (Gateway API's "0s") waits a day.
+type Timeouts struct {
+	Request, Backend uint32
+}
+
+// NoTimeout is a Timeouts value that does not time out (a day).
+const NoTimeout = 24 * 3600 * 1000
 
 // RequestMatch is what a request must carry, besides its path, for a Location
 // to take it (Gateway API's HTTPRouteMatch): every condition set must hold.

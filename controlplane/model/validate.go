@@ -327,6 +327,9 @@ func (l Location) validateTarget(upstreams map[string]bool) error {
 	if l.Status != 0 && (l.Status < 200 || l.Status > 599) {
 		return fmt.Errorf("path %q: status %d", l.Path, l.Status)
 	}
+	if l.Timeouts.Request > NoTimeout || l.Timeouts.Backend > NoTimeout {
+		return fmt.Errorf("path %q: timeouts %+v, more than a day", l.Path, l.Timeouts)
+	}
 	if l.Filters.Redirect != nil && (l.Status < 300 || l.Status > 399) {
 		return fmt.Errorf("path %q: a redirect answers status %d, not a 3xx", l.Path, l.Status)
 	}

@@ -31,9 +31,10 @@
 -- appended to (a) and removed (d), the same for the response (S, A, D), a
 -- redirect (r, empty) and its scheme, host, port, full path and prefix (rs,
 -- rh, rp, rf, rx; the status is the target's), a rewrite's host, full path
--- and prefix (wh, wf, wx), and the length of the prefix a replaced prefix is
--- (pl); last "#<namespace>/<name>" of the object that asked for the
--- route when there is one (the telemetry's ingress label).
+-- and prefix (wh, wf, wx), the length of the prefix a replaced prefix is
+-- (pl), and the request and backend timeouts in milliseconds (tr, tb);
+-- last "#<namespace>/<name>" of the object that asked for the route when
+-- there is one (the telemetry's ingress label).
 --
 -- The agent writes the whole table to a file that load reads whenever a
 -- master starts or reloads, and PUTs each change to the control socket as a
@@ -403,10 +404,10 @@ local function parse_options(t, s)
         elseif k == "r" then
             f = f or {}
             f.r = true
-        elseif k == "rp" or k == "pl" then
+        elseif k == "rp" or k == "pl" or k == "tr" or k == "tb" then
             f = f or {}
             f[k] = tonumber(v)
-            if not f[k] then
+            if not f[k] or f[k] < 0 or f[k] > 86400000 then
                 return false
             end
         elseif k == "rs" or k == "rh" or k == "rf" or k == "rx" or k == "wh" or k == "wf" or k == "wx" then
@@ -1126,6 +1127,20 @@ function M.balance()
     if not ok then
         ngx.log(ngx.ERR, "portico: set peer ", peer[1], ":", peer[2], ": ", err)
         return ngx.exit(ngx.ERROR)
+    end
+    local f = ctx.portico_t.f
+    if f and (f.tr or f.tb) then
+        -- Each wait on this try: at most the backend timeout, and what is
+        -- left of the request's (a request out of time gets 504 at once).
+        local limit = f.tb and f.tb / 1000
+        if f.tr then
+            local left = math.max(f.tr / 1000 - (ngx.now() - ngx.req.start_time()), 0.001)
+            limit = limit and math.min(limit, left) or left
+        end
+        ok, err = balancer.set_timeouts(limit, limit, limit)
+        if not ok then
+            ngx.log(ngx.ERR, "portico: set timeouts: ", err)
+        end
     end
 end
 
