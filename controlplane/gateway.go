@@ -48,7 +48,7 @@ const (
 // sorted.
 var GatewayFeatures = []string{
 	"Gateway", "GatewayHTTPListenerIsolation", "GatewayPort8080", "GatewayStaticAddresses", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
-	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
+	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteCORS", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
 	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout",
 	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
 }
@@ -976,6 +976,25 @@ func routeFilters(fs []gatewayv1.HTTPRouteFilter) (model.Location, error) {
 			}
 			w.Path = pc
 			f.Rewrite = w
+		case gatewayv1.HTTPRouteFilterCORS:
+			c := flt.CORS
+			if c == nil {
+				continue
+			}
+			cors := &model.CORS{AllowCredentials: ptrOr(c.AllowCredentials, false), MaxAge: uint32(max(c.MaxAge, 0))}
+			for _, o := range c.AllowOrigins {
+				cors.AllowOrigins = append(cors.AllowOrigins, string(o))
+			}
+			for _, m := range c.AllowMethods {
+				cors.AllowMethods = append(cors.AllowMethods, string(m))
+			}
+			for _, h := range c.AllowHeaders {
+				cors.AllowHeaders = append(cors.AllowHeaders, string(h))
+			}
+			for _, h := range c.ExposeHeaders {
+				cors.ExposeHeaders = append(cors.ExposeHeaders, string(h))
+			}
+			f.CORS = cors
 		default:
 			return loc, fmt.Errorf("filters[%d]: filter %s is not served", i, flt.Type)
 		}

@@ -721,3 +721,17 @@ func TestRouteTimeouts(t *testing.T) {
 		}
 	}
 }
+
+func TestRouteCORS(t *testing.T) {
+	loc, err := routeFilters([]gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterCORS, CORS: &gatewayv1.HTTPCORSFilter{
+		AllowOrigins: []gatewayv1.CORSOrigin{"https://*.bar.com"}, AllowMethods: []gatewayv1.HTTPMethodWithWildcard{"GET"},
+		AllowHeaders: []gatewayv1.HTTPHeaderName{"x-a"}, ExposeHeaders: []gatewayv1.HTTPHeaderName{"x-b"}, MaxAge: 60, AllowCredentials: ptr(true)}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &model.CORS{AllowOrigins: []string{"https://*.bar.com"}, AllowMethods: []string{"GET"}, AllowHeaders: []string{"x-a"},
+		ExposeHeaders: []string{"x-b"}, MaxAge: 60, AllowCredentials: true}
+	if d := cmp.Diff(want, loc.Filters.CORS); d != "" {
+		t.Errorf("CORS (-want +got):\n%s", d)
+	}
+}

@@ -112,7 +112,9 @@ func validateHeaderChanges(h model.HeaderChanges) error {
 // ("<name>:<value>"); s, a, d request headers set, appended to and removed; S,
 // A, D the same for the response; rs, rh, rp, rf and rx the redirect's scheme,
 // host, port, full path and prefix; wh, wf and wx the rewrite's host, full
-// path and prefix; tr and tb the request and backend timeouts (milliseconds).
+// path and prefix; tr and tb the request and backend timeouts (milliseconds);
+// co, cm, ch, ce, ca and cc a CORS filter's origins, methods, headers, exposed
+// headers, max age and credentials.
 func options(l *model.Location) (string, error) {
 	var b strings.Builder
 	opt := func(k, v string) {
@@ -190,6 +192,31 @@ func options(l *model.Location) (string, error) {
 			return "", fmt.Errorf("redirect: %w", err)
 		}
 	}
+	if c := f.CORS; c != nil {
+		for _, o := range c.AllowOrigins {
+			if err := validateOrigin(o); err != nil {
+				return "", err
+			}
+			opt("co", o)
+		}
+		for _, list := range []struct {
+			k  string
+			vs []string
+		}{{"cm", c.AllowMethods}, {"ch", c.AllowHeaders}, {"ce", c.ExposeHeaders}} {
+			for _, v := range list.vs {
+				if err := validateToken(v); err != nil && (v != "*" || list.k == "ce") {
+					return "", fmt.Errorf("CORS %q: %w", v, err)
+				}
+				opt(list.k, v)
+			}
+		}
+		if c.MaxAge != 0 {
+			opt("ca", strconv.Itoa(int(c.MaxAge)))
+		}
+		if c.AllowCredentials {
+			b.WriteString(";cc=")
+		}
+	}
 	if to := l.Timeouts; to.Request != 0 || to.Backend != 0 {
 		if to.Request > model.NoTimeout || to.Backend > model.NoTimeout {
 			return "", fmt.Errorf("timeouts %+v: more than a day", to)
@@ -240,6 +267,28 @@ func pathOption(b *strings.Builder, full, prefix string, pc model.PathChange, l 
 		return fmt.Errorf("path %q: %w", pc.Value, err)
 	}
 	b.WriteString(";" + k + "=" + escape(pc.Value))
+	return nil
+}
+
+// validateOrigin checks a CORS origin: "*", or a scheme, "://" and a host
+// (its first label may be "*") with an optional port, nothing nginx's Lua or
+// a header could read otherwise.
+func validateOrigin(o string) error {
+	if o == "*" {
+		return nil
+	}
+	scheme, rest, ok := strings.Cut(o, "://")
+	if !ok || scheme == "" || rest == "" || validateToken(scheme) != nil {
+		return fmt.Errorf("CORS origin %q is not scheme://host[:port]", o)
+	}
+	for _, c := range rest {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.ContainsRune(".-*:[]", c)) {
+			return fmt.Errorf("CORS origin %q is not scheme://host[:port]", o)
+		}
+	}
+	if strings.Contains(strings.TrimPrefix(rest, "*."), "*") {
+		return fmt.Errorf("CORS origin %q: a wildcard is its host's first label alone", o)
+	}
 	return nil
 }
 

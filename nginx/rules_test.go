@@ -83,6 +83,13 @@ func TestServeRules(t *testing.T) {
 						{Upstream: "t-a-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "a, the first")}},
 						{Upstream: "t-b-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "b"), Remove: []string{"X-Rule"}}}}},
 			}},
+			{Host: "c.test", Locations: []model.Location{
+				{Path: "/one", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{CORS: &model.CORS{
+					AllowOrigins: []string{"https://www.foo.com", "https://*.bar.com"}, AllowMethods: []string{"GET", "OPTIONS"},
+					AllowHeaders: []string{"x-header-1", "x-header-2"}, ExposeHeaders: []string{"x-header-3"}, MaxAge: 3600, AllowCredentials: true}}},
+				{Path: "/any", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{CORS: &model.CORS{
+					AllowOrigins: []string{"*"}, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"}}}},
+			}},
 			{Host: "t.test", Locations: []model.Location{
 				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Request: 300}},
 				{Path: "/be", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Backend: 300, Request: model.NoTimeout}},
@@ -129,6 +136,44 @@ func TestServeRules(t *testing.T) {
 			resp, _ := do(t, cl, tc.method, tc.url, tc.hdr...)
 			if got := resp.Header.Get("X-Backend"); resp.StatusCode != 200 || got != tc.want {
 				t.Errorf("%s %s %v = %d from %q, want 200 from %q", tc.method, tc.url, tc.hdr, resp.StatusCode, got, tc.want)
+			}
+		}
+	})
+
+	t.Run("cors", func(t *testing.T) {
+		for _, tc := range []struct {
+			method, path string
+			hdr          []string
+			status       int
+			want         map[string]string // "" for absent
+		}{
+			{"OPTIONS", "/one", []string{"Origin", "https://www.foo.com", "Access-Control-Request-Method", "GET", "Access-Control-Request-Headers", "x-header-1"}, 204,
+				map[string]string{"Access-Control-Allow-Origin": "https://www.foo.com", "Access-Control-Allow-Methods": "GET, OPTIONS",
+					"Access-Control-Allow-Headers": "x-header-1, x-header-2", "Access-Control-Expose-Headers": "x-header-3",
+					"Access-Control-Max-Age": "3600", "Access-Control-Allow-Credentials": "true", "X-Backend": ""}},
+			{"OPTIONS", "/one", []string{"Origin", "https://a.www.bar.com", "Access-Control-Request-Method", "GET"}, 204,
+				map[string]string{"Access-Control-Allow-Origin": "https://a.www.bar.com"}},
+			{"OPTIONS", "/one", []string{"Origin", "https://bar.com", "Access-Control-Request-Method", "GET"}, 204,
+				map[string]string{"Access-Control-Allow-Origin": "", "Access-Control-Allow-Methods": ""}},
+			{"OPTIONS", "/one", []string{"Origin", "http://www.foo.com", "Access-Control-Request-Method", "GET"}, 204,
+				map[string]string{"Access-Control-Allow-Origin": ""}}, // another scheme
+			{"GET", "/one", []string{"Origin", "https://www.foo.com"}, 200,
+				map[string]string{"Access-Control-Allow-Origin": "https://www.foo.com", "Access-Control-Allow-Credentials": "true", "X-Backend": "a"}},
+			{"GET", "/one", []string{"Origin", "https://evil.com"}, 200,
+				map[string]string{"Access-Control-Allow-Origin": "", "X-Backend": "a"}},
+			{"OPTIONS", "/one", nil, 200, map[string]string{"X-Backend": "a"}}, // not a preflight: proxied
+			{"OPTIONS", "/any", []string{"Origin", "https://x.test:8443", "Access-Control-Request-Method", "PUT", "Access-Control-Request-Headers", "x-a, x-b"}, 204,
+				map[string]string{"Access-Control-Allow-Origin": "https://x.test:8443", "Access-Control-Allow-Methods": "PUT",
+					"Access-Control-Allow-Headers": "x-a, x-b", "Access-Control-Allow-Credentials": ""}},
+		} {
+			resp, _ := do(t, cl, tc.method, "http://c.test"+tc.path, tc.hdr...)
+			if resp.StatusCode != tc.status {
+				t.Errorf("%s %s %v = %d, want %d", tc.method, tc.path, tc.hdr, resp.StatusCode, tc.status)
+			}
+			for k, v := range tc.want {
+				if got := resp.Header.Get(k); got != v {
+					t.Errorf("%s %s %v: %s %q, want %q", tc.method, tc.path, tc.hdr, k, got, v)
+				}
 			}
 		}
 	})
@@ -313,5 +358,16 @@ func TestRuleOptions(t *testing.T) {
 	}
 	if len(cfg.Problems) != 1 || cfg.Problems[0].Reason != model.ReasonInvalidRule || cfg.Problems[0].Object != "ns/bad" {
 		t.Errorf("problems = %v, want one InvalidRule for ns/bad", cfg.Problems)
+	}
+}
+
+func TestValidateOrigin(t *testing.T) {
+	for o, ok := range map[string]bool{
+		"*": true, "https://www.foo.com": true, "https://*.bar.com": true, "http://x.test:8443": true, "https://[::1]:443": true,
+		"www.foo.com": false, "https://": false, "https://a.*.com": false, "https://a b": false, "https://a;b": false, "://x": false,
+	} {
+		if err := validateOrigin(o); (err == nil) != ok {
+			t.Errorf("validateOrigin(%q) = %v, want ok %v", o, err, ok)
+		}
 	}
 }

@@ -273,6 +273,26 @@ type Filters struct {
 	Redirect *Redirect
 	// Rewrite changes the request's host or path before it is proxied.
 	Rewrite *Rewrite
+	// CORS answers preflight requests and adds CORS headers to the answers.
+	CORS *CORS
+}
+
+// CORS is Gateway API's CORS filter: nginx answers a preflight request (an
+// OPTIONS with an Origin and an Access-Control-Request-Method) itself, with
+// 204 and, for an allowed origin, the Access-Control-Allow-* headers; the
+// answer to any other request from an allowed origin gets
+// Access-Control-Allow-Origin (the origin itself), -Credentials and
+// -Expose-Headers.
+type CORS struct {
+	// AllowOrigins are "*", "scheme://host[:port]", or "scheme://*.suffix"
+	// (any number of labels before the suffix).
+	AllowOrigins []string
+	// AllowMethods and AllowHeaders are methods and header names, or "*"
+	// (any: the preflight's own are echoed).
+	AllowMethods, AllowHeaders []string
+	ExposeHeaders              []string
+	MaxAge                     uint32 // seconds; 0 sends none
+	AllowCredentials           bool
 }
 
 // HeaderChanges sets, appends to and removes headers, in that order of

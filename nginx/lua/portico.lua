@@ -32,7 +32,9 @@
 -- redirect (r, empty) and its scheme, host, port, full path and prefix (rs,
 -- rh, rp, rf, rx; the status is the target's), a rewrite's host, full path
 -- and prefix (wh, wf, wx), the length of the prefix a replaced prefix is
--- (pl), and the request and backend timeouts in milliseconds (tr, tb);
+-- (pl), the request and backend timeouts in milliseconds (tr, tb), a CORS
+-- filter's origins, methods, headers, exposed headers, max age and
+-- credentials (co, cm, ch, ce, ca, cc);
 -- last "#<namespace>/<name>" of the object that asked for the route when
 -- there is one (the telemetry's ingress label).
 --
@@ -413,6 +415,21 @@ local function parse_options(t, s)
         elseif k == "rs" or k == "rh" or k == "rf" or k == "rx" or k == "wh" or k == "wf" or k == "wx" then
             f = f or {}
             f[k] = v
+        elseif k == "co" or k == "cm" or k == "ch" or k == "ce" or k == "ca" or k == "cc" then
+            f = f or {}
+            local cors = f.cors or { co = {}, cm = {}, ch = {}, ce = {} }
+            f.cors = cors
+            if k == "ca" then
+                cors.ca = tonumber(v) and v
+                if not cors.ca then
+                    return false
+                end
+            elseif k == "cc" then
+                cors.cc = true
+            else
+                local l = cors[k]
+                l[#l + 1] = v
+            end
         else
             return false
         end
@@ -422,8 +439,62 @@ local function parse_options(t, s)
         f.redirect = f.r
         f.req = f.s or f.a or f.d or f.wh or f.wf or f.wx
         f.resp = f.S or f.A or f.D
+        local cors = f.cors
+        if cors then
+            -- What the answers carry, joined once; "*" echoes the preflight's.
+            cors.methods = table.concat(cors.cm, ", ")
+            cors.headers = #cors.ch > 0 and table.concat(cors.ch, ", ") or nil
+            cors.expose = #cors.ce > 0 and table.concat(cors.ce, ", ") or nil
+            cors.anymethod = cors.methods == "*" or find(cors.methods, "*", 1, true) ~= nil
+            cors.anyheader = cors.headers ~= nil and find(cors.headers, "*", 1, true) ~= nil
+        end
     end
     return true
+end
+
+-- cors_allows reports whether a CORS filter allows origin: "*", the same
+-- origin, or "scheme://*.suffix" and a host of any labels before the suffix.
+local function cors_allows(cors, origin)
+    local list = cors.co
+    for i = 1, #list do
+        local o = list[i]
+        if o == "*" or o == origin then
+            return true
+        end
+        local scheme, suffix = match(o, "^([^:]+)://%*(%..+)$")
+        if scheme then
+            local s, host = match(origin, "^([^:]+)://(.+)$")
+            if s == scheme and #host > #suffix and sub(host, -#suffix) == suffix then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+-- preflight answers a CORS preflight request itself: 204, with the
+-- Access-Control-Allow-* headers when the filter allows its origin.
+local function preflight(cors, origin)
+    if cors_allows(cors, origin) then
+        local h, var = ngx.header, ngx.var
+        h["Access-Control-Allow-Origin"] = origin
+        h["Access-Control-Allow-Methods"] = cors.anymethod and var.http_access_control_request_method or cors.methods
+        local asked = var.http_access_control_request_headers
+        if cors.anyheader then
+            h["Access-Control-Allow-Headers"] = asked
+        elseif cors.headers then
+            h["Access-Control-Allow-Headers"] = cors.headers
+        end
+        h["Access-Control-Expose-Headers"] = cors.expose
+        h["Access-Control-Max-Age"] = cors.ca
+        if cors.cc then
+            h["Access-Control-Allow-Credentials"] = "true"
+        end
+        h["Vary"] = "Origin"
+    end
+    ngx.status = 204
+    ngx.send_headers()
+    return ngx.exit(ngx.HTTP_OK)
 end
 
 -- parse_weighted reads weighted backends ("up*3,@500*1") into a list of
@@ -1054,6 +1125,13 @@ function M.route()
     end
     local f = t.f
     if f then
+        local cors = f.cors
+        if cors and ngx.var.request_method == "OPTIONS" then
+            local origin = ngx.var.http_origin
+            if origin and ngx.var.http_access_control_request_method then
+                return preflight(cors, origin)
+            end
+        end
         if f.redirect and t.status and t.status >= 300 and t.status < 400 then
             return redirect(f, host, uri, https, t.status)
         end
@@ -1158,6 +1236,19 @@ function M.stick()
     local f = t and t.f
     if f and f.resp then
         modify_response(f)
+    end
+    local cors = f and f.cors
+    if cors then
+        local origin = ngx.var.http_origin
+        if origin and cors_allows(cors, origin) then
+            local h = ngx.header
+            h["Access-Control-Allow-Origin"] = origin
+            h["Access-Control-Expose-Headers"] = cors.expose
+            if cors.cc then
+                h["Access-Control-Allow-Credentials"] = "true"
+            end
+            h["Vary"] = "Origin"
+        end
     end
     local cname = ctx.portico_cookie
     local i = ctx.portico_index
