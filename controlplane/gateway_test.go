@@ -577,6 +577,7 @@ func TestGatewayAddresses(t *testing.T) {
 			{name: "the group's and its own", addrs: []string{"192.0.2.10", "192.0.2.69"}, programmed: "False/AddressNotUsable", accepted: "False/UnsupportedAddress"},
 			{name: "not an address", addrs: []string{"nope"}, programmed: "False/AddressNotUsable", accepted: "False/UnsupportedAddress"},
 			{name: "a hostname", addrs: []string{"gw.example.com"}, hostname: true, programmed: "False/AddressNotUsable", accepted: "False/UnsupportedAddress"},
+			{name: "an IPAddress without a value: allocated", addrs: []string{""}, want: []string{"192.0.2.65"}, view: true, programmed: "True/Programmed", accepted: "True/Accepted"},
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				st := gatewayState(t)

@@ -18,15 +18,17 @@ import (
 // AddressNotUsable (one another object holds, or that no pool allows) or
 // AddressNotAssigned (no pool has a free address for it).
 func (b *builder) gatewayAddresses(gw *gatewayv1.Gateway, g *model.Group, pools *Pools) (vips []netip.Addr, shared bool, reason, msg string) {
-	if len(gw.Spec.Addresses) > 0 {
-		var text []string
-		for i, sa := range gw.Spec.Addresses {
-			if sa.Type != nil && *sa.Type != gatewayv1.IPAddressType {
-				return nil, false, string(gatewayv1.GatewayReasonUnsupportedAddress),
-					fmt.Sprintf("spec.addresses[%d]: type %s is not served (IPAddress is)", i, *sa.Type)
-			}
+	var text []string
+	for i, sa := range gw.Spec.Addresses {
+		if sa.Type != nil && *sa.Type != gatewayv1.IPAddressType {
+			return nil, false, string(gatewayv1.GatewayReasonUnsupportedAddress),
+				fmt.Sprintf("spec.addresses[%d]: type %s is not served (IPAddress is)", i, *sa.Type)
+		}
+		if sa.Value != "" { // an IPAddress without a value asks for one (GatewayAddressEmpty)
 			text = append(text, sa.Value)
 		}
+	}
+	if len(text) > 0 {
 		want, err := parseVIPs(strings.Join(text, ","))
 		if err != nil || len(want) == 0 {
 			return nil, false, string(gatewayv1.GatewayReasonUnsupportedAddress), fmt.Sprintf("spec.addresses: %v", err)
