@@ -105,6 +105,9 @@ type Options struct {
 	BGP *BGPOptions
 	// Transition is the agents' -ring-transition (0: their default, 2 min).
 	Transition time.Duration
+	// GatewayAPI installs Gateway API's CRDs before the agents start (their
+	// controllers watch Gateways only when the CRDs are served at start).
+	GatewayAPI bool
 }
 
 // Start builds the lab. Close removes everything, also after a failed Start.
@@ -223,6 +226,13 @@ func (l *Lab) BuildSite(ctx context.Context, o Options) (err error) {
 			return err
 		}
 		l.Pods = append(l.Pods, p)
+	}
+	if o.GatewayAPI {
+		for _, f := range []string{"gatewayclasses", "gateways", "httproutes", "referencegrants"} {
+			if err := l.ApplyFile(ctx, "crds/gateway-api/gateway.networking.k8s.io_"+f+".yaml"); err != nil {
+				return err
+			}
+		}
 	}
 	return l.createObjects(ctx)
 }
