@@ -619,27 +619,24 @@ func TestGatewayAddresses(t *testing.T) {
 		if d := cmp.Diff(want, res.Snapshot.Views, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); d != "" {
 			t.Errorf("views (-want +got):\n%s", d)
 		}
-		for _, l := range res.Gateways.Gateways["infra/gw"].Listeners {
-			want := "True/Accepted"
-			if l.Name == "kubelet" {
-				want = "False/PortUnavailable"
-			}
-			if got := conds(l.Conditions)["Accepted"]; got != want {
-				t.Errorf("listener %s: Accepted %s, want %s", l.Name, got, want)
+		// accepted checks each listener's Accepted: the one named odd has
+		// the other answer.
+		accepted := func(res Result, odd, want, oddWant string) {
+			t.Helper()
+			for _, l := range res.Gateways.Gateways["infra/gw"].Listeners {
+				w := want
+				if string(l.Name) == odd {
+					w = oddWant
+				}
+				if got := conds(l.Conditions)["Accepted"]; got != w {
+					t.Errorf("listener %s: Accepted %s, want %s", l.Name, got, w)
+				}
 			}
 		}
+		accepted(res, "kubelet", "True/Accepted", "False/PortUnavailable")
 		// Sharing its group's VIPs, a Gateway has the group's two ports alone.
 		st.Gateways[0].Spec.Addresses = []gatewayv1.GatewaySpecAddress{{Value: "192.0.2.10"}}
-		res = build(st, Options{Pools: []Pool{pool}})
-		for _, l := range res.Gateways.Gateways["infra/gw"].Listeners {
-			want := "False/PortUnavailable"
-			if l.Name == "http" {
-				want = "True/Accepted"
-			}
-			if got := conds(l.Conditions)["Accepted"]; got != want {
-				t.Errorf("shared: listener %s: Accepted %s, want %s", l.Name, got, want)
-			}
-		}
+		accepted(build(st, Options{Pools: []Pool{pool}}), "http", "False/PortUnavailable", "True/Accepted")
 	})
 
 	t.Run("no pool allows a tenant", func(t *testing.T) {

@@ -472,25 +472,36 @@ local function cors_allows(cors, origin)
     return false
 end
 
+-- cors_answer gives an answer to a request from origin the headers of every
+-- CORS answer, when the filter allows the origin; it returns the headers (nil
+-- when it does not allow it).
+local function cors_answer(cors, origin)
+    if not cors_allows(cors, origin) then
+        return nil
+    end
+    local h = ngx.header
+    h["Access-Control-Allow-Origin"] = origin
+    h["Access-Control-Expose-Headers"] = cors.expose
+    if cors.cc then
+        h["Access-Control-Allow-Credentials"] = "true"
+    end
+    h["Vary"] = "Origin"
+    return h
+end
+
 -- preflight answers a CORS preflight request itself: 204, with the
 -- Access-Control-Allow-* headers when the filter allows its origin.
 local function preflight(cors, origin)
-    if cors_allows(cors, origin) then
-        local h, var = ngx.header, ngx.var
-        h["Access-Control-Allow-Origin"] = origin
+    local h = cors_answer(cors, origin)
+    if h then
+        local var = ngx.var
         h["Access-Control-Allow-Methods"] = cors.anymethod and var.http_access_control_request_method or cors.methods
-        local asked = var.http_access_control_request_headers
         if cors.anyheader then
-            h["Access-Control-Allow-Headers"] = asked
+            h["Access-Control-Allow-Headers"] = var.http_access_control_request_headers
         elseif cors.headers then
             h["Access-Control-Allow-Headers"] = cors.headers
         end
-        h["Access-Control-Expose-Headers"] = cors.expose
         h["Access-Control-Max-Age"] = cors.ca
-        if cors.cc then
-            h["Access-Control-Allow-Credentials"] = "true"
-        end
-        h["Vary"] = "Origin"
     end
     ngx.status = 204
     ngx.send_headers()
@@ -1240,14 +1251,8 @@ function M.stick()
     local cors = f and f.cors
     if cors then
         local origin = ngx.var.http_origin
-        if origin and cors_allows(cors, origin) then
-            local h = ngx.header
-            h["Access-Control-Allow-Origin"] = origin
-            h["Access-Control-Expose-Headers"] = cors.expose
-            if cors.cc then
-                h["Access-Control-Allow-Credentials"] = "true"
-            end
-            h["Vary"] = "Origin"
+        if origin then
+            cors_answer(cors, origin)
         end
     end
     local cname = ctx.portico_cookie
