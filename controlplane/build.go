@@ -378,6 +378,12 @@ func (b *builder) snapshot() model.Snapshot {
 					l.Backends[i].Upstream = names[l.Backends[i].Upstream]
 				}
 			}
+			if len(l.Filters.Mirrors) > 0 {
+				l.Filters.Mirrors = slices.Clone(l.Filters.Mirrors)
+				for i := range l.Filters.Mirrors {
+					l.Filters.Mirrors[i].Upstream = names[l.Filters.Mirrors[i].Upstream]
+				}
+			}
 			srv.Locations = append(srv.Locations, l)
 		}
 		slices.SortFunc(srv.Locations, func(x, y model.Location) int {

@@ -49,7 +49,7 @@ const (
 var GatewayFeatures = []string{
 	"Gateway", "GatewayAddressEmpty", "GatewayHTTPListenerIsolation", "GatewayPort8080", "GatewayStaticAddresses", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteCORS", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
-	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteRequestTimeout",
+	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteRequestMirror", "HTTPRouteRequestMultipleMirrors", "HTTPRouteRequestPercentageMirror", "HTTPRouteRequestTimeout",
 	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
 }
 
@@ -797,6 +797,29 @@ func (b *builder) routeRules(r *gatewayv1.HTTPRoute) (locs []routeLoc, resolved,
 			partial = condition(partial.Type, true, string(gatewayv1.RouteReasonUnsupportedValue), field+": "+err.Error(), gen)
 			continue
 		}
+		for fi, flt := range rule.Filters {
+			m := flt.RequestMirror
+			if flt.Type != gatewayv1.HTTPRouteFilterRequestMirror || m == nil {
+				continue
+			}
+			bk, reason, msg := b.routeBackend(r, gatewayv1.HTTPBackendRef{BackendRef: gatewayv1.BackendRef{BackendObjectReference: m.BackendRef}})
+			if reason != "" {
+				b.problem(kindHTTPRoute, r, fmt.Sprintf("%s.filters[%d].requestMirror", field, fi), model.ReasonServiceNotFound, "%s; not mirrored", msg)
+				if resolved.Status == metav1.ConditionTrue {
+					resolved = condition(resolved.Type, false, reason, msg, gen)
+				}
+				continue
+			}
+			mirror := model.Mirror{Upstream: bk.Upstream}
+			switch {
+			case m.Fraction != nil:
+				mirror.Numerator, mirror.Denominator = uint32(max(m.Fraction.Numerator, 0)), uint32(max(ptrOr(m.Fraction.Denominator, 100), 1))
+				mirror.Numerator = min(mirror.Numerator, mirror.Denominator)
+			case m.Percent != nil:
+				mirror.Numerator, mirror.Denominator = uint32(min(max(*m.Percent, 0), 100)), 100
+			}
+			base.Filters.Mirrors = append(base.Filters.Mirrors, mirror)
+		}
 		// Where the rule sends requests: its redirect, else its backends.
 		var target model.Location
 		timeouts, err := routeTimeouts(rule.Timeouts)
@@ -976,6 +999,8 @@ func routeFilters(fs []gatewayv1.HTTPRouteFilter) (model.Location, error) {
 			}
 			w.Path = pc
 			f.Rewrite = w
+		case gatewayv1.HTTPRouteFilterRequestMirror:
+			// routeRules resolves its backend.
 		case gatewayv1.HTTPRouteFilterCORS:
 			c := flt.CORS
 			if c == nil {

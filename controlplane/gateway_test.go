@@ -249,8 +249,8 @@ func TestGatewayStatusReasons(t *testing.T) {
 			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr(gatewayv1.PathMatchExact), Value: ptr("/e")}}},
 				Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestRedirect, RequestRedirect: &gatewayv1.HTTPRequestRedirectFilter{
 					Path: &gatewayv1.HTTPPathModifier{Type: gatewayv1.PrefixMatchHTTPPathModifier, ReplacePrefixMatch: ptr("/x")}}}}},
-			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/mirror")},
-				Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterRequestMirror}}}),
+			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{prefixMatch("/ext")},
+				Filters: []gatewayv1.HTTPRouteFilter{{Type: gatewayv1.HTTPRouteFilterExtensionRef}}}),
 		httpRoute("infra", "unsupported", 7, []gatewayv1.ParentReference{parent("", "gw", "same")}, nil,
 			gatewayv1.HTTPRouteRule{Matches: []gatewayv1.HTTPRouteMatch{{Path: &gatewayv1.HTTPPathMatch{Type: ptr(gatewayv1.PathMatchRegularExpression), Value: ptr("/.*")}}}}),
 		httpRoute("infra", "invalid-kind", 8, []gatewayv1.ParentReference{parent("", "gw", "same")}, nil,
@@ -731,5 +731,40 @@ func TestRouteCORS(t *testing.T) {
 		ExposeHeaders: []string{"x-b"}, MaxAge: 60, AllowCredentials: true}
 	if d := cmp.Diff(want, loc.Filters.CORS); d != "" {
 		t.Errorf("CORS (-want +got):\n%s", d)
+	}
+}
+
+// TestGatewayMirrors checks RequestMirror: its backend becomes an upstream of
+// the rule's Filters.Mirrors, with its share; one that does not resolve is
+// left out and the route's ResolvedRefs says why, its rule still served.
+func TestGatewayMirrors(t *testing.T) {
+	st := gatewayState(t)
+	st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 0, allowAll(listener("http", gatewayv1.HTTPProtocolType, 80, "")))}
+	mirror := func(name string, pct *int32, frac *gatewayv1.Fraction) gatewayv1.HTTPRouteFilter {
+		return gatewayv1.HTTPRouteFilter{Type: gatewayv1.HTTPRouteFilterRequestMirror, RequestMirror: &gatewayv1.HTTPRequestMirrorFilter{
+			BackendRef: gatewayv1.BackendObjectReference{Name: gatewayv1.ObjectName(name), Port: ptr(gatewayv1.PortNumber(8080))}, Percent: pct, Fraction: frac}}
+	}
+	st.HTTPRoutes = []*gatewayv1.HTTPRoute{httpRoute("app", "r", 1, []gatewayv1.ParentReference{parent("infra", "gw", "")}, []string{"m.test"},
+		gatewayv1.HTTPRouteRule{Filters: []gatewayv1.HTTPRouteFilter{mirror("v2", nil, nil), mirror("v2", ptr(int32(20)), nil),
+			mirror("v2", nil, &gatewayv1.Fraction{Numerator: 1, Denominator: ptr(int32(3))}), mirror("gone", nil, nil)},
+			BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}})}
+	res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g"})
+	if err := res.Snapshot.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var got []model.Mirror
+	for _, s := range res.Snapshot.Servers {
+		if s.Host == "m.test" {
+			for _, l := range s.Locations {
+				got = append(got, l.Filters.Mirrors...)
+			}
+		}
+	}
+	want := []model.Mirror{{Upstream: "app-v2-8080"}, {Upstream: "app-v2-8080", Numerator: 20, Denominator: 100}, {Upstream: "app-v2-8080", Numerator: 1, Denominator: 3}}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("mirrors (-want +got):\n%s", d)
+	}
+	if c := conds(res.Gateways.Routes["app/r"][0].Conditions); c["ResolvedRefs"] != "False/BackendNotFound" || c["Accepted"] != "True/Accepted" {
+		t.Errorf("route conditions %v, want Accepted, ResolvedRefs False/BackendNotFound", c)
 	}
 }

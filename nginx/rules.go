@@ -24,6 +24,17 @@ func (r *renderer) target(match string, l *model.Location, obj string) (tl tmplL
 		return tl, false
 	}
 	tl.Options = opts
+	// Mirrors: ";mi=<upstream>*<numerator>/<denominator>" each (0/0: every
+	// request); one whose upstream does not resolve is left out (reported).
+	for _, m := range l.Filters.Mirrors {
+		if m.Denominator != 0 && m.Numerator > m.Denominator {
+			r.problem(obj, "rule", model.ReasonInvalidRule, fmt.Sprintf("path %q: mirror share %d/%d; not mirrored", l.Path, m.Numerator, m.Denominator))
+			continue
+		}
+		if up, status := r.upstream(m.Upstream, obj); status == 0 {
+			tl.Options += ";mi=" + up + "*" + strconv.FormatUint(uint64(m.Numerator), 10) + "/" + strconv.FormatUint(uint64(m.Denominator), 10)
+		}
+	}
 	switch {
 	case len(l.Backends) > 0:
 		if tl.Backends, err = r.backends(l.Backends, obj); err != nil {

@@ -3,6 +3,7 @@ package nginx
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -61,6 +62,14 @@ func do(t *testing.T, c *http.Client, method, url string, hdr ...string) (*http.
 // wildcards of any depth.
 func TestServeRules(t *testing.T) {
 	a, b, c := echoBackend(t, "a"), echoBackend(t, "b"), echoBackend(t, "c")
+	// The mirror: what it was sent, method, path, a header and the body.
+	mirrored := make(chan string, 100)
+	ms := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		mirrored <- r.Method + " " + r.URL.RequestURI() + " " + r.Header.Get("X-Test") + " " + string(body)
+	}))
+	t.Cleanup(ms.Close)
+	m := netip.MustParseAddrPort(ms.Listener.Addr().String())
 	hdr := func(n, v string) []model.NameValue { return []model.NameValue{{Name: n, Value: v}} }
 	snap := model.Snapshot{
 		Servers: []model.Server{
@@ -82,6 +91,12 @@ func TestServeRules(t *testing.T) {
 					Backends: []model.Backend{
 						{Upstream: "t-a-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "a, the first")}},
 						{Upstream: "t-b-80", Weight: 1, RequestHeaders: model.HeaderChanges{Set: hdr("X-Which", "b"), Remove: []string{"X-Rule"}}}}},
+			}},
+			{Host: "mi.test", Locations: []model.Location{
+				{Path: "/m", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{Mirrors: []model.Mirror{{Upstream: "t-m-80"}}}},
+				{Path: "/never", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{Mirrors: []model.Mirror{{Upstream: "t-m-80", Numerator: 0, Denominator: 100}}}},
+				{Path: "/w", Type: model.PathPrefix, Upstream: "t-b-80", Filters: model.Filters{Mirrors: []model.Mirror{{Upstream: "t-m-80", Numerator: 1, Denominator: 1}},
+					RequestHeaders: model.HeaderChanges{Set: hdr("X-Test", "set")}, Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangeFull, Value: "/rewritten"}}}},
 			}},
 			{Host: "c.test", Locations: []model.Location{
 				{Path: "/one", Type: model.PathPrefix, Upstream: "t-a-80", Filters: model.Filters{CORS: &model.CORS{
@@ -109,7 +124,8 @@ func TestServeRules(t *testing.T) {
 				{Path: "/full", Type: model.PathPrefix, Upstream: "t-b-80", Filters: model.Filters{Rewrite: &model.Rewrite{Path: model.PathChange{Type: model.PathChangeFull, Value: "/one"}}}},
 			}},
 		},
-		Upstreams: []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}}},
+		Upstreams: []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}},
+			{Name: "t-m-80", Endpoints: []netip.AddrPort{m}}},
 	}
 	n := startNginx(t, snap)
 	cl := n.client(false)
@@ -137,6 +153,46 @@ func TestServeRules(t *testing.T) {
 			if got := resp.Header.Get("X-Backend"); resp.StatusCode != 200 || got != tc.want {
 				t.Errorf("%s %s %v = %d from %q, want 200 from %q", tc.method, tc.url, tc.hdr, resp.StatusCode, got, tc.want)
 			}
+		}
+	})
+
+	t.Run("mirrors", func(t *testing.T) {
+		next := func() string {
+			select {
+			case got := <-mirrored:
+				return got
+			case <-time.After(3 * time.Second):
+				return "nothing"
+			}
+		}
+		for _, tc := range []struct {
+			method, url, body, want, mirror string
+		}{
+			{"GET", "http://mi.test/m/x?q=1", "", "a", "GET /m/x?q=1 1 "},
+			{"POST", "http://mi.test/m/post", "hello", "a", "POST /m/post 1 hello"},
+			{"GET", "http://mi.test/w/x?q=2", "", "b", "GET /rewritten?q=2 set "}, // as proxied: rewritten, its header set
+		} {
+			req, _ := http.NewRequest(tc.method, tc.url, strings.NewReader(tc.body))
+			req.Header.Set("X-Test", "1")
+			resp, err := cl.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := resp.Header.Get("X-Backend"); got != tc.want {
+				t.Errorf("%s %s answered by %q, want %q", tc.method, tc.url, got, tc.want)
+			}
+			if got := next(); got != tc.mirror {
+				t.Errorf("%s %s: the mirror got %q, want %q", tc.method, tc.url, got, tc.mirror)
+			}
+		}
+		for range 20 {
+			do(t, cl, "GET", "http://mi.test/never")
+		}
+		select {
+		case got := <-mirrored:
+			t.Errorf("a 0%% mirror got %q", got)
+		case <-time.After(500 * time.Millisecond):
 		}
 	})
 

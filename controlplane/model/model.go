@@ -275,6 +275,19 @@ type Filters struct {
 	Rewrite *Rewrite
 	// CORS answers preflight requests and adds CORS headers to the answers.
 	CORS *CORS
+	// Mirrors get a copy of the requests (as proxied), whose answers are
+	// dropped.
+	Mirrors []Mirror
+}
+
+// Mirror is Gateway API's RequestMirror filter: a copy of a share of the
+// requests goes to an endpoint of Upstream, best effort (a copy nginx cannot
+// send at once, or whose body it holds on disk, is dropped).
+type Mirror struct {
+	Upstream string
+	// Numerator of Denominator requests are copied; a zero Denominator
+	// copies every one.
+	Numerator, Denominator uint32
 }
 
 // CORS is Gateway API's CORS filter: nginx answers a preflight request (an

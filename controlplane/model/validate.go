@@ -327,6 +327,14 @@ func (l Location) validateTarget(upstreams map[string]bool) error {
 	if l.Status != 0 && (l.Status < 200 || l.Status > 599) {
 		return fmt.Errorf("path %q: status %d", l.Path, l.Status)
 	}
+	for _, m := range l.Filters.Mirrors {
+		if !upstreams[m.Upstream] {
+			return fmt.Errorf("path %q: mirror upstream %q does not exist", l.Path, m.Upstream)
+		}
+		if m.Denominator != 0 && m.Numerator > m.Denominator {
+			return fmt.Errorf("path %q: mirror share %d/%d", l.Path, m.Numerator, m.Denominator)
+		}
+	}
 	if l.Timeouts.Request > NoTimeout || l.Timeouts.Backend > NoTimeout {
 		return fmt.Errorf("path %q: timeouts %+v, more than a day", l.Path, l.Timeouts)
 	}

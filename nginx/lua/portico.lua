@@ -34,7 +34,8 @@
 -- and prefix (wh, wf, wx), the length of the prefix a replaced prefix is
 -- (pl), the request and backend timeouts in milliseconds (tr, tb), a CORS
 -- filter's origins, methods, headers, exposed headers, max age and
--- credentials (co, cm, ch, ce, ca, cc);
+-- credentials (co, cm, ch, ce, ca, cc), and each mirror's upstream and share
+-- (mi, "<upstream>*<numerator>/<denominator>");
 -- last "#<namespace>/<name>" of the object that asked for the route when
 -- there is one (the telemetry's ingress label).
 --
@@ -415,6 +416,15 @@ local function parse_options(t, s)
         elseif k == "rs" or k == "rh" or k == "rf" or k == "rx" or k == "wh" or k == "wf" or k == "wx" then
             f = f or {}
             f[k] = v
+        elseif k == "mi" then
+            local up, num, den = match(v, "^([^*]+)%*(%d+)/(%d+)$")
+            num, den = tonumber(num), tonumber(den)
+            if not up or not valid_name(up, 1, #up) or not num or not den or den > 0 and num > den then
+                return false
+            end
+            f = f or {}
+            f.mirrors = f.mirrors or {}
+            f.mirrors[#f.mirrors + 1] = { up = up, num = num, den = den }
         elseif k == "co" or k == "cm" or k == "ch" or k == "ce" or k == "ca" or k == "cc" then
             f = f or {}
             local cors = f.cors or { co = {}, cm = {}, ch = {}, ce = {} }
@@ -1066,6 +1076,77 @@ local function modify_response(f)
     end
 end
 
+-- mirror_send sends one mirrored request to peer and drops the answer (a
+-- timer: the request it copies goes on without waiting).
+local function mirror_send(premature, host, port, data)
+    if premature then
+        return
+    end
+    local sock = ngx.socket.tcp()
+    sock:settimeouts(1000, 1000, 1000)
+    local ok = sock:connect(host, port)
+    if ok and sock:send(data) then
+        sock:receive("*l") -- its status line; the rest is dropped with the socket
+    end
+    sock:close()
+end
+
+-- hop-by-hop headers a mirrored copy does not carry (it has its own framing).
+local mirror_skip = { connection = true, ["keep-alive"] = true, ["transfer-encoding"] = true, ["content-length"] = true,
+    upgrade = true, te = true, ["proxy-connection"] = true }
+
+-- mirror copies the request, as it is proxied, to an endpoint of each of
+-- mirrors whose share takes it: best effort, and never for a request whose
+-- body nginx holds on disk (or that upgrades).
+local function mirror(mirrors, rewritten)
+    local data
+    for i = 1, #mirrors do
+        local m = mirrors[i]
+        local list = (m.den == 0 or math.random(m.den) <= m.num) and get("u:" .. m.up)
+        if list and #list > 0 then
+            if not data then
+                local req, var = ngx.req, ngx.var
+                if var.http_upgrade then
+                    return
+                end
+                req.read_body()
+                local body = req.get_body_data()
+                if not body and var.request_body_file then
+                    return
+                end
+                local target = var.request_uri
+                if rewritten then
+                    target = escape_path(var.uri) .. (var.is_args or "") .. (var.args or "")
+                end
+                local parts = { req.get_method(), " ", target, " HTTP/1.1\r\n" }
+                for name, v in pairs(req.get_headers(100, true)) do
+                    if not mirror_skip[lower(name)] then
+                        if type(v) == "table" then
+                            for j = 1, #v do
+                                parts[#parts + 1] = name .. ": " .. v[j] .. "\r\n"
+                            end
+                        else
+                            parts[#parts + 1] = name .. ": " .. v .. "\r\n"
+                        end
+                    end
+                end
+                parts[#parts + 1] = "Connection: close\r\nContent-Length: " .. (body and #body or 0) .. "\r\n\r\n"
+                parts[#parts + 1] = body
+                data = table.concat(parts)
+            end
+            local peer = list[math.random(#list)]
+            local host = peer[1]
+            if find(host, ":", 1, true) then
+                host = "[" .. host .. "]"
+            end
+            local ok, err = ngx.timer.at(0, mirror_send, host, peer[2], data)
+            if not ok then
+                ngx.log(ngx.INFO, "portico: mirror to ", m.up, " dropped: ", err)
+            end
+        end
+    end
+end
+
 -- route runs in every request's rewrite phase. It finds the host's routes
 -- (on the HTTPS port, only a host with a certificate; else the catch-all),
 -- redirects plain HTTP when the host asks for it, and picks the route as
@@ -1153,6 +1234,9 @@ function M.route()
     local bf = t.bf
     if bf then
         modify_request(bf, uri)
+    end
+    if f and f.mirrors then
+        mirror(f.mirrors, f.wf or f.wx)
     end
     if t.status then
         return ngx.exit(t.status)
