@@ -570,6 +570,7 @@ func TestGatewayAddresses(t *testing.T) {
 		}{
 			{name: "own, in the pool", addrs: []string{"192.0.2.69"}, want: []string{"192.0.2.69"}, view: true, programmed: "True/Programmed", accepted: "True/Accepted"},
 			{name: "the group's VIP: shared", addrs: []string{"192.0.2.10"}, want: []string{"192.0.2.10"}, programmed: "True/Programmed", accepted: "True/Accepted"},
+			{name: "the group's VIP, tenant", addrs: []string{"192.0.2.10"}, tenant: true, programmed: "False/AddressNotUsable", accepted: "True/Accepted"},
 			{name: "own, outside every pool, operator's namespace", addrs: []string{"198.51.100.1"}, want: []string{"198.51.100.1"}, view: true, programmed: "True/Programmed", accepted: "True/Accepted"},
 			{name: "own, outside every pool, tenant", addrs: []string{"198.51.100.1"}, tenant: true, programmed: "False/AddressNotUsable", accepted: "True/Accepted"},
 			{name: "a node's", addrs: []string{"10.0.0.1"}, programmed: "False/AddressNotUsable", accepted: "True/Accepted"},

@@ -40,6 +40,11 @@ func (b *builder) gatewayAddresses(gw *gatewayv1.Gateway, g *model.Group, pools 
 			}
 		}
 		switch {
+		case ofGroup == len(want) && pools != nil && len(b.pools.List) > 0:
+			// A tenant's Gateway on the group's VIPs would share their hosts
+			// (the catch-all too) with the operator's: it gets its own.
+			return nil, false, string(gatewayv1.GatewayReasonAddressNotUsable),
+				"spec.addresses: the group's VIPs are its operator's namespaces' alone; leave spec.addresses out for an address of its own"
 		case ofGroup == len(want):
 			return g.VIPs, true, "", ""
 		case ofGroup > 0:
