@@ -47,7 +47,7 @@ const (
 // support (their status.supportedFeatures; make conformance claims them),
 // sorted.
 var GatewayFeatures = []string{
-	"Gateway", "GatewayAddressEmpty", "GatewayHTTPListenerIsolation", "GatewayPort8080", "GatewayStaticAddresses", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
+	"Gateway", "GatewayAddressEmpty", "GatewayHTTPListenerIsolation", "GatewayHTTPSListenerDetectMisdirectedRequests", "GatewayPort8080", "GatewayStaticAddresses", "HTTPRoute", "HTTPRoute303RedirectStatusCode", "HTTPRoute307RedirectStatusCode", "HTTPRoute308RedirectStatusCode",
 	"HTTPRouteBackendProtocolWebSocket", "HTTPRouteBackendTimeout", "HTTPRouteCORS", "HTTPRouteHostRewrite", "HTTPRouteMethodMatching", "HTTPRouteNamedRouteRule", "HTTPRouteParentRefPort",
 	"HTTPRoutePathRedirect", "HTTPRoutePathRewrite", "HTTPRoutePortRedirect", "HTTPRouteQueryParamMatching", "HTTPRouteRequestMirror", "HTTPRouteRequestMultipleMirrors", "HTTPRouteRequestPercentageMirror", "HTTPRouteRequestTimeout",
 	"HTTPRouteResponseHeaderModification", "HTTPRouteSchemeRedirect", "ReferenceGrant",
@@ -157,20 +157,21 @@ func (b *builder) gateways(defaultGroup string, poolsFor func(metav1.Object) *Po
 					"host %q belongs to namespace %s (%s claimed it first); its certificate is not served", host, o.namespace, o.by)
 				continue
 			}
-			if s := b.serverIn(l.group, l.view, l.port, modelHost(host)); s.srv.TLSCertificate == "" {
+			if s := b.listenerServer(l, modelHost(host)); s.srv.TLSCertificate == "" {
 				s.srv.TLSCertificate, s.certFrom = l.cert, key(g)
 			}
 		}
 	}
-	// In a view, each listener's hostname is a host of its own, with no route
-	// (404) or only those attached to it: a request goes to the most specific
-	// listener its host matches, and no less specific one's routes take it
-	// (Gateway API's listener isolation).
+	// In a view, each listener's hostname is a host of its own (a listener
+	// without one, the catch-all), with no route (404) or only those attached
+	// to it: a request goes to the most specific listener its host matches,
+	// and no less specific one's routes take it (Gateway API's listener
+	// isolation).
 	for _, g := range gws {
 		for _, l := range accs[key(g)].listeners {
-			if host := hostnameOf(l.l.Hostname); l.accepted && l.view != "" && !l.nowhere && host != "" {
-				if ok, _ := b.mayRoute(host, g.Namespace); ok {
-					b.serverIn(l.group, l.view, l.port, modelHost(host))
+			if host := hostnameOf(l.l.Hostname); l.accepted && l.view != "" && !l.nowhere {
+				if ok, _ := b.mayRoute(host, g.Namespace); ok || host == "" {
+					b.listenerServer(l, modelHost(host))
 				}
 			}
 		}
@@ -593,7 +594,7 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 			if shadowed(at.l, h) {
 				continue
 			}
-			s := b.serverIn(group, at.l.view, at.l.port, modelHost(h))
+			s := b.listenerServer(at.l, modelHost(h))
 			if at.l.cert != "" && s.srv.TLSCertificate == "" {
 				s.srv.TLSCertificate, s.certFrom = at.l.cert, src
 			}
@@ -609,6 +610,16 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 			}
 		}
 	}
+}
+
+// listenerServer is the Server of host on listener l's view and port; in a
+// view it names l (listener isolation gives each host one listener).
+func (b *builder) listenerServer(l *gwListener, host string) *serverAcc {
+	s := b.serverIn(l.group, l.view, l.port, host)
+	if l.view != "" && s.srv.Listener == "" {
+		s.srv.Listener = string(l.l.Name)
+	}
+	return s
 }
 
 // shadowed reports whether another accepted listener of l's Gateway, on its

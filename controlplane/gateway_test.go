@@ -691,6 +691,7 @@ func TestGatewayListenerIsolation(t *testing.T) {
 		}
 	}
 	want := map[string][]string{
+		"":                    {}, // the catch-all listener's: no route without a hostname
 		"bar.com":             {"/l0"},
 		"**.example.com":      {"/l1"},
 		"**.foo.example.com":  {"/l2"},

@@ -97,6 +97,8 @@ type (
 		// Locations: the default server without a catch-all (444 closes the
 		// connection, 404 for model.UnmatchedHostNotFound).
 		Return int
+		// Listener is model.Server.Listener (validated).
+		Listener string
 	}
 	tmplLocation struct {
 		Match    string // "= /p" or "/p/"
@@ -403,6 +405,7 @@ func (r *renderer) server(s *model.Server) tmplServer {
 		}
 	}
 	ts.Locations = r.cachedLocations(s)
+	ts.Listener = s.Listener
 	return ts
 }
 

@@ -182,13 +182,17 @@ func upstreamValue(eps []netip.AddrPort) string {
 }
 
 // hostValue is a host's routes as the table keeps them (see lua/portico.lua):
-// its certificate's id, the HTTPS port plain HTTP redirects to, the status that
+// its certificate's id (and "~" and its Gateway listener's name, in a view),
+// the HTTPS port plain HTTP redirects to, the status that
 // answers every request, each "-" for none, then its locations' matches and
 // targets (a match given again is the next candidate of its chain), each target
 // followed by its options (rules.go) and by "#" and the object that asked for it.
 func hostValue(s tmplServer, redirectPort uint16) string {
 	var b strings.Builder
 	b.WriteString(cmpDash(s.CertID))
+	if s.Listener != "" {
+		b.WriteString("~" + s.Listener)
+	}
 	b.WriteByte(' ')
 	if s.Redirect != "" {
 		b.WriteString(strconv.Itoa(int(redirectPort)))

@@ -49,8 +49,10 @@ func TestServeViews(t *testing.T) {
 			{View: "infra/one", Port: httpPort, Host: "shop.test", Locations: loc("/", "t-b-80")},
 			{View: "infra/two", Port: httpPort, Host: "**.test", Locations: loc("/deep", "t-a-80")},
 			{View: "infra/two", Port: httpPort, Host: "shop.test", Locations: loc("/", "t-c-80")},
-			// On view two's HTTPS port: another route, and a certificate.
-			{View: "infra/two", Port: httpsPort, Host: "shop.test", TLSCertificate: cert2.Name, Locations: loc("/", "t-b-80")},
+			// On view two's HTTPS port: another route, and a certificate; and
+			// a catch-all, another listener's.
+			{View: "infra/two", Port: httpsPort, Host: "", TLSCertificate: cert2.Name, Listener: "any", Locations: loc("/", "t-a-80")},
+			{View: "infra/two", Port: httpsPort, Host: "shop.test", TLSCertificate: cert2.Name, Listener: "shop", Locations: loc("/", "t-b-80")},
 		},
 		Upstreams:    []model.Upstream{{Name: "t-a-80", Endpoints: []netip.AddrPort{a}}, {Name: "t-b-80", Endpoints: []netip.AddrPort{b}}, {Name: "t-c-80", Endpoints: []netip.AddrPort{c}}},
 		Certificates: []model.Certificate{certOwn, cert2},
@@ -114,6 +116,36 @@ func TestServeViews(t *testing.T) {
 		resp.Body.Close()
 		if got := resp.Header.Get("X-Backend"); got != "b" {
 			t.Errorf("view two's HTTPS port: shop.test from %q, want b (its HTTP port's route is c's)", got)
+		}
+	})
+	t.Run("misdirected requests", func(t *testing.T) {
+		for _, tc := range []struct {
+			sni, host string
+			status    int
+			backend   string
+		}{
+			{"shop.test", "shop.test", 200, "b"},
+			{"shop.test", "other.test", 421, ""},   // the catch-all listener's host on shop's connection
+			{"other.test", "other.test", 200, "a"}, // the catch-all's
+			{"unknown.test", "other.test", 200, "a"},
+			{"unknown.test", "shop.test", 421, ""},
+		} {
+			c := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+				TLSClientConfig: &tls.Config{InsecureSkipVerify: true, ServerName: tc.sni},
+				DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+					return (&net.Dialer{}).DialContext(ctx, network, netip.AddrPortFrom(v2, httpsPort).String())
+				}}}
+			req, _ := http.NewRequest("GET", "https://x/", nil)
+			req.Host = tc.host
+			resp, err := c.Do(req)
+			if err != nil {
+				t.Errorf("SNI %s, Host %s: %v", tc.sni, tc.host, err)
+				continue
+			}
+			resp.Body.Close()
+			if got := resp.Header.Get("X-Backend"); resp.StatusCode != tc.status || got != tc.backend {
+				t.Errorf("SNI %s, Host %s: %d from %q, want %d from %q", tc.sni, tc.host, resp.StatusCode, got, tc.status, tc.backend)
+			}
 		}
 	})
 	t.Run("host naming another view", func(t *testing.T) {

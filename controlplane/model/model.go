@@ -185,6 +185,12 @@ type Server struct {
 	// View, the one of its Ports it is served on (0 outside Views: every port).
 	View string
 	Port uint16
+	// Listener, in a View, names the Gateway listener whose host this is (the
+	// most specific one its name matches): an HTTPS request whose Host is
+	// another listener's than the name its TLS handshake gave (SNI) is
+	// answered 421, as Gateway API asks of HTTP/2 connections reused across
+	// hosts. [a-z0-9-], at most 253 bytes.
+	Listener string
 	// Host is a lower-case DNS name, a "*.suffix" wildcard (one label, the
 	// Ingress rule) or a "**.suffix" wildcard (any number of labels, Gateway
 	// API's "*.suffix"); "" is the catch-all.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 )
@@ -57,8 +58,10 @@ func (s Snapshot) Validate() error {
 		add(v.validate(groups, upstreams, certs))
 		view, ok := views[v.View]
 		switch {
-		case v.View == "" && v.Port != 0:
-			errs = append(errs, fmt.Errorf("server %s %q: port %d outside a view", v.Group, v.Host, v.Port))
+		case v.View == "" && (v.Port != 0 || v.Listener != ""):
+			errs = append(errs, fmt.Errorf("server %s %q: port %d or listener %q outside a view", v.Group, v.Host, v.Port, v.Listener))
+		case !listenerRE.MatchString(v.Listener):
+			errs = append(errs, fmt.Errorf("server %s %q: listener %q", v.Group, v.Host, v.Listener))
 		case v.View != "" && (!ok || view.Group != v.Group):
 			errs = append(errs, fmt.Errorf("server %s %q: view %q is not one of group %s's", v.Group, v.Host, v.View, v.Group))
 		case v.View != "" && !slices.Contains(view.Ports, Port{TCP, v.Port}):
@@ -93,6 +96,9 @@ func (s Snapshot) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// listenerRE is a Server's Listener: a Gateway API SectionName, or nothing.
+var listenerRE = regexp.MustCompile(`^([a-z0-9]([-a-z0-9]{0,251}[a-z0-9])?)?$`)
 
 func (v View) validate(groups map[string]bool) error {
 	var errs []error

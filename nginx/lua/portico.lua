@@ -17,7 +17,8 @@
 --   "c:<id>"    a certificate chain and its key, PEM with "!" for newlines;
 --   "w:"        the label counts of the suffixes of "h:**.<suffix>" hosts
 --               (wildcards of any depth, Gateway API's), most first.
--- A host's routes: its certificate's id or "-", the HTTPS port to redirect
+-- A host's routes: its certificate's id or "-" (in a view, followed by "~"
+-- and the name of the Gateway listener whose host it is), the HTTPS port to redirect
 -- plain HTTP to or "-", a status to answer every request with or "-", then
 -- pairs of a match and a target. A match is "=/path" (exact) or a prefix
 -- ending in "/"; a match given more than once is a chain of candidates, which
@@ -628,6 +629,10 @@ local function parse_host(s)
         return nil, "bad host entry"
     end
     local e = { exact = {}, prefix = {}, longest = 1 }
+    local cert, listener = match(f[1], "^([^~]+)~([%w-]+)$")
+    if cert then
+        f[1], e.listener = cert, listener
+    end
     if f[1] ~= "-" then
         e.cert = f[1]
     end
@@ -1168,6 +1173,22 @@ function M.route()
     local e = host ~= "" and entry(v, host, https) or get("h:" .. v)
     if not e then
         return ngx.exit(444)
+    end
+    if https and v ~= "" then
+        -- In a view, a request whose host is another listener's than the
+        -- name its handshake gave was sent on a connection reused across
+        -- hosts (HTTP/2): 421, as Gateway API asks.
+        local sni = ngx.var.ssl_server_name
+        if sni and sni ~= host then
+            sni = lower(sni)
+            if byte(sni, -1) == 46 then
+                sni = sub(sni, 1, -2)
+            end
+            local se = not find(sni, "/", 1, true) and entry(v, sni, true) or get("h:" .. v)
+            if se ~= e and (se and se.listener) ~= e.listener then
+                return ngx.exit(421)
+            end
+        end
     end
     if e.status then
         return ngx.exit(e.status)
