@@ -316,7 +316,10 @@ func (b *builder) listener(gw *gatewayv1.Gateway, l *gatewayv1.Listener, httpPor
 	}
 	switch l.Protocol {
 	case gatewayv1.HTTPProtocolType, gatewayv1.HTTPSProtocolType:
-		if by := b.reserved[model.Port{Protocol: model.TCP, Port: uint16(l.Port)}]; own && by != "" {
+		// nginx's own two ports are reserved for L4 Services: they are these
+		// listeners'.
+		mine := uint16(l.Port) == httpPort || uint16(l.Port) == httpsPort
+		if by := b.reserved[model.Port{Protocol: model.TCP, Port: uint16(l.Port)}]; own && by != "" && !mine {
 			refuse(string(gatewayv1.ListenerReasonPortUnavailable), fmt.Sprintf("port %d is reserved on the edges (%s)", l.Port, by))
 		}
 	}

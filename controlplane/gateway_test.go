@@ -614,7 +614,8 @@ func TestGatewayAddresses(t *testing.T) {
 		st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", 1, http(), allowAll(listener("alt", gatewayv1.HTTPProtocolType, 8080, "")),
 			allowAll(withCert(listener("tls", gatewayv1.HTTPSProtocolType, 8443, "*.example.com"), "", "tls")),
 			allowAll(listener("kubelet", gatewayv1.HTTPProtocolType, 10250, "")))}
-		res := build(st, Options{Pools: []Pool{pool}, ReservedPorts: map[model.Port]string{{Protocol: model.TCP, Port: 10250}: "kubelet"}})
+		reserved := map[model.Port]string{{Protocol: model.TCP, Port: 10250}: "kubelet", {Protocol: model.TCP, Port: 80}: "nginx's HTTP", {Protocol: model.TCP, Port: 443}: "nginx's HTTPS"}
+		res := build(st, Options{Pools: []Pool{pool}, ReservedPorts: reserved})
 		want := []model.View{{Name: "infra/gw", Group: "edge/g", VIPs: addrs("192.0.2.65"),
 			Ports: []model.Port{{Protocol: model.TCP, Port: 80}, {Protocol: model.TCP, Port: 8080}, {Protocol: model.TCP, Port: 8443}}, TLSPorts: []uint16{8443}}}
 		if d := cmp.Diff(want, res.Snapshot.Views, cmp.Comparer(func(x, y netip.Addr) bool { return x == y })); d != "" {
