@@ -111,8 +111,8 @@ func TestGatewayConformance(t *testing.T) {
 	if len(res.failed) > 0 || err != nil {
 		t.Errorf("failed: %s; %v\n%s", strings.Join(res.failed, " "), err, res.tail)
 	}
-	if os.Getenv("PORTICO_CONFORMANCE_RUN") == "" && len(res.passed) < 40 {
-		t.Errorf("%d of the suite's tests passed, want 40 or more (GATEWAY-HTTP: 35 core and 11 extended of the 36 and 11 Portico runs)", len(res.passed))
+	if os.Getenv("PORTICO_CONFORMANCE_RUN") == "" && len(res.passed) < 60 {
+		t.Errorf("%d of the suite's tests passed, want 60 or more (GATEWAY-HTTP: 36 core and 27 extended pass)", len(res.passed))
 	}
 	if b, err := os.ReadFile(report); err == nil {
 		t.Logf("report %s:\n%s", report, b)
