@@ -9,6 +9,7 @@ import (
 
 	"net/netip"
 
+	"github.com/portico-edge/portico/test/netlab"
 	"github.com/portico-edge/portico/test/testenv"
 	"github.com/portico-edge/portico/test/traffic"
 )
@@ -73,6 +74,10 @@ func TestGatewayRouteChangesAndDeath(t *testing.T) {
 		}
 	}
 	if err := l.ApplyYAML(ctx, "the lab's Gateway", []byte(gatewayYAML("gw-a"))); err != nil {
+		t.Fatal(err)
+	}
+	// The client reaches the Gateway's address on-link, as the group's VIP.
+	if err := netlab.IP("-n", l.Client.NS, "route", "replace", gatewayVIP.String()+"/32", "dev", "eth0"); err != nil {
 		t.Fatal(err)
 	}
 	groupVIP := l.Target.VIP
