@@ -287,6 +287,12 @@ func (r *renderer) views(snap model.Snapshot, t table) map[viewPort]string {
 			p := strconv.Itoa(len(out)) + "/"
 			out[viewPort{v.Name, port.Port}] = p
 			for _, vip := range v.VIPs {
+				if nginxIPv4Tail(vip) {
+					// nginx's $server_addr writes it otherwise than Go.
+					r.problem("Gateway "+v.Name, "addresses", model.ReasonInvalidVIP,
+						fmt.Sprintf("VIP %s is an IPv4-compatible or -mapped IPv6 address, which nginx names otherwise; not served", vip))
+					continue
+				}
 				a = append(a, vip.String()+"|"+hex.EncodeToString(vip.AsSlice())+"|"+strconv.Itoa(int(port.Port))+"="+p)
 			}
 		}
@@ -329,6 +335,25 @@ func (r *renderer) viewRoutes(snap model.Snapshot) []L4Route {
 		}
 	}
 	return out
+}
+
+// nginxIPv4Tail reports whether nginx writes a as IPv6 with an IPv4 tail
+// (ngx_inet6_ntop: "::ffff:1.2.3.4", "::1.2.3.4"), which Go does not: its
+// $server_addr would not be the text the table names it by.
+func nginxIPv4Tail(a netip.Addr) bool {
+	b := a.As16()
+	if !a.Is6() || [10]byte(b[:10]) != [10]byte{} {
+		return false
+	}
+	switch {
+	case b[10] == 0xff && b[11] == 0xff:
+		return true
+	case b[10] != 0 || b[11] != 0:
+		return false
+	case b[12] != 0 || b[13] != 0:
+		return true
+	}
+	return b[14] != 0 && b[15] != 1
 }
 
 // viewPort is a View's name and one of its ports.

@@ -246,3 +246,14 @@ func TestViewRoutes(t *testing.T) {
 		t.Errorf("without steering: routes %v, problems %v; want none and two", cfg.L4Routes, cfg.Problems)
 	}
 }
+
+func TestNginxIPv4Tail(t *testing.T) {
+	for a, want := range map[string]bool{
+		"::1": false, "::": false, "2001:db8::1": false, "fd00::10": false, "::1:0:0:1": false,
+		"::ffff:192.0.2.1": true, "::192.0.2.1": true, "::0.0.1.2": true, "::0.0.1.1": false,
+	} {
+		if got := nginxIPv4Tail(netip.MustParseAddr(a)); got != want {
+			t.Errorf("nginxIPv4Tail(%s) = %v, want %v", a, got, want)
+		}
+	}
+}
