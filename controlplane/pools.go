@@ -146,7 +146,8 @@ func (ps Pools) pooled(a netip.Addr, s metav1.Object) (string, bool) {
 }
 
 // poolUsage counts the addresses of each pool (by name, or "--vip-pool <prefix>"
-// for a flag's) and family that the snapshot serves as VIPs, and those still
+// for a flag's) and family that the snapshot serves as VIPs (groups', L4
+// Services' and Gateways'), and those still
 // free; see the metric portico_pool_addresses. size is
 // Pool.size, or a memo of it.
 func poolUsage(ps Pools, snap model.Snapshot, size func(Pool) float64) map[[2]string][2]float64 {
@@ -156,6 +157,9 @@ func poolUsage(ps Pools, snap model.Snapshot, size func(Pool) float64) map[[2]st
 	}
 	for _, s := range snap.Services {
 		vips = append(vips, s.VIPs...)
+	}
+	for _, v := range snap.Views {
+		vips = append(vips, v.VIPs...)
 	}
 	out := map[[2]string][2]float64{} // [pool, family] -> [used, free]
 	for _, p := range ps.List {

@@ -165,10 +165,11 @@ func TestPoolUsage(t *testing.T) {
 	snap := model.Snapshot{
 		Groups:   []model.Group{{Name: "e/g", VIPs: addrs("192.0.2.2", "198.51.100.1")}},
 		Services: []model.Service{{Name: "t/s", VIPs: addrs("192.0.2.6", "2001:db8::8000:0:0:1", "203.0.113.1")}},
+		Views:    []model.View{{Name: "t/gw", VIPs: addrs("198.51.100.2")}},
 	}
 	want := map[[2]string][2]float64{
 		{"--vip-pool 192.0.2.0/29!192.0.2.1/32", "IPv4"}: {2, 3}, // .2-.6 usable
-		{"dual", "IPv4"}: {1, 1},         // .1 and .2 usable
+		{"dual", "IPv4"}: {2, 0},         // .1 and .2 usable, the group's and the Gateway's
 		{"dual", "IPv6"}: {1, 1<<63 - 2}, // the upper half, less the subnet-router address
 	}
 	if d := cmp.Diff(want, poolUsage(pools, snap, Pool.size)); d != "" {
