@@ -761,17 +761,30 @@ local function get(key)
     return v or nil
 end
 
--- view is the prefix of the view whose VIP addr is and whose port port is
--- ("" for none, and for every address when the table has no view).
+-- view is the prefix of the view whose VIP and port a connection came to
+-- ("" for none), addr and port telling them: nothing is asked of the
+-- connection when the table has no view (an Ingress-only edge pays one
+-- cached lookup).
 local function view(addr, port)
     local m = cache["a:"]
     if m == nil then
         m = get("a:") or false
         cache["a:"] = m -- the table lacking it too: a change to it is forgotten
     end
-    local ports = m and addr and m[addr]
-    return ports and ports[port] or ""
+    if not m then
+        return ""
+    end
+    local ports = m[addr()]
+    return ports and ports[port()] or ""
 end
+
+-- The address and port of the request's connection, for view.
+local function server_addr() return ngx.var.server_addr end
+local function server_port() return ngx.var.server_port end
+-- raw_server_addr first: on a wildcard listener it asks the socket for the
+-- address the client came to, which server_port then reads.
+local function tls_server_addr() return (ssl.raw_server_addr()) end
+local function tls_server_port() return ssl.server_port() end
 
 -- entry returns the routes of host in view v (its prefix; exact name
 -- first, then the wildcard one label up), those of a host with a certificate
@@ -825,9 +838,7 @@ function M.certificate()
     if name and byte(name, -1) == 46 then -- "example.com.", as nginx reads it
         name = sub(name, 1, -2)
     end
-    -- raw_server_addr first: on a wildcard listener it asks the socket for
-    -- the address the client came to, which server_port then reads.
-    local v = view((ssl.raw_server_addr()), ssl.server_port())
+    local v = view(tls_server_addr, tls_server_port)
     -- A name with "/" could name another view's host: nginx refuses such a
     -- Host header, and the handshake gets the catch-all's certificate.
     local e = name and name ~= "" and not find(name, "/", 1, true) and entry(v, lower(name), true)
@@ -1169,7 +1180,7 @@ function M.route()
     end
     local host = ngx.var.host or ""
     local https = ngx.var.https == "on"
-    local v = view(ngx.var.server_addr, ngx.var.server_port)
+    local v = view(server_addr, server_port)
     local e = host ~= "" and entry(v, host, https) or get("h:" .. v)
     if not e then
         return ngx.exit(444)
