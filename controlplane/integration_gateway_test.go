@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -155,4 +156,76 @@ func TestIntegrationGateway(t *testing.T) {
 		return ""
 	})
 	testenv.Eventually(t, converge, status(map[string]string{"route": "True/Accepted False/BackendNotFound", "observed": "2"}))
+}
+
+// TestIntegrationGatewayAddresses: with a VIP pool, each Gateway gets an
+// address of its own, written in its status; an L4 Service created after them
+// is not given theirs; when the older Gateway goes, and when another
+// controller takes over, the other keeps its address (its status is the
+// record); a new Gateway takes the lowest free one.
+func TestIntegrationGatewayAddresses(t *testing.T) {
+	e := newEnv(t)
+	class := "portico-" + e.ns
+	start := func() *running {
+		return e.start(func(c *Config) {
+			c.PodRouteGroup = e.ns + "/g"
+			c.Pools = []Pool{mustPool(t, "192.0.2.96/29")}
+		})
+	}
+	r := start()
+	e.svc(groupSvc("", "g", 0, v1alpha1.AnnotationVIP, "192.0.2.40"))
+	e.gwApply(gatewayClassesResource, "GatewayClass", gwClass(class, v1alpha1.GatewayControllerName))
+	apply := func(name string) {
+		gw := gateway(e.ns, name, 0, listener("http", gatewayv1.HTTPProtocolType, 80, ""))
+		gw.Spec.GatewayClassName = gatewayv1.ObjectName(class)
+		e.gwApply(gatewaysResource, "Gateway", gw)
+	}
+	address := func(name, want string) func() string {
+		return func() string {
+			var g gatewayv1.Gateway
+			if err := e.gwGet(gatewaysResource, e.ns, name, &g); err != nil {
+				return err.Error()
+			}
+			if len(g.Status.Addresses) != 1 || g.Status.Addresses[0].Value != want {
+				return fmt.Sprintf("Gateway %s addresses %v, want %s", name, g.Status.Addresses, want)
+			}
+			return ""
+		}
+	}
+	apply("one")
+	testenv.Eventually(t, converge, address("one", "192.0.2.97"))
+	apply("two")
+	testenv.Eventually(t, converge, address("two", "192.0.2.98"))
+
+	l4 := backendSvc("", "dns", sport("dns", 53))
+	l4.Spec.Type = corev1.ServiceTypeLoadBalancer
+	l4.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
+	e.svc(l4)
+	testenv.Eventually(t, converge, func() string {
+		s, err := e.cs.CoreV1().Services(e.ns).Get(e.ctx, "dns", metav1.GetOptions{})
+		if err != nil {
+			return err.Error()
+		}
+		if v := s.Annotations[v1alpha1.AnnotationVIP]; v != "192.0.2.99" {
+			return fmt.Sprintf("L4 Service's VIP %q, want 192.0.2.99 (the Gateways hold .97 and .98)", v)
+		}
+		return ""
+	})
+
+	if err := e.dyn.Resource(gatewaysResource).Namespace(e.ns).Delete(e.ctx, "one", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	r.stop()
+	r = start()
+	defer r.stop()
+	testenv.Eventually(t, converge, func() string {
+		snap, _ := r.sink.latest()
+		if len(snap.Views) != 1 || snap.Views[0].Name != e.ns+"/two" || len(snap.Views[0].VIPs) != 1 || snap.Views[0].VIPs[0].String() != "192.0.2.98" {
+			return fmt.Sprintf("views %+v, want two's alone, on 192.0.2.98", snap.Views)
+		}
+		return ""
+	})
+	testenv.Eventually(t, converge, address("two", "192.0.2.98"))
+	apply("three")
+	testenv.Eventually(t, converge, address("three", "192.0.2.97"))
 }
