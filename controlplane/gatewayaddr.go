@@ -65,17 +65,20 @@ func (b *builder) gatewayAddresses(gw *gatewayv1.Gateway, g *model.Group, pools 
 	}
 	// The addresses its status gives: an earlier build's allocation, kept.
 	var kept []netip.Addr
+	family := map[bool]int{}
 	for _, sa := range gw.Status.Addresses {
 		a, err := netip.ParseAddr(sa.Value)
 		if err != nil || (sa.Type != nil && *sa.Type != gatewayv1.IPAddressType) {
 			continue
 		}
 		a = a.Unmap()
-		if !slices.Contains(g.VIPs, a) && !slices.Contains(kept, a) && b.addressTaken(a, gw, pools, false) == "" {
+		if !slices.Contains(g.VIPs, a) && !slices.Contains(kept, a) && family[a.Is4()] < model.MaxVIPsPerFamily &&
+			b.addressTaken(a, gw, pools, false) == "" {
 			kept = append(kept, a)
+			family[a.Is4()]++
 		}
 	}
-	if _, err := parseVIPs(joinAddrs(kept)); err == nil && len(kept) > 0 {
+	if len(kept) > 0 {
 		slices.SortFunc(kept, netip.Addr.Compare)
 		b.claim(gw, kept)
 		return kept, false, "", ""
@@ -191,15 +194,6 @@ func (b *builder) gatewayView(a *gwAcc) string {
 	}
 	b.views = append(b.views, v)
 	return ""
-}
-
-// joinAddrs is addresses as parseVIPs reads them.
-func joinAddrs(as []netip.Addr) string {
-	s := make([]string, len(as))
-	for i, a := range as {
-		s[i] = a.String()
-	}
-	return strings.Join(s, ",")
 }
 
 // GatewayAddresses are the addresses the Gateways of a build hold: none of

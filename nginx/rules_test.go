@@ -106,8 +106,8 @@ func TestServeRules(t *testing.T) {
 					AllowOrigins: []string{"*"}, AllowMethods: []string{"*"}, AllowHeaders: []string{"*"}}}},
 			}},
 			{Host: "t.test", Locations: []model.Location{
-				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Request: 300}},
-				{Path: "/be", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Backend: 300, Request: model.NoTimeout}},
+				{Path: "/req", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Request: 1000}},
+				{Path: "/be", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Backend: 1000, Request: model.NoTimeout}},
 				{Path: "/none", Type: model.PathPrefix, Upstream: "t-a-80", Timeouts: model.Timeouts{Request: model.NoTimeout, Backend: model.NoTimeout}},
 			}},
 			{Host: "f.test", Locations: []model.Location{
@@ -239,9 +239,9 @@ func TestServeRules(t *testing.T) {
 			url  string
 			want int
 		}{
-			{"http://t.test/req", 200}, {"http://t.test/req?delay=800ms", 504},
-			{"http://t.test/be", 200}, {"http://t.test/be?delay=800ms", 504},
-			{"http://t.test/none?delay=800ms", 200},
+			{"http://t.test/req", 200}, {"http://t.test/req?delay=2500ms", 504},
+			{"http://t.test/be", 200}, {"http://t.test/be?delay=2500ms", 504},
+			{"http://t.test/none?delay=2500ms", 200},
 		} {
 			start := time.Now()
 			resp, _ := do(t, cl, "GET", tc.url)
