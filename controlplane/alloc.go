@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/portico-edge/portico/api/v1alpha1"
@@ -151,51 +152,67 @@ func AllocateVIPs(services []*corev1.Service, nodes []*corev1.Node, pools Pools,
 		if _, _, ok := vipAnnotation(s); ok {
 			continue
 		}
-		var mine []Pool
-		var families []bool // is4, in first-pool order
-		for _, p := range pools.List {
-			if p.Manual || !p.allows(s, pools.NamespaceLabels) {
-				continue
-			}
-			mine = append(mine, p)
-			if is4 := p.CIDR.Addr().Is4(); !slices.Contains(families, is4) {
-				families = append(families, is4)
-			}
-		}
-		if len(mine) == 0 && len(pools.List) > 0 {
+		got, allowed, short := pools.allocate(s, used)
+		if !allowed && len(pools.List) > 0 {
 			problems = append(problems, model.Problem{
 				Object: "Service " + key(s), Field: "metadata.annotations[" + v1alpha1.AnnotationVIP + "]",
 				Reason: model.ReasonVIPNotInPool, Detail: "no VIP pool that assigns addresses allows this Service",
 			})
 			continue
 		}
-		for _, is4 := range families {
-			found := false
-			for _, p := range mine {
-				if p.CIDR.Addr().Is4() != is4 {
-					continue
-				}
-				if a, ok := p.next(used); ok {
-					used[a] = true
-					out[key(s)] = append(out[key(s)], a)
-					found = true
-					break
-				}
-			}
-			if !found {
-				fam := "IPv6"
-				if is4 {
-					fam = "IPv4"
-				}
-				problems = append(problems, model.Problem{
-					Object: "Service " + key(s), Field: "metadata.annotations[" + v1alpha1.AnnotationVIP + "]",
-					Reason: model.ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools that allow it", fam),
-				})
-			}
+		for _, fam := range short {
+			problems = append(problems, model.Problem{
+				Object: "Service " + key(s), Field: "metadata.annotations[" + v1alpha1.AnnotationVIP + "]",
+				Reason: model.ReasonVIPPoolExhausted, Detail: fmt.Sprintf("no free %s address in the VIP pools that allow it", fam),
+			})
 		}
-		slices.SortFunc(out[key(s)], func(x, y netip.Addr) int { return x.Compare(y) })
+		if len(got) > 0 {
+			out[key(s)] = got
+		}
 	}
 	return out, problems
+}
+
+// allocate takes, for object o (an L4 Service, a group or a Gateway), the
+// lowest free address of each family that a pool allowing it assigns (not
+// Manual), from the first such pool of the family that has one, and marks
+// them used; sorted. allowed says some pool allows o; short lists the
+// families ("IPv4", "IPv6") whose pools had none free.
+func (ps Pools) allocate(o metav1.Object, used map[netip.Addr]bool) (got []netip.Addr, allowed bool, short []string) {
+	var mine []Pool
+	var families []bool // is4, in first-pool order
+	for _, p := range ps.List {
+		if p.Manual || !p.allows(o, ps.NamespaceLabels) {
+			continue
+		}
+		mine = append(mine, p)
+		if is4 := p.CIDR.Addr().Is4(); !slices.Contains(families, is4) {
+			families = append(families, is4)
+		}
+	}
+	for _, is4 := range families {
+		found := false
+		for _, p := range mine {
+			if p.CIDR.Addr().Is4() != is4 {
+				continue
+			}
+			if a, ok := p.next(used); ok {
+				used[a] = true
+				got = append(got, a)
+				found = true
+				break
+			}
+		}
+		if !found {
+			fam := "IPv6"
+			if is4 {
+				fam = "IPv4"
+			}
+			short = append(short, fam)
+		}
+	}
+	slices.SortFunc(got, netip.Addr.Compare)
+	return got, len(mine) > 0, short
 }
 
 // AllocateVRIDs picks the lowest free VRRP id for each group without one, oldest

@@ -84,7 +84,7 @@ func (b *builder) gatewayAddresses(gw *gatewayv1.Gateway, g *model.Group, pools 
 		return kept, false, "", ""
 	}
 	// The lowest free address of each family, from the first pool that allows
-	// it and has one (AllocateVIPs's rule for Services).
+	// it and has one (the rule AllocateVIPs applies to Services).
 	used := map[netip.Addr]bool{}
 	for a := range b.nodeByIP {
 		used[a] = true
@@ -95,26 +95,13 @@ func (b *builder) gatewayAddresses(gw *gatewayv1.Gateway, g *model.Group, pools 
 	for a := range b.annotatedVIPs() {
 		used[a] = true
 	}
-	done := map[bool]bool{}
-	allowed := false
-	for _, p := range b.pools.List {
-		is4 := p.CIDR.Addr().Is4()
-		if p.Manual || done[is4] || !p.allows(gw, b.pools.NamespaceLabels) {
-			continue
-		}
-		allowed = true
-		if a, ok := p.next(used); ok {
-			used[a], done[is4] = true, true
-			vips = append(vips, a)
-		}
-	}
+	vips, allowed, _ := b.pools.allocate(gw, used)
 	switch {
 	case !allowed:
 		return nil, false, string(gatewayv1.GatewayReasonAddressNotAssigned), "no VIP pool that assigns addresses allows this Gateway"
 	case len(vips) == 0:
 		return nil, false, string(gatewayv1.GatewayReasonAddressNotAssigned), "no free address in the VIP pools that allow this Gateway"
 	}
-	slices.SortFunc(vips, netip.Addr.Compare)
 	b.claim(gw, vips)
 	return vips, false, "", ""
 }
