@@ -74,7 +74,6 @@ type gwListener struct {
 	view     string   // its Gateway's view ("" for the group's VIPs)
 	port     uint16   // its port in the view (0 outside one)
 	of       *gwAcc   // its Gateway
-	nowhere  bool     // its Gateway has no address: its routes are served nowhere
 	routes   []string // the routes attached to it
 }
 
@@ -84,7 +83,7 @@ type gwAcc struct {
 	group     string
 	view      string       // key(gw) when it has addresses of its own, else ""
 	vips      []netip.Addr // its addresses (its group's when view is "")
-	nowhere   bool         // it has no address of its own yet, and shares none
+	nowhere   bool         // its routes are served nowhere: no address of its own yet (and it shares none), or its group is full
 	listeners []*gwListener
 	status    gatewayv1.GatewayStatus
 }
@@ -149,7 +148,7 @@ func (b *builder) gateways(defaultGroup string, poolsFor func(metav1.Object) *Po
 	for _, g := range gws {
 		for _, l := range accs[key(g)].listeners {
 			host := hostnameOf(l.l.Hostname)
-			if !l.accepted || l.cert == "" || l.nowhere {
+			if !l.accepted || l.cert == "" || l.of.nowhere {
 				continue
 			}
 			if ok, o := b.mayRoute(host, g.Namespace); !ok {
@@ -169,7 +168,7 @@ func (b *builder) gateways(defaultGroup string, poolsFor func(metav1.Object) *Po
 	// isolation).
 	for _, g := range gws {
 		for _, l := range accs[key(g)].listeners {
-			if host := hostnameOf(l.l.Hostname); l.accepted && l.view != "" && !l.nowhere {
+			if host := hostnameOf(l.l.Hostname); l.accepted && l.view != "" && !l.of.nowhere {
 				if ok, _ := b.mayRoute(host, g.Namespace); ok || host == "" {
 					b.listenerServer(l, modelHost(host))
 				}
@@ -277,16 +276,11 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string, pools *Poo
 			l.accepted = false
 		}
 	}
-	for _, l := range a.listeners {
-		l.nowhere = a.nowhere
-	}
 	if a.view != "" {
 		if why := b.gatewayView(a); why != "" {
 			b.problem(kindGateway, gw, "spec", model.ReasonGroupFull, "%s; not served", why)
 			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonNoResources), why, gen)
-			for _, l := range a.listeners {
-				l.nowhere = true
-			}
+			a.nowhere = true
 		}
 	}
 	a.status.Conditions = []metav1.Condition{accepted, programmed}
@@ -585,7 +579,7 @@ func (b *builder) httpRoute(r *gatewayv1.HTTPRoute, order int, accs map[string]*
 	done := map[hostKey]bool{}
 	for _, at := range atts {
 		group := at.l.group
-		if at.l.nowhere {
+		if at.l.of.nowhere {
 			continue
 		}
 		for _, h := range at.hosts {
