@@ -106,6 +106,7 @@ func BuildAll(m *Memo, st State, opts Options) Result {
 	}
 	b.gateways(opts.PodRouteGroup, poolsFor)
 	b.l4Services(opts.PodRouteGroup, opts.ReservedPorts, func(s *corev1.Service) *Pools { return poolsFor(s) })
+	b.admitViews(nil)
 	return Result{Snapshot: b.snapshot(), Bindings: b.bindings, Problems: b.problems, Gateways: b.gw}
 }
 
@@ -157,12 +158,14 @@ type builder struct {
 	vipOwner  map[netip.Addr]string // group or L4 Service ("ns/name") each VIP is applied to
 	owners    map[string]*hostOwner // hosts' namespaces (hostOwners)
 	l4        []l4Acc               // L4 Services, by name
-	views     []model.View          // Gateways with VIPs of their own
-	loads     map[string]*groupLoad // by group: its VIPs, its Views' and its L4 Services'
-	pools     Pools                 // the operator's VIP pools
-	reserved  map[model.Port]string // Options.ReservedPorts
-	annotated map[netip.Addr]string // annotatedVIPs, once computed
-	bindings  Bindings
+	views     []model.View          // Gateways with VIPs of their own, admitted
+	// pendingViews wait for admitViews, oldest Gateway first.
+	pendingViews []pendingView
+	loads        map[string]*groupLoad // by group: its VIPs, its Views' and its L4 Services'
+	pools        Pools                 // the operator's VIP pools
+	reserved     map[model.Port]string // Options.ReservedPorts
+	annotated    map[netip.Addr]string // annotatedVIPs, once computed
+	bindings     Bindings
 
 	servers   map[serverKey]*serverAcc
 	upstreams map[string]*upstreamAcc // by identity key

@@ -277,11 +277,7 @@ func (b *builder) gateway(gw *gatewayv1.Gateway, defaultGroup string, pools *Poo
 		}
 	}
 	if a.view != "" {
-		if why := b.gatewayView(a); why != "" {
-			b.problem(kindGateway, gw, "spec", model.ReasonGroupFull, "%s; not served", why)
-			programmed = condition(programmed.Type, false, string(gatewayv1.GatewayReasonNoResources), why, gen)
-			a.nowhere = true
-		}
+		b.gatewayView(a) // admitted by age beside the L4 Services (admitViews)
 	}
 	a.status.Conditions = []metav1.Condition{accepted, programmed}
 	return a

@@ -771,3 +771,54 @@ func TestGatewayMirrors(t *testing.T) {
 		t.Errorf("route conditions %v, want Accepted, ResolvedRefs False/BackendNotFound", c)
 	}
 }
+
+// TestGatewayAndL4ServiceByAge: Gateways and L4 Services share their group's
+// data plane, and the older one keeps its place whichever kind it is: a new
+// Gateway never pushes out an older L4 Service (another tenant's), nor the
+// other way round.
+func TestGatewayAndL4ServiceByAge(t *testing.T) {
+	for _, gatewayOlder := range []bool{false, true} {
+		t.Run(fmt.Sprintf("gateway older %v", gatewayOlder), func(t *testing.T) {
+			st := gatewayState(t)
+			svcAge, gwAge := 1, 2
+			if gatewayOlder {
+				svcAge, gwAge = 2, 1
+			}
+			big := backendSvc("infra", "big", sport("p", 2000))
+			big.ObjectMeta = meta("infra", "big", svcAge, v1alpha1.AnnotationVIP, "192.0.2.50")
+			big.Spec.Type = corev1.ServiceTypeLoadBalancer
+			big.Spec.LoadBalancerClass = ptr(v1alpha1.LoadBalancerClass)
+			big.Spec.Ports = nil
+			for p := range 1000 { // 1,002 of the group's 1,024 keys, with its own 4
+				big.Spec.Ports = append(big.Spec.Ports, corev1.ServicePort{Name: fmt.Sprintf("p%d", p), Port: int32(2000 + p), Protocol: corev1.ProtocolTCP})
+			}
+			st.Services = append(st.Services, big)
+			var ls []gatewayv1.Listener
+			for p := range 20 { // 22 keys
+				ls = append(ls, allowAll(listener(fmt.Sprintf("l%d", p), gatewayv1.HTTPProtocolType, int32(8000+p), "")))
+			}
+			st.Gateways = []*gatewayv1.Gateway{gateway("infra", "gw", gwAge, ls...)}
+			st.HTTPRoutes = []*gatewayv1.HTTPRoute{httpRoute("app", "r", 1, []gatewayv1.ParentReference{parent("infra", "gw", "l0")}, nil,
+				gatewayv1.HTTPRouteRule{BackendRefs: []gatewayv1.HTTPBackendRef{backendRef("", "v1", 8080, 1)}})}
+			res := BuildAll(nil, st, Options{PodRouteGroup: "edge/g", Pools: []Pool{mustPool(t, "192.0.2.64/29")}})
+			if err := res.Snapshot.Validate(); err != nil {
+				t.Fatal(err)
+			}
+			served := len(res.Snapshot.Services) == 1
+			views := len(res.Snapshot.Views) == 1
+			viewServers := 0
+			for _, s := range res.Snapshot.Servers {
+				if s.View != "" {
+					viewServers++
+				}
+			}
+			programmed := conds(res.Gateways.Gateways["infra/gw"].Conditions)["Programmed"]
+			if served == gatewayOlder || views != gatewayOlder || (viewServers > 0) != gatewayOlder {
+				t.Errorf("L4 Service served %v, Gateway's view %v with %d servers; want the older one alone", served, views, viewServers)
+			}
+			if want := map[bool]string{false: "False/NoResources", true: "True/Programmed"}[gatewayOlder]; programmed != want {
+				t.Errorf("Gateway Programmed %s, want %s", programmed, want)
+			}
+		})
+	}
+}

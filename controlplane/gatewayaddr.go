@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 
 	"github.com/portico-edge/portico/controlplane/model"
@@ -156,11 +157,9 @@ func (b *builder) claim(gw *gatewayv1.Gateway, vips []netip.Addr) {
 	}
 }
 
-// gatewayView adds a Gateway with addresses of its own to the snapshot's
-// Views, on the ports of its accepted listeners; it says why not when its
-// group's edges cannot hold it beside the Gateways before it ("" when they
-// can, or when no listener is accepted).
-func (b *builder) gatewayView(a *gwAcc) string {
+// gatewayView makes a Gateway with addresses of its own a View, on the ports
+// of its accepted listeners (none: no View), pending its admission.
+func (b *builder) gatewayView(a *gwAcc) {
 	v := model.View{Name: a.view, Group: a.group, VIPs: a.vips}
 	for _, l := range a.listeners {
 		p := model.Port{Protocol: model.TCP, Port: uint16(l.l.Port)}
@@ -172,15 +171,51 @@ func (b *builder) gatewayView(a *gwAcc) string {
 		}
 	}
 	if len(v.Ports) == 0 {
-		return ""
+		return
 	}
 	slices.SortFunc(v.Ports, func(x, y model.Port) int { return int(x.Port) - int(y.Port) })
 	slices.Sort(v.TLSPorts)
-	if full := b.load(a.group).add(v.VIPs, len(v.Ports)); full != "" {
-		return fmt.Sprintf("group %s's edges cannot hold it beside the older Gateways (%s)", a.group, full)
+	b.pendingViews = append(b.pendingViews, pendingView{a, v}) // oldest first: gateways' order
+}
+
+// pendingView is a View not yet admitted to its group's data plane.
+type pendingView struct {
+	a *gwAcc
+	v model.View
+}
+
+// admitViews admits the pending Views whose Gateways are older than before
+// (every one when before is nil) to their groups' data plane, oldest first,
+// as l4Services admits L4 Services: the older object keeps its place, and one
+// that does not fit beside the older ones is not served (Programmed false,
+// NoResources; its hosts left out), so a new Gateway never pushes out an
+// older L4 Service, nor the other way round.
+func (b *builder) admitViews(before metav1.Object) {
+	for len(b.pendingViews) > 0 {
+		pv := b.pendingViews[0]
+		if before != nil && older(pv.a.gw, before) > 0 {
+			return
+		}
+		b.pendingViews = b.pendingViews[1:]
+		if full := b.load(pv.a.group).add(pv.v.VIPs, len(pv.v.Ports)); full != "" {
+			why := fmt.Sprintf("group %s's edges cannot hold it beside the older Gateways and L4 Services (%s)", pv.a.group, full)
+			b.problem(kindGateway, pv.a.gw, "spec", model.ReasonGroupFull, "%s; not served", why)
+			st := b.gw.Gateways[key(pv.a.gw)]
+			for i, c := range st.Conditions {
+				if c.Type == string(gatewayv1.GatewayConditionProgrammed) {
+					st.Conditions[i] = condition(c.Type, false, string(gatewayv1.GatewayReasonNoResources), why, pv.a.gw.Generation)
+				}
+			}
+			b.gw.Gateways[key(pv.a.gw)] = st
+			for k := range b.servers {
+				if k.view == pv.v.Name && k.group == pv.v.Group {
+					delete(b.servers, k)
+				}
+			}
+			continue
+		}
+		b.views = append(b.views, pv.v)
 	}
-	b.views = append(b.views, v)
-	return ""
 }
 
 // GatewayAddresses are the addresses the Gateways of a build hold: none of

@@ -34,6 +34,7 @@ type l4Acc struct {
 // be in one that allows the Service.
 func (b *builder) l4Services(defaultGroup string, reserved map[model.Port]string, poolsFor func(*corev1.Service) *Pools) {
 	for _, s := range sortedServices(b.st.Services, IsL4Service) {
+		b.admitViews(s) // the Gateways older than s take their place first
 		svc := model.Service{Name: key(s), ClientIPAffinity: s.Spec.SessionAffinity == corev1.ServiceAffinityClientIP}
 		group := defaultGroup
 		field := "metadata.annotations[" + v1alpha1.AnnotationGroup + "]"
